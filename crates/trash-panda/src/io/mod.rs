@@ -1,0 +1,1 @@
+//! Byte sources: memory maps, positional reads, O_DIRECT reads, parallel range reads.

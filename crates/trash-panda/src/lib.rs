@@ -1,0 +1,15 @@
+//! trash-panda core: reads safetensors checkpoints, moves their bytes between disk, RAM and
+//! staging buffers, converts dtypes, and plans which block of a model lives in which tier.
+//!
+//! This crate knows nothing of Python or torch; the binding and the CLI sit on top of it.
+//! Every module has one job and one error enum.
+
+pub mod checkpoint;
+pub mod dtype;
+pub mod io;
+pub mod plan;
+pub mod sys;
+pub mod units;
+
+pub use checkpoint::{Checkpoint, CheckpointError, TensorInfo};
+pub use dtype::{DType, DtypeError};

@@ -1,0 +1,1 @@
+//! The planner: memory figures, budgets, tier assignment, the Plan.

@@ -1,0 +1,1 @@
+//! Probes of the machine: RAM, cgroup limits, disks.

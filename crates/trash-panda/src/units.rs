@@ -1,0 +1,1 @@
+//! Byte sizes as users write them ("9GB", "1.5GiB", "500MB").
