@@ -1,0 +1,209 @@
+//! Read-only and private (copy-on-write) memory maps of whole files.
+
+use std::fmt;
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use memmap2::{Mmap, MmapMut, MmapOptions};
+
+use super::IoError;
+
+enum Map {
+    Shared(Mmap),
+    Private(MmapMut),
+}
+
+/// A whole file mapped into memory, keeping its path for error messages.
+///
+/// The map assumes the file is not truncated or rewritten while mapped (checkpoints are not);
+/// if it is, reading the vanished part raises SIGBUS, as with any memory map.
+pub struct MappedFile {
+    path: PathBuf,
+    map: Map,
+}
+
+impl MappedFile {
+    /// Maps `path` read-only, shared with the page cache.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, IoError> {
+        let path = path.as_ref();
+        let file = open_file(path)?;
+        // SAFETY: memmap2 requires that the file is not modified or truncated while mapped. That is
+        // the documented contract of this type (checkpoints are read-only inputs); a violation
+        // gives SIGBUS or changed bytes, not memory unsafety in our own data structures.
+        let map = unsafe { MmapOptions::new().map(&file) }.map_err(|source| IoError::Map {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(MappedFile {
+            path: path.to_owned(),
+            map: Map::Shared(map),
+        })
+    }
+
+    /// Maps `path` privately and writably (copy-on-write): writes stay in this process and never
+    /// reach the file. Torch wants writable memory behind its tensors; pages not written to are
+    /// still shared with the page cache.
+    pub fn open_private(path: impl AsRef<Path>) -> Result<Self, IoError> {
+        let path = path.as_ref();
+        let file = open_file(path)?;
+        // SAFETY: as in `open`: the file must not change while mapped. MAP_PRIVATE means our
+        // writes cannot reach the file or other processes.
+        let map = unsafe { MmapOptions::new().map_copy(&file) }.map_err(|source| IoError::Map {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(MappedFile {
+            path: path.to_owned(),
+            map: Map::Private(map),
+        })
+    }
+
+    /// The mapped file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.map {
+            Map::Shared(m) => m,
+            Map::Private(m) => m,
+        }
+    }
+
+    /// The whole file, writable, for a private map; `None` for a read-only one.
+    pub fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        match &mut self.map {
+            Map::Shared(_) => None,
+            Map::Private(m) => Some(m),
+        }
+    }
+
+    /// Whether this map is private and writable.
+    pub fn is_private(&self) -> bool {
+        matches!(self.map, Map::Private(_))
+    }
+
+    /// The file's length in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes `start..end` of the file, or an error naming the file, its size and the range.
+    pub fn slice(&self, start: usize, end: usize) -> Result<&[u8], IoError> {
+        let range = self.check(start, end)?;
+        Ok(&self.bytes()[range])
+    }
+
+    /// Asks the kernel to read `range` ahead (`MADV_WILLNEED`); it returns at once.
+    pub fn advise_willneed(&self, range: Range<usize>) -> Result<(), IoError> {
+        let range = self.check(range.start, range.end)?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        let advice = memmap2::Advice::WillNeed;
+        let res = match &self.map {
+            Map::Shared(m) => m.advise_range(advice, range.start, range.len()),
+            Map::Private(m) => m.advise_range(advice, range.start, range.len()),
+        };
+        res.map_err(|source| IoError::Cache {
+            path: self.path.clone(),
+            op: "madvise(WILLNEED)",
+            source,
+        })
+    }
+
+    fn check(&self, start: usize, end: usize) -> Result<Range<usize>, IoError> {
+        if start <= end && end <= self.len() {
+            Ok(start..end)
+        } else {
+            Err(IoError::OutOfRange {
+                path: self.path.clone(),
+                offset: start as u64,
+                len: end.saturating_sub(start) as u64,
+                file_size: self.len() as u64,
+            })
+        }
+    }
+}
+
+fn open_file(path: &Path) -> Result<File, IoError> {
+    File::open(path).map_err(|source| IoError::Open {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+impl fmt::Debug for MappedFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MappedFile")
+            .field("path", &self.path)
+            .field("len", &self.len())
+            .field("private", &self.is_private())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn file_with(bytes: &[u8]) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(bytes).unwrap();
+        f.flush().unwrap();
+        f
+    }
+
+    #[test]
+    fn maps_and_slices() {
+        let data: Vec<u8> = (0..10_007u32).map(|i| (i * 7) as u8).collect();
+        let f = file_with(&data);
+        let m = MappedFile::open(f.path()).unwrap();
+        assert_eq!(m.bytes(), &data[..]);
+        assert_eq!(m.slice(3, 5000).unwrap(), &data[3..5000]);
+        assert_eq!(m.slice(10_007, 10_007).unwrap(), &[] as &[u8]);
+        m.advise_willneed(1..9000).unwrap();
+        m.advise_willneed(0..0).unwrap();
+        assert!(!m.is_private());
+    }
+
+    #[test]
+    fn out_of_range_names_file_and_size() {
+        let f = file_with(b"hello");
+        let m = MappedFile::open(f.path()).unwrap();
+        let err = m.slice(2, 9).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("2..9") && msg.contains("5 bytes"), "{msg}");
+        assert!(msg.contains(&f.path().display().to_string()), "{msg}");
+        assert!(m.slice(4, 2).is_err());
+        assert!(m.advise_willneed(0..6).is_err());
+    }
+
+    #[test]
+    fn private_map_is_writable_and_leaves_the_file_alone() {
+        let f = file_with(b"abcdef");
+        let mut m = MappedFile::open_private(f.path()).unwrap();
+        m.bytes_mut().unwrap()[0] = b'X';
+        assert_eq!(m.bytes(), b"Xbcdef");
+        assert_eq!(std::fs::read(f.path()).unwrap(), b"abcdef");
+    }
+
+    #[test]
+    fn empty_file_and_missing_file() {
+        let f = file_with(b"");
+        let m = MappedFile::open(f.path()).unwrap();
+        assert!(m.is_empty());
+        assert!(matches!(
+            MappedFile::open("/nonexistent/trash-panda"),
+            Err(IoError::Open { .. })
+        ));
+    }
+}

@@ -1,0 +1,175 @@
+//! Many range reads spread over a few threads, in chunks, so one large tensor uses every reader.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use super::aligned::{AlignedBuf, DIRECT_ALIGN};
+use super::{FileReader, IoError, ReadStats};
+
+/// The default chunk: large enough that O_DIRECT reaches the drive's sequential speed, small
+/// enough that two threads share a 100 MB tensor evenly.
+pub const DEFAULT_CHUNK_SIZE: usize = 8 << 20;
+
+/// Read `dst.len()` bytes of the file at `offset` into `dst`.
+///
+/// `dst` can be any memory; when it is an [`AlignedBuf`] (or lines up with the file offset modulo
+/// the alignment) direct reads land in it without a copy.
+#[derive(Debug)]
+pub struct ReadRequest<'a> {
+    pub offset: u64,
+    pub dst: &'a mut [u8],
+}
+
+impl<'a> ReadRequest<'a> {
+    pub fn new(offset: u64, dst: &'a mut [u8]) -> Self {
+        ReadRequest { offset, dst }
+    }
+}
+
+/// How [`read_ranges_with`] splits and spreads the work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// Reader threads (at least 1). With blocking reads each thread keeps one request in flight,
+    /// so more threads than cores can still help a drive that likes a deeper queue.
+    pub threads: usize,
+    /// Largest single read, rounded up to the alignment.
+    pub chunk_size: usize,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions {
+            threads: 2,
+            chunk_size: DEFAULT_CHUNK_SIZE,
+        }
+    }
+}
+
+/// Reads every request with `threads` threads and the default chunk size.
+pub fn read_ranges(
+    reader: &FileReader,
+    requests: &mut [ReadRequest<'_>],
+    threads: usize,
+) -> Result<ReadStats, IoError> {
+    let opts = ReadOptions {
+        threads,
+        ..ReadOptions::default()
+    };
+    read_ranges_with(reader, requests, &opts)
+}
+
+/// Reads every request, split into chunks of `opts.chunk_size` (chunk boundaries fall on file
+/// offsets that are multiples of the chunk size, so all but a request's first and last chunk are
+/// aligned), handed out in file order to `opts.threads` threads.
+///
+/// All ranges are checked before anything is read. On an error the other threads stop after their
+/// current chunk and the first error is returned; the destinations then hold partial data.
+pub fn read_ranges_with(
+    reader: &FileReader,
+    requests: &mut [ReadRequest<'_>],
+    opts: &ReadOptions,
+) -> Result<ReadStats, IoError> {
+    let started = Instant::now();
+    for r in requests.iter() {
+        reader.check_range(r.offset, r.dst.len())?;
+    }
+    let chunk_size = opts.chunk_size.max(1).next_multiple_of(DIRECT_ALIGN);
+    let mut chunks = Vec::new();
+    let mut bytes = 0u64;
+    for r in requests.iter_mut() {
+        bytes += r.dst.len() as u64;
+        split(r.offset, &mut *r.dst, chunk_size, &mut chunks);
+    }
+    let threads = opts.threads.clamp(1, chunks.len().max(1));
+    let queue = Mutex::new(chunks.into_iter());
+    let failed = AtomicBool::new(false);
+    let first_error = Mutex::new(None);
+    let work = || {
+        if let Err(e) = worker(reader, &queue, &failed, chunk_size) {
+            failed.store(true, Ordering::Relaxed);
+            let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert(e);
+        }
+    };
+    if threads == 1 {
+        work();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(work);
+            }
+        });
+    }
+    if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(ReadStats::new(bytes, seconds, reader.effective_mode()))
+}
+
+type Chunk<'a> = (u64, &'a mut [u8]);
+
+fn split<'a>(mut offset: u64, mut dst: &'a mut [u8], chunk: usize, out: &mut Vec<Chunk<'a>>) {
+    while !dst.is_empty() {
+        let to_boundary = chunk - (offset % chunk as u64) as usize;
+        let n = to_boundary.min(dst.len());
+        let (head, rest) = dst.split_at_mut(n);
+        out.push((offset, head));
+        offset += n as u64;
+        dst = rest;
+    }
+}
+
+fn worker<'a>(
+    reader: &FileReader,
+    queue: &Mutex<std::vec::IntoIter<Chunk<'a>>>,
+    failed: &AtomicBool,
+    chunk_size: usize,
+) -> Result<(), IoError> {
+    // Bounce buffers are made on first need: the small one for unaligned heads and tails, the
+    // big one only for destinations that do not line up with the file at all.
+    let mut small: Option<AlignedBuf> = None;
+    let mut big: Option<AlignedBuf> = None;
+    loop {
+        if failed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();
+        let Some((offset, dst)) = next else {
+            return Ok(());
+        };
+        let head = (DIRECT_ALIGN - (offset % DIRECT_ALIGN as u64) as usize) % DIRECT_ALIGN;
+        let lines_up = (dst.as_ptr() as usize + head) % DIRECT_ALIGN == 0;
+        let bounce = if lines_up || dst.len() <= DIRECT_ALIGN {
+            bounce_of(&mut small, 2 * DIRECT_ALIGN)?
+        } else {
+            bounce_of(&mut big, chunk_size.min(dst.len()) + 2 * DIRECT_ALIGN)?
+        };
+        reader.read_into(offset, dst, bounce)?;
+    }
+}
+
+fn bounce_of(slot: &mut Option<AlignedBuf>, len: usize) -> Result<&mut AlignedBuf, IoError> {
+    if slot.as_ref().is_some_and(|b| b.len() < len) {
+        *slot = None;
+    }
+    if slot.is_none() {
+        *slot = Some(AlignedBuf::new(len)?);
+    }
+    Ok(slot.as_mut().expect("just filled"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_puts_boundaries_on_chunk_multiples() {
+        let mut buf = vec![0u8; 100];
+        let mut out = Vec::new();
+        split(30, &mut buf, 32, &mut out);
+        let got: Vec<(u64, usize)> = out.iter().map(|(o, d)| (*o, d.len())).collect();
+        assert_eq!(got, vec![(30, 2), (32, 32), (64, 32), (96, 32), (128, 2)]);
+    }
+}
