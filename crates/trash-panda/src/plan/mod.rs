@@ -1,1 +1,190 @@
-//! The planner: memory figures, budgets, tier assignment, the Plan.
+//! The planner: which block of a model lives on the device, in RAM or on disk.
+//!
+//! [`plan`] takes the blocks of a checkpoint ([`ModelBlocks`]), the memory figures of the
+//! machine ([`Figures`], always given by the caller so a plan is reproducible) and the options
+//! ([`PlanOptions`]), and returns a [`Plan`]. The same inputs always give the same plan.
+
+mod assign;
+mod blocks;
+mod budget;
+mod edit;
+mod json;
+mod options;
+mod table;
+mod warnings;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use assign::plan;
+pub use blocks::{BlockTensors, ModelBlocks, TensorSizes};
+pub use budget::{Budgets, FP8_MIN_ELEMENTS};
+pub use edit::Selector;
+pub use json::{PLAN_FORMAT, PLAN_VERSION};
+pub use options::{Figures, MinFreeRam, PlanOptions};
+pub use warnings::{Warning, WarningKind};
+
+use crate::checkpoint::CheckpointError;
+
+/// Where a block's weights live between uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// Resident on the compute device (the GPU, or the CPU's RAM when there is no GPU).
+    Device,
+    /// Kept in host RAM and copied to the device ahead of use.
+    Ram,
+    /// Read from the checkpoint file ahead of use.
+    Disk,
+}
+
+impl Tier {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Tier::Device => "device",
+            Tier::Ram => "ram",
+            Tier::Disk => "disk",
+        }
+    }
+}
+
+impl std::str::FromStr for Tier {
+    type Err = PlanError;
+    fn from_str(s: &str) -> Result<Self, PlanError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "device" | "gpu" | "cuda" | "vram" => Ok(Tier::Device),
+            "ram" | "cpu" | "memory" => Ok(Tier::Ram),
+            "disk" => Ok(Tier::Disk),
+            _ => Err(PlanError::UnknownTier {
+                name: s.to_string(),
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One block of a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockPlan {
+    /// The block's name prefix, e.g. `model.layers.12.`.
+    pub name: String,
+    pub tier: Tier,
+    /// Bytes in the tier's form: the checkpoint's bytes on disk, the storage dtype's in RAM and
+    /// on the device.
+    pub stored_bytes: u64,
+    /// Bytes in the checkpoint file.
+    pub file_bytes: u64,
+    /// Bytes once loaded in the storage dtype (equal to `file_bytes` without `storage_dtype`).
+    pub storage_bytes: u64,
+    /// Bytes of the block expanded to the compute dtype, scale tensors dropped.
+    pub expanded_bytes: u64,
+    pub tensors: usize,
+}
+
+/// The weights outside the blocks (embeddings, final norm, heads): always resident.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutsidePlan {
+    pub tensors: usize,
+    pub file_bytes: u64,
+    /// Counted on the device in the compute dtype: these weights are used as they are, every pass.
+    pub expanded_bytes: u64,
+    /// A few of their names, for the table.
+    pub names: Vec<String>,
+}
+
+/// A plan: every block's tier, the budgets, and what it was made from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub blocks: Vec<BlockPlan>,
+    pub outside: OutsidePlan,
+    /// True for a plan written by hand with [`Plan::manual`].
+    pub manual: bool,
+    /// False for a manual plan not yet matched against a model (see [`Plan::resolve`]): its
+    /// blocks are the prefixes the user gave and it has no sizes, figures or budgets.
+    pub resolved: bool,
+    pub figures: Option<Figures>,
+    pub options: PlanOptions,
+    pub budgets: Option<Budgets>,
+    pub warnings: Vec<Warning>,
+}
+
+/// Errors of the planner.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("block prefix {prefix:?} matches no tensor{}", near_list(near))]
+    UnknownPrefix { prefix: String, near: Vec<String> },
+    #[error("block prefix {prefix:?} matches no block{}", near_list(near))]
+    NoBlockMatches { prefix: String, near: Vec<String> },
+    #[error("block index {index} is out of range: the plan has {count} blocks")]
+    IndexOutOfRange { index: usize, count: usize },
+    #[error("block {block:?} is named twice ({first:?} and {second:?})")]
+    NamedTwice {
+        block: String,
+        first: String,
+        second: String,
+    },
+    #[error("block prefixes {first:?} and {second:?} overlap: one contains the other")]
+    OverlappingPrefixes { first: String, second: String },
+    #[error("empty block prefix: a prefix names a module, e.g. \"blocks.0.\"")]
+    EmptyPrefix,
+    #[error("{count} block(s) are in no list of the manual plan: {}", names.join(", "))]
+    Unassigned { count: usize, names: Vec<String> },
+    #[error("unknown tier {name:?}: expected device, ram or disk")]
+    UnknownTier { name: String },
+    #[error("compute dtype {dtype} is not supported: expected f32, f16 or bf16")]
+    ComputeDtype { dtype: crate::DType },
+    #[error("storage dtype {dtype} is not supported: expected bf16 or fp8 (or none, as stored)")]
+    StorageDtype { dtype: crate::DType },
+    #[error("this plan has not been matched against a model: call resolve() first")]
+    Unresolved,
+    #[error("not a trash-panda plan: {reason}")]
+    Json { reason: String },
+    #[error("plan format version {found} is not supported: this build reads version {supported}")]
+    Version { found: u64, supported: u64 },
+    #[error("cannot read plan file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn near_list(near: &[String]) -> String {
+    if near.is_empty() {
+        String::new()
+    } else {
+        format!("; near names: {}", near.join(", "))
+    }
+}
+
+impl Plan {
+    pub fn tier_of(&self, block: &str) -> Option<Tier> {
+        self.blocks.iter().find(|b| b.name == block).map(|b| b.tier)
+    }
+
+    /// The names of the blocks in a tier, in block order.
+    pub fn blocks_in(&self, tier: Tier) -> Vec<&str> {
+        self.blocks
+            .iter()
+            .filter(|b| b.tier == tier)
+            .map(|b| b.name.as_str())
+            .collect()
+    }
+
+    /// Total bytes of a tier, in the tier's form.
+    pub fn tier_bytes(&self, tier: Tier) -> u64 {
+        self.blocks
+            .iter()
+            .filter(|b| b.tier == tier)
+            .map(|b| b.stored_bytes)
+            .sum()
+    }
+}

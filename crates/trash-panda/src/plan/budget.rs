@@ -1,0 +1,238 @@
+//! Sizes in each form and the device and RAM budgets.
+//!
+//! Forms of a tensor:
+//! - file: as stored in the checkpoint. Disk-tier blocks are read in this form every pass, so
+//!   they are counted in it, and the staging pool is sized from it (it is allocated before any
+//!   block is read, and the largest streamed block may be on disk).
+//! - storage: what a loaded (device or RAM tier) tensor takes with `storage_dtype`. `bf16`
+//!   counts float tensors wider than 2 bytes at 2 bytes; `fp8` counts float 2-D weights of at
+//!   least [`FP8_MIN_ELEMENTS`] elements at 1 byte plus one f32 scale per row, and leaves
+//!   smaller tensors (norms, biases) alone. Scale tensors and fp8 tensors keep their size.
+//! - expanded: the block ready to run: float tensors in the compute dtype, scale tensors gone,
+//!   integer tensors as they are.
+
+use serde::{Deserialize, Serialize};
+
+use super::blocks::TensorSizes;
+use super::options::{Figures, PlanOptions};
+use super::{BlockPlan, OutsidePlan, Tier};
+use crate::DType;
+
+/// The smallest 2-D weight `storage_dtype="fp8"` quantizes (1 Mi elements, e.g. 1024 x 1024):
+/// below that the per-row scales and the precision loss buy little.
+pub const FP8_MIN_ELEMENTS: u64 = 1 << 20;
+
+pub(crate) fn storage_bytes(t: &TensorSizes, storage: Option<DType>) -> u64 {
+    let Some(target) = storage else {
+        return t.file_bytes;
+    };
+    if !t.dtype.is_float() || t.is_scale() || t.dtype.size() <= target.size() {
+        return t.file_bytes;
+    }
+    if target.is_fp8() {
+        if t.shape.len() == 2 && t.numel() >= FP8_MIN_ELEMENTS {
+            return t.numel() + t.shape[0] as u64 * 4;
+        }
+        return t.file_bytes;
+    }
+    t.numel() * target.size() as u64
+}
+
+pub(crate) fn expanded_bytes(t: &TensorSizes, compute: DType) -> u64 {
+    if t.is_scale() {
+        0
+    } else if t.dtype.is_float() {
+        t.numel() * compute.size() as u64
+    } else {
+        t.file_bytes
+    }
+}
+
+pub(crate) fn block_plan(name: &str, tensors: &[TensorSizes], options: &PlanOptions) -> BlockPlan {
+    let sum = |f: &dyn Fn(&TensorSizes) -> u64| tensors.iter().map(f).sum::<u64>();
+    let file_bytes = sum(&|t| t.file_bytes);
+    BlockPlan {
+        name: name.to_string(),
+        tier: Tier::Device,
+        stored_bytes: file_bytes,
+        file_bytes,
+        storage_bytes: sum(&|t| storage_bytes(t, options.storage_dtype)),
+        expanded_bytes: sum(&|t| expanded_bytes(t, options.compute_dtype)),
+        tensors: tensors.len(),
+    }
+}
+
+pub(crate) fn outside_plan(tensors: &[TensorSizes], options: &PlanOptions) -> OutsidePlan {
+    OutsidePlan {
+        tensors: tensors.len(),
+        file_bytes: tensors.iter().map(|t| t.file_bytes).sum(),
+        expanded_bytes: tensors
+            .iter()
+            .map(|t| expanded_bytes(t, options.compute_dtype))
+            .sum(),
+        names: tensors.iter().take(4).map(|t| t.name.clone()).collect(),
+    }
+}
+
+/// The budgets of a plan, all in bytes.
+///
+/// With a GPU: `device_budget = device_limit - reserve - device_staging - expanded_block -
+/// outside`, where `device_limit = min(free_vram, max_vram)` and `reserve` is `activation_vram`
+/// or else `headroom_vram`. `ram_budget = usable_ram - min_free_ram - pinned_staging`.
+///
+/// Without a GPU the CPU is the device and RAM is its memory: there is no VRAM headroom (the
+/// activations come out of `min_free_ram` unless `activation_vram` is given), no second
+/// staging copy, and the device tier and RAM tier share one pool: `device_limit` is the RAM
+/// budget (capped by `max_vram` if given) and `ram_budget` is what the device tier leaves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budgets {
+    /// True when the device is a GPU.
+    pub gpu: bool,
+    pub device_limit: u64,
+    /// `activation_vram` if given, else `headroom_vram` (0 on the CPU).
+    pub reserve: u64,
+    pub reserve_measured: bool,
+    /// Slots on the device for streamed blocks: `max(lookahead, 1)` x the largest streamed
+    /// block's file bytes (0 when nothing streams or on the CPU).
+    pub device_staging: u64,
+    /// The largest block expanded to the compute dtype.
+    pub expanded_block: u64,
+    /// The outside weights in the compute dtype (on the device; in RAM without a GPU).
+    pub outside: u64,
+    /// What resident blocks may take on the device. Negative results clamp to 0.
+    pub device_budget: u64,
+    pub device_used: u64,
+    pub usable_ram: u64,
+    pub min_free_ram: u64,
+    /// The host staging pool (pinned on CUDA): same size as the device slots.
+    pub pinned_staging: u64,
+    pub ram_budget: u64,
+    pub ram_used: u64,
+    pub disk_bytes: u64,
+}
+
+pub(crate) fn staging_slots(options: &PlanOptions) -> u64 {
+    // A streamed block must land somewhere before it runs, so even lookahead 0 needs a slot.
+    options.lookahead.max(1) as u64
+}
+
+/// The budgets for a given assignment of tiers (`blocks[i].tier`).
+pub(crate) fn compute(
+    blocks: &[BlockPlan],
+    outside: &OutsidePlan,
+    figures: &Figures,
+    options: &PlanOptions,
+) -> Budgets {
+    let largest_streamed = blocks
+        .iter()
+        .filter(|b| b.tier != Tier::Device)
+        .map(|b| b.file_bytes)
+        .max()
+        .unwrap_or(0);
+    let used = |tier| {
+        blocks
+            .iter()
+            .filter(|b| b.tier == tier)
+            .map(|b| b.stored_bytes)
+            .sum::<u64>()
+    };
+    let shape = Shape::new(figures, options, blocks, outside);
+    let staging = largest_streamed * staging_slots(options);
+    let device_used = used(Tier::Device);
+    let device_budget = shape.device_budget(staging);
+    let ram_budget = shape.ram_budget(staging, device_used);
+    Budgets {
+        gpu: shape.gpu,
+        device_limit: shape.device_limit(staging),
+        reserve: shape.reserve,
+        reserve_measured: options.activation_vram.is_some(),
+        device_staging: if shape.gpu { staging } else { 0 },
+        expanded_block: shape.expanded_block,
+        outside: outside.expanded_bytes,
+        device_budget,
+        device_used,
+        usable_ram: figures.memory.usable_ram(),
+        min_free_ram: shape.min_free_ram,
+        pinned_staging: staging,
+        ram_budget,
+        ram_used: used(Tier::Ram),
+        disk_bytes: used(Tier::Disk),
+    }
+}
+
+/// The fixed parts of the budgets; the staging pool varies with the assignment.
+pub(crate) struct Shape {
+    pub gpu: bool,
+    pub free_vram: u64,
+    pub max_vram: Option<u64>,
+    pub reserve: u64,
+    pub expanded_block: u64,
+    pub outside: u64,
+    pub usable_ram: u64,
+    pub min_free_ram: u64,
+}
+
+impl Shape {
+    pub fn new(
+        figures: &Figures,
+        options: &PlanOptions,
+        blocks: &[BlockPlan],
+        outside: &OutsidePlan,
+    ) -> Shape {
+        let gpu = figures.free_vram.is_some();
+        let reserve = match (options.activation_vram, gpu) {
+            (Some(a), _) => a,
+            (None, true) => options.headroom_vram,
+            (None, false) => 0,
+        };
+        Shape {
+            gpu,
+            free_vram: figures.free_vram.unwrap_or(0),
+            max_vram: options.max_vram,
+            reserve,
+            expanded_block: blocks.iter().map(|b| b.expanded_bytes).max().unwrap_or(0),
+            outside: outside.expanded_bytes,
+            usable_ram: figures.memory.usable_ram(),
+            min_free_ram: options.min_free_ram.resolve(figures.memory.total_ram),
+        }
+    }
+
+    /// RAM left after the reserve and the staging pool.
+    fn ram_pool(&self, staging: u64) -> u64 {
+        self.usable_ram
+            .saturating_sub(self.min_free_ram)
+            .saturating_sub(staging)
+    }
+
+    pub fn device_limit(&self, staging: u64) -> u64 {
+        let limit = if self.gpu {
+            self.free_vram
+        } else {
+            self.ram_pool(staging)
+        };
+        self.max_vram.map_or(limit, |m| limit.min(m))
+    }
+
+    pub fn device_budget(&self, staging: u64) -> u64 {
+        let device_staging = if self.gpu { staging } else { 0 };
+        self.device_limit(staging)
+            .saturating_sub(self.reserve)
+            .saturating_sub(device_staging)
+            .saturating_sub(self.expanded_block)
+            .saturating_sub(self.outside)
+    }
+
+    pub fn ram_budget(&self, staging: u64, device_used: u64) -> u64 {
+        let pool = self.ram_pool(staging);
+        if self.gpu {
+            pool
+        } else {
+            // One pool: the device tier, the outside weights, the expansion and the
+            // activations all live in the same RAM.
+            pool.saturating_sub(device_used)
+                .saturating_sub(self.reserve)
+                .saturating_sub(self.expanded_block)
+                .saturating_sub(self.outside)
+        }
+    }
+}

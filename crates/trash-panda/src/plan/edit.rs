@@ -1,0 +1,282 @@
+//! Edits of a plan and plans written by hand.
+
+use std::collections::BTreeMap;
+
+use super::assign::check_options;
+use super::blocks::ModelBlocks;
+use super::budget;
+use super::options::{Figures, PlanOptions};
+use super::{BlockPlan, OutsidePlan, Plan, PlanError, Tier};
+
+/// Which blocks an edit names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selector {
+    /// Positions in the plan's block order.
+    Indices(Vec<usize>),
+    /// Name prefixes; each must match at least one block (`"blocks."` matches a whole list).
+    Prefixes(Vec<String>),
+}
+
+/// Adds the trailing dot a module prefix needs, so `blocks.1` does not match `blocks.10.`.
+pub(crate) fn normalize_prefix(prefix: &str) -> Result<String, PlanError> {
+    let p = prefix.trim();
+    if p.is_empty() {
+        return Err(PlanError::EmptyPrefix);
+    }
+    Ok(if p.ends_with('.') {
+        p.to_string()
+    } else {
+        format!("{p}.")
+    })
+}
+
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut previous = row[0];
+        row[0] = i + 1;
+        for j in 0..b.len() {
+            let substitute = previous + usize::from(ca != b[j]);
+            previous = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(row[j + 1] + 1);
+        }
+    }
+    row[b.len()]
+}
+
+/// Up to three candidates closest to `prefix`, each cut to as many segments as the prefix has,
+/// so a block prefix is compared with block prefixes and not with whole tensor names.
+pub(crate) fn near_names<'a>(
+    prefix: &str,
+    candidates: impl Iterator<Item = &'a str>,
+) -> Vec<String> {
+    let segments = prefix.trim_end_matches('.').split('.').count();
+    let mut cut: Vec<String> = candidates
+        .map(|c| {
+            let parts: Vec<&str> = c.split('.').collect();
+            let mut s = parts[..segments.min(parts.len())].join(".");
+            if parts.len() > segments {
+                s.push('.');
+            }
+            s
+        })
+        .collect();
+    cut.sort();
+    cut.dedup();
+    let mut ranked: Vec<(usize, String)> =
+        cut.into_iter().map(|c| (distance(prefix, &c), c)).collect();
+    ranked.sort();
+    ranked.into_iter().take(3).map(|(_, c)| c).collect()
+}
+
+impl Plan {
+    /// The indices of the blocks `selector` names, checking that each entry names at least one
+    /// block and that no block is named twice.
+    fn select(&self, selector: &Selector) -> Result<Vec<usize>, PlanError> {
+        let mut chosen: BTreeMap<usize, String> = BTreeMap::new();
+        let take = |i: usize, by: String, chosen: &mut BTreeMap<usize, String>| {
+            if let Some(first) = chosen.insert(i, by.clone()) {
+                return Err(PlanError::NamedTwice {
+                    block: self.blocks[i].name.clone(),
+                    first,
+                    second: by,
+                });
+            }
+            Ok(())
+        };
+        match selector {
+            Selector::Indices(indices) => {
+                for &i in indices {
+                    if i >= self.blocks.len() {
+                        return Err(PlanError::IndexOutOfRange {
+                            index: i,
+                            count: self.blocks.len(),
+                        });
+                    }
+                    take(i, format!("index {i}"), &mut chosen)?;
+                }
+            }
+            Selector::Prefixes(prefixes) => {
+                for raw in prefixes {
+                    let p = normalize_prefix(raw)?;
+                    let hits: Vec<usize> = (0..self.blocks.len())
+                        .filter(|&i| self.blocks[i].name.starts_with(&p))
+                        .collect();
+                    if hits.is_empty() {
+                        return Err(PlanError::NoBlockMatches {
+                            near: near_names(&p, self.blocks.iter().map(|b| b.name.as_str())),
+                            prefix: raw.clone(),
+                        });
+                    }
+                    for i in hits {
+                        take(i, raw.clone(), &mut chosen)?;
+                    }
+                }
+            }
+        }
+        Ok(chosen.into_keys().collect())
+    }
+
+    /// Moves the selected blocks to `tier`, then recomputes the budgets and warnings. Nothing
+    /// changes when the selector is wrong.
+    pub fn assign(&mut self, tier: Tier, selector: &Selector) -> Result<(), PlanError> {
+        let chosen = self.select(selector)?;
+        for i in chosen {
+            self.blocks[i].tier = tier;
+        }
+        self.recompute();
+        Ok(())
+    }
+
+    /// A plan written by hand: `resident` prefixes on the device, `streamed` ones in
+    /// `streamed_tier` (RAM unless told otherwise). It holds only the prefixes until
+    /// [`Plan::resolve`] matches them against a model.
+    pub fn manual(
+        resident: &[String],
+        streamed: &[String],
+        streamed_tier: Tier,
+    ) -> Result<Plan, PlanError> {
+        let mut blocks: Vec<BlockPlan> = Vec::new();
+        let entries = resident
+            .iter()
+            .map(|p| (p, Tier::Device))
+            .chain(streamed.iter().map(|p| (p, streamed_tier)));
+        for (raw, tier) in entries {
+            let name = normalize_prefix(raw)?;
+            if let Some(other) = blocks
+                .iter()
+                .find(|b| b.name.starts_with(name.as_str()) || name.starts_with(b.name.as_str()))
+            {
+                return Err(if other.name == name {
+                    PlanError::NamedTwice {
+                        block: name.clone(),
+                        first: other.name.clone(),
+                        second: raw.clone(),
+                    }
+                } else {
+                    PlanError::OverlappingPrefixes {
+                        first: other.name.clone(),
+                        second: name,
+                    }
+                });
+            }
+            blocks.push(BlockPlan {
+                name,
+                tier,
+                stored_bytes: 0,
+                file_bytes: 0,
+                storage_bytes: 0,
+                expanded_bytes: 0,
+                tensors: 0,
+            });
+        }
+        Ok(Plan {
+            blocks,
+            outside: OutsidePlan::default(),
+            manual: true,
+            resolved: false,
+            figures: None,
+            options: PlanOptions::default(),
+            budgets: None,
+            warnings: Vec::new(),
+        })
+    }
+
+    /// Matches this plan's prefixes against `model`'s blocks (by name prefix) and computes the
+    /// sizes, budgets and warnings. Every block of the model must be named exactly once. On a
+    /// resolved plan, the tiers it already has are applied to the new model the same way.
+    pub fn resolve(
+        &self,
+        model: &ModelBlocks,
+        figures: &Figures,
+        options: &PlanOptions,
+    ) -> Result<Plan, PlanError> {
+        check_options(options)?;
+        let mut tiers: Vec<Option<(Tier, &str)>> = vec![None; model.blocks.len()];
+        for entry in &self.blocks {
+            let mut hit = false;
+            for (i, block) in model.blocks.iter().enumerate() {
+                if !block.name.starts_with(&entry.name) {
+                    continue;
+                }
+                hit = true;
+                if let Some((_, first)) = tiers[i] {
+                    return Err(PlanError::NamedTwice {
+                        block: block.name.clone(),
+                        first: first.to_string(),
+                        second: entry.name.clone(),
+                    });
+                }
+                tiers[i] = Some((entry.tier, entry.name.as_str()));
+            }
+            if !hit {
+                return Err(PlanError::NoBlockMatches {
+                    prefix: entry.name.clone(),
+                    near: near_names(&entry.name, model.blocks.iter().map(|b| b.name.as_str())),
+                });
+            }
+        }
+        let unassigned: Vec<String> = model
+            .blocks
+            .iter()
+            .zip(&tiers)
+            .filter(|(_, t)| t.is_none())
+            .map(|(b, _)| b.name.clone())
+            .collect();
+        if !unassigned.is_empty() {
+            return Err(PlanError::Unassigned {
+                count: unassigned.len(),
+                names: unassigned.into_iter().take(5).collect(),
+            });
+        }
+        let blocks = model
+            .blocks
+            .iter()
+            .zip(tiers)
+            .map(|(b, t)| {
+                let mut plan = budget::block_plan(&b.name, &b.tensors, options);
+                plan.tier = t.map_or(Tier::Device, |(tier, _)| tier);
+                plan
+            })
+            .collect();
+        let mut plan = Plan {
+            blocks,
+            outside: budget::outside_plan(&model.outside, options),
+            manual: self.manual,
+            resolved: true,
+            figures: Some(figures.clone()),
+            options: options.clone(),
+            budgets: None,
+            warnings: Vec::new(),
+        };
+        plan.recompute();
+        Ok(plan)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edit_distance_and_near_names() {
+        assert_eq!(distance("kitten", "sitting"), 3);
+        assert_eq!(distance("", "ab"), 2);
+        let names = ["blocks.0.", "blocks.1.", "blocks.2.", "head."];
+        let near = near_names("block.1.", names.iter().copied());
+        assert_eq!(near[0], "blocks.1.");
+        let tensors = ["model.layers.0.mlp.w", "model.layers.1.mlp.w"];
+        assert_eq!(
+            near_names("model.layer.0.", tensors.iter().copied())[0],
+            "model.layers.0."
+        );
+    }
+
+    #[test]
+    fn normalizes() {
+        assert_eq!(normalize_prefix("blocks.1").unwrap(), "blocks.1.");
+        assert_eq!(normalize_prefix(" blocks.1. ").unwrap(), "blocks.1.");
+        assert!(matches!(normalize_prefix(" "), Err(PlanError::EmptyPrefix)));
+    }
+}

@@ -1,0 +1,118 @@
+//! The planner's options (names and defaults as in the spec) and its memory inputs.
+
+use serde::{Deserialize, Serialize};
+
+use crate::sys::{GpuProbe, MemoryFigures, SysError};
+use crate::units::{parse_bytes, UnitsError};
+use crate::DType;
+
+/// `min_free_ram`: RAM the plan leaves to the rest of the machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MinFreeRam {
+    /// 8% of the machine's RAM, clamped to 1..4 GB.
+    #[default]
+    Auto,
+    Bytes(u64),
+}
+
+impl MinFreeRam {
+    pub const AUTO_FRACTION: f64 = 0.08;
+    pub const AUTO_MIN: u64 = 1_000_000_000;
+    pub const AUTO_MAX: u64 = 4_000_000_000;
+
+    /// The reserve in bytes for a machine with `total_ram`.
+    pub fn resolve(self, total_ram: u64) -> u64 {
+        match self {
+            MinFreeRam::Bytes(b) => b,
+            MinFreeRam::Auto => ((total_ram as f64 * Self::AUTO_FRACTION) as u64)
+                .clamp(Self::AUTO_MIN, Self::AUTO_MAX),
+        }
+    }
+}
+
+impl std::str::FromStr for MinFreeRam {
+    type Err = UnitsError;
+    /// `"auto"` or a size such as `"4GB"` or `"0"`.
+    fn from_str(s: &str) -> Result<Self, UnitsError> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            Ok(MinFreeRam::Auto)
+        } else {
+            parse_bytes(s).map(MinFreeRam::Bytes)
+        }
+    }
+}
+
+/// The options of `plan()`, with the spec's names and defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PlanOptions {
+    /// Exactly this many blocks resident on the device (clamped to the number of blocks), even
+    /// past the budget, which then gives a warning. `None`: as many as fit.
+    pub resident_blocks: Option<usize>,
+    /// A cap on the device memory the plan uses, below the free VRAM.
+    pub max_vram: Option<u64>,
+    pub min_free_ram: MinFreeRam,
+    /// Device memory kept free for activations when `activation_vram` is not given.
+    pub headroom_vram: u64,
+    /// Measured peak activation memory; replaces `headroom_vram`.
+    pub activation_vram: Option<u64>,
+    pub compute_dtype: DType,
+    /// `None`: weights kept as stored; `bf16` or `fp8` (e4m3fn): see [`super::Budgets`].
+    pub storage_dtype: Option<DType>,
+    /// Streamed blocks staged ahead of the one that runs.
+    pub lookahead: usize,
+}
+
+impl PlanOptions {
+    pub const DEFAULT_HEADROOM_VRAM: u64 = 1_500_000_000;
+    pub const DEFAULT_LOOKAHEAD: usize = 2;
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            resident_blocks: None,
+            max_vram: None,
+            min_free_ram: MinFreeRam::Auto,
+            headroom_vram: Self::DEFAULT_HEADROOM_VRAM,
+            activation_vram: None,
+            compute_dtype: DType::BF16,
+            storage_dtype: None,
+            lookahead: Self::DEFAULT_LOOKAHEAD,
+        }
+    }
+}
+
+/// The memory the plan is made for. Tests and `--vram`/`--ram` fill it by hand;
+/// [`Figures::probe`] fills it from the machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Figures {
+    pub memory: MemoryFigures,
+    /// Free memory of the GPU; `None` when there is no GPU and the CPU computes.
+    pub free_vram: Option<u64>,
+}
+
+impl Figures {
+    /// RAM and cgroup from /proc and /sys, free VRAM of GPU 0 through NVML when there is one.
+    pub fn probe() -> Result<Figures, SysError> {
+        Ok(Figures {
+            memory: MemoryFigures::probe()?,
+            free_vram: crate::sys::nvml::probe().free_vram(0),
+        })
+    }
+
+    /// Figures for tests and docs: `ram` bytes available, `vram` free on a GPU (or no GPU).
+    pub fn injected(ram: u64, vram: Option<u64>) -> Figures {
+        Figures {
+            memory: MemoryFigures::with_ram(ram),
+            free_vram: vram,
+        }
+    }
+
+    /// Replaces the GPU part from an existing probe.
+    pub fn with_gpu(mut self, gpus: &GpuProbe) -> Figures {
+        self.free_vram = gpus.free_vram(0);
+        self
+    }
+}

@@ -1,0 +1,191 @@
+//! The plan as a table people read.
+
+use std::fmt;
+
+use super::options::MinFreeRam;
+use super::{Plan, Tier};
+use crate::units::{format_bytes, format_gb};
+
+/// `model.layers.12.` -> `("model.layers", 12)`; names without a trailing index stay whole.
+fn split_index(name: &str) -> Option<(&str, u64)> {
+    let trimmed = name.strip_suffix('.').unwrap_or(name);
+    let (list, index) = match trimmed.rsplit_once('.') {
+        Some((list, index)) => (list, index),
+        None => ("", trimmed),
+    };
+    index.parse().ok().map(|i| (list, i))
+}
+
+/// Block names compressed to ranges per list: `layers.0-11, layers.14, single_blocks.0-37`.
+pub(crate) fn compress(names: &[&str]) -> String {
+    let mut groups: Vec<(String, Vec<u64>)> = Vec::new();
+    let mut parts: Vec<String> = Vec::new();
+    let flush = |groups: &mut Vec<(String, Vec<u64>)>, parts: &mut Vec<String>| {
+        for (list, indices) in groups.drain(..) {
+            let mut runs: Vec<String> = Vec::new();
+            let mut i = 0;
+            while i < indices.len() {
+                let mut j = i;
+                while j + 1 < indices.len() && indices[j + 1] == indices[j] + 1 {
+                    j += 1;
+                }
+                runs.push(if i == j {
+                    indices[i].to_string()
+                } else {
+                    format!("{}-{}", indices[i], indices[j])
+                });
+                i = j + 1;
+            }
+            let dot = if list.is_empty() { "" } else { "." };
+            parts.push(format!("{list}{dot}{}", runs.join(",")));
+        }
+    };
+    for name in names {
+        match split_index(name) {
+            Some((list, index)) => match groups.last_mut() {
+                Some((l, indices)) if l == list => indices.push(index),
+                _ => groups.push((list.to_string(), vec![index])),
+            },
+            None => {
+                flush(&mut groups, &mut parts);
+                parts.push(name.to_string());
+            }
+        }
+    }
+    flush(&mut groups, &mut parts);
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = &self.options;
+        let storage = o
+            .storage_dtype
+            .map_or("as stored".to_string(), |d| d.to_string());
+        let device = match self.figures.as_ref().map(|fg| fg.free_vram.is_some()) {
+            Some(true) => "gpu",
+            Some(false) => "cpu (no GPU)",
+            None => "not resolved",
+        };
+        writeln!(
+            f,
+            "{} plan: {} blocks, device {device}, compute {}, storage {storage}, lookahead {}",
+            if self.manual { "manual" } else { "automatic" },
+            self.blocks.len(),
+            o.compute_dtype,
+            o.lookahead
+        )?;
+        let mut rows = vec![(
+            "tier".to_string(),
+            "blocks".to_string(),
+            "count".to_string(),
+            "GB".to_string(),
+        )];
+        for tier in [Tier::Device, Tier::Ram, Tier::Disk] {
+            let names = self.blocks_in(tier);
+            rows.push((
+                tier.to_string(),
+                compress(&names),
+                names.len().to_string(),
+                format_gb(self.tier_bytes(tier)),
+            ));
+        }
+        if self.outside.tensors > 0 {
+            let mut names = self.outside.names.join(", ");
+            if self.outside.tensors > self.outside.names.len() {
+                names.push_str(", ...");
+            }
+            rows.push((
+                "outside".into(),
+                names,
+                format!("{} tensors", self.outside.tensors),
+                format_gb(self.outside.expanded_bytes),
+            ));
+        }
+        let w1 = rows.iter().map(|r| r.1.len()).max().unwrap_or(0).min(60);
+        let w2 = rows.iter().map(|r| r.2.len()).max().unwrap_or(0);
+        for (tier, blocks, count, gb) in &rows {
+            writeln!(f, "{tier:<8} {blocks:<w1$}  {count:>w2$}  {gb:>7}")?;
+        }
+        if let Some(b) = &self.budgets {
+            let reserve = if b.reserve_measured {
+                format!("activation_vram {}", format_bytes(b.reserve))
+            } else {
+                format!("headroom_vram {} (not measured)", format_bytes(b.reserve))
+            };
+            let limit = match (b.gpu, o.max_vram) {
+                (true, Some(_)) => "min(free VRAM, max_vram)",
+                (true, None) => "free VRAM",
+                (false, _) => "RAM pool",
+            };
+            writeln!(
+                f,
+                "device budget {} = {limit} {} - {reserve} - staging {} - expanded block {} - \
+                 outside {}; used {}",
+                format_bytes(b.device_budget),
+                format_bytes(b.device_limit),
+                format_bytes(b.device_staging),
+                format_bytes(b.expanded_block),
+                format_bytes(b.outside),
+                format_bytes(b.device_used)
+            )?;
+            let min_free = match o.min_free_ram {
+                MinFreeRam::Auto => "min_free_ram (auto)",
+                MinFreeRam::Bytes(_) => "min_free_ram",
+            };
+            writeln!(
+                f,
+                "ram budget {} = usable RAM {} - {min_free} {} - staging {}{}; used {}",
+                format_bytes(b.ram_budget),
+                format_bytes(b.usable_ram),
+                format_bytes(b.min_free_ram),
+                format_bytes(b.pinned_staging),
+                if b.gpu {
+                    ""
+                } else {
+                    " - device tier and outside"
+                },
+                format_bytes(b.ram_used)
+            )?;
+        } else {
+            writeln!(f, "no sizes yet: resolve this plan against a model")?;
+        }
+        if !self.warnings.is_empty() {
+            writeln!(f, "warnings:")?;
+            for w in &self.warnings {
+                writeln!(f, "  - {}", w.message)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compresses_ranges() {
+        let names = [
+            "model.layers.0.",
+            "model.layers.1.",
+            "model.layers.2.",
+            "model.layers.5.",
+            "model.layers.7.",
+            "model.layers.8.",
+            "single_blocks.3.",
+            "custom",
+            "0.",
+            "1.",
+        ];
+        assert_eq!(
+            compress(&names),
+            "model.layers.0-2,5,7-8, single_blocks.3, custom, 0-1"
+        );
+        assert_eq!(compress(&[]), "-");
+    }
+}

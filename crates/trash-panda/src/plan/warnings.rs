@@ -1,0 +1,175 @@
+//! What a plan warns about. Each warning is typed (for the binding and tests) and carries the
+//! message a person reads.
+
+use serde::{Deserialize, Serialize};
+
+use super::budget::Budgets;
+use super::options::Figures;
+use super::{Plan, Tier};
+use crate::units::format_bytes;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WarningKind {
+    /// Not even the smallest block fits in the device budget.
+    NothingFitsOnDevice {
+        device_budget: u64,
+        smallest_block: u64,
+    },
+    /// The device tier is larger than its budget (forced `resident_blocks` or an edit).
+    DeviceOverBudget { used: u64, budget: u64 },
+    /// Blocks that did not fit in RAM are read from disk every pass.
+    SpillsToDisk { blocks: usize, bytes: u64 },
+    /// The RAM tier is larger than its budget (an edit).
+    RamOverBudget { used: u64, budget: u64 },
+    /// A cgroup limit below the machine's RAM decides what the process may use.
+    CgroupBelowRam { limit: u64, total_ram: u64 },
+    /// Streaming this block (one slot plus its expansion) needs more than the device has left
+    /// after the reserve and the outside weights: running the model will fail.
+    BlockLargerThanDevice {
+        block: String,
+        needed: u64,
+        available: u64,
+    },
+    /// The activation reserve is the default guess, not a measurement.
+    HeadroomNotMeasured { headroom: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Warning {
+    #[serde(flatten)]
+    pub kind: WarningKind,
+    pub message: String,
+}
+
+impl Warning {
+    fn new(kind: WarningKind) -> Warning {
+        let message = message(&kind);
+        Warning { kind, message }
+    }
+}
+
+fn message(kind: &WarningKind) -> String {
+    use WarningKind::*;
+    let b = |x: &u64| format_bytes(*x);
+    match kind {
+        NothingFitsOnDevice {
+            device_budget,
+            smallest_block,
+        } => format!(
+            "nothing fits on the device: the budget for resident blocks is {} and the smallest \
+             block takes {}; every block is streamed",
+            b(device_budget),
+            b(smallest_block)
+        ),
+        DeviceOverBudget { used, budget } => format!(
+            "the device tier takes {} but its budget is {}: the GPU may run out of memory or \
+             spill into shared memory; lower resident_blocks",
+            b(used),
+            b(budget)
+        ),
+        SpillsToDisk { blocks, bytes } => format!(
+            "{blocks} block(s) ({}) do not fit in RAM and are read from disk every pass",
+            b(bytes)
+        ),
+        RamOverBudget { used, budget } => format!(
+            "the RAM tier takes {} but its budget is {}: the system may swap or kill the process",
+            b(used),
+            b(budget)
+        ),
+        CgroupBelowRam { limit, total_ram } => format!(
+            "the process's cgroup limits memory to {}, below the machine's {} of RAM; the plan \
+             uses the cgroup limit",
+            b(limit),
+            b(total_ram)
+        ),
+        BlockLargerThanDevice {
+            block,
+            needed,
+            available,
+        } => format!(
+            "block {block} needs {} on the device to run (stored copy plus expansion) but only {} \
+             is left after the reserve and the outside weights",
+            b(needed),
+            b(available)
+        ),
+        HeadroomNotMeasured { headroom } => format!(
+            "activation memory not measured: keeping the default headroom_vram of {}; measure \
+             it with measure_activation_vram() and pass activation_vram=",
+            b(headroom)
+        ),
+    }
+}
+
+pub(crate) fn collect(plan: &Plan, budgets: &Budgets, figures: &Figures) -> Vec<Warning> {
+    let mut out = Vec::new();
+    let blocks = &plan.blocks;
+    let resident = blocks.iter().filter(|b| b.tier == Tier::Device).count();
+    if let Some(smallest) = blocks.iter().map(|b| b.storage_bytes).min() {
+        if resident == 0 && smallest > budgets.device_budget {
+            out.push(Warning::new(WarningKind::NothingFitsOnDevice {
+                device_budget: budgets.device_budget,
+                smallest_block: smallest,
+            }));
+        }
+    }
+    if budgets.device_used > budgets.device_budget {
+        out.push(Warning::new(WarningKind::DeviceOverBudget {
+            used: budgets.device_used,
+            budget: budgets.device_budget,
+        }));
+    }
+    let on_disk = blocks.iter().filter(|b| b.tier == Tier::Disk).count();
+    if on_disk > 0 {
+        out.push(Warning::new(WarningKind::SpillsToDisk {
+            blocks: on_disk,
+            bytes: budgets.disk_bytes,
+        }));
+    }
+    if budgets.ram_used > budgets.ram_budget {
+        out.push(Warning::new(WarningKind::RamOverBudget {
+            used: budgets.ram_used,
+            budget: budgets.ram_budget,
+        }));
+    }
+    let memory = &figures.memory;
+    if let Some(cg) = memory.cgroup.as_ref().filter(|_| memory.cgroup_below_ram()) {
+        out.push(Warning::new(WarningKind::CgroupBelowRam {
+            limit: cg.limit,
+            total_ram: memory.total_ram,
+        }));
+    }
+    let available = budgets
+        .device_limit
+        .saturating_sub(budgets.reserve)
+        .saturating_sub(budgets.outside);
+    // On a GPU a streamed block needs one device slot besides its expansion; on the CPU the
+    // expansion reads straight from the staging buffer, counted in RAM.
+    let slot = u64::from(budgets.gpu);
+    let worst = blocks
+        .iter()
+        .map(|b| {
+            let copy = if b.tier == Tier::Device {
+                b.storage_bytes
+            } else {
+                b.file_bytes * slot
+            };
+            (copy + b.expanded_bytes, b)
+        })
+        // The first of equals: reversed, max_by_key keeps the last maximum it sees.
+        .rev()
+        .max_by_key(|(needed, _)| *needed);
+    if let Some((needed, block)) = worst.filter(|(needed, _)| *needed > available) {
+        out.push(Warning::new(WarningKind::BlockLargerThanDevice {
+            block: block.name.clone(),
+            needed,
+            available,
+        }));
+    }
+    if budgets.gpu && !budgets.reserve_measured {
+        out.push(Warning::new(WarningKind::HeadroomNotMeasured {
+            headroom: budgets.reserve,
+        }));
+    }
+    out
+}

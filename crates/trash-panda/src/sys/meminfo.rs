@@ -1,0 +1,143 @@
+//! RAM and swap from `/proc/meminfo`, combined with the cgroup limit into one usable figure.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::cgroup::{self, CgroupMemory};
+use super::{read_text, SysError, SysRoots};
+
+/// The memory figures the planner works from. Fill it by hand (tests, `--ram`) or with
+/// [`MemoryFigures::probe`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryFigures {
+    /// MemTotal: the machine's RAM.
+    pub total_ram: u64,
+    /// MemAvailable: what can be allocated without swapping.
+    pub available_ram: u64,
+    pub swap_total: u64,
+    pub swap_free: u64,
+    /// The tightest memory limit of the process's cgroup, if any.
+    pub cgroup: Option<CgroupMemory>,
+}
+
+impl MemoryFigures {
+    /// Figures for a machine with `ram` bytes, all available, no swap and no cgroup limit.
+    pub fn with_ram(ram: u64) -> Self {
+        MemoryFigures {
+            total_ram: ram,
+            available_ram: ram,
+            ..Default::default()
+        }
+    }
+
+    /// The RAM this process can still use: the smaller of MemAvailable and what the cgroup
+    /// limit leaves (limit minus usage; the limit alone when usage cannot be read).
+    pub fn usable_ram(&self) -> u64 {
+        match &self.cgroup {
+            Some(cg) => self.available_ram.min(cg.headroom()),
+            None => self.available_ram,
+        }
+    }
+
+    /// True when a cgroup limit is set below the machine's RAM: then the limit, not the RAM,
+    /// decides when the process is killed.
+    pub fn cgroup_below_ram(&self) -> bool {
+        self.cgroup
+            .as_ref()
+            .is_some_and(|cg| cg.limit < self.total_ram)
+    }
+
+    /// Probes the running machine.
+    pub fn probe() -> Result<Self, SysError> {
+        Self::probe_at(&SysRoots::default())
+    }
+
+    /// Probes a machine whose `/proc` and `/sys` are at `roots`.
+    pub fn probe_at(roots: &SysRoots) -> Result<Self, SysError> {
+        let path = roots.proc.join("meminfo");
+        let mut figures = parse_meminfo(&path, &read_text(&path)?)?;
+        figures.cgroup = cgroup::probe(roots)?;
+        Ok(figures)
+    }
+}
+
+/// Parses the text of `/proc/meminfo` (values in kB, which the kernel means as KiB).
+pub fn parse_meminfo(path: &Path, text: &str) -> Result<MemoryFigures, SysError> {
+    let field = |name: &'static str| -> Result<Option<u64>, SysError> {
+        for line in text.lines() {
+            let Some((key, rest)) = line.split_once(':') else {
+                continue;
+            };
+            if key.trim() != name {
+                continue;
+            }
+            let number = rest.trim().trim_end_matches("kB").trim();
+            let kib: u64 = number.parse().map_err(|_| SysError::Parse {
+                path: path.to_path_buf(),
+                field: name,
+                value: rest.trim().to_string(),
+            })?;
+            return Ok(Some(kib * 1024));
+        }
+        Ok(None)
+    };
+    let missing = |field| SysError::MissingField {
+        path: path.to_path_buf(),
+        field,
+    };
+    let total_ram = field("MemTotal")?.ok_or_else(|| missing("MemTotal"))?;
+    // Kernels before 3.14 have no MemAvailable; MemFree undercounts but never overcounts.
+    let available_ram = match field("MemAvailable")? {
+        Some(v) => v,
+        None => field("MemFree")?.ok_or_else(|| missing("MemAvailable"))?,
+    };
+    Ok(MemoryFigures {
+        total_ram,
+        available_ram,
+        swap_total: field("SwapTotal")?.unwrap_or(0),
+        swap_free: field("SwapFree")?.unwrap_or(0),
+        cgroup: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MEMINFO: &str = "MemTotal:       16303500 kB\nMemFree:         1000000 kB\n\
+        MemAvailable:    8000000 kB\nBuffers:          123 kB\nSwapTotal:       2097148 kB\n\
+        SwapFree:        2097148 kB\n";
+
+    #[test]
+    fn parses_meminfo() {
+        let f = parse_meminfo(Path::new("meminfo"), MEMINFO).unwrap();
+        assert_eq!(f.total_ram, 16_303_500 * 1024);
+        assert_eq!(f.available_ram, 8_000_000 * 1024);
+        assert_eq!(f.swap_total, 2_097_148 * 1024);
+        assert_eq!(f.usable_ram(), f.available_ram);
+    }
+
+    #[test]
+    fn falls_back_to_memfree_and_reports_missing_total() {
+        let f = parse_meminfo(Path::new("m"), "MemTotal: 10 kB\nMemFree: 4 kB\n").unwrap();
+        assert_eq!(f.available_ram, 4096);
+        let err = parse_meminfo(Path::new("m"), "MemFree: 4 kB\n").unwrap_err();
+        assert!(matches!(
+            err,
+            SysError::MissingField {
+                field: "MemTotal",
+                ..
+            }
+        ));
+        let err = parse_meminfo(Path::new("m"), "MemTotal: lots kB\n").unwrap_err();
+        assert!(err.to_string().contains("lots"), "{err}");
+    }
+
+    #[test]
+    fn probes_the_real_machine() {
+        // Linux CI and dev machines all have /proc/meminfo; the figures must be sane.
+        let f = MemoryFigures::probe().unwrap();
+        assert!(f.total_ram > 0 && f.usable_ram() <= f.total_ram);
+    }
+}

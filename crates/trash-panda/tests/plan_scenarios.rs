@@ -1,0 +1,698 @@
+//! Plans pinned for whole models with injected memory figures.
+
+use trash_panda::plan::{
+    plan, Figures, MinFreeRam, ModelBlocks, Plan, PlanError, PlanOptions, Selector, TensorSizes,
+    Tier, WarningKind,
+};
+use trash_panda::sys::{CgroupMemory, MemoryFigures, SysRoots};
+use trash_panda::DType;
+
+const SIDE: usize = 10_000;
+
+/// A decoder of `n` blocks, each one `SIDE x SIDE` weight and a norm, with embedding and head.
+fn decoder(n: usize, dtype: DType) -> ModelBlocks {
+    let mut ts = vec![TensorSizes::new(
+        "model.embed.weight",
+        DType::BF16,
+        &[SIDE, SIDE],
+    )];
+    for i in 0..n {
+        let p = format!("model.layers.{i}.");
+        if dtype.is_fp8() {
+            ts.push(TensorSizes::new(
+                format!("{p}mlp.weight"),
+                dtype,
+                &[SIDE, SIDE],
+            ));
+            ts.push(TensorSizes::new(
+                format!("{p}mlp.weight_scale"),
+                DType::F32,
+                &[SIDE],
+            ));
+            ts.push(TensorSizes::new(
+                format!("{p}mlp.input_scale"),
+                DType::F32,
+                &[],
+            ));
+            ts.push(TensorSizes::new(
+                format!("{p}norm.weight"),
+                DType::BF16,
+                &[SIDE],
+            ));
+        } else {
+            ts.push(TensorSizes::new(
+                format!("{p}mlp.weight"),
+                dtype,
+                &[SIDE, SIDE],
+            ));
+            ts.push(TensorSizes::new(format!("{p}norm.weight"), dtype, &[SIDE]));
+        }
+    }
+    ts.push(TensorSizes::new("model.norm.weight", DType::BF16, &[SIDE]));
+    ModelBlocks::discover(ts)
+}
+
+fn opts() -> PlanOptions {
+    PlanOptions {
+        min_free_ram: MinFreeRam::Bytes(0),
+        ..PlanOptions::default()
+    }
+}
+
+/// One letter per block: D device, R ram, K disk.
+fn tiers(p: &Plan) -> String {
+    p.blocks
+        .iter()
+        .map(|b| match b.tier {
+            Tier::Device => 'D',
+            Tier::Ram => 'R',
+            Tier::Disk => 'K',
+        })
+        .collect()
+}
+
+fn kinds(p: &Plan) -> Vec<&'static str> {
+    p.warnings
+        .iter()
+        .map(|w| match w.kind {
+            WarningKind::NothingFitsOnDevice { .. } => "nothing_fits",
+            WarningKind::DeviceOverBudget { .. } => "device_over",
+            WarningKind::SpillsToDisk { .. } => "spills",
+            WarningKind::RamOverBudget { .. } => "ram_over",
+            WarningKind::CgroupBelowRam { .. } => "cgroup",
+            WarningKind::BlockLargerThanDevice { .. } => "block_too_large",
+            WarningKind::HeadroomNotMeasured { .. } => "headroom",
+        })
+        .collect()
+}
+
+#[test]
+fn bf16_fill_order_and_budgets() {
+    let m = decoder(10, DType::BF16);
+    assert_eq!(m.blocks.len(), 10);
+    assert_eq!(m.outside.len(), 2);
+    let block = 200_020_000;
+    // 3.9 GB - 1.5 headroom - 2 x 0.2 staging - 0.2 expanded - 0.2 outside leaves 1.6 GB less
+    // a little: seven blocks; two fit in RAM after the staging pool, one goes to disk.
+    let p = plan(
+        &m,
+        &Figures::injected(1_000_000_000, Some(3_900_000_000)),
+        &opts(),
+    )
+    .unwrap();
+    assert_eq!(tiers(&p), "DDDDDDDRRK");
+    let b = p.budgets.as_ref().unwrap();
+    assert_eq!(b.device_staging, 2 * block);
+    assert_eq!(b.expanded_block, block);
+    assert_eq!(b.outside, 200_020_000);
+    assert_eq!(
+        b.device_budget,
+        3_900_000_000 - 1_500_000_000 - 2 * block - block - 200_020_000
+    );
+    assert_eq!(b.device_used, 7 * block);
+    assert_eq!(b.ram_budget, 1_000_000_000 - 2 * block);
+    assert_eq!((b.ram_used, b.disk_bytes), (2 * block, block));
+    assert_eq!(kinds(&p), ["spills", "headroom"]);
+    assert!(p.warnings[0].message.contains("1 block(s) (200.02 MB)"));
+}
+
+#[test]
+fn everything_resident_frees_the_staging() {
+    // With all ten resident nothing streams, so the staging slots are free again: ten fit
+    // where nine would not.
+    let m = decoder(10, DType::BF16);
+    let p = plan(
+        &m,
+        &Figures::injected(1_000_000_000, Some(4_000_000_000)),
+        &opts(),
+    )
+    .unwrap();
+    assert_eq!(tiers(&p), "DDDDDDDDDD");
+    assert_eq!(p.budgets.unwrap().device_staging, 0);
+}
+
+#[test]
+fn fp32_checkpoint_expands_to_bf16() {
+    let m = decoder(4, DType::F32);
+    let p = plan(
+        &m,
+        &Figures::injected(10_000_000_000, Some(3_000_000_000)),
+        &opts(),
+    )
+    .unwrap();
+    let b0 = &p.blocks[0];
+    assert_eq!(
+        (b0.file_bytes, b0.expanded_bytes),
+        (400_040_000, 200_020_000)
+    );
+    // 3.0 - 1.5 - 0.8 staging - 0.2 expanded - 0.2 outside = 0.3 GB: nothing fits; all in RAM.
+    assert_eq!(tiers(&p), "RRRR");
+    assert_eq!(kinds(&p), ["nothing_fits", "headroom"]);
+    // compute_dtype f32 doubles the expansion.
+    let f32_opts = PlanOptions {
+        compute_dtype: DType::F32,
+        ..opts()
+    };
+    let p = plan(
+        &m,
+        &Figures::injected(10_000_000_000, Some(3_000_000_000)),
+        &f32_opts,
+    )
+    .unwrap();
+    assert_eq!(p.blocks[0].expanded_bytes, 400_040_000);
+    assert_eq!(p.budgets.unwrap().outside, 400_040_000);
+}
+
+#[test]
+fn fp8_with_scales_counts_fp8_and_expands_to_bf16() {
+    let m = decoder(6, DType::F8E4M3);
+    assert_eq!(m.blocks[0].tensors.len(), 4, "scales belong to their block");
+    let stored = 100_000_000 + 40_000 + 4 + 20_000;
+    let p = plan(
+        &m,
+        &Figures::injected(400_000_000, Some(2_500_000_000)),
+        &opts(),
+    )
+    .unwrap();
+    let b0 = &p.blocks[0];
+    assert_eq!(b0.file_bytes, stored);
+    assert_eq!(
+        b0.expanded_bytes,
+        200_000_000 + 20_000,
+        "scales dropped, bf16"
+    );
+    // 2.5 - 1.5 - 0.2 staging - 0.2 expanded - 0.2 outside = 0.4 GB: three blocks of 0.1 GB
+    // (four would need 0.40024 GB); RAM (0.4 - 0.2 staging) holds one more.
+    assert_eq!(tiers(&p), "DDDRKK");
+    let b = p.budgets.as_ref().unwrap();
+    assert_eq!(b.device_used, 3 * stored);
+    assert_eq!(b.ram_budget, 400_000_000 - 2 * stored);
+    assert_eq!(p.blocks[5].stored_bytes, stored, "fp8 on disk");
+}
+
+#[test]
+fn storage_dtype_bf16_and_fp8() {
+    let m = decoder(4, DType::F32);
+    let bf16 = PlanOptions {
+        storage_dtype: Some(DType::BF16),
+        ..opts()
+    };
+    let p = plan(
+        &m,
+        &Figures::injected(10_000_000_000, Some(3_000_000_000)),
+        &bf16,
+    )
+    .unwrap();
+    assert_eq!(p.blocks[0].storage_bytes, 200_020_000);
+    assert_eq!(p.blocks[0].stored_bytes, 200_020_000, "RAM tier in bf16");
+    let fp8 = PlanOptions {
+        storage_dtype: Some(DType::F8E4M3),
+        ..opts()
+    };
+    let p = plan(
+        &m,
+        &Figures::injected(10_000_000_000, Some(3_000_000_000)),
+        &fp8,
+    )
+    .unwrap();
+    // The 2-D weight is 1 byte per element plus a f32 scale per row; the norm stays f32.
+    assert_eq!(p.blocks[0].storage_bytes, 100_000_000 + 40_000 + 40_000);
+    // Small 2-D weights are left alone.
+    let small = ModelBlocks::discover(vec![
+        TensorSizes::new("b.0.w", DType::F32, &[100, 100]),
+        TensorSizes::new("b.1.w", DType::F32, &[100, 100]),
+    ]);
+    let p = plan(&small, &Figures::injected(10_000_000_000, None), &fp8).unwrap();
+    assert_eq!(p.blocks[0].storage_bytes, 40_000);
+    let err = plan(
+        &m,
+        &Figures::injected(1, None),
+        &PlanOptions {
+            storage_dtype: Some(DType::I8),
+            ..opts()
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, PlanError::StorageDtype { .. }), "{err}");
+    let err = plan(
+        &m,
+        &Figures::injected(1, None),
+        &PlanOptions {
+            compute_dtype: DType::F8E4M3,
+            ..opts()
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, PlanError::ComputeDtype { .. }), "{err}");
+}
+
+#[test]
+fn resident_blocks_forces_and_warns() {
+    let m = decoder(10, DType::BF16);
+    let f = Figures::injected(10_000_000_000, Some(3_900_000_000));
+    let p = plan(
+        &m,
+        &f,
+        &PlanOptions {
+            resident_blocks: Some(2),
+            ..opts()
+        },
+    )
+    .unwrap();
+    assert_eq!(tiers(&p), "DDRRRRRRRR");
+    let p = plan(
+        &m,
+        &f,
+        &PlanOptions {
+            resident_blocks: Some(9),
+            ..opts()
+        },
+    )
+    .unwrap();
+    assert_eq!(tiers(&p), "DDDDDDDDDR");
+    assert_eq!(kinds(&p), ["device_over", "headroom"]);
+    let p = plan(
+        &m,
+        &f,
+        &PlanOptions {
+            resident_blocks: Some(99),
+            ..opts()
+        },
+    )
+    .unwrap();
+    assert_eq!(p.blocks_in(Tier::Device).len(), 10);
+}
+
+#[test]
+fn max_vram_headroom_and_activation_vram() {
+    let m = decoder(10, DType::BF16);
+    let f = Figures::injected(10_000_000_000, Some(40_000_000_000));
+    let capped = plan(
+        &m,
+        &f,
+        &PlanOptions {
+            max_vram: Some(3_900_000_000),
+            ..opts()
+        },
+    )
+    .unwrap();
+    assert_eq!(tiers(&capped), "DDDDDDDRRR");
+    assert_eq!(capped.budgets.unwrap().device_limit, 3_900_000_000);
+    let small_headroom = PlanOptions {
+        max_vram: Some(3_900_000_000),
+        headroom_vram: 1_300_000_000,
+        ..opts()
+    };
+    let p = plan(&m, &f, &small_headroom).unwrap();
+    assert_eq!(tiers(&p), "DDDDDDDDDD");
+    let measured = PlanOptions {
+        max_vram: Some(3_900_000_000),
+        headroom_vram: 0,
+        activation_vram: Some(1_600_000_000),
+        ..opts()
+    };
+    let p = plan(&m, &f, &measured).unwrap();
+    assert_eq!(
+        tiers(&p),
+        "DDDDDDDRRR",
+        "the measurement replaces headroom_vram"
+    );
+    let b = p.budgets.as_ref().unwrap();
+    assert!(b.reserve_measured && b.reserve == 1_600_000_000);
+    assert!(kinds(&p).is_empty(), "{:?}", p.warnings);
+}
+
+#[test]
+fn min_free_ram_auto_and_explicit() {
+    assert_eq!(MinFreeRam::Auto.resolve(16_000_000_000), 1_280_000_000);
+    assert_eq!(MinFreeRam::Auto.resolve(4_000_000_000), 1_000_000_000);
+    assert_eq!(MinFreeRam::Auto.resolve(256_000_000_000), 4_000_000_000);
+    assert_eq!("auto".parse::<MinFreeRam>().unwrap(), MinFreeRam::Auto);
+    assert_eq!(
+        "4GB".parse::<MinFreeRam>().unwrap(),
+        MinFreeRam::Bytes(4_000_000_000)
+    );
+    let m = decoder(10, DType::BF16);
+    let mut figures = Figures::injected(3_000_000_000, Some(2_000_000_000));
+    figures.memory.total_ram = 16_000_000_000;
+    let auto = PlanOptions {
+        min_free_ram: MinFreeRam::Auto,
+        ..opts()
+    };
+    let p = plan(&m, &figures, &auto).unwrap();
+    let b = p.budgets.as_ref().unwrap();
+    assert_eq!(b.min_free_ram, 1_280_000_000);
+    assert_eq!(b.ram_budget, 3_000_000_000 - 1_280_000_000 - 400_040_000);
+    assert_eq!(tiers(&p), "RRRRRRKKKK");
+    let explicit = PlanOptions {
+        min_free_ram: MinFreeRam::Bytes(2_500_000_000),
+        ..opts()
+    };
+    let p = plan(&m, &figures, &explicit).unwrap();
+    assert_eq!(tiers(&p), "KKKKKKKKKK");
+    // 3.0 - 2.5 - 0.4 staging leaves 0.1 GB: not one block.
+    assert_eq!(p.budgets.as_ref().unwrap().ram_budget, 99_960_000);
+    assert_eq!(
+        kinds(&p),
+        ["nothing_fits", "spills", "block_too_large", "headroom"]
+    );
+}
+
+#[test]
+fn lookahead_sizes_the_staging() {
+    let m = decoder(10, DType::BF16);
+    let f = Figures::injected(10_000_000_000, Some(3_900_000_000));
+    let p = plan(
+        &m,
+        &f,
+        &PlanOptions {
+            lookahead: 4,
+            ..opts()
+        },
+    )
+    .unwrap();
+    assert_eq!(p.budgets.as_ref().unwrap().device_staging, 4 * 200_020_000);
+    assert_eq!(tiers(&p), "DDDDDRRRRR");
+    // Lookahead 0 still needs one slot for the block that runs.
+    let p = plan(
+        &m,
+        &f,
+        &PlanOptions {
+            lookahead: 0,
+            ..opts()
+        },
+    )
+    .unwrap();
+    assert_eq!(p.budgets.as_ref().unwrap().device_staging, 200_020_000);
+    assert_eq!(tiers(&p), "DDDDDDDDRR");
+}
+
+#[test]
+fn block_larger_than_the_device() {
+    let m = decoder(3, DType::BF16);
+    let p = plan(
+        &m,
+        &Figures::injected(10_000_000_000, Some(2_000_000_000)),
+        &opts(),
+    )
+    .unwrap();
+    // 2.0 - 1.5 - 0.2 outside = 0.3 GB, but one slot plus the expansion needs 0.4 GB.
+    assert_eq!(kinds(&p), ["nothing_fits", "block_too_large", "headroom"]);
+    let w = &p.warnings[1];
+    assert!(
+        matches!(&w.kind, WarningKind::BlockLargerThanDevice { block, needed: 400_040_000, .. }
+        if block == "model.layers.0.")
+    );
+}
+
+#[test]
+fn cgroup_limit_from_a_fake_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let roots = SysRoots::under(dir.path());
+    let write = |p: std::path::PathBuf, t: &str| {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, t).unwrap();
+    };
+    write(
+        roots.proc.join("meminfo"),
+        "MemTotal: 62500000 kB\nMemAvailable: 50000000 kB\n",
+    );
+    write(roots.proc.join("self/cgroup"), "0::/job\n");
+    write(roots.sys.join("fs/cgroup/cgroup.controllers"), "memory\n");
+    write(roots.sys.join("fs/cgroup/job/memory.max"), "2000000000\n");
+    write(
+        roots.sys.join("fs/cgroup/job/memory.current"),
+        "500000000\n",
+    );
+    let memory = MemoryFigures::probe_at(&roots).unwrap();
+    assert_eq!(memory.usable_ram(), 1_500_000_000);
+    let figures = Figures {
+        memory,
+        free_vram: Some(1_000_000_000),
+    };
+    let p = plan(&decoder(4, DType::BF16), &figures, &opts()).unwrap();
+    assert_eq!(
+        p.budgets.as_ref().unwrap().ram_budget,
+        1_500_000_000 - 400_040_000
+    );
+    assert!(kinds(&p).contains(&"cgroup"), "{:?}", kinds(&p));
+    assert_eq!(tiers(&p), "RRRR");
+    // The same limit filled in by hand.
+    let mut memory = MemoryFigures::with_ram(64_000_000_000);
+    memory.cgroup = Some(CgroupMemory {
+        version: 2,
+        path: "/x".into(),
+        limit: 8_000_000_000,
+        usage: None,
+    });
+    assert_eq!(memory.usable_ram(), 8_000_000_000);
+}
+
+#[test]
+fn cpu_is_the_device_without_a_gpu() {
+    let m = decoder(10, DType::BF16);
+    let p = plan(&m, &Figures::injected(2_000_000_000, None), &opts()).unwrap();
+    let b = p.budgets.as_ref().unwrap();
+    assert!(!b.gpu);
+    assert_eq!((b.reserve, b.device_staging), (0, 0));
+    // 2.0 GB - 0.4 staging - 0.2 expanded - 0.2 outside = 1.2 GB: five blocks resident in RAM,
+    // the RAM tier gets what they leave (nothing), the rest is read from disk.
+    assert_eq!(tiers(&p), "DDDDDKKKKK");
+    assert_eq!(kinds(&p), ["spills"], "no VRAM headroom warning on the CPU");
+    let capped = PlanOptions {
+        resident_blocks: Some(2),
+        ..opts()
+    };
+    let p = plan(&m, &Figures::injected(2_000_000_000, None), &capped).unwrap();
+    assert_eq!(tiers(&p), "DDRRRKKKKK");
+}
+
+#[test]
+fn diffusion_model_with_two_block_lists() {
+    let mut ts = vec![
+        TensorSizes::new("img_in.weight", DType::BF16, &[3072, 64]),
+        TensorSizes::new("txt_in.weight", DType::BF16, &[3072, 4096]),
+        TensorSizes::new("time_in.0.weight", DType::BF16, &[3072, 256]),
+    ];
+    for i in 0..3 {
+        ts.push(TensorSizes::new(
+            format!("double_blocks.{i}.img_attn.qkv.weight"),
+            DType::BF16,
+            &[SIDE, SIDE],
+        ));
+        ts.push(TensorSizes::new(
+            format!("double_blocks.{i}.txt_attn.qkv.weight"),
+            DType::BF16,
+            &[SIDE, SIDE],
+        ));
+    }
+    for i in 0..12 {
+        ts.push(TensorSizes::new(
+            format!("single_blocks.{i}.linear1.weight"),
+            DType::BF16,
+            &[SIDE, SIDE],
+        ));
+    }
+    ts.push(TensorSizes::new(
+        "final_layer.linear.weight",
+        DType::BF16,
+        &[64, 3072],
+    ));
+    let m = ModelBlocks::discover(ts);
+    assert_eq!(m.blocks.len(), 15);
+    assert_eq!(m.blocks[2].name, "double_blocks.2.");
+    assert_eq!(m.blocks[3].name, "single_blocks.0.");
+    assert_eq!(m.blocks[14].name, "single_blocks.11.");
+    assert_eq!(m.outside.len(), 4, "a lone time_in.0. is not a block list");
+    let p = plan(
+        &m,
+        &Figures::injected(2_000_000_000, Some(4_000_000_000)),
+        &opts(),
+    )
+    .unwrap();
+    // With a double block streamed the slots are 2 x 0.4 GB and only two fit; once all three
+    // double blocks are resident only single blocks stream, the slots halve, and two single
+    // blocks fit too: 4.0 - 1.5 - 2 x 0.2 - 0.4 expanded - 0.03 outside >= 1.6 GB.
+    assert_eq!(tiers(&p), "DDDDDRRRRRRRRKK");
+    let table = p.to_string();
+    assert!(
+        table.contains("double_blocks.0-2, single_blocks.0-1"),
+        "{table}"
+    );
+    assert!(table.contains("single_blocks.2-9"), "{table}");
+    assert!(table.contains("single_blocks.10-11"), "{table}");
+}
+
+#[test]
+fn edits_recompute_and_reject_bad_names() {
+    let m = decoder(10, DType::BF16);
+    let mut p = plan(
+        &m,
+        &Figures::injected(1_000_000_000, Some(3_900_000_000)),
+        &opts(),
+    )
+    .unwrap();
+    p.assign(Tier::Disk, &Selector::Indices(vec![0, 1]))
+        .unwrap();
+    assert_eq!(tiers(&p), "KKDDDDDRRK");
+    assert_eq!(p.budgets.as_ref().unwrap().disk_bytes, 3 * 200_020_000);
+    p.assign(Tier::Ram, &Selector::Prefixes(vec!["model.layers.".into()]))
+        .unwrap();
+    assert_eq!(tiers(&p), "RRRRRRRRRR");
+    assert_eq!(kinds(&p), ["ram_over", "headroom"]);
+    p.assign(
+        Tier::Device,
+        &Selector::Prefixes(vec!["model.layers.1".into()]),
+    )
+    .unwrap();
+    assert_eq!(tiers(&p), "RDRRRRRRRR", "layers.1 does not take layers.10");
+    let before = p.clone();
+    let err = p
+        .assign(Tier::Disk, &Selector::Indices(vec![10]))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PlanError::IndexOutOfRange {
+                index: 10,
+                count: 10
+            }
+        ),
+        "{err}"
+    );
+    let err = p
+        .assign(Tier::Disk, &Selector::Indices(vec![3, 3]))
+        .unwrap_err();
+    assert!(err.to_string().contains("model.layers.3."), "{err}");
+    let err = p
+        .assign(
+            Tier::Disk,
+            &Selector::Prefixes(vec!["model.layer.3.".into()]),
+        )
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("\"model.layer.3.\"") && msg.contains("model.layers.3."),
+        "{msg}"
+    );
+    let err = p
+        .assign(
+            Tier::Disk,
+            &Selector::Prefixes(vec!["model.layers.".into(), "model.layers.2.".into()]),
+        )
+        .unwrap_err();
+    assert!(matches!(err, PlanError::NamedTwice { .. }), "{err}");
+    assert_eq!(p, before, "failed edits change nothing");
+}
+
+#[test]
+fn manual_plans() {
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let p = Plan::manual(
+        &names(&["model.layers.0.", "model.layers.1"]),
+        &names(&["model.layers.2.", "model.layers.3."]),
+        Tier::Ram,
+    )
+    .unwrap();
+    assert!(!p.resolved && p.budgets.is_none());
+    assert!(p.to_string().contains("resolve"));
+    let m = decoder(4, DType::BF16);
+    let f = Figures::injected(10_000_000_000, Some(3_000_000_000));
+    let r = p.resolve(&m, &f, &opts()).unwrap();
+    assert!(r.manual && r.resolved);
+    assert_eq!(tiers(&r), "DDRR");
+    assert_eq!(r.budgets.as_ref().unwrap().device_used, 2 * 200_020_000);
+    // Whole lists by prefix, streamed to disk.
+    let p = Plan::manual(&[], &names(&["model.layers."]), Tier::Disk).unwrap();
+    assert_eq!(tiers(&p.resolve(&m, &f, &opts()).unwrap()), "KKKK");
+    // Errors name the culprit.
+    let err = Plan::manual(&names(&["a.0."]), &names(&["a.0"]), Tier::Ram).unwrap_err();
+    assert!(matches!(err, PlanError::NamedTwice { .. }), "{err}");
+    let err = Plan::manual(&names(&["a."]), &names(&["a.0."]), Tier::Ram).unwrap_err();
+    assert!(
+        matches!(err, PlanError::OverlappingPrefixes { .. }),
+        "{err}"
+    );
+    let p = Plan::manual(
+        &names(&["model.layers.0.", "model.layers.9."]),
+        &names(&["model.layers.1."]),
+        Tier::Ram,
+    )
+    .unwrap();
+    let err = p.resolve(&m, &f, &opts()).unwrap_err();
+    assert!(err.to_string().contains("model.layers.9."), "{err}");
+    let p = Plan::manual(
+        &names(&["model.layers.0."]),
+        &names(&["model.layers.1."]),
+        Tier::Ram,
+    )
+    .unwrap();
+    let err = p.resolve(&m, &f, &opts()).unwrap_err();
+    assert!(
+        matches!(&err, PlanError::Unassigned { count: 2, names } if names[0] == "model.layers.2."),
+        "{err}"
+    );
+}
+
+#[test]
+fn json_round_trip_and_version() {
+    let m = decoder(10, DType::F8E4M3);
+    let f = Figures::injected(1_000_000_000, Some(3_000_000_000));
+    let p = plan(&m, &f, &opts()).unwrap();
+    let text = p.to_json();
+    assert!(
+        text.starts_with("{\n  \"format\": \"trash-panda-plan\",\n  \"version\": 1,"),
+        "{text}"
+    );
+    assert_eq!(Plan::from_json(&text).unwrap(), p);
+    let v2 = text.replace("\"version\": 1,", "\"version\": 2,");
+    let err = Plan::from_json(&v2).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PlanError::Version {
+                found: 2,
+                supported: 1
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("version 2"));
+    let other = text.replace("trash-panda-plan", "something-else");
+    assert!(Plan::from_json(&other)
+        .unwrap_err()
+        .to_string()
+        .contains("something-else"));
+    assert!(matches!(
+        Plan::from_json("[1]"),
+        Err(PlanError::Json { .. })
+    ));
+    let manual = Plan::manual(&["a.0.".into()], &[], Tier::Ram).unwrap();
+    assert_eq!(Plan::from_json(&manual.to_json()).unwrap(), manual);
+}
+
+#[test]
+fn same_inputs_same_plan() {
+    let m = decoder(10, DType::BF16);
+    let f = Figures::injected(1_000_000_000, Some(3_900_000_000));
+    let a = plan(&m, &f, &opts()).unwrap().to_json();
+    let b = plan(&m, &f, &opts()).unwrap().to_json();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn table_shape() {
+    let m = decoder(10, DType::BF16);
+    let p = plan(
+        &m,
+        &Figures::injected(1_000_000_000, Some(3_900_000_000)),
+        &opts(),
+    )
+    .unwrap();
+    let t = p.to_string();
+    println!("{t}");
+    assert!(t.contains("model.layers.0-6"), "{t}");
+    assert!(t.contains("model.layers.7-8"), "{t}");
+    assert!(t.contains("headroom_vram 1.50 GB (not measured)"), "{t}");
+    assert!(t.contains("warnings:"), "{t}");
+}
