@@ -1,9 +1,23 @@
-//! The `trash_panda._core` extension module.
+//! The `trash_panda._core` extension module: the core crate, module by module, for the Python
+//! layer. Long calls release the GIL through `gil::without_gil`; errors become Python exceptions
+//! in `errors`.
 
 use pyo3::prelude::*;
+
+mod checkpoint;
+mod cli;
+mod dlpack;
+mod dtype;
+mod errors;
+mod gil;
+mod io;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    checkpoint::register(m)?;
+    dtype::register(m)?;
+    io::register(m)?;
+    cli::register(m)?;
     Ok(())
 }

@@ -1,0 +1,49 @@
+# The two commands of the README:
+#   make demo   set up (.venv, build) and run the main job
+#   make test   set up, then every check: Rust tests, lints, Python tests, stub check
+# .venv links to an environment cached under ~/.cache/trash-panda, keyed by the pinned
+# requirements, so a fresh clone does not download torch again.
+
+VENV := .venv
+PY := $(VENV)/bin/python
+CARGO ?= cargo
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: demo test venv build rust-test lint py-test stubs fmt bench-read bench-convert clean
+
+venv:
+	@bash scripts/venv.sh
+
+# The extension is built in release mode: the kernels and readers are what tests exercise.
+build: venv
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --quiet
+	@$(PY) -c "import trash_panda; print('trash_panda', trash_panda.__version__, 'built')"
+
+demo: build
+	$(PY) examples/demo.py
+
+rust-test:
+	$(CARGO) test --workspace --exclude trash-panda-python
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+py-test: build
+	$(PY) -m pytest -q tests
+
+stubs: build
+	$(PY) -m mypy.stubtest trash_panda._core --allowlist tests/stubtest-allowlist.txt
+	$(PY) -m mypy
+
+test: rust-test lint py-test stubs
+
+bench-read:
+	$(CARGO) run --release -p trash-panda-bench --bin bench-read
+
+bench-convert:
+	$(CARGO) run --release -p trash-panda-bench --bin bench-convert
+
+clean:
+	$(CARGO) clean
+	rm -f $(VENV)

@@ -1,0 +1,240 @@
+//! `trash_panda._core.Checkpoint`: the tensor index of a checkpoint and zero-copy views of it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use pyo3::prelude::*;
+
+use trash_panda::checkpoint::{Checkpoint, TensorInfo};
+use trash_panda::io::MappedFile;
+
+use crate::dlpack::{export_capsule, ByteOwner};
+use crate::errors::{raise, Kind, ToPyErr};
+use crate::gil::without_gil;
+
+/// One tensor's entry in the index.
+#[pyclass(name = "TensorInfo", module = "trash_panda._core", frozen)]
+#[derive(Debug, Clone)]
+pub(crate) struct PyTensorInfo {
+    #[pyo3(get)]
+    name: String,
+    /// The dtype as written in the header ("BF16", "F8_E4M3", ...).
+    #[pyo3(get)]
+    dtype: String,
+    #[pyo3(get)]
+    shape: Vec<usize>,
+    #[pyo3(get)]
+    file: PathBuf,
+    #[pyo3(get)]
+    start: u64,
+    #[pyo3(get)]
+    end: u64,
+}
+
+#[pymethods]
+impl PyTensorInfo {
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.end - self.start
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "TensorInfo(name={:?}, dtype={:?}, shape={:?}, nbytes={})",
+            self.name,
+            self.dtype,
+            self.shape,
+            self.end - self.start
+        )
+    }
+}
+
+/// A slice of a private (copy-on-write) map of a checkpoint file, kept alive by torch.
+struct MapSlice {
+    map: Arc<MappedFile>,
+    start: usize,
+    len: usize,
+}
+
+impl ByteOwner for MapSlice {
+    fn raw_parts(&self) -> (*mut u8, usize) {
+        // The map is private and writable, so torch may write into its view: those writes
+        // land in private pages and never reach the file.
+        let base = self.map.bytes().as_ptr().cast_mut();
+        // SAFETY: `start + len` was checked against the map's length in `Checkpoint::view`.
+        (unsafe { base.add(self.start) }, self.len)
+    }
+}
+
+/// The bytes of one tensor, handed to torch through `__dlpack__`.
+#[pyclass(name = "TensorBytes", module = "trash_panda._core", frozen)]
+pub(crate) struct PyTensorBytes {
+    owner: Arc<dyn ByteOwner>,
+}
+
+impl std::fmt::Debug for PyTensorBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorBytes")
+            .field("len", &self.owner.raw_parts().1)
+            .finish()
+    }
+}
+
+#[pymethods]
+impl PyTensorBytes {
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__(
+        &self,
+        py: Python<'_>,
+        stream: Option<Py<PyAny>>,
+        max_version: Option<Py<PyAny>>,
+        dl_device: Option<Py<PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Py<PyAny>> {
+        let _ = (stream, max_version, dl_device);
+        if copy == Some(true) {
+            return Err(raise(
+                Kind::Argument,
+                "TensorBytes.__dlpack__: copy=True is not supported",
+            ));
+        }
+        export_capsule(py, Arc::clone(&self.owner))
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (1, 0)
+    }
+
+    fn __len__(&self) -> usize {
+        self.owner.raw_parts().1
+    }
+}
+
+/// An opened checkpoint.
+#[pyclass(name = "Checkpoint", module = "trash_panda._core", frozen)]
+#[derive(Debug)]
+pub(crate) struct PyCheckpoint {
+    inner: Checkpoint,
+    /// Maps are made on first use and shared by every view of the same file.
+    maps: Mutex<HashMap<usize, Arc<MappedFile>>>,
+}
+
+impl PyCheckpoint {
+    fn info(&self, t: &TensorInfo) -> PyTensorInfo {
+        PyTensorInfo {
+            name: t.name.clone(),
+            dtype: t.dtype.safetensors_name().to_string(),
+            shape: t.shape.clone(),
+            file: self.inner.files()[t.file].clone(),
+            start: t.start,
+            end: t.end,
+        }
+    }
+
+    fn lookup(&self, name: &str) -> PyResult<&TensorInfo> {
+        self.inner.get(name).ok_or_else(|| {
+            raise(
+                Kind::Checkpoint,
+                format!(
+                    "{}: no tensor named {name:?}",
+                    self.inner.files()[0].display()
+                ),
+            )
+        })
+    }
+}
+
+#[pymethods]
+impl PyCheckpoint {
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let inner = without_gil(py, || Checkpoint::open(&path)).map_err(ToPyErr::to_py)?;
+        Ok(PyCheckpoint {
+            inner,
+            maps: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The files of the checkpoint (one, or the shards).
+    #[getter]
+    fn files(&self) -> Vec<PathBuf> {
+        self.inner.files().to_vec()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.tensors().len()
+    }
+
+    fn __contains__(&self, name: &str) -> bool {
+        self.inner.get(name).is_some()
+    }
+
+    /// Every tensor, by file and then by offset.
+    fn tensors(&self) -> Vec<PyTensorInfo> {
+        self.inner.tensors().iter().map(|t| self.info(t)).collect()
+    }
+
+    /// The entry of one tensor.
+    fn info_of(&self, name: &str) -> PyResult<PyTensorInfo> {
+        Ok(self.info(self.lookup(name)?))
+    }
+
+    /// The tensor's bytes as a zero-copy view of a private map of its file.
+    fn view(&self, py: Python<'_>, name: &str) -> PyResult<PyTensorBytes> {
+        let t = self.lookup(name)?;
+        let map = {
+            let mut maps = self
+                .maps
+                .lock()
+                .map_err(|_| raise(Kind::Read, "map cache poisoned"))?;
+            match maps.get(&t.file) {
+                Some(m) => Arc::clone(m),
+                None => {
+                    let path = self.inner.files()[t.file].clone();
+                    let m = Arc::new(
+                        without_gil(py, || MappedFile::open_private(&path))
+                            .map_err(ToPyErr::to_py)?,
+                    );
+                    maps.insert(t.file, Arc::clone(&m));
+                    m
+                }
+            }
+        };
+        let (start, len) = (t.start as usize, t.nbytes() as usize);
+        if start + len > map.bytes().len() {
+            return Err(raise(
+                Kind::Checkpoint,
+                format!("{}: tensor {:?} ends at byte {} but the file has {} bytes (was it truncated after opening?)",
+                    self.inner.files()[t.file].display(), t.name, t.end, map.bytes().len()),
+            ));
+        }
+        Ok(PyTensorBytes {
+            owner: Arc::new(MapSlice { map, start, len }),
+        })
+    }
+
+    /// Drops the maps made by `view`; views already given to torch keep theirs alive.
+    fn close(&self) -> PyResult<()> {
+        self.maps
+            .lock()
+            .map_err(|_| raise(Kind::Read, "map cache poisoned"))?
+            .clear();
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Checkpoint({} file(s), {} tensors)",
+            self.inner.files().len(),
+            self.inner.tensors().len()
+        )
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyCheckpoint>()?;
+    m.add_class::<PyTensorInfo>()?;
+    m.add_class::<PyTensorBytes>()?;
+    Ok(())
+}

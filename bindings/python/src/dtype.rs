@@ -1,0 +1,155 @@
+//! `trash_panda._core` conversion kernels on torch tensors (borrowed through DLPack).
+//!
+//! The Python layer passes every tensor as a flat byte view plus its dtype name, so the kernels
+//! see exactly the bytes torch holds, whatever dtypes this torch build can export.
+
+use pyo3::prelude::*;
+
+use trash_panda::dtype::{self, DType, QuantGranularity, Scale};
+
+use crate::dlpack::{disjoint, Borrowed};
+use crate::errors::{raise, Kind, ToPyErr};
+use crate::gil::{threads as worker_threads, without_gil};
+
+fn parse_dtype(name: &str) -> PyResult<DType> {
+    name.parse::<DType>().map_err(ToPyErr::to_py)
+}
+
+/// Reads little-endian f32 scales out of a borrowed float32 tensor.
+fn scales_of(t: &Borrowed) -> Vec<f32> {
+    t.bytes()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// The safetensors header name of a dtype written the way users write it ("bf16", "fp8", ...).
+#[pyfunction]
+fn dtype_header_name(name: &str) -> PyResult<&'static str> {
+    Ok(parse_dtype(name)?.safetensors_name())
+}
+
+/// Expands (fp8 times a scale, or a plain cast) `src` into `dst`.
+#[pyfunction]
+#[pyo3(signature = (src, src_dtype, dst, dst_dtype, rows, cols, scale_kind="none", scale=None, block=128, threads=None))]
+#[allow(clippy::too_many_arguments)]
+fn expand(
+    py: Python<'_>,
+    src: &Bound<'_, PyAny>,
+    src_dtype: &str,
+    dst: &Bound<'_, PyAny>,
+    dst_dtype: &str,
+    rows: usize,
+    cols: usize,
+    scale_kind: &str,
+    scale: Option<&Bound<'_, PyAny>>,
+    block: usize,
+    threads: Option<usize>,
+) -> PyResult<()> {
+    let (sd, dd) = (parse_dtype(src_dtype)?, parse_dtype(dst_dtype)?);
+    let (s, d) = (Borrowed::new(src, "src")?, Borrowed::new(dst, "dst")?);
+    disjoint(&s, &d, "expand")?;
+    let values = match scale {
+        Some(t) => scales_of(&Borrowed::new(t, "scale")?),
+        None => Vec::new(),
+    };
+    let scale = match (scale_kind, values.as_slice()) {
+        ("none", _) => Scale::None,
+        ("tensor", [v]) => Scale::PerTensor(*v),
+        ("row", v) => Scale::PerRow(v),
+        ("block", v) => Scale::Block { scales: v, block },
+        ("tensor", v) => {
+            return Err(raise(
+                Kind::Argument,
+                format!("expand: a per-tensor scale has one value, got {}", v.len()),
+            ))
+        }
+        (other, _) => {
+            return Err(raise(
+                Kind::Argument,
+                format!("expand: scale_kind {other:?} is not one of none, tensor, row, block"),
+            ))
+        }
+    };
+    let n = worker_threads(threads);
+    let (sb, db) = (s.bytes(), d.bytes_mut());
+    without_gil(py, || {
+        dtype::expand(sb, sd, db, dd, (rows, cols), &scale, n)
+    })
+    .map_err(ToPyErr::to_py)
+}
+
+/// Casts between f32, f16 and bf16 with round-to-nearest-even.
+#[pyfunction]
+#[pyo3(signature = (src, src_dtype, dst, dst_dtype, threads=None))]
+fn cast(
+    py: Python<'_>,
+    src: &Bound<'_, PyAny>,
+    src_dtype: &str,
+    dst: &Bound<'_, PyAny>,
+    dst_dtype: &str,
+    threads: Option<usize>,
+) -> PyResult<()> {
+    let (sd, dd) = (parse_dtype(src_dtype)?, parse_dtype(dst_dtype)?);
+    let (s, d) = (Borrowed::new(src, "src")?, Borrowed::new(dst, "dst")?);
+    disjoint(&s, &d, "cast")?;
+    let n = worker_threads(threads);
+    let (sb, db) = (s.bytes(), d.bytes_mut());
+    without_gil(py, || dtype::cast(sb, sd, db, dd, n)).map_err(ToPyErr::to_py)
+}
+
+/// Quantizes `src` to fp8 e4m3fn into `dst`, writing the float32 scales into `scales`.
+#[pyfunction]
+#[pyo3(signature = (src, src_dtype, dst, scales, rows, cols, per_row, threads=None))]
+#[allow(clippy::too_many_arguments)]
+fn quantize_fp8(
+    py: Python<'_>,
+    src: &Bound<'_, PyAny>,
+    src_dtype: &str,
+    dst: &Bound<'_, PyAny>,
+    scales: &Bound<'_, PyAny>,
+    rows: usize,
+    cols: usize,
+    per_row: bool,
+    threads: Option<usize>,
+) -> PyResult<()> {
+    let sd = parse_dtype(src_dtype)?;
+    let (s, d, sc) = (
+        Borrowed::new(src, "src")?,
+        Borrowed::new(dst, "dst")?,
+        Borrowed::new(scales, "scales")?,
+    );
+    disjoint(&s, &d, "quantize_fp8")?;
+    disjoint(&s, &sc, "quantize_fp8")?;
+    disjoint(&d, &sc, "quantize_fp8")?;
+    if sc.len() % 4 != 0 {
+        return Err(raise(
+            Kind::Argument,
+            "quantize_fp8: scales must be a float32 tensor",
+        ));
+    }
+    let granularity = if per_row {
+        QuantGranularity::PerRow
+    } else {
+        QuantGranularity::PerTensor
+    };
+    let n = worker_threads(threads);
+    let mut out = vec![0f32; sc.len() / 4];
+    let (sb, db) = (s.bytes(), d.bytes_mut());
+    without_gil(py, || {
+        dtype::quantize_fp8(sb, sd, (rows, cols), granularity, db, &mut out, n)
+    })
+    .map_err(ToPyErr::to_py)?;
+    for (chunk, v) in sc.bytes_mut().chunks_exact_mut(4).zip(out) {
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+    Ok(())
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(dtype_header_name, m)?)?;
+    m.add_function(wrap_pyfunction!(expand, m)?)?;
+    m.add_function(wrap_pyfunction!(cast, m)?)?;
+    m.add_function(wrap_pyfunction!(quantize_fp8, m)?)?;
+    Ok(())
+}

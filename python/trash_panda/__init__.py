@@ -1,0 +1,20 @@
+"""trash-panda: run models bigger than your GPU by streaming weights across GPU, RAM and disk."""
+
+from __future__ import annotations
+
+from . import dtype, errors
+from ._core import __version__
+from .checkpoint import Checkpoint
+from .errors import ArgumentError, CheckpointError, DtypeError, ReadError, TrashPandaError
+
+__all__ = [
+    "ArgumentError",
+    "Checkpoint",
+    "CheckpointError",
+    "DtypeError",
+    "ReadError",
+    "TrashPandaError",
+    "__version__",
+    "dtype",
+    "errors",
+]

@@ -1,0 +1,61 @@
+"""The mapping between torch dtypes and the core's dtype names."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .errors import DtypeError
+
+if TYPE_CHECKING:
+    import torch
+
+# Header names of safetensors (what the core reports) -> torch attribute names.
+_HEADER_TO_TORCH = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def torch_dtype(header_name: str) -> torch.dtype:
+    """The torch dtype of a safetensors header dtype name."""
+    import torch
+
+    attr = _HEADER_TO_TORCH.get(header_name)
+    if attr is None or not hasattr(torch, attr):
+        raise DtypeError(f"dtype {header_name!r} has no torch equivalent in torch {torch.__version__}")
+    dtype: torch.dtype = getattr(torch, attr)
+    return dtype
+
+
+def core_name(dtype: torch.dtype) -> str:
+    """The core's name of a torch dtype (the safetensors header name)."""
+    for header, attr in _HEADER_TO_TORCH.items():
+        if str(dtype) == f"torch.{attr}":
+            return header
+    raise DtypeError(f"dtype {dtype} is not supported; expected one of {', '.join(_HEADER_TO_TORCH.values())}")
+
+
+def resolve(dtype: torch.dtype | str) -> torch.dtype:
+    """A torch dtype from a torch dtype or a name such as "bf16", "fp8" or "float32"."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if not isinstance(dtype, str):
+        raise DtypeError(f"expected a torch.dtype or a dtype name, got {type(dtype).__name__}")
+    from . import _core
+
+    return torch_dtype(_core.dtype_header_name(dtype))

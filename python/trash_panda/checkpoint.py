@@ -1,0 +1,68 @@
+"""Reading safetensors checkpoints (one file, shards, or a folder of shards) into torch tensors."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from . import _core
+from ._dtypes import torch_dtype
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._core import TensorInfo
+
+__all__ = ["Checkpoint"]
+
+
+class Checkpoint:
+    """An opened checkpoint: the index of its tensors, and zero-copy reads of them.
+
+    Only the headers are read when it opens; a tensor's bytes are mapped when it is first read.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._core = _core.Checkpoint(os.fspath(path))
+
+    @property
+    def files(self) -> list[str]:
+        """The checkpoint's files: one, or every shard."""
+        return [os.fspath(f) for f in self._core.files]
+
+    def __len__(self) -> int:
+        return len(self._core)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self._core
+
+    def __repr__(self) -> str:
+        return repr(self._core)
+
+    def tensors(self) -> list[TensorInfo]:
+        """Every tensor's entry (name, dtype, shape, file, byte range), by file and offset."""
+        return self._core.tensors()
+
+    def names(self) -> list[str]:
+        """Every tensor's name, by file and offset."""
+        return [t.name for t in self._core.tensors()]
+
+    def info(self, name: str) -> TensorInfo:
+        """The entry of one tensor; :class:`CheckpointError` if there is none."""
+        return self._core.info_of(name)
+
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor as a CPU torch tensor that shares memory with a private map of the file.
+
+        No bytes are copied: pages are read from the drive (or the page cache) when first touched.
+        The map is copy-on-write, so writing into the tensor never changes the file.
+        """
+        import torch
+
+        info = self._core.info_of(name)
+        raw = torch.from_dlpack(self._core.view(name))
+        return raw.view(torch_dtype(info.dtype)).reshape(info.shape)
+
+    def close(self) -> None:
+        """Drops the file maps; tensors already read keep theirs alive until they are freed."""
+        self._core.close()

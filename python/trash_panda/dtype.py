@@ -1,0 +1,141 @@
+"""Conversion kernels of the core on torch CPU tensors: fp8 expansion, casts, fp8 quantization.
+
+Each call releases the GIL and runs on several threads for large tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from . import _core
+from ._dtypes import core_name, resolve
+from .errors import ArgumentError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["cast", "expand", "quantize_fp8"]
+
+_FLOATS = ("float32", "float16", "bfloat16")
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _check_cpu(t: object, what: str) -> torch.Tensor:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise ArgumentError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ArgumentError(f"{what}: expected a CPU tensor, got one on {t.device}")
+    return t.contiguous()
+
+
+def _rows_cols(t: torch.Tensor) -> tuple[int, int]:
+    if t.dim() == 0:
+        return 1, 1
+    if t.dim() == 1:
+        return 1, t.shape[0]
+    return t.shape[0], math.prod(t.shape[1:])
+
+
+def _out(t: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+    import torch
+
+    if out is None:
+        return torch.empty(t.shape, dtype=dtype)
+    if out.dtype != dtype or out.shape != t.shape or not out.is_contiguous() or out.device.type != "cpu":
+        raise ArgumentError(
+            f"out: expected a contiguous CPU tensor of {dtype} and shape {tuple(t.shape)}, "
+            f"got {out.dtype} {tuple(out.shape)} on {out.device}"
+        )
+    return out
+
+
+def expand(
+    weight: torch.Tensor,
+    dtype: torch.dtype | str = "bf16",
+    scale: float | torch.Tensor | None = None,
+    *,
+    block_size: int = 128,
+    out: torch.Tensor | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
+    """``(weight.float() * scale).to(dtype)``, computed by the core without a float32 copy.
+
+    ``scale`` may be None, a number or a one-element tensor (per tensor), a tensor with one value
+    per row (shape ``[rows]`` or ``[rows, 1]``), or a ``[ceil(rows/block_size),
+    ceil(cols/block_size)]`` tensor of block-wise scales (the ``weight_scale_inv`` layout).
+    """
+    import torch
+
+    w = _check_cpu(weight, "weight")
+    target = resolve(dtype)
+    if str(target).removeprefix("torch.") not in _FLOATS:
+        raise ArgumentError(f"dtype: expected float32, float16 or bfloat16, got {target}")
+    rows, cols = _rows_cols(w)
+    kind, values = "none", None
+    if scale is not None:
+        s = torch.as_tensor(scale, dtype=torch.float32).contiguous()
+        blocks = (math.ceil(rows / block_size), math.ceil(cols / block_size))
+        if s.numel() == 1:
+            kind = "tensor"
+        elif s.numel() == rows and (s.dim() == 1 or (s.dim() == 2 and s.shape[1] == 1)):
+            kind = "row"
+        elif s.dim() == 2 and tuple(s.shape) == blocks:
+            kind = "block"
+        else:
+            raise ArgumentError(
+                f"scale: shape {tuple(s.shape)} fits none of: one value, one per row ({rows}), "
+                f"or one per {block_size}x{block_size} block {blocks} of a weight of shape {tuple(w.shape)}"
+            )
+        values = s.reshape(-1)
+    result = _out(w, target, out)
+    _core.expand(
+        _bytes(w), core_name(w.dtype), _bytes(result), core_name(target), rows, cols,
+        scale_kind=kind, scale=values, block=block_size, threads=threads,
+    )
+    return result
+
+
+def cast(
+    tensor: torch.Tensor,
+    dtype: torch.dtype | str,
+    *,
+    out: torch.Tensor | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
+    """``tensor.to(dtype)`` between float32, float16 and bfloat16, rounding to nearest even."""
+    t = _check_cpu(tensor, "tensor")
+    target = resolve(dtype)
+    result = _out(t, target, out)
+    _core.cast(_bytes(t), core_name(t.dtype), _bytes(result), core_name(target), threads=threads)
+    return result
+
+
+def quantize_fp8(
+    tensor: torch.Tensor,
+    *,
+    per_row: bool = True,
+    threads: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantizes to float8_e4m3fn with scale = absmax / 448, per row or for the whole tensor.
+
+    Returns ``(q, scale)`` with ``q.float() * scale`` close to the input; ``scale`` has shape
+    ``[rows, 1]`` per row, ``[]`` per tensor.
+    """
+    import torch
+
+    t = _check_cpu(tensor, "tensor")
+    rows, cols = _rows_cols(t)
+    q = torch.empty(t.shape, dtype=torch.float8_e4m3fn)
+    scales = torch.empty(rows if per_row else 1, dtype=torch.float32)
+    _core.quantize_fp8(
+        _bytes(t), core_name(t.dtype), _bytes(q), scales, rows, cols, per_row, threads=threads
+    )
+    return q, scales.reshape(rows, 1) if per_row else scales.reshape(())

@@ -1,0 +1,31 @@
+"""Exceptions raised by trash_panda.
+
+Every error of the library is a :class:`TrashPandaError`. Each kind also derives from the builtin
+exception a caller would expect (a bad checkpoint is a ``ValueError``, a failed read an
+``OSError``), so existing ``except ValueError`` code keeps working.
+"""
+
+from __future__ import annotations
+
+
+class TrashPandaError(Exception):
+    """Base class of every trash_panda error."""
+
+
+class CheckpointError(TrashPandaError, ValueError):
+    """A checkpoint is malformed, inconsistent, or lacks a tensor that was asked for."""
+
+
+class ReadError(TrashPandaError, OSError):
+    """Reading a checkpoint's bytes failed."""
+
+
+class DtypeError(TrashPandaError, ValueError):
+    """An unknown dtype, or a conversion whose inputs do not fit together."""
+
+
+class ArgumentError(TrashPandaError, ValueError):
+    """An argument has the wrong type, shape or value."""
+
+
+__all__ = ["ArgumentError", "CheckpointError", "DtypeError", "ReadError", "TrashPandaError"]
