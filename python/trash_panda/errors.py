@@ -28,4 +28,20 @@ class ArgumentError(TrashPandaError, ValueError):
     """An argument has the wrong type, shape or value."""
 
 
-__all__ = ["ArgumentError", "CheckpointError", "DtypeError", "ReadError", "TrashPandaError"]
+class PlanError(TrashPandaError, ValueError):
+    """A plan cannot be made or edited: an edit names no block, or names one twice."""
+
+
+class SystemProbeError(TrashPandaError, OSError):
+    """The machine's memory figures could not be read."""
+
+
+__all__ = [
+    "ArgumentError",
+    "CheckpointError",
+    "DtypeError",
+    "PlanError",
+    "ReadError",
+    "SystemProbeError",
+    "TrashPandaError",
+]

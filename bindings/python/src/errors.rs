@@ -10,6 +10,8 @@ use pyo3::types::PyType;
 use trash_panda::checkpoint::CheckpointError;
 use trash_panda::dtype::DtypeError;
 use trash_panda::io::IoError;
+use trash_panda::plan::PlanError;
+use trash_panda::sys::SysError;
 
 /// The Python exception classes of `trash_panda.errors`.
 #[derive(Debug, Clone, Copy)]
@@ -18,6 +20,8 @@ pub(crate) enum Kind {
     Read,
     Dtype,
     Argument,
+    Plan,
+    System,
 }
 
 impl Kind {
@@ -27,6 +31,8 @@ impl Kind {
             Kind::Read => "ReadError",
             Kind::Dtype => "DtypeError",
             Kind::Argument => "ArgumentError",
+            Kind::Plan => "PlanError",
+            Kind::System => "SystemProbeError",
         }
     }
 }
@@ -67,5 +73,20 @@ impl ToPyErr for IoError {
 impl ToPyErr for DtypeError {
     fn to_py(self) -> PyErr {
         raise(Kind::Dtype, self.to_string())
+    }
+}
+
+impl ToPyErr for PlanError {
+    fn to_py(self) -> PyErr {
+        match self {
+            PlanError::Checkpoint(e) => e.to_py(),
+            other => raise(Kind::Plan, other.to_string()),
+        }
+    }
+}
+
+impl ToPyErr for SysError {
+    fn to_py(self) -> PyErr {
+        raise(Kind::System, self.to_string())
     }
 }

@@ -11,6 +11,7 @@ mod dtype;
 mod errors;
 mod gil;
 mod io;
+mod plan;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -18,6 +19,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     checkpoint::register(m)?;
     dtype::register(m)?;
     io::register(m)?;
+    plan::register(m)?;
     cli::register(m)?;
     Ok(())
 }

@@ -1,0 +1,208 @@
+//! `trash_panda._core` planner: `make_plan`, `Plan`, and the size/option parsing of its arguments.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyInt, PyString};
+
+use trash_panda::plan::{self, Figures, MinFreeRam, ModelBlocks, Plan, PlanOptions, Selector, TensorSizes, Tier};
+use trash_panda::units::{parse_bytes, ACCEPTED_SIZES};
+use trash_panda::DType;
+
+use crate::errors::{raise, Kind, ToPyErr};
+
+/// A size argument: an int of bytes or a string such as "9GB".
+pub(crate) fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    if value.is_instance_of::<PyInt>() {
+        return value
+            .extract::<u64>()
+            .map_err(|_| raise(Kind::Argument, format!("{what}: expected a size of 0 bytes or more, got {value}")));
+    }
+    if let Ok(s) = value.cast::<PyString>() {
+        let s = s.to_cow()?;
+        return parse_bytes(&s).map_err(|e| raise(Kind::Argument, format!("{what}: {e}")));
+    }
+    Err(raise(Kind::Argument, format!("{what}: expected an int of bytes or a string ({ACCEPTED_SIZES}), got {}", value.get_type().name()?)))
+}
+
+fn dtype_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<DType> {
+    let s: String = value
+        .extract()
+        .map_err(|_| raise(Kind::Argument, format!("{what}: expected a dtype name such as \"bf16\"")))?;
+    s.parse::<DType>().map_err(|e| raise(Kind::Argument, format!("{what}: {e}")))
+}
+
+fn tier_arg(name: &str) -> PyResult<Tier> {
+    name.parse::<Tier>().map_err(ToPyErr::to_py)
+}
+
+/// Builds `PlanOptions` from the keyword arguments of `plan()` (None means the default).
+fn options_from(kwargs: &Bound<'_, PyDict>) -> PyResult<PlanOptions> {
+    let mut o = PlanOptions::default();
+    for (key, value) in kwargs.iter() {
+        let key: String = key.extract()?;
+        if value.is_none() {
+            continue;
+        }
+        match key.as_str() {
+            "resident_blocks" => {
+                o.resident_blocks = Some(value.extract().map_err(|_| {
+                    raise(Kind::Argument, format!("resident_blocks: expected a count of 0 or more, got {value}"))
+                })?)
+            }
+            "max_vram" => o.max_vram = Some(size_arg(&value, "max_vram")?),
+            "min_free_ram" => {
+                o.min_free_ram = match value.extract::<String>() {
+                    Ok(s) if s.trim().eq_ignore_ascii_case("auto") => MinFreeRam::Auto,
+                    _ => MinFreeRam::Bytes(size_arg(&value, "min_free_ram")?),
+                }
+            }
+            "headroom_vram" => o.headroom_vram = size_arg(&value, "headroom_vram")?,
+            "activation_vram" => o.activation_vram = Some(size_arg(&value, "activation_vram")?),
+            "compute_dtype" => o.compute_dtype = dtype_arg(&value, "compute_dtype")?,
+            "storage_dtype" => o.storage_dtype = Some(dtype_arg(&value, "storage_dtype")?),
+            "lookahead" => {
+                o.lookahead = value.extract().map_err(|_| {
+                    raise(Kind::Argument, format!("lookahead: expected a count of 0 or more, got {value}"))
+                })?
+            }
+            other => {
+                return Err(raise(Kind::Argument, format!(
+                    "unknown plan option {other:?}: expected resident_blocks, max_vram, min_free_ram, \
+                     headroom_vram, activation_vram, compute_dtype, storage_dtype or lookahead"
+                )))
+            }
+        }
+    }
+    Ok(o)
+}
+
+/// The machine's memory, with either figure replaced when given (tests and docs inject them).
+fn figures_from(free_vram: Option<u64>, has_gpu: bool, ram: Option<u64>) -> PyResult<Figures> {
+    let mut figures = match ram {
+        Some(ram) => Figures::injected(ram, None),
+        None => Figures::probe().map_err(ToPyErr::to_py)?,
+    };
+    figures.free_vram = if has_gpu { free_vram } else { None };
+    Ok(figures)
+}
+
+fn model_from(tensors: Vec<(String, String, Vec<usize>)>, prefixes: Option<Vec<String>>) -> PyResult<ModelBlocks> {
+    let sizes = tensors
+        .into_iter()
+        .map(|(name, dtype, shape)| {
+            let d = DType::from_safetensors_name(&dtype)
+                .ok_or_else(|| raise(Kind::Dtype, format!("tensor {name:?}: unknown dtype {dtype:?}")))?;
+            Ok(TensorSizes::new(name, d, &shape))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    match prefixes {
+        Some(p) => ModelBlocks::from_prefixes(sizes, &p).map_err(ToPyErr::to_py),
+        None => Ok(ModelBlocks::discover(sizes)),
+    }
+}
+
+/// A plan: which block lives on the device, in RAM and on disk.
+#[pyclass(name = "Plan", module = "trash_panda._core")]
+#[derive(Debug, Clone)]
+pub(crate) struct PyPlan {
+    pub(crate) inner: Plan,
+}
+
+#[pymethods]
+impl PyPlan {
+    /// A plan written by hand; matched against the model when it is loaded.
+    #[staticmethod]
+    #[pyo3(signature = (resident, streamed, streamed_tier="ram"))]
+    fn manual(resident: Vec<String>, streamed: Vec<String>, streamed_tier: &str) -> PyResult<Self> {
+        let inner = Plan::manual(&resident, &streamed, tier_arg(streamed_tier)?).map_err(ToPyErr::to_py)?;
+        Ok(PyPlan { inner })
+    }
+
+    #[staticmethod]
+    fn from_json(text: &str) -> PyResult<Self> {
+        Ok(PyPlan { inner: Plan::from_json(text).map_err(ToPyErr::to_py)? })
+    }
+
+    fn to_json(&self) -> String {
+        self.inner.to_json()
+    }
+
+    /// Moves blocks (by position or by name prefix) to `tier`.
+    #[pyo3(signature = (tier, indices=None, prefixes=None))]
+    fn assign(&mut self, tier: &str, indices: Option<Vec<usize>>, prefixes: Option<Vec<String>>) -> PyResult<()> {
+        let selector = match (indices, prefixes) {
+            (Some(i), None) => Selector::Indices(i),
+            (None, Some(p)) => Selector::Prefixes(p),
+            _ => return Err(raise(Kind::Argument, "assign: give exactly one of indices= or prefixes=")),
+        };
+        self.inner.assign(tier_arg(tier)?, &selector).map_err(ToPyErr::to_py)
+    }
+
+    /// This plan applied to a model's tensors (a manual plan gets its sizes and budgets here).
+    #[pyo3(signature = (tensors, prefixes, free_vram, has_gpu, ram=None, **options))]
+    fn resolve(
+        &self,
+        tensors: Vec<(String, String, Vec<usize>)>,
+        prefixes: Option<Vec<String>>,
+        free_vram: Option<u64>,
+        has_gpu: bool,
+        ram: Option<u64>,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        let model = model_from(tensors, prefixes)?;
+        let opts = match options {
+            Some(o) => options_from(o)?,
+            None => self.inner.options.clone(),
+        };
+        let figures = figures_from(free_vram, has_gpu, ram)?;
+        Ok(PyPlan { inner: self.inner.resolve(&model, &figures, &opts).map_err(ToPyErr::to_py)? })
+    }
+
+    fn __str__(&self) -> String {
+        self.inner.to_string()
+    }
+
+    fn __repr__(&self) -> String {
+        let count = |t| self.inner.blocks.iter().filter(|b| b.tier == t).count();
+        format!(
+            "Plan(device={}, ram={}, disk={}, warnings={})",
+            count(Tier::Device),
+            count(Tier::Ram),
+            count(Tier::Disk),
+            self.inner.warnings.len()
+        )
+    }
+}
+
+/// Plans a model from its tensors (name, safetensors dtype, shape) and block prefixes.
+#[pyfunction]
+#[pyo3(signature = (tensors, prefixes, free_vram, has_gpu, ram=None, **options))]
+fn make_plan(
+    tensors: Vec<(String, String, Vec<usize>)>,
+    prefixes: Option<Vec<String>>,
+    free_vram: Option<u64>,
+    has_gpu: bool,
+    ram: Option<u64>,
+    options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<PyPlan> {
+    let model = model_from(tensors, prefixes)?;
+    let opts = match options {
+        Some(o) => options_from(o)?,
+        None => PlanOptions::default(),
+    };
+    let figures = figures_from(free_vram, has_gpu, ram)?;
+    Ok(PyPlan { inner: plan::plan(&model, &figures, &opts).map_err(ToPyErr::to_py)? })
+}
+
+/// Parses a size as users write it ("9GB", "1.5GiB", 123) into bytes.
+#[pyfunction]
+#[pyo3(signature = (value, what="size"))]
+fn parse_size(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    size_arg(value, what)
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyPlan>()?;
+    m.add_function(wrap_pyfunction!(make_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    Ok(())
+}
