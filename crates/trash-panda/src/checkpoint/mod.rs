@@ -1,39 +1,87 @@
 //! Safetensors checkpoints: header parsing and validation, sharded checkpoints, the tensor index.
+//!
+//! Opening a checkpoint reads only headers (the 8-byte length field and the JSON after it),
+//! never tensor data, and validates them strictly so that later readers can trust every byte
+//! range they are given.
 
+mod error;
+mod header;
+mod index;
+mod json;
+mod open;
+mod read;
 mod tensor;
 
+#[cfg(test)]
+mod header_tests;
+#[cfg(test)]
+mod open_tests;
+
+pub use error::{CheckpointError, HeaderError};
+pub use header::{parse_header, Header, HeaderEntry, MAX_HEADER_LEN};
+pub use read::{read_header, FileHeader, HeaderSource, LEN_FIELD};
 pub use tensor::TensorInfo;
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-
-/// Errors of the checkpoint module.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    #[error("{path}: {message}")]
-    Invalid { path: PathBuf, message: String },
-}
 
 /// An opened checkpoint: one file, or the shards of a sharded checkpoint, with one tensor index.
 #[derive(Debug)]
 pub struct Checkpoint {
     files: Vec<PathBuf>,
+    /// `__metadata__` of each file, parallel to `files`.
+    metadata: Vec<BTreeMap<String, String>>,
+    /// By file, then by start offset.
     tensors: Vec<TensorInfo>,
+    /// Tensor name -> position in `tensors`.
+    by_name: HashMap<String, usize>,
 }
 
+/// Returned by [`Checkpoint::metadata`] for a file index that does not exist.
+static NO_METADATA: BTreeMap<String, String> = BTreeMap::new();
+
 impl Checkpoint {
-    /// Opens a `.safetensors` file, a `*.safetensors.index.json`, or a folder of shards.
+    /// Opens a `.safetensors` file, a sharded checkpoint's `*.safetensors.index.json` (any
+    /// `.json` file is taken for an index), or a folder: the folder's one
+    /// `*.safetensors.index.json` if it has exactly one, else every `*.safetensors` in it, sorted
+    /// by name.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, CheckpointError> {
-        Err(CheckpointError::Invalid {
-            path: path.as_ref().to_path_buf(),
-            message: "checkpoint reading is not built yet".into(),
-        })
+        open::open(path.as_ref())
     }
 
+    /// The files of the checkpoint, in the order [`TensorInfo::file`] indexes.
     pub fn files(&self) -> &[PathBuf] {
         &self.files
     }
 
+    /// Every tensor, ordered by file, then by start offset.
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.tensors
+    }
+
+    /// The tensor with this name, in whichever file holds it.
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        self.by_name.get(name).and_then(|&i| self.tensors.get(i))
+    }
+
+    /// The file holding a tensor of this checkpoint. A `TensorInfo` from another checkpoint with
+    /// a file index this one lacks gives an empty path.
+    pub fn file_of(&self, tensor: &TensorInfo) -> &Path {
+        self.files
+            .get(tensor.file)
+            .map_or(Path::new(""), PathBuf::as_path)
+    }
+
+    /// The `__metadata__` map of a file (empty if the file has none, or the index is out of
+    /// range).
+    pub fn metadata(&self, file_idx: usize) -> &BTreeMap<String, String> {
+        self.metadata.get(file_idx).unwrap_or(&NO_METADATA)
+    }
+
+    /// Bytes of tensor data over all files (headers and gaps not counted).
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors
+            .iter()
+            .fold(0u64, |sum, t| sum.saturating_add(t.nbytes()))
     }
 }

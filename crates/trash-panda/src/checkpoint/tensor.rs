@@ -27,6 +27,7 @@ impl TensorInfo {
 
     /// Number of bytes of the tensor's data.
     pub fn nbytes(&self) -> u64 {
-        self.end - self.start
+        // Saturating: a hand-built TensorInfo with end < start must not panic.
+        self.end.saturating_sub(self.start)
     }
 }

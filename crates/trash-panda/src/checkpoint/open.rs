@@ -1,0 +1,223 @@
+//! Opening a checkpoint: deciding which files it is made of, reading their headers, and building
+//! one tensor index over all of them.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::error::{CheckpointError, HeaderError};
+use super::index::parse_index;
+use super::read::{read_header, FileHeader};
+use super::{Checkpoint, TensorInfo};
+
+const INDEX_SUFFIX: &str = ".safetensors.index.json";
+const SHARD_SUFFIX: &str = ".safetensors";
+
+pub(crate) fn open(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    let meta = fs::metadata(path).map_err(io_err(path, "open"))?;
+    if meta.is_dir() {
+        open_folder(path)
+    } else if has_suffix(path, ".json") {
+        // No safetensors file is JSON, so any .json is taken for an index, whatever its name.
+        open_index(path)
+    } else {
+        let mut b = Builder::default();
+        b.add_file(path.to_path_buf())?;
+        Ok(b.finish())
+    }
+}
+
+fn open_folder(dir: &Path) -> Result<Checkpoint, CheckpointError> {
+    let mut indexes = Vec::new();
+    let mut shards = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err(dir, "list the folder"))? {
+        let entry = entry.map_err(io_err(dir, "list the folder"))?;
+        let path = entry.path();
+        // Follows symlinks: a folder of links into a cache (as hub downloads are) must work.
+        let is_file = fs::metadata(&path).map(|m| m.is_file()).unwrap_or(false);
+        if !is_file {
+            continue;
+        }
+        if has_suffix(&path, INDEX_SUFFIX) {
+            indexes.push(path);
+        } else if has_suffix(&path, SHARD_SUFFIX) {
+            shards.push(path);
+        }
+    }
+    if let [index] = indexes.as_slice() {
+        return open_index(index);
+    }
+    if shards.is_empty() {
+        return Err(CheckpointError::EmptyFolder {
+            path: dir.to_path_buf(),
+        });
+    }
+    shards.sort();
+    let mut b = Builder::default();
+    for shard in shards {
+        b.add_file(shard)?;
+    }
+    Ok(b.finish())
+}
+
+fn open_index(index: &Path) -> Result<Checkpoint, CheckpointError> {
+    let bytes = fs::read(index).map_err(io_err(index, "read the index"))?;
+    let map = parse_index(index, &bytes)?;
+    let dir = index.parent().unwrap_or(Path::new(""));
+
+    // Sorted shard names, each with the first tensor the index maps to it (for messages).
+    let mut shard_names: BTreeMap<&str, &str> = BTreeMap::new();
+    for (tensor, shard) in &map.entries {
+        shard_names.entry(shard.as_str()).or_insert(tensor.as_str());
+    }
+    let mut b = Builder::default();
+    let mut file_of_shard: HashMap<&str, usize> = HashMap::new();
+    for (&name, &tensor) in &shard_names {
+        let shard = dir.join(name);
+        match fs::metadata(&shard) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => {
+                return Err(CheckpointError::MissingShard {
+                    path: index.to_path_buf(),
+                    tensor: tensor.to_owned(),
+                    shard,
+                })
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(CheckpointError::MissingShard {
+                    path: index.to_path_buf(),
+                    tensor: tensor.to_owned(),
+                    shard,
+                })
+            }
+            Err(e) => {
+                return Err(CheckpointError::Io {
+                    path: shard,
+                    action: "open",
+                    source: e,
+                })
+            }
+        }
+        file_of_shard.insert(name, b.files.len());
+        b.add_file(shard)?;
+    }
+
+    for (tensor, shard) in &map.entries {
+        let expected_file = file_of_shard.get(shard.as_str()).copied();
+        let found_file = b.by_name.get(tensor).and_then(|&i| b.tensors.get(i));
+        if found_file.map(|t| t.file) != expected_file || expected_file.is_none() {
+            return Err(CheckpointError::TensorNotInShard {
+                path: index.to_path_buf(),
+                tensor: tensor.clone(),
+                shard: dir.join(shard),
+            });
+        }
+    }
+    let listed: HashSet<&str> = map.entries.iter().map(|(t, _)| t.as_str()).collect();
+    if let Some(t) = b.tensors.iter().find(|t| !listed.contains(t.name.as_str())) {
+        return Err(CheckpointError::TensorNotInIndex {
+            path: index.to_path_buf(),
+            tensor: t.name.clone(),
+            shard: b.files.get(t.file).cloned().unwrap_or_default(),
+        });
+    }
+    Ok(b.finish())
+}
+
+/// Accumulates files and their tensors; the order of `add_file` calls is the order of files.
+#[derive(Default)]
+struct Builder {
+    files: Vec<PathBuf>,
+    metadata: Vec<BTreeMap<String, String>>,
+    tensors: Vec<TensorInfo>,
+    by_name: HashMap<String, usize>,
+}
+
+impl Builder {
+    fn add_file(&mut self, path: PathBuf) -> Result<(), CheckpointError> {
+        let fh = read_file_header(&path)?;
+        let file = self.files.len();
+        let mut entries = fh.header.entries;
+        entries.sort_by(|a, b| (a.begin, a.end, &a.name).cmp(&(b.begin, b.end, &b.name)));
+        for e in entries {
+            let range = fh
+                .data_start
+                .checked_add(e.begin)
+                .zip(fh.data_start.checked_add(e.end));
+            // The parser keeps ranges inside the data section, which ends at the file's length,
+            // so this only fails if that promise is broken.
+            let Some((start, end)) = range else {
+                return Err(CheckpointError::Header {
+                    path,
+                    kind: HeaderError::OffsetsBeyondData {
+                        tensor: e.name,
+                        begin: e.begin,
+                        end: e.end,
+                        data_len: fh.data_len,
+                    },
+                });
+            };
+            if let Some(&first) = self.by_name.get(&e.name) {
+                let first = self
+                    .tensors
+                    .get(first)
+                    .and_then(|t| self.files.get(t.file))
+                    .cloned()
+                    .unwrap_or_default();
+                return Err(CheckpointError::DuplicateTensor {
+                    path,
+                    tensor: e.name,
+                    first,
+                });
+            }
+            self.by_name.insert(e.name.clone(), self.tensors.len());
+            self.tensors.push(TensorInfo {
+                name: e.name,
+                dtype: e.dtype,
+                shape: e.shape,
+                file,
+                start,
+                end,
+            });
+        }
+        self.files.push(path);
+        self.metadata.push(fh.header.metadata);
+        Ok(())
+    }
+
+    fn finish(self) -> Checkpoint {
+        Checkpoint {
+            files: self.files,
+            metadata: self.metadata,
+            tensors: self.tensors,
+            by_name: self.by_name,
+        }
+    }
+}
+
+fn read_file_header(path: &Path) -> Result<FileHeader, CheckpointError> {
+    let file = File::open(path).map_err(io_err(path, "open"))?;
+    let len = file.metadata().map_err(io_err(path, "stat"))?.len();
+    read_header(&file, len).map_err(|kind| CheckpointError::Header {
+        path: path.to_path_buf(),
+        kind,
+    })
+}
+
+fn has_suffix(path: &Path, suffix: &str) -> bool {
+    path.file_name()
+        .map(|n| n.to_string_lossy().ends_with(suffix))
+        .unwrap_or(false)
+}
+
+fn io_err<'a>(
+    path: &'a Path,
+    action: &'static str,
+) -> impl FnOnce(io::Error) -> CheckpointError + 'a {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        action,
+        source,
+    }
+}
