@@ -3,7 +3,9 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyString};
 
-use trash_panda::plan::{self, Figures, MinFreeRam, ModelBlocks, Plan, PlanOptions, Selector, TensorSizes, Tier};
+use trash_panda::plan::{
+    self, Figures, MinFreeRam, ModelBlocks, Plan, PlanOptions, Selector, TensorSizes, Tier,
+};
 use trash_panda::units::{parse_bytes, ACCEPTED_SIZES};
 use trash_panda::DType;
 
@@ -12,22 +14,35 @@ use crate::errors::{raise, Kind, ToPyErr};
 /// A size argument: an int of bytes or a string such as "9GB".
 pub(crate) fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     if value.is_instance_of::<PyInt>() {
-        return value
-            .extract::<u64>()
-            .map_err(|_| raise(Kind::Argument, format!("{what}: expected a size of 0 bytes or more, got {value}")));
+        return value.extract::<u64>().map_err(|_| {
+            raise(
+                Kind::Argument,
+                format!("{what}: expected a size of 0 bytes or more, got {value}"),
+            )
+        });
     }
     if let Ok(s) = value.cast::<PyString>() {
         let s = s.to_cow()?;
         return parse_bytes(&s).map_err(|e| raise(Kind::Argument, format!("{what}: {e}")));
     }
-    Err(raise(Kind::Argument, format!("{what}: expected an int of bytes or a string ({ACCEPTED_SIZES}), got {}", value.get_type().name()?)))
+    Err(raise(
+        Kind::Argument,
+        format!(
+            "{what}: expected an int of bytes or a string ({ACCEPTED_SIZES}), got {}",
+            value.get_type().name()?
+        ),
+    ))
 }
 
 fn dtype_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<DType> {
-    let s: String = value
-        .extract()
-        .map_err(|_| raise(Kind::Argument, format!("{what}: expected a dtype name such as \"bf16\"")))?;
-    s.parse::<DType>().map_err(|e| raise(Kind::Argument, format!("{what}: {e}")))
+    let s: String = value.extract().map_err(|_| {
+        raise(
+            Kind::Argument,
+            format!("{what}: expected a dtype name such as \"bf16\""),
+        )
+    })?;
+    s.parse::<DType>()
+        .map_err(|e| raise(Kind::Argument, format!("{what}: {e}")))
 }
 
 fn tier_arg(name: &str) -> PyResult<Tier> {
@@ -85,12 +100,19 @@ fn figures_from(free_vram: Option<u64>, has_gpu: bool, ram: Option<u64>) -> PyRe
     Ok(figures)
 }
 
-fn model_from(tensors: Vec<(String, String, Vec<usize>)>, prefixes: Option<Vec<String>>) -> PyResult<ModelBlocks> {
+fn model_from(
+    tensors: Vec<(String, String, Vec<usize>)>,
+    prefixes: Option<Vec<String>>,
+) -> PyResult<ModelBlocks> {
     let sizes = tensors
         .into_iter()
         .map(|(name, dtype, shape)| {
-            let d = DType::from_safetensors_name(&dtype)
-                .ok_or_else(|| raise(Kind::Dtype, format!("tensor {name:?}: unknown dtype {dtype:?}")))?;
+            let d = DType::from_safetensors_name(&dtype).ok_or_else(|| {
+                raise(
+                    Kind::Dtype,
+                    format!("tensor {name:?}: unknown dtype {dtype:?}"),
+                )
+            })?;
             Ok(TensorSizes::new(name, d, &shape))
         })
         .collect::<PyResult<Vec<_>>>()?;
@@ -113,13 +135,16 @@ impl PyPlan {
     #[staticmethod]
     #[pyo3(signature = (resident, streamed, streamed_tier="ram"))]
     fn manual(resident: Vec<String>, streamed: Vec<String>, streamed_tier: &str) -> PyResult<Self> {
-        let inner = Plan::manual(&resident, &streamed, tier_arg(streamed_tier)?).map_err(ToPyErr::to_py)?;
+        let inner =
+            Plan::manual(&resident, &streamed, tier_arg(streamed_tier)?).map_err(ToPyErr::to_py)?;
         Ok(PyPlan { inner })
     }
 
     #[staticmethod]
     fn from_json(text: &str) -> PyResult<Self> {
-        Ok(PyPlan { inner: Plan::from_json(text).map_err(ToPyErr::to_py)? })
+        Ok(PyPlan {
+            inner: Plan::from_json(text).map_err(ToPyErr::to_py)?,
+        })
     }
 
     fn to_json(&self) -> String {
@@ -128,13 +153,25 @@ impl PyPlan {
 
     /// Moves blocks (by position or by name prefix) to `tier`.
     #[pyo3(signature = (tier, indices=None, prefixes=None))]
-    fn assign(&mut self, tier: &str, indices: Option<Vec<usize>>, prefixes: Option<Vec<String>>) -> PyResult<()> {
+    fn assign(
+        &mut self,
+        tier: &str,
+        indices: Option<Vec<usize>>,
+        prefixes: Option<Vec<String>>,
+    ) -> PyResult<()> {
         let selector = match (indices, prefixes) {
             (Some(i), None) => Selector::Indices(i),
             (None, Some(p)) => Selector::Prefixes(p),
-            _ => return Err(raise(Kind::Argument, "assign: give exactly one of indices= or prefixes=")),
+            _ => {
+                return Err(raise(
+                    Kind::Argument,
+                    "assign: give exactly one of indices= or prefixes=",
+                ))
+            }
         };
-        self.inner.assign(tier_arg(tier)?, &selector).map_err(ToPyErr::to_py)
+        self.inner
+            .assign(tier_arg(tier)?, &selector)
+            .map_err(ToPyErr::to_py)
     }
 
     /// This plan applied to a model's tensors (a manual plan gets its sizes and budgets here).
@@ -154,7 +191,12 @@ impl PyPlan {
             None => self.inner.options.clone(),
         };
         let figures = figures_from(free_vram, has_gpu, ram)?;
-        Ok(PyPlan { inner: self.inner.resolve(&model, &figures, &opts).map_err(ToPyErr::to_py)? })
+        Ok(PyPlan {
+            inner: self
+                .inner
+                .resolve(&model, &figures, &opts)
+                .map_err(ToPyErr::to_py)?,
+        })
     }
 
     fn __str__(&self) -> String {
@@ -190,7 +232,9 @@ fn make_plan(
         None => PlanOptions::default(),
     };
     let figures = figures_from(free_vram, has_gpu, ram)?;
-    Ok(PyPlan { inner: plan::plan(&model, &figures, &opts).map_err(ToPyErr::to_py)? })
+    Ok(PyPlan {
+        inner: plan::plan(&model, &figures, &opts).map_err(ToPyErr::to_py)?,
+    })
 }
 
 /// Parses a size as users write it ("9GB", "1.5GiB", 123) into bytes.

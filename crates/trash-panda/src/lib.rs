@@ -5,6 +5,7 @@
 //! Every module has one job and one error enum.
 
 pub mod checkpoint;
+pub mod config;
 pub mod dtype;
 pub mod io;
 pub mod plan;

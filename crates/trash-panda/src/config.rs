@@ -1,0 +1,299 @@
+//! Tuning settings: one table with their defaults, overridden by `TRASH_PANDA_<NAME>`
+//! environment variables, overridden in turn by a function's own argument.
+//!
+//! The environment is read when a setting is asked for, not at start-up, so a caller can change
+//! a variable between two runs in one process.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// The kind of value a setting holds, and so what it accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// 1/0, true/false, yes/no, on/off.
+    Switch,
+    /// A whole number of 0 or more.
+    Count,
+    /// One of a fixed list of words.
+    Choice(&'static [&'static str]),
+    /// Free text (a path); empty means unset.
+    Text,
+}
+
+/// One tuning setting.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Setting {
+    /// Lower-case name; the variable is `TRASH_PANDA_` + the name in capitals.
+    pub name: &'static str,
+    pub kind: Kind,
+    pub default: &'static str,
+    pub doc: &'static str,
+}
+
+/// Every setting, with its default.
+pub const SETTINGS: &[Setting] = &[
+    Setting {
+        name: "lookahead",
+        kind: Kind::Count,
+        default: "2",
+        doc: "streamed blocks staged ahead of the one that runs (0: read each block when it is needed)",
+    },
+    Setting {
+        name: "pinned_buffers",
+        kind: Kind::Count,
+        default: "0",
+        doc: "staging buffers in the pool; 0 means lookahead + 1",
+    },
+    Setting {
+        name: "workers",
+        kind: Kind::Count,
+        default: "2",
+        doc: "threads that fill staging buffers",
+    },
+    Setting {
+        name: "disk_mode",
+        kind: Kind::Choice(&["auto", "direct", "buffered"]),
+        default: "auto",
+        doc: "how the disk tier reads: direct (O_DIRECT, bypasses the page cache), buffered, or auto \
+              (buffered when the disk tier fits in the page cache next to the RAM tier, else direct)",
+    },
+    Setting {
+        name: "ram_in_memory",
+        kind: Kind::Switch,
+        default: "0",
+        doc: "read the RAM tier into private memory at load time instead of mapping the file",
+    },
+    Setting {
+        name: "ram_threads",
+        kind: Kind::Count,
+        default: "2",
+        doc: "threads that read the RAM tier when ram_in_memory is on",
+    },
+    Setting {
+        name: "profile",
+        kind: Kind::Switch,
+        default: "0",
+        doc: "print a profile report when a model's hooks are removed",
+    },
+    Setting {
+        name: "log",
+        kind: Kind::Text,
+        default: "",
+        doc: "append a JSON line per run (plan, memory, timings) to this file",
+    },
+];
+
+/// A setting's value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Value {
+    Switch(bool),
+    Count(u64),
+    Text(String),
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Switch(b) => write!(f, "{}", u8::from(*b)),
+            Value::Count(n) => write!(f, "{n}"),
+            Value::Text(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Where a rejected value came from, for the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Argument,
+    Environment,
+}
+
+/// Errors of the settings.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("unknown setting {name:?}: the settings are {}", names())]
+    Unknown { name: String },
+    #[error("{}: {value:?} is not valid: expected {accepted}", origin(name, from))]
+    BadValue {
+        name: &'static str,
+        from: Source,
+        value: String,
+        accepted: String,
+    },
+}
+
+fn names() -> String {
+    SETTINGS
+        .iter()
+        .map(|s| s.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn origin(name: &str, from: &Source) -> String {
+    match from {
+        Source::Argument => format!("argument {name}"),
+        Source::Environment => format!("environment variable {}", env_var(name)),
+    }
+}
+
+/// The environment variable of a setting.
+pub fn env_var(name: &str) -> String {
+    format!("TRASH_PANDA_{}", name.to_ascii_uppercase())
+}
+
+/// The table entry of a setting.
+pub fn find(name: &str) -> Result<&'static Setting, ConfigError> {
+    SETTINGS
+        .iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| ConfigError::Unknown {
+            name: name.to_string(),
+        })
+}
+
+fn accepted(kind: Kind) -> String {
+    match kind {
+        Kind::Switch => "1/0, true/false, yes/no or on/off".to_string(),
+        Kind::Count => "a whole number of 0 or more".to_string(),
+        Kind::Choice(words) => format!("one of {}", words.join(", ")),
+        Kind::Text => "any text".to_string(),
+    }
+}
+
+/// Parses `raw` as a value of `setting`.
+pub fn parse(setting: &'static Setting, raw: &str, source: Source) -> Result<Value, ConfigError> {
+    let s = raw.trim();
+    let lower = s.to_ascii_lowercase();
+    let value = match setting.kind {
+        Kind::Switch => match lower.as_str() {
+            "1" | "true" | "yes" | "on" => Some(Value::Switch(true)),
+            "0" | "false" | "no" | "off" => Some(Value::Switch(false)),
+            _ => None,
+        },
+        Kind::Count => lower.parse::<u64>().ok().map(Value::Count),
+        Kind::Choice(words) => words
+            .iter()
+            .find(|w| **w == lower)
+            .map(|w| Value::Text((*w).to_string())),
+        Kind::Text => Some(Value::Text(s.to_string())),
+    };
+    value.ok_or_else(|| ConfigError::BadValue {
+        name: setting.name,
+        from: source,
+        value: raw.to_string(),
+        accepted: accepted(setting.kind),
+    })
+}
+
+/// The value of a setting: `argument` if given, else the environment variable, else the default.
+/// `env` looks a variable up (`std::env::var` in real use; a map in tests).
+pub fn resolve(
+    name: &str,
+    argument: Option<&str>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Value, ConfigError> {
+    let setting = find(name)?;
+    if let Some(raw) = argument {
+        return parse(setting, raw, Source::Argument);
+    }
+    match env(&env_var(name)) {
+        Some(raw) if !raw.trim().is_empty() => parse(setting, &raw, Source::Environment),
+        _ => parse(setting, setting.default, Source::Argument),
+    }
+}
+
+/// [`resolve`] against the process environment.
+pub fn get(name: &str, argument: Option<&str>) -> Result<Value, ConfigError> {
+    resolve(name, argument, |var| std::env::var(var).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn defaults_parse() {
+        for s in SETTINGS {
+            resolve(s.name, None, env(&[])).unwrap();
+        }
+        assert_eq!(
+            resolve("lookahead", None, env(&[])).unwrap(),
+            Value::Count(2)
+        );
+    }
+
+    #[test]
+    fn argument_beats_environment_beats_default() {
+        let e = [("TRASH_PANDA_LOOKAHEAD", "0")];
+        assert_eq!(
+            resolve("lookahead", None, env(&e)).unwrap(),
+            Value::Count(0)
+        );
+        assert_eq!(
+            resolve("lookahead", Some("4"), env(&e)).unwrap(),
+            Value::Count(4)
+        );
+        let blank = [("TRASH_PANDA_LOOKAHEAD", " ")];
+        assert_eq!(
+            resolve("lookahead", None, env(&blank)).unwrap(),
+            Value::Count(2)
+        );
+    }
+
+    #[test]
+    fn switches_take_every_spelling() {
+        for (raw, want) in [
+            ("1", true),
+            ("ON", true),
+            ("yes", true),
+            ("False", false),
+            ("off", false),
+            ("0", false),
+        ] {
+            let e = [("TRASH_PANDA_PROFILE", raw)];
+            assert_eq!(
+                resolve("profile", None, env(&e)).unwrap(),
+                Value::Switch(want),
+                "{raw}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_and_what_is_accepted() {
+        let e = [("TRASH_PANDA_PROFILE", "maybe")];
+        let msg = resolve("profile", None, env(&e)).unwrap_err().to_string();
+        assert!(
+            msg.contains("TRASH_PANDA_PROFILE") && msg.contains("maybe") && msg.contains("on/off"),
+            "{msg}"
+        );
+        let msg = resolve("lookahead", Some("-1"), env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("argument lookahead") && msg.contains("whole number"),
+            "{msg}"
+        );
+        let e = [("TRASH_PANDA_DISK_MODE", "fast")];
+        let msg = resolve("disk_mode", None, env(&e)).unwrap_err().to_string();
+        assert!(msg.contains("auto, direct, buffered"), "{msg}");
+        let msg = resolve("lookahed", None, env(&[])).unwrap_err().to_string();
+        assert!(
+            msg.contains("lookahed") && msg.contains("lookahead"),
+            "{msg}"
+        );
+    }
+}

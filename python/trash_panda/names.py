@@ -1,0 +1,85 @@
+"""Matching a checkpoint's tensor names to a model's: key_map, skip_prefixes, scale tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Union
+
+from .errors import ArgumentError
+
+if TYPE_CHECKING:
+    from ._core import TensorInfo
+    from .checkpoint import Checkpoint
+
+KeyMap = Union[Mapping[str, str], Callable[[str], Union[str, None]], None]
+
+# Suffixes of scale tensors that travel with an fp8 weight: `<layer>.weight_scale` (per tensor
+# or per output channel), `<layer>.scale_weight` (scaled-fp8 files of diffusion UIs) and
+# `<layer>.weight_scale_inv` (128x128 blocks). `input_scale` belongs to activation quantization
+# and is carried along but never applied to weights.
+SCALE_SUFFIXES = (".weight_scale", ".scale_weight", ".weight_scale_inv", ".input_scale")
+
+
+def is_scale(name: str) -> bool:
+    return name.endswith(SCALE_SUFFIXES)
+
+
+def weight_of_scale(name: str) -> str:
+    """The weight a scale tensor scales: `a.b.weight_scale` -> `a.b.weight`."""
+    for suffix in SCALE_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)] + ".weight"
+    return name
+
+
+def mapper(key_map: KeyMap) -> Callable[[str], str | None]:
+    """A function from checkpoint names to model names (None drops the tensor).
+
+    ``key_map`` is a mapping of checkpoint prefixes to model prefixes (the longest matching
+    prefix wins; an empty string as value strips the prefix), or a callable.
+    """
+    if key_map is None:
+        return lambda name: name
+    if callable(key_map):
+        return key_map
+    if not isinstance(key_map, Mapping):
+        raise ArgumentError(f"key_map: expected a dict of prefixes or a callable, got {type(key_map).__name__}")
+    prefixes = sorted(key_map.items(), key=lambda kv: len(kv[0]), reverse=True)
+
+    def rename(name: str) -> str | None:
+        for old, new in prefixes:
+            if name.startswith(old):
+                return new + name[len(old) :]
+        return name
+
+    return rename
+
+
+def check_prefixes(skip_prefixes: object) -> tuple[str, ...]:
+    if skip_prefixes is None:
+        return ()
+    if isinstance(skip_prefixes, str) or not all(isinstance(p, str) for p in skip_prefixes):  # type: ignore[attr-defined]
+        raise ArgumentError("skip_prefixes: expected a list of name prefixes")
+    return tuple(skip_prefixes)  # type: ignore[arg-type]
+
+
+def model_tensors(
+    ckpt: Checkpoint, key_map: KeyMap = None, skip_prefixes: object = None
+) -> dict[str, TensorInfo]:
+    """The checkpoint's tensors under the model's names, without the skipped ones.
+
+    ``skip_prefixes`` are matched against both the checkpoint's and the model's name.
+    """
+    rename = mapper(key_map)
+    skip = check_prefixes(skip_prefixes)
+    out: dict[str, TensorInfo] = {}
+    for info in ckpt.tensors():
+        if info.name.startswith(skip) if skip else False:
+            continue
+        name = rename(info.name)
+        if name is None or (skip and name.startswith(skip)):
+            continue
+        if name in out:
+            raise ArgumentError(f"key_map maps two checkpoint tensors to {name!r} (one is {info.name!r})")
+        out[name] = info
+    return out
