@@ -1,0 +1,186 @@
+//! Quantization of float tensors to fp8 e4m3fn with per-tensor or per-row scales.
+
+use super::fp8::{f32_bits_to_e4m3, FP8_E4M3FN_MAX};
+use super::simd::{decode, level, multiversion, Level, CHUNK};
+use super::{check_bytes, elements, parallel, DType, DtypeError};
+
+/// Which values share one quantization scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantGranularity {
+    /// One scale for the whole tensor (`scales` holds 1 value).
+    PerTensor,
+    /// One scale per row (output channel) of a `[rows, cols]` weight (`scales` holds `rows`).
+    PerRow,
+}
+
+/// Quantizes `src` (`shape` = `(rows, cols)` of the float `src_dtype`) to e4m3fn in `dst`,
+/// writing the dequantization scales (multiply to get the values back) to `scales`.
+///
+/// For each group (the tensor, or a row), in f32 (an f64 source is first rounded to f32):
+/// - `amax` = the largest `|x|` over the non-NaN elements (0 for an empty or all-NaN group);
+/// - `scale = amax / 448`, replaced by `1.0` when it is not a positive finite number (a zero or
+///   all-NaN group, an infinite amax, or an amax so small that the division underflows), so no
+///   division by zero or by infinity ever happens;
+/// - `q = e4m3fn(clamp(x / scale, -448, 448))`, a true f32 division rounded to nearest even; a
+///   NaN stays NaN (`0x7F | sign`), an infinity becomes ±448.
+///
+/// The torch reference, for `w` of shape `(rows, cols)` (use `amax()` over everything, with a
+/// shape-`(1,)` result, for [`QuantGranularity::PerTensor`]):
+///
+/// ```text
+/// x = w.float()
+/// amax = torch.where(x.isnan(), 0.0, x.abs()).amax(dim=1, keepdim=True)
+/// scale = amax / 448
+/// scale = torch.where((scale > 0) & scale.isfinite(), scale, torch.ones_like(scale))
+/// q = torch.clamp(x / scale, -448, 448).to(torch.float8_e4m3fn)
+/// ```
+///
+/// `threads` = 0 uses every core; jobs under a million elements run inline.
+pub fn quantize_fp8(
+    src: &[u8],
+    src_dtype: DType,
+    shape: (usize, usize),
+    granularity: QuantGranularity,
+    dst: &mut [u8],
+    scales: &mut [f32],
+    threads: usize,
+) -> Result<(), DtypeError> {
+    if !src_dtype.is_float() {
+        return Err(DtypeError::Unsupported {
+            op: "quantize_fp8",
+            src: src_dtype,
+            dst: DType::F8E4M3,
+            expected: "a float source (f64, f32, f16, bf16, fp8)",
+        });
+    }
+    let (rows, cols) = shape;
+    let n = elements(shape)?;
+    check_bytes("quantize_fp8 source", src_dtype, n, src.len())?;
+    check_bytes("quantize_fp8 destination", DType::F8E4M3, n, dst.len())?;
+    let (kind, expected) = match granularity {
+        QuantGranularity::PerTensor => ("per-tensor", 1),
+        QuantGranularity::PerRow => ("per-row", rows),
+    };
+    if scales.len() != expected {
+        return Err(DtypeError::ScaleLength {
+            kind,
+            rows,
+            cols,
+            expected,
+            actual: scales.len(),
+        });
+    }
+    let threads = parallel::effective_threads(threads, n);
+    let ss = src_dtype.size();
+    match granularity {
+        QuantGranularity::PerTensor => {
+            let grain = parallel::ELEMENT_GRAIN;
+            let partial = parallel::map_ranges(n, grain, threads, |r| {
+                amax_bits(&src[r.start * ss..r.end * ss], src_dtype)
+            });
+            let s = scale_for(partial.into_iter().max().unwrap_or(0));
+            scales[0] = s;
+            let none: &mut [u8] = &mut [];
+            parallel::split_run(n, grain, threads, (dst, 1), (none, 0), |r, d, _| {
+                encode_scaled(&src[r.start * ss..r.end * ss], src_dtype, d, s);
+            });
+        }
+        QuantGranularity::PerRow => {
+            parallel::split_run(rows, 1, threads, (dst, cols), (scales, 1), |r, d, sc| {
+                let s = &src[r.start * cols * ss..r.end * cols * ss];
+                quantize_rows(s, src_dtype, d, sc, cols);
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The scale rule of [`quantize_fp8`] from the bits of `amax` (a non-negative, non-NaN f32).
+fn scale_for(amax_bits: u32) -> f32 {
+    let s = f32::from_bits(amax_bits) / FP8_E4M3FN_MAX;
+    if s > 0.0 && s.is_finite() {
+        s
+    } else {
+        1.0
+    }
+}
+
+multiversion! {
+    /// The bits of max |x| over the non-NaN elements. For non-negative floats the bit patterns
+    /// order like the values, so an integer max (which vectorizes, unlike a float max with NaN
+    /// rules) is enough.
+    fn amax_bits(src: &[u8], src_t: DType) -> u32 {
+        let mut buf = [0f32; CHUNK];
+        let mut best = 0u32;
+        let ss = src_t.size();
+        for s in src.chunks(CHUNK * ss) {
+            let b = &mut buf[..s.len() / ss];
+            decode(s, src_t, false, b);
+            for x in b.iter() {
+                let a = x.to_bits() & 0x7FFF_FFFF;
+                let a = if a > 0x7F80_0000 { 0 } else { a };
+                best = best.max(a);
+            }
+        }
+        best
+    }
+}
+
+multiversion! {
+    /// `e4m3fn(clamp(x / scale, -448, 448))` for every element.
+    fn encode_scaled(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32) {
+        encode_scaled_inline(src, src_t, dst, scale)
+    }
+}
+
+#[inline(always)]
+fn encode_scaled_inline(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32) {
+    let mut buf = [0f32; CHUNK];
+    let ss = src_t.size();
+    for (s, d) in src.chunks(CHUNK * ss).zip(dst.chunks_mut(CHUNK)) {
+        let b = &mut buf[..s.len() / ss];
+        decode(s, src_t, false, b);
+        for (x, q) in b.iter().zip(d.iter_mut()) {
+            let v = *x / scale;
+            // Comparisons, not f32::clamp, so a NaN passes through unchanged.
+            let v = if v > FP8_E4M3FN_MAX {
+                FP8_E4M3FN_MAX
+            } else {
+                v
+            };
+            let v = if v < -FP8_E4M3FN_MAX {
+                -FP8_E4M3FN_MAX
+            } else {
+                v
+            };
+            *q = f32_bits_to_e4m3(v.to_bits());
+        }
+    }
+}
+
+multiversion! {
+    /// Per-row quantization of whole rows.
+    fn quantize_rows(src: &[u8], src_t: DType, dst: &mut [u8], scales: &mut [f32], cols: usize) {
+        let ss = src_t.size();
+        if cols == 0 {
+            scales.fill(1.0);
+            return;
+        }
+        let rows = src.chunks_exact(cols * ss).zip(dst.chunks_exact_mut(cols));
+        for ((s, d), out) in rows.zip(scales.iter_mut()) {
+            let mut buf = [0f32; CHUNK];
+            let mut best = 0u32;
+            for c in s.chunks(CHUNK * ss) {
+                let b = &mut buf[..c.len() / ss];
+                decode(c, src_t, false, b);
+                for x in b.iter() {
+                    let a = x.to_bits() & 0x7FFF_FFFF;
+                    best = best.max(if a > 0x7F80_0000 { 0 } else { a });
+                }
+            }
+            let k = scale_for(best);
+            *out = k;
+            encode_scaled_inline(s, src_t, d, k);
+        }
+    }
+}

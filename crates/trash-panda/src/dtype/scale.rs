@@ -1,0 +1,143 @@
+//! Expansion of stored weights (usually fp8) to the compute dtype, with the scale layouts found
+//! in checkpoints.
+
+use super::cast::check_cast_dtypes;
+use super::simd::{self, convert_inline, level, multiversion, Level};
+use super::{check_bytes, elements, parallel, DType, DtypeError};
+
+/// How stored values are scaled when expanded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scale<'a> {
+    /// No scale: a plain conversion.
+    None,
+    /// One scale for the whole tensor.
+    PerTensor(f32),
+    /// One scale per row (output channel) of a `[rows, cols]` weight.
+    PerRow(&'a [f32]),
+    /// One scale per `block x block` tile, stored row-major as
+    /// `[ceil(rows / block), ceil(cols / block)]`: the `weight_scale_inv` layout (block = 128).
+    /// Edge tiles may be partial.
+    Block { scales: &'a [f32], block: usize },
+}
+
+impl Scale<'_> {
+    /// Checks the scale's length against the shape.
+    fn validate(&self, rows: usize, cols: usize) -> Result<(), DtypeError> {
+        let (kind, expected, actual) = match *self {
+            Scale::None | Scale::PerTensor(_) => return Ok(()),
+            Scale::PerRow(s) => ("per-row", rows, s.len()),
+            Scale::Block { scales, block } => {
+                if block == 0 {
+                    return Err(DtypeError::ZeroBlock);
+                }
+                let tiles = rows.div_ceil(block).checked_mul(cols.div_ceil(block));
+                ("block", tiles.unwrap_or(usize::MAX), scales.len())
+            }
+        };
+        if expected == actual {
+            Ok(())
+        } else {
+            Err(DtypeError::ScaleLength {
+                kind,
+                rows,
+                cols,
+                expected,
+                actual,
+            })
+        }
+    }
+}
+
+/// Expands `src` (`shape` = `(rows, cols)`, `(1, n)` for 1-D, of `src_dtype`) to `dst_dtype`
+/// (bf16, f16 or f32) into `dst`, multiplying by `scale`.
+///
+/// The result equals torch's `(w.to(torch.float32) * s).to(dst)`, with `s` broadcast from the
+/// scale layout: every element is decoded exactly to f32, multiplied by its f32 scale in f32,
+/// and rounded once to the destination (nearest even). With [`Scale::None`] it is the direct
+/// conversion, as [`super::cast`] (which rounds f64 sources once, not through f32).
+///
+/// `src_dtype` is any float type (fp8 e4m3fn and e5m2 being the usual ones). Slices may be
+/// unaligned. `threads` = 0 uses every core; jobs under a million elements run inline; row
+/// scales split on row boundaries.
+pub fn expand(
+    src: &[u8],
+    src_dtype: DType,
+    dst: &mut [u8],
+    dst_dtype: DType,
+    shape: (usize, usize),
+    scale: &Scale,
+    threads: usize,
+) -> Result<(), DtypeError> {
+    if !matches!(dst_dtype, DType::BF16 | DType::F16 | DType::F32) {
+        return Err(DtypeError::Unsupported {
+            op: "expand",
+            src: src_dtype,
+            dst: dst_dtype,
+            expected: "a float source and a bf16, f16 or f32 destination",
+        });
+    }
+    check_cast_dtypes("expand", src_dtype, dst_dtype)?;
+    let (rows, cols) = shape;
+    let n = elements(shape)?;
+    check_bytes("expand source", src_dtype, n, src.len())?;
+    check_bytes("expand destination", dst_dtype, n, dst.len())?;
+    scale.validate(rows, cols)?;
+    let threads = parallel::effective_threads(threads, n);
+    let (ss, ds) = (src_dtype.size(), dst_dtype.size());
+    let none: &mut [u8] = &mut [];
+    match *scale {
+        Scale::None | Scale::PerTensor(_) => {
+            let k = match *scale {
+                Scale::PerTensor(k) => Some(k),
+                _ => None,
+            };
+            let grain = parallel::ELEMENT_GRAIN;
+            parallel::split_run(n, grain, threads, (dst, ds), (none, 0), |r, d, _| {
+                simd::convert(&src[r.start * ss..r.end * ss], src_dtype, d, dst_dtype, k);
+            });
+        }
+        Scale::PerRow(_) | Scale::Block { .. } => {
+            let row_bytes = cols * ds;
+            parallel::split_run(rows, 1, threads, (dst, row_bytes), (none, 0), |r, d, _| {
+                let s = &src[r.start * cols * ss..r.end * cols * ss];
+                expand_rows(s, src_dtype, d, dst_dtype, cols, r.start, scale);
+            });
+        }
+    }
+    Ok(())
+}
+
+multiversion! {
+    /// Rows `first_row..` of a row- or block-scaled expansion (`src` and `dst` hold whole rows).
+    fn expand_rows(
+        src: &[u8],
+        src_t: DType,
+        dst: &mut [u8],
+        dst_t: DType,
+        cols: usize,
+        first_row: usize,
+        scale: &Scale<'_>,
+    ) {
+        let (ss, ds) = (src_t.size(), dst_t.size());
+        if cols == 0 {
+            return;
+        }
+        let rows = src.chunks_exact(cols * ss).zip(dst.chunks_exact_mut(cols * ds));
+        for (i, (s, d)) in rows.enumerate() {
+            let row = first_row + i;
+            match *scale {
+                Scale::PerRow(k) => convert_inline(s, src_t, d, dst_t, Some(k[row])),
+                Scale::Block { scales, block } => {
+                    let tiles = cols.div_ceil(block);
+                    let tile_row = &scales[row / block * tiles..][..tiles];
+                    let segs = s.chunks(block * ss).zip(d.chunks_mut(block * ds));
+                    for ((s, d), k) in segs.zip(tile_row) {
+                        convert_inline(s, src_t, d, dst_t, Some(*k));
+                    }
+                }
+                Scale::None => convert_inline(s, src_t, d, dst_t, None),
+                Scale::PerTensor(k) => convert_inline(s, src_t, d, dst_t, Some(k)),
+            }
+        }
+    }
+}

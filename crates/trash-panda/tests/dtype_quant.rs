@@ -1,0 +1,453 @@
+//! fp8 quantization round trips, and every error path of the dtype kernels.
+
+use trash_panda::dtype::{
+    cast, expand, f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, quantize_fp8, DType, DtypeError,
+    QuantGranularity, Scale,
+};
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let unit = (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
+            unit * (1 + i % 7) as f32 * 0.01
+        })
+        .collect()
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The documented formula, element by element.
+fn reference(x: &[f32], rows: usize, cols: usize, per_row: bool) -> (Vec<u8>, Vec<f32>) {
+    let groups: Vec<&[f32]> = if per_row {
+        x.chunks(cols.max(1)).take(rows).collect()
+    } else {
+        vec![x]
+    };
+    let mut q = Vec::new();
+    let mut scales = Vec::new();
+    for g in groups {
+        let amax = g
+            .iter()
+            .filter(|v| !v.is_nan())
+            .fold(0f32, |m, v| m.max(v.abs()));
+        let s = amax / 448.0;
+        let s = if s > 0.0 && s.is_finite() { s } else { 1.0 };
+        scales.push(s);
+        q.extend(
+            g.iter()
+                .map(|v| f32_to_fp8_e4m3fn((v / s).clamp(-448.0, 448.0))),
+        );
+    }
+    (q, scales)
+}
+
+#[test]
+fn quantize_matches_the_formula_and_round_trips() {
+    for (rows, cols, threads) in [(37, 129, 1), (1100, 1000, 2), (1, 5000, 1)] {
+        let x = values(rows * cols, 7);
+        let src = f32_bytes(&x);
+        for per_row in [false, true] {
+            let g = if per_row {
+                QuantGranularity::PerRow
+            } else {
+                QuantGranularity::PerTensor
+            };
+            let mut q = vec![0u8; rows * cols];
+            let mut s = vec![0f32; if per_row { rows } else { 1 }];
+            quantize_fp8(&src, DType::F32, (rows, cols), g, &mut q, &mut s, threads).unwrap();
+            let (wq, ws) = reference(&x, rows, cols, per_row);
+            assert_eq!(s, ws, "scales {rows}x{cols} per_row={per_row}");
+            assert!(q == wq, "codes {rows}x{cols} per_row={per_row}");
+            for (i, (&c, &v)) in q.iter().zip(&x).enumerate() {
+                let k = s[if per_row { i / cols } else { 0 }];
+                let scaled = v / k;
+                let back = fp8_e4m3fn_to_f32(c);
+                // Half an fp8 ulp at the value's binade (subnormal step 2^-9 below 2^-6).
+                let e = scaled.abs().log2().floor().max(-6.0);
+                let half_ulp = 2f32.powf(e - 3.0) / 2.0;
+                assert!(
+                    (back - scaled).abs() <= half_ulp * 1.0001,
+                    "{i}: {scaled} -> {back}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn quantize_keeps_nan_and_handles_zero_and_inf() {
+    let x = [
+        0.0f32,
+        f32::NAN,
+        -f32::NAN,
+        1.0,
+        -2.0,
+        f32::INFINITY,
+        0.0,
+        0.0,
+    ];
+    let mut q = [0u8; 8];
+    let mut s = [0f32; 2];
+    quantize_fp8(
+        &f32_bytes(&x),
+        DType::F32,
+        (2, 4),
+        QuantGranularity::PerRow,
+        &mut q,
+        &mut s,
+        1,
+    )
+    .unwrap();
+    assert_eq!(s[0], 1.0 / 448.0);
+    assert_eq!(&q[..4], &[0x00, 0x7F, 0xFF, 0x7E]);
+    assert_eq!(s[1], 1.0, "an infinite amax falls back to scale 1");
+    assert_eq!(
+        &q[4..],
+        &[0xC0, 0x7E, 0x00, 0x00],
+        "-2 stays -2, inf saturates"
+    );
+    let zeros = [0u8; 64];
+    let mut s = [0f32];
+    quantize_fp8(
+        &zeros,
+        DType::BF16,
+        (4, 8),
+        QuantGranularity::PerTensor,
+        &mut q[..0].to_vec(),
+        &mut s,
+        1,
+    )
+    .unwrap_err();
+    let mut q = [1u8; 32];
+    quantize_fp8(
+        &zeros,
+        DType::BF16,
+        (4, 8),
+        QuantGranularity::PerTensor,
+        &mut q,
+        &mut s,
+        1,
+    )
+    .unwrap();
+    assert_eq!(
+        (s[0], q),
+        (1.0, [0u8; 32]),
+        "zero tensor: scale 1, zero codes"
+    );
+}
+
+#[test]
+fn quantize_other_sources_match_f32() {
+    let x = values(4096, 3);
+    let mut bf = vec![0u8; 4096 * 2];
+    cast(&f32_bytes(&x), DType::F32, &mut bf, DType::BF16, 1).unwrap();
+    let mut wide = vec![0u8; 4096 * 4];
+    cast(&bf, DType::BF16, &mut wide, DType::F32, 1).unwrap();
+    let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 4096]);
+    let (mut sa, mut sb) = ([0f32; 64], [0f32; 64]);
+    quantize_fp8(
+        &bf,
+        DType::BF16,
+        (64, 64),
+        QuantGranularity::PerRow,
+        &mut a,
+        &mut sa,
+        1,
+    )
+    .unwrap();
+    quantize_fp8(
+        &wide,
+        DType::F32,
+        (64, 64),
+        QuantGranularity::PerRow,
+        &mut b,
+        &mut sb,
+        1,
+    )
+    .unwrap();
+    assert_eq!((a, sa), (b, sb));
+}
+
+#[test]
+fn error_paths() {
+    let src = [0u8; 12];
+    let mut dst = [0u8; 24];
+    let e = expand(
+        &src,
+        DType::F8E4M3,
+        &mut dst,
+        DType::F8E5M2,
+        (1, 12),
+        &Scale::None,
+        1,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, DtypeError::Unsupported { op: "expand", .. }),
+        "{e}"
+    );
+    let e = expand(
+        &src,
+        DType::I8,
+        &mut dst,
+        DType::BF16,
+        (1, 12),
+        &Scale::None,
+        1,
+    )
+    .unwrap_err();
+    assert!(matches!(e, DtypeError::Unsupported { .. }), "{e}");
+    let e = expand(
+        &src,
+        DType::F8E4M3,
+        &mut dst,
+        DType::BF16,
+        (3, 5),
+        &Scale::None,
+        1,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DtypeError::LengthMismatch {
+                what: "expand source",
+                expected_elems: 15,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("expected 15 fp8_e4m3fn elements"),
+        "{e}"
+    );
+    let e = expand(
+        &src,
+        DType::F8E4M3,
+        &mut dst[..23],
+        DType::BF16,
+        (3, 4),
+        &Scale::None,
+        1,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DtypeError::LengthMismatch {
+                what: "expand destination",
+                expected_bytes: 24,
+                actual_bytes: 23,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = expand(
+        &src,
+        DType::F8E4M3,
+        &mut dst,
+        DType::BF16,
+        (3, 4),
+        &Scale::PerRow(&[1.0; 4]),
+        1,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DtypeError::ScaleLength {
+                kind: "per-row",
+                expected: 3,
+                actual: 4,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let block = Scale::Block {
+        scales: &[1.0; 2],
+        block: 2,
+    };
+    let e = expand(
+        &src,
+        DType::F8E4M3,
+        &mut dst,
+        DType::BF16,
+        (3, 4),
+        &block,
+        1,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DtypeError::ScaleLength {
+                kind: "block",
+                expected: 4,
+                actual: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let block = Scale::Block {
+        scales: &[],
+        block: 0,
+    };
+    let e = expand(
+        &src,
+        DType::F8E4M3,
+        &mut dst,
+        DType::BF16,
+        (3, 4),
+        &block,
+        1,
+    )
+    .unwrap_err();
+    assert!(matches!(e, DtypeError::ZeroBlock), "{e}");
+    let e = expand(
+        &src,
+        DType::F8E4M3,
+        &mut dst,
+        DType::BF16,
+        (usize::MAX, 2),
+        &Scale::None,
+        1,
+    )
+    .unwrap_err();
+    assert!(matches!(e, DtypeError::ShapeOverflow { .. }), "{e}");
+    let e = cast(&src[..3], DType::F16, &mut dst, DType::F32, 1).unwrap_err();
+    assert!(matches!(e, DtypeError::RaggedBytes { bytes: 3, .. }), "{e}");
+    let e = cast(&src, DType::F16, &mut dst[..20], DType::F32, 1).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DtypeError::LengthMismatch {
+                what: "cast destination",
+                expected_bytes: 24,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = cast(&src, DType::F32, &mut dst, DType::F8E4M3, 1).unwrap_err();
+    assert!(
+        matches!(e, DtypeError::Unsupported { op: "cast", .. }),
+        "{e}"
+    );
+    let e = cast(&src, DType::U8, &mut dst, DType::F32, 1).unwrap_err();
+    assert!(matches!(e, DtypeError::Unsupported { .. }), "{e}");
+    let (mut q, mut s) = ([0u8; 12], [0f32; 3]);
+    let e = quantize_fp8(
+        &src,
+        DType::I32,
+        (3, 1),
+        QuantGranularity::PerRow,
+        &mut q[..3],
+        &mut s,
+        1,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DtypeError::Unsupported {
+                op: "quantize_fp8",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = quantize_fp8(
+        &src,
+        DType::F32,
+        (3, 1),
+        QuantGranularity::PerRow,
+        &mut q,
+        &mut s,
+        1,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DtypeError::LengthMismatch {
+                what: "quantize_fp8 destination",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = quantize_fp8(
+        &src,
+        DType::F32,
+        (3, 1),
+        QuantGranularity::PerTensor,
+        &mut q[..3],
+        &mut s,
+        1,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DtypeError::ScaleLength {
+                kind: "per-tensor",
+                expected: 1,
+                actual: 3,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = quantize_fp8(
+        &src,
+        DType::F32,
+        (2, 1),
+        QuantGranularity::PerRow,
+        &mut q[..2],
+        &mut s,
+        1,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DtypeError::LengthMismatch {
+                what: "quantize_fp8 source",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Empty tensors are fine.
+    expand(
+        &[],
+        DType::F8E4M3,
+        &mut [],
+        DType::BF16,
+        (0, 128),
+        &Scale::PerRow(&[]),
+        1,
+    )
+    .unwrap();
+    quantize_fp8(
+        &[],
+        DType::F32,
+        (2, 0),
+        QuantGranularity::PerRow,
+        &mut [],
+        &mut s[..2],
+        1,
+    )
+    .unwrap();
+    assert_eq!(&s[..2], &[1.0, 1.0]);
+}
