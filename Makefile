@@ -33,7 +33,7 @@ py-test: build
 	$(PY) -m pytest -q tests
 
 stubs: build
-	$(PY) -m mypy.stubtest trash_panda._core --allowlist tests/stubtest-allowlist.txt
+	$(PY) -m mypy.stubtest trash_panda._core
 	$(PY) -m mypy
 
 test: rust-test lint py-test stubs

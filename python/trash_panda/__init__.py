@@ -5,16 +5,30 @@ from __future__ import annotations
 from . import dtype, errors
 from ._core import __version__
 from .checkpoint import Checkpoint
-from .errors import ArgumentError, CheckpointError, DtypeError, ReadError, TrashPandaError
+from .plan import Plan, Tier, plan
+from .errors import (
+    ArgumentError,
+    CheckpointError,
+    DtypeError,
+    PlanError,
+    ReadError,
+    SystemProbeError,
+    TrashPandaError,
+)
 
 __all__ = [
     "ArgumentError",
     "Checkpoint",
     "CheckpointError",
     "DtypeError",
+    "Plan",
+    "PlanError",
     "ReadError",
+    "SystemProbeError",
+    "Tier",
     "TrashPandaError",
     "__version__",
     "dtype",
     "errors",
+    "plan",
 ]

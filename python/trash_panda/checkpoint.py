@@ -57,10 +57,10 @@ class Checkpoint:
         No bytes are copied: pages are read from the drive (or the page cache) when first touched.
         The map is copy-on-write, so writing into the tensor never changes the file.
         """
-        import torch
+        from torch.utils.dlpack import from_dlpack
 
         info = self._core.info_of(name)
-        raw = torch.from_dlpack(self._core.view(name))
+        raw = from_dlpack(self._core.view(name))
         return raw.view(torch_dtype(info.dtype)).reshape(info.shape)
 
     def close(self) -> None:

@@ -192,7 +192,7 @@ def plan(
     Sizes are bytes or strings such as ``"9GB"``, ``"500MB"`` or ``"1.5GiB"``. ``ram`` and ``vram``
     replace the measured available RAM and free VRAM (for tests and for planning another machine).
     """
-    from .config import setting
+    from .offload.config import setting
 
     dev = _device(device)
     tensors, prefixes = planning_inputs(model, checkpoint, blocks, key_map, skip_prefixes)

@@ -69,9 +69,8 @@ struct Export {
 }
 
 unsafe extern "C" fn delete_export(managed: *mut DlManagedTensor) {
-    // SAFETY: `managed` is the first field of an `Export` leaked by `export_capsule` (the
-    // struct is `#[repr(C)]`-compatible at offset 0 because `managed` is declared first in a
-    // Box we created), and DLPack calls the deleter exactly once.
+    // SAFETY: `manager_ctx` holds the address of the boxed `Export` that `export_capsule`
+    // leaked, and DLPack calls the deleter exactly once, so the box is freed exactly once.
     unsafe {
         let ctx = (*managed).manager_ctx.cast::<Export>();
         drop(Box::from_raw(ctx));
@@ -127,7 +126,7 @@ pub(crate) fn export_capsule(py: Python<'_>, owner: Arc<dyn ByteOwner>) -> PyRes
     // SAFETY: `raw` is a valid, uniquely owned `Export`; storing its own address as the context
     // lets the deleter find and free it.
     let managed = unsafe {
-        (*raw).manager_ctx = raw.cast();
+        (*raw).managed.manager_ctx = raw.cast();
         std::ptr::addr_of_mut!((*raw).managed)
     };
     // SAFETY: `managed` stays valid until the deleter runs; the capsule destructor runs the

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 mod checkpoint;
 mod cli;
+mod config;
 mod dlpack;
 mod dtype;
 mod errors;
@@ -20,6 +21,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dtype::register(m)?;
     io::register(m)?;
     plan::register(m)?;
+    config::register(m)?;
     cli::register(m)?;
     Ok(())
 }
