@@ -158,7 +158,7 @@ pub fn cast(
 ) -> Result<(), DtypeError> {
     check_cast_dtypes("cast", src_dtype, dst_dtype)?;
     let n = src.len() / src_dtype.size();
-    if src.len() % src_dtype.size() != 0 {
+    if !src.len().is_multiple_of(src_dtype.size()) {
         return Err(DtypeError::RaggedBytes {
             what: "cast source",
             dtype: src_dtype,

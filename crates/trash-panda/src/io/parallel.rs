@@ -140,7 +140,7 @@ fn worker<'a>(
             return Ok(());
         };
         let head = (DIRECT_ALIGN - (offset % DIRECT_ALIGN as u64) as usize) % DIRECT_ALIGN;
-        let lines_up = (dst.as_ptr() as usize + head) % DIRECT_ALIGN == 0;
+        let lines_up = (dst.as_ptr() as usize + head).is_multiple_of(DIRECT_ALIGN);
         let bounce = if lines_up || dst.len() <= DIRECT_ALIGN {
             bounce_of(&mut small, 2 * DIRECT_ALIGN)?
         } else {

@@ -217,7 +217,7 @@ impl FileReader {
             });
         }
         let head = ((align_up(offset, a) - offset) as usize).min(dst.len());
-        let lines_up = (dst.as_ptr() as usize + head) % a == 0;
+        let lines_up = (dst.as_ptr() as usize + head).is_multiple_of(a);
         if !lines_up {
             return self.through_bounce(offset, dst, bounce);
         }
@@ -282,7 +282,7 @@ impl FileReader {
                     done += n;
                     // O_DIRECT only stops short at EOF (or a signal); an unaligned count means
                     // EOF, and another read from an unaligned offset would fail.
-                    if done % DIRECT_ALIGN != 0 || offset + done as u64 >= needed_end {
+                    if !done.is_multiple_of(DIRECT_ALIGN) || offset + done as u64 >= needed_end {
                         break;
                     }
                 }

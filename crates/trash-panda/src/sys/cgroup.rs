@@ -93,7 +93,7 @@ fn walk(root: &Path, cgroup_path: &str, version: u8) -> Result<Option<CgroupMemo
             };
             if best
                 .as_ref()
-                .map_or(true, |b| found.headroom() < b.headroom())
+                .is_none_or(|b| found.headroom() < b.headroom())
             {
                 best = Some(found);
             }
