@@ -61,7 +61,7 @@ def main() -> None:
     tensors = make_checkpoint(path)
 
     cli("inspect", str(path))
-    cli("plan", str(path), "--vram", "0.2GB", "--ram", "8GB")
+    cli("plan", str(path), "--vram", "0.5GB", "--headroom-vram", "0.3GB", "--ram", "8GB")
 
     ckpt = trash_panda.Checkpoint(path)
     t0 = time.perf_counter()
