@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod dtype;
 pub mod io;
 pub mod plan;
+pub mod stream;
 pub mod sys;
 pub mod units;
 
