@@ -1,0 +1,106 @@
+//! The one error type of the `stream` module.
+
+use std::path::PathBuf;
+
+use crate::io::IoError;
+
+/// Everything the prefetch engine can report. Each variant names the block (index and name) it is
+/// about, so the Python layer can say which part of the model could not be staged.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// A worker could not read a block's tensor from its file.
+    #[error(
+        "block {block} ({name}): reading tensor {tensor} (bytes {start}..{end} of {}) failed: {source}",
+        file.display()
+    )]
+    Read {
+        block: usize,
+        name: String,
+        tensor: String,
+        file: PathBuf,
+        start: u64,
+        end: u64,
+        #[source]
+        source: Box<IoError>,
+    },
+
+    /// A checkpoint file could not be opened, mapped or measured when the engine was created.
+    #[error("cannot open checkpoint file {}: {source}", file.display())]
+    Open {
+        file: PathBuf,
+        #[source]
+        source: Box<IoError>,
+    },
+
+    /// The description of a block does not fit the files (bad file index, range past the end).
+    #[error("block {block} ({name}): {reason}")]
+    InvalidBlock {
+        block: usize,
+        name: String,
+        reason: String,
+    },
+
+    /// `acquire` (or an order) named a block index the engine does not have.
+    #[error("unknown block index {block} (the engine has {count} streamed blocks)")]
+    UnknownBlock { block: usize, count: usize },
+
+    /// `Lease::tensor` was asked for a tensor the block does not have.
+    #[error("block {block} ({name}) has no tensor {tensor}")]
+    UnknownTensor {
+        block: usize,
+        name: String,
+        tensor: String,
+    },
+
+    /// The run order given to `set_order` is not usable.
+    #[error("invalid run order: {reason}")]
+    InvalidOrder { reason: String },
+
+    /// Every staging buffer is held by a lease, so the block asked for can never be staged until
+    /// one is released (acquiring more than `lookahead + 1` blocks without releasing).
+    #[error(
+        "all {buffers} staging buffers are leased (held by {}) while acquiring block {block} ({name}); release a lease first",
+        holders.join(", ")
+    )]
+    AllLeased {
+        block: usize,
+        name: String,
+        buffers: usize,
+        holders: Vec<String>,
+    },
+
+    /// The block is already leased; a block is staged in one buffer at a time.
+    #[error("block {block} ({name}) is already leased; release it before acquiring it again")]
+    AlreadyLeased { block: usize, name: String },
+
+    /// A worker panicked while staging the block (a bug); the engine itself keeps working.
+    #[error("a worker panicked while staging block {block} ({name}): {message}")]
+    WorkerPanicked {
+        block: usize,
+        name: String,
+        message: String,
+    },
+
+    /// No worker thread is left to stage blocks.
+    #[error("no staging worker is running (they exited after a panic) while acquiring block {block} ({name})")]
+    WorkersGone { block: usize, name: String },
+
+    /// The engine was stopped while the block was being staged.
+    #[error("the stream engine is shutting down (block {block} ({name}) was not staged)")]
+    ShuttingDown { block: usize, name: String },
+
+    /// The staging buffers or a RAM-tier copy could not be allocated.
+    #[error("cannot allocate {what}: {source}")]
+    Alloc {
+        what: String,
+        #[source]
+        source: Box<IoError>,
+    },
+
+    /// A worker thread could not be started.
+    #[error("cannot start a staging worker thread: {source}")]
+    Spawn {
+        #[source]
+        source: std::io::Error,
+    },
+}

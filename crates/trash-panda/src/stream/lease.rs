@@ -1,0 +1,107 @@
+//! A leased staging buffer: the block's bytes while it is copied to the device.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::pool::SlotState;
+use super::{Shared, StreamError};
+use crate::io::AlignedBuf;
+
+/// Names a tensor of a block: its index in the block's tensor list, or its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorKey<'a> {
+    Index(usize),
+    Name(&'a str),
+}
+
+impl From<usize> for TensorKey<'_> {
+    fn from(i: usize) -> Self {
+        TensorKey::Index(i)
+    }
+}
+
+impl<'a> From<&'a str> for TensorKey<'a> {
+    fn from(n: &'a str) -> Self {
+        TensorKey::Name(n)
+    }
+}
+
+impl<'a> From<&'a String> for TensorKey<'a> {
+    fn from(n: &'a String) -> Self {
+        TensorKey::Name(n)
+    }
+}
+
+/// A staged block, held until released or dropped. While it lives its staging buffer is not
+/// refilled.
+#[derive(Debug)]
+pub struct Lease {
+    pub(super) shared: Arc<Shared>,
+    pub(super) block: usize,
+    pub(super) slot: usize,
+    pub(super) len: usize,
+    /// Moved out of the pool for the lease's lifetime; `None` only after it went back.
+    pub(super) buf: Option<AlignedBuf>,
+    pub(super) waited: Duration,
+    pub(super) hit: bool,
+}
+
+impl Lease {
+    /// The block index.
+    pub fn block(&self) -> usize {
+        self.block
+    }
+
+    /// The index of the staging buffer (into [`Engine::staging_buffers`]).
+    pub fn buffer_index(&self) -> usize {
+        self.slot
+    }
+
+    /// The block's staged bytes: every tensor at its layout offset, with padding between runs.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf.as_ref().expect("a live lease holds its buffer")[..self.len]
+    }
+
+    /// The bytes of one tensor of the block.
+    pub fn tensor<'k>(&self, key: impl Into<TensorKey<'k>>) -> Result<&[u8], StreamError> {
+        let tensors = self.shared.layout.layout(self.block);
+        let key = key.into();
+        let found = match key {
+            TensorKey::Index(i) => tensors.get(i),
+            TensorKey::Name(n) => tensors.iter().find(|t| t.name == n),
+        };
+        let t = found.ok_or_else(|| StreamError::UnknownTensor {
+            block: self.block,
+            name: self.shared.names[self.block].clone(),
+            tensor: match key {
+                TensorKey::Index(i) => format!("#{i}"),
+                TensorKey::Name(n) => n.to_owned(),
+            },
+        })?;
+        Ok(&self.bytes()[t.offset..t.offset + t.len])
+    }
+
+    /// How long `acquire` waited for the block.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// Whether the block was already staged when acquired.
+    pub fn was_hit(&self) -> bool {
+        self.hit
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let Some(buf) = self.buf.take() else { return };
+        let mut st = self.shared.lock();
+        let stamp = st.tick();
+        let s = &mut st.slots[self.slot];
+        s.buf = Some(buf);
+        s.state = SlotState::Ready(self.block);
+        s.stamp = stamp;
+        drop(st);
+        self.shared.cv.notify_all();
+    }
+}

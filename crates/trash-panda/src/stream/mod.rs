@@ -1,0 +1,447 @@
+//! The prefetch engine: a pool of staging buffers that worker threads fill with the next blocks of
+//! the run order while the current block computes.
+//!
+//! The caller (the Python hooks) calls [`Engine::acquire`] before a streamed block runs, copies the
+//! block out of the [`Lease`]'s buffer, and releases the lease (or drops it). Blocks come from the
+//! RAM tier (a memory map, or a private copy read up front) or from the disk tier (O_DIRECT or
+//! buffered reads straight into the staging buffer). See DESIGN.md, "The data path of one streamed
+//! block".
+
+mod error;
+mod layout;
+mod lease;
+mod pool;
+mod source;
+mod stats;
+mod worker;
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub use error::StreamError;
+pub use layout::{StagedLayout, StagedTensor, MERGE_GAP};
+pub use lease::{Lease, TensorKey};
+pub use stats::{BlockStats, EngineStats};
+
+use crate::io::{AlignedBuf, ReadMode, ReadStats, DEFAULT_CHUNK_SIZE};
+use pool::{SlotState, State};
+use source::{CheckpointSource, Source};
+
+/// Where a streamed block waits between passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceTier {
+    Ram,
+    Disk,
+}
+
+/// One tensor of a streamed block: bytes `start..end` of file `file` (an index into the engine's
+/// files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamTensor {
+    pub name: String,
+    pub file: usize,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// A block whose weights are staged before it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamBlock {
+    pub name: String,
+    pub tier: SourceTier,
+    pub tensors: Vec<StreamTensor>,
+}
+
+/// How the RAM tier is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RamSource {
+    /// Mapped from the checkpoint; the first pass reads it from the drive through the page cache.
+    Mapped,
+    /// Read into private memory by [`Engine::load_ram_tier`] with `threads` parallel readers
+    /// (or by the first worker that needs it), so no pass waits for the drive.
+    InMemory { threads: usize },
+}
+
+/// Settings of an [`Engine`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Blocks staged ahead of the one that runs; 0 stages each block when it is acquired. The
+    /// pool has `lookahead + 1` buffers.
+    pub lookahead: usize,
+    /// Worker threads (at least 1).
+    pub workers: usize,
+    /// How disk-tier blocks (and the in-memory RAM tier's load) are read. `Direct` by default: a
+    /// streamed pass must not evict the page cache the RAM tier lives in.
+    pub disk_mode: ReadMode,
+    pub ram_source: RamSource,
+    /// Largest single read or copy; workers check for shutdown between chunks.
+    pub chunk_size: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            lookahead: 2,
+            workers: 2,
+            disk_mode: ReadMode::Direct,
+            ram_source: RamSource::Mapped,
+            chunk_size: DEFAULT_CHUNK_SIZE,
+        }
+    }
+}
+
+/// What the engine and its workers share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    /// One condition for every change (a buffer filled, released, a job queued, a worker gone):
+    /// there are only a few threads, and one signal cannot be missed by the wrong waiter.
+    cv: Condvar,
+    /// Set at shutdown; read by workers between chunks of a read, without the lock.
+    stop: AtomicBool,
+    names: Vec<String>,
+    layout: StagedLayout,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Fills run outside the lock and panics in them are caught, so a poisoned lock can only
+        // come from a bug in this module's bookkeeping; the state is still the best we have.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.cv.wait(guard).unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The prefetch engine. `Send + Sync`: every method takes `&self`.
+#[derive(Debug)]
+pub struct Engine {
+    shared: Arc<Shared>,
+    source: Arc<dyn Source>,
+    workers: Vec<JoinHandle<()>>,
+    options: EngineOptions,
+    buffers: Vec<(usize, usize)>,
+}
+
+impl std::fmt::Debug for dyn Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Source")
+    }
+}
+
+impl Engine {
+    /// An engine for `blocks`, whose tensors lie in `files`. Checks every range against the files,
+    /// opens (or maps) them, allocates and prefaults the staging pool, and starts the workers. The
+    /// run order is the definition order until [`set_order`](Self::set_order).
+    pub fn new(
+        blocks: Vec<StreamBlock>,
+        files: Vec<PathBuf>,
+        options: EngineOptions,
+    ) -> Result<Engine, StreamError> {
+        let layout = StagedLayout::new(&blocks, files.len())?;
+        let meta = blocks.iter().map(|b| (b.name.clone(), b.tier)).collect();
+        let source = CheckpointSource::open(
+            blocks,
+            files,
+            Arc::new(layout.clone()),
+            options.ram_source,
+            options.disk_mode,
+            options.chunk_size,
+        )?;
+        Engine::with_source(meta, layout, Arc::new(source), options)
+    }
+
+    pub(crate) fn with_source(
+        blocks: Vec<(String, SourceTier)>,
+        layout: StagedLayout,
+        source: Arc<dyn Source>,
+        options: EngineOptions,
+    ) -> Result<Engine, StreamError> {
+        let size = layout.max_block_len();
+        let mut bufs = Vec::with_capacity(options.lookahead + 1);
+        for i in 0..=options.lookahead {
+            let mut b = AlignedBuf::new(size).map_err(|source| StreamError::Alloc {
+                what: format!("staging buffer {i} ({size} bytes)"),
+                source: Box::new(source),
+            })?;
+            // First-touch page faults cost more than the copy itself; pay them once, here.
+            b.prefault();
+            bufs.push(b);
+        }
+        let buffers = bufs
+            .iter()
+            .map(|b| (b.as_ptr() as usize, b.len()))
+            .collect();
+        let stats = EngineStats::new(
+            blocks
+                .iter()
+                .map(|(n, t)| BlockStats::new(n.clone(), *t))
+                .collect(),
+        );
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::new(bufs, blocks.len(), stats)),
+            cv: Condvar::new(),
+            stop: AtomicBool::new(false),
+            names: blocks.into_iter().map(|(n, _)| n).collect(),
+            layout,
+        });
+        let workers = worker::spawn(&shared, &source, options.workers.max(1))?;
+        Ok(Engine {
+            shared,
+            source,
+            workers,
+            options,
+            buffers,
+        })
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// Number of streamed blocks.
+    pub fn block_count(&self) -> usize {
+        self.shared.names.len()
+    }
+
+    /// The name of block `block`.
+    pub fn block_name(&self, block: usize) -> Result<&str, StreamError> {
+        self.check(block)?;
+        Ok(&self.shared.names[block])
+    }
+
+    /// The staging layout of every block.
+    pub fn staged_layout(&self) -> &StagedLayout {
+        &self.shared.layout
+    }
+
+    /// Where each tensor of `block` sits in a staging buffer (the same in every buffer).
+    pub fn layout(&self, block: usize) -> Result<&[StagedTensor], StreamError> {
+        self.check(block)?;
+        Ok(self.shared.layout.layout(block))
+    }
+
+    /// `(address, length)` of every staging buffer, by buffer index. They live as long as the
+    /// engine and any lease, never move, and are the only memory leases point into, so the CUDA
+    /// layer can register them as pinned once.
+    pub fn staging_buffers(&self) -> Vec<(usize, usize)> {
+        self.buffers.clone()
+    }
+
+    /// Bytes of the staging pool.
+    pub fn staging_bytes(&self) -> usize {
+        self.buffers.iter().map(|b| b.1).sum()
+    }
+
+    /// Sets the run order (block indices; blocks left out follow in definition order) and starts
+    /// staging its first `lookahead` blocks.
+    pub fn set_order(&self, order: Vec<usize>) -> Result<(), StreamError> {
+        let mut st = self.shared.lock();
+        st.set_order(order)?;
+        if self.options.lookahead > 0 && !st.order.is_empty() {
+            let first = st.order[0];
+            let last = st.order[st.order.len() - 1];
+            // The window after the last block is the first `lookahead` of the order.
+            st.plan(last, first == last, self.options.lookahead);
+        }
+        drop(st);
+        self.shared.cv.notify_all();
+        Ok(())
+    }
+
+    /// The run order in use (always every block once).
+    pub fn order(&self) -> Vec<usize> {
+        self.shared.lock().order.clone()
+    }
+
+    /// Every block acquired so far, once each, in the order of their first acquire: what the
+    /// order file should hold.
+    pub fn recorded_order(&self) -> Vec<usize> {
+        self.shared.lock().recorded.clone()
+    }
+
+    /// Leases block `block`, waiting until it is staged, and queues the `lookahead` blocks after
+    /// it in the run order.
+    ///
+    /// A block staged ahead that is not the one asked for keeps its buffer until a buffer is
+    /// needed, so a model that runs blocks out of order still finds them. Errors: an unknown
+    /// index, the block already leased, every buffer leased (the error names the holders), or the
+    /// block's staging failed (the error names the tensor, file and range).
+    pub fn acquire(&self, block: usize) -> Result<Lease, StreamError> {
+        self.check(block)?;
+        let started = Instant::now();
+        let name = || self.shared.names[block].clone();
+        let mut st = self.shared.lock();
+        st.note_acquire(block);
+        let initially = st.find(block).map(|s| &st.slots[s].state);
+        let hit = matches!(initially, Some(SlotState::Ready(_)));
+        let in_flight = matches!(initially, Some(SlotState::Filling(_)));
+        if matches!(initially, Some(SlotState::Leased(_))) {
+            return Err(StreamError::AlreadyLeased {
+                block,
+                name: name(),
+            });
+        }
+        st.demanded.push(block);
+        st.plan(block, true, self.options.lookahead);
+        self.shared.cv.notify_all();
+        let outcome = loop {
+            if let Some(slot) = st.find(block) {
+                let s = &mut st.slots[slot];
+                match &s.state {
+                    SlotState::Ready(_) => {
+                        s.state = SlotState::Leased(block);
+                        s.used = true;
+                        let buf = s.buf.take().expect("a ready slot holds its buffer");
+                        break Ok((slot, buf));
+                    }
+                    SlotState::Failed(..) => {
+                        let SlotState::Failed(_, e) =
+                            std::mem::replace(&mut s.state, SlotState::Empty)
+                        else {
+                            unreachable!()
+                        };
+                        break Err(e);
+                    }
+                    SlotState::Leased(_) => {
+                        break Err(StreamError::AlreadyLeased {
+                            block,
+                            name: name(),
+                        })
+                    }
+                    SlotState::Filling(_) | SlotState::Empty => {}
+                }
+            } else if st.stop {
+                break Err(StreamError::ShuttingDown {
+                    block,
+                    name: name(),
+                });
+            } else if st.workers_alive == 0 {
+                break Err(StreamError::WorkersGone {
+                    block,
+                    name: name(),
+                });
+            } else if st.all_leased() {
+                let holders = st
+                    .slots
+                    .iter()
+                    .filter_map(|s| s.state.block())
+                    .map(|b| format!("block {b} ({})", self.shared.names[b]))
+                    .collect();
+                st.queue.retain(|&b| b != block);
+                break Err(StreamError::AllLeased {
+                    block,
+                    name: name(),
+                    buffers: st.slots.len(),
+                    holders,
+                });
+            } else if !st.queue.contains(&block) {
+                // Dropped from the queue by a concurrent acquire's plan: queue it again, first.
+                st.queue.push_front(block);
+                self.shared.cv.notify_all();
+            }
+            st = self.shared.wait(st);
+        };
+        st.undemand(block);
+        let waited = started.elapsed();
+        st.stats
+            .acquired(block, hit, in_flight, waited.as_secs_f64());
+        drop(st);
+        // A buffer taken or a queue change may let a worker go on.
+        self.shared.cv.notify_all();
+        let (slot, buf) = outcome?;
+        Ok(Lease {
+            shared: self.shared.clone(),
+            block,
+            slot,
+            len: self.shared.layout.block_len(block),
+            buf: Some(buf),
+            waited,
+            hit,
+        })
+    }
+
+    /// Returns the lease's buffer; the block stays staged there until the buffer is needed.
+    /// Dropping the lease does the same.
+    pub fn release(&self, lease: Lease) {
+        drop(lease);
+    }
+
+    /// Reads the RAM tier into memory now if `RamSource::InMemory` (once; later calls and other
+    /// modes return what was read, or zero bytes).
+    pub fn load_ram_tier(&self) -> Result<ReadStats, StreamError> {
+        let stats = self.source.load()?;
+        Ok(stats.unwrap_or(ReadStats::new(0, 0.0, self.options.disk_mode)))
+    }
+
+    /// How disk-tier blocks are read now: `Direct`, or `Buffered` where O_DIRECT was asked for
+    /// but refused by the filesystem; `None` without disk-tier blocks.
+    pub fn disk_read_mode(&self) -> Option<ReadMode> {
+        self.source.disk_mode()
+    }
+
+    /// Statistics since the last [`reset_stats`](Self::reset_stats).
+    pub fn stats(&self) -> EngineStats {
+        let mut stats = self.shared.lock().stats.clone();
+        stats.ram_load = self.source.loaded();
+        stats
+    }
+
+    /// Starts a new pass's statistics (the RAM tier's load figure is kept).
+    pub fn reset_stats(&self) {
+        self.shared.lock().stats.reset();
+    }
+
+    /// Waits until the workers have nothing queued or in hand (for measurements and tests), or
+    /// `timeout` passes; returns whether they are idle.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.shared.lock();
+        loop {
+            if st.idle() {
+                return true;
+            }
+            // A queued block nobody can get a buffer for will not move; that is idle too.
+            let stuck = st.queue.front().is_some_and(|&b| st.pick_slot(b).is_none())
+                && !st
+                    .slots
+                    .iter()
+                    .any(|s| matches!(s.state, SlotState::Filling(_)));
+            let left = deadline.saturating_duration_since(Instant::now());
+            if stuck || st.stop || left.is_zero() {
+                return stuck;
+            }
+            st = self
+                .shared
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn check(&self, block: usize) -> Result<(), StreamError> {
+        let count = self.block_count();
+        if block < count {
+            Ok(())
+        } else {
+            Err(StreamError::UnknownBlock { block, count })
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        worker::stop(&self.shared, std::mem::take(&mut self.workers));
+    }
+}
+
+#[cfg(test)]
+mod tests;

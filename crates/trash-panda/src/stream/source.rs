@@ -1,0 +1,402 @@
+//! Where workers get a block's bytes: a memory map or a private copy for the RAM tier, positional
+//! reads (O_DIRECT or buffered) for the disk tier. The engine sees one trait, so tests can inject
+//! slow or failing sources.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::layout::{Run, StagedLayout};
+use super::{RamSource, SourceTier, StreamBlock, StreamError};
+use crate::io::{
+    read_ranges_with, AlignedBuf, FileReader, IoError, MappedFile, ReadMode, ReadOptions,
+    ReadRequest, ReadStats, DIRECT_ALIGN,
+};
+
+/// Fills staging buffers. Called from several worker threads at once.
+pub(crate) trait Source: Send + Sync {
+    /// Writes `block` into `dst` (at least the block's staged length) at the offsets of the
+    /// layout, and returns the tensor bytes moved. Gives up with `ShuttingDown` once `stop` is set.
+    fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<u64, StreamError>;
+
+    /// Reads whatever must be in memory before staging (the in-memory RAM tier), if not done
+    /// yet. `Some` with what that read moved, `None` when there is nothing to load.
+    fn load(&self) -> Result<Option<ReadStats>, StreamError> {
+        Ok(None)
+    }
+
+    /// What [`load`](Self::load) read, once it has (whoever triggered it); never blocks.
+    fn loaded(&self) -> Option<ReadStats> {
+        None
+    }
+
+    /// How disk-tier reads actually go (`Buffered` if O_DIRECT was refused for any file), or
+    /// `None` without disk-tier blocks.
+    fn disk_mode(&self) -> Option<ReadMode> {
+        None
+    }
+}
+
+/// Per-block private copies of the RAM tier, in staged layout (so staging is one memcpy).
+type RamImages = Arc<Vec<Option<AlignedBuf>>>;
+
+/// The real source: the checkpoint files.
+pub(crate) struct CheckpointSource {
+    blocks: Vec<StreamBlock>,
+    files: Vec<PathBuf>,
+    layout: Arc<StagedLayout>,
+    /// For files holding RAM-tier blocks with `RamSource::Mapped`: the map, and the file to check
+    /// its current size (reading a mapped page past a truncated end would raise SIGBUS).
+    mapped: Vec<Option<(MappedFile, File)>>,
+    /// For files holding disk-tier blocks.
+    readers: Vec<Option<FileReader>>,
+    ram: RamSource,
+    disk_mode: ReadMode,
+    chunk_size: usize,
+    in_memory: Mutex<Option<RamImages>>,
+    load_stats: OnceLock<ReadStats>,
+}
+
+impl CheckpointSource {
+    pub fn open(
+        blocks: Vec<StreamBlock>,
+        files: Vec<PathBuf>,
+        layout: Arc<StagedLayout>,
+        ram: RamSource,
+        disk_mode: ReadMode,
+        chunk_size: usize,
+    ) -> Result<Self, StreamError> {
+        let mut needs_map = vec![false; files.len()];
+        let mut needs_reader = vec![false; files.len()];
+        for b in &blocks {
+            for t in &b.tensors {
+                match (b.tier, ram) {
+                    (SourceTier::Ram, RamSource::Mapped) => needs_map[t.file] = true,
+                    (SourceTier::Ram, RamSource::InMemory { .. }) => {}
+                    (SourceTier::Disk, _) => needs_reader[t.file] = true,
+                }
+            }
+        }
+        let open_err = |f: usize| {
+            let file = files[f].clone();
+            move |source| StreamError::Open {
+                file,
+                source: Box::new(source),
+            }
+        };
+        let mut sizes = Vec::with_capacity(files.len());
+        for (f, path) in files.iter().enumerate() {
+            let size = std::fs::metadata(path)
+                .map_err(|source| IoError::Open {
+                    path: path.clone(),
+                    source,
+                })
+                .map_err(open_err(f))?
+                .len();
+            sizes.push(size);
+        }
+        for (i, b) in blocks.iter().enumerate() {
+            if let Some(t) = b.tensors.iter().find(|t| t.end > sizes[t.file]) {
+                return Err(StreamError::InvalidBlock {
+                    block: i,
+                    name: b.name.clone(),
+                    reason: format!(
+                        "tensor {} ends at byte {} but {} has {} bytes",
+                        t.name,
+                        t.end,
+                        files[t.file].display(),
+                        sizes[t.file]
+                    ),
+                });
+            }
+        }
+        let mut mapped = Vec::with_capacity(files.len());
+        let mut readers = Vec::with_capacity(files.len());
+        for (f, path) in files.iter().enumerate() {
+            mapped.push(if needs_map[f] {
+                let map = MappedFile::open(path).map_err(open_err(f))?;
+                let file = File::open(path)
+                    .map_err(|source| IoError::Open {
+                        path: path.clone(),
+                        source,
+                    })
+                    .map_err(open_err(f))?;
+                Some((map, file))
+            } else {
+                None
+            });
+            readers.push(if needs_reader[f] {
+                Some(FileReader::open(path, disk_mode).map_err(open_err(f))?)
+            } else {
+                None
+            });
+        }
+        Ok(CheckpointSource {
+            blocks,
+            files,
+            layout,
+            mapped,
+            readers,
+            ram,
+            disk_mode,
+            chunk_size: chunk_size.max(1).next_multiple_of(DIRECT_ALIGN),
+            in_memory: Mutex::new(None),
+            load_stats: OnceLock::new(),
+        })
+    }
+
+    /// The error for a failed read of `run` of `block`, naming the tensor that holds byte `at`.
+    fn read_error(&self, block: usize, run: &Run, source: IoError) -> StreamError {
+        let at = match &source {
+            IoError::UnexpectedEof { got_to, .. } => *got_to,
+            IoError::Read { offset, .. } | IoError::OutOfRange { offset, .. } => *offset,
+            _ => run.start,
+        };
+        let tensors = &self.blocks[block].tensors;
+        let t = run
+            .tensors
+            .iter()
+            .map(|&i| &tensors[i])
+            .find(|t| t.start <= at && at < t.end)
+            .or_else(|| {
+                run.tensors
+                    .iter()
+                    .map(|&i| &tensors[i])
+                    .find(|t| t.end > at)
+            })
+            .unwrap_or(&tensors[*run.tensors.last().expect("a run has a tensor")]);
+        StreamError::Read {
+            block,
+            name: self.blocks[block].name.clone(),
+            tensor: t.name.clone(),
+            file: self.files[t.file].clone(),
+            start: t.start,
+            end: t.end,
+            source: Box::new(source),
+        }
+    }
+
+    fn stopped(&self, block: usize) -> StreamError {
+        StreamError::ShuttingDown {
+            block,
+            name: self.blocks[block].name.clone(),
+        }
+    }
+
+    fn fill_disk(
+        &self,
+        block: usize,
+        dst: &mut [u8],
+        stop: &AtomicBool,
+    ) -> Result<(), StreamError> {
+        // Only a run's unaligned first and last page pass through this.
+        let mut bounce =
+            AlignedBuf::new(2 * DIRECT_ALIGN).map_err(|source| StreamError::Alloc {
+                what: "a bounce buffer".into(),
+                source: Box::new(source),
+            })?;
+        for run in &self.layout.blocks[block].runs {
+            let reader = self.readers[run.file]
+                .as_ref()
+                .expect("opened for disk blocks");
+            let mut offset = run.start;
+            let mut rest = &mut dst[run.buf_range()];
+            while !rest.is_empty() {
+                if stop.load(Ordering::Relaxed) {
+                    return Err(self.stopped(block));
+                }
+                // Chunks end on multiples of the chunk size, so every middle chunk is aligned.
+                let to_boundary = self.chunk_size - (offset % self.chunk_size as u64) as usize;
+                let n = to_boundary.min(rest.len());
+                let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
+                reader
+                    .read_into(offset, part, &mut bounce)
+                    .map_err(|e| self.read_error(block, run, e))?;
+                offset += n as u64;
+                rest = tail;
+            }
+        }
+        Ok(())
+    }
+
+    fn fill_mapped(
+        &self,
+        block: usize,
+        dst: &mut [u8],
+        stop: &AtomicBool,
+    ) -> Result<(), StreamError> {
+        for run in &self.layout.blocks[block].runs {
+            let (map, file) = self.mapped[run.file]
+                .as_ref()
+                .expect("mapped for RAM blocks");
+            let path = &self.files[run.file];
+            let now = file.metadata().map_err(|source| {
+                let e = IoError::Read {
+                    path: path.clone(),
+                    offset: run.start,
+                    len: run.len() as u64,
+                    source,
+                };
+                self.read_error(block, run, e)
+            })?;
+            if now.len() < run.end {
+                let e = IoError::UnexpectedEof {
+                    path: path.clone(),
+                    offset: run.start,
+                    len: run.len() as u64,
+                    got_to: now.len().max(run.start),
+                };
+                return Err(self.read_error(block, run, e));
+            }
+            let (start, end) = (run.start as usize, run.end as usize);
+            // Start the kernel's read-ahead of the whole run: a cold map is otherwise faulted in
+            // a few pages at a time as the copy walks it.
+            let _ = map.advise_willneed(start..end);
+            let src = map
+                .slice(start, end)
+                .map_err(|e| self.read_error(block, run, e))?;
+            let dst = &mut dst[run.buf_range()];
+            for (d, s) in dst
+                .chunks_mut(self.chunk_size)
+                .zip(src.chunks(self.chunk_size))
+            {
+                if stop.load(Ordering::Relaxed) {
+                    return Err(self.stopped(block));
+                }
+                d.copy_from_slice(s);
+            }
+        }
+        Ok(())
+    }
+
+    /// The RAM tier's private copies, reading them first if needed (under the lock, so workers
+    /// that need them meanwhile wait for the one read).
+    fn images(&self) -> Result<RamImages, StreamError> {
+        let mut slot = self.in_memory.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(images) = &*slot {
+            return Ok(images.clone());
+        }
+        let RamSource::InMemory { threads } = self.ram else {
+            return Ok(Arc::new(Vec::new()));
+        };
+        let mut images = Vec::with_capacity(self.blocks.len());
+        for (i, b) in self.blocks.iter().enumerate() {
+            images.push(match b.tier {
+                SourceTier::Ram => {
+                    Some(AlignedBuf::new(self.layout.block_len(i)).map_err(|source| {
+                        StreamError::Alloc {
+                            what: format!("the in-memory copy of block {i} ({})", b.name),
+                            source: Box::new(source),
+                        }
+                    })?)
+                }
+                SourceTier::Disk => None,
+            });
+        }
+        let mut stats: Option<ReadStats> = None;
+        {
+            // One request per run, grouped by file, each into its place in its block's image.
+            let mut requests: Vec<Vec<ReadRequest<'_>>> =
+                (0..self.files.len()).map(|_| Vec::new()).collect();
+            let mut owners: Vec<Vec<(usize, &Run)>> =
+                (0..self.files.len()).map(|_| Vec::new()).collect();
+            for (b, image) in images.iter_mut().enumerate() {
+                let Some(image) = image else { continue };
+                let mut rest: &mut [u8] = image;
+                let mut consumed = 0;
+                for run in &self.layout.blocks[b].runs {
+                    let (_, tail) =
+                        std::mem::take(&mut rest).split_at_mut(run.buf_offset - consumed);
+                    let (mine, tail) = tail.split_at_mut(run.len());
+                    consumed = run.buf_offset + run.len();
+                    rest = tail;
+                    requests[run.file].push(ReadRequest::new(run.start, mine));
+                    owners[run.file].push((b, run));
+                }
+            }
+            let opts = ReadOptions {
+                threads: threads.max(1),
+                chunk_size: self.chunk_size,
+            };
+            for (f, reqs) in requests.iter_mut().enumerate() {
+                if reqs.is_empty() {
+                    continue;
+                }
+                let reader =
+                    FileReader::open(&self.files[f], self.disk_mode).map_err(|source| {
+                        StreamError::Open {
+                            file: self.files[f].clone(),
+                            source: Box::new(source),
+                        }
+                    })?;
+                let read = read_ranges_with(&reader, reqs, &opts).map_err(|e| {
+                    let at = match &e {
+                        IoError::UnexpectedEof { got_to, .. } => *got_to,
+                        IoError::Read { offset, .. } | IoError::OutOfRange { offset, .. } => {
+                            *offset
+                        }
+                        _ => 0,
+                    };
+                    let (b, run) = owners[f]
+                        .iter()
+                        .find(|(_, r)| r.start <= at && at < r.end)
+                        .or(owners[f].first())
+                        .copied()
+                        .expect("a file with requests has owners");
+                    self.read_error(b, run, e)
+                })?;
+                stats = Some(match stats {
+                    Some(s) => s + read,
+                    None => read,
+                });
+            }
+        }
+        let images: RamImages = Arc::new(images);
+        *slot = Some(images.clone());
+        let _ = self
+            .load_stats
+            .set(stats.unwrap_or(ReadStats::new(0, 0.0, self.disk_mode)));
+        Ok(images)
+    }
+}
+
+impl Source for CheckpointSource {
+    fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<u64, StreamError> {
+        match (self.blocks[block].tier, self.ram) {
+            (SourceTier::Disk, _) => self.fill_disk(block, dst, stop)?,
+            (SourceTier::Ram, RamSource::Mapped) => self.fill_mapped(block, dst, stop)?,
+            (SourceTier::Ram, RamSource::InMemory { .. }) => {
+                let images = self.images()?;
+                let image = images[block].as_ref().expect("RAM blocks have an image");
+                let len = self.layout.block_len(block);
+                dst[..len].copy_from_slice(&image[..len]);
+            }
+        }
+        Ok(self.layout.block_bytes(block))
+    }
+
+    fn load(&self) -> Result<Option<ReadStats>, StreamError> {
+        match self.ram {
+            RamSource::Mapped => Ok(None),
+            RamSource::InMemory { .. } => {
+                self.images()?;
+                Ok(self.loaded())
+            }
+        }
+    }
+
+    fn loaded(&self) -> Option<ReadStats> {
+        self.load_stats.get().copied()
+    }
+
+    fn disk_mode(&self) -> Option<ReadMode> {
+        let mut modes = self.readers.iter().flatten().map(|r| r.effective_mode());
+        let first = modes.next()?;
+        Some(if modes.all(|m| m == first) {
+            first
+        } else {
+            ReadMode::Buffered
+        })
+    }
+}

@@ -1,0 +1,159 @@
+//! Engine tests with injected sources: prefetch overlap, worker panics.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::source::Source;
+use super::*;
+
+/// Writes a block-specific pattern after a delay; panics on one block if asked.
+struct Fake {
+    layout: StagedLayout,
+    delay: Duration,
+    panic_on: Option<usize>,
+}
+
+impl Source for Fake {
+    fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<u64, StreamError> {
+        if Some(block) == self.panic_on {
+            panic!("injected failure on block {block}");
+        }
+        std::thread::sleep(self.delay);
+        if stop.load(Ordering::Relaxed) {
+            return Err(StreamError::ShuttingDown {
+                block,
+                name: String::new(),
+            });
+        }
+        let len = self.layout.block_len(block);
+        dst[..len].fill(block as u8);
+        Ok(self.layout.block_bytes(block))
+    }
+}
+
+fn engine(n: usize, delay: Duration, panic_on: Option<usize>, opts: EngineOptions) -> Engine {
+    let blocks: Vec<StreamBlock> = (0..n)
+        .map(|i| StreamBlock {
+            name: format!("blocks.{i}"),
+            tier: SourceTier::Disk,
+            tensors: vec![StreamTensor {
+                name: "w".into(),
+                file: 0,
+                start: 0,
+                end: 10_000,
+            }],
+        })
+        .collect();
+    let layout = StagedLayout::new(&blocks, 1).unwrap();
+    let fake = Fake {
+        layout: layout.clone(),
+        delay,
+        panic_on,
+    };
+    let meta = blocks.iter().map(|b| (b.name.clone(), b.tier)).collect();
+    Engine::with_source(meta, layout, Arc::new(fake), opts).unwrap()
+}
+
+/// Runs `passes` passes over `n` blocks with `compute` per block; returns (seconds, stats).
+fn run(e: &Engine, n: usize, compute: Duration) -> (f64, EngineStats) {
+    e.reset_stats();
+    let t = Instant::now();
+    for b in 0..n {
+        let lease = e.acquire(b).unwrap();
+        assert!(lease.bytes().iter().all(|&x| x == b as u8));
+        std::thread::sleep(compute);
+        e.release(lease);
+    }
+    (t.elapsed().as_secs_f64(), e.stats())
+}
+
+#[test]
+fn prefetch_overlaps_reads_with_compute() {
+    // Reads a little shorter than compute, so jitter does not turn every hit into a near miss.
+    let (n, read, compute) = (8, Duration::from_millis(25), Duration::from_millis(40));
+    let serial = n as f64 * (read + compute).as_secs_f64();
+    let opts = EngineOptions {
+        lookahead: 2,
+        workers: 1,
+        ..EngineOptions::default()
+    };
+    let e = engine(n, read, None, opts);
+    e.set_order((0..n).collect()).unwrap();
+    let (overlapped, stats) = run(&e, n, compute);
+    eprintln!(
+        "lookahead 2: {overlapped:.3} s for {n} blocks (serial {serial:.3} s), waited {:.3} s, hits {}/{}",
+        stats.compute_waited_seconds, stats.hits, stats.acquires
+    );
+    // About n * compute (plus the first read at most), far from the serial sum.
+    assert!(overlapped < 0.8 * serial, "{overlapped} vs serial {serial}");
+    assert!(stats.compute_waited_seconds < 0.5 * n as f64 * read.as_secs_f64());
+    assert!(stats.hits >= n as u64 / 2, "{stats:?}");
+
+    // Without lookahead every read is on the critical path, and the wait says so.
+    let e0 = engine(
+        n,
+        read,
+        None,
+        EngineOptions {
+            lookahead: 0,
+            ..opts
+        },
+    );
+    let (plain, stats0) = run(&e0, n, compute);
+    eprintln!(
+        "lookahead 0: {plain:.3} s, waited {:.3} s",
+        stats0.compute_waited_seconds
+    );
+    assert!(plain >= 0.95 * serial, "{plain}");
+    assert!(stats0.compute_waited_seconds >= 0.9 * n as f64 * read.as_secs_f64());
+    assert_eq!(stats0.hits, 0);
+}
+
+#[test]
+fn worker_panic_reaches_the_acquire_and_the_engine_goes_on() {
+    let e = engine(4, Duration::ZERO, Some(2), EngineOptions::default());
+    for b in [0, 1] {
+        drop(e.acquire(b).unwrap());
+    }
+    let err = e.acquire(2).unwrap_err();
+    assert!(
+        matches!(&err, StreamError::WorkerPanicked { block: 2, message, .. } if message.contains("injected")),
+        "{err}"
+    );
+    assert!(err.to_string().contains("blocks.2"), "{err}");
+    let lease = e.acquire(3).unwrap();
+    assert_eq!(lease.bytes()[0], 3);
+    assert_eq!(e.stats().failures, 1);
+}
+
+#[test]
+fn drop_with_jobs_in_flight_joins() {
+    let e = engine(6, Duration::from_millis(30), None, EngineOptions::default());
+    e.set_order(vec![5, 4, 3]).unwrap();
+    let lease = e.acquire(5).unwrap();
+    let t = Instant::now();
+    drop(e);
+    assert!(t.elapsed() < Duration::from_secs(2));
+    // The lease outlives the engine; its buffer goes back to the shared pool harmlessly.
+    assert_eq!(lease.bytes()[0], 5);
+    drop(lease);
+}
+
+#[test]
+fn a_held_lease_makes_the_worker_wait_for_a_buffer() {
+    let e = engine(5, Duration::from_millis(5), None, EngineOptions::default());
+    let a = e.acquire(0).unwrap();
+    let b = e.acquire(1).unwrap();
+    // Window [1, 2, 3]: 2 takes the last buffer, 3 has none until a lease goes back.
+    assert!(e.wait_idle(Duration::from_secs(5)));
+    let s = e.stats();
+    assert!(s.buffer_waits >= 1, "{s:?}");
+    drop(a);
+    assert!(e.wait_idle(Duration::from_secs(5)));
+    assert_eq!(e.stats().blocks[3].stagings, 1);
+    drop(b);
+    let lease = e.acquire(3).unwrap();
+    assert!(lease.was_hit());
+    assert!(e.stats().buffer_wait_seconds > 0.0);
+}
