@@ -143,7 +143,7 @@ fn configs() -> Vec<Config> {
         SourceTier::Disk
     }
     fn mixed(b: usize) -> SourceTier {
-        if b % 3 == 0 {
+        if b.is_multiple_of(3) {
             SourceTier::Ram
         } else {
             SourceTier::Disk
