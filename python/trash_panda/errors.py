@@ -32,6 +32,10 @@ class PlanError(TrashPandaError, ValueError):
     """A plan cannot be made or edited: an edit names no block, or names one twice."""
 
 
+class StreamError(TrashPandaError, RuntimeError):
+    """Streaming a block failed: the engine was closed, a block was not staged, a worker died."""
+
+
 class SystemProbeError(TrashPandaError, OSError):
     """The machine's memory figures could not be read."""
 
@@ -42,6 +46,7 @@ __all__ = [
     "DtypeError",
     "PlanError",
     "ReadError",
+    "StreamError",
     "SystemProbeError",
     "TrashPandaError",
 ]

@@ -177,7 +177,7 @@ def plan(
     min_free_ram: Size = "auto",
     headroom_vram: Size = "1.5GB",
     activation_vram: Size | None = None,
-    compute_dtype: str | torch.dtype = "bf16",
+    compute_dtype: str | torch.dtype | None = None,
     storage_dtype: str | torch.dtype | None = None,
     lookahead: int | None = None,
     blocks: list[str] | None = None,
@@ -189,7 +189,8 @@ def plan(
 ) -> Plan:
     """Decides, from the checkpoint's sizes and the free memory, where each block of ``model`` lives.
 
-    Sizes are bytes or strings such as ``"9GB"``, ``"500MB"`` or ``"1.5GiB"``. ``ram`` and ``vram``
+    Sizes are bytes or strings such as ``"9GB"``, ``"500MB"`` or ``"1.5GiB"``. ``compute_dtype``
+    defaults to the dtype most of the checkpoint's float weights have (bf16 for fp8 checkpoints). ``ram`` and ``vram``
     replace the measured available RAM and free VRAM (for tests and for planning another machine).
     """
     from .offload.config import setting
@@ -209,7 +210,7 @@ def plan(
         min_free_ram=min_free_ram,
         headroom_vram=headroom_vram,
         activation_vram=activation_vram,
-        compute_dtype=_dtype_name(compute_dtype),
+        compute_dtype=infer_compute_dtype(tensors) if compute_dtype is None else _dtype_name(compute_dtype),
         storage_dtype=None if storage_dtype is None else _dtype_name(storage_dtype),
         lookahead=lookahead if lookahead is not None else setting("lookahead"),
     )
@@ -218,3 +219,17 @@ def plan(
 
 def _dtype_name(dtype: str | torch.dtype) -> str:
     return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+
+
+def infer_compute_dtype(tensors: list[tuple[str, str, list[int]]]) -> str:
+    """The float dtype holding most of the weights; fp8 checkpoints compute in bf16."""
+    weight: dict[str, int] = {}
+    for _name, dtype, shape in tensors:
+        if dtype in ("F32", "F16", "BF16", "F64"):
+            n = 1
+            for d in shape:
+                n *= d
+            weight[dtype] = weight.get(dtype, 0) + n
+    if not weight:
+        return "BF16"
+    return max(sorted(weight), key=lambda d: weight[d])

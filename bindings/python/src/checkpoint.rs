@@ -81,6 +81,12 @@ impl std::fmt::Debug for PyTensorBytes {
     }
 }
 
+impl PyTensorBytes {
+    pub(crate) fn from_owner(owner: Arc<dyn ByteOwner>) -> Self {
+        PyTensorBytes { owner }
+    }
+}
+
 #[pymethods]
 impl PyTensorBytes {
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]

@@ -11,13 +11,18 @@ use crate::dlpack::{disjoint, Borrowed};
 use crate::errors::{raise, Kind, ToPyErr};
 use crate::gil::{threads as worker_threads, without_gil};
 
-fn parse_dtype(name: &str) -> PyResult<DType> {
+pub(crate) fn parse_dtype(name: &str) -> PyResult<DType> {
     name.parse::<DType>().map_err(ToPyErr::to_py)
 }
 
 /// Reads little-endian f32 scales out of a borrowed float32 tensor.
 fn scales_of(t: &Borrowed) -> Vec<f32> {
-    t.bytes()
+    f32_values(t.bytes())
+}
+
+/// Little-endian f32 values of a byte slice (a partial trailing value is ignored).
+pub(crate) fn f32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
@@ -27,6 +32,21 @@ fn scales_of(t: &Borrowed) -> Vec<f32> {
 #[pyfunction]
 fn dtype_header_name(name: &str) -> PyResult<&'static str> {
     Ok(parse_dtype(name)?.safetensors_name())
+}
+
+/// The core's scale from its kind ("none", "tensor", "row", "block") and values. Pure, so it
+/// can run without the GIL; the error is the message.
+pub(crate) fn scale_of<'v>(kind: &str, values: &'v [f32], block: usize) -> Result<Scale<'v>, String> {
+    Ok(match (kind, values) {
+        ("none", _) => Scale::None,
+        ("tensor", [v]) => Scale::PerTensor(*v),
+        ("row", v) => Scale::PerRow(v),
+        ("block", v) => Scale::Block { scales: v, block },
+        ("tensor", v) => return Err(format!("a per-tensor scale has one value, got {}", v.len())),
+        (other, _) => {
+            return Err(format!("scale kind {other:?} is not one of none, tensor, row, block"))
+        }
+    })
 }
 
 /// Expands (fp8 times a scale, or a plain cast) `src` into `dst`.
@@ -53,24 +73,8 @@ fn expand(
         Some(t) => scales_of(&Borrowed::new(t, "scale")?),
         None => Vec::new(),
     };
-    let scale = match (scale_kind, values.as_slice()) {
-        ("none", _) => Scale::None,
-        ("tensor", [v]) => Scale::PerTensor(*v),
-        ("row", v) => Scale::PerRow(v),
-        ("block", v) => Scale::Block { scales: v, block },
-        ("tensor", v) => {
-            return Err(raise(
-                Kind::Argument,
-                format!("expand: a per-tensor scale has one value, got {}", v.len()),
-            ))
-        }
-        (other, _) => {
-            return Err(raise(
-                Kind::Argument,
-                format!("expand: scale_kind {other:?} is not one of none, tensor, row, block"),
-            ))
-        }
-    };
+    let scale = scale_of(scale_kind, &values, block)
+        .map_err(|m| raise(Kind::Argument, format!("expand: {m}")))?;
     let n = worker_threads(threads);
     let (sb, db) = (s.bytes(), d.bytes_mut());
     without_gil(py, || {

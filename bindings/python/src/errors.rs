@@ -22,6 +22,7 @@ pub(crate) enum Kind {
     Argument,
     Plan,
     System,
+    Stream,
 }
 
 impl Kind {
@@ -33,6 +34,7 @@ impl Kind {
             Kind::Argument => "ArgumentError",
             Kind::Plan => "PlanError",
             Kind::System => "SystemProbeError",
+            Kind::Stream => "StreamError",
         }
     }
 }

@@ -4,8 +4,45 @@ use std::path::PathBuf;
 
 use pyo3::prelude::*;
 
+use trash_panda::io::{read_ranges_with, FileReader, ReadMode, ReadOptions, ReadRequest};
+
+use crate::dlpack::{disjoint, Borrowed};
 use crate::errors::ToPyErr;
 use crate::gil::without_gil;
+
+/// Reads byte ranges of a file straight into CPU tensors: `requests` is a list of
+/// (file offset, destination); each destination is filled completely. Returns (bytes, seconds).
+#[pyfunction]
+#[pyo3(signature = (path, requests, threads=2, direct=false))]
+fn read_tensors(
+    py: Python<'_>,
+    path: PathBuf,
+    requests: Vec<(u64, Bound<'_, PyAny>)>,
+    threads: usize,
+    direct: bool,
+) -> PyResult<(u64, f64)> {
+    let borrowed = requests
+        .iter()
+        .map(|(offset, dst)| Ok((*offset, Borrowed::new(dst, "dst")?)))
+        .collect::<PyResult<Vec<_>>>()?;
+    for (i, (_, a)) in borrowed.iter().enumerate() {
+        for (_, b) in &borrowed[i + 1..] {
+            disjoint(a, b, "read_tensors")?;
+        }
+    }
+    let mut reqs: Vec<ReadRequest<'_>> = borrowed
+        .iter()
+        .map(|(offset, dst)| ReadRequest::new(*offset, dst.bytes_mut()))
+        .collect();
+    let mode = if direct { ReadMode::Direct } else { ReadMode::Buffered };
+    let options = ReadOptions { threads: threads.max(1), ..ReadOptions::default() };
+    let stats = without_gil(py, || {
+        let reader = FileReader::open(&path, mode)?;
+        read_ranges_with(&reader, &mut reqs, &options)
+    })
+    .map_err(ToPyErr::to_py)?;
+    Ok((stats.bytes, stats.seconds))
+}
 
 /// Asks the kernel to drop the file's pages from the page cache.
 #[pyfunction]
@@ -20,6 +57,7 @@ fn cached_bytes(py: Python<'_>, path: PathBuf) -> PyResult<u64> {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(read_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(drop_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cached_bytes, m)?)?;
     Ok(())

@@ -13,6 +13,7 @@ mod errors;
 mod gil;
 mod io;
 mod plan;
+mod stream;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -21,6 +22,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dtype::register(m)?;
     io::register(m)?;
     plan::register(m)?;
+    stream::register(m)?;
     config::register(m)?;
     cli::register(m)?;
     Ok(())

@@ -1,0 +1,296 @@
+"""Device backends: how a block's weights become runnable before it runs and go after.
+
+Both backends take a staged block from the engine (streamed blocks) or the block's stored tensors
+(resident blocks whose stored dtype differs from the compute dtype), expand them into tensors of
+the compute dtype, and put those into the block's modules; after the block they put the meta
+placeholders back, so only the running block (and the staged look-ahead) is expanded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._dtypes import core_name, torch_dtype
+from ..errors import StreamError
+
+if TYPE_CHECKING:
+    import torch
+
+    from .state import BlockState, ModelState, TensorSpec
+
+
+@dataclass
+class Timing:
+    """Where the main thread's time went for one block."""
+
+    staged_wait: float = 0.0  # waiting for the engine to stage the block
+    gpu_wait: float = 0.0  # waiting for a host-to-device copy
+    bytes: int = 0
+
+
+def _swap(spec: TensorSpec, tensor: torch.Tensor | None) -> None:
+    from torch import nn
+
+    param = spec.placeholder if tensor is None else nn.Parameter(tensor, requires_grad=False)
+    for module, attr in spec.owners:
+        module._parameters[attr] = param
+
+
+class SlotPool:
+    """Reusable compute-dtype tensors for expanded blocks.
+
+    Memory touched for the first time is slow to write, so expansions go into tensors that are
+    kept and reused; the free ones are capped at ``cap`` bytes, oldest dropped first, so a model
+    whose blocks all differ in shape does not end up with every block expanded.
+    """
+
+    def __init__(self, device: torch.device, cap: int) -> None:
+        self.device = device
+        self.cap = cap
+        self.free: list[tuple[Any, list[torch.Tensor], int]] = []
+
+    def take(self, signature: Any) -> list[torch.Tensor]:
+        import torch
+
+        for i, (sig, tensors, _n) in enumerate(self.free):
+            if sig == signature:
+                del self.free[i]
+                return tensors
+        return [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in signature]
+
+    def give(self, signature: Any, tensors: list[torch.Tensor]) -> None:
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        self.free.append((signature, tensors, nbytes))
+        while sum(n for _s, _t, n in self.free) > self.cap and len(self.free) > 1:
+            self.free.pop(0)
+
+    def clear(self) -> None:
+        self.free.clear()
+
+
+class CpuBackend:
+    """The CPU computes: the core expands staged bytes straight into the block's tensors."""
+
+    def __init__(self, state: ModelState) -> None:
+        self.state = state
+        biggest = max((_expanded_bytes(b) for b in state.blocks if b.needs_hooks), default=0)
+        self.pool = SlotPool(state.device, cap=2 * biggest)
+        self.live: dict[int, tuple[Any, list[torch.Tensor]]] = {}
+
+    def bring(self, block: BlockState) -> Timing:
+        timing = Timing()
+        work = block.work
+        signature = block.signature()
+        slots = self.pool.take(signature)
+        try:
+            if block.engine_index is not None:
+                assert self.state.engine is not None
+                lease = self.state.engine.acquire(block.engine_index)
+                timing.staged_wait = lease.waited
+                try:
+                    lease.expand_into([_item(spec, out) for spec, out in zip(work, slots)])
+                finally:
+                    lease.release()
+                timing.bytes = sum(s.info.nbytes for s in work)
+            else:
+                from .. import dtype as kernels
+
+                for spec, out in zip(work, slots):
+                    assert spec.resident is not None
+                    scale = spec.resident_scale
+                    if scale is not None and spec.scale_kind == "row":
+                        scale = scale.reshape(-1, 1)
+                    kernels.expand(spec.resident, spec.target, scale, out=out)
+        except BaseException:
+            self.pool.give(signature, slots)
+            raise
+        for spec, out in zip(work, slots):
+            _swap(spec, out)
+        self.live[block.index] = (signature, slots)
+        return timing
+
+    def done(self, block: BlockState) -> None:
+        for spec in block.work:
+            _swap(spec, None)
+        entry = self.live.pop(block.index, None)
+        if entry is not None:
+            self.pool.give(*entry)
+
+    def close(self) -> None:
+        for index in list(self.live):
+            block = self.state.blocks[index]
+            self.done(block)
+        self.pool.clear()
+
+
+def _expanded_bytes(block: BlockState) -> int:
+    import math
+
+    return sum(math.prod(t.shape) * t.target.itemsize for t in block.work)
+
+
+def _item(spec: TensorSpec, out: torch.Tensor) -> tuple[Any, ...]:
+    import torch
+
+    rows, cols = spec.rows_cols
+    return (
+        spec.staged_index,
+        out.reshape(-1).view(torch.uint8),
+        spec.info.dtype,
+        core_name(spec.target),
+        rows,
+        cols,
+        spec.scale_index,
+        None if spec.scale is None else spec.scale.dtype,
+        spec.scale_kind,
+        128,
+    )
+
+
+def _expand_on_device(w: torch.Tensor, scale: torch.Tensor | None, kind: str, target: torch.dtype,
+                      rows: int, cols: int) -> torch.Tensor:
+    """``(w.float() * scale).to(target)`` with the scale laid out for ``kind``, in torch ops."""
+    import torch
+
+    if scale is None:
+        return w.to(target)
+    s = scale.to(torch.float32)
+    if kind == "row":
+        s = s.reshape(rows, *([1] * (w.dim() - 1))) if w.dim() > 1 else s.reshape(-1)
+    elif kind == "block":
+        full = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:rows, :cols]
+        return (w.to(torch.float32).reshape(rows, cols) * full).to(target).reshape(w.shape)
+    else:
+        s = s.reshape(())
+    return (w.to(torch.float32) * s).to(target)
+
+
+@dataclass
+class _Inflight:
+    lease: Any
+    event: Any
+    slot: int
+    views: list[Any] = field(default_factory=list)
+
+
+class CudaBackend:
+    """A CUDA GPU computes: staged bytes (pinned) are copied on a side stream, then expanded.
+
+    The engine's staging buffers are registered as pinned memory once. A block's bytes go to one
+    of ``lookahead + 1`` device byte slots in one copy on the side stream; the compute stream
+    waits for that copy's event, expands (or views, when no expansion is needed) each tensor,
+    and runs the block. A slot is reused only after the compute that read it has finished.
+    """
+
+    def __init__(self, state: ModelState) -> None:
+        import torch
+
+        self.state = state
+        self.device = state.device
+        self.stream = torch.cuda.Stream(self.device)
+        self.live: dict[int, _Inflight | None] = {}
+        self.slots: list[torch.Tensor] = []
+        self.slot_free: list[Any] = []  # an event recorded when the slot's last reader finished
+        self.next_slot = 0
+        engine = state.engine
+        if engine is not None:
+            cudart = torch.cuda.cudart()
+            for addr, size in engine.staging_buffers():
+                err = cudart.cudaHostRegister(addr, size, 0)
+                if int(err) != 0:
+                    raise StreamError(f"cudaHostRegister of a {size}-byte staging buffer failed ({err})")
+                state.pinned.append((addr, size))
+            size = max(size for _a, size in engine.staging_buffers())
+            for _ in range(state.lookahead + 1):
+                self.slots.append(torch.empty(size, dtype=torch.uint8, device=self.device))
+                self.slot_free.append(None)
+
+    def bring(self, block: BlockState) -> Timing:
+        import torch
+
+        timing = Timing()
+        compute = torch.cuda.current_stream(self.device)
+        work = block.work
+        if block.engine_index is None:
+            for spec in work:
+                rows, cols = spec.rows_cols
+                assert spec.resident is not None
+                _swap(spec, _expand_on_device(spec.resident, spec.resident_scale, spec.scale_kind, spec.target,
+                                              rows, cols))
+            self.live[block.index] = None
+            return timing
+        from torch.utils.dlpack import from_dlpack
+
+        assert self.state.engine is not None
+        lease = self.state.engine.acquire(block.engine_index)
+        timing.staged_wait = lease.waited
+        host = from_dlpack(lease.block_bytes())
+        slot = self.next_slot
+        self.next_slot = (slot + 1) % len(self.slots)
+        dev = self.slots[slot][: host.numel()]
+        t0 = time.perf_counter()
+        with torch.cuda.stream(self.stream):
+            if self.slot_free[slot] is not None:
+                self.stream.wait_event(self.slot_free[slot])
+            dev.copy_(host, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        compute.wait_event(event)
+        timing.gpu_wait = time.perf_counter() - t0
+        timing.bytes = host.numel()
+        layout = self.state.engine.layout(block.engine_index)
+        for spec in work:
+            w = _typed(dev, layout[spec.staged_index], spec.info.dtype, spec.shape)
+            scale = None
+            if spec.scale_index is not None and spec.scale is not None:
+                scale = _typed(dev, layout[spec.scale_index], spec.scale.dtype, tuple(spec.scale.shape))
+            rows, cols = spec.rows_cols
+            if scale is None and w.dtype == spec.target:
+                _swap(spec, w)  # a view of the slot: no expansion needed
+            else:
+                _swap(spec, _expand_on_device(w, scale, spec.scale_kind, spec.target, rows, cols))
+        self.live[block.index] = _Inflight(lease=lease, event=event, slot=slot, views=[host])
+        return timing
+
+    def done(self, block: BlockState) -> None:
+        import torch
+
+        for spec in block.work:
+            _swap(spec, None)
+        inflight = self.live.pop(block.index, None)
+        if inflight is None:
+            return
+        # The slot may be refilled once the compute queued so far (this block) is done with it.
+        finished = torch.cuda.Event()
+        finished.record(torch.cuda.current_stream(self.device))
+        self.slot_free[inflight.slot] = finished
+        inflight.event.synchronize()  # the copy out of the pinned buffer is complete
+        inflight.views.clear()
+        inflight.lease.release()
+
+    def close(self) -> None:
+        import torch
+
+        for index in list(self.live):
+            self.done(self.state.blocks[index])
+        torch.cuda.synchronize(self.device)
+        cudart = torch.cuda.cudart()
+        for addr, _size in self.state.pinned:
+            cudart.cudaHostUnregister(addr)
+        self.state.pinned.clear()
+        self.slots.clear()
+
+
+def _typed(dev: torch.Tensor, entry: tuple[str, int, int], header: str, shape: tuple[int, ...]) -> torch.Tensor:
+    _name, offset, length = entry
+    return dev[offset : offset + length].view(torch_dtype(header)).reshape(shape)
+
+
+def make_backend(state: ModelState) -> CpuBackend | CudaBackend:
+    if state.device.type == "cuda":
+        return CudaBackend(state)
+    if state.device.type == "cpu":
+        return CpuBackend(state)
+    raise StreamError(f"device {state.device} is not supported: expected cuda or cpu")

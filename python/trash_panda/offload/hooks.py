@@ -1,0 +1,227 @@
+"""install_offload and offload_blocks: hooks that make each block runnable just before it runs.
+
+Every hook goes through one registry, and the handle it returns removes them all.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ArgumentError, StreamError
+from . import config
+from .backends import CpuBackend, CudaBackend, Timing, make_backend
+from .state import BlockState, ModelState, get_state
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.hooks import RemovableHandle
+
+__all__ = ["OffloadHandle", "install_offload", "offload_blocks"]
+
+
+class HookRegistry:
+    """The hooks of one model: installed together, removed together."""
+
+    def __init__(self) -> None:
+        self._handles: list[RemovableHandle] = []
+
+    def around(self, module: nn.Module, before: Callable[[], None], after: Callable[[], None]) -> None:
+        self._handles.append(module.register_forward_pre_hook(lambda _m, _args: before()))
+        self._handles.append(module.register_forward_hook(lambda _m, _args, _out: after(), always_call=True))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+class OffloadHandle:
+    """What install_offload() returns: ``remove()`` takes the hooks off and restores the blocks
+    (their weights stay loaded; :func:`release` frees them)."""
+
+    def __init__(self, model: nn.Module, state: ModelState, backend: CpuBackend | CudaBackend,
+                 registry: HookRegistry) -> None:
+        self.model = model
+        self._state = state
+        self._backend = backend
+        self._registry = registry
+        self.runs: list[tuple[int, float, float, Timing]] = []  # (block, start, end, timing)
+        self.removed = False
+        self._warned_order = False
+
+    @property
+    def recorded_order(self) -> list[str]:
+        """The streamed blocks in the order they first ran."""
+        engine = self._state.engine
+        if engine is None or engine.closed:
+            return []
+        by_engine = {b.engine_index: b.prefix for b in self._state.blocks if b.engine_index is not None}
+        return [by_engine[i] for i in engine.recorded_order()]
+
+    def stats(self) -> dict[str, Any]:
+        import json
+
+        engine = self._state.engine
+        if engine is None or engine.closed:
+            return {}
+        stats: dict[str, Any] = json.loads(engine.stats_json())
+        return stats
+
+    def remove(self) -> None:
+        if self.removed:
+            return
+        self.removed = True
+        self._registry.remove()
+        self._backend.close()
+        self._state.handle = None
+        if config.setting("profile"):
+            from .profile import print_report
+
+            print_report(self)
+
+
+def _set_order(state: ModelState, order: list[str] | None) -> None:
+    if state.engine is None:
+        return
+    streamed = [b for b in state.blocks if b.engine_index is not None]
+    if order is None:
+        state.engine.set_order([b.engine_index for b in streamed if b.engine_index is not None])
+        return
+    by_name = {b.prefix.rstrip("."): b for b in state.blocks}
+    first: list[int] = []
+    for name in order:
+        b = by_name.get(name.rstrip("."))
+        if b is None:
+            raise ArgumentError(f"order names {name!r}, which is not a block of the model "
+                                f"(blocks: {', '.join(list(by_name)[:4])}, ...)")
+        if b.engine_index is not None and b.engine_index not in first:
+            first.append(b.engine_index)
+    rest = [b.engine_index for b in streamed if b.engine_index is not None and b.engine_index not in first]
+    state.engine.set_order(first + rest)
+
+
+def install_offload(model: nn.Module, *, order: list[str] | None = None) -> OffloadHandle:
+    """Installs the hooks that stream the blocks of a model loaded by :func:`stream_load`.
+
+    ``order`` names the blocks that run first, in that order (the others follow in the plan's
+    order): the prefetcher stages blocks in that order from the first call on.
+    """
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    state = get_state(model)
+    if state is None:
+        raise ArgumentError("model: load it with stream_load() before install_offload()")
+    if state.handle is not None:
+        raise ArgumentError("model: its hooks are already installed; remove() the handle first")
+    if order is not None and (isinstance(order, str) or not all(isinstance(n, str) for n in order)):
+        raise ArgumentError("order: expected a list of block names")
+    return _install(model, state, state.blocks, order)
+
+
+def _install(model: nn.Module, state: ModelState, blocks: Iterable[BlockState],
+             order: list[str] | None) -> OffloadHandle:
+    _set_order(state, order)
+    backend = make_backend(state)
+    registry = HookRegistry()
+    handle = OffloadHandle(model, state, backend, registry)
+    expected = [b.engine_index for b in state.blocks if b.engine_index is not None]
+
+    for block in blocks:
+        if not block.needs_hooks:
+            continue
+
+        def before(block: BlockState = block) -> None:
+            if handle.removed:
+                raise StreamError("the offload hooks were removed")
+            start = time.perf_counter()
+            if block.engine_index is not None and not handle._warned_order and state.engine is not None:
+                ran = len(state.engine.recorded_order())
+                if ran < len(expected) and expected[ran] != block.engine_index and ran < 2:
+                    handle._warned_order = True
+                    warnings.warn(
+                        f"block {block.prefix} ran before the order given ({state.blocks[0].prefix} ...): "
+                        "pass order= so the first blocks are staged in the order forward() runs them",
+                        stacklevel=4,
+                    )
+            timing = backend.bring(block)
+            handle.runs.append((block.index, start, time.perf_counter(), timing))
+
+        def after(block: BlockState = block) -> None:
+            backend.done(block)
+            if handle.runs and handle.runs[-1][0] == block.index:
+                idx, start, brought, timing = handle.runs[-1]
+                handle.runs[-1] = (idx, start, time.perf_counter(), timing)
+                del brought
+
+        registry.around(block.module, before, after)
+    state.handle = handle
+    return handle
+
+
+def offload_blocks(
+    blocks: Iterable[nn.Module] | nn.ModuleList,
+    device: str | torch.device = "cuda",
+    compute_dtype: torch.dtype | str | None = None,
+) -> OffloadHandle:
+    """Installs the offload hooks on the given blocks only.
+
+    The blocks must belong to a model loaded by :func:`stream_load` (the low-level form
+    ``stream_load(model, path, offload_prefixes=[...], ...)`` is the usual pairing); ``device``
+    and ``compute_dtype`` must match what it loaded for.
+    """
+    import torch
+
+    from .._dtypes import resolve
+
+    modules = list(blocks)
+    if not modules:
+        raise ArgumentError("blocks: expected one or more modules")
+    owner = None
+    chosen: list[BlockState] = []
+    for m in modules:
+        owner, block = _find_owner(m)
+        chosen.append(block)
+    assert owner is not None
+    model, state = owner
+    if torch.device(device) != state.device and not (torch.device(device).type == state.device.type == "cuda"):
+        raise ArgumentError(f"device: the model was loaded for {state.device}, not {device}")
+    if compute_dtype is not None and resolve(compute_dtype) != state.compute_dtype:
+        raise ArgumentError(f"compute_dtype: the model was loaded to compute in {state.compute_dtype}, not {compute_dtype}")
+    if state.handle is not None:
+        raise ArgumentError("the model's hooks are already installed; remove() the handle first")
+    return _install(model, state, chosen, None)
+
+
+_LOADED: list[Any] = []
+
+
+def _find_owner(module: nn.Module) -> tuple[tuple[nn.Module, ModelState], BlockState]:
+    import gc
+
+    from .state import STATE_ATTR
+
+    for obj in gc.get_referrers(module):
+        pass
+    for candidate in _candidates():
+        state = getattr(candidate, STATE_ATTR, None)
+        if state is None:
+            continue
+        for b in state.blocks:
+            if b.module is module:
+                return (candidate, state), b
+    raise ArgumentError(
+        f"{type(module).__name__} is not a block of a model loaded by stream_load(): load the model with "
+        "stream_load(model, path, offload_prefixes=[...]) first"
+    )
+
+
+def _candidates() -> list[nn.Module]:
+    from .state import live_models
+
+    return live_models()

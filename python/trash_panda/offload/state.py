@@ -1,0 +1,95 @@
+"""What stream_load leaves on a model for the hooks: every tensor's source, tier and target."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from .. import _core
+    from ..checkpoint import Checkpoint
+    from ..plan import Plan, Tier
+
+STATE_ATTR = "_trash_panda_state"
+
+
+@dataclass
+class TensorSpec:
+    """One parameter of a block and where its weights come from."""
+
+    name: str  # the model's name, e.g. "blocks.3.up.weight"
+    module: nn.Module
+    attr: str
+    info: _core.TensorInfo  # the checkpoint's entry
+    scale: _core.TensorInfo | None
+    scale_kind: str  # "none", "tensor", "row" or "block"
+    target: torch.dtype  # what the block computes with
+    shape: tuple[int, ...]
+    staged_index: int | None = None  # position in the engine's layout of the block
+    scale_index: int | None = None
+    resident: torch.Tensor | None = None  # stored form on the device, for resident blocks
+    resident_scale: torch.Tensor | None = None
+    placeholder: Any = None  # the meta parameter the module holds between runs
+    owners: list[tuple[nn.Module, str]] = field(default_factory=list)  # every (module, attr) it is under
+
+    @property
+    def needs_work(self) -> bool:
+        """Filled by the hooks before each run (streamed, or resident and expanded each run)."""
+        return self.placeholder is not None
+
+    @property
+    def rows_cols(self) -> tuple[int, int]:
+        if len(self.shape) == 0:
+            return 1, 1
+        if len(self.shape) == 1:
+            return 1, self.shape[0]
+        return self.shape[0], math.prod(self.shape[1:])
+
+
+@dataclass
+class BlockState:
+    index: int
+    prefix: str
+    module: nn.Module
+    tier: Tier
+    tensors: list[TensorSpec] = field(default_factory=list)
+    engine_index: int | None = None  # for streamed blocks
+
+    @property
+    def work(self) -> list[TensorSpec]:
+        return [t for t in self.tensors if t.needs_work]
+
+    @property
+    def needs_hooks(self) -> bool:
+        """Streamed blocks, and resident blocks with weights to expand each run."""
+        return bool(self.work)
+
+    def signature(self) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
+        return tuple((t.shape, t.target) for t in self.work)
+
+
+@dataclass
+class ModelState:
+    checkpoint: Checkpoint
+    plan: Plan
+    device: torch.device
+    compute_dtype: torch.dtype
+    blocks: list[BlockState]
+    engine: _core.Engine | None
+    files: list[str]
+    lookahead: int
+    report: Any = None
+    handle: Any = None  # the OffloadHandle while hooks are installed
+    pinned: list[tuple[int, int]] = field(default_factory=list)  # staging buffers registered with CUDA
+
+    def block_by_prefix(self, prefix: str) -> BlockState | None:
+        return next((b for b in self.blocks if b.prefix == prefix), None)
+
+
+def get_state(model: nn.Module) -> ModelState | None:
+    state: ModelState | None = getattr(model, STATE_ATTR, None)
+    return state
