@@ -9,6 +9,7 @@ pub mod config;
 pub mod dtype;
 pub mod io;
 pub mod plan;
+pub mod profile;
 pub mod stream;
 pub mod sys;
 pub mod units;

@@ -1,0 +1,107 @@
+//! What the runtime hands to the profile: block runs, copies, the load, the engine's counters and
+//! memory readings. Plain data with serde, so the binding can build them and the log can carry them.
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::plan::Tier;
+
+/// One run of one block, hook to hook, on the main thread. Times are seconds on one monotonic
+/// clock chosen by the caller; only differences matter.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BlockRun {
+    pub block: usize,
+    pub start: f64,
+    pub end: f64,
+    /// Part of the run spent waiting for the block's bytes to be staged by a worker.
+    pub staged_wait: f64,
+    /// Part of the run spent waiting for the copy to the device, after the staged wait.
+    pub gpu_wait: f64,
+    /// Bytes moved for this run, and the tier they came from (`Device`: nothing to move).
+    pub bytes: u64,
+    pub tier: Tier,
+}
+
+impl BlockRun {
+    pub fn seconds(&self) -> f64 {
+        self.end - self.start
+    }
+
+    pub fn waited(&self) -> f64 {
+        self.staged_wait + self.gpu_wait
+    }
+
+    /// What is left once both waits are taken out: launching work, one-time warm-up. Clamped,
+    /// because the waits are measured on their own and can overshoot the run by clock jitter.
+    pub fn rest(&self) -> f64 {
+        (self.seconds() - self.waited()).max(0.0)
+    }
+}
+
+/// One copy of a block by a worker (tier to staging buffer, or staging buffer to device). Optional:
+/// the trace draws these on the copies track so the overlap with compute shows; without them the
+/// track is absent and only the main thread's waits show the stalls.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CopyRun {
+    pub block: usize,
+    pub start: f64,
+    pub end: f64,
+    pub bytes: u64,
+    /// The tier the bytes came from.
+    pub tier: Tier,
+}
+
+/// Bytes loaded into one tier by `stream_load`, and how long that took.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct TierLoad {
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+/// The read of the RAM tier into private memory (`TRASH_PANDA_RAM_IN_MEMORY`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RamRead {
+    pub bytes: u64,
+    pub seconds: f64,
+    pub threads: u32,
+}
+
+/// What `stream_load` did, by tier.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct LoadSummary {
+    pub seconds: f64,
+    pub device: TierLoad,
+    pub ram: TierLoad,
+    pub disk: TierLoad,
+    pub ram_in_memory: Option<RamRead>,
+}
+
+/// The prefetch engine's counters over the profiled stage. Its own struct, filled by the caller
+/// from the engine's stats, so the profile does not follow every change of the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct EngineSummary {
+    pub buffer_waits: u64,
+    pub buffer_wait_seconds: f64,
+    pub hits: u64,
+    pub misses: u64,
+    pub reclaimed_unused: u64,
+    pub out_of_order: u64,
+}
+
+/// A CPU tensor still alive at a memory point.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LargeTensor {
+    /// What holds it (a module path, a variable), as the scan found it.
+    pub name: String,
+    pub bytes: u64,
+}
+
+/// A memory reading taken by `release()`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryPoint {
+    pub label: String,
+    /// RAM the machine has free, and the process's working set (resident set).
+    pub free_ram: u64,
+    pub rss: u64,
+    /// CPU tensors of 1 MB or more that are still alive.
+    pub large_tensors: Vec<LargeTensor>,
+}

@@ -1,0 +1,217 @@
+//! Timing of a streamed stage: the runtime records every block run, the profile splits them into
+//! passes and turns them into the text report of `TRASH_PANDA_PROFILE=1`, a Chrome trace-event file
+//! (chrome://tracing, Perfetto) and one JSON line for `TRASH_PANDA_LOG`.
+//!
+//! The profile keeps events, not running totals: a stage has at most a few thousand block runs, and
+//! keeping them lets the report, the trace and the log be built from the same data at the end.
+
+mod error;
+mod events;
+mod log;
+mod passes;
+mod report;
+mod trace;
+
+pub use error::ProfileError;
+pub use events::{
+    BlockRun, CopyRun, EngineSummary, LargeTensor, LoadSummary, MemoryPoint, RamRead, Tier,
+    TierLoad,
+};
+pub use log::{BlockInfo, LogLine, LOG_FORMAT, LOG_VERSION};
+pub use passes::PassStats;
+
+/// The events of one stage. Plain data, so it is `Send` and can sit behind the binding's lock.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    names: Vec<String>,
+    tiers: Vec<Tier>,
+    /// Closed passes, then the one being recorded.
+    passes: Vec<Vec<BlockRun>>,
+    current: Vec<BlockRun>,
+    /// Which blocks already ran in `current`: a block running again starts the next pass.
+    seen: Vec<bool>,
+    copies: Vec<CopyRun>,
+    load: Option<LoadSummary>,
+    engine: Option<EngineSummary>,
+    memory: Vec<MemoryPoint>,
+}
+
+impl Profile {
+    /// A profile for a model with these blocks, in model order, and the tier each is planned in.
+    pub fn new(block_names: Vec<String>, tiers: Vec<Tier>) -> Result<Self, ProfileError> {
+        if block_names.len() != tiers.len() {
+            return Err(ProfileError::LengthMismatch {
+                names: block_names.len(),
+                tiers: tiers.len(),
+            });
+        }
+        Ok(Profile {
+            seen: vec![false; block_names.len()],
+            names: block_names,
+            tiers,
+            passes: Vec::new(),
+            current: Vec::new(),
+            copies: Vec::new(),
+            load: None,
+            engine: None,
+            memory: Vec::new(),
+        })
+    }
+
+    pub fn block_names(&self) -> &[String] {
+        &self.names
+    }
+
+    pub fn block_tiers(&self) -> &[Tier] {
+        &self.tiers
+    }
+
+    /// Records one block run. A block that already ran in the current pass closes it first.
+    pub fn record(&mut self, run: BlockRun) -> Result<(), ProfileError> {
+        self.check_span(run.block, "run", run.start, run.end)?;
+        let what = || format!("block {} ({}) run", run.block, self.names[run.block]);
+        check_seconds(what, "staged_wait", run.staged_wait)?;
+        check_seconds(what, "gpu_wait", run.gpu_wait)?;
+        if self.seen[run.block] {
+            self.end_pass();
+        }
+        self.seen[run.block] = true;
+        self.current.push(run);
+        Ok(())
+    }
+
+    /// Records one copy by a worker, for the trace's copies track.
+    pub fn record_copy(&mut self, copy: CopyRun) -> Result<(), ProfileError> {
+        self.check_span(copy.block, "copy", copy.start, copy.end)?;
+        self.copies.push(copy);
+        Ok(())
+    }
+
+    /// Closes the current pass (a stage that runs a subset of the blocks, or the end of a step).
+    /// Does nothing when no block ran since the last pass ended.
+    pub fn end_pass(&mut self) {
+        if !self.current.is_empty() {
+            self.passes.push(std::mem::take(&mut self.current));
+            self.seen.fill(false);
+        }
+    }
+
+    pub fn set_load(&mut self, load: LoadSummary) -> Result<(), ProfileError> {
+        let what = || "stream_load".to_string();
+        check_seconds(what, "seconds", load.seconds)?;
+        for (field, tier) in [
+            ("device.seconds", load.device),
+            ("ram.seconds", load.ram),
+            ("disk.seconds", load.disk),
+        ] {
+            check_seconds(what, field, tier.seconds)?;
+        }
+        if let Some(read) = load.ram_in_memory {
+            check_seconds(what, "ram_in_memory.seconds", read.seconds)?;
+        }
+        self.load = Some(load);
+        Ok(())
+    }
+
+    pub fn set_engine(&mut self, engine: EngineSummary) -> Result<(), ProfileError> {
+        check_seconds(
+            || "engine".to_string(),
+            "buffer_wait_seconds",
+            engine.buffer_wait_seconds,
+        )?;
+        self.engine = Some(engine);
+        Ok(())
+    }
+
+    /// The readings `release()` takes; replaces earlier ones.
+    pub fn set_memory_points(&mut self, points: Vec<MemoryPoint>) {
+        self.memory = points;
+    }
+
+    /// Block runs pass by pass, the open pass last (when it has any).
+    pub fn runs(&self) -> impl Iterator<Item = &[BlockRun]> {
+        self.passes
+            .iter()
+            .map(Vec::as_slice)
+            .chain((!self.current.is_empty()).then_some(self.current.as_slice()))
+    }
+
+    pub fn copies(&self) -> &[CopyRun] {
+        &self.copies
+    }
+
+    pub fn load(&self) -> Option<&LoadSummary> {
+        self.load.as_ref()
+    }
+
+    pub fn engine(&self) -> Option<&EngineSummary> {
+        self.engine.as_ref()
+    }
+
+    pub fn memory_points(&self) -> &[MemoryPoint] {
+        &self.memory
+    }
+
+    /// Statistics of every pass, the open one included.
+    pub fn passes(&self) -> Vec<PassStats> {
+        self.runs()
+            .enumerate()
+            .map(|(index, runs)| PassStats::from_runs(index, runs))
+            .collect()
+    }
+
+    fn check_span(
+        &self,
+        block: usize,
+        what: &'static str,
+        start: f64,
+        end: f64,
+    ) -> Result<(), ProfileError> {
+        let Some(name) = self.names.get(block) else {
+            return Err(ProfileError::UnknownBlock {
+                block,
+                blocks: self.names.len(),
+            });
+        };
+        let label = || format!("block {block} ({name}) {what}");
+        // Times on a monotonic clock may be negative (an arbitrary origin), but never NaN or inf.
+        for (field, value) in [("start", start), ("end", end)] {
+            if !value.is_finite() {
+                return Err(ProfileError::BadSeconds {
+                    what: label(),
+                    field,
+                    value,
+                });
+            }
+        }
+        if end < start {
+            return Err(ProfileError::EndBeforeStart {
+                block,
+                name: name.clone(),
+                what,
+                start,
+                end,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn check_seconds(
+    what: impl Fn() -> String,
+    field: &'static str,
+    value: f64,
+) -> Result<(), ProfileError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(ProfileError::BadSeconds {
+            what: what(),
+            field,
+            value,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,149 @@
+//! The text report printed by `TRASH_PANDA_PROFILE=1` when a stage's hooks are removed. Its lines
+//! are the ones "Reading the profile" in the README explains; keep the two in step.
+
+use std::fmt::Write;
+
+use super::passes::gbps;
+use super::{BlockRun, EngineSummary, LoadSummary, MemoryPoint, Profile, TierLoad};
+use crate::units::{format_bytes, format_gb};
+
+/// How many blocks of the first pass the report breaks down.
+pub const SLOWEST_BLOCKS: usize = 6;
+
+/// Live tensors past this many bytes at a memory point get their biggest holders named.
+const ALIVE_NAMING_BYTES: u64 = 100_000_000;
+const HOLDERS_NAMED: usize = 3;
+
+impl Profile {
+    /// The report, one line per figure, ending with a newline. Same events, same text.
+    pub fn report(&self) -> String {
+        let mut out = String::new();
+        if let Some(load) = &self.load {
+            load_lines(&mut out, load);
+        }
+        let passes = self.passes();
+        if passes.is_empty() {
+            out.push_str("no block ran\n");
+        }
+        for p in &passes {
+            let _ = writeln!(
+                out,
+                "pass {}: {:.2} s, waited {:.2} s ({:.1}%), ram {} GB at {:.2} GB/s, disk {} GB at {:.2} GB/s",
+                p.index + 1,
+                p.seconds,
+                p.waited_seconds,
+                p.waited_percent(),
+                gb(p.ram_bytes),
+                p.ram_gbps,
+                gb(p.disk_bytes),
+                p.disk_gbps,
+            );
+        }
+        if let Some(first) = self.runs().next() {
+            out.push_str("first pass, main thread time by block:\n");
+            for run in slowest(first, SLOWEST_BLOCKS) {
+                let _ = writeln!(
+                    out,
+                    "  {} ({}): {:.2} s = staged {:.2} s + gpu {:.2} s + rest {:.2} s",
+                    self.names[run.block],
+                    run.tier,
+                    run.seconds(),
+                    run.staged_wait,
+                    run.gpu_wait,
+                    run.rest(),
+                );
+            }
+        }
+        if let Some(engine) = &self.engine {
+            engine_lines(&mut out, engine);
+        }
+        if !self.memory.is_empty() {
+            out.push_str("memory while releasing:\n");
+            for point in &self.memory {
+                memory_lines(&mut out, point);
+            }
+        }
+        out
+    }
+}
+
+/// The `n` longest runs, longest first; equal times keep model order so the text is stable.
+pub(crate) fn slowest(runs: &[BlockRun], n: usize) -> Vec<&BlockRun> {
+    let mut sorted: Vec<&BlockRun> = runs.iter().collect();
+    sorted.sort_by(|a, b| {
+        b.seconds()
+            .total_cmp(&a.seconds())
+            .then(a.block.cmp(&b.block))
+    });
+    sorted.truncate(n);
+    sorted
+}
+
+fn gb(bytes: u64) -> String {
+    format_gb(bytes)
+}
+
+fn plural(n: usize, noun: &str) -> String {
+    format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
+}
+
+fn load_lines(out: &mut String, load: &LoadSummary) {
+    let tiers: Vec<String> = [
+        ("device", load.device),
+        ("ram", load.ram),
+        ("disk", load.disk),
+    ]
+    .into_iter()
+    .filter(|(_, t)| *t != TierLoad::default())
+    .map(|(name, t)| format!("{name} {} GB in {:.2} s", gb(t.bytes), t.seconds))
+    .collect();
+    let _ = write!(out, "stream_load took {:.2} s", load.seconds);
+    if !tiers.is_empty() {
+        let _ = write!(out, " ({})", tiers.join(", "));
+    }
+    out.push('\n');
+    if let Some(read) = load.ram_in_memory {
+        let _ = writeln!(
+            out,
+            "read {} GB of streamed-block tensors into memory in {:.2} s ({:.2} GB/s, {})",
+            gb(read.bytes),
+            read.seconds,
+            gbps(read.bytes, read.seconds),
+            plural(read.threads as usize, "thread"),
+        );
+    }
+}
+
+fn engine_lines(out: &mut String, e: &EngineSummary) {
+    let _ = writeln!(
+        out,
+        "worker waited for a free staging buffer {} ({:.2} s)",
+        plural(e.buffer_waits as usize, "time"),
+        e.buffer_wait_seconds
+    );
+    let _ = writeln!(
+        out,
+        "blocks acquired: {} ready, {} waited for; {} staged and never used, {} out of order",
+        e.hits, e.misses, e.reclaimed_unused, e.out_of_order
+    );
+}
+
+fn memory_lines(out: &mut String, point: &MemoryPoint) {
+    let alive: u64 = point.large_tensors.iter().map(|t| t.bytes).sum();
+    let _ = writeln!(
+        out,
+        "  {}: free RAM {} GB, working set {} GB, {} of 1 MB or more alive ({} GB)",
+        point.label,
+        gb(point.free_ram),
+        gb(point.rss),
+        plural(point.large_tensors.len(), "tensor"),
+        gb(alive),
+    );
+    if alive > ALIVE_NAMING_BYTES {
+        let mut biggest: Vec<_> = point.large_tensors.iter().collect();
+        biggest.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.name.cmp(&b.name)));
+        for t in biggest.into_iter().take(HOLDERS_NAMED) {
+            let _ = writeln!(out, "    held: {} ({})", t.name, format_bytes(t.bytes));
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Unit tests of the pieces the integration tests (tests/profile_*.rs) cannot reach.
+
+use super::report::slowest;
+use super::trace::copy_lanes;
+use super::*;
+
+fn run(block: usize, start: f64, end: f64) -> BlockRun {
+    BlockRun {
+        block,
+        start,
+        end,
+        staged_wait: 0.0,
+        gpu_wait: 0.0,
+        bytes: 0,
+        tier: Tier::Device,
+    }
+}
+
+fn copy(block: usize, start: f64, end: f64) -> CopyRun {
+    CopyRun {
+        block,
+        start,
+        end,
+        bytes: 1,
+        tier: Tier::Ram,
+    }
+}
+
+#[test]
+fn copy_lanes_reuse_a_lane_once_it_is_free() {
+    // 0 and 1 overlap; 2 starts when 0 ends; 3 overlaps 1 and 2.
+    let copies = [
+        copy(0, 0.0, 1.0),
+        copy(1, 0.5, 2.0),
+        copy(2, 1.0, 3.0),
+        copy(3, 1.5, 2.5),
+    ];
+    assert_eq!(copy_lanes(&copies), vec![0, 1, 0, 2]);
+    assert!(copy_lanes(&[]).is_empty());
+}
+
+#[test]
+fn slowest_breaks_ties_by_model_order() {
+    let runs = [run(3, 0.0, 1.0), run(1, 1.0, 2.0), run(2, 2.0, 4.0)];
+    let blocks: Vec<usize> = slowest(&runs, 2).iter().map(|r| r.block).collect();
+    assert_eq!(blocks, vec![2, 1]);
+}
+
+#[test]
+fn rest_never_goes_negative() {
+    let mut r = run(0, 0.0, 1.0);
+    r.staged_wait = 0.75;
+    r.gpu_wait = 0.5;
+    assert_eq!(r.rest(), 0.0);
+}
+
+#[test]
+fn profile_is_send() {
+    fn send<T: Send>() {}
+    send::<Profile>();
+}

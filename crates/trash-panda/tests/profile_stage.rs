@@ -1,0 +1,379 @@
+//! The profile on a synthetic stage: 8 blocks (2 on the device, 3 in RAM, 3 on disk) run in three
+//! passes, the first one cold. Times are multiples of 1/4 s from a clock at 100 s, so durations are
+//! exact and ties between blocks are real ties.
+
+use serde_json::Value;
+use trash_panda::profile::{
+    BlockRun, CopyRun, EngineSummary, LargeTensor, LoadSummary, LogLine, MemoryPoint, Profile,
+    ProfileError, RamRead, Tier, TierLoad,
+};
+
+const TIERS: [Tier; 8] = [
+    Tier::Device,
+    Tier::Device,
+    Tier::Ram,
+    Tier::Ram,
+    Tier::Ram,
+    Tier::Disk,
+    Tier::Disk,
+    Tier::Disk,
+];
+
+fn names() -> Vec<String> {
+    (0..8).map(|i| format!("blocks.{i}")).collect()
+}
+
+fn empty() -> Profile {
+    Profile::new(names(), TIERS.to_vec()).unwrap()
+}
+
+fn bytes(tier: Tier) -> u64 {
+    match tier {
+        Tier::Device => 0,
+        Tier::Ram => 1_000_000_000,
+        Tier::Disk => 500_000_000,
+    }
+}
+
+/// Records one pass of back-to-back runs from `t`; returns when it ended.
+fn pass(p: &mut Profile, mut t: f64, seconds: [f64; 8], staged: [f64; 8], gpu: [f64; 8]) -> f64 {
+    for block in 0..8 {
+        let tier = TIERS[block];
+        p.record(BlockRun {
+            block,
+            start: t,
+            end: t + seconds[block],
+            staged_wait: staged[block],
+            gpu_wait: gpu[block],
+            bytes: bytes(tier),
+            tier,
+        })
+        .unwrap();
+        t += seconds[block];
+    }
+    t
+}
+
+/// Three passes with half a second between them; nothing ends a pass but a block running again.
+fn stage() -> Profile {
+    let mut p = empty();
+    let cold = [0.5, 0.25, 1.5, 0.75, 2.0, 1.25, 3.0, 0.5];
+    let cold_staged = [0.0, 0.0, 1.0, 0.25, 1.5, 1.0, 2.5, 0.25];
+    let cold_gpu = [0.0, 0.0, 0.1, 0.1, 0.2, 0.1, 0.2, 0.0];
+    let warm = [0.25; 8];
+    let warm_staged = [0.0, 0.0, 0.0, 0.0, 0.0, 0.1, 0.1, 0.1];
+    let mut t = pass(&mut p, 100.0, cold, cold_staged, cold_gpu);
+    for _ in 0..2 {
+        t = pass(&mut p, t + 0.5, warm, warm_staged, [0.0; 8]);
+    }
+    p
+}
+
+fn full_stage() -> Profile {
+    let mut p = stage();
+    p.set_load(LoadSummary {
+        seconds: 12.5,
+        device: TierLoad {
+            bytes: 5_210_000_000,
+            seconds: 10.25,
+        },
+        ram: TierLoad {
+            bytes: 7_290_000_000,
+            seconds: 2.0,
+        },
+        disk: TierLoad::default(),
+        ram_in_memory: Some(RamRead {
+            bytes: 7_290_000_000,
+            seconds: 21.0,
+            threads: 2,
+        }),
+    })
+    .unwrap();
+    p.set_engine(EngineSummary {
+        buffer_waits: 4,
+        buffer_wait_seconds: 0.3,
+        hits: 40,
+        misses: 8,
+        reclaimed_unused: 1,
+        out_of_order: 2,
+    })
+    .unwrap();
+    let tensor = |name: &str, bytes| LargeTensor {
+        name: name.to_string(),
+        bytes,
+    };
+    p.set_memory_points(vec![
+        MemoryPoint {
+            label: "before release".to_string(),
+            free_ram: 6_200_000_000,
+            rss: 9_100_000_000,
+            large_tensors: vec![
+                tensor("c", 2_000_000),
+                tensor("a.weight", 200_000_000),
+                tensor("d", 1_000_000),
+                tensor("b.weight", 50_000_000),
+            ],
+        },
+        MemoryPoint {
+            label: "after release".to_string(),
+            free_ram: 8_200_000_000,
+            rss: 3_000_000_000,
+            large_tensors: vec![tensor("x", 5_000_000)],
+        },
+    ]);
+    p
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * b.abs().max(1.0)
+}
+
+#[test]
+fn pass_statistics() {
+    let passes = stage().passes();
+    assert_eq!(passes.len(), 3);
+    let first = &passes[0];
+    assert_eq!((first.index, first.blocks), (0, 8));
+    assert_eq!((first.start, first.seconds), (100.0, 9.75));
+    assert!(close(first.staged_seconds, 6.5));
+    assert!(close(first.gpu_seconds, 0.7));
+    assert!(close(first.waited_seconds, 7.2));
+    assert!(close(first.waited_percent(), 100.0 * 7.2 / 9.75));
+    assert_eq!(
+        (first.ram_bytes, first.disk_bytes),
+        (3_000_000_000, 1_500_000_000)
+    );
+    assert!(close(first.ram_gbps, 3.0 / 9.75));
+    assert!(close(first.disk_gbps, 1.5 / 9.75));
+    for (k, warm) in passes[1..].iter().enumerate() {
+        assert_eq!((warm.index, warm.blocks, warm.seconds), (k + 1, 8, 2.0));
+        assert!(close(warm.waited_seconds, 0.3));
+        assert_eq!(warm.gpu_seconds, 0.0);
+        assert!(close(warm.ram_gbps, 1.5));
+        assert!(close(warm.disk_gbps, 0.75));
+    }
+    assert_eq!(passes[1].start, 110.25);
+    assert_eq!(passes[2].start, 112.75);
+}
+
+#[test]
+fn report_text() {
+    let expected = "\
+stream_load took 12.50 s (device 5.21 GB in 10.25 s, ram 7.29 GB in 2.00 s)
+read 7.29 GB of streamed-block tensors into memory in 21.00 s (0.35 GB/s, 2 threads)
+pass 1: 9.75 s, waited 7.20 s (73.8%), ram 3.00 GB at 0.31 GB/s, disk 1.50 GB at 0.15 GB/s
+pass 2: 2.00 s, waited 0.30 s (15.0%), ram 3.00 GB at 1.50 GB/s, disk 1.50 GB at 0.75 GB/s
+pass 3: 2.00 s, waited 0.30 s (15.0%), ram 3.00 GB at 1.50 GB/s, disk 1.50 GB at 0.75 GB/s
+first pass, main thread time by block:
+  blocks.6 (disk): 3.00 s = staged 2.50 s + gpu 0.20 s + rest 0.30 s
+  blocks.4 (ram): 2.00 s = staged 1.50 s + gpu 0.20 s + rest 0.30 s
+  blocks.2 (ram): 1.50 s = staged 1.00 s + gpu 0.10 s + rest 0.40 s
+  blocks.5 (disk): 1.25 s = staged 1.00 s + gpu 0.10 s + rest 0.15 s
+  blocks.3 (ram): 0.75 s = staged 0.25 s + gpu 0.10 s + rest 0.40 s
+  blocks.0 (device): 0.50 s = staged 0.00 s + gpu 0.00 s + rest 0.50 s
+worker waited for a free staging buffer 4 times (0.30 s)
+blocks acquired: 40 ready, 8 waited for; 1 staged and never used, 2 out of order
+memory while releasing:
+  before release: free RAM 6.20 GB, working set 9.10 GB, 4 tensors of 1 MB or more alive (0.25 GB)
+    held: a.weight (200.00 MB)
+    held: b.weight (50.00 MB)
+    held: c (2.00 MB)
+  after release: free RAM 8.20 GB, working set 3.00 GB, 1 tensor of 1 MB or more alive (0.01 GB)
+";
+    assert_eq!(full_stage().report(), expected);
+    // Same events, same text.
+    assert_eq!(full_stage().report(), full_stage().report());
+}
+
+#[test]
+fn report_without_summaries_has_only_passes() {
+    let report = stage().report();
+    assert!(report.starts_with("pass 1: "), "{report}");
+    assert!(!report.contains("stream_load"));
+    assert!(!report.contains("into memory"));
+    assert!(!report.contains("staging buffer"));
+    assert!(!report.contains("memory while releasing"));
+    assert_eq!(empty().report(), "no block ran\n");
+}
+
+#[test]
+fn a_repeated_block_starts_a_pass() {
+    let mut p = empty();
+    for (block, t) in [(0, 0.0), (1, 1.0), (2, 2.0), (1, 3.0), (2, 4.0), (2, 5.0)] {
+        p.record(BlockRun {
+            block,
+            start: t,
+            end: t + 0.5,
+            staged_wait: 0.0,
+            gpu_wait: 0.0,
+            bytes: 0,
+            tier: Tier::Device,
+        })
+        .unwrap();
+    }
+    let blocks: Vec<usize> = p.passes().iter().map(|s| s.blocks).collect();
+    assert_eq!(blocks, vec![3, 2, 1]);
+    assert_eq!(p.passes()[1].start, 3.0);
+    assert_eq!(p.passes()[1].seconds, 1.5);
+}
+
+#[test]
+fn end_pass_closes_a_partial_pass_and_never_an_empty_one() {
+    let mut p = empty();
+    let at = |block, start: f64| BlockRun {
+        block,
+        start,
+        end: start + 1.0,
+        staged_wait: 0.0,
+        gpu_wait: 0.0,
+        bytes: 0,
+        tier: Tier::Device,
+    };
+    p.end_pass();
+    p.record(at(0, 0.0)).unwrap();
+    p.record(at(1, 1.0)).unwrap();
+    p.end_pass();
+    p.end_pass();
+    // Block 0 after an explicit end is the first of a new pass, not a repeat.
+    p.record(at(0, 2.0)).unwrap();
+    p.record(at(2, 3.0)).unwrap();
+    let blocks: Vec<usize> = p.passes().iter().map(|s| s.blocks).collect();
+    assert_eq!(blocks, vec![2, 2]);
+}
+
+#[test]
+fn errors_name_the_block_and_change_nothing() {
+    let mut p = stage();
+    let before = p.passes();
+    let good = BlockRun {
+        block: 3,
+        start: 200.0,
+        end: 201.0,
+        staged_wait: 0.0,
+        gpu_wait: 0.0,
+        bytes: 0,
+        tier: Tier::Ram,
+    };
+    let err = p.record(BlockRun { block: 8, ..good }).unwrap_err();
+    assert_eq!(
+        err,
+        ProfileError::UnknownBlock {
+            block: 8,
+            blocks: 8
+        }
+    );
+    let err = p.record(BlockRun { end: 199.5, ..good }).unwrap_err();
+    assert!(matches!(
+        err,
+        ProfileError::EndBeforeStart { block: 3, ref name, what: "run", start: 200.0, end: 199.5 }
+            if name == "blocks.3"
+    ));
+    assert!(err.to_string().contains("blocks.3"), "{err}");
+    let err = p
+        .record(BlockRun {
+            start: f64::NAN,
+            ..good
+        })
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        ProfileError::BadSeconds { field: "start", .. }
+    ));
+    let err = p
+        .record(BlockRun {
+            staged_wait: -0.5,
+            ..good
+        })
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        ProfileError::BadSeconds {
+            field: "staged_wait",
+            ..
+        }
+    ));
+    let err = p
+        .record(BlockRun {
+            gpu_wait: f64::INFINITY,
+            ..good
+        })
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        ProfileError::BadSeconds {
+            field: "gpu_wait",
+            ..
+        }
+    ));
+    let copy = CopyRun {
+        block: 9,
+        start: 1.0,
+        end: 2.0,
+        bytes: 1,
+        tier: Tier::Disk,
+    };
+    assert!(matches!(
+        p.record_copy(copy).unwrap_err(),
+        ProfileError::UnknownBlock { block: 9, .. }
+    ));
+    let load = LoadSummary {
+        seconds: f64::NAN,
+        ..LoadSummary::default()
+    };
+    assert!(matches!(
+        p.set_load(load).unwrap_err(),
+        ProfileError::BadSeconds {
+            field: "seconds",
+            ..
+        }
+    ));
+    let engine = EngineSummary {
+        buffer_wait_seconds: -1.0,
+        ..EngineSummary::default()
+    };
+    assert!(p.set_engine(engine).is_err());
+    assert_eq!(p.passes(), before);
+    assert!(p.load().is_none() && p.engine().is_none() && p.copies().is_empty());
+    assert_eq!(
+        Profile::new(names(), vec![Tier::Ram]).unwrap_err(),
+        ProfileError::LengthMismatch { names: 8, tiers: 1 }
+    );
+}
+
+#[test]
+fn log_line_round_trip() {
+    let p = full_stage();
+    let line = p.to_log_line();
+    assert!(!line.contains('\n'));
+    let back = LogLine::parse(&line).unwrap();
+    let log = p.to_log();
+    assert_eq!(back.format, "trash-panda-profile");
+    assert_eq!(back.version, 1);
+    assert_eq!(back.blocks, log.blocks);
+    assert_eq!(back.blocks[5].tier, Tier::Disk);
+    assert_eq!((back.load, back.engine), (log.load, log.engine));
+    assert_eq!(back.memory, log.memory);
+    assert_eq!(back.passes.len(), 3);
+    for (b, p) in back.passes.iter().zip(&log.passes) {
+        assert_eq!(
+            (b.index, b.blocks, b.ram_bytes, b.disk_bytes),
+            (p.index, p.blocks, p.ram_bytes, p.disk_bytes)
+        );
+        for (x, y) in [
+            (b.seconds, p.seconds),
+            (b.waited_seconds, p.waited_seconds),
+            (b.ram_gbps, p.ram_gbps),
+            (b.disk_gbps, p.disk_gbps),
+        ] {
+            assert!(close(x, y), "{x} != {y}");
+        }
+    }
+    let value: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        value["passes"][0]["waited_seconds"]
+            .as_f64()
+            .map(|w| close(w, 7.2)),
+        Some(true)
+    );
+    assert!(value["load"]["ram_in_memory"]["threads"] == 2);
+}
