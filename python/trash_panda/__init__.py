@@ -5,6 +5,16 @@ from __future__ import annotations
 from . import dtype, errors
 from ._core import __version__
 from .checkpoint import Checkpoint
+from .offload import (
+    LoadReport,
+    OffloadHandle,
+    empty_weights,
+    install_offload,
+    measure_activation_vram,
+    offload_blocks,
+    release,
+    stream_load,
+)
 from .plan import Plan, Tier, plan
 from .errors import (
     ArgumentError,
@@ -12,6 +22,7 @@ from .errors import (
     DtypeError,
     PlanError,
     ReadError,
+    StreamError,
     SystemProbeError,
     TrashPandaError,
 )
@@ -21,14 +32,23 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "DtypeError",
+    "LoadReport",
+    "OffloadHandle",
     "Plan",
     "PlanError",
     "ReadError",
+    "StreamError",
     "SystemProbeError",
     "Tier",
     "TrashPandaError",
     "__version__",
     "dtype",
+    "empty_weights",
+    "install_offload",
+    "measure_activation_vram",
+    "offload_blocks",
     "errors",
     "plan",
+    "release",
+    "stream_load",
 ]

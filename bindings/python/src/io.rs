@@ -56,8 +56,15 @@ fn cached_bytes(py: Python<'_>, path: PathBuf) -> PyResult<u64> {
     without_gil(py, || trash_panda::io::cached_bytes(&path)).map_err(ToPyErr::to_py)
 }
 
+/// Gives memory the C allocator holds free back to the system (after a release).
+#[pyfunction]
+fn trim_heap(py: Python<'_>) -> bool {
+    without_gil(py, trash_panda::sys::trim_heap)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_tensors, m)?)?;
+    m.add_function(wrap_pyfunction!(trim_heap, m)?)?;
     m.add_function(wrap_pyfunction!(drop_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cached_bytes, m)?)?;
     Ok(())

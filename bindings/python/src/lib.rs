@@ -13,6 +13,7 @@ mod errors;
 mod gil;
 mod io;
 mod plan;
+mod profile;
 mod stream;
 
 #[pymodule]
@@ -22,6 +23,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dtype::register(m)?;
     io::register(m)?;
     plan::register(m)?;
+    profile::register(m)?;
     stream::register(m)?;
     config::register(m)?;
     cli::register(m)?;

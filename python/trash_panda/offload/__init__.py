@@ -1,7 +1,22 @@
-"""The streaming runtime: settings now; stream_load and the offload hooks build on them."""
+"""The streaming runtime: stream_load, the offload hooks, release, and the tuning settings."""
 
 from __future__ import annotations
 
 from . import config
+from .empty import empty_weights
+from .hooks import OffloadHandle, install_offload, offload_blocks
+from .loader import stream_load
+from .release import measure_activation_vram, release
+from .report import LoadReport
 
-__all__ = ["config"]
+__all__ = [
+    "LoadReport",
+    "OffloadHandle",
+    "config",
+    "empty_weights",
+    "install_offload",
+    "measure_activation_vram",
+    "offload_blocks",
+    "release",
+    "stream_load",
+]

@@ -198,18 +198,11 @@ def offload_blocks(
     return _install(model, state, chosen, None)
 
 
-_LOADED: list[Any] = []
-
-
 def _find_owner(module: nn.Module) -> tuple[tuple[nn.Module, ModelState], BlockState]:
-    import gc
+    from .state import live_models
 
-    from .state import STATE_ATTR
-
-    for obj in gc.get_referrers(module):
-        pass
-    for candidate in _candidates():
-        state = getattr(candidate, STATE_ATTR, None)
+    for candidate in live_models():
+        state = get_state(candidate)
         if state is None:
             continue
         for b in state.blocks:
@@ -219,9 +212,3 @@ def _find_owner(module: nn.Module) -> tuple[tuple[nn.Module, ModelState], BlockS
         f"{type(module).__name__} is not a block of a model loaded by stream_load(): load the model with "
         "stream_load(model, path, offload_prefixes=[...]) first"
     )
-
-
-def _candidates() -> list[nn.Module]:
-    from .state import live_models
-
-    return live_models()

@@ -18,7 +18,7 @@ from ..plan import Plan, Tier, infer_compute_dtype, planning_inputs
 from ..plan import plan as make_plan
 from . import config
 from .report import LoadReport
-from .state import STATE_ATTR, BlockState, ModelState, TensorSpec, get_state
+from .state import STATE_ATTR, BlockState, ModelState, TensorSpec, get_state, register_model
 
 if TYPE_CHECKING:
     import torch
@@ -307,6 +307,7 @@ def _stream_load(
     state = ModelState(checkpoint=ckpt, plan=plan, device=device, compute_dtype=compute, blocks=list(blocks.values()),
                        engine=engine, files=files, lookahead=lookahead, report=report)
     setattr(model, STATE_ATTR, state)
+    register_model(model)
     report.seconds = time.perf_counter() - t_start
     return report
 

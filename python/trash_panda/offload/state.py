@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,18 @@ class ModelState:
 
     def block_by_prefix(self, prefix: str) -> BlockState | None:
         return next((b for b in self.blocks if b.prefix == prefix), None)
+
+
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def register_model(model: nn.Module) -> None:
+    """Remembers a loaded model (weakly), so offload_blocks() can find the model of a block."""
+    _LIVE.add(model)
+
+
+def live_models() -> list[nn.Module]:
+    return list(_LIVE)
 
 
 def get_state(model: nn.Module) -> ModelState | None:

@@ -7,6 +7,7 @@
 pub mod cgroup;
 pub mod disk;
 pub mod doctor;
+pub mod heap;
 pub mod meminfo;
 pub mod nvml;
 
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 pub use cgroup::CgroupMemory;
 pub use disk::{MountInfo, ReadProbe};
 pub use doctor::DoctorReport;
+pub use heap::trim_heap;
 pub use meminfo::MemoryFigures;
 pub use nvml::{GpuDevice, GpuProbe};
 

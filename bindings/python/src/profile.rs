@@ -1,0 +1,55 @@
+//! `trash_panda._core.profile_report`: the profile of a run, from the hooks' timings.
+
+use pyo3::prelude::*;
+
+use trash_panda::plan::Tier;
+use trash_panda::profile::{BlockRun, EngineSummary, LoadSummary, Profile, ProfileError};
+
+use crate::errors::{raise, Kind, ToPyErr};
+
+impl ToPyErr for ProfileError {
+    fn to_py(self) -> PyErr {
+        raise(Kind::Argument, self.to_string())
+    }
+}
+
+fn tier(name: &str) -> PyResult<Tier> {
+    name.parse::<Tier>().map_err(ToPyErr::to_py)
+}
+
+/// A block run: (block, start, end, staged wait, gpu wait, bytes, tier).
+type RunArg = (usize, f64, f64, f64, f64, u64, String);
+
+/// Builds the profile of a run and returns (report text, Chrome trace JSON, log line).
+/// `load` is a LoadSummary and `engine` the engine's statistics, both as JSON.
+#[pyfunction]
+#[pyo3(signature = (blocks, runs, load=None, engine=None))]
+fn profile_report(
+    blocks: Vec<(String, String)>,
+    runs: Vec<RunArg>,
+    load: Option<&str>,
+    engine: Option<&str>,
+) -> PyResult<(String, String, String)> {
+    let tiers = blocks.iter().map(|(_, t)| tier(t)).collect::<PyResult<Vec<_>>>()?;
+    let names = blocks.into_iter().map(|(n, _)| n).collect();
+    let mut profile = Profile::new(names, tiers).map_err(ToPyErr::to_py)?;
+    for (block, start, end, staged_wait, gpu_wait, bytes, t) in runs {
+        profile
+            .record(BlockRun { block, start, end, staged_wait, gpu_wait, bytes, tier: tier(&t)? })
+            .map_err(ToPyErr::to_py)?;
+    }
+    let parse_err = |what: &str, e: serde_json::Error| raise(Kind::Argument, format!("profile {what}: {e}"));
+    if let Some(text) = load {
+        let summary: LoadSummary = serde_json::from_str(text).map_err(|e| parse_err("load", e))?;
+        profile.set_load(summary).map_err(ToPyErr::to_py)?;
+    }
+    if let Some(text) = engine {
+        let summary: EngineSummary = serde_json::from_str(text).map_err(|e| parse_err("engine", e))?;
+        profile.set_engine(summary).map_err(ToPyErr::to_py)?;
+    }
+    Ok((profile.report(), profile.to_trace_json(), profile.to_log_line()))
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(profile_report, m)?)
+}

@@ -1,0 +1,29 @@
+//! Giving freed heap memory back to the system.
+
+/// Asks the C allocator to return free memory at the top of its heaps to the system.
+///
+/// glibc keeps memory freed by large `free` calls in its arenas once its mmap threshold has grown,
+/// so after a model is released the process can look as large as before. Returns whether any
+/// memory was released; a no-op elsewhere than glibc.
+pub fn trim_heap() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: malloc_trim only walks glibc's own arenas under their locks; it takes no
+        // pointers from us and is safe to call from any thread at any time.
+        unsafe { libc::malloc_trim(0) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn trim_runs() {
+        let v = vec![1u8; 64 << 20];
+        drop(v);
+        let _ = super::trim_heap();
+    }
+}
