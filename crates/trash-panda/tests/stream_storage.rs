@@ -247,8 +247,8 @@ fn storage_conversion_matches_the_reference_and_the_planner() {
         };
         let p = plan(&model, &Figures::injected(1 << 40, None), &opts).unwrap();
         let layout = StagedLayout::with_storage(&blocks, 1, Some(storage)).unwrap();
-        for b in 0..2 {
-            let bp = p.blocks.iter().find(|x| x.name == blocks[b].name).unwrap();
+        for (b, block) in blocks[..2].iter().enumerate() {
+            let bp = p.blocks.iter().find(|x| x.name == block.name).unwrap();
             assert_eq!(
                 bp.storage_bytes,
                 layout.block_bytes(b),
@@ -314,8 +314,7 @@ fn storage_conversion_matches_the_reference_and_the_planner() {
             }
             assert!(e.wait_idle(std::time::Duration::from_secs(10)));
             let st = e.stats();
-            for b in 0..3 {
-                let bs = &st.blocks[b];
+            for (b, bs) in st.blocks.iter().enumerate() {
                 assert_eq!(bs.bytes, bs.stagings * layout.block_bytes(b), "{what}");
             }
             e.reset_stats();

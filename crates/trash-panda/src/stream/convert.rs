@@ -73,6 +73,9 @@ pub(crate) struct ConvertStats {
     pub seconds: f64,
 }
 
+/// A tensor read as it is: file offset, block, tensor index, its place in the block's image.
+type Kept<'a> = (u64, usize, usize, &'a mut [u8]);
+
 /// What the load needs of the source.
 pub(crate) struct Load<'a> {
     pub blocks: &'a [StreamBlock],
@@ -98,8 +101,7 @@ impl Load<'_> {
         let mut changing = Vec::new();
 
         // Tensors that stay as they are: every one of a file in one batch, in file order.
-        let mut kept: Vec<Vec<(u64, usize, usize, &mut [u8])>> =
-            (0..self.files.len()).map(|_| Vec::new()).collect();
+        let mut kept: Vec<Vec<Kept<'_>>> = (0..self.files.len()).map(|_| Vec::new()).collect();
         for (b, image) in images.iter_mut().enumerate() {
             let Some(image) = image else { continue };
             if !self.layout.is_converted(b) {

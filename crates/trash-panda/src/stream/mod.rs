@@ -6,6 +6,10 @@
 //! RAM tier (a memory map, or a private copy read up front) or from the disk tier (O_DIRECT or
 //! buffered reads straight into the staging buffer). See DESIGN.md, "The data path of one streamed
 //! block".
+//!
+//! With a storage dtype ([`EngineOptions::storage`]) the RAM tier is converted once, on load,
+//! into private memory, and its blocks are staged in that form; the staged layout says what each
+//! tensor is in the buffer (dtype, shape, per-row scales).
 
 mod convert;
 mod error;

@@ -9,6 +9,7 @@ pub mod disk;
 pub mod doctor;
 pub mod meminfo;
 pub mod nvml;
+pub mod rss;
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +18,7 @@ pub use disk::{MountInfo, ReadProbe};
 pub use doctor::DoctorReport;
 pub use meminfo::MemoryFigures;
 pub use nvml::{GpuDevice, GpuProbe};
+pub use rss::{current_rss, RssSampler, RssStats};
 
 /// Errors of the sys module.
 #[derive(Debug, thiserror::Error)]
