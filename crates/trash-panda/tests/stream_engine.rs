@@ -9,6 +9,7 @@ use trash_panda::io::ReadMode;
 use trash_panda::stream::{
     Engine, EngineOptions, RamSource, SourceTier, StreamBlock, StreamError, StreamTensor,
 };
+use trash_panda::DType;
 
 struct Rng(u64);
 
@@ -43,6 +44,18 @@ impl Drop for Dir {
     }
 }
 
+/// A tensor of raw bytes (u8): the engine stages it as it is whatever the storage dtype.
+fn bytes(name: String, file: usize, start: u64, end: u64) -> StreamTensor {
+    StreamTensor {
+        name,
+        file,
+        start,
+        end,
+        dtype: DType::U8,
+        shape: vec![(end - start) as usize],
+    }
+}
+
 /// Three files of random bytes, and blocks of tensors at odd offsets, some spanning two files,
 /// some with gaps, one empty tensor.
 fn checkpoint(
@@ -68,28 +81,14 @@ fn checkpoint(
         for t in 0..3 + b % 2 {
             let len = 1 + rng.below(12_000);
             let gap = if t == 2 { 70_000 } else { rng.below(300) };
-            tensors.push(StreamTensor {
-                name: format!("blocks.{b}.w{t}"),
-                file,
-                start: at,
-                end: at + len,
-            });
+            tensors.push(bytes(format!("blocks.{b}.w{t}"), file, at, at + len));
             at += len + gap;
         }
         let start = rng.below(60_000);
-        tensors.push(StreamTensor {
-            name: format!("blocks.{b}.other_file"),
-            file: 2,
-            start,
-            end: start + 1 + rng.below(8000),
-        });
+        let end = start + 1 + rng.below(8000);
+        tensors.push(bytes(format!("blocks.{b}.other_file"), 2, start, end));
         if b == 3 {
-            tensors.push(StreamTensor {
-                name: "blocks.3.empty".into(),
-                file: 0,
-                start: 100,
-                end: 100,
-            });
+            tensors.push(bytes("blocks.3.empty".into(), 0, 100, 100));
         }
         blocks.push(StreamBlock {
             name: format!("blocks.{b}"),
@@ -183,6 +182,7 @@ fn every_tier_lookahead_and_order_gives_the_file_bytes() {
                 for workers in 1..=2 {
                     let what = format!("{tag} lookahead {lookahead} workers {workers}");
                     let opts = EngineOptions {
+                        storage: None,
                         lookahead,
                         workers,
                         disk_mode,
@@ -386,11 +386,26 @@ fn drop_with_reads_in_flight_joins_cleanly() {
 fn bad_inputs_are_refused_at_creation() {
     let dir = Dir::new("bad");
     let (files, mut blocks, _) = checkpoint(&dir.0, |_| SourceTier::Disk);
+    let good = blocks[2].tensors[0].clone();
     blocks[2].tensors[0].end = 10_000_000;
+    blocks[2].tensors[0].shape = vec![(10_000_000 - good.start) as usize];
     let err = Engine::new(blocks.clone(), files.clone(), EngineOptions::default()).unwrap_err();
     assert!(
         matches!(&err, StreamError::InvalidBlock { block: 2, .. })
-            && err.to_string().contains("blocks.2.w0"),
+            && err.to_string().contains("blocks.2.w0")
+            && err.to_string().contains("ends at byte 10000000"),
+        "{err}"
+    );
+    // A range that does not hold the tensor's shape of its dtype.
+    blocks[2].tensors[0] = StreamTensor {
+        dtype: DType::F32,
+        ..good
+    };
+    let err = Engine::new(blocks.clone(), files.clone(), EngineOptions::default()).unwrap_err();
+    assert!(
+        matches!(&err, StreamError::InvalidBlock { block: 2, .. })
+            && err.to_string().contains("blocks.2.w0")
+            && err.to_string().contains("shape"),
         "{err}"
     );
     let (_, blocks, _) = checkpoint(&dir.0, |_| SourceTier::Ram);

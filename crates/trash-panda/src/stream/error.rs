@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
+use crate::dtype::DtypeError;
 use crate::io::IoError;
+use crate::DType;
 
 /// Everything the prefetch engine can report. Each variant names the block (index and name) it is
 /// about, so the Python layer can say which part of the model could not be staged.
@@ -22,6 +24,28 @@ pub enum StreamError {
         end: u64,
         #[source]
         source: Box<IoError>,
+    },
+
+    /// Converting a RAM-tier tensor to the storage dtype failed.
+    #[error(
+        "block {block} ({name}): converting tensor {tensor} from {from} to {to} failed: {source}"
+    )]
+    Convert {
+        block: usize,
+        name: String,
+        tensor: String,
+        from: DType,
+        to: DType,
+        #[source]
+        source: Box<DtypeError>,
+    },
+
+    /// An engine option has a value the engine does not support.
+    #[error("invalid engine option {option} = {value}: expected {expected}")]
+    InvalidOptions {
+        option: &'static str,
+        value: String,
+        expected: &'static str,
     },
 
     /// A checkpoint file could not be opened, mapped or measured when the engine was created.

@@ -7,23 +7,47 @@
 //! the same alignment in the buffer as in its file (at least 8 bytes in a safetensors file), not a
 //! fixed 64; packing tensors at 64-byte offsets would have made almost every direct read go through
 //! a bounce buffer, because safetensors data is only 8-byte aligned.
+//!
+//! With a storage dtype, RAM-tier blocks are converted on load into private images, never read
+//! from the file again, so they are packed instead: each tensor at a [`TENSOR_ALIGN`] offset in
+//! block order, its per-row scales (if it was quantized) right after it.
 
 use std::ops::Range;
 
-use super::{StreamBlock, StreamError};
+use super::convert::{check_storage, conversion, Conversion};
+use super::{SourceTier, StreamBlock, StreamError};
 use crate::io::DIRECT_ALIGN;
+use crate::DType;
+
+/// Offset alignment of tensors (and scales) in a converted block: a cache line, and enough for
+/// any element type a device copy may view the bytes as.
+pub const TENSOR_ALIGN: usize = 64;
 
 /// Tensors of one file closer than this are read in one request, gap included: a gap this small
 /// costs less drive time than a second request.
 pub const MERGE_GAP: u64 = 64 << 10;
 
-/// One tensor's place in the staging buffer of its block.
+/// One tensor's place in the staging buffer of its block, and what its bytes are there.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct StagedTensor {
     pub name: String,
     /// Offset of the tensor's first byte in the staging buffer.
     pub offset: usize,
     /// Length in bytes.
+    pub len: usize,
+    /// The dtype of the bytes in the buffer: the file's, or the storage dtype it was converted to.
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// Where the per-row dequantization scales of a tensor the engine quantized to fp8 lie;
+    /// `None` for every other tensor (a checkpoint's own scale tensors are tensors of their own).
+    pub scale: Option<StagedScale>,
+}
+
+/// Per-row scales of a quantized tensor in the staging buffer: `len / 4` little-endian f32, one
+/// per row; multiply a row by its scale to get the values back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StagedScale {
+    pub offset: usize,
     pub len: usize,
 }
 
@@ -54,10 +78,13 @@ impl Run {
 #[derive(Debug, Clone)]
 pub(crate) struct BlockLayout {
     pub tensors: Vec<StagedTensor>,
+    /// File-aligned runs; empty for a converted block.
     pub runs: Vec<Run>,
+    /// Packed and filled from a converted private image (storage dtype set, RAM tier).
+    pub converted: bool,
     /// Bytes of staging buffer the block needs (runs plus alignment padding).
     pub len: usize,
-    /// Sum of the tensors' lengths: the bytes a staging of this block moves.
+    /// Sum of the tensors' (and scales') lengths: the bytes a staging of this block moves.
     pub payload: u64,
 }
 
@@ -68,13 +95,31 @@ pub struct StagedLayout {
 }
 
 impl StagedLayout {
-    /// Lays out `blocks`, whose tensors name files `0..file_count`.
+    /// Lays out `blocks`, whose tensors name files `0..file_count`, as stored.
     pub fn new(blocks: &[StreamBlock], file_count: usize) -> Result<Self, StreamError> {
+        Self::with_storage(blocks, file_count, None)
+    }
+
+    /// Lays out `blocks` for an engine with storage dtype `storage`: RAM-tier blocks packed in
+    /// their converted form, disk-tier blocks as stored. Errors on a storage dtype the engine
+    /// does not convert to.
+    pub fn with_storage(
+        blocks: &[StreamBlock],
+        file_count: usize,
+        storage: Option<DType>,
+    ) -> Result<Self, StreamError> {
+        check_storage(storage)?;
         let blocks = blocks
             .iter()
             .enumerate()
-            .map(|(i, b)| lay_out(i, b, file_count))
-            .collect::<Result<_, _>>()?;
+            .map(|(i, b)| {
+                check_tensors(i, b, file_count)?;
+                Ok(match storage {
+                    Some(dtype) if b.tier == SourceTier::Ram => pack(b, dtype),
+                    _ => lay_out(b),
+                })
+            })
+            .collect::<Result<_, StreamError>>()?;
         Ok(StagedLayout { blocks })
     }
 
@@ -99,9 +144,14 @@ impl StagedLayout {
         self.blocks[block].len
     }
 
-    /// Sum of the tensor lengths of `block`.
+    /// Sum of the staged tensor (and scale) lengths of `block`.
     pub fn block_bytes(&self, block: usize) -> u64 {
         self.blocks[block].payload
+    }
+
+    /// Whether `block` is staged from a converted image (packed layout).
+    pub fn is_converted(&self, block: usize) -> bool {
+        self.blocks[block].converted
     }
 
     /// The staging buffer size: the largest block, rounded to the page size.
@@ -116,11 +166,8 @@ impl StagedLayout {
     }
 }
 
-fn lay_out(
-    index: usize,
-    block: &StreamBlock,
-    file_count: usize,
-) -> Result<BlockLayout, StreamError> {
+/// Checks every tensor's file, range, and that its range holds exactly its shape of its dtype.
+fn check_tensors(index: usize, block: &StreamBlock, file_count: usize) -> Result<(), StreamError> {
     let invalid = |reason: String| StreamError::InvalidBlock {
         block: index,
         name: block.name.clone(),
@@ -139,7 +186,74 @@ fn lay_out(
                 t.name, t.start, t.end
             )));
         }
+        let elements = t
+            .shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d as u64));
+        let want = elements.and_then(|n| n.checked_mul(t.dtype.size() as u64));
+        if want != Some(t.end - t.start) {
+            return Err(invalid(format!(
+                "tensor {} has {} bytes ({}..{}) but shape {:?} of {} needs {}",
+                t.name,
+                t.end - t.start,
+                t.start,
+                t.end,
+                t.shape,
+                t.dtype,
+                want.map_or("more than 2^64".to_owned(), |w| w.to_string())
+            )));
+        }
     }
+    Ok(())
+}
+
+/// The packed layout of a RAM-tier block converted to `storage`.
+fn pack(block: &StreamBlock, storage: DType) -> BlockLayout {
+    let mut at = 0usize;
+    let mut payload = 0u64;
+    let tensors = block
+        .tensors
+        .iter()
+        .map(|t| {
+            let (dtype, rows) = match conversion(t, storage) {
+                Conversion::Keep => (t.dtype, None),
+                Conversion::ToBf16 => (DType::BF16, None),
+                Conversion::ToFp8 { rows, .. } => (DType::F8E4M3, Some(rows)),
+            };
+            let elements: usize = t.shape.iter().product();
+            let offset = at.next_multiple_of(TENSOR_ALIGN);
+            let len = elements * dtype.size();
+            at = offset + len;
+            let scale = rows.map(|rows| {
+                let s = StagedScale {
+                    offset: at.next_multiple_of(TENSOR_ALIGN),
+                    len: rows * 4,
+                };
+                at = s.offset + s.len;
+                s
+            });
+            payload += (len + scale.map_or(0, |s| s.len)) as u64;
+            StagedTensor {
+                name: t.name.clone(),
+                offset,
+                len,
+                dtype,
+                shape: t.shape.clone(),
+                scale,
+            }
+        })
+        .collect();
+    BlockLayout {
+        tensors,
+        runs: Vec::new(),
+        converted: true,
+        len: at,
+        payload,
+    }
+}
+
+/// The as-stored layout: file-aligned runs.
+fn lay_out(block: &StreamBlock) -> BlockLayout {
     let mut order: Vec<usize> = (0..block.tensors.len()).collect();
     order.sort_by_key(|&i| {
         (
@@ -174,6 +288,9 @@ fn lay_out(
             name: t.name.clone(),
             offset: 0,
             len: (t.end - t.start) as usize,
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            scale: None,
         })
         .collect();
     // Each run starts on a fresh page at the same in-page offset as in its file.
@@ -187,12 +304,13 @@ fn lay_out(
         page = (r.buf_offset + r.len()).next_multiple_of(DIRECT_ALIGN);
     }
     let payload = block.tensors.iter().map(|t| t.end - t.start).sum();
-    Ok(BlockLayout {
+    BlockLayout {
         tensors,
         runs,
+        converted: false,
         len: page,
         payload,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -206,6 +324,8 @@ mod tests {
             file,
             start,
             end,
+            dtype: DType::U8,
+            shape: vec![(end.max(start) - start) as usize],
         }
     }
 
@@ -239,6 +359,63 @@ mod tests {
             assert!(w[0].buf_range().end <= w[1].buf_offset);
         }
         assert_eq!(l.pool_bytes(2), 3 * l.max_block_len());
+    }
+
+    #[test]
+    fn converted_blocks_are_packed_with_scales_after_their_tensor() {
+        let f = |name: &str, start: u64, dtype: DType, shape: Vec<usize>| {
+            let n: usize = shape.iter().product();
+            StreamTensor {
+                name: name.into(),
+                file: 0,
+                start,
+                end: start + (n * dtype.size()) as u64,
+                dtype,
+                shape,
+            }
+        };
+        let tensors = vec![
+            f("norm.weight", 8, DType::F32, vec![3]),
+            f("w.weight", 5000, DType::F32, vec![1024, 1024]),
+            f("ids", 20, DType::I64, vec![1]),
+        ];
+        let ram = StreamBlock {
+            name: "r".into(),
+            tier: SourceTier::Ram,
+            tensors: tensors.clone(),
+        };
+        let disk = StreamBlock {
+            tier: SourceTier::Disk,
+            ..ram.clone()
+        };
+        let l = StagedLayout::with_storage(&[ram, disk.clone()], 1, Some(DType::F8E4M3)).unwrap();
+        let s = l.layout(0);
+        assert_eq!((s[0].offset, s[0].len, s[0].dtype), (0, 12, DType::F32));
+        assert_eq!(
+            (s[1].offset, s[1].len, s[1].dtype),
+            (64, 1 << 20, DType::F8E4M3)
+        );
+        let scale = s[1].scale.unwrap();
+        assert_eq!((scale.offset, scale.len), (64 + (1 << 20), 4096));
+        assert_eq!((s[2].offset, s[2].len), (scale.offset + 4096, 8));
+        assert_eq!(l.block_len(0), s[2].offset + 8);
+        assert_eq!(l.block_bytes(0), 12 + (1 << 20) + 4096 + 8);
+        assert!(l.is_converted(0) && !l.is_converted(1));
+        assert_eq!(
+            l.layout(1),
+            StagedLayout::new(&[disk], 1).unwrap().layout(0)
+        );
+        assert!(l.layout(1).iter().all(|t| t.scale.is_none()));
+
+        let mut bad = tensors[0].clone();
+        bad.shape = vec![4];
+        let block = StreamBlock {
+            name: "z".into(),
+            tier: SourceTier::Disk,
+            tensors: vec![bad],
+        };
+        let e = StagedLayout::new(&[block], 1).unwrap_err().to_string();
+        assert!(e.contains("norm.weight") && e.contains("needs 16"), "{e}");
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::pool::SlotState;
-use super::{Shared, StreamError};
+use super::{Shared, StagedTensor, StreamError};
 use crate::io::AlignedBuf;
 
 /// Names a tensor of a block: its index in the block's tensor list, or its name.
@@ -62,23 +62,33 @@ impl Lease {
         &self.buf.as_ref().expect("a live lease holds its buffer")[..self.len]
     }
 
-    /// The bytes of one tensor of the block.
+    /// The bytes of one tensor of the block, in the dtype its layout entry names.
     pub fn tensor<'k>(&self, key: impl Into<TensorKey<'k>>) -> Result<&[u8], StreamError> {
+        let t = self.staged(key.into())?;
+        Ok(&self.bytes()[t.offset..t.offset + t.len])
+    }
+
+    /// The per-row f32 scales (little-endian) of a tensor the engine quantized to fp8; `None` for
+    /// every other tensor.
+    pub fn scale<'k>(&self, key: impl Into<TensorKey<'k>>) -> Result<Option<&[u8]>, StreamError> {
+        let t = self.staged(key.into())?;
+        Ok(t.scale.map(|s| &self.bytes()[s.offset..s.offset + s.len]))
+    }
+
+    fn staged(&self, key: TensorKey<'_>) -> Result<&StagedTensor, StreamError> {
         let tensors = self.shared.layout.layout(self.block);
-        let key = key.into();
         let found = match key {
             TensorKey::Index(i) => tensors.get(i),
             TensorKey::Name(n) => tensors.iter().find(|t| t.name == n),
         };
-        let t = found.ok_or_else(|| StreamError::UnknownTensor {
+        found.ok_or_else(|| StreamError::UnknownTensor {
             block: self.block,
             name: self.shared.names[self.block].clone(),
             tensor: match key {
                 TensorKey::Index(i) => format!("#{i}"),
                 TensorKey::Name(n) => n.to_owned(),
             },
-        })?;
-        Ok(&self.bytes()[t.offset..t.offset + t.len])
+        })
     }
 
     /// How long `acquire` waited for the block.

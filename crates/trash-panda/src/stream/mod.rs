@@ -6,7 +6,12 @@
 //! RAM tier (a memory map, or a private copy read up front) or from the disk tier (O_DIRECT or
 //! buffered reads straight into the staging buffer). See DESIGN.md, "The data path of one streamed
 //! block".
+//!
+//! With a storage dtype ([`EngineOptions::storage`]) the RAM tier is converted once, on load,
+//! into private memory, and its blocks are staged in that form; the staged layout says what each
+//! tensor is in the buffer (dtype, shape, per-row scales).
 
+mod convert;
 mod error;
 mod layout;
 mod lease;
@@ -21,12 +26,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub use convert::STORAGE_DTYPES;
 pub use error::StreamError;
-pub use layout::{StagedLayout, StagedTensor, MERGE_GAP};
+pub use layout::{StagedLayout, StagedScale, StagedTensor, MERGE_GAP, TENSOR_ALIGN};
 pub use lease::{Lease, TensorKey};
 pub use stats::{BlockStats, EngineStats};
 
 use crate::io::{AlignedBuf, ReadMode, ReadStats, DEFAULT_CHUNK_SIZE};
+use crate::DType;
 use pool::{SlotState, State};
 use source::{CheckpointSource, Source};
 
@@ -39,13 +46,16 @@ pub enum SourceTier {
 }
 
 /// One tensor of a streamed block: bytes `start..end` of file `file` (an index into the engine's
-/// files).
+/// files), holding `shape` elements of `dtype` (checked against the range when the engine is
+/// made; the storage conversion needs both).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamTensor {
     pub name: String,
     pub file: usize,
     pub start: u64,
     pub end: u64,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
 }
 
 /// A block whose weights are staged before it runs.
@@ -70,6 +80,10 @@ pub enum RamSource {
 /// Settings of an [`Engine`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineOptions {
+    /// `None`: weights staged as stored. `Some(DType::BF16)` or `Some(DType::F8E4M3)`: the RAM
+    /// tier is converted once, on load, into private memory (whatever `ram_source` says), with the
+    /// planner's rule (see [`STORAGE_DTYPES`]); disk-tier blocks are always staged as stored.
+    pub storage: Option<DType>,
     /// Blocks staged ahead of the one that runs; 0 stages each block when it is acquired. The
     /// pool has `lookahead + 1` buffers.
     pub lookahead: usize,
@@ -86,6 +100,7 @@ pub struct EngineOptions {
 impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
+            storage: None,
             lookahead: 2,
             workers: 2,
             disk_mode: ReadMode::Direct,
@@ -145,16 +160,9 @@ impl Engine {
         files: Vec<PathBuf>,
         options: EngineOptions,
     ) -> Result<Engine, StreamError> {
-        let layout = StagedLayout::new(&blocks, files.len())?;
+        let layout = StagedLayout::with_storage(&blocks, files.len(), options.storage)?;
         let meta = blocks.iter().map(|b| (b.name.clone(), b.tier)).collect();
-        let source = CheckpointSource::open(
-            blocks,
-            files,
-            Arc::new(layout.clone()),
-            options.ram_source,
-            options.disk_mode,
-            options.chunk_size,
-        )?;
+        let source = CheckpointSource::open(blocks, files, Arc::new(layout.clone()), &options)?;
         Engine::with_source(meta, layout, Arc::new(source), options)
     }
 
@@ -374,8 +382,9 @@ impl Engine {
         drop(lease);
     }
 
-    /// Reads the RAM tier into memory now if `RamSource::InMemory` (once; later calls and other
-    /// modes return what was read, or zero bytes).
+    /// Reads the RAM tier into memory now if `RamSource::InMemory` or a storage dtype is set
+    /// (once, converting as it goes; later calls and other modes return what was read, or zero
+    /// bytes). The figure covers the reads and the conversion.
     pub fn load_ram_tier(&self) -> Result<ReadStats, StreamError> {
         let stats = self.source.load()?;
         Ok(stats.unwrap_or(ReadStats::new(0, 0.0, self.options.disk_mode)))
@@ -391,6 +400,11 @@ impl Engine {
     pub fn stats(&self) -> EngineStats {
         let mut stats = self.shared.lock().stats.clone();
         stats.ram_load = self.source.loaded();
+        if let Some(c) = self.source.converted() {
+            stats.converted_tensors = c.tensors;
+            stats.converted_bytes_saved = c.bytes_saved;
+            stats.convert_seconds = c.seconds;
+        }
         stats
     }
 

@@ -7,8 +7,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use super::convert::{failed_at, ConvertStats, Load};
 use super::layout::{Run, StagedLayout};
-use super::{RamSource, SourceTier, StreamBlock, StreamError};
+use super::{EngineOptions, RamSource, SourceTier, StreamBlock, StreamError};
 use crate::io::{
     read_ranges_with, AlignedBuf, FileReader, IoError, MappedFile, ReadMode, ReadOptions,
     ReadRequest, ReadStats, DIRECT_ALIGN,
@@ -28,6 +29,11 @@ pub(crate) trait Source: Send + Sync {
 
     /// What [`load`](Self::load) read, once it has (whoever triggered it); never blocks.
     fn loaded(&self) -> Option<ReadStats> {
+        None
+    }
+
+    /// What the storage conversion of the load changed, once it ran; never blocks.
+    fn converted(&self) -> Option<ConvertStats> {
         None
     }
 
@@ -51,11 +57,14 @@ pub(crate) struct CheckpointSource {
     mapped: Vec<Option<(MappedFile, File)>>,
     /// For files holding disk-tier blocks.
     readers: Vec<Option<FileReader>>,
-    ram: RamSource,
+    /// Reader threads of the RAM tier's load; `None` when the RAM tier is mapped.
+    ram_threads: Option<usize>,
+    storage: Option<crate::DType>,
     disk_mode: ReadMode,
     chunk_size: usize,
     in_memory: Mutex<Option<RamImages>>,
     load_stats: OnceLock<ReadStats>,
+    convert_stats: OnceLock<ConvertStats>,
 }
 
 impl CheckpointSource {
@@ -63,18 +72,22 @@ impl CheckpointSource {
         blocks: Vec<StreamBlock>,
         files: Vec<PathBuf>,
         layout: Arc<StagedLayout>,
-        ram: RamSource,
-        disk_mode: ReadMode,
-        chunk_size: usize,
+        options: &EngineOptions,
     ) -> Result<Self, StreamError> {
+        let disk_mode = options.disk_mode;
+        // A converted RAM tier cannot be mapped: its bytes are not the file's.
+        let ram_threads = match (options.ram_source, options.storage) {
+            (RamSource::InMemory { threads }, _) => Some(threads.max(1)),
+            (RamSource::Mapped, Some(_)) => Some(ReadOptions::default().threads),
+            (RamSource::Mapped, None) => None,
+        };
         let mut needs_map = vec![false; files.len()];
         let mut needs_reader = vec![false; files.len()];
         for b in &blocks {
             for t in &b.tensors {
-                match (b.tier, ram) {
-                    (SourceTier::Ram, RamSource::Mapped) => needs_map[t.file] = true,
-                    (SourceTier::Ram, RamSource::InMemory { .. }) => {}
-                    (SourceTier::Disk, _) => needs_reader[t.file] = true,
+                match b.tier {
+                    SourceTier::Ram => needs_map[t.file] |= ram_threads.is_none(),
+                    SourceTier::Disk => needs_reader[t.file] = true,
                 }
             }
         }
@@ -138,11 +151,13 @@ impl CheckpointSource {
             layout,
             mapped,
             readers,
-            ram,
+            ram_threads,
+            storage: options.storage,
             disk_mode,
-            chunk_size: chunk_size.max(1).next_multiple_of(DIRECT_ALIGN),
+            chunk_size: options.chunk_size.max(1).next_multiple_of(DIRECT_ALIGN),
             in_memory: Mutex::new(None),
             load_stats: OnceLock::new(),
+            convert_stats: OnceLock::new(),
         })
     }
 
@@ -277,7 +292,7 @@ impl CheckpointSource {
         if let Some(images) = &*slot {
             return Ok(images.clone());
         }
-        let RamSource::InMemory { threads } = self.ram else {
+        let Some(threads) = self.ram_threads else {
             return Ok(Arc::new(Vec::new()));
         };
         let mut images = Vec::with_capacity(self.blocks.len());
@@ -293,6 +308,26 @@ impl CheckpointSource {
                 }
                 SourceTier::Disk => None,
             });
+        }
+        let opts = ReadOptions {
+            threads,
+            chunk_size: self.chunk_size,
+        };
+        if let Some(storage) = self.storage {
+            let load = Load {
+                blocks: &self.blocks,
+                files: &self.files,
+                layout: &self.layout,
+                storage,
+                mode: self.disk_mode,
+                opts,
+            };
+            let (read, converted) = load.run(&mut images)?;
+            let images: RamImages = Arc::new(images);
+            *slot = Some(images.clone());
+            let _ = self.load_stats.set(read);
+            let _ = self.convert_stats.set(converted);
+            return Ok(images);
         }
         let mut stats: Option<ReadStats> = None;
         {
@@ -315,10 +350,6 @@ impl CheckpointSource {
                     owners[run.file].push((b, run));
                 }
             }
-            let opts = ReadOptions {
-                threads: threads.max(1),
-                chunk_size: self.chunk_size,
-            };
             for (f, reqs) in requests.iter_mut().enumerate() {
                 if reqs.is_empty() {
                     continue;
@@ -331,13 +362,7 @@ impl CheckpointSource {
                         }
                     })?;
                 let read = read_ranges_with(&reader, reqs, &opts).map_err(|e| {
-                    let at = match &e {
-                        IoError::UnexpectedEof { got_to, .. } => *got_to,
-                        IoError::Read { offset, .. } | IoError::OutOfRange { offset, .. } => {
-                            *offset
-                        }
-                        _ => 0,
-                    };
+                    let at = failed_at(&e);
                     let (b, run) = owners[f]
                         .iter()
                         .find(|(_, r)| r.start <= at && at < r.end)
@@ -363,10 +388,10 @@ impl CheckpointSource {
 
 impl Source for CheckpointSource {
     fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<u64, StreamError> {
-        match (self.blocks[block].tier, self.ram) {
+        match (self.blocks[block].tier, self.ram_threads) {
             (SourceTier::Disk, _) => self.fill_disk(block, dst, stop)?,
-            (SourceTier::Ram, RamSource::Mapped) => self.fill_mapped(block, dst, stop)?,
-            (SourceTier::Ram, RamSource::InMemory { .. }) => {
+            (SourceTier::Ram, None) => self.fill_mapped(block, dst, stop)?,
+            (SourceTier::Ram, Some(_)) => {
                 let images = self.images()?;
                 let image = images[block].as_ref().expect("RAM blocks have an image");
                 let len = self.layout.block_len(block);
@@ -377,17 +402,19 @@ impl Source for CheckpointSource {
     }
 
     fn load(&self) -> Result<Option<ReadStats>, StreamError> {
-        match self.ram {
-            RamSource::Mapped => Ok(None),
-            RamSource::InMemory { .. } => {
-                self.images()?;
-                Ok(self.loaded())
-            }
+        if self.ram_threads.is_none() {
+            return Ok(None);
         }
+        self.images()?;
+        Ok(self.loaded())
     }
 
     fn loaded(&self) -> Option<ReadStats> {
         self.load_stats.get().copied()
+    }
+
+    fn converted(&self) -> Option<ConvertStats> {
+        self.convert_stats.get().copied()
     }
 
     fn disk_mode(&self) -> Option<ReadMode> {

@@ -72,8 +72,15 @@ pub struct EngineStats {
     pub out_of_order: u64,
     /// Stagings that failed (the error went to the acquiring caller).
     pub failures: u64,
-    /// The read of the RAM tier into memory (`RamSource::InMemory`), once loaded; kept by resets.
+    /// The read of the RAM tier into memory (`RamSource::InMemory`, or any storage dtype), once
+    /// loaded; its seconds include the conversion. Kept by resets, like the three below.
     pub ram_load: Option<ReadStats>,
+    /// Tensors the load converted to the storage dtype.
+    pub converted_tensors: u64,
+    /// File bytes of those tensors minus what they take converted (per-row scales included).
+    pub converted_bytes_saved: u64,
+    /// Seconds of the load spent in the conversion kernels.
+    pub convert_seconds: f64,
 }
 
 impl EngineStats {
@@ -93,16 +100,21 @@ impl EngineStats {
             out_of_order: 0,
             failures: 0,
             ram_load: None,
+            converted_tensors: 0,
+            converted_bytes_saved: 0,
+            convert_seconds: 0.0,
         }
     }
 
     pub(crate) fn reset(&mut self) {
-        let ram_load = self.ram_load;
         for b in &mut self.blocks {
             b.reset();
         }
         *self = EngineStats {
-            ram_load,
+            ram_load: self.ram_load,
+            converted_tensors: self.converted_tensors,
+            converted_bytes_saved: self.converted_bytes_saved,
+            convert_seconds: self.convert_seconds,
             ..EngineStats::new(std::mem::take(&mut self.blocks))
         };
     }

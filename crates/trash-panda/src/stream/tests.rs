@@ -42,6 +42,8 @@ fn engine(n: usize, delay: Duration, panic_on: Option<usize>, opts: EngineOption
                 file: 0,
                 start: 0,
                 end: 10_000,
+                dtype: crate::DType::U8,
+                shape: vec![10_000],
             }],
         })
         .collect();

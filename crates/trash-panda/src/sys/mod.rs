@@ -10,6 +10,7 @@ pub mod doctor;
 pub mod heap;
 pub mod meminfo;
 pub mod nvml;
+pub mod rss;
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +20,7 @@ pub use doctor::DoctorReport;
 pub use heap::trim_heap;
 pub use meminfo::MemoryFigures;
 pub use nvml::{GpuDevice, GpuProbe};
+pub use rss::{current_rss, RssSampler, RssStats};
 
 /// Errors of the sys module.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,303 @@
+//! The storage conversion of the RAM tier: which tensors change (the planner's rule, so the RAM
+//! the plan counts is the RAM the engine takes) and the load that reads and converts them into
+//! the blocks' private images.
+//!
+//! The load reads the tensors that stay as stored straight into their images, then each tensor
+//! that changes into one reused scratch buffer and converts it from there, so it never holds an
+//! unconverted copy of more than one tensor.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::layout::StagedLayout;
+use super::{StreamBlock, StreamError, StreamTensor};
+use crate::dtype::{cast, quantize_fp8, QuantGranularity};
+use crate::io::{
+    read_ranges_with, AlignedBuf, FileReader, IoError, ReadMode, ReadOptions, ReadRequest,
+    ReadStats, DIRECT_ALIGN,
+};
+use crate::plan::{TensorSizes, FP8_MIN_ELEMENTS};
+use crate::DType;
+
+/// The storage dtypes the engine converts to, for error messages.
+pub const STORAGE_DTYPES: &str = "none (as stored), bf16, fp8 (e4m3fn)";
+
+/// What the storage dtype does to one tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Conversion {
+    Keep,
+    /// Rounded to nearest even.
+    ToBf16,
+    /// Quantized to e4m3fn with one f32 scale per row.
+    ToFp8 {
+        rows: usize,
+        cols: usize,
+    },
+}
+
+/// The planner's rule (`plan::budget`): float tensors wider than the target, but never a
+/// checkpoint's scale tensors; for fp8, only 2-D weights of at least [`FP8_MIN_ELEMENTS`].
+pub(crate) fn conversion(t: &StreamTensor, storage: DType) -> Conversion {
+    let sizes = TensorSizes::new(t.name.as_str(), t.dtype, &t.shape);
+    if !t.dtype.is_float() || sizes.is_scale() || t.dtype.size() <= storage.size() {
+        return Conversion::Keep;
+    }
+    if storage.is_fp8() {
+        return match t.shape[..] {
+            [rows, cols] if sizes.numel() >= FP8_MIN_ELEMENTS => Conversion::ToFp8 { rows, cols },
+            _ => Conversion::Keep,
+        };
+    }
+    Conversion::ToBf16
+}
+
+/// Refuses storage dtypes the engine has no conversion for.
+pub(crate) fn check_storage(storage: Option<DType>) -> Result<(), StreamError> {
+    match storage {
+        None | Some(DType::BF16 | DType::F8E4M3) => Ok(()),
+        Some(other) => Err(StreamError::InvalidOptions {
+            option: "storage",
+            value: other.to_string(),
+            expected: STORAGE_DTYPES,
+        }),
+    }
+}
+
+/// What the conversion load changed.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct ConvertStats {
+    pub tensors: u64,
+    /// File bytes of the converted tensors minus their staged bytes (scales included).
+    pub bytes_saved: u64,
+    /// Seconds in the conversion kernels (the reads are in the load's `ReadStats`).
+    pub seconds: f64,
+}
+
+/// A tensor read as it is: file offset, block, tensor index, its place in the block's image.
+type Kept<'a> = (u64, usize, usize, &'a mut [u8]);
+
+/// What the load needs of the source.
+pub(crate) struct Load<'a> {
+    pub blocks: &'a [StreamBlock],
+    pub files: &'a [PathBuf],
+    pub layout: &'a StagedLayout,
+    pub storage: DType,
+    pub mode: ReadMode,
+    pub opts: ReadOptions,
+}
+
+impl Load<'_> {
+    /// Fills the image of every converted block (`images[b]` is `Some` for RAM-tier blocks).
+    /// Returns the reads (bytes from the files, seconds of the whole load, conversions
+    /// included) and what was converted.
+    pub fn run(
+        &self,
+        images: &mut [Option<AlignedBuf>],
+    ) -> Result<(ReadStats, ConvertStats), StreamError> {
+        let started = Instant::now();
+        let mut readers: Vec<Option<FileReader>> = (0..self.files.len()).map(|_| None).collect();
+        let mut read = ReadStats::new(0, 0.0, self.mode);
+        let mut converted = ConvertStats::default();
+        let mut changing = Vec::new();
+
+        // Tensors that stay as they are: every one of a file in one batch, in file order.
+        let mut kept: Vec<Vec<Kept<'_>>> = (0..self.files.len()).map(|_| Vec::new()).collect();
+        for (b, image) in images.iter_mut().enumerate() {
+            let Some(image) = image else { continue };
+            if !self.layout.is_converted(b) {
+                continue;
+            }
+            let staged = self.layout.layout(b);
+            let mut rest: &mut [u8] = image;
+            let mut consumed = 0;
+            // Packed layouts place tensors in block order, so the offsets only grow.
+            for (i, (t, s)) in self.blocks[b].tensors.iter().zip(staged).enumerate() {
+                if conversion(t, self.storage) != Conversion::Keep {
+                    changing.push((b, i));
+                    continue;
+                }
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(s.offset - consumed);
+                let (mine, tail) = tail.split_at_mut(s.len);
+                consumed = s.offset + s.len;
+                rest = tail;
+                kept[t.file].push((t.start, b, i, mine));
+            }
+        }
+        for (f, mut list) in kept.into_iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            list.sort_by_key(|k| k.0);
+            let owners: Vec<(u64, usize, usize)> =
+                list.iter().map(|&(at, b, i, _)| (at, b, i)).collect();
+            let mut reqs: Vec<ReadRequest<'_>> = list
+                .into_iter()
+                .map(|(at, _, _, dst)| ReadRequest::new(at, dst))
+                .collect();
+            let reader = self.reader(&mut readers, f)?;
+            let got = read_ranges_with(reader, &mut reqs, &self.opts).map_err(|e| {
+                let at = failed_at(&e);
+                let (_, b, i) = owners
+                    .iter()
+                    .rev()
+                    .find(|o| o.0 <= at)
+                    .or(owners.first())
+                    .copied()
+                    .expect("a batch has tensors");
+                self.read_error(b, i, e)
+            })?;
+            read += got;
+        }
+
+        // Tensors that change: one at a time through the scratch buffer, at the file's in-page
+        // offset so direct reads land in it without a bounce.
+        let span = |&(b, i): &(usize, usize)| {
+            let t = &self.blocks[b].tensors[i];
+            (t.end - t.start) as usize + DIRECT_ALIGN
+        };
+        let mut scratch =
+            AlignedBuf::new(changing.iter().map(span).max().unwrap_or(0)).map_err(|source| {
+                StreamError::Alloc {
+                    what: "the storage conversion's scratch buffer".into(),
+                    source: Box::new(source),
+                }
+            })?;
+        let mut scales: Vec<f32> = Vec::new();
+        for (b, i) in changing {
+            let t = &self.blocks[b].tensors[i];
+            let s = &self.layout.layout(b)[i];
+            let len = (t.end - t.start) as usize;
+            let skip = (t.start % DIRECT_ALIGN as u64) as usize;
+            let src = &mut scratch[skip..skip + len];
+            let reader = self.reader(&mut readers, t.file)?;
+            read += read_ranges_with(reader, &mut [ReadRequest::new(t.start, src)], &self.opts)
+                .map_err(|e| self.read_error(b, i, e))?;
+            let src = &scratch[skip..skip + len];
+            let image = images[b].as_mut().expect("RAM blocks have an image");
+            let dst = &mut image[s.offset..s.offset + s.len];
+            let t0 = Instant::now();
+            let threads = self.opts.threads;
+            let done = match conversion(t, self.storage) {
+                Conversion::ToBf16 => cast(src, t.dtype, dst, DType::BF16, threads),
+                Conversion::ToFp8 { rows, cols } => {
+                    scales.clear();
+                    scales.resize(rows, 0.0);
+                    let q = QuantGranularity::PerRow;
+                    let r = quantize_fp8(src, t.dtype, (rows, cols), q, dst, &mut scales, threads);
+                    let sc = s.scale.expect("a quantized tensor has scales");
+                    let out = image[sc.offset..sc.offset + sc.len].chunks_exact_mut(4);
+                    for (o, v) in out.zip(&scales) {
+                        o.copy_from_slice(&v.to_le_bytes());
+                    }
+                    r
+                }
+                Conversion::Keep => unreachable!("kept tensors were read in place"),
+            };
+            done.map_err(|source| StreamError::Convert {
+                block: b,
+                name: self.blocks[b].name.clone(),
+                tensor: t.name.clone(),
+                from: t.dtype,
+                to: s.dtype,
+                source: Box::new(source),
+            })?;
+            converted.seconds += t0.elapsed().as_secs_f64();
+            converted.tensors += 1;
+            let staged = s.len + s.scale.map_or(0, |sc| sc.len);
+            converted.bytes_saved += (len as u64).saturating_sub(staged as u64);
+        }
+        read.seconds = started.elapsed().as_secs_f64();
+        Ok((read, converted))
+    }
+
+    fn reader<'r>(
+        &self,
+        readers: &'r mut [Option<FileReader>],
+        f: usize,
+    ) -> Result<&'r FileReader, StreamError> {
+        if readers[f].is_none() {
+            let r = FileReader::open(&self.files[f], self.mode).map_err(|source| {
+                StreamError::Open {
+                    file: self.files[f].clone(),
+                    source: Box::new(source),
+                }
+            })?;
+            readers[f] = Some(r);
+        }
+        Ok(readers[f].as_ref().expect("opened above"))
+    }
+
+    fn read_error(&self, block: usize, tensor: usize, source: IoError) -> StreamError {
+        let t = &self.blocks[block].tensors[tensor];
+        StreamError::Read {
+            block,
+            name: self.blocks[block].name.clone(),
+            tensor: t.name.clone(),
+            file: self.files[t.file].clone(),
+            start: t.start,
+            end: t.end,
+            source: Box::new(source),
+        }
+    }
+}
+
+/// The file offset a read error points at.
+pub(crate) fn failed_at(e: &IoError) -> u64 {
+    match e {
+        IoError::UnexpectedEof { got_to, .. } => *got_to,
+        IoError::Read { offset, .. } | IoError::OutOfRange { offset, .. } => *offset,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(name: &str, dtype: DType, shape: &[usize]) -> StreamTensor {
+        let n: usize = shape.iter().product();
+        StreamTensor {
+            name: name.into(),
+            file: 0,
+            start: 0,
+            end: (n * dtype.size()) as u64,
+            dtype,
+            shape: shape.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_rule_is_the_planners() {
+        use Conversion::*;
+        let big = [1024, 1024];
+        let cases = [
+            (t("a.weight", DType::F32, &[8]), Keep, ToBf16),
+            (t("a.weight", DType::F64, &[8]), Keep, ToBf16),
+            (
+                t("a.weight", DType::BF16, &big),
+                ToFp8 {
+                    rows: 1024,
+                    cols: 1024,
+                },
+                Keep,
+            ),
+            (t("a.weight", DType::F16, &[1023, 1024]), Keep, Keep),
+            (t("a.weight", DType::F32, &[1 << 20]), Keep, ToBf16),
+            (t("a.weight", DType::F32, &[2, 512, 1024]), Keep, ToBf16),
+            (t("a.weight", DType::F8E5M2, &big), Keep, Keep),
+            (t("a.weight", DType::I32, &big), Keep, Keep),
+            (t("a.weight_scale", DType::F32, &big), Keep, Keep),
+            (t("a.input_scale", DType::F32, &[]), Keep, Keep),
+        ];
+        for (tensor, fp8, bf16) in cases {
+            assert_eq!(conversion(&tensor, DType::F8E4M3), fp8, "{tensor:?}");
+            assert_eq!(conversion(&tensor, DType::BF16), bf16, "{tensor:?}");
+        }
+        assert!(check_storage(None).is_ok() && check_storage(Some(DType::BF16)).is_ok());
+        let e = check_storage(Some(DType::F16)).unwrap_err().to_string();
+        assert!(
+            e.contains("storage = f16") && e.contains(STORAGE_DTYPES),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,239 @@
+//! The resident memory of this process, once or sampled on a thread to find the peak of a
+//! window (a checkpoint load, or a forward pass's activations on the CPU).
+//!
+//! Reads `/proc/self/statm` (resident pages times the page size) rather than `status`: it is one
+//! short line, cheap enough to read every millisecond.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::SysError;
+
+/// Where the resident set size is read.
+pub const STATM: &str = "/proc/self/statm";
+
+/// The interval [`RssSampler::start`] is usually given: short enough to catch a peak that lasts
+/// a few milliseconds, and a read of statm costs microseconds.
+pub const DEFAULT_RSS_INTERVAL: Duration = Duration::from_millis(1);
+
+/// The resident set size of this process, in bytes.
+pub fn current_rss() -> Result<u64, SysError> {
+    let path = Path::new(STATM);
+    let text = super::read_text(path)?;
+    parse_statm(&text, path)
+}
+
+/// Resident bytes from the text of a statm file (`size resident shared ...`, in pages).
+pub fn parse_statm(text: &str, path: &Path) -> Result<u64, SysError> {
+    let field = "resident";
+    let value = text
+        .split_ascii_whitespace()
+        .nth(1)
+        .ok_or_else(|| SysError::MissingField {
+            path: path.to_path_buf(),
+            field,
+        })?;
+    let pages: u64 = value.parse().map_err(|_| SysError::Parse {
+        path: path.to_path_buf(),
+        field,
+        value: value.to_owned(),
+    })?;
+    Ok(pages.saturating_mul(page_size()))
+}
+
+fn page_size() -> u64 {
+    static PAGE: OnceLock<u64> = OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf only reads its argument and has no preconditions.
+        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        // sysconf cannot fail for _SC_PAGESIZE on Linux; 4 KiB is the page of every x86 machine.
+        u64::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
+    })
+}
+
+/// What an [`RssSampler`] saw, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RssStats {
+    /// When the sampler started.
+    pub start: u64,
+    /// The largest sample, `start` and `end` included.
+    pub peak: u64,
+    /// When it stopped.
+    pub end: u64,
+    /// Samples taken, `start` and `end` included.
+    pub samples: u64,
+}
+
+impl RssStats {
+    /// How far the peak rose above the start: the memory the window needed at most.
+    pub fn rise(&self) -> u64 {
+        self.peak.saturating_sub(self.start)
+    }
+}
+
+/// Samples the resident set size on its own thread and keeps the peak. Dropping it stops and
+/// joins the thread.
+#[derive(Debug)]
+pub struct RssSampler {
+    shared: Arc<Sampled>,
+    start: u64,
+    handle: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+struct Sampled {
+    stop: AtomicBool,
+    peak: AtomicU64,
+    samples: AtomicU64,
+    statm: File,
+}
+
+impl Sampled {
+    fn sample(&self, buf: &mut [u8]) -> Option<u64> {
+        // statm is regenerated on every read from offset 0, so one open file serves every
+        // sample without an open and close each millisecond.
+        let n = self.statm.read_at(buf, 0).ok()?;
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        let rss = parse_statm(text, Path::new(STATM)).ok()?;
+        self.peak.fetch_max(rss, Ordering::Relaxed);
+        self.samples.fetch_add(1, Ordering::Relaxed);
+        Some(rss)
+    }
+}
+
+impl RssSampler {
+    /// Takes a first sample and starts sampling every `interval` (at least a microsecond).
+    pub fn start(interval: Duration) -> Result<RssSampler, SysError> {
+        let path = PathBuf::from(STATM);
+        let statm = File::open(&path).map_err(|source| SysError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let start = current_rss()?;
+        let shared = Arc::new(Sampled {
+            stop: AtomicBool::new(false),
+            peak: AtomicU64::new(start),
+            samples: AtomicU64::new(1),
+            statm,
+        });
+        let interval = interval.max(Duration::from_micros(1));
+        let s = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("tp-rss".into())
+            .spawn(move || {
+                let mut buf = [0u8; 256];
+                while !s.stop.load(Ordering::Relaxed) {
+                    // A failed read is a lost sample, not a reason to stop watching.
+                    let _ = s.sample(&mut buf);
+                    // Parked rather than slept, so stop() does not wait out a long interval.
+                    std::thread::park_timeout(interval);
+                }
+            })
+            .map_err(|source| SysError::Probe {
+                dir: path,
+                what: "starting the RSS sampler thread",
+                source,
+            })?;
+        Ok(RssSampler {
+            shared,
+            start,
+            handle: Some(handle),
+        })
+    }
+
+    /// The largest resident size seen so far, now included.
+    pub fn peak(&self) -> u64 {
+        let _ = self.shared.sample(&mut [0u8; 256]);
+        self.shared.peak.load(Ordering::Relaxed)
+    }
+
+    /// Stops sampling, takes a last sample, and returns what was seen.
+    pub fn stop(mut self) -> RssStats {
+        self.join();
+        let end = self
+            .shared
+            .sample(&mut [0u8; 256])
+            .or_else(|| current_rss().ok())
+            .unwrap_or(self.start);
+        let peak = self.shared.peak.load(Ordering::Relaxed).max(end);
+        RssStats {
+            start: self.start,
+            peak,
+            end,
+            samples: self.shared.samples.load(Ordering::Relaxed),
+        }
+    }
+
+    fn join(&mut self) {
+        let Some(handle) = self.handle.take() else {
+            return;
+        };
+        self.shared.stop.store(true, Ordering::Relaxed);
+        handle.thread().unpark();
+        // The loop cannot panic short of a bug in std; there is nothing to report either way.
+        let _ = handle.join();
+    }
+}
+
+impl Drop for RssSampler {
+    fn drop(&mut self) {
+        self.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn current_rss_is_plausible_and_parsing_names_the_file() {
+        let rss = current_rss().unwrap();
+        assert!(rss > 1 << 20 && rss < 1 << 40, "{rss}");
+        let p = Path::new("/x/statm");
+        assert_eq!(parse_statm("10 3 1 0 0 0 0\n", p).unwrap(), 3 * page_size());
+        let e = parse_statm("10", p).unwrap_err().to_string();
+        assert!(e.contains("/x/statm") && e.contains("resident"), "{e}");
+        let e = parse_statm("10 x3", p).unwrap_err().to_string();
+        assert!(e.contains("/x/statm") && e.contains("x3"), "{e}");
+    }
+
+    #[test]
+    fn a_touched_allocation_raises_the_peak() {
+        const SIZE: usize = 200 << 20;
+        let sampler = RssSampler::start(DEFAULT_RSS_INTERVAL).unwrap();
+        // A non-zero fill writes every page; zeroed memory would stay untouched and not resident.
+        let block = std::hint::black_box(vec![1u8; SIZE]);
+        // Held a few intervals, then freed (unmapped: far above the mmap threshold), so only the
+        // sampling thread can have seen the peak.
+        std::thread::sleep(Duration::from_millis(10));
+        drop(block);
+        let stats = sampler.stop();
+        assert!(stats.rise() >= (190 << 20), "{stats:?}");
+        assert!(stats.end + (150 << 20) < stats.peak, "freed: {stats:?}");
+        assert!(stats.peak >= stats.end && stats.peak >= stats.start);
+        assert!(stats.samples >= 3, "{stats:?}");
+    }
+
+    #[test]
+    fn stop_and_drop_return_promptly_even_with_a_long_interval() {
+        let sampler = RssSampler::start(Duration::from_secs(3600)).unwrap();
+        let t = Instant::now();
+        let stats = sampler.stop();
+        assert!(t.elapsed() < Duration::from_secs(2));
+        assert!(stats.samples >= 2 && stats.start > 0 && stats.end > 0);
+
+        let sampler = RssSampler::start(Duration::from_secs(3600)).unwrap();
+        assert!(sampler.peak() > 0);
+        let t = Instant::now();
+        drop(sampler);
+        assert!(t.elapsed() < Duration::from_secs(2));
+    }
+}
