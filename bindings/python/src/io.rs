@@ -62,9 +62,50 @@ fn trim_heap(py: Python<'_>) -> bool {
     without_gil(py, trash_panda::sys::trim_heap)
 }
 
+/// The process's resident memory in bytes.
+#[pyfunction]
+fn current_rss() -> PyResult<u64> {
+    trash_panda::sys::current_rss().map_err(ToPyErr::to_py)
+}
+
+/// Samples the process's resident memory on a thread until `stop()`.
+#[pyclass(name = "RssSampler", module = "trash_panda._core")]
+#[derive(Debug)]
+struct PyRssSampler {
+    inner: Option<trash_panda::sys::RssSampler>,
+}
+
+#[pymethods]
+impl PyRssSampler {
+    #[new]
+    #[pyo3(signature = (interval_ms=1))]
+    fn new(interval_ms: u64) -> PyResult<Self> {
+        let inner = trash_panda::sys::RssSampler::start(std::time::Duration::from_millis(interval_ms.max(1)))
+            .map_err(ToPyErr::to_py)?;
+        Ok(PyRssSampler { inner: Some(inner) })
+    }
+
+    /// The peak so far.
+    fn peak(&self) -> u64 {
+        self.inner.as_ref().map_or(0, |s| s.peak())
+    }
+
+    /// Stops sampling: (start, peak, end) in bytes.
+    fn stop(&mut self, py: Python<'_>) -> PyResult<(u64, u64, u64)> {
+        let sampler = self
+            .inner
+            .take()
+            .ok_or_else(|| crate::errors::raise(crate::errors::Kind::Argument, "the sampler was already stopped"))?;
+        let stats = without_gil(py, || sampler.stop());
+        Ok((stats.start, stats.peak, stats.end))
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(trim_heap, m)?)?;
+    m.add_function(wrap_pyfunction!(current_rss, m)?)?;
+    m.add_class::<PyRssSampler>()?;
     m.add_function(wrap_pyfunction!(drop_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cached_bytes, m)?)?;
     Ok(())

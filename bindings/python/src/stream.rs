@@ -27,8 +27,10 @@ impl ToPyErr for StreamError {
     }
 }
 
-/// A block as Python describes it: name, tier ("ram" or "disk"), tensors (name, file, start, end).
-type BlockArg = (String, String, Vec<(String, usize, u64, u64)>);
+/// A tensor as Python describes it: name, file index, start, end, dtype (header name), shape.
+type TensorArg = (String, usize, u64, u64, String, Vec<usize>);
+/// A block: name, tier ("ram" or "disk"), tensors.
+type BlockArg = (String, String, Vec<TensorArg>);
 
 fn block_from(arg: BlockArg) -> PyResult<StreamBlock> {
     let (name, tier, tensors) = arg;
@@ -39,8 +41,12 @@ fn block_from(arg: BlockArg) -> PyResult<StreamBlock> {
     };
     let tensors = tensors
         .into_iter()
-        .map(|(name, file, start, end)| StreamTensor { name, file, start, end })
-        .collect();
+        .map(|(name, file, start, end, dtype, shape)| {
+            let dtype = DType::from_safetensors_name(&dtype)
+                .ok_or_else(|| raise(Kind::Dtype, format!("tensor {name:?}: unknown dtype {dtype:?}")))?;
+            Ok(StreamTensor { name, file, start, end, dtype, shape })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
     Ok(StreamBlock { name, tier, tensors })
 }
 
@@ -73,7 +79,7 @@ impl PyEngine {
 #[pymethods]
 impl PyEngine {
     #[new]
-    #[pyo3(signature = (blocks, files, *, lookahead, workers, disk_mode, ram_in_memory, ram_threads))]
+    #[pyo3(signature = (blocks, files, *, lookahead, workers, disk_mode, ram_in_memory, ram_threads, storage=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -84,6 +90,7 @@ impl PyEngine {
         disk_mode: &str,
         ram_in_memory: bool,
         ram_threads: usize,
+        storage: Option<&str>,
     ) -> PyResult<Self> {
         let blocks = blocks.into_iter().map(block_from).collect::<PyResult<Vec<_>>>()?;
         let options = EngineOptions {
@@ -94,6 +101,10 @@ impl PyEngine {
                 RamSource::InMemory { threads: ram_threads.max(1) }
             } else {
                 RamSource::Mapped
+            },
+            storage: match storage {
+                Some(name) => Some(parse_dtype(name)?),
+                None => None,
             },
             ..EngineOptions::default()
         };
@@ -130,11 +141,18 @@ impl PyEngine {
         Ok(self.engine()?.staging_buffers())
     }
 
-    /// (name, offset, length) of each tensor of `block` in its staging buffer.
-    fn layout(&self, block: usize) -> PyResult<Vec<(String, usize, usize)>> {
+    /// Each tensor of `block` in its staging buffer: (name, offset, length, dtype as staged,
+    /// shape, per-row scales the engine made as (offset, length) or None).
+    fn layout(&self, block: usize) -> PyResult<Vec<LayoutEntry>> {
         let engine = self.engine()?;
         let layout = engine.layout(block).map_err(ToPyErr::to_py)?;
-        Ok(layout.iter().map(|t| (t.name.clone(), t.offset, t.len)).collect())
+        Ok(layout
+            .iter()
+            .map(|t| {
+                let scale = t.scale.map(|s| (s.offset, s.len));
+                (t.name.clone(), t.offset, t.len, t.dtype.safetensors_name(), t.shape.clone(), scale)
+            })
+            .collect())
     }
 
     fn staging_bytes(&self) -> PyResult<usize> {
@@ -169,6 +187,8 @@ impl PyEngine {
         Ok(self.inner.lock().map_err(|_| raise(Kind::Stream, "engine lock poisoned"))?.is_none())
     }
 }
+
+type LayoutEntry = (String, usize, usize, &'static str, Vec<usize>, Option<(usize, usize)>);
 
 /// Holds a lease; dropping the last reference gives the buffer back to the engine.
 #[derive(Debug)]
@@ -207,20 +227,10 @@ impl PyLease {
     }
 }
 
-/// One expansion out of a lease: (tensor, destination, source dtype, destination dtype, rows,
-/// cols, scale tensor, scale dtype, scale kind, block size).
-type ExpandItem<'py> = (
-    usize,
-    Bound<'py, PyAny>,
-    String,
-    String,
-    usize,
-    usize,
-    Option<usize>,
-    Option<String>,
-    String,
-    usize,
-);
+/// One expansion out of a lease: (tensor, destination, destination dtype, rows, cols, scale
+/// tensor, scale kind, block size). Source and scale dtypes come from the staged layout; a tensor
+/// the engine quantized on load brings its own per-row scales.
+type ExpandItem<'py> = (usize, Bound<'py, PyAny>, String, usize, usize, Option<usize>, String, usize);
 
 fn scale_values(bytes: &[u8], dtype: DType) -> Result<Vec<f32>, dtype::DtypeError> {
     if dtype == DType::F32 {
@@ -271,13 +281,9 @@ impl PyLease {
     fn expand_into(&self, py: Python<'_>, items: Vec<ExpandItem<'_>>, threads: Option<usize>) -> PyResult<()> {
         let cell = self.cell()?;
         let mut jobs = Vec::with_capacity(items.len());
-        for (idx, dst, sd, dd, rows, cols, scale_idx, scale_dtype, kind, block) in &items {
+        for (idx, dst, dd, rows, cols, scale_idx, kind, block) in &items {
             let dst = Borrowed::new(dst, "dst")?;
-            let scale_dtype = match scale_dtype {
-                Some(d) => Some(parse_dtype(d)?),
-                None => None,
-            };
-            jobs.push((*idx, dst, parse_dtype(sd)?, parse_dtype(dd)?, *rows, *cols, *scale_idx, scale_dtype, kind.as_str(), *block));
+            jobs.push((*idx, dst, parse_dtype(dd)?, *rows, *cols, *scale_idx, kind.as_str(), *block));
         }
         let mut spans: Vec<(usize, usize)> = jobs.iter().map(|j| j.1.span()).filter(|(a, b)| a < b).collect();
         spans.sort_unstable();
@@ -287,22 +293,26 @@ impl PyLease {
         let n = worker_threads(threads);
         let work: Vec<_> = jobs
             .iter()
-            .map(|(idx, dst, sd, dd, rows, cols, sidx, sdt, kind, block)| {
-                (*idx, dst.bytes_mut(), *sd, *dd, *rows, *cols, *sidx, *sdt, *kind, *block)
-            })
+            .map(|(idx, dst, dd, rows, cols, sidx, kind, block)| (*idx, dst.bytes_mut(), *dd, *rows, *cols, *sidx, *kind, *block))
             .collect();
         let lease = &cell.0;
+        let layout = lease.layout();
         without_gil(py, || {
-            for (idx, dst, sd, dd, rows, cols, sidx, sdt, kind, block) in work {
+            for (idx, dst, dd, rows, cols, sidx, kind, block) in work {
+                let fail = |m: String| format!("tensor #{idx}: {m}");
+                let staged = layout.get(idx).ok_or_else(|| fail("not in the block".into()))?;
                 let src = lease.tensor(idx).map_err(|e| e.to_string())?;
-                let values = match (sidx, sdt) {
-                    (Some(i), Some(d)) => {
-                        scale_values(lease.tensor(i).map_err(|e| e.to_string())?, d).map_err(|e| e.to_string())?
-                    }
-                    _ => Vec::new(),
+                let (values, kind) = if let Some(own) = lease.scale(idx).map_err(|e| e.to_string())? {
+                    (f32_values(own), "row")
+                } else if let Some(i) = sidx {
+                    let st = layout.get(i).ok_or_else(|| fail("its scale is not in the block".into()))?;
+                    let bytes = lease.tensor(i).map_err(|e| e.to_string())?;
+                    (scale_values(bytes, st.dtype).map_err(|e| fail(e.to_string()))?, kind)
+                } else {
+                    (Vec::new(), kind)
                 };
-                let scale = scale_of(kind, &values, block).map_err(|m| format!("tensor #{idx}: {m}"))?;
-                dtype::expand(src, sd, dst, dd, (rows, cols), &scale, n).map_err(|e| e.to_string())?;
+                let scale = scale_of(kind, &values, block).map_err(fail)?;
+                dtype::expand(src, staged.dtype, dst, dd, (rows, cols), &scale, n).map_err(|e| fail(e.to_string()))?;
             }
             Ok(())
         })

@@ -135,18 +135,8 @@ def _item(spec: TensorSpec, out: torch.Tensor) -> tuple[Any, ...]:
     import torch
 
     rows, cols = spec.rows_cols
-    return (
-        spec.staged_index,
-        out.reshape(-1).view(torch.uint8),
-        spec.info.dtype,
-        core_name(spec.target),
-        rows,
-        cols,
-        spec.scale_index,
-        None if spec.scale is None else spec.scale.dtype,
-        spec.scale_kind,
-        128,
-    )
+    return (spec.staged_index, out.reshape(-1).view(torch.uint8), core_name(spec.target), rows, cols,
+            spec.scale_index, spec.scale_kind, 128)
 
 
 def _expand_on_device(w: torch.Tensor, scale: torch.Tensor | None, kind: str, target: torch.dtype,
@@ -242,15 +232,20 @@ class CudaBackend:
         timing.bytes = host.numel()
         layout = self.state.engine.layout(block.engine_index)
         for spec in work:
-            w = _typed(dev, layout[spec.staged_index], spec.info.dtype, spec.shape)
-            scale = None
-            if spec.scale_index is not None and spec.scale is not None:
-                scale = _typed(dev, layout[spec.scale_index], spec.scale.dtype, tuple(spec.scale.shape))
+            assert spec.staged_index is not None
+            _name, offset, length, staged_dtype, shape, own_scale = layout[spec.staged_index]
+            w = _typed(dev, offset, length, staged_dtype, tuple(shape))
+            scale, kind = None, spec.scale_kind
+            if own_scale is not None:  # quantized by the engine on load (storage_dtype="fp8")
+                scale, kind = _typed(dev, own_scale[0], own_scale[1], "F32", (own_scale[1] // 4,)), "row"
+            elif spec.scale_index is not None:
+                _n, s_off, s_len, s_dtype, s_shape, _s = layout[spec.scale_index]
+                scale = _typed(dev, s_off, s_len, s_dtype, tuple(s_shape))
             rows, cols = spec.rows_cols
             if scale is None and w.dtype == spec.target:
                 _swap(spec, w)  # a view of the slot: no expansion needed
             else:
-                _swap(spec, _expand_on_device(w, scale, spec.scale_kind, spec.target, rows, cols))
+                _swap(spec, _expand_on_device(w, scale, kind, spec.target, rows, cols))
         self.live[block.index] = _Inflight(lease=lease, event=event, slot=slot, views=[host])
         return timing
 
@@ -283,8 +278,7 @@ class CudaBackend:
         self.slots.clear()
 
 
-def _typed(dev: torch.Tensor, entry: tuple[str, int, int], header: str, shape: tuple[int, ...]) -> torch.Tensor:
-    _name, offset, length = entry
+def _typed(dev: torch.Tensor, offset: int, length: int, header: str, shape: tuple[int, ...]) -> torch.Tensor:
     return dev[offset : offset + length].view(torch_dtype(header)).reshape(shape)
 
 

@@ -273,7 +273,7 @@ def _stream_load(
         described = []
         for e, b in enumerate(streamed):
             b.engine_index = e
-            entries: list[tuple[str, int, int, int]] = []
+            entries: list[tuple[str, int, int, int, str, list[int]]] = []
             for spec in b.tensors:
                 spec.staged_index = len(entries)
                 entries.append(_entry(spec.info, file_index))
@@ -289,11 +289,12 @@ def _stream_load(
         in_memory = bool(config.setting("ram_in_memory"))
         disk_mode, report.disk_mode_reason = _disk_mode(plan, report.disk.bytes, report.ram.bytes, in_memory)
         engine = _core.Engine(described, files, lookahead=lookahead, workers=int(config.setting("workers")),
-                              disk_mode=disk_mode, ram_in_memory=in_memory, ram_threads=threads)
+                              disk_mode=disk_mode, ram_in_memory=in_memory, ram_threads=threads,
+                              storage=None if storage is None else str(storage))
         report.staging_bytes = engine.staging_bytes()
         report.disk_mode = engine.disk_read_mode() if report.disk.blocks else None
-        if in_memory and report.ram.blocks:
-            report.ram_source = "in memory"
+        if (in_memory or storage is not None) and report.ram.blocks:
+            report.ram_source = "in memory" if storage is None else f"in memory as {storage}"
             _bytes, report.ram.seconds = engine.load_ram_tier()
         engine.set_order(list(range(len(streamed))))
 
@@ -312,8 +313,8 @@ def _stream_load(
     return report
 
 
-def _entry(info: _core.TensorInfo, file_index: dict[str, int]) -> tuple[str, int, int, int]:
-    return (info.name, file_index[os.fspath(info.file)], info.start, info.end)
+def _entry(info: _core.TensorInfo, file_index: dict[str, int]) -> tuple[str, int, int, int, str, list[int]]:
+    return (info.name, file_index[os.fspath(info.file)], info.start, info.end, info.dtype, list(info.shape))
 
 
 def _placeholder(spec: TensorSpec) -> Any:

@@ -75,6 +75,11 @@ impl Lease {
         Ok(t.scale.map(|s| &self.bytes()[s.offset..s.offset + s.len]))
     }
 
+    /// Every tensor of the leased block, as staged.
+    pub fn layout(&self) -> &[StagedTensor] {
+        self.shared.layout.layout(self.block)
+    }
+
     fn staged(&self, key: TensorKey<'_>) -> Result<&StagedTensor, StreamError> {
         let tensors = self.shared.layout.layout(self.block);
         let found = match key {
