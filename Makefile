@@ -8,6 +8,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CARGO ?= cargo
 export PYTHONDONTWRITEBYTECODE := 1
+# The package is used in place from python/, with the extension built next to it, so several
+# checkouts can share the cached environment without installing into it.
+export PYTHONPATH := $(CURDIR)/python
+EXT := python/trash_panda/_core.abi3.so
 
 .PHONY: demo test venv build rust-test lint py-test stubs fmt bench-read bench-convert clean
 
@@ -15,9 +19,11 @@ venv:
 	@bash scripts/venv.sh
 
 # The extension is built in release mode: the kernels and readers are what tests exercise.
+# (`pip install .` builds the same crate through maturin, for users.)
 build: venv
-	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --quiet
-	@$(PY) -c "import trash_panda; print('trash_panda', trash_panda.__version__, 'built')"
+	$(CARGO) build --release -p trash-panda-python
+	cp target/release/lib_core.so $(EXT)
+	@$(PY) -c "import trash_panda; print('trash_panda', trash_panda.__version__, 'from', trash_panda.__file__)"
 
 demo: build
 	$(PY) examples/demo.py

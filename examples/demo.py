@@ -8,7 +8,6 @@ kernels, checking each against torch's reference expansion.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
@@ -48,10 +47,8 @@ def make_checkpoint(path: Path) -> dict[str, torch.Tensor]:
 
 
 def cli(*args: str) -> None:
-    exe = shutil.which("trash-panda", path=str(Path(sys.executable).parent))
-    cmd = [exe] if exe else [sys.executable, "-m", "trash_panda.cli"]
     print(f"\n$ trash-panda {' '.join(args)}", flush=True)
-    subprocess.run([*cmd, *args], check=True)
+    subprocess.run([sys.executable, "-m", "trash_panda.cli", *args], check=True)
 
 
 def main() -> None:

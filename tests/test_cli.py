@@ -12,8 +12,17 @@ import torch
 from models import Tiny, save
 
 
+import os
+
+import trash_panda
+
+# The package as this test process imports it, for the child process too.
+ENV = {**os.environ, "PYTHONPATH": str(Path(trash_panda.__file__).parent.parent)}
+
+
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trash_panda.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "trash_panda.cli", *args], capture_output=True, text=True,
+                          timeout=120, env=ENV)
 
 
 @pytest.fixture
