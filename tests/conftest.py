@@ -31,6 +31,15 @@ def _tensors(seed: int = 0) -> dict[str, torch.Tensor]:
     return out
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def tensors() -> dict[str, torch.Tensor]:
     return _tensors()

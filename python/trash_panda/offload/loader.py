@@ -100,7 +100,7 @@ def _resolve_plan(
     assert plan is not None
     if plan.resolved and compute_dtype is None and storage_dtype is None:
         return plan
-    tensors, _ = planning_inputs(model, ckpt, [b.name for b in plan.blocks], key_map, skip_prefixes)
+    tensors, prefixes = planning_inputs(model, ckpt, _block_prefixes(model, plan), key_map, skip_prefixes)
     options: dict[str, Any] = {}
     if not plan.resolved:
         options["compute_dtype"] = infer_compute_dtype(tensors) if compute_dtype is None else _dtype_name(compute_dtype)
@@ -111,9 +111,20 @@ def _resolve_plan(
             options["compute_dtype"] = _dtype_name(compute_dtype)
     if storage_dtype is not None:
         options["storage_dtype"] = _dtype_name(storage_dtype)
-    core = plan._core.resolve(tensors, [b.name for b in plan.blocks], _free_vram(device),
+    core = plan._core.resolve(tensors, prefixes, _free_vram(device),
                               device.type == "cuda", **options)
     return Plan(core)
+
+
+def _block_prefixes(model: nn.Module, plan: Plan) -> list[str]:
+    """The model's blocks a plan is matched against: the ones block discovery finds, plus any
+    module the plan names that discovery does not reach. A plan entry naming a whole list
+    ("single_blocks.") then covers each block of that list."""
+    found = [b.prefix for b in find_blocks(model)]
+    for entry in (b.name for b in plan.blocks):
+        if not any(f.startswith(entry) or entry.startswith(f) for f in found):
+            found += [b.prefix for b in find_blocks(model, [entry])]
+    return found
 
 
 def json_options(plan: Plan) -> dict[str, Any]:
@@ -362,17 +373,13 @@ def _materialize(spec: TensorSpec, target: torch.dtype, device: torch.device, *,
 
     stored = _read(spec.info, threads)
     scale = _read(spec.scale, threads) if spec.scale is not None else None
-    if not stored.dtype.is_floating_point:
-        final: torch.Tensor | None = stored
-    elif expand or (stored.dtype == target and scale is None):
-        final = stored if stored.dtype == target and scale is None else kernels.expand(
-            stored, target, None if scale is None else _scale_arg(scale, spec))
-    else:
-        final = None
-        if storage is not None and scale is None:
-            stored, scale = _convert_storage(stored, storage, spec)
-            if scale is None and stored.dtype == target:
-                final = stored
+    if not expand and storage is not None and scale is None and stored.dtype.is_floating_point:
+        stored, scale = _convert_storage(stored, storage, spec)
+    final: torch.Tensor | None = None
+    if not stored.dtype.is_floating_point or (stored.dtype == target and scale is None):
+        final = stored
+    elif expand:
+        final = kernels.expand(stored, target, None if scale is None else _scale_arg(scale, spec))
     if final is not None:
         param = nn.Parameter(final.to(device), requires_grad=False)
         for m, a in spec.owners:

@@ -1,0 +1,315 @@
+"""stream_load + install_offload on plain torch models: outputs equal to the un-offloaded model."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from models import Tiny, TwoLists, on_meta, save
+from safetensors.torch import save_file
+
+import trash_panda as tp
+from trash_panda import CheckpointError, Plan, Tier
+from trash_panda.offload.state import get_state
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def every_tier(layers: int = 6) -> Plan:
+    p = Plan.manual(resident=["blocks.0.", "blocks.1."], streamed=[f"blocks.{i}." for i in range(2, layers)])
+    return p.assign(Tier.DISK, prefixes=[f"blocks.{i}." for i in range(layers - 2, layers)])
+
+
+def reference(dtype: torch.dtype, seed: int = 0, **kw: int) -> Tiny:
+    torch.manual_seed(seed)
+    return Tiny(**kw).to(dtype).eval()
+
+
+def ids() -> torch.Tensor:
+    return torch.randint(0, 100, (3, 11), generator=torch.Generator().manual_seed(5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_tier_bit_for_bit(tmp_path: Path, dtype: torch.dtype) -> None:
+    ref = reference(dtype)
+    path = save(ref, tmp_path / "m.safetensors", dtype)
+    model = on_meta(Tiny)
+    report = tp.stream_load(model, path, plan=every_tier())
+    assert report.device_tier.blocks == 2 and report.ram.blocks == 2 and report.disk.blocks == 2
+    assert "disk" in str(report)
+    handle = tp.install_offload(model)
+    with torch.no_grad():
+        want = ref(ids())
+        for _ in range(3):  # the first pass stages cold, later ones reuse the pool
+            assert torch.equal(model(ids()), want)
+    stats = handle.stats()
+    block_bytes = [b.stored_bytes for b in tp.plan(on_meta(Tiny), path, vram="1GB", ram="1GB").blocks]
+    assert stats["disk_bytes"] >= 3 * sum(block_bytes[4:])
+    assert handle.recorded_order == [f"blocks.{i}." for i in range(2, 6)]
+    tp.release(model, handle)
+
+
+@pytest.mark.parametrize("lookahead", ["0", "1", "3"])
+@pytest.mark.parametrize("ram_in_memory", ["0", "1"])
+def test_settings_keep_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lookahead: str,
+                               ram_in_memory: str) -> None:
+    monkeypatch.setenv("TRASH_PANDA_LOOKAHEAD", lookahead)
+    monkeypatch.setenv("TRASH_PANDA_RAM_IN_MEMORY", ram_in_memory)
+    monkeypatch.setenv("TRASH_PANDA_DISK_MODE", "buffered" if lookahead == "1" else "direct")
+    ref = reference(torch.float32)
+    path = save(ref, tmp_path / "m.safetensors")
+    model = on_meta(Tiny)
+    report = tp.stream_load(model, path, plan=every_tier())
+    assert report.ram_source == ("in memory" if ram_in_memory == "1" else "mapped")
+    handle = tp.install_offload(model)
+    with torch.no_grad():
+        assert torch.equal(model(ids()), ref(ids()))
+    tp.release(model, handle)
+
+
+def test_automatic_plan_and_low_level_form(tmp_path: Path) -> None:
+    ref = reference(torch.float32)
+    path = save(ref, tmp_path / "m.safetensors")
+    model = on_meta(Tiny)
+    tp.stream_load(model, path, offload_prefixes=["blocks."], resident_prefixes=["blocks.0."], compute_dtype="f32")
+    state = get_state(model)
+    assert state is not None
+    assert [b.tier for b in state.blocks] == [Tier.DEVICE] + [Tier.RAM] * 5
+    handle = tp.offload_blocks(model.blocks, device="cpu", compute_dtype=torch.float32)
+    with torch.no_grad():
+        assert torch.equal(model(ids()), ref(ids()))
+    tp.release(model, handle)
+
+    model = on_meta(Tiny)
+    tp.stream_load(model, path)  # plans by itself
+    handle = tp.install_offload(model)
+    with torch.no_grad():
+        assert torch.equal(model(ids()), ref(ids()))
+    tp.release(model, handle)
+
+
+def test_two_block_lists(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    ref = TwoLists().eval()
+    path = save(ref, tmp_path / "two.safetensors")
+    model = on_meta(TwoLists)
+    # A manual entry naming a whole list covers each of its blocks.
+    p = Plan.manual(resident=["double_blocks.0."], streamed=["double_blocks.1.", "double_blocks.2.", "single_blocks."])
+    p.assign(Tier.DISK, prefixes=["double_blocks.2."])
+    tp.stream_load(model, path, plan=p)
+    state = get_state(model)
+    assert state is not None
+    assert [(b.prefix, b.tier.value) for b in state.blocks] == [
+        ("double_blocks.0.", "device"), ("double_blocks.1.", "ram"), ("double_blocks.2.", "disk"),
+        *((f"single_blocks.{i}.", "ram") for i in range(4)),
+    ]
+    handle = tp.install_offload(model)
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(x), ref(x))
+    tp.release(model, handle)
+
+
+def _fp8_checkpoint(ref: Tiny, path: Path) -> Tiny:
+    """Saves ``ref`` with fp8 block weights and three scale layouts; returns the bf16 reference
+    model whose weights are the reference expansion ``(w.float() * scale).to(bf16)``."""
+    tensors: dict[str, torch.Tensor] = {}
+    expected = Tiny().to(torch.bfloat16).eval()
+    state = {k: v.clone() for k, v in ref.state_dict().items()}
+    for name, w in state.items():
+        if name.startswith("blocks.") and name.endswith(".weight") and w.dim() == 2:
+            layer = int(name.split(".")[1]) % 3
+            if layer == 0:  # one scale per output row
+                scale = w.abs().amax(dim=1, keepdim=True) / 448
+                q = (w / scale).to(torch.float8_e4m3fn)
+                tensors[name[:-7] + ".weight_scale"] = scale
+                full = scale
+            elif layer == 1:  # one scale for the tensor, as scaled-fp8 UI checkpoints store it
+                scale = w.abs().amax() / 448
+                q = (w / scale).to(torch.float8_e4m3fn)
+                tensors[name[:-7] + ".scale_weight"] = scale.reshape(())
+                full = scale
+            else:  # one scale per 128x128 block
+                r, c = w.shape
+                scale = torch.rand(math.ceil(r / 128), math.ceil(c / 128)) * 0.01 + 0.001
+                full = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:r, :c]
+                q = (w / full).to(torch.float8_e4m3fn)
+                tensors[name[:-7] + ".weight_scale_inv"] = scale
+            tensors[name] = q
+            state[name] = (q.float() * full).to(torch.bfloat16)
+        else:
+            tensors[name] = w.to(torch.bfloat16)
+            state[name] = tensors[name]
+    save_file(tensors, str(path))
+    expected.load_state_dict(state)
+    return expected
+
+
+def test_fp8_with_scales_equals_reference_expansion(tmp_path: Path) -> None:
+    ref = reference(torch.float32)
+    expected = _fp8_checkpoint(ref, tmp_path / "fp8.safetensors")
+    model = on_meta(Tiny)
+    report = tp.stream_load(model, tmp_path / "fp8.safetensors", plan=every_tier())
+    assert report.compute_dtype == "bfloat16"
+    handle = tp.install_offload(model)
+    with torch.no_grad():
+        want = expected(ids())
+        assert torch.equal(model(ids()), want)
+        assert torch.equal(model(ids()), want)
+    tp.release(model, handle)
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8"])
+def test_storage_dtype(tmp_path: Path, storage: str) -> None:
+    # dim 512: the up/down weights have 2^20 elements, the smallest the fp8 storage converts.
+    ref = reference(torch.float32, dim=512, layers=3, vocab=50)
+    path = save(ref, tmp_path / "wide.safetensors")
+    state = {}
+    for name, w in ref.state_dict().items():
+        if storage == "bf16" or not name.startswith("blocks."):
+            state[name] = w.to(torch.bfloat16).float() if name.startswith("blocks.") else w
+        elif w.dim() == 2 and w.numel() >= tp._core.FP8_MIN_ELEMENTS:
+            q, s = tp.dtype.quantize_fp8(w)
+            state[name] = q.float() * s
+        else:
+            state[name] = w
+    model = on_meta(Tiny, dim=512, layers=3, vocab=50)
+    p = Plan.manual(resident=["blocks.0."], streamed=["blocks.1.", "blocks.2."]).assign(Tier.DISK, indices=[2])
+    tp.stream_load(model, path, plan=p, storage_dtype=storage, compute_dtype="f32")
+    handle = tp.install_offload(model)
+    x = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(1))
+    # The disk tier (blocks.2.) keeps the file's form; the others hold the storage dtype's.
+    expected = Tiny(dim=512, layers=3, vocab=50).eval()
+    expected.load_state_dict({**state, **{k: v for k, v in ref.state_dict().items() if k.startswith("blocks.2.")}})
+    with torch.no_grad():
+        got = model(x)
+        assert not torch.equal(got, ref(x)), "storage conversion changed nothing"
+        assert torch.equal(got, expected(x))
+    tp.release(model, handle)
+
+
+def test_missing_parameter_names_it_and_near_names(tmp_path: Path) -> None:
+    ref = reference(torch.float32)
+    tensors = {k: v for k, v in ref.state_dict().items() if k != "blocks.3.up.weight"}
+    tensors["blocks.3.up.weights"] = ref.state_dict()["blocks.3.up.weight"]
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    model = on_meta(Tiny)
+    with pytest.raises(CheckpointError, match=r"blocks\.3\.up\.weight.*blocks\.3\.up\.weights"):
+        tp.stream_load(model, tmp_path / "m.safetensors", plan=every_tier())
+    assert get_state(model) is None
+    assert all(p.is_meta for p in model.parameters())
+
+
+def test_shape_mismatch_names_both_shapes(tmp_path: Path) -> None:
+    ref = reference(torch.float32)
+    tensors = dict(ref.state_dict())
+    tensors["blocks.1.up.weight"] = torch.zeros(255, 64)
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    with pytest.raises(CheckpointError, match=r"\[255, 64\].*\[256, 64\]"):
+        tp.stream_load(on_meta(Tiny), tmp_path / "m.safetensors", plan=every_tier())
+
+
+def test_failed_load_leaves_nothing_usable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = save(reference(torch.float32), tmp_path / "m.safetensors")
+    calls = {"n": 0}
+    real = tp._core.read_tensors
+
+    def flaky(*args: object, **kw: object) -> tuple[int, float]:
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise tp.ReadError("simulated: the drive went away")
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tp._core, "read_tensors", flaky)
+    model = on_meta(Tiny)
+    with pytest.raises(tp.ReadError, match="drive went away"):
+        tp.stream_load(model, path, plan=every_tier())
+    assert get_state(model) is None
+    assert all(p.is_meta for p in model.parameters())
+    with pytest.raises(tp.ArgumentError, match="stream_load"):
+        tp.install_offload(model)
+
+
+def test_order_and_warning(tmp_path: Path) -> None:
+    class Reversed(Tiny):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            x = self.embed(ids)
+            for b in reversed(self.blocks):
+                x = b(x)
+            return self.head(self.norm(x))
+
+    torch.manual_seed(0)
+    ref = Reversed().eval()
+    path = save(ref, tmp_path / "r.safetensors")
+    model = on_meta(Reversed)
+    tp.stream_load(model, path, plan=every_tier())
+    handle = tp.install_offload(model)
+    with pytest.warns(UserWarning, match="order"), torch.no_grad():
+        assert torch.equal(model(ids()), ref(ids()))
+    assert handle.recorded_order == [f"blocks.{i}." for i in range(5, 1, -1)]
+    handle.remove()
+    handle = tp.install_offload(model, order=handle.recorded_order)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            assert torch.equal(model(ids()), ref(ids()))
+    with pytest.raises(tp.ArgumentError, match="blocks.9"):
+        handle.remove()
+        tp.install_offload(model, order=["blocks.9."])
+    tp.release(model)
+
+
+def test_release_gives_memory_back(tmp_path: Path) -> None:
+    ref = reference(torch.float32, dim=768, layers=8, vocab=100)  # about 150 MB of weights
+    path = save(ref, tmp_path / "big.safetensors")
+    del ref
+    x = torch.randint(0, 100, (1, 4))
+    # A warm-up load and release, so the allocator's and torch's one-time costs are paid.
+    for _ in range(2):
+        tp._core.trim_heap()
+        before = tp._core.current_rss()
+        model = on_meta(Tiny, dim=768, layers=8, vocab=100)
+        p = Plan.manual(resident=[f"blocks.{i}." for i in range(4)], streamed=[f"blocks.{i}." for i in range(4, 8)])
+        tp.stream_load(model, path, plan=p.assign(Tier.DISK, indices=[7]))
+        handle = tp.install_offload(model)
+        with torch.no_grad():
+            model(x)
+        loaded = tp._core.current_rss()
+        tp.release(model, handle)
+        after = tp._core.current_rss()
+    assert loaded - before > 60e6, "the load should have taken memory"
+    assert after <= before * 1.05, f"RSS {before / 1e6:.0f} MB before, {after / 1e6:.0f} MB after release"
+    with pytest.raises(tp.TrashPandaError, match="released"):
+        model(x)
+
+
+def test_measure_activation_on_cpu(tmp_path: Path) -> None:
+    def big() -> None:
+        t = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MB, touched
+        t.add_(1)
+
+    assert tp.measure_activation_vram(big) >= 50e6
+    with pytest.raises(tp.ArgumentError, match="callable"):
+        tp.measure_activation_vram(3)  # type: ignore[arg-type]
+
+
+def test_argument_errors(tmp_path: Path) -> None:
+    path = save(reference(torch.float32), tmp_path / "m.safetensors")
+    with pytest.raises(tp.ArgumentError, match="nn.Module"):
+        tp.stream_load("model", path)  # type: ignore[arg-type]
+    with pytest.raises(tp.ArgumentError, match="not both"):
+        tp.stream_load(on_meta(Tiny), path, plan=every_tier(), offload_prefixes=["blocks."])
+    model = on_meta(Tiny)
+    tp.stream_load(model, path, plan=every_tier())
+    with pytest.raises(tp.ArgumentError, match="already loaded"):
+        tp.stream_load(model, path, plan=every_tier())
+    handle = tp.install_offload(model)
+    with pytest.raises(tp.ArgumentError, match="already installed"):
+        tp.install_offload(model)
+    with pytest.raises(tp.ArgumentError, match="another model"):
+        tp.release(on_meta(Tiny), handle)
+    tp.release(model, handle)
