@@ -266,11 +266,11 @@ def _stream_load(
     # Resident blocks: read to the device in their stored form (or the storage dtype).
     t0 = time.perf_counter()
     streamed: list[BlockState] = []
-    for b in blocks.values():
-        if b.tier != Tier.DEVICE:
-            streamed.append(b)
+    for state_block in blocks.values():
+        if state_block.tier != Tier.DEVICE:
+            streamed.append(state_block)
             continue
-        for spec in b.tensors:
+        for spec in state_block.tensors:
             _materialize(spec, spec.target, device, storage=storage, threads=threads, expand=False)
             report.device_tier.bytes += spec.info.nbytes
         report.device_tier.blocks += 1
@@ -282,21 +282,21 @@ def _stream_load(
     if streamed:
         file_index = {f: i for i, f in enumerate(files)}
         described = []
-        for e, b in enumerate(streamed):
-            b.engine_index = e
+        for e, sb in enumerate(streamed):
+            sb.engine_index = e
             entries: list[tuple[str, int, int, int, str, list[int]]] = []
-            for spec in b.tensors:
+            for spec in sb.tensors:
                 spec.staged_index = len(entries)
                 entries.append(_entry(spec.info, file_index))
                 if spec.scale is not None:
                     spec.scale_index = len(entries)
                     entries.append(_entry(spec.scale, file_index))
                 spec.placeholder = _placeholder(spec)
-            tier = "ram" if b.tier == Tier.RAM else "disk"
-            described.append((b.prefix, tier, entries))
+            tier = "ram" if sb.tier == Tier.RAM else "disk"
+            described.append((sb.prefix, tier, entries))
             load = report.ram if tier == "ram" else report.disk
             load.blocks += 1
-            load.bytes += sum(s.info.nbytes + (s.scale.nbytes if s.scale else 0) for s in b.tensors)
+            load.bytes += sum(s.info.nbytes + (s.scale.nbytes if s.scale else 0) for s in sb.tensors)
         in_memory = bool(config.setting("ram_in_memory"))
         disk_mode, report.disk_mode_reason = _disk_mode(plan, report.disk.bytes, report.ram.bytes, in_memory)
         engine = _core.Engine(described, files, lookahead=lookahead, workers=int(config.setting("workers")),
