@@ -36,7 +36,11 @@ fn dtype_header_name(name: &str) -> PyResult<&'static str> {
 
 /// The core's scale from its kind ("none", "tensor", "row", "block") and values. Pure, so it
 /// can run without the GIL; the error is the message.
-pub(crate) fn scale_of<'v>(kind: &str, values: &'v [f32], block: usize) -> Result<Scale<'v>, String> {
+pub(crate) fn scale_of<'v>(
+    kind: &str,
+    values: &'v [f32],
+    block: usize,
+) -> Result<Scale<'v>, String> {
     Ok(match (kind, values) {
         ("none", _) => Scale::None,
         ("tensor", [v]) => Scale::PerTensor(*v),
@@ -44,7 +48,9 @@ pub(crate) fn scale_of<'v>(kind: &str, values: &'v [f32], block: usize) -> Resul
         ("block", v) => Scale::Block { scales: v, block },
         ("tensor", v) => return Err(format!("a per-tensor scale has one value, got {}", v.len())),
         (other, _) => {
-            return Err(format!("scale kind {other:?} is not one of none, tensor, row, block"))
+            return Err(format!(
+                "scale kind {other:?} is not one of none, tensor, row, block"
+            ))
         }
     })
 }

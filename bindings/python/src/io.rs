@@ -34,8 +34,15 @@ fn read_tensors(
         .iter()
         .map(|(offset, dst)| ReadRequest::new(*offset, dst.bytes_mut()))
         .collect();
-    let mode = if direct { ReadMode::Direct } else { ReadMode::Buffered };
-    let options = ReadOptions { threads: threads.max(1), ..ReadOptions::default() };
+    let mode = if direct {
+        ReadMode::Direct
+    } else {
+        ReadMode::Buffered
+    };
+    let options = ReadOptions {
+        threads: threads.max(1),
+        ..ReadOptions::default()
+    };
     let stats = without_gil(py, || {
         let reader = FileReader::open(&path, mode)?;
         read_ranges_with(&reader, &mut reqs, &options)
@@ -80,8 +87,10 @@ impl PyRssSampler {
     #[new]
     #[pyo3(signature = (interval_ms=1))]
     fn new(interval_ms: u64) -> PyResult<Self> {
-        let inner = trash_panda::sys::RssSampler::start(std::time::Duration::from_millis(interval_ms.max(1)))
-            .map_err(ToPyErr::to_py)?;
+        let inner = trash_panda::sys::RssSampler::start(std::time::Duration::from_millis(
+            interval_ms.max(1),
+        ))
+        .map_err(ToPyErr::to_py)?;
         Ok(PyRssSampler { inner: Some(inner) })
     }
 
@@ -92,10 +101,12 @@ impl PyRssSampler {
 
     /// Stops sampling: (start, peak, end) in bytes.
     fn stop(&mut self, py: Python<'_>) -> PyResult<(u64, u64, u64)> {
-        let sampler = self
-            .inner
-            .take()
-            .ok_or_else(|| crate::errors::raise(crate::errors::Kind::Argument, "the sampler was already stopped"))?;
+        let sampler = self.inner.take().ok_or_else(|| {
+            crate::errors::raise(
+                crate::errors::Kind::Argument,
+                "the sampler was already stopped",
+            )
+        })?;
         let stats = without_gil(py, || sampler.stop());
         Ok((stats.start, stats.peak, stats.end))
     }

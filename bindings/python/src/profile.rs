@@ -30,24 +30,41 @@ fn profile_report(
     load: Option<&str>,
     engine: Option<&str>,
 ) -> PyResult<(String, String, String)> {
-    let tiers = blocks.iter().map(|(_, t)| tier(t)).collect::<PyResult<Vec<_>>>()?;
+    let tiers = blocks
+        .iter()
+        .map(|(_, t)| tier(t))
+        .collect::<PyResult<Vec<_>>>()?;
     let names = blocks.into_iter().map(|(n, _)| n).collect();
     let mut profile = Profile::new(names, tiers).map_err(ToPyErr::to_py)?;
     for (block, start, end, staged_wait, gpu_wait, bytes, t) in runs {
         profile
-            .record(BlockRun { block, start, end, staged_wait, gpu_wait, bytes, tier: tier(&t)? })
+            .record(BlockRun {
+                block,
+                start,
+                end,
+                staged_wait,
+                gpu_wait,
+                bytes,
+                tier: tier(&t)?,
+            })
             .map_err(ToPyErr::to_py)?;
     }
-    let parse_err = |what: &str, e: serde_json::Error| raise(Kind::Argument, format!("profile {what}: {e}"));
+    let parse_err =
+        |what: &str, e: serde_json::Error| raise(Kind::Argument, format!("profile {what}: {e}"));
     if let Some(text) = load {
         let summary: LoadSummary = serde_json::from_str(text).map_err(|e| parse_err("load", e))?;
         profile.set_load(summary).map_err(ToPyErr::to_py)?;
     }
     if let Some(text) = engine {
-        let summary: EngineSummary = serde_json::from_str(text).map_err(|e| parse_err("engine", e))?;
+        let summary: EngineSummary =
+            serde_json::from_str(text).map_err(|e| parse_err("engine", e))?;
         profile.set_engine(summary).map_err(ToPyErr::to_py)?;
     }
-    Ok((profile.report(), profile.to_trace_json(), profile.to_log_line()))
+    Ok((
+        profile.report(),
+        profile.to_trace_json(),
+        profile.to_log_line(),
+    ))
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

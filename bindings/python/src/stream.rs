@@ -10,18 +10,22 @@ use pyo3::prelude::*;
 
 use trash_panda::dtype::{self, DType};
 use trash_panda::io::ReadMode;
-use trash_panda::stream::{Engine, EngineOptions, Lease, RamSource, SourceTier, StreamBlock, StreamError, StreamTensor};
+use trash_panda::stream::{
+    Engine, EngineOptions, Lease, RamSource, SourceTier, StreamBlock, StreamError, StreamTensor,
+};
 
+use crate::checkpoint::PyTensorBytes;
 use crate::dlpack::{Borrowed, ByteOwner};
 use crate::dtype::{f32_values, parse_dtype, scale_of};
 use crate::errors::{raise, Kind, ToPyErr};
 use crate::gil::{threads as worker_threads, without_gil};
-use crate::checkpoint::PyTensorBytes;
 
 impl ToPyErr for StreamError {
     fn to_py(self) -> PyErr {
         match self {
-            StreamError::Read { .. } | StreamError::Open { .. } => raise(Kind::Read, self.to_string()),
+            StreamError::Read { .. } | StreamError::Open { .. } => {
+                raise(Kind::Read, self.to_string())
+            }
             other => raise(Kind::Stream, other.to_string()),
         }
     }
@@ -37,24 +41,47 @@ fn block_from(arg: BlockArg) -> PyResult<StreamBlock> {
     let tier = match tier.as_str() {
         "ram" => SourceTier::Ram,
         "disk" => SourceTier::Disk,
-        other => return Err(raise(Kind::Argument, format!("block {name:?}: tier {other:?} is not ram or disk"))),
+        other => {
+            return Err(raise(
+                Kind::Argument,
+                format!("block {name:?}: tier {other:?} is not ram or disk"),
+            ))
+        }
     };
     let tensors = tensors
         .into_iter()
         .map(|(name, file, start, end, dtype, shape)| {
-            let dtype = DType::from_safetensors_name(&dtype)
-                .ok_or_else(|| raise(Kind::Dtype, format!("tensor {name:?}: unknown dtype {dtype:?}")))?;
-            Ok(StreamTensor { name, file, start, end, dtype, shape })
+            let dtype = DType::from_safetensors_name(&dtype).ok_or_else(|| {
+                raise(
+                    Kind::Dtype,
+                    format!("tensor {name:?}: unknown dtype {dtype:?}"),
+                )
+            })?;
+            Ok(StreamTensor {
+                name,
+                file,
+                start,
+                end,
+                dtype,
+                shape,
+            })
         })
         .collect::<PyResult<Vec<_>>>()?;
-    Ok(StreamBlock { name, tier, tensors })
+    Ok(StreamBlock {
+        name,
+        tier,
+        tensors,
+    })
 }
 
 fn read_mode(name: &str) -> PyResult<ReadMode> {
     match name {
         "direct" => Ok(ReadMode::Direct),
         "buffered" => Ok(ReadMode::Buffered),
-        other => Err(raise(Kind::Argument, format!("disk_mode {other:?}: expected direct or buffered"))),
+        other => Err(raise(
+            Kind::Argument,
+            format!("disk_mode {other:?}: expected direct or buffered"),
+        )),
     }
 }
 
@@ -72,7 +99,12 @@ impl PyEngine {
             .lock()
             .map_err(|_| raise(Kind::Stream, "engine lock poisoned"))?
             .clone()
-            .ok_or_else(|| raise(Kind::Stream, "the engine was closed (the model was released)"))
+            .ok_or_else(|| {
+                raise(
+                    Kind::Stream,
+                    "the engine was closed (the model was released)",
+                )
+            })
     }
 }
 
@@ -92,13 +124,18 @@ impl PyEngine {
         ram_threads: usize,
         storage: Option<&str>,
     ) -> PyResult<Self> {
-        let blocks = blocks.into_iter().map(block_from).collect::<PyResult<Vec<_>>>()?;
+        let blocks = blocks
+            .into_iter()
+            .map(block_from)
+            .collect::<PyResult<Vec<_>>>()?;
         let options = EngineOptions {
             lookahead,
             workers: workers.max(1),
             disk_mode: read_mode(disk_mode)?,
             ram_source: if ram_in_memory {
-                RamSource::InMemory { threads: ram_threads.max(1) }
+                RamSource::InMemory {
+                    threads: ram_threads.max(1),
+                }
             } else {
                 RamSource::Mapped
             },
@@ -108,8 +145,11 @@ impl PyEngine {
             },
             ..EngineOptions::default()
         };
-        let engine = without_gil(py, || Engine::new(blocks, files, options)).map_err(ToPyErr::to_py)?;
-        Ok(PyEngine { inner: Mutex::new(Some(Arc::new(engine))) })
+        let engine =
+            without_gil(py, || Engine::new(blocks, files, options)).map_err(ToPyErr::to_py)?;
+        Ok(PyEngine {
+            inner: Mutex::new(Some(Arc::new(engine))),
+        })
     }
 
     /// Sets the run order (engine block indices); blocks left out follow in definition order.
@@ -126,7 +166,9 @@ impl PyEngine {
     fn acquire(&self, py: Python<'_>, block: usize) -> PyResult<PyLease> {
         let engine = self.engine()?;
         let lease = without_gil(py, || engine.acquire(block)).map_err(ToPyErr::to_py)?;
-        Ok(PyLease { cell: Mutex::new(Some(Arc::new(LeaseCell(lease)))) })
+        Ok(PyLease {
+            cell: Mutex::new(Some(Arc::new(LeaseCell(lease)))),
+        })
     }
 
     /// Reads the RAM tier into private memory now (only with ram_in_memory); (bytes, seconds).
@@ -150,7 +192,14 @@ impl PyEngine {
             .iter()
             .map(|t| {
                 let scale = t.scale.map(|s| (s.offset, s.len));
-                (t.name.clone(), t.offset, t.len, t.dtype.safetensors_name(), t.shape.clone(), scale)
+                (
+                    t.name.clone(),
+                    t.offset,
+                    t.len,
+                    t.dtype.safetensors_name(),
+                    t.shape.clone(),
+                    scale,
+                )
             })
             .collect())
     }
@@ -166,7 +215,8 @@ impl PyEngine {
 
     /// The engine's statistics as JSON.
     fn stats_json(&self) -> PyResult<String> {
-        serde_json::to_string(&self.engine()?.stats()).map_err(|e| raise(Kind::Stream, e.to_string()))
+        serde_json::to_string(&self.engine()?.stats())
+            .map_err(|e| raise(Kind::Stream, e.to_string()))
     }
 
     fn reset_stats(&self) -> PyResult<()> {
@@ -176,7 +226,11 @@ impl PyEngine {
 
     /// Stops the workers. Buffers still leased are freed when their leases go.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let engine = self.inner.lock().map_err(|_| raise(Kind::Stream, "engine lock poisoned"))?.take();
+        let engine = self
+            .inner
+            .lock()
+            .map_err(|_| raise(Kind::Stream, "engine lock poisoned"))?
+            .take();
         // Dropping joins the worker threads, which may be finishing a read.
         without_gil(py, || drop(engine));
         Ok(())
@@ -184,11 +238,22 @@ impl PyEngine {
 
     #[getter]
     fn closed(&self) -> PyResult<bool> {
-        Ok(self.inner.lock().map_err(|_| raise(Kind::Stream, "engine lock poisoned"))?.is_none())
+        Ok(self
+            .inner
+            .lock()
+            .map_err(|_| raise(Kind::Stream, "engine lock poisoned"))?
+            .is_none())
     }
 }
 
-type LayoutEntry = (String, usize, usize, &'static str, Vec<usize>, Option<(usize, usize)>);
+type LayoutEntry = (
+    String,
+    usize,
+    usize,
+    &'static str,
+    Vec<usize>,
+    Option<(usize, usize)>,
+);
 
 /// Holds a lease; dropping the last reference gives the buffer back to the engine.
 #[derive(Debug)]
@@ -230,7 +295,16 @@ impl PyLease {
 /// One expansion out of a lease: (tensor, destination, destination dtype, rows, cols, scale
 /// tensor, scale kind, block size). Source and scale dtypes come from the staged layout; a tensor
 /// the engine quantized on load brings its own per-row scales.
-type ExpandItem<'py> = (usize, Bound<'py, PyAny>, String, usize, usize, Option<usize>, String, usize);
+type ExpandItem<'py> = (
+    usize,
+    Bound<'py, PyAny>,
+    String,
+    usize,
+    usize,
+    Option<usize>,
+    String,
+    usize,
+);
 
 fn scale_values(bytes: &[u8], dtype: DType) -> Result<Vec<f32>, dtype::DtypeError> {
     if dtype == DType::F32 {
@@ -264,7 +338,11 @@ impl PyLease {
     fn block_bytes(&self) -> PyResult<PyTensorBytes> {
         let cell = self.cell()?;
         let len = cell.0.bytes().len();
-        Ok(PyTensorBytes::from_owner(Arc::new(LeaseSlice { cell, offset: 0, len })))
+        Ok(PyTensorBytes::from_owner(Arc::new(LeaseSlice {
+            cell,
+            offset: 0,
+            len,
+        })))
     }
 
     /// One tensor's staged bytes, by index in the block's layout.
@@ -273,46 +351,91 @@ impl PyLease {
         let bytes = cell.0.tensor(tensor).map_err(ToPyErr::to_py)?;
         let offset = bytes.as_ptr() as usize - cell.0.bytes().as_ptr() as usize;
         let len = bytes.len();
-        Ok(PyTensorBytes::from_owner(Arc::new(LeaseSlice { cell, offset, len })))
+        Ok(PyTensorBytes::from_owner(Arc::new(LeaseSlice {
+            cell,
+            offset,
+            len,
+        })))
     }
 
     /// Expands staged tensors into CPU tensors in one call, without the GIL.
     #[pyo3(signature = (items, threads=None))]
-    fn expand_into(&self, py: Python<'_>, items: Vec<ExpandItem<'_>>, threads: Option<usize>) -> PyResult<()> {
+    fn expand_into(
+        &self,
+        py: Python<'_>,
+        items: Vec<ExpandItem<'_>>,
+        threads: Option<usize>,
+    ) -> PyResult<()> {
         let cell = self.cell()?;
         let mut jobs = Vec::with_capacity(items.len());
         for (idx, dst, dd, rows, cols, scale_idx, kind, block) in &items {
             let dst = Borrowed::new(dst, "dst")?;
-            jobs.push((*idx, dst, parse_dtype(dd)?, *rows, *cols, *scale_idx, kind.as_str(), *block));
+            jobs.push((
+                *idx,
+                dst,
+                parse_dtype(dd)?,
+                *rows,
+                *cols,
+                *scale_idx,
+                kind.as_str(),
+                *block,
+            ));
         }
-        let mut spans: Vec<(usize, usize)> = jobs.iter().map(|j| j.1.span()).filter(|(a, b)| a < b).collect();
+        let mut spans: Vec<(usize, usize)> = jobs
+            .iter()
+            .map(|j| j.1.span())
+            .filter(|(a, b)| a < b)
+            .collect();
         spans.sort_unstable();
         if spans.windows(2).any(|w| w[1].0 < w[0].1) {
-            return Err(raise(Kind::Argument, "expand_into: two destinations overlap"));
+            return Err(raise(
+                Kind::Argument,
+                "expand_into: two destinations overlap",
+            ));
         }
         let n = worker_threads(threads);
         let work: Vec<_> = jobs
             .iter()
-            .map(|(idx, dst, dd, rows, cols, sidx, kind, block)| (*idx, dst.bytes_mut(), *dd, *rows, *cols, *sidx, *kind, *block))
+            .map(|(idx, dst, dd, rows, cols, sidx, kind, block)| {
+                (
+                    *idx,
+                    dst.bytes_mut(),
+                    *dd,
+                    *rows,
+                    *cols,
+                    *sidx,
+                    *kind,
+                    *block,
+                )
+            })
             .collect();
         let lease = &cell.0;
         let layout = lease.layout();
         without_gil(py, || {
             for (idx, dst, dd, rows, cols, sidx, kind, block) in work {
                 let fail = |m: String| format!("tensor #{idx}: {m}");
-                let staged = layout.get(idx).ok_or_else(|| fail("not in the block".into()))?;
+                let staged = layout
+                    .get(idx)
+                    .ok_or_else(|| fail("not in the block".into()))?;
                 let src = lease.tensor(idx).map_err(|e| e.to_string())?;
-                let (values, kind) = if let Some(own) = lease.scale(idx).map_err(|e| e.to_string())? {
-                    (f32_values(own), "row")
-                } else if let Some(i) = sidx {
-                    let st = layout.get(i).ok_or_else(|| fail("its scale is not in the block".into()))?;
-                    let bytes = lease.tensor(i).map_err(|e| e.to_string())?;
-                    (scale_values(bytes, st.dtype).map_err(|e| fail(e.to_string()))?, kind)
-                } else {
-                    (Vec::new(), kind)
-                };
+                let (values, kind) =
+                    if let Some(own) = lease.scale(idx).map_err(|e| e.to_string())? {
+                        (f32_values(own), "row")
+                    } else if let Some(i) = sidx {
+                        let st = layout
+                            .get(i)
+                            .ok_or_else(|| fail("its scale is not in the block".into()))?;
+                        let bytes = lease.tensor(i).map_err(|e| e.to_string())?;
+                        (
+                            scale_values(bytes, st.dtype).map_err(|e| fail(e.to_string()))?,
+                            kind,
+                        )
+                    } else {
+                        (Vec::new(), kind)
+                    };
                 let scale = scale_of(kind, &values, block).map_err(fail)?;
-                dtype::expand(src, staged.dtype, dst, dd, (rows, cols), &scale, n).map_err(|e| fail(e.to_string()))?;
+                dtype::expand(src, staged.dtype, dst, dd, (rows, cols), &scale, n)
+                    .map_err(|e| fail(e.to_string()))?;
             }
             Ok(())
         })
@@ -321,7 +444,10 @@ impl PyLease {
 
     /// Gives the buffer back once every view of it is gone.
     fn release(&self) -> PyResult<()> {
-        self.cell.lock().map_err(|_| raise(Kind::Stream, "lease lock poisoned"))?.take();
+        self.cell
+            .lock()
+            .map_err(|_| raise(Kind::Stream, "lease lock poisoned"))?
+            .take();
         Ok(())
     }
 }
