@@ -1,9 +1,10 @@
-"""The main job of `make demo`: make a checkpoint, inspect and plan it, read it and expand it.
+"""The main job of `make demo`: stream a model from its checkpoint and check it against the plain one.
 
-It writes a small transformer-shaped checkpoint (bf16 blocks and fp8 blocks with per-row scales)
-under target/demo, prints what `trash-panda inspect` and `trash-panda plan` say about it, reads
-every tensor through the core without copying, and expands the fp8 weights with the core's
-kernels, checking each against torch's reference expansion.
+It writes a small transformer-shaped checkpoint (bf16 blocks, and fp8 blocks with one scale per
+output row) under target/demo, shows what `trash-panda inspect` and `trash-panda plan` say about
+it, loads the model with blocks on every tier (device, RAM, disk), runs it with the blocks
+streamed, checks the output bit for bit against the same model loaded whole, prints the profile,
+and releases it.
 """
 
 from __future__ import annotations
@@ -14,36 +15,74 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+from torch import nn
 
-import trash_panda
-from trash_panda.dtype import expand
+import trash_panda as tp
+from trash_panda.offload.profile import build as build_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "target" / "demo"
-HIDDEN, LAYERS = 1024, 12
+HIDDEN, LAYERS, VOCAB = 1024, 12, 8000
 
 
-def make_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+class Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.input_norm = nn.RMSNorm(HIDDEN)
+        self.qkv = nn.Linear(HIDDEN, 3 * HIDDEN, bias=False)
+        self.out = nn.Linear(HIDDEN, HIDDEN, bias=False)
+        self.up = nn.Linear(HIDDEN, 4 * HIDDEN, bias=False)
+        self.down = nn.Linear(4 * HIDDEN, HIDDEN, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.input_norm(x)).chunk(3, dim=-1)
+        x = x + self.out(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return x + self.down(torch.nn.functional.silu(self.up(x)))
+
+
+class DemoModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(VOCAB, HIDDEN)
+        self.layers = nn.ModuleList(Layer() for _ in range(LAYERS))
+        self.norm = nn.RMSNorm(HIDDEN)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x) @ self.embed_tokens.weight.T
+
+
+def make_checkpoint(path: Path) -> None:
     g = torch.Generator().manual_seed(0)
-    tensors: dict[str, torch.Tensor] = {
-        "embed_tokens.weight": torch.randn(8000, HIDDEN, generator=g).to(torch.bfloat16),
-        "norm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16),
-    }
-    for i in range(LAYERS):
-        p = f"layers.{i}."
-        tensors[p + "input_norm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
-        for name, shape in (("attn.qkv", (3 * HIDDEN, HIDDEN)), ("attn.out", (HIDDEN, HIDDEN)),
-                            ("mlp.up", (4 * HIDDEN, HIDDEN)), ("mlp.down", (HIDDEN, 4 * HIDDEN))):
-            w = torch.randn(shape, generator=g) * 0.02
-            if i % 2:  # odd layers are stored as fp8 with one scale per output row
-                scale = w.abs().amax(dim=1, keepdim=True) / 448.0
-                tensors[p + name + ".weight"] = (w / scale).to(torch.float8_e4m3fn)
-                tensors[p + name + ".weight_scale"] = scale
-            else:
-                tensors[p + name + ".weight"] = w.to(torch.bfloat16)
+    model = DemoModel().to(torch.bfloat16)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, p in model.state_dict().items():
+        w = torch.randn(p.shape, generator=g) * 0.02 if p.dim() == 2 else torch.ones(p.shape)
+        layer = int(name.split(".")[1]) if name.startswith("layers.") else 0
+        if p.dim() == 2 and layer % 2:  # odd layers: fp8 with one scale per output row
+            scale = w.abs().amax(dim=1, keepdim=True) / 448.0
+            tensors[name] = (w / scale).to(torch.float8_e4m3fn)
+            tensors[name[: -len(".weight")] + ".weight_scale"] = scale
+        else:
+            tensors[name] = w.to(torch.bfloat16)
     save_file(tensors, str(path))
-    return tensors
+
+
+def plain_model(path: Path) -> DemoModel:
+    """The model loaded whole, fp8 weights expanded the reference way: (w.float() * s).to(bf16)."""
+    raw = load_file(str(path))
+    state = {}
+    for name, t in raw.items():
+        if name.endswith("_scale"):
+            continue
+        scale = raw.get(name + "_scale")
+        state[name] = t.to(torch.bfloat16) if scale is None else (t.float() * scale).to(torch.bfloat16)
+    model = DemoModel().to(torch.bfloat16).eval()
+    model.load_state_dict(state)
+    return model
 
 
 def cli(*args: str) -> None:
@@ -54,34 +93,39 @@ def cli(*args: str) -> None:
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / "demo-model.safetensors"
-    print(f"trash_panda {trash_panda.__version__}: writing {path}")
-    tensors = make_checkpoint(path)
+    print(f"trash_panda {tp.__version__}: writing {path}")
+    make_checkpoint(path)
 
     cli("inspect", str(path))
     cli("plan", str(path), "--vram", "0.5GB", "--headroom-vram", "0.3GB", "--ram", "8GB")
 
-    ckpt = trash_panda.Checkpoint(path)
-    t0 = time.perf_counter()
-    for name, expected in tensors.items():
-        got = ckpt.read(name)
-        if not torch.equal(got.reshape(-1).view(torch.uint8), expected.reshape(-1).view(torch.uint8)):
-            raise SystemExit(f"demo: {name} differs from what was written")
-    print(f"\nread {len(tensors)} tensors zero-copy in {time.perf_counter() - t0:.3f}s, all bit-for-bit equal")
+    with torch.device("meta"):
+        model = DemoModel().eval()
+    plan = tp.Plan.manual(resident=[f"layers.{i}." for i in range(4)],
+                          streamed=[f"layers.{i}." for i in range(4, LAYERS)])
+    plan.assign(tp.Tier.DISK, indices=list(range(8, LAYERS)))
+    rss_before = tp._core.current_rss()
+    print()
+    print(tp.stream_load(model, path, plan=plan))
+    print(plan if plan.resolved else "", end="")
+    handle = tp.install_offload(model)
 
-    expanded = 0
-    t0 = time.perf_counter()
-    for name in ckpt.names():
-        info = ckpt.info(name)
-        if info.dtype != "F8_E4M3":
-            continue
-        w, scale = ckpt.read(name), ckpt.read(name + "_scale")
-        got = expand(w, torch.bfloat16, scale)
-        if not torch.equal(got, (w.float() * scale).to(torch.bfloat16)):
-            raise SystemExit(f"demo: expansion of {name} differs from torch's reference")
-        expanded += got.numel() * 2
-    dt = time.perf_counter() - t0
-    print(f"expanded fp8 -> bf16 with per-row scales: {expanded / 1e6:.0f} MB written, "
-          f"equal to torch's (w.float() * scale).to(bf16) ({dt:.2f}s including the torch reference)")
+    ids = torch.randint(0, VOCAB, (2, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        got = model(ids)
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        model(ids)
+        second = time.perf_counter() - t0
+        want = plain_model(path)(ids)
+    if not torch.equal(got, want):
+        raise SystemExit("demo: the streamed model's output differs from the plain model's")
+    print(f"\nstreamed forward: {first:.3f} s cold, {second:.3f} s warm; "
+          "output equal bit for bit to the model loaded whole (fp8 layers: the reference expansion)")
+    print("\nprofile:\n" + build_profile(handle)[0])
+    tp.release(model, handle)
+    print(f"RSS {rss_before / 1e6:.0f} MB before the load, {tp._core.current_rss() / 1e6:.0f} MB after release()")
 
 
 if __name__ == "__main__":
