@@ -315,3 +315,25 @@ def test_argument_errors(tmp_path: Path) -> None:
     with pytest.raises(tp.ArgumentError, match="another model"):
         tp.release(on_meta(Tiny), handle)
     tp.release(model, handle)
+
+
+def test_key_map_and_skip_prefixes(tmp_path: Path) -> None:
+    ref = reference(torch.float32)
+    tensors = {f"model.{k}": v for k, v in ref.state_dict().items()}
+    tensors["vision.patch.weight"] = torch.zeros(8, 8)  # a part the model does not have
+    save_file(tensors, str(tmp_path / "prefixed.safetensors"))
+    model = on_meta(Tiny)
+    report = tp.stream_load(model, tmp_path / "prefixed.safetensors", plan=every_tier(),
+                            key_map={"model.": ""}, skip_prefixes=["vision."])
+    assert report.unexpected == []
+    handle = tp.install_offload(model)
+    with torch.no_grad():
+        assert torch.equal(model(ids()), ref(ids()))
+    tp.release(model, handle)
+
+    model = on_meta(Tiny)
+    report = tp.stream_load(model, tmp_path / "prefixed.safetensors", plan=every_tier(),
+                            key_map=lambda name: name.removeprefix("model."))
+    assert report.unexpected == ["vision.patch.weight"]
+    assert "vision.patch.weight" in str(report)
+    tp.release(model)
