@@ -50,8 +50,8 @@ fn tier_arg(name: &str) -> PyResult<Tier> {
 }
 
 /// Builds `PlanOptions` from the keyword arguments of `plan()` (None means the default).
-fn options_from(kwargs: &Bound<'_, PyDict>) -> PyResult<PlanOptions> {
-    let mut o = PlanOptions::default();
+fn options_from(kwargs: &Bound<'_, PyDict>, base: PlanOptions) -> PyResult<PlanOptions> {
+    let mut o = base;
     for (key, value) in kwargs.iter() {
         let key: String = key.extract()?;
         if value.is_none() {
@@ -122,6 +122,24 @@ fn model_from(
     }
 }
 
+/// What a plan is made from: the model's blocks, the memory figures, the options over `base`.
+fn inputs(
+    tensors: Vec<(String, String, Vec<usize>)>,
+    prefixes: Option<Vec<String>>,
+    free_vram: Option<u64>,
+    has_gpu: bool,
+    ram: Option<u64>,
+    options: Option<&Bound<'_, PyDict>>,
+    base: PlanOptions,
+) -> PyResult<(ModelBlocks, Figures, PlanOptions)> {
+    let model = model_from(tensors, prefixes)?;
+    let opts = match options {
+        Some(o) => options_from(o, base)?,
+        None => base,
+    };
+    Ok((model, figures_from(free_vram, has_gpu, ram)?, opts))
+}
+
 /// A plan: which block lives on the device, in RAM and on disk.
 #[pyclass(name = "Plan", module = "trash_panda._core")]
 #[derive(Debug, Clone)]
@@ -185,12 +203,15 @@ impl PyPlan {
         ram: Option<u64>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let model = model_from(tensors, prefixes)?;
-        let opts = match options {
-            Some(o) => options_from(o)?,
-            None => self.inner.options.clone(),
-        };
-        let figures = figures_from(free_vram, has_gpu, ram)?;
+        let (model, figures, opts) = inputs(
+            tensors,
+            prefixes,
+            free_vram,
+            has_gpu,
+            ram,
+            options,
+            self.inner.options.clone(),
+        )?;
         Ok(PyPlan {
             inner: self
                 .inner
@@ -226,12 +247,15 @@ fn make_plan(
     ram: Option<u64>,
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<PyPlan> {
-    let model = model_from(tensors, prefixes)?;
-    let opts = match options {
-        Some(o) => options_from(o)?,
-        None => PlanOptions::default(),
-    };
-    let figures = figures_from(free_vram, has_gpu, ram)?;
+    let (model, figures, opts) = inputs(
+        tensors,
+        prefixes,
+        free_vram,
+        has_gpu,
+        ram,
+        options,
+        PlanOptions::default(),
+    )?;
     Ok(PyPlan {
         inner: plan::plan(&model, &figures, &opts).map_err(ToPyErr::to_py)?,
     })

@@ -1,69 +1,11 @@
 //! The trace file of a synthetic stage: the same 8 blocks and three passes as profile_stage.rs
 //! (2 blocks on the device, 3 in RAM, 3 on disk; the first pass cold), read back as JSON.
 
+mod common;
+
+use common::profile_stage::{empty, stage};
 use serde_json::Value;
-use trash_panda::profile::{BlockRun, CopyRun, Profile, Tier};
-
-const TIERS: [Tier; 8] = [
-    Tier::Device,
-    Tier::Device,
-    Tier::Ram,
-    Tier::Ram,
-    Tier::Ram,
-    Tier::Disk,
-    Tier::Disk,
-    Tier::Disk,
-];
-
-fn names() -> Vec<String> {
-    (0..8).map(|i| format!("blocks.{i}")).collect()
-}
-
-fn empty() -> Profile {
-    Profile::new(names(), TIERS.to_vec()).unwrap()
-}
-
-fn bytes(tier: Tier) -> u64 {
-    match tier {
-        Tier::Device => 0,
-        Tier::Ram => 1_000_000_000,
-        Tier::Disk => 500_000_000,
-    }
-}
-
-/// Records one pass of back-to-back runs from `t`; returns when it ended.
-fn pass(p: &mut Profile, mut t: f64, seconds: [f64; 8], staged: [f64; 8], gpu: [f64; 8]) -> f64 {
-    for block in 0..8 {
-        let tier = TIERS[block];
-        p.record(BlockRun {
-            block,
-            start: t,
-            end: t + seconds[block],
-            staged_wait: staged[block],
-            gpu_wait: gpu[block],
-            bytes: bytes(tier),
-            tier,
-        })
-        .unwrap();
-        t += seconds[block];
-    }
-    t
-}
-
-/// Three passes with half a second between them; nothing ends a pass but a block running again.
-fn stage() -> Profile {
-    let mut p = empty();
-    let cold = [0.5, 0.25, 1.5, 0.75, 2.0, 1.25, 3.0, 0.5];
-    let cold_staged = [0.0, 0.0, 1.0, 0.25, 1.5, 1.0, 2.5, 0.25];
-    let cold_gpu = [0.0, 0.0, 0.1, 0.1, 0.2, 0.1, 0.2, 0.0];
-    let warm = [0.25; 8];
-    let warm_staged = [0.0, 0.0, 0.0, 0.0, 0.0, 0.1, 0.1, 0.1];
-    let mut t = pass(&mut p, 100.0, cold, cold_staged, cold_gpu);
-    for _ in 0..2 {
-        t = pass(&mut p, t + 0.5, warm, warm_staged, [0.0; 8]);
-    }
-    p
-}
+use trash_panda::profile::{CopyRun, Tier};
 
 fn events(trace: &Value) -> &Vec<Value> {
     trace["traceEvents"].as_array().expect("traceEvents")

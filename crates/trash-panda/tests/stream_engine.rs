@@ -1,6 +1,9 @@
 //! The prefetch engine against real files on disk (under the target dir, so O_DIRECT is real):
 //! every tier, lookahead and worker count, in order, out of order and with repeats.
 
+mod common;
+
+use common::{Dir, Rng};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -10,39 +13,6 @@ use trash_panda::stream::{
     Engine, EngineOptions, RamSource, SourceTier, StreamBlock, StreamError, StreamTensor,
 };
 use trash_panda::DType;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// A fresh directory under the target dir, removed at the end of the test.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("stream_engine_{tag}_{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A tensor of raw bytes (u8): the engine stages it as it is whatever the storage dtype.
 fn bytes(name: String, file: usize, start: u64, end: u64) -> StreamTensor {
@@ -170,7 +140,7 @@ fn configs() -> Vec<Config> {
 #[test]
 fn every_tier_lookahead_and_order_gives_the_file_bytes() {
     guarded(120, || {
-        let dir = Dir::new("all");
+        let dir = Dir::new("stream_engine_all");
         for (tag, ram_source, disk_mode, tier) in configs() {
             let (files, blocks, data) = checkpoint(&dir.0, tier);
             let n = blocks.len();
@@ -316,7 +286,7 @@ fn truncated_file_gives_an_error_naming_block_and_file() {
 #[test]
 fn leasing_more_blocks_than_buffers_is_an_error_not_a_hang() {
     guarded(30, || {
-        let dir = Dir::new("leased");
+        let dir = Dir::new("stream_engine_leased");
         let (files, blocks, data) = checkpoint(&dir.0, |_| SourceTier::Disk);
         let opts = EngineOptions {
             lookahead: 1,
@@ -364,7 +334,7 @@ fn leasing_more_blocks_than_buffers_is_an_error_not_a_hang() {
 #[test]
 fn drop_with_reads_in_flight_joins_cleanly() {
     guarded(30, || {
-        let dir = Dir::new("drop");
+        let dir = Dir::new("stream_engine_drop");
         let (files, blocks, _) = checkpoint(&dir.0, |_| SourceTier::Disk);
         for workers in 1..=2 {
             let opts = EngineOptions {
@@ -384,7 +354,7 @@ fn drop_with_reads_in_flight_joins_cleanly() {
 
 #[test]
 fn bad_inputs_are_refused_at_creation() {
-    let dir = Dir::new("bad");
+    let dir = Dir::new("stream_engine_bad");
     let (files, mut blocks, _) = checkpoint(&dir.0, |_| SourceTier::Disk);
     let good = blocks[2].tensors[0].clone();
     blocks[2].tensors[0].end = 10_000_000;

@@ -2,6 +2,9 @@
 //! per-row quantization), checked tensor by tensor against the scalar reference conversions, and
 //! against the planner's count of the same blocks.
 
+mod common;
+
+use common::{Dir, Rng};
 use std::path::{Path, PathBuf};
 
 use trash_panda::dtype::{
@@ -15,41 +18,6 @@ use trash_panda::stream::{
     StreamTensor, TENSOR_ALIGN,
 };
 use trash_panda::DType;
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("stream_storage_{tag}_{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// A float in (-mag, mag), exactly representable in f32.
-    fn float(&mut self, mag: f32) -> f32 {
-        let u = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
-        (2.0 * u - 1.0) * mag
-    }
-}
 
 /// The tensors of the test model: (name, dtype, shape, block). Blocks 0 and 1 are RAM tier,
 /// block 2 disk tier. Sizes straddle the fp8 threshold (1 Mi elements).
@@ -198,7 +166,7 @@ fn options(storage: DType, ram_source: RamSource, lookahead: usize) -> EngineOpt
 
 #[test]
 fn storage_conversion_matches_the_reference_and_the_planner() {
-    let dir = Dir::new("convert");
+    let dir = Dir::new("stream_storage_convert");
     let (path, blocks, data) = checkpoint(&dir.0);
     let sizes: Vec<TensorSizes> = blocks
         .iter()
@@ -326,7 +294,7 @@ fn storage_conversion_matches_the_reference_and_the_planner() {
 
 #[test]
 fn unsupported_storage_dtypes_are_refused() {
-    let dir = Dir::new("bad");
+    let dir = Dir::new("stream_storage_bad");
     let (path, blocks, _) = checkpoint(&dir.0);
     for bad in [DType::F16, DType::F32, DType::F8E5M2, DType::I8] {
         let opts = options(bad, RamSource::Mapped, 1);
