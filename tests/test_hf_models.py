@@ -332,26 +332,32 @@ FP8_LAYOUTS = {
 }
 
 
-def _quantize(w: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(fp8 weight, scale tensor as stored, the scale broadcast to the weight's shape)."""
+def _quantize(w: torch.Tensor, layout: str, fp8: torch.dtype,
+              scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(fp8 weight, scale tensor as stored, the stored scale in fp32 broadcast to the weight)."""
     rows, cols = w.shape
+    top = torch.finfo(fp8).max
     if layout == "no scale":
-        return w.to(torch.float8_e4m3fn), None, torch.ones(())
+        return w.to(fp8), None, torch.ones(())
     if layout.startswith("row"):
-        s = w.abs().amax(dim=1, keepdim=True) / FP8_MAX
-        stored = s if layout == "row [rows, 1]" else s.reshape(rows)
-        full = s
+        s = (w.abs().amax(dim=1, keepdim=True) / top).to(scale_dtype)
+        stored, full = (s if layout == "row [rows, 1]" else s.reshape(rows)), s.float()
     elif layout.startswith("tensor"):
-        s = w.abs().max() / FP8_MAX
-        stored = s.reshape(()) if layout == "tensor 0-d" else s.reshape(1)
-        full = s
+        s = (w.abs().max() / top).to(scale_dtype)
+        stored, full = (s.reshape(()) if layout == "tensor 0-d" else s.reshape(1)), s.float()
     else:
-        stored = _block_scales(w)
-        full = _per_block(stored, rows, cols)
-    return (w / full).to(torch.float8_e4m3fn), stored.contiguous(), full
+        stored = (_block_scales(w) * FP8_MAX / top).to(scale_dtype)
+        full = _per_block(stored.float(), rows, cols)
+    return (w / full).to(fp8), stored.contiguous(), full
 
 
-def test_llama_fp8_scales_every_tier_equals_reference_expansion(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("fp8", "scale_dtype"),
+    [(torch.float8_e4m3fn, torch.float32), (torch.float8_e4m3fn, torch.bfloat16), (torch.float8_e5m2, torch.float32)],
+    ids=["e4m3-f32-scales", "e4m3-bf16-scales", "e5m2-f32-scales"],
+)
+def test_llama_fp8_scales_every_tier_equals_reference_expansion(tmp_path: Path, fp8: torch.dtype,
+                                                                scale_dtype: torch.dtype) -> None:
     cfg = _llama_config(intermediate=160)  # gate/up/down have a dimension over 128: two scale blocks
     ref = _llama(cfg, torch.bfloat16)
     _randomize(ref)
@@ -364,14 +370,14 @@ def test_llama_fp8_scales_every_tier_equals_reference_expansion(tmp_path: Path) 
                 tensors[name] = param.detach().clone()
                 continue
             suffix, layout = FP8_LAYOUTS[kind]
-            q, stored, full = _quantize(param.float(), layout)
+            q, stored, full = _quantize(param.float(), layout, fp8, scale_dtype)
             tensors[name] = q
             if suffix is not None:
                 assert stored is not None
                 tensors[layer + suffix] = stored
             # The reference expansion, straight into the plain bf16 model.
             param.copy_((q.float() * full).to(torch.bfloat16))
-    assert sum(t.dtype == torch.float8_e4m3fn for t in tensors.values()) == 7 * cfg.num_hidden_layers
+    assert sum(t.dtype == fp8 for t in tensors.values()) == 7 * cfg.num_hidden_layers
     assert tensors["model.layers.0.mlp.gate_proj.weight_scale_inv"].shape == (2, 1)
     assert tensors["model.layers.0.mlp.down_proj.weight_scale_inv"].shape == (1, 2)
     path = tmp_path / "fp8.safetensors"
