@@ -29,6 +29,13 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 NEW_TOKENS = 32
+# The CPU always; a CUDA GPU where there is one (the reference runs there too, so the same
+# kernels compute both outputs).
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.cuda,
+                                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
+]
 
 
 @pytest.fixture(autouse=True)
@@ -91,9 +98,9 @@ def _manual_plan(layers: int) -> Plan:
     return p.assign(Tier.DISK, indices=[3, 5])  # the streamed blocks alternate RAM / disk
 
 
-def _auto_plan(model: nn.Module, path: Path) -> Plan:
+def _auto_plan(model: nn.Module, path: Path, device: str) -> Plan:
     """plan() with injected memory figures sized so 2 blocks stay resident, 2 go to RAM, 2 to disk."""
-    fixed = {"headroom_vram": 0, "min_free_ram": 0, "lookahead": 2}
+    fixed = {"headroom_vram": 0, "min_free_ram": 0, "lookahead": 2, "device": device}
     probe = trash_panda.plan(model, path, vram="1TB", ram="1TB", **fixed)
     budgets = probe.budgets
     assert budgets is not None
@@ -111,7 +118,9 @@ def _auto_plan(model: nn.Module, path: Path) -> Plan:
     [("f32", False, False), ("f16", True, True), ("bf16", False, False)],
     ids=["f32", "f16-tied-autoplan", "bf16"],
 )
-def test_llama_every_tier_logits_and_generate(tmp_path: Path, dtype: str, tied: bool, auto: bool) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_llama_every_tier_logits_and_generate(tmp_path: Path, dtype: str, tied: bool, auto: bool,
+                                              device: str) -> None:
     torch_dtype = DTYPES[dtype]
     cfg = _llama_config(tied=tied)
     ref = _llama(cfg, torch_dtype)
@@ -124,9 +133,10 @@ def test_llama_every_tier_logits_and_generate(tmp_path: Path, dtype: str, tied: 
     assert model.model.rotary_emb.inv_freq.dtype == torch.float32
     if tied:
         assert model.lm_head.weight is model.model.embed_tokens.weight
-    p = _auto_plan(model, path) if auto else _manual_plan(cfg.num_hidden_layers)
+    p = _auto_plan(model, path, device) if auto else _manual_plan(cfg.num_hidden_layers)
     _every_tier(p)
-    report = trash_panda.stream_load(model, path, plan=p)
+    ref.to(device)
+    report = trash_panda.stream_load(model, path, plan=p, device=device)
     assert report.compute_dtype == str(torch_dtype).removeprefix("torch.")
     assert "model.rotary_emb.inv_freq" in report.kept_buffers
     _check_streamed(model, report, p)
@@ -134,12 +144,12 @@ def test_llama_every_tier_logits_and_generate(tmp_path: Path, dtype: str, tied: 
     try:
         # What generate() reads: model.device and model.dtype come from the first parameters
         # (the embedding, outside the blocks), never from a meta placeholder.
-        assert model.device == torch.device("cpu")
+        assert model.device.type == device
         assert model.dtype == torch_dtype
         if tied:
             assert model.lm_head.weight is model.model.embed_tokens.weight
 
-        ids = torch.randint(3, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2))
+        ids = torch.randint(3, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2)).to(device)
         mask = torch.ones_like(ids)
         with torch.no_grad():
             want = ref(input_ids=ids, attention_mask=mask).logits
@@ -226,7 +236,8 @@ _RUN_ORDER = {
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("which", ["flux", "unet"])
-def test_diffusers_every_tier_forward(tmp_path: Path, which: str, dtype: str) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_diffusers_every_tier_forward(tmp_path: Path, which: str, dtype: str, device: str) -> None:
     torch_dtype = DTYPES[dtype]
     build, inputs = {"flux": _flux, "unet": _unet}[which]()
     ref = build().to(torch_dtype).eval()
@@ -242,7 +253,8 @@ def test_diffusers_every_tier_forward(tmp_path: Path, which: str, dtype: str) ->
     p = Plan.manual(resident=names[:1], streamed=names[1:], streamed_tier="ram")
     p.assign(Tier.DISK, indices=list(range(2, len(names), 2)))
     _every_tier(p)
-    report = trash_panda.stream_load(model, path, plan=p)
+    ref.to(device)
+    report = trash_panda.stream_load(model, path, plan=p, device=device)
     _check_streamed(model, report, p)
     # The UNet runs its middle blocks in another order than it defines them: give the real one.
     order = _RUN_ORDER.get(which)
@@ -250,7 +262,7 @@ def test_diffusers_every_tier_forward(tmp_path: Path, which: str, dtype: str) ->
         assert sorted(order) == sorted(names)
     handle = trash_panda.install_offload(model, order=order)
     try:
-        x = inputs(torch_dtype)
+        x = {k: v.to(device) for k, v in inputs(torch_dtype).items()}
         with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             want = _output(ref(**x))
@@ -282,7 +294,7 @@ def test_unet_defined_order_warns_naming_the_expected_block(tmp_path: Path) -> N
         model = build().eval()
     names = [b.prefix for b in trash_panda.blocks.find_blocks(model)]
     p = Plan.manual(resident=names[:1], streamed=names[1:], streamed_tier="ram")
-    trash_panda.stream_load(model, path, plan=p)
+    trash_panda.stream_load(model, path, plan=p, device="cpu")
     handle = trash_panda.install_offload(model)
     try:
         with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
@@ -356,8 +368,9 @@ def _quantize(w: torch.Tensor, layout: str, fp8: torch.dtype,
     [(torch.float8_e4m3fn, torch.float32), (torch.float8_e4m3fn, torch.bfloat16), (torch.float8_e5m2, torch.float32)],
     ids=["e4m3-f32-scales", "e4m3-bf16-scales", "e5m2-f32-scales"],
 )
+@pytest.mark.parametrize("device", DEVICES)
 def test_llama_fp8_scales_every_tier_equals_reference_expansion(tmp_path: Path, fp8: torch.dtype,
-                                                                scale_dtype: torch.dtype) -> None:
+                                                                scale_dtype: torch.dtype, device: str) -> None:
     cfg = _llama_config(intermediate=160)  # gate/up/down have a dimension over 128: two scale blocks
     ref = _llama(cfg, torch.bfloat16)
     _randomize(ref)
@@ -387,13 +400,14 @@ def test_llama_fp8_scales_every_tier_equals_reference_expansion(tmp_path: Path, 
         model = _llama(cfg, torch.bfloat16)
     p = _manual_plan(cfg.num_hidden_layers)
     _every_tier(p)
-    report = trash_panda.stream_load(model, path, plan=p)  # compute dtype: bf16, from the checkpoint
+    ref.to(device)
+    report = trash_panda.stream_load(model, path, plan=p, device=device)  # compute dtype: bf16, from the file
     assert report.compute_dtype == "bfloat16"
     assert report.unexpected == []
     _check_streamed(model, report, p)
     handle = trash_panda.install_offload(model)
     try:
-        ids = torch.randint(3, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2))
+        ids = torch.randint(3, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2)).to(device)
         mask = torch.ones_like(ids)
         with torch.no_grad():
             want = ref(input_ids=ids, attention_mask=mask).logits
