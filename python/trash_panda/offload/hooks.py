@@ -84,13 +84,15 @@ class OffloadHandle:
             print_report(self)
 
 
-def _set_order(state: ModelState, order: list[str] | None) -> None:
+def _set_order(state: ModelState, order: list[str] | None) -> list[int]:
+    """Gives the engine its run order (engine indices) and returns it."""
     if state.engine is None:
-        return
+        return []
     streamed = [b for b in state.blocks if b.engine_index is not None]
     if order is None:
-        state.engine.set_order([b.engine_index for b in streamed if b.engine_index is not None])
-        return
+        default = [b.engine_index for b in streamed if b.engine_index is not None]
+        state.engine.set_order(default)
+        return default
     by_name = {b.prefix.rstrip("."): b for b in state.blocks}
     first: list[int] = []
     for name in order:
@@ -102,6 +104,7 @@ def _set_order(state: ModelState, order: list[str] | None) -> None:
             first.append(b.engine_index)
     rest = [b.engine_index for b in streamed if b.engine_index is not None and b.engine_index not in first]
     state.engine.set_order(first + rest)
+    return first + rest
 
 
 def install_offload(model: nn.Module, *, order: list[str] | None = None) -> OffloadHandle:
@@ -126,11 +129,11 @@ def install_offload(model: nn.Module, *, order: list[str] | None = None) -> Offl
 
 def _install(model: nn.Module, state: ModelState, blocks: Iterable[BlockState],
              order: list[str] | None) -> OffloadHandle:
-    _set_order(state, order)
+    expected = _set_order(state, order)  # the order given, which the first runs are checked against
+    by_engine = {b.engine_index: b.prefix for b in state.blocks if b.engine_index is not None}
     backend = make_backend(state)
     registry = HookRegistry()
     handle = OffloadHandle(model, state, backend, registry)
-    expected = [b.engine_index for b in state.blocks if b.engine_index is not None]
 
     for block in blocks:
         if not block.needs_hooks:
@@ -145,7 +148,7 @@ def _install(model: nn.Module, state: ModelState, blocks: Iterable[BlockState],
                 if ran < len(expected) and expected[ran] != block.engine_index and ran < 2:
                     handle._warned_order = True
                     warnings.warn(
-                        f"block {block.prefix} ran before the order given ({state.blocks[0].prefix} ...): "
+                        f"block {block.prefix} ran before the order given ({by_engine[expected[ran]]} ...): "
                         "pass order= so the first blocks are staged in the order forward() runs them",
                         stacklevel=4,
                     )
