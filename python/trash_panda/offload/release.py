@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _core
 from ..errors import ArgumentError, TrashPandaError
 from .hooks import OffloadHandle
-from .loader import _unload
+from .reading import unload
 from .state import get_state
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def _release(model: nn.Module, handle: OffloadHandle | None) -> None:
     active = handle or (state.handle if state is not None else None)
     if active is not None:
         active.remove()
-    _unload(model)
+    unload(model)
     if not getattr(model, _RELEASED_HOOK, None):
         setattr(model, _RELEASED_HOOK, model.register_forward_pre_hook(_refuse_released))
     gc.collect()

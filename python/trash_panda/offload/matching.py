@@ -1,0 +1,126 @@
+"""Matching a model's parameters to a checkpoint's tensors: names, shapes, scale tensors, blocks."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import TYPE_CHECKING, Any
+
+from .._dtypes import torch_dtype
+from ..errors import ArgumentError, CheckpointError
+from ..names import SCALE_SUFFIXES, is_scale, weight_of_scale
+from ..plan import Plan
+from .state import BlockState, TensorSpec
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from .. import _core
+
+_FLOAT_HEADERS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
+def _scale_kind(weight: tuple[int, ...], scale: list[int], name: str) -> str:
+    n = math.prod(scale)
+    rows = weight[0] if weight else 1
+    cols = math.prod(weight[1:]) if len(weight) > 1 else (weight[0] if weight else 1)
+    if len(weight) == 1:
+        rows, cols = 1, weight[0]
+    if n == 1:
+        return "tensor"
+    if name.endswith(".weight_scale_inv") and len(scale) == 2 and scale == [math.ceil(rows / 128), math.ceil(cols / 128)]:
+        return "block"
+    if n == rows and (len(scale) == 1 or (len(scale) == 2 and scale[1] == 1)):
+        return "row"
+    if len(scale) == 2 and scale == [math.ceil(rows / 128), math.ceil(cols / 128)]:
+        return "block"
+    raise CheckpointError(
+        f"scale tensor {name!r} has shape {scale}, which fits none of: one value, one per row "
+        f"({rows}), or one per 128x128 block of a weight of shape {list(weight)}"
+    )
+
+
+def _near(name: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    return f" (near names in the checkpoint: {', '.join(close)})" if close else ""
+
+
+
+def match(
+    model: nn.Module,
+    named: dict[str, _core.TensorInfo],
+    plan: Plan,
+    compute: torch.dtype,
+    where: str,
+) -> tuple[list[BlockState], list[TensorSpec], list[str]]:
+    """Every parameter of ``model`` paired with its checkpoint tensor (and scale), sorted into the
+    plan's blocks or the weights outside them. Returns (blocks, outside, unexpected tensor names).
+    ``where`` names the checkpoint in errors."""
+    # Every parameter once (tied ones share an entry), with the names it goes by.
+    params: dict[int, tuple[list[tuple[nn.Module, str, str]], Any]] = {}
+    for mod_name, module in model.named_modules(remove_duplicate=False):
+        for attr, p in module._parameters.items():
+            if p is not None:
+                entry = params.setdefault(id(p), ([], p))
+                entry[0].append((module, attr, f"{mod_name}.{attr}" if mod_name else attr))
+
+    block_tiers = {b.name: b.tier for b in plan.blocks}
+    prefixes = sorted(block_tiers, key=len, reverse=True)
+    blocks: dict[str, BlockState] = {}
+    for i, b in enumerate(plan.blocks):
+        try:
+            module = model.get_submodule(b.name.rstrip("."))
+        except AttributeError:
+            raise ArgumentError(f"plan block {b.name!r} names no module of {type(model).__name__}") from None
+        blocks[b.name] = BlockState(index=i, prefix=b.name, module=module, tier=b.tier)
+
+    missing: list[str] = []
+    outside: list[TensorSpec] = []
+    used: set[str] = set()
+    for owners, p in params.values():
+        found = next((n for _m, _a, n in owners if n in named), None)
+        if found is None:
+            missing.append(owners[0][2])
+            continue
+        info = named[found]
+        shape = tuple(int(d) for d in p.shape)
+        if tuple(info.shape) != shape:
+            raise CheckpointError(
+                f"{where}: tensor {info.name!r} has shape "
+                f"{list(info.shape)} but the model's {found} has shape {list(shape)}"
+            )
+        if (info.dtype in _FLOAT_HEADERS) != p.dtype.is_floating_point:
+            raise CheckpointError(f"tensor {info.name!r} is {info.dtype} but the model's {found} is {p.dtype}")
+        scale = scale_name = None
+        if found.endswith(".weight"):
+            for suffix in SCALE_SUFFIXES[:3]:
+                cand = found[: -len(".weight")] + suffix
+                if cand in named:
+                    scale, scale_name = named[cand], cand
+                    used.add(cand)
+                    break
+        kind = "none" if scale is None else _scale_kind(shape, list(scale.shape), scale_name or "")
+        target = compute if p.dtype.is_floating_point else torch_dtype(info.dtype)
+        module, attr, _ = owners[0]
+        spec = TensorSpec(name=found, module=module, attr=attr, info=info, scale=scale, scale_kind=kind,
+                          target=target, shape=shape)
+        used.add(found)
+        spec.owners = [(m, a) for m, a, _ in owners]
+        prefix = next((q for q in prefixes if found.startswith(q)), None)
+        if prefix is None:
+            outside.append(spec)
+        else:
+            others = [n for _m, _a, n in owners if not n.startswith(prefix)]
+            if others:
+                raise ArgumentError(f"{found} is tied to {others[0]}, outside its block {prefix}: "
+                                    "tied weights must live outside the blocks")
+            blocks[prefix].tensors.append(spec)
+    if missing:
+        listed = "; ".join(m + _near(m, list(named)) for m in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise CheckpointError(f"{len(missing)} parameter(s) of the model are not in the checkpoint: {listed}{more}")
+    unexpected = sorted(n for n in named if n not in used and not (is_scale(n) and weight_of_scale(n) in used)
+                        and n not in dict(model.named_buffers()))
+    return list(blocks.values()), outside, unexpected
+

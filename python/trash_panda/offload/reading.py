@@ -1,0 +1,132 @@
+"""Reading tensors of a checkpoint into memory: resident weights, buffers, storage conversions,
+and putting a model back on the meta device."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from .. import _core
+from .._dtypes import torch_dtype
+from ..errors import ArgumentError, CheckpointError
+from .state import STATE_ATTR, TensorSpec, get_state
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def placeholder(spec: TensorSpec) -> Any:
+    import torch
+    from torch import nn
+
+    return nn.Parameter(torch.empty(spec.shape, dtype=spec.target, device="meta"), requires_grad=False)
+
+
+def read_tensor(info: _core.TensorInfo, threads: int) -> torch.Tensor:
+    """One tensor of the checkpoint, read into private CPU memory in its stored dtype."""
+    import torch
+
+    t = torch.empty(tuple(info.shape), dtype=torch_dtype(info.dtype))
+    if info.nbytes:
+        _core.read_tensors(os.fspath(info.file), [(info.start, t.reshape(-1).view(torch.uint8))], threads=threads)
+    return t
+
+
+def materialize(spec: TensorSpec, target: torch.dtype, device: torch.device, *, storage: str | None,
+                 threads: int, expand: bool) -> None:
+    """Reads one parameter. ``expand``: to its compute dtype now (outside weights); otherwise kept
+    stored (resident blocks), and expanded by the hooks when it differs from the compute dtype."""
+    import torch
+    from torch import nn
+
+    from .. import dtype as kernels
+
+    stored = read_tensor(spec.info, threads)
+    scale = read_tensor(spec.scale, threads) if spec.scale is not None else None
+    if not expand and storage is not None and scale is None and stored.dtype.is_floating_point:
+        stored, scale = _convert_storage(stored, storage, spec)
+    final: torch.Tensor | None = None
+    if not stored.dtype.is_floating_point or (stored.dtype == target and scale is None):
+        final = stored
+    elif expand:
+        final = kernels.expand(stored, target, None if scale is None else _scale_arg(scale, spec))
+    if final is not None:
+        param = nn.Parameter(final.to(device), requires_grad=False)
+        for m, a in spec.owners:
+            m._parameters[a] = param
+        return
+    spec.resident = stored.to(device)
+    spec.resident_scale = None if scale is None else scale.to(device)
+    spec.placeholder = placeholder(spec)
+
+
+def _scale_arg(scale: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+    import torch
+
+    s = scale.to(torch.float32)
+    return s.reshape(-1, 1) if spec.scale_kind == "row" else s
+
+
+def _convert_storage(stored: torch.Tensor, storage: str, spec: TensorSpec) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The storage dtype's form of a resident tensor (the planner counted it that way)."""
+    import torch
+
+    from .. import dtype as kernels
+
+    if storage == "BF16":
+        if stored.dtype in (torch.float32, torch.float64):
+            return kernels.cast(stored.float() if stored.dtype == torch.float64 else stored, torch.bfloat16), None
+        return stored, None
+    if storage == "F8_E4M3":
+        if stored.dim() == 2 and stored.numel() >= _core.FP8_MIN_ELEMENTS and stored.dtype in (
+            torch.float32, torch.float16, torch.bfloat16
+        ):
+            q, s = kernels.quantize_fp8(stored, per_row=True)
+            spec.scale_kind = "row"
+            return q, s
+        return stored, None
+    raise ArgumentError(f"storage_dtype {storage!r}: expected bf16 or fp8")
+
+
+def load_buffers(model: nn.Module, named: dict[str, _core.TensorInfo], device: torch.device) -> list[str]:
+    """Buffers come from the checkpoint when it has them; otherwise the values the model made
+    at construction are kept. Returns the names of the kept ones."""
+    kept = []
+    for mod_name, module in model.named_modules():
+        for attr, b in module._buffers.items():
+            if b is None:
+                continue
+            name = f"{mod_name}.{attr}" if mod_name else attr
+            if name in named:
+                module._buffers[attr] = read_tensor(named[name], 2).to(device=device, dtype=b.dtype)
+            elif b.is_meta:
+                raise CheckpointError(
+                    f"buffer {name} is not in the checkpoint and was made on the meta device, so it has no "
+                    "value; build the model inside trash_panda.empty_weights() (parameters on meta, buffers "
+                    "real) or pass a checkpoint that has it"
+                )
+            else:
+                module._buffers[attr] = b.to(device)
+                kept.append(name)
+    return kept
+
+
+def unload(model: nn.Module) -> None:
+    """Puts every weight back on the meta device and forgets the load (after a failed load)."""
+    import torch
+    from torch import nn
+
+    state = get_state(model)
+    if state is not None and state.engine is not None:
+        state.engine.close()
+    for module in model.modules():
+        for attr, p in list(module._parameters.items()):
+            if p is not None and not p.is_meta:
+                module._parameters[attr] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)
+        for attr, b in list(module._buffers.items()):
+            if b is not None and not b.is_meta:
+                module._buffers[attr] = torch.empty_like(b, device="meta")
+    if hasattr(model, STATE_ATTR):
+        delattr(model, STATE_ATTR)
+
