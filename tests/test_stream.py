@@ -337,3 +337,27 @@ def test_key_map_and_skip_prefixes(tmp_path: Path) -> None:
     assert report.unexpected == ["vision.patch.weight"]
     assert "vision.patch.weight" in str(report)
     tp.release(model)
+
+
+def test_profile_report_and_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    path = save(reference(torch.float32), tmp_path / "m.safetensors")
+    monkeypatch.setenv("TRASH_PANDA_PROFILE", "1")
+    monkeypatch.setenv("TRASH_PANDA_LOG", str(tmp_path / "run.jsonl"))
+    model = on_meta(Tiny)
+    tp.stream_load(model, path, plan=every_tier())
+    handle = tp.install_offload(model)
+    with torch.no_grad():
+        model(ids())
+        model(ids())
+    tp.release(model, handle)
+    err = capsys.readouterr().err
+    assert "pass 1:" in err and "pass 2:" in err and "pass 3:" not in err
+    assert "blocks.4 (disk)" in err
+    assert "memory while releasing:" in err and "after release:" in err
+    line = json.loads((tmp_path / "run.jsonl").read_text().splitlines()[-1])
+    assert line["format"] == "trash-panda-profile"
+    assert len(line["passes"]) == 2
+    trace = json.loads((tmp_path / "run.jsonl.trace.json").read_text())
+    assert sum(1 for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "disk") == 4

@@ -5,6 +5,7 @@ from typing import Any, final
 
 __all__ = [
     "__version__",
+    "available_ram",
     "Checkpoint",
     "Engine",
     "FP8_MIN_ELEMENTS",
@@ -138,11 +139,13 @@ def read_tensors(path: str | PathLike[str], requests: list[tuple[int, Any]], thr
                  direct: bool = False) -> tuple[int, float]: ...
 def trim_heap() -> bool: ...
 def current_rss() -> int: ...
+def available_ram() -> int: ...
 def profile_report(
     blocks: list[tuple[str, str]],
     runs: list[tuple[int, float, float, float, float, int, str]],
     load: str | None = None,
     engine: str | None = None,
+    memory: str | None = None,
 ) -> tuple[str, str, str]: ...
 
 @final

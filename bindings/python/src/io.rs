@@ -69,6 +69,14 @@ fn trim_heap(py: Python<'_>) -> bool {
     without_gil(py, trash_panda::sys::trim_heap)
 }
 
+/// The RAM the machine has available (MemAvailable), in bytes.
+#[pyfunction]
+fn available_ram() -> PyResult<u64> {
+    Ok(trash_panda::sys::MemoryFigures::probe()
+        .map_err(ToPyErr::to_py)?
+        .available_ram)
+}
+
 /// The process's resident memory in bytes.
 #[pyfunction]
 fn current_rss() -> PyResult<u64> {
@@ -116,6 +124,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(trim_heap, m)?)?;
     m.add_function(wrap_pyfunction!(current_rss, m)?)?;
+    m.add_function(wrap_pyfunction!(available_ram, m)?)?;
     m.add_class::<PyRssSampler>()?;
     m.add_function(wrap_pyfunction!(drop_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cached_bytes, m)?)?;

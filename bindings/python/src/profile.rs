@@ -3,7 +3,9 @@
 use pyo3::prelude::*;
 
 use trash_panda::plan::Tier;
-use trash_panda::profile::{BlockRun, EngineSummary, LoadSummary, Profile, ProfileError};
+use trash_panda::profile::{
+    BlockRun, EngineSummary, LoadSummary, MemoryPoint, Profile, ProfileError,
+};
 
 use crate::errors::{raise, Kind, ToPyErr};
 
@@ -21,14 +23,16 @@ fn tier(name: &str) -> PyResult<Tier> {
 type RunArg = (usize, f64, f64, f64, f64, u64, String);
 
 /// Builds the profile of a run and returns (report text, Chrome trace JSON, log line).
-/// `load` is a LoadSummary and `engine` the engine's statistics, both as JSON.
+/// `load` is a LoadSummary, `engine` the engine's statistics and `memory` a list of memory
+/// points, each as JSON.
 #[pyfunction]
-#[pyo3(signature = (blocks, runs, load=None, engine=None))]
+#[pyo3(signature = (blocks, runs, load=None, engine=None, memory=None))]
 fn profile_report(
     blocks: Vec<(String, String)>,
     runs: Vec<RunArg>,
     load: Option<&str>,
     engine: Option<&str>,
+    memory: Option<&str>,
 ) -> PyResult<(String, String, String)> {
     let tiers = blocks
         .iter()
@@ -59,6 +63,11 @@ fn profile_report(
         let summary: EngineSummary =
             serde_json::from_str(text).map_err(|e| parse_err("engine", e))?;
         profile.set_engine(summary).map_err(ToPyErr::to_py)?;
+    }
+    if let Some(text) = memory {
+        let points: Vec<MemoryPoint> =
+            serde_json::from_str(text).map_err(|e| parse_err("memory", e))?;
+        profile.set_memory_points(points);
     }
     Ok((
         profile.report(),

@@ -72,16 +72,27 @@ class OffloadHandle:
         return stats
 
     def remove(self) -> None:
+        """Takes the hooks off; with TRASH_PANDA_PROFILE=1 prints the profile of what ran."""
+        snap = self._remove(profile=bool(config.setting("profile")))
+        if snap is not None:
+            from .profile import print_report
+
+            print_report(snap)
+
+    def _remove(self, profile: bool) -> Any:
+        """Takes the hooks off; returns the profile's snapshot when asked (None otherwise)."""
         if self.removed:
-            return
+            return None
+        snap = None
+        if profile:
+            from .profile import snapshot
+
+            snap = snapshot(self)
         self.removed = True
         self._registry.remove()
         self._backend.close()
         self._state.handle = None
-        if config.setting("profile"):
-            from .profile import print_report
-
-            print_report(self)
+        return snap
 
 
 def _set_order(state: ModelState, order: list[str] | None) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import _core
@@ -13,8 +14,45 @@ if TYPE_CHECKING:
     from .hooks import OffloadHandle
 
 
-def build(handle: OffloadHandle) -> tuple[str, str, str]:
-    """(report text, Chrome trace JSON, log line) of what ran under ``handle``."""
+@dataclass
+class Snapshot:
+    """What the profile is made from, taken while the engine is still open."""
+
+    blocks: list[tuple[str, str]]
+    runs: list[tuple[int, float, float, float, float, int, str]]
+    load: str | None
+    engine: str | None
+    memory: list[dict[str, object]] = field(default_factory=list)
+
+    def render(self) -> tuple[str, str, str]:
+        memory = json.dumps(self.memory) if self.memory else None
+        return _core.profile_report(self.blocks, self.runs, load=self.load, engine=self.engine, memory=memory)
+
+
+def memory_point(label: str) -> dict[str, object]:
+    """Free RAM, the process's resident set, and the CPU tensors of 1 MB or more still alive."""
+    import gc
+    import warnings
+
+    import torch
+
+    large = []
+    with warnings.catch_warnings():
+        # Looking at every live object touches deprecated module attributes that warn.
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            if type(obj) is not torch.Tensor and type(obj) is not torch.nn.Parameter:
+                continue
+            if obj.device.type == "cpu" and not obj.is_meta:
+                n = obj.numel() * obj.element_size()
+                if n >= 1 << 20:
+                    large.append({"name": f"{str(obj.dtype).removeprefix('torch.')}{list(obj.shape)}", "bytes": n})
+    large.sort(key=lambda t: -int(t["bytes"]))  # type: ignore[call-overload]
+    return {"label": label, "free_ram": _core.available_ram(), "rss": _core.current_rss(), "large_tensors": large}
+
+
+def snapshot(handle: OffloadHandle) -> Snapshot:
+    """The profile's inputs for what ran under ``handle``."""
     state = handle._state
     blocks = [(b.prefix.rstrip("."), b.tier.value) for b in state.blocks]
     runs = [(i, start, end, t.staged_wait, t.gpu_wait, t.bytes, state.blocks[i].tier.value)
@@ -35,11 +73,16 @@ def build(handle: OffloadHandle) -> tuple[str, str, str]:
     engine = None
     if state.engine is not None and not state.engine.closed:
         engine = state.engine.stats_json()
-    return _core.profile_report(blocks, runs, load=load, engine=engine)
+    return Snapshot(blocks, runs, load, engine)
 
 
-def print_report(handle: OffloadHandle) -> None:
-    report, trace, line = build(handle)
+def build(handle: OffloadHandle) -> tuple[str, str, str]:
+    """(report text, Chrome trace JSON, log line) of what ran under ``handle``."""
+    return snapshot(handle).render()
+
+
+def print_report(snap: Snapshot) -> None:
+    report, trace, line = snap.render()
     print(report, file=sys.stderr)
     log = str(config.setting("log"))
     if log:

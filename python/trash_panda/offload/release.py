@@ -46,14 +46,24 @@ def release(model: nn.Module, handle: OffloadHandle | None = None) -> None:
 def _release(model: nn.Module, handle: OffloadHandle | None) -> None:
     import torch
 
+    from . import config
+    from .profile import memory_point, print_report
+
+    profile = bool(config.setting("profile"))
+    points = [memory_point("before release")] if profile else []
     state = get_state(model)
     active = handle or (state.handle if state is not None else None)
-    if active is not None:
-        active.remove()
+    snap = active._remove(profile) if active is not None else None
+    if profile:
+        points.append(memory_point("hooks removed"))
     unload(model)
     if not getattr(model, _RELEASED_HOOK, None):
         setattr(model, _RELEASED_HOOK, model.register_forward_pre_hook(_refuse_released))
+    if profile:
+        points.append(memory_point("weights on the meta device"))
     gc.collect()
+    if profile:
+        points.append(memory_point("after garbage collection"))
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -61,6 +71,11 @@ def _release(model: nn.Module, handle: OffloadHandle | None) -> None:
         if host_empty is not None:
             host_empty()
     _core.trim_heap()
+    if profile:
+        points.append(memory_point("after release"))
+        if snap is not None:
+            snap.memory = points
+            print_report(snap)
 
 
 def measure_activation_vram(fn: Callable[[], Any], plan: Plan | None = None, *,
