@@ -234,6 +234,17 @@ fn storage_dtype_bf16_and_fp8() {
     )
     .unwrap_err();
     assert!(matches!(err, PlanError::StorageDtype { .. }), "{err}");
+    // The engine quantizes to e4m3fn only, so the planner must not count e5m2 as possible.
+    let err = plan(
+        &m,
+        &Figures::injected(1, None),
+        &PlanOptions {
+            storage_dtype: Some(DType::F8E5M2),
+            ..opts()
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("e4m3fn"), "{err}");
     let err = plan(
         &m,
         &Figures::injected(1, None),

@@ -13,7 +13,7 @@ pub(crate) fn check_options(options: &PlanOptions) -> Result<(), PlanError> {
         });
     }
     if let Some(dtype) = options.storage_dtype {
-        if !matches!(dtype, DType::BF16 | DType::F8E4M3 | DType::F8E5M2) {
+        if !matches!(dtype, DType::BF16 | DType::F8E4M3) {
             return Err(PlanError::StorageDtype { dtype });
         }
     }

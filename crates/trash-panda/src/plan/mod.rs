@@ -141,7 +141,7 @@ pub enum PlanError {
     UnknownTier { name: String },
     #[error("compute dtype {dtype} is not supported: expected f32, f16 or bf16")]
     ComputeDtype { dtype: crate::DType },
-    #[error("storage dtype {dtype} is not supported: expected bf16 or fp8 (or none, as stored)")]
+    #[error("storage dtype {dtype} is not supported: expected bf16 or fp8 (e4m3fn), or none to keep weights as stored")]
     StorageDtype { dtype: crate::DType },
     #[error("this plan has not been matched against a model: call resolve() first")]
     Unresolved,
