@@ -2,6 +2,7 @@
 //! deterministic generator, and the synthetic stage the profile tests read.
 #![allow(dead_code)]
 
+pub mod plan_model;
 pub mod profile_stage;
 
 use std::path::{Path, PathBuf};
