@@ -1,0 +1,169 @@
+"""Shared pieces of the Python benchmarks: a plain-torch model of Linear blocks, a safetensors
+writer that generates the checkpoint tensor by tensor (never two copies of the model in memory),
+and a description of the machine.
+
+Not a test and not part of the package: run the scripts in bench/ with
+``PYTHONPATH=python .venv/bin/python bench/<script>.py``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import struct
+import subprocess
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "target" / "bench-data"
+RESULTS = ROOT / "bench" / "results"
+
+
+class Block(nn.Module):
+    """A pre-norm MLP block: x + down(gelu(up(norm(x))))."""
+
+    def __init__(self, d: int, f: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, f, bias=False)
+        self.down = nn.Linear(f, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Net(nn.Module):
+    def __init__(self, n_blocks: int, d: int, f: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(d, f) for _ in range(n_blocks))
+        self.norm_out = nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.norm_out(x)
+
+
+def build_meta(n_blocks: int, d: int, f: int, dtype: torch.dtype) -> Net:
+    with torch.device("meta"):
+        return Net(n_blocks, d, f).to(dtype).eval()
+
+
+_HEADER_DTYPE = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+
+
+def write_checkpoint(path: Path, model: nn.Module, dtype: torch.dtype, seed: int = 0) -> int:
+    """Writes ``model``'s state dict (shapes only; the model may be on meta) as a safetensors file,
+    generating each tensor just before it is written, in chunks of at most 64 Mi elements.
+    The data starts 4096-byte aligned. Returns the file size. Reuses an existing file of the same
+    layout (the layout is checked from its header)."""
+    shapes = [(name, tuple(p.shape)) for name, p in model.state_dict().items()]
+    elt = torch.tensor([], dtype=dtype).element_size()
+    header: dict[str, object] = {"__metadata__": {"format": "pt", "generator": "trash-panda bench"}}
+    off = 0
+    for name, shape in shapes:
+        n = 1
+        for s in shape:
+            n *= s
+        header[name] = {"dtype": _HEADER_DTYPE[dtype], "shape": list(shape), "data_offsets": [off, off + n * elt]}
+        off += n * elt
+    text = json.dumps(header, separators=(",", ":")).encode()
+    pad = (-(8 + len(text))) % 4096
+    text += b" " * pad
+    total = 8 + len(text) + off
+    if path.exists() and path.stat().st_size == total:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if f.read(n) == text:
+                return total
+    path.parent.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name, shape in shapes:
+            if name.endswith("norm.weight") or name.endswith("norm_out.weight"):
+                t = torch.ones(shape, dtype=dtype)
+                f.write(memoryview(t.view(torch.uint8).numpy()))
+                continue
+            if name.endswith(".bias"):
+                t = torch.zeros(shape, dtype=dtype)
+                f.write(memoryview(t.view(torch.uint8).numpy()))
+                continue
+            rows = shape[0]
+            cols = 1
+            for s in shape[1:]:
+                cols *= s
+            step = max(1, (64 << 20) // max(cols, 1))
+            std = 1.0 / max(cols, 1) ** 0.5
+            for r in range(0, rows, step):
+                chunk = torch.randn((min(step, rows - r), cols), generator=gen, dtype=torch.float32).mul_(std)
+                f.write(memoryview(chunk.to(dtype).view(torch.uint8).numpy()))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.rename(path)
+    return total
+
+
+def _run(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+    except Exception:  # noqa: BLE001 - a description, not a result
+        return "?"
+
+
+def machine(path: Path) -> dict[str, str]:
+    """nproc, RAM, kernel, the file system and device of ``path``, the CPU model, and the load."""
+    mem = "?"
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem = f"{int(line.split()[1]) / 2**20:.1f} GiB"
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    fs = _run(["df", "--output=fstype,source", str(path)]).splitlines()[-1:]
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": _run(["nproc"]),
+        "ram": mem,
+        "kernel": platform.release(),
+        "fs": " on ".join(fs[0].split()) if fs else "?",
+        "cpu": cpu,
+        "loadavg": open("/proc/loadavg").read().split()[0:3].__str__(),
+        "torch": torch.__version__,
+        "torch_threads": str(torch.get_num_threads()),
+    }
+
+
+def loadavg() -> str:
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+def dd_direct(path: Path, skip_bytes: int = 0, count_bytes: int | None = None, bs: int = 8 << 20) -> float:
+    """GB/s of ``dd if=path of=/dev/null iflag=direct bs=8M`` over [skip, skip+count)."""
+    import time
+
+    assert skip_bytes % bs == 0 or True
+    cmd = ["dd", f"if={path}", "of=/dev/null", "iflag=direct,skip_bytes,count_bytes", f"bs={bs}",
+           f"skip={skip_bytes}"]
+    size = path.stat().st_size - skip_bytes if count_bytes is None else count_bytes
+    cmd.append(f"count={size}")
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    return size / (time.perf_counter() - t) / 1e9
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
