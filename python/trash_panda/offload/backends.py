@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     from .state import BlockState, ModelState, TensorSpec
 
 
+# The alignment of torch's CPU allocations, and a safe one for CUDA kernels (its caching
+# allocator hands out 512-byte aligned blocks).
+TORCH_ALIGN = 64
+CUDA_ALIGN = 512
+
+
 @dataclass
 class Timing:
     """Where the main thread's time went for one block."""
@@ -71,44 +77,81 @@ class SlotPool:
 
 
 class CpuBackend:
-    """The CPU computes: the core expands staged bytes straight into the block's tensors."""
+    """The CPU computes. A streamed tensor already in the compute dtype is used in place, as a view
+    of its staging buffer (the lease is held until the block has run); the others are expanded by
+    the core straight into reused tensors of the compute dtype."""
 
     def __init__(self, state: ModelState) -> None:
         self.state = state
         biggest = max((_expanded_bytes(b) for b in state.blocks if b.needs_hooks), default=0)
         self.pool = SlotPool(state.device, cap=2 * biggest)
-        self.live: dict[int, tuple[Any, list[torch.Tensor]]] = {}
+        self.live: dict[int, tuple[Any, list[torch.Tensor], Any]] = {}
+        self.split: dict[int, tuple[list[TensorSpec], list[TensorSpec]]] = {}
+
+    def _split(self, block: BlockState) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        """(tensors used in place, tensors to expand) of a block."""
+        found = self.split.get(block.index)
+        if found is None:
+            views: list[TensorSpec] = []
+            expand: list[TensorSpec] = []
+            layout = None
+            if block.engine_index is not None and self.state.engine is not None:
+                layout = self.state.engine.layout(block.engine_index)
+            for spec in block.work:
+                in_place = False
+                if layout is not None and spec.staged_index is not None and spec.scale is None:
+                    _n, offset, _l, staged_dtype, _shape, own_scale = layout[spec.staged_index]
+                    # CPU kernels pick their code path by the weight's alignment (a Linear on an
+                    # 8-byte aligned weight rounds differently), so only a view aligned like torch's
+                    # own allocations is used in place. Staging buffers start page-aligned.
+                    in_place = (own_scale is None and torch_dtype(staged_dtype) == spec.target
+                                and offset % TORCH_ALIGN == 0)
+                (views if in_place else expand).append(spec)
+            found = self.split[block.index] = (views, expand)
+        return found
 
     def bring(self, block: BlockState) -> Timing:
+        from torch.utils.dlpack import from_dlpack
+
         timing = Timing()
-        work = block.work
-        signature = block.signature()
+        views, expand = self._split(block)
+        signature = tuple((t.shape, t.target) for t in expand)
         slots = self.pool.take(signature)
+        lease = None
         try:
             if block.engine_index is not None:
                 assert self.state.engine is not None
                 lease = self.state.engine.acquire(block.engine_index)
                 timing.staged_wait = lease.waited
-                try:
-                    lease.expand_into([_item(spec, out) for spec, out in zip(work, slots)])
-                finally:
+                if expand:
+                    lease.expand_into([_item(spec, out) for spec, out in zip(expand, slots)])
+                for spec in views:
+                    assert spec.staged_index is not None
+                    raw = from_dlpack(lease.view(spec.staged_index))
+                    _swap(spec, raw.view(spec.target).reshape(spec.shape))
+                timing.bytes = sum(s.info.nbytes for s in block.work)
+                if not views:
                     lease.release()
-                timing.bytes = sum(s.info.nbytes for s in work)
+                    lease = None
             else:
                 from .. import dtype as kernels
 
-                for spec, out in zip(work, slots):
+                for spec, out in zip(expand, slots):
                     assert spec.resident is not None
                     scale = spec.resident_scale
                     if scale is not None and spec.scale_kind == "row":
                         scale = scale.reshape(-1, 1)
                     kernels.expand(spec.resident, spec.target, scale, out=out)
         except BaseException:
+            for spec in views:
+                _swap(spec, None)
+            if lease is not None:
+                lease.release()
             self.pool.give(signature, slots)
             raise
-        for spec, out in zip(work, slots):
+        for spec, out in zip(expand, slots):
             _swap(spec, out)
-        self.live[block.index] = (signature, slots)
+        self.live[block.index] = (signature, slots, lease)
         return timing
 
     def done(self, block: BlockState) -> None:
@@ -116,12 +159,14 @@ class CpuBackend:
             _swap(spec, None)
         entry = self.live.pop(block.index, None)
         if entry is not None:
-            self.pool.give(*entry)
+            signature, slots, lease = entry
+            self.pool.give(signature, slots)
+            if lease is not None:
+                lease.release()  # the views are gone with the placeholders back
 
     def close(self) -> None:
         for index in list(self.live):
-            block = self.state.blocks[index]
-            self.done(block)
+            self.done(self.state.blocks[index])
         self.pool.clear()
 
 
@@ -182,6 +227,7 @@ class CudaBackend:
         self.stream = torch.cuda.Stream(self.device)
         self.live: dict[int, _Inflight | None] = {}
         self.slots: list[torch.Tensor] = []
+        self.slot_base: list[int] = []
         self.slot_free: list[Any] = []  # an event recorded when the slot's last reader finished
         self.next_slot = 0
         engine = state.engine
@@ -196,6 +242,7 @@ class CudaBackend:
             for _ in range(state.lookahead + 1):
                 self.slots.append(torch.empty(size, dtype=torch.uint8, device=self.device))
                 self.slot_free.append(None)
+        self.slot_base = [t.data_ptr() for t in self.slots]
 
     def bring(self, block: BlockState) -> Timing:
         import torch
@@ -243,7 +290,9 @@ class CudaBackend:
                 scale = _typed(dev, s_off, s_len, s_dtype, tuple(s_shape))
             rows, cols = spec.rows_cols
             if scale is None and w.dtype == spec.target:
-                _swap(spec, w)  # a view of the slot: no expansion needed
+                # A view of the slot when aligned like the allocator's own blocks (cuBLAS picks
+                # kernels by alignment); otherwise a copy, so results match a resident model's.
+                _swap(spec, w if (self.slot_base[slot] + offset) % CUDA_ALIGN == 0 else w.clone())
             else:
                 _swap(spec, _expand_on_device(w, scale, kind, spec.target, rows, cols))
         self.live[block.index] = _Inflight(lease=lease, event=event, slot=slot, views=[host])

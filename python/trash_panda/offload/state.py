@@ -69,9 +69,6 @@ class BlockState:
         """Streamed blocks, and resident blocks with weights to expand each run."""
         return bool(self.work)
 
-    def signature(self) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
-        return tuple((t.shape, t.target) for t in self.work)
-
 
 @dataclass
 class ModelState:
