@@ -8,7 +8,8 @@ blocks resident (1.88 GB), the other 23 on the disk tier (6.17 GB), written with
 
 Measured in the same run:
   (i)   dd if=FILE of=/dev/null iflag=direct bs=8M over the disk tier's byte range (one contiguous
-        range), before and after the offloaded passes; the mean is the drive speed
+        range), as one stream and as two at once, before and after the offloaded passes; the better of
+        the two, averaged over before and after, is the drive speed
   (ii)  compute: a pass of the same model with every block resident (stream_load, all resident),
         median of 3 after a warm-up
   (iii) for each lookahead 1/2/4 x workers 1/2 x disk_mode direct/buffered: stream_load, install_offload,
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from _common import DATA, RESULTS, build_meta, dd_direct, loadavg, machine, md_table, write_checkpoint  # noqa: E402
+from _common import DATA, RESULTS, build_meta, dd_direct, dd_direct_parallel, loadavg, machine, md_table, write_checkpoint  # noqa: E402
 
 N_BLOCKS, D, F = 30, 4096, 16384
 RESIDENT = 7
@@ -70,6 +71,17 @@ class BlockClock:
             h.remove()
 
 
+def _drive(path: Path, start: int, length: int, when: str) -> float:
+    """The drive's direct-read speed over the disk tier's range: the better of one dd and two dd
+    at once (the engine keeps two requests in flight), so the floor is as strict as the drive."""
+    _core.drop_cache(path)
+    one = dd_direct(path, start, length)
+    _core.drop_cache(path)
+    two = dd_direct_parallel(path, start, length, jobs=2)
+    print(f"dd direct ({when}): one stream {one:.2f} GB/s, two streams {two:.2f} GB/s  load {loadavg()}", flush=True)
+    return max(one, two)
+
+
 def timed(fn):
     t = time.perf_counter()
     out = fn()
@@ -99,9 +111,7 @@ def main() -> None:
     prefixes = [f"blocks.{i}." for i in range(N_BLOCKS)]
 
     # (i) the drive, before
-    _core.drop_cache(path)
-    dd = [dd_direct(path, start, disk_bytes)]
-    print(f"dd direct (before): {dd[0]:.2f} GB/s  load {loadavg()}", flush=True)
+    dd = [_drive(path, start, disk_bytes, "before")]
 
     # (ii) compute with every block resident
     model = build_meta(N_BLOCKS, D, F, torch.bfloat16)
@@ -186,9 +196,7 @@ def main() -> None:
                 _core.trim_heap()
 
     # (i) the drive, after
-    _core.drop_cache(path)
-    dd.append(dd_direct(path, start, disk_bytes))
-    print(f"dd direct (after): {dd[1]:.2f} GB/s  load {loadavg()}", flush=True)
+    dd.append(_drive(path, start, disk_bytes, "after"))
     drive = statistics.mean(dd)
     io_floor = disk_bytes / (drive * 1e9)
     floor = max(compute, io_floor)
@@ -234,7 +242,8 @@ def main() -> None:
         f"streamed=blocks {RESIDENT}-{N_BLOCKS - 1}, streamed_tier=\"disk\")` = {disk_bytes / 1e9:.2f} GB on disk "
         "(a 2 GB device budget)",
         f"- (i) drive: `dd if=FILE of=/dev/null iflag=direct,skip_bytes,count_bytes bs=8M` over the disk tier's "
-        f"byte range, cold: {dd[0]:.2f} GB/s before and {dd[1]:.2f} GB/s after the passes, mean {drive:.2f} GB/s",
+        f"byte range, cold, as one stream and as two at once (the better counts): {dd[0]:.2f} GB/s before and "
+        f"{dd[1]:.2f} GB/s after the passes, mean {drive:.2f} GB/s",
         f"- (ii) compute: the same model with every block resident (stream_load, all resident), median of 3 "
         f"passes after a warm-up: {compute:.2f} s ({compute_block * 1e3:.0f} ms a block; a block's read at dd speed "
         f"is {block_bytes / drive / 1e6:.0f} ms)",
