@@ -11,6 +11,7 @@ use std::time::Duration;
 use trash_panda::io::ReadMode;
 use trash_panda::stream::{
     Engine, EngineOptions, RamSource, SourceTier, StreamBlock, StreamError, StreamTensor,
+    TENSOR_ALIGN,
 };
 use trash_panda::DType;
 
@@ -97,6 +98,21 @@ fn check_block(e: &Engine, blocks: &[StreamBlock], data: &[Vec<u8>], b: usize) {
         let slot = &e.layout(b).unwrap()[i];
         assert_eq!(slot.name, t.name);
         assert!(&lease.bytes()[slot.offset..slot.offset + slot.len] == want);
+        // Usable in place by kernels that want 64-byte aligned weights, in every tier and mode.
+        assert!(
+            slot.offset.is_multiple_of(TENSOR_ALIGN),
+            "block {b} {}",
+            t.name
+        );
+        let addr = lease.tensor(i).unwrap().as_ptr() as usize;
+        assert!(addr.is_multiple_of(TENSOR_ALIGN), "block {b} {}", t.name);
+    }
+    let layout = e.staged_layout();
+    let area = layout.read_area(b);
+    assert!(area.end <= layout.block_len(b), "block {b}: {area:?}");
+    assert!(layout.block_len(b) <= layout.max_block_len());
+    if blocks[b].tier == SourceTier::Ram {
+        assert!(area.is_empty());
     }
     e.release(lease);
 }
@@ -233,6 +249,60 @@ fn every_tier_lookahead_and_order_gives_the_file_bytes() {
                         eprintln!("disk-direct reads: {:?}", e.disk_read_mode());
                     }
                 }
+            }
+        }
+    });
+}
+
+/// A disk block of many tiny tensors: packed at 64 bytes they need more room than their bytes in
+/// the file, so the read area starts pages in; the pool must cover it and the bytes survive.
+#[test]
+fn pool_covers_the_read_area_of_many_tiny_tensors() {
+    guarded(60, || {
+        let dir = Dir::new("stream_engine_tiny");
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let data: Vec<u8> = (0..20_000).map(|_| rng.next() as u8).collect();
+        let path = dir.0.join("tiny.safetensors");
+        std::fs::write(&path, &data).unwrap();
+        let tensors = (0..300u64)
+            .map(|k| bytes(format!("t{k}"), 0, 4096 + 8 * k, 4096 + 8 * k + 8))
+            .collect();
+        let blocks = vec![
+            StreamBlock {
+                name: "tiny".into(),
+                tier: SourceTier::Disk,
+                tensors,
+            },
+            StreamBlock {
+                name: "one".into(),
+                tier: SourceTier::Disk,
+                tensors: vec![bytes("one".into(), 0, 8, 16)],
+            },
+        ];
+        for disk_mode in [ReadMode::Direct, ReadMode::Buffered] {
+            for lookahead in 0..=2 {
+                let opts = EngineOptions {
+                    lookahead,
+                    disk_mode,
+                    chunk_size: 4096,
+                    ..EngineOptions::default()
+                };
+                let e = Engine::new(blocks.clone(), vec![path.clone()], opts).unwrap();
+                let layout = e.staged_layout();
+                let area = layout.read_area(0);
+                // 300 tensors of 8 bytes take 300 * 64 bytes packed: the reads start 5 pages in.
+                assert_eq!(area, 5 * 4096..6 * 4096);
+                assert!(layout.layout(0).last().unwrap().offset + 8 <= area.end);
+                assert_eq!(layout.block_len(0), area.end);
+                assert_eq!(layout.max_block_len(), area.end);
+                assert_eq!(layout.pool_bytes(lookahead), (lookahead + 1) * area.end);
+                assert_eq!(e.staging_bytes(), layout.pool_bytes(lookahead));
+                assert!(e.staging_buffers().iter().all(|&(_, len)| len >= area.end));
+                let files = [data.clone()];
+                for b in [0, 1, 0, 1] {
+                    check_block(&e, &blocks, &files, b);
+                }
+                assert_eq!(e.stats().blocks[0].bytes % 2400, 0);
             }
         }
     });

@@ -262,12 +262,11 @@ fn storage_conversion_matches_the_reference_and_the_planner() {
                         let got = lease.scale(i).unwrap();
                         assert_eq!(got.map(<[u8]>::to_vec), *scales, "{what} {}", t.name);
                         assert_eq!(s.scale.is_some(), scales.is_some());
-                        if block.tier == SourceTier::Ram {
-                            assert!(s.offset.is_multiple_of(TENSOR_ALIGN), "{what}");
-                            if let Some(sc) = s.scale {
-                                assert!(sc.offset >= s.offset + s.len);
-                                assert!(sc.offset.is_multiple_of(TENSOR_ALIGN));
-                            }
+                        // Converted or not, RAM or disk: every tensor 64-byte aligned.
+                        assert!(s.offset.is_multiple_of(TENSOR_ALIGN), "{what} {}", t.name);
+                        if let Some(sc) = s.scale {
+                            assert!(sc.offset >= s.offset + s.len);
+                            assert!(sc.offset.is_multiple_of(TENSOR_ALIGN));
                         }
                     }
                     assert_eq!(lease.bytes().len(), layout.block_len(b));

@@ -1,16 +1,20 @@
 //! Where each tensor of a block sits inside its staging buffer.
 //!
-//! The tensors of a block are grouped into runs: tensors of one file that lie next to each other
-//! (gaps up to [`MERGE_GAP`]). A run is staged at a buffer offset congruent to its file offset
-//! modulo [`DIRECT_ALIGN`], so an O_DIRECT read of the whole run lands straight in the staging
-//! buffer with no bounce copy, in requests as large as the chunk size. A consequence: a tensor has
-//! the same alignment in the buffer as in its file (at least 8 bytes in a safetensors file), not a
-//! fixed 64; packing tensors at 64-byte offsets would have made almost every direct read go through
-//! a bounce buffer, because safetensors data is only 8-byte aligned.
+//! Every staged tensor starts at a [`TENSOR_ALIGN`] (64-byte) offset, so the Python layer can use
+//! it in place: CPU kernels take different (and differently rounding) paths for weights that are
+//! not 64-byte aligned, and safetensors data is only 8-byte aligned in its file.
 //!
-//! With a storage dtype, RAM-tier blocks are converted on load into private images, never read
-//! from the file again, so they are packed instead: each tensor at a [`TENSOR_ALIGN`] offset in
-//! block order, its per-row scales (if it was quantized) right after it.
+//! - Converted blocks (a storage dtype, RAM tier) are packed in block order, each tensor's per-row
+//!   scales (if it was quantized) right after it; the load writes them into private images.
+//! - Blocks staged as stored are packed in file order (by file, then offset). Their tensors are
+//!   grouped into runs: tensors of one file that lie next to each other (gaps up to
+//!   [`MERGE_GAP`]). The RAM tier copies each tensor from its map (or in-memory image) to its
+//!   place. The disk tier reads each run with large requests into a *read area* of the same
+//!   buffer, at a buffer offset congruent to the run's file offset modulo [`DIRECT_ALIGN`], so an
+//!   O_DIRECT read lands there with no bounce copy; the worker then moves each tensor down to its
+//!   packed place (see [`BlockLayout::settle`]). The read area starts at a page boundary far enough
+//!   in (usually 0, at most a few pages) that moving the tensors in file order never overwrites
+//!   bytes not yet moved, so it overlaps the packed area instead of doubling the buffer.
 
 use std::ops::Range;
 
@@ -51,16 +55,17 @@ pub struct StagedScale {
     pub len: usize,
 }
 
-/// Contiguous bytes of one file staged with one read.
+/// Contiguous bytes of one file read with one request (split at chunk boundaries).
 #[derive(Debug, Clone)]
 pub(crate) struct Run {
     pub file: usize,
     /// File range of the run (from its first tensor's start to its last tensor's end).
     pub start: u64,
     pub end: u64,
-    /// Buffer offset of the run's first byte (`start`).
+    /// Disk tier: buffer offset (in the read area) where the run's first byte (`start`) is read.
+    /// Unused (0) for the RAM tier, which copies tensor by tensor.
     pub buf_offset: usize,
-    /// Indices (in the block's tensor order) of the tensors in this run.
+    /// Indices (in the block's tensor order) of the tensors in this run, in file order.
     pub tensors: Vec<usize>,
 }
 
@@ -78,12 +83,17 @@ impl Run {
 #[derive(Debug, Clone)]
 pub(crate) struct BlockLayout {
     pub tensors: Vec<StagedTensor>,
-    /// File-aligned runs; empty for a converted block.
+    /// The block's runs in file order; empty for a converted block.
     pub runs: Vec<Run>,
     /// Packed and filled from a converted private image (storage dtype set, RAM tier).
     pub converted: bool,
-    /// Bytes of staging buffer the block needs (runs plus alignment padding).
+    /// Disk tier: the buffer range the runs are read into (page-aligned start; it may overlap
+    /// the packed tensors, see [`settle`](Self::settle)). Empty for the RAM tier.
+    pub read_area: Range<usize>,
+    /// Bytes of staging buffer the block needs (packed tensors, and the read area).
     pub len: usize,
+    /// File offset of each tensor's first byte, in block order.
+    pub file_starts: Vec<u64>,
     /// Sum of the tensors' (and scales') lengths: the bytes a staging of this block moves.
     pub payload: u64,
 }
@@ -92,6 +102,27 @@ pub(crate) struct BlockLayout {
 #[derive(Debug, Clone)]
 pub struct StagedLayout {
     pub(crate) blocks: Vec<BlockLayout>,
+}
+
+impl BlockLayout {
+    /// Moves the tensors of `run` (read into `buf` at `run.buf_range()`) to their packed,
+    /// 64-byte aligned places. Call it for each run in order, after the run is read: the read
+    /// area is placed so that a tensor's new place never overlaps the bytes of a later tensor,
+    /// of this run or a later one, that are still in the read area.
+    pub fn settle(&self, run: &Run, buf: &mut [u8]) {
+        for &i in &run.tensors {
+            let t = &self.tensors[i];
+            let from = self.read_offset(run, i);
+            if from != t.offset {
+                buf.copy_within(from..from + t.len, t.offset);
+            }
+        }
+    }
+
+    /// Where tensor `i` of `run` lies in the read area.
+    fn read_offset(&self, run: &Run, i: usize) -> usize {
+        run.buf_offset + (self.file_starts[i] - run.start) as usize
+    }
 }
 
 impl StagedLayout {
@@ -147,6 +178,13 @@ impl StagedLayout {
     /// Sum of the staged tensor (and scale) lengths of `block`.
     pub fn block_bytes(&self, block: usize) -> u64 {
         self.blocks[block].payload
+    }
+
+    /// The buffer range a disk-tier `block`'s runs are read into before its tensors move to
+    /// their aligned places (it may overlap them); empty for every other block. Inside
+    /// `block_len(block)`, so inside every staging buffer.
+    pub fn read_area(&self, block: usize) -> Range<usize> {
+        self.blocks[block].read_area.clone()
     }
 
     /// Whether `block` is staged from a converted image (packed layout).
@@ -247,12 +285,15 @@ fn pack(block: &StreamBlock, storage: DType) -> BlockLayout {
         tensors,
         runs: Vec::new(),
         converted: true,
+        read_area: 0..0,
         len: at,
+        file_starts: block.tensors.iter().map(|t| t.start).collect(),
         payload,
     }
 }
 
-/// The as-stored layout: file-aligned runs.
+/// The as-stored layout: tensors packed at [`TENSOR_ALIGN`] offsets in file order; for the
+/// disk tier, runs read into a page-congruent read area that [`BlockLayout::settle`] empties.
 fn lay_out(block: &StreamBlock) -> BlockLayout {
     let mut order: Vec<usize> = (0..block.tensors.len()).collect();
     order.sort_by_key(|&i| {
@@ -264,7 +305,7 @@ fn lay_out(block: &StreamBlock) -> BlockLayout {
     });
 
     let mut runs: Vec<Run> = Vec::new();
-    for i in order {
+    for &i in &order {
         let t = &block.tensors[i];
         match runs.last_mut() {
             Some(r) if r.file == t.file && t.start <= r.end.saturating_add(MERGE_GAP) => {
@@ -293,22 +334,67 @@ fn lay_out(block: &StreamBlock) -> BlockLayout {
             scale: None,
         })
         .collect();
-    // Each run starts on a fresh page at the same in-page offset as in its file.
-    let mut page = 0usize;
-    for r in &mut runs {
-        let in_page = (r.start % DIRECT_ALIGN as u64) as usize;
-        r.buf_offset = page + in_page;
-        for &i in &r.tensors {
-            tensors[i].offset = r.buf_offset + (block.tensors[i].start - r.start) as usize;
-        }
-        page = (r.buf_offset + r.len()).next_multiple_of(DIRECT_ALIGN);
+    // Packed in file order (the order runs hold them), so the packed offsets grow with the
+    // read-area offsets and `settle` can move the tensors one after the other.
+    let mut packed_end = 0usize;
+    for &i in &order {
+        let offset = packed_end.next_multiple_of(TENSOR_ALIGN);
+        tensors[i].offset = offset;
+        packed_end = offset + tensors[i].len;
     }
     let payload = block.tensors.iter().map(|t| t.end - t.start).sum();
+    let file_starts: Vec<u64> = block.tensors.iter().map(|t| t.start).collect();
+    if block.tier == SourceTier::Ram {
+        return BlockLayout {
+            tensors,
+            runs,
+            converted: false,
+            read_area: 0..0,
+            len: packed_end,
+            file_starts,
+            payload,
+        };
+    }
+
+    // The read area, from 0 for now: each run starts on a fresh page at the same in-page offset
+    // as in its file.
+    let mut page = 0usize;
+    for r in &mut runs {
+        r.buf_offset = page + (r.start % DIRECT_ALIGN as u64) as usize;
+        page = (r.buf_offset + r.len()).next_multiple_of(DIRECT_ALIGN);
+    }
+    // Then shifted by whole pages until, for each tensor in file order, its packed place ends
+    // before the next tensor's read bytes start: moving the tensors in that order then never
+    // overwrites bytes still to be moved. Packing adds at most 56 bytes per tensor while runs
+    // start at their in-page offset, so the shift is 0 or a page for all but blocks of many
+    // tiny tensors.
+    let read_at: Vec<usize> = runs
+        .iter()
+        .flat_map(|r| {
+            r.tensors
+                .iter()
+                .map(|&i| r.buf_offset + (file_starts[i] - r.start) as usize)
+        })
+        .collect();
+    let shift = (1..order.len())
+        .map(|k| {
+            let prev = &tensors[order[k - 1]];
+            (prev.offset + prev.len).saturating_sub(read_at[k])
+        })
+        .max()
+        .unwrap_or(0)
+        .next_multiple_of(DIRECT_ALIGN);
+    for r in &mut runs {
+        r.buf_offset += shift;
+    }
+    let read_area = shift..shift + page;
     BlockLayout {
         tensors,
         runs,
         converted: false,
-        len: page,
+        len: read_area.end.max(packed_end),
+        read_area,
+        file_starts,
         payload,
     }
 }
@@ -329,8 +415,37 @@ mod tests {
         }
     }
 
+    /// Stages `block` the way the disk worker does (each run read into the read area, then
+    /// settled) from files of pattern bytes, and checks every tensor's bytes and alignment.
+    fn stage_like_disk(block: &StreamBlock, files: usize) -> StagedLayout {
+        let l = StagedLayout::new(std::slice::from_ref(block), files).unwrap();
+        let b = &l.blocks[0];
+        let byte = |file: usize, at: u64| (at.wrapping_mul(31) ^ (file as u64 * 7)) as u8;
+        let mut buf = vec![0xAAu8; l.max_block_len()];
+        assert!(b.read_area.end <= b.len && b.len <= buf.len());
+        assert!(b.read_area.start.is_multiple_of(DIRECT_ALIGN));
+        for run in &b.runs {
+            assert!(b.read_area.start <= run.buf_offset && run.buf_range().end <= b.read_area.end);
+            assert_eq!(
+                run.buf_offset % DIRECT_ALIGN,
+                (run.start % DIRECT_ALIGN as u64) as usize
+            );
+            for (k, at) in (run.start..run.end).enumerate() {
+                buf[run.buf_offset + k] = byte(run.file, at);
+            }
+            b.settle(run, &mut buf);
+        }
+        for (t, s) in block.tensors.iter().zip(l.layout(0)) {
+            assert!(s.offset.is_multiple_of(TENSOR_ALIGN), "{}", t.name);
+            assert!(s.offset + s.len <= b.len);
+            let want: Vec<u8> = (t.start..t.end).map(|at| byte(t.file, at)).collect();
+            assert!(buf[s.offset..s.offset + s.len] == want[..], "{}", t.name);
+        }
+        l
+    }
+
     #[test]
-    fn runs_keep_file_alignment_and_do_not_overlap() {
+    fn tensors_are_aligned_and_runs_keep_file_alignment() {
         let block = StreamBlock {
             name: "b".into(),
             tier: SourceTier::Disk,
@@ -342,23 +457,68 @@ mod tests {
                 t("empty", 1, 16, 16),
             ],
         };
-        let l = StagedLayout::new(&[block], 2).unwrap();
+        let l = stage_like_disk(&block, 2);
         let b = &l.blocks[0];
         assert_eq!(b.runs.len(), 3);
         assert_eq!(b.payload, 4000 + 4900 + 10 + 8);
         let names: Vec<_> = l.layout(0).iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["w2", "w1", "far", "other", "empty"]);
+        // Packed in file order: w1, w2, far, other, empty.
         let s = l.layout(0);
-        assert_eq!(s[1].offset % DIRECT_ALIGN, 100);
-        assert_eq!(s[0].offset, s[1].offset + 4900);
-        assert_eq!(s[2].offset % DIRECT_ALIGN, (1 << 20) % DIRECT_ALIGN);
-        assert!(s[2].offset >= s[0].offset + 4000);
-        assert_eq!(s[3].offset % DIRECT_ALIGN, 8);
-        assert_eq!(b.len % DIRECT_ALIGN, 0);
+        let offsets: Vec<_> = s.iter().map(|s| s.offset).collect();
+        assert_eq!(offsets, [4928, 0, 8960, 8960 + 64, 8960 + 128]);
+        // The runs' 100-byte head start covers the packing: no shift, and the block needs no
+        // more than the read area.
+        assert_eq!(l.read_area(0), 0..5 * DIRECT_ALIGN);
+        assert_eq!(b.len, l.read_area(0).end);
         for w in b.runs.windows(2) {
             assert!(w[0].buf_range().end <= w[1].buf_offset);
         }
         assert_eq!(l.pool_bytes(2), 3 * l.max_block_len());
+
+        let ram = StreamBlock {
+            tier: SourceTier::Ram,
+            ..block
+        };
+        let r = StagedLayout::new(&[ram], 2).unwrap();
+        assert_eq!(r.layout(0), l.layout(0));
+        assert_eq!((r.read_area(0), r.block_len(0)), (0..0, 8960 + 128));
+    }
+
+    #[test]
+    fn many_small_tensors_shift_the_read_area() {
+        // 200 tensors of 8 bytes back to back from a page boundary: packed they take 64 bytes
+        // each, so the read area must start 3 pages in for the moves to stay ahead of the reads.
+        let tensors = (0..200)
+            .map(|k| t(&format!("t{k}"), 0, 4096 + 8 * k, 4096 + 8 * k + 8))
+            .collect();
+        let block = StreamBlock {
+            name: "tiny".into(),
+            tier: SourceTier::Disk,
+            tensors,
+        };
+        let l = stage_like_disk(&block, 1);
+        assert_eq!(l.read_area(0), 3 * DIRECT_ALIGN..4 * DIRECT_ALIGN);
+        assert_eq!(l.block_len(0), 4 * DIRECT_ALIGN);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn settle_reproduces_every_tensor(
+            spec in proptest::collection::vec((0usize..2, 0u64..3000, 0u64..600, 0u64..3), 1..40)
+        ) {
+            // Tensors at 8-byte offsets, some tiny, some overlapping or repeated, over two files.
+            let tensors = spec
+                .iter()
+                .enumerate()
+                .map(|(k, &(file, at, len, rep))| {
+                    let start = at * 8 + rep * 4096;
+                    t(&format!("t{k}"), file, start, start + len)
+                })
+                .collect();
+            let block = StreamBlock { name: "p".into(), tier: SourceTier::Disk, tensors };
+            stage_like_disk(&block, 2);
+        }
     }
 
     #[test]

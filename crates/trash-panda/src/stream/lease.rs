@@ -57,7 +57,8 @@ impl Lease {
         self.slot
     }
 
-    /// The block's staged bytes: every tensor at its layout offset, with padding between runs.
+    /// The block's staged bytes: every tensor at its (64-byte aligned) layout offset, with padding
+    /// between them; past the last tensor of a disk-tier block, what is left of its read area.
     pub fn bytes(&self) -> &[u8] {
         &self.buf.as_ref().expect("a live lease holds its buffer")[..self.len]
     }

@@ -211,26 +211,55 @@ impl CheckpointSource {
                 what: "a bounce buffer".into(),
                 source: Box::new(source),
             })?;
-        for run in &self.layout.blocks[block].runs {
+        let layout = &self.layout.blocks[block];
+        for run in &layout.runs {
             let reader = self.readers[run.file]
                 .as_ref()
                 .expect("opened for disk blocks");
-            let mut offset = run.start;
-            let mut rest = &mut dst[run.buf_range()];
-            while !rest.is_empty() {
-                if stop.load(Ordering::Relaxed) {
-                    return Err(self.stopped(block));
+            if reader.effective_mode() == ReadMode::Buffered {
+                // No alignment to keep: each tensor goes straight to its place.
+                for &i in &run.tensors {
+                    let t = &layout.tensors[i];
+                    let at = layout.file_starts[i];
+                    let dst = &mut dst[t.offset..t.offset + t.len];
+                    self.read_chunked(block, run, at, dst, &mut bounce, stop)?;
                 }
-                // Chunks end on multiples of the chunk size, so every middle chunk is aligned.
-                let to_boundary = self.chunk_size - (offset % self.chunk_size as u64) as usize;
-                let n = to_boundary.min(rest.len());
-                let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
-                reader
-                    .read_into(offset, part, &mut bounce)
-                    .map_err(|e| self.read_error(block, run, e))?;
-                offset += n as u64;
-                rest = tail;
+                continue;
             }
+            let area = &mut dst[run.buf_range()];
+            self.read_chunked(block, run, run.start, area, &mut bounce, stop)?;
+            // Realigned here, on the worker: the compute thread gets every tensor 64-byte aligned.
+            layout.settle(run, dst);
+        }
+        Ok(())
+    }
+
+    /// Reads `dst.len()` bytes at file offset `at` in requests that end on multiples of the chunk
+    /// size (so every middle request is aligned), checking `stop` between them.
+    fn read_chunked(
+        &self,
+        block: usize,
+        run: &Run,
+        mut at: u64,
+        mut rest: &mut [u8],
+        bounce: &mut AlignedBuf,
+        stop: &AtomicBool,
+    ) -> Result<(), StreamError> {
+        let reader = self.readers[run.file]
+            .as_ref()
+            .expect("opened for disk blocks");
+        while !rest.is_empty() {
+            if stop.load(Ordering::Relaxed) {
+                return Err(self.stopped(block));
+            }
+            let to_boundary = self.chunk_size - (at % self.chunk_size as u64) as usize;
+            let n = to_boundary.min(rest.len());
+            let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
+            reader
+                .read_into(at, part, bounce)
+                .map_err(|e| self.read_error(block, run, e))?;
+            at += n as u64;
+            rest = tail;
         }
         Ok(())
     }
@@ -241,7 +270,8 @@ impl CheckpointSource {
         dst: &mut [u8],
         stop: &AtomicBool,
     ) -> Result<(), StreamError> {
-        for run in &self.layout.blocks[block].runs {
+        let layout = &self.layout.blocks[block];
+        for run in &layout.runs {
             let (map, file) = self.mapped[run.file]
                 .as_ref()
                 .expect("mapped for RAM blocks");
@@ -264,22 +294,25 @@ impl CheckpointSource {
                 };
                 return Err(self.read_error(block, run, e));
             }
-            let (start, end) = (run.start as usize, run.end as usize);
             // Start the kernel's read-ahead of the whole run: a cold map is otherwise faulted in
             // a few pages at a time as the copy walks it.
-            let _ = map.advise_willneed(start..end);
-            let src = map
-                .slice(start, end)
-                .map_err(|e| self.read_error(block, run, e))?;
-            let dst = &mut dst[run.buf_range()];
-            for (d, s) in dst
-                .chunks_mut(self.chunk_size)
-                .zip(src.chunks(self.chunk_size))
-            {
-                if stop.load(Ordering::Relaxed) {
-                    return Err(self.stopped(block));
+            let _ = map.advise_willneed(run.start as usize..run.end as usize);
+            for &i in &run.tensors {
+                let t = &layout.tensors[i];
+                let start = layout.file_starts[i] as usize;
+                let src = map
+                    .slice(start, start + t.len)
+                    .map_err(|e| self.read_error(block, run, e))?;
+                let dst = &mut dst[t.offset..t.offset + t.len];
+                for (d, s) in dst
+                    .chunks_mut(self.chunk_size)
+                    .zip(src.chunks(self.chunk_size))
+                {
+                    if stop.load(Ordering::Relaxed) {
+                        return Err(self.stopped(block));
+                    }
+                    d.copy_from_slice(s);
                 }
-                d.copy_from_slice(s);
             }
         }
         Ok(())
@@ -331,22 +364,27 @@ impl CheckpointSource {
         }
         let mut stats: Option<ReadStats> = None;
         {
-            // One request per run, grouped by file, each into its place in its block's image.
+            // One request per tensor, grouped by file, each into its aligned place in its
+            // block's image (the reads pass through a bounce buffer, once, at load).
             let mut requests: Vec<Vec<ReadRequest<'_>>> =
                 (0..self.files.len()).map(|_| Vec::new()).collect();
             let mut owners: Vec<Vec<(usize, &Run)>> =
                 (0..self.files.len()).map(|_| Vec::new()).collect();
             for (b, image) in images.iter_mut().enumerate() {
                 let Some(image) = image else { continue };
+                let layout = &self.layout.blocks[b];
                 let mut rest: &mut [u8] = image;
                 let mut consumed = 0;
-                for run in &self.layout.blocks[b].runs {
-                    let (_, tail) =
-                        std::mem::take(&mut rest).split_at_mut(run.buf_offset - consumed);
-                    let (mine, tail) = tail.split_at_mut(run.len());
-                    consumed = run.buf_offset + run.len();
-                    rest = tail;
-                    requests[run.file].push(ReadRequest::new(run.start, mine));
+                // Packed in file order, so the offsets only grow.
+                for run in &layout.runs {
+                    for &i in &run.tensors {
+                        let t = &layout.tensors[i];
+                        let (_, tail) = std::mem::take(&mut rest).split_at_mut(t.offset - consumed);
+                        let (mine, tail) = tail.split_at_mut(t.len);
+                        consumed = t.offset + t.len;
+                        rest = tail;
+                        requests[run.file].push(ReadRequest::new(layout.file_starts[i], mine));
+                    }
                     owners[run.file].push((b, run));
                 }
             }
