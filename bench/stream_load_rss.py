@@ -84,6 +84,14 @@ def child(mode: str, path: str, blocks: int) -> None:
     print("RESULT " + json.dumps(out))
 
 
+def warm_memory(nbytes: float) -> None:
+    """Touches and frees ``nbytes`` in a throwaway process before each load. In a VM, memory the
+    guest has never touched is slow to fault in (the host backs it on first use); without this the
+    load that runs first pays for it and the ones after do not, which skews the comparison."""
+    code = f"import torch; t = torch.ones({int(nbytes)}, dtype=torch.uint8); assert int(t[-1]) == 1"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def run_child(mode: str, path: Path, blocks: int) -> dict:
     cmd = [sys.executable, __file__, "--child", mode, "--path", str(path), "--blocks", str(blocks)]
     la = loadavg()
@@ -118,6 +126,7 @@ def main() -> None:
     results: dict[str, list[dict]] = {m: [] for m in modes}
     for rnd in range(args.rounds):
         for m in modes:
+            warm_memory(2.2 * size)
             r = run_child(m, path, args.blocks)
             results[m].append(r)
             print(f"round {rnd} {m:8s} {r['seconds']:6.2f} s  {size / r['seconds'] / 1e9:5.2f} GB/s  "
@@ -167,6 +176,8 @@ def main() -> None:
         f"- load average before each child: " + ", ".join(f"{m} {r['load_before']}" for m in modes for r in results[m]),
         f"- checkpoint: {size / 1e9:.2f} GB bf16 safetensors, {args.blocks} blocks of LayerNorm + Linear({D},{F}) + "
         f"Linear({F},{D}), no bias; largest tensor {largest / 1e6:.0f} MB; generated tensor by tensor",
+        f"- before each load a throwaway process touches and frees 2.2x the file's size, so no load pays for "
+        "the VM backing fresh guest memory on first touch (the first load of a round did, before)",
         f"- {args.rounds} rounds; each load in its own subprocess (fresh RSS), the file's pages dropped "
         "(posix_fadvise DONTNEED) before the load (cold), RssSampler at 1 ms around the load call only",
         "- ref = model built normally on the CPU in bf16 (default init, outside the window), then "
