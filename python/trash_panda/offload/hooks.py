@@ -51,7 +51,7 @@ class OffloadHandle:
         self._registry = registry
         self.runs: list[tuple[int, float, float, Timing]] = []  # (block, start, end, timing)
         self.removed = False
-        self._warned_order = False
+        self._order_checks = 2  # streamed runs still to check against the order given
 
     @property
     def recorded_order(self) -> list[str]:
@@ -154,10 +154,12 @@ def _install(model: nn.Module, state: ModelState, blocks: Iterable[BlockState],
             if handle.removed:
                 raise StreamError("the offload hooks were removed")
             start = time.perf_counter()
-            if block.engine_index is not None and not handle._warned_order and state.engine is not None:
+            # Only the first two streamed runs are checked: that is where a wrong order costs.
+            if block.engine_index is not None and handle._order_checks and state.engine is not None:
                 ran = len(state.engine.recorded_order())
-                if ran < len(expected) and expected[ran] != block.engine_index and ran < 2:
-                    handle._warned_order = True
+                handle._order_checks = 0 if ran >= 2 else handle._order_checks - 1
+                if ran < len(expected) and expected[ran] != block.engine_index:
+                    handle._order_checks = 0
                     warnings.warn(
                         f"block {block.prefix} ran before the order given ({by_engine[expected[ran]]} ...): "
                         "pass order= so the first blocks are staged in the order forward() runs them",

@@ -204,7 +204,7 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
             load.blocks += 1
             load.bytes += sum(s.info.nbytes + (s.scale.nbytes if s.scale else 0) for s in sb.tensors)
         in_memory = bool(config.setting("ram_in_memory"))
-        disk_mode, report.disk_mode_reason = _disk_mode(plan, report.disk.bytes, report.ram.bytes, in_memory)
+        disk_mode, report.disk_mode_reason = _disk_mode(plan, report.disk.bytes, report.ram.bytes)
         engine = _core.Engine(described, files, lookahead=lookahead, workers=int(config.setting("workers")),
                               disk_mode=disk_mode, ram_in_memory=in_memory, ram_threads=threads,
                               storage=None if storage is None else str(storage))
@@ -236,7 +236,7 @@ def _entry(info: _core.TensorInfo, file_index: dict[str, int]) -> tuple[str, int
 
 
 
-def _disk_mode(plan: Plan, disk_bytes: int, ram_bytes: int, in_memory: bool) -> tuple[str, str]:
+def _disk_mode(plan: Plan, disk_bytes: int, ram_bytes: int) -> tuple[str, str]:
     """O_DIRECT when the disk tier could not stay in the page cache beside the RAM tier."""
     chosen = str(config.setting("disk_mode"))
     if not disk_bytes:
