@@ -10,7 +10,6 @@
 //! will do, so first-touch page faults are not measured.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -57,42 +56,6 @@ fn parse_args() -> Result<Args, String> {
     a.size = a.size.max(1 << 20);
     a.window = a.window.max(1 << 20);
     Ok(a)
-}
-
-/// Writes the test file unless one of the right size is already there.
-fn ensure_file(dir: &Path, size: u64) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join(format!("read-{size}.bin"));
-    if std::fs::metadata(&path).is_ok_and(|m| m.len() == size) {
-        println!("reusing {}", path.display());
-        return Ok(path);
-    }
-    println!(
-        "writing {} ({:.2} GB)...",
-        path.display(),
-        size as f64 / 1e9
-    );
-    let mut f = std::fs::File::create(&path)?;
-    let mut block = vec![0u8; 64 << 20];
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    for b in block.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
-    }
-    let mut left = size;
-    let mut n = 0u64;
-    while left > 0 {
-        // Vary every block so nothing below us can deduplicate or compress it away.
-        block[..8].copy_from_slice(&n.to_le_bytes());
-        let k = left.min(block.len() as u64) as usize;
-        f.write_all(&block[..k])?;
-        left -= k as u64;
-        n += 1;
-    }
-    f.sync_all()?;
-    Ok(path)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -221,7 +184,8 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<(), String> {
-    let path = ensure_file(&args.dir, args.size).map_err(|e| format!("test file: {e}"))?;
+    let path = trash_panda_bench::ensure_file(&args.dir, "read", args.size)
+        .map_err(|e| format!("test file: {e}"))?;
     let mut staging = AlignedBuf::new(args.window).map_err(|e| e.to_string())?;
     staging.prefault();
     let mut b = Bench {

@@ -51,35 +51,6 @@ fn parse_args() -> Result<Args, String> {
     Ok(a)
 }
 
-fn ensure_file(dir: &Path, size: u64) -> std::io::Result<PathBuf> {
-    use std::io::Write as _;
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join(format!("stage-{size}.bin"));
-    if std::fs::metadata(&path).is_ok_and(|m| m.len() == size) {
-        return Ok(path);
-    }
-    let mut f = std::fs::File::create(&path)?;
-    let mut block = vec![0u8; 64 << 20];
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    for b in block.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
-    }
-    let mut left = size;
-    let mut n = 0u64;
-    while left > 0 {
-        block[..8].copy_from_slice(&n.to_le_bytes());
-        let k = left.min(block.len() as u64) as usize;
-        f.write_all(&block[..k])?;
-        left -= k as u64;
-        n += 1;
-    }
-    f.sync_all()?;
-    Ok(path)
-}
-
 /// Blocks of about 112 MB: per layer two 8 KiB norms and seven projections, laid out back to
 /// back from byte 8 + a header-like odd start, so nothing is page-aligned.
 fn blocks(size: u64) -> Vec<StreamBlock> {
@@ -179,7 +150,8 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let path = ensure_file(&a.dir, a.size).expect("write the test file");
+    let path =
+        trash_panda_bench::ensure_file(&a.dir, "stage", a.size).expect("write the test file");
     let mut staging = AlignedBuf::new(256 << 20).expect("staging");
     staging.prefault();
     println!(

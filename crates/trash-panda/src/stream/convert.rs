@@ -228,16 +228,8 @@ impl Load<'_> {
     }
 
     fn read_error(&self, block: usize, tensor: usize, source: IoError) -> StreamError {
-        let t = &self.blocks[block].tensors[tensor];
-        StreamError::Read {
-            block,
-            name: self.blocks[block].name.clone(),
-            tensor: t.name.clone(),
-            file: self.files[t.file].clone(),
-            start: t.start,
-            end: t.end,
-            source: Box::new(source),
-        }
+        let b = &self.blocks[block];
+        StreamError::read(block, b, &b.tensors[tensor], self.files, source)
     }
 }
 

@@ -128,3 +128,24 @@ pub enum StreamError {
         source: std::io::Error,
     },
 }
+
+impl StreamError {
+    /// A failed read of `tensor` (of `block`, index `index`) from its file in `files`.
+    pub(crate) fn read(
+        index: usize,
+        block: &super::StreamBlock,
+        tensor: &super::StreamTensor,
+        files: &[PathBuf],
+        source: IoError,
+    ) -> StreamError {
+        StreamError::Read {
+            block: index,
+            name: block.name.clone(),
+            tensor: tensor.name.clone(),
+            file: files[tensor.file].clone(),
+            start: tensor.start,
+            end: tensor.end,
+            source: Box::new(source),
+        }
+    }
+}

@@ -163,10 +163,9 @@ impl CheckpointSource {
 
     /// The error for a failed read of `run` of `block`, naming the tensor that holds byte `at`.
     fn read_error(&self, block: usize, run: &Run, source: IoError) -> StreamError {
-        let at = match &source {
-            IoError::UnexpectedEof { got_to, .. } => *got_to,
-            IoError::Read { offset, .. } | IoError::OutOfRange { offset, .. } => *offset,
-            _ => run.start,
+        let at = match failed_at(&source) {
+            0 => run.start,
+            at => at,
         };
         let tensors = &self.blocks[block].tensors;
         let t = run
@@ -181,15 +180,7 @@ impl CheckpointSource {
                     .find(|t| t.end > at)
             })
             .unwrap_or(&tensors[*run.tensors.last().expect("a run has a tensor")]);
-        StreamError::Read {
-            block,
-            name: self.blocks[block].name.clone(),
-            tensor: t.name.clone(),
-            file: self.files[t.file].clone(),
-            start: t.start,
-            end: t.end,
-            source: Box::new(source),
-        }
+        StreamError::read(block, &self.blocks[block], t, &self.files, source)
     }
 
     fn stopped(&self, block: usize) -> StreamError {

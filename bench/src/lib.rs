@@ -1,0 +1,40 @@
+//! Helpers shared by the benchmark binaries.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Writes `dir/{prefix}-{size}.bin` of incompressible bytes unless one of that size is there.
+pub fn ensure_file(dir: &Path, prefix: &str, size: u64) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("{prefix}-{size}.bin"));
+    if std::fs::metadata(&path).is_ok_and(|m| m.len() == size) {
+        println!("reusing {}", path.display());
+        return Ok(path);
+    }
+    println!(
+        "writing {} ({:.2} GB)...",
+        path.display(),
+        size as f64 / 1e9
+    );
+    let mut f = std::fs::File::create(&path)?;
+    let mut block = vec![0u8; 64 << 20];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for b in block.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+    }
+    let mut left = size;
+    let mut n = 0u64;
+    while left > 0 {
+        // Vary every block so nothing below us can deduplicate or compress it away.
+        block[..8].copy_from_slice(&n.to_le_bytes());
+        let k = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..k])?;
+        left -= k as u64;
+        n += 1;
+    }
+    f.sync_all()?;
+    Ok(path)
+}
