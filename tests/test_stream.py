@@ -361,3 +361,25 @@ def test_profile_report_and_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert len(line["passes"]) == 2
     trace = json.loads((tmp_path / "run.jsonl.trace.json").read_text())
     assert sum(1 for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "disk") == 4
+
+
+def test_error_inside_a_block_leaves_the_model_runnable(tmp_path: Path) -> None:
+    ref = reference(torch.float32)
+    path = save(ref, tmp_path / "m.safetensors")
+    model = on_meta(Tiny)
+    tp.stream_load(model, path, plan=every_tier())
+    handle = tp.install_offload(model)
+    failing = model.blocks[4].up  # inside a disk-tier block
+
+    def boom(_m: torch.nn.Module, _args: object) -> None:
+        raise RuntimeError("simulated failure inside a streamed block")
+
+    hook = failing.register_forward_pre_hook(boom)
+    for _ in range(3):  # more failures than staging buffers: every lease must come back
+        with pytest.raises(RuntimeError, match="simulated"), torch.no_grad():
+            model(ids())
+    hook.remove()
+    assert all(p.is_meta for b in model.blocks[2:] for p in b.parameters()), "placeholders are back"
+    with torch.no_grad():
+        assert torch.equal(model(ids()), ref(ids()))
+    tp.release(model, handle)

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 __all__ = ["OffloadHandle", "install_offload", "offload_blocks"]
 
 
+# Block runs kept for the profile; a server that runs for days must not grow without bound.
+MAX_RUNS = 200_000
+
+
 class HookRegistry:
     """The hooks of one model: installed together, removed together."""
 
@@ -166,6 +170,8 @@ def _install(model: nn.Module, state: ModelState, blocks: Iterable[BlockState],
                         stacklevel=4,
                     )
             timing = backend.bring(block)
+            if len(handle.runs) >= MAX_RUNS:  # a long generation: keep the recent half
+                del handle.runs[: MAX_RUNS // 2]
             handle.runs.append((block.index, start, time.perf_counter(), timing))
 
         def after(block: BlockState = block) -> None:
