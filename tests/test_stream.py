@@ -36,7 +36,7 @@ def test_every_tier_bit_for_bit(tmp_path: Path, dtype: torch.dtype) -> None:
     ref = reference(dtype)
     path = save(ref, tmp_path / "m.safetensors", dtype)
     model = on_meta(Tiny)
-    report = tp.stream_load(model, path, plan=every_tier())
+    report = tp.stream_load(model, path, plan=every_tier(), device="cpu")
     assert report.device_tier.blocks == 2 and report.ram.blocks == 2 and report.disk.blocks == 2
     assert "disk" in str(report)
     handle = tp.install_offload(model)
@@ -63,7 +63,7 @@ def test_settings_keep_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     ref = reference(torch.float32)
     path = save(ref, tmp_path / "m.safetensors")
     model = on_meta(Tiny)
-    report = tp.stream_load(model, path, plan=every_tier())
+    report = tp.stream_load(model, path, plan=every_tier(), device="cpu")
     assert report.ram_source == ("in memory" if ram_in_memory == "1" else "mapped")
     handle = tp.install_offload(model)
     with torch.no_grad():
@@ -75,7 +75,7 @@ def test_automatic_plan_and_low_level_form(tmp_path: Path) -> None:
     ref = reference(torch.float32)
     path = save(ref, tmp_path / "m.safetensors")
     model = on_meta(Tiny)
-    tp.stream_load(model, path, offload_prefixes=["blocks."], resident_prefixes=["blocks.0."], compute_dtype="f32")
+    tp.stream_load(model, path, offload_prefixes=["blocks."], resident_prefixes=["blocks.0."], compute_dtype="f32", device="cpu")
     state = get_state(model)
     assert state is not None
     assert [b.tier for b in state.blocks] == [Tier.DEVICE] + [Tier.RAM] * 5
@@ -85,7 +85,7 @@ def test_automatic_plan_and_low_level_form(tmp_path: Path) -> None:
     tp.release(model, handle)
 
     model = on_meta(Tiny)
-    tp.stream_load(model, path)  # plans by itself
+    tp.stream_load(model, path, device="cpu")  # plans by itself
     handle = tp.install_offload(model)
     with torch.no_grad():
         assert torch.equal(model(ids()), ref(ids()))
@@ -100,7 +100,7 @@ def test_two_block_lists(tmp_path: Path) -> None:
     # A manual entry naming a whole list covers each of its blocks.
     p = Plan.manual(resident=["double_blocks.0."], streamed=["double_blocks.1.", "double_blocks.2.", "single_blocks."])
     p.assign(Tier.DISK, prefixes=["double_blocks.2."])
-    tp.stream_load(model, path, plan=p)
+    tp.stream_load(model, path, plan=p, device="cpu")
     state = get_state(model)
     assert state is not None
     assert [(b.prefix, b.tier.value) for b in state.blocks] == [
@@ -153,7 +153,7 @@ def test_fp8_with_scales_equals_reference_expansion(tmp_path: Path) -> None:
     ref = reference(torch.float32)
     expected = _fp8_checkpoint(ref, tmp_path / "fp8.safetensors")
     model = on_meta(Tiny)
-    report = tp.stream_load(model, tmp_path / "fp8.safetensors", plan=every_tier())
+    report = tp.stream_load(model, tmp_path / "fp8.safetensors", plan=every_tier(), device="cpu")
     assert report.compute_dtype == "bfloat16"
     handle = tp.install_offload(model)
     with torch.no_grad():
@@ -179,7 +179,7 @@ def test_storage_dtype(tmp_path: Path, storage: str) -> None:
             state[name] = w
     model = on_meta(Tiny, dim=512, layers=3, vocab=50)
     p = Plan.manual(resident=["blocks.0."], streamed=["blocks.1.", "blocks.2."]).assign(Tier.DISK, indices=[2])
-    tp.stream_load(model, path, plan=p, storage_dtype=storage, compute_dtype="f32")
+    tp.stream_load(model, path, plan=p, storage_dtype=storage, compute_dtype="f32", device="cpu")
     handle = tp.install_offload(model)
     x = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(1))
     # The disk tier (blocks.2.) keeps the file's form; the others hold the storage dtype's.
@@ -199,7 +199,7 @@ def test_missing_parameter_names_it_and_near_names(tmp_path: Path) -> None:
     save_file(tensors, str(tmp_path / "m.safetensors"))
     model = on_meta(Tiny)
     with pytest.raises(CheckpointError, match=r"blocks\.3\.up\.weight.*blocks\.3\.up\.weights"):
-        tp.stream_load(model, tmp_path / "m.safetensors", plan=every_tier())
+        tp.stream_load(model, tmp_path / "m.safetensors", plan=every_tier(), device="cpu")
     assert get_state(model) is None
     assert all(p.is_meta for p in model.parameters())
 
@@ -210,7 +210,7 @@ def test_shape_mismatch_names_both_shapes(tmp_path: Path) -> None:
     tensors["blocks.1.up.weight"] = torch.zeros(255, 64)
     save_file(tensors, str(tmp_path / "m.safetensors"))
     with pytest.raises(CheckpointError, match=r"\[255, 64\].*\[256, 64\]"):
-        tp.stream_load(on_meta(Tiny), tmp_path / "m.safetensors", plan=every_tier())
+        tp.stream_load(on_meta(Tiny), tmp_path / "m.safetensors", plan=every_tier(), device="cpu")
 
 
 def test_failed_load_leaves_nothing_usable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,7 +227,7 @@ def test_failed_load_leaves_nothing_usable(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(tp._core, "read_tensors", flaky)
     model = on_meta(Tiny)
     with pytest.raises(tp.ReadError, match="drive went away"):
-        tp.stream_load(model, path, plan=every_tier())
+        tp.stream_load(model, path, plan=every_tier(), device="cpu")
     assert get_state(model) is None
     assert all(p.is_meta for p in model.parameters())
     with pytest.raises(tp.ArgumentError, match="stream_load"):
@@ -246,7 +246,7 @@ def test_order_and_warning(tmp_path: Path) -> None:
     ref = Reversed().eval()
     path = save(ref, tmp_path / "r.safetensors")
     model = on_meta(Reversed)
-    tp.stream_load(model, path, plan=every_tier())
+    tp.stream_load(model, path, plan=every_tier(), device="cpu")
     handle = tp.install_offload(model)
     with pytest.warns(UserWarning, match="order"), torch.no_grad():
         assert torch.equal(model(ids()), ref(ids()))
@@ -276,7 +276,7 @@ def test_release_gives_memory_back(tmp_path: Path) -> None:
         before = tp._core.current_rss()
         model = on_meta(Tiny, dim=768, layers=8, vocab=100)
         p = Plan.manual(resident=[f"blocks.{i}." for i in range(4)], streamed=[f"blocks.{i}." for i in range(4, 8)])
-        tp.stream_load(model, path, plan=p.assign(Tier.DISK, indices=[7]))
+        tp.stream_load(model, path, plan=p.assign(Tier.DISK, indices=[7]), device="cpu")
         handle = tp.install_offload(model)
         with torch.no_grad():
             model(x)
@@ -294,7 +294,7 @@ def test_measure_activation_on_cpu(tmp_path: Path) -> None:
         t = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MB, touched
         t.add_(1)
 
-    assert tp.measure_activation_vram(big) >= 50e6
+    assert tp.measure_activation_vram(big, device="cpu") >= 50e6
     with pytest.raises(tp.ArgumentError, match="callable"):
         tp.measure_activation_vram(3)  # type: ignore[arg-type]
 
@@ -304,11 +304,11 @@ def test_argument_errors(tmp_path: Path) -> None:
     with pytest.raises(tp.ArgumentError, match="nn.Module"):
         tp.stream_load("model", path)  # type: ignore[arg-type]
     with pytest.raises(tp.ArgumentError, match="not both"):
-        tp.stream_load(on_meta(Tiny), path, plan=every_tier(), offload_prefixes=["blocks."])
+        tp.stream_load(on_meta(Tiny), path, plan=every_tier(), offload_prefixes=["blocks."], device="cpu")
     model = on_meta(Tiny)
-    tp.stream_load(model, path, plan=every_tier())
+    tp.stream_load(model, path, plan=every_tier(), device="cpu")
     with pytest.raises(tp.ArgumentError, match="already loaded"):
-        tp.stream_load(model, path, plan=every_tier())
+        tp.stream_load(model, path, plan=every_tier(), device="cpu")
     handle = tp.install_offload(model)
     with pytest.raises(tp.ArgumentError, match="already installed"):
         tp.install_offload(model)
@@ -324,7 +324,7 @@ def test_key_map_and_skip_prefixes(tmp_path: Path) -> None:
     save_file(tensors, str(tmp_path / "prefixed.safetensors"))
     model = on_meta(Tiny)
     report = tp.stream_load(model, tmp_path / "prefixed.safetensors", plan=every_tier(),
-                            key_map={"model.": ""}, skip_prefixes=["vision."])
+                            key_map={"model.": ""}, skip_prefixes=["vision."], device="cpu")
     assert report.unexpected == []
     handle = tp.install_offload(model)
     with torch.no_grad():
@@ -333,7 +333,7 @@ def test_key_map_and_skip_prefixes(tmp_path: Path) -> None:
 
     model = on_meta(Tiny)
     report = tp.stream_load(model, tmp_path / "prefixed.safetensors", plan=every_tier(),
-                            key_map=lambda name: name.removeprefix("model."))
+                            key_map=lambda name: name.removeprefix("model."), device="cpu")
     assert report.unexpected == ["vision.patch.weight"]
     assert "vision.patch.weight" in str(report)
     tp.release(model)
@@ -346,7 +346,7 @@ def test_profile_report_and_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("TRASH_PANDA_PROFILE", "1")
     monkeypatch.setenv("TRASH_PANDA_LOG", str(tmp_path / "run.jsonl"))
     model = on_meta(Tiny)
-    tp.stream_load(model, path, plan=every_tier())
+    tp.stream_load(model, path, plan=every_tier(), device="cpu")
     handle = tp.install_offload(model)
     with torch.no_grad():
         model(ids())
@@ -367,7 +367,7 @@ def test_error_inside_a_block_leaves_the_model_runnable(tmp_path: Path) -> None:
     ref = reference(torch.float32)
     path = save(ref, tmp_path / "m.safetensors")
     model = on_meta(Tiny)
-    tp.stream_load(model, path, plan=every_tier())
+    tp.stream_load(model, path, plan=every_tier(), device="cpu")
     handle = tp.install_offload(model)
     failing = model.blocks[4].up  # inside a disk-tier block
 
