@@ -41,12 +41,6 @@ pub const SETTINGS: &[Setting] = &[
         doc: "streamed blocks staged ahead of the one that runs (0: read each block when it is needed)",
     },
     Setting {
-        name: "pinned_buffers",
-        kind: Kind::Count,
-        default: "0",
-        doc: "staging buffers in the pool; 0 means lookahead + 1",
-    },
-    Setting {
         name: "workers",
         kind: Kind::Count,
         default: "2",
