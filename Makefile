@@ -13,7 +13,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export PYTHONPATH := $(CURDIR)/python
 EXT := python/trash_panda/_core.abi3.so
 
-.PHONY: demo test venv build rust-test lint py-test stubs fmt bench-read bench-convert clean
+.PHONY: demo test venv build rust-test lint py-test stubs fmt bench-read bench-convert bench-stage bench-stream clean
 
 venv:
 	@bash scripts/venv.sh
@@ -49,6 +49,15 @@ bench-read:
 
 bench-convert:
 	$(CARGO) run --release -p trash-panda-bench --bin bench-convert
+
+bench-stage:
+	$(CARGO) run --release -p trash-panda-bench --bin bench-stage
+
+# The streaming benchmarks write checkpoints of 6 to 8 GB under target/bench-data.
+bench-stream: build
+	$(PY) bench/stream_load_rss.py
+	$(PY) bench/forward_disk.py
+	$(PY) bench/peers_disk.py
 
 clean:
 	$(CARGO) clean
