@@ -164,7 +164,7 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
     # Outside weights: read, expanded to the compute dtype once, kept on the device.
     t0 = time.perf_counter()
     for spec in outside:
-        materialize(spec, spec.target, device, storage=None, threads=threads, expand=True)
+        materialize(spec, device, storage=None, threads=threads, expand=True)
         report.outside.tensors += 1
         report.outside.bytes += spec.info.nbytes
     report.outside.seconds = time.perf_counter() - t0
@@ -177,7 +177,7 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
             streamed.append(state_block)
             continue
         for spec in state_block.tensors:
-            materialize(spec, spec.target, device, storage=storage, threads=threads, expand=False)
+            materialize(spec, device, storage=storage, threads=threads, expand=False)
             report.device_tier.bytes += spec.info.nbytes
         report.device_tier.blocks += 1
     report.device_tier.seconds = time.perf_counter() - t0

@@ -33,8 +33,7 @@ def read_tensor(info: _core.TensorInfo, threads: int) -> torch.Tensor:
     return t
 
 
-def materialize(spec: TensorSpec, target: torch.dtype, device: torch.device, *, storage: str | None,
-                 threads: int, expand: bool) -> None:
+def materialize(spec: TensorSpec, device: torch.device, *, storage: str | None, threads: int, expand: bool) -> None:
     """Reads one parameter. ``expand``: to its compute dtype now (outside weights); otherwise kept
     stored (resident blocks), and expanded by the hooks when it differs from the compute dtype."""
     import torch
@@ -42,6 +41,7 @@ def materialize(spec: TensorSpec, target: torch.dtype, device: torch.device, *, 
 
     from .. import dtype as kernels
 
+    target = spec.target
     stored = read_tensor(spec.info, threads)
     scale = read_tensor(spec.scale, threads) if spec.scale is not None else None
     if not expand and storage is not None and scale is None and stored.dtype.is_floating_point:
@@ -118,8 +118,17 @@ def unload(model: nn.Module) -> None:
     from torch import nn
 
     state = get_state(model)
-    if state is not None and state.engine is not None:
-        state.engine.close()
+    if state is not None:
+        if state.engine is not None:
+            state.engine.close()
+        state.checkpoint.close()
+        # A handle the caller still holds points at this state: drop what it holds, so the
+        # memory goes now and not when the handle does.
+        for block in state.blocks:
+            for spec in block.tensors:
+                spec.resident = spec.resident_scale = spec.placeholder = None
+        state.blocks = []
+        state.engine = None
     for module in model.modules():
         for attr, p in list(module._parameters.items()):
             if p is not None and not p.is_meta:
