@@ -15,7 +15,7 @@ from .errors import ArgumentError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["cast", "expand", "quantize_fp8"]
+__all__ = ["cast", "expand", "quantize_fp8", "rows_cols"]
 
 _FLOATS = ("float32", "float16", "bfloat16")
 
@@ -36,12 +36,14 @@ def _check_cpu(t: object, what: str) -> torch.Tensor:
     return t.contiguous()
 
 
-def _rows_cols(t: torch.Tensor) -> tuple[int, int]:
-    if t.dim() == 0:
+def rows_cols(shape: tuple[int, ...] | list[int]) -> tuple[int, int]:
+    """How the kernels see a tensor: a 2-D weight as (rows, cols), a 1-D one as one row, higher
+    ranks as (first dimension, the rest): scales per row follow the first dimension."""
+    if len(shape) == 0:
         return 1, 1
-    if t.dim() == 1:
-        return 1, t.shape[0]
-    return t.shape[0], math.prod(t.shape[1:])
+    if len(shape) == 1:
+        return 1, int(shape[0])
+    return int(shape[0]), math.prod(int(d) for d in shape[1:])
 
 
 def _out(t: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
@@ -78,7 +80,7 @@ def expand(
     target = resolve(dtype)
     if str(target).removeprefix("torch.") not in _FLOATS:
         raise ArgumentError(f"dtype: expected float32, float16 or bfloat16, got {target}")
-    rows, cols = _rows_cols(w)
+    rows, cols = rows_cols(tuple(w.shape))
     kind, values = "none", None
     if scale is not None:
         s = torch.as_tensor(scale, dtype=torch.float32).contiguous()
@@ -132,7 +134,7 @@ def quantize_fp8(
     import torch
 
     t = _check_cpu(tensor, "tensor")
-    rows, cols = _rows_cols(t)
+    rows, cols = rows_cols(tuple(t.shape))
     q = torch.empty(t.shape, dtype=torch.float8_e4m3fn)
     scales = torch.empty(rows if per_row else 1, dtype=torch.float32)
     _core.quantize_fp8(

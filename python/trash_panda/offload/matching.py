@@ -22,18 +22,20 @@ _FLOAT_HEADERS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 
 
 def _scale_kind(weight: tuple[int, ...], scale: list[int], name: str) -> str:
-    n = math.prod(scale)
-    rows = weight[0] if weight else 1
-    cols = math.prod(weight[1:]) if len(weight) > 1 else (weight[0] if weight else 1)
-    if len(weight) == 1:
-        rows, cols = 1, weight[0]
-    if n == 1:
+    """How a scale tensor of shape ``scale`` applies to a weight of shape ``weight``."""
+    from ..dtype import rows_cols
+
+    rows, cols = rows_cols(weight)
+    blocks = [math.ceil(rows / 128), math.ceil(cols / 128)]
+    if math.prod(scale) == 1:
         return "tensor"
-    if name.endswith(".weight_scale_inv") and len(scale) == 2 and scale == [math.ceil(rows / 128), math.ceil(cols / 128)]:
+    # `weight_scale_inv` is the block-wise layout by convention; check it before "one per row",
+    # which a [rows/128, 1] block grid would also match for a narrow weight.
+    if name.endswith(".weight_scale_inv") and scale == blocks:
         return "block"
-    if n == rows and (len(scale) == 1 or (len(scale) == 2 and scale[1] == 1)):
+    if math.prod(scale) == rows and (len(scale) == 1 or (len(scale) == 2 and scale[1] == 1)):
         return "row"
-    if len(scale) == 2 and scale == [math.ceil(rows / 128), math.ceil(cols / 128)]:
+    if scale == blocks:
         return "block"
     raise CheckpointError(
         f"scale tensor {name!r} has shape {scale}, which fits none of: one value, one per row "
@@ -91,7 +93,7 @@ def match(
                 f"{list(info.shape)} but the model's {found} has shape {list(shape)}"
             )
         if (info.dtype in _FLOAT_HEADERS) != p.dtype.is_floating_point:
-            raise CheckpointError(f"tensor {info.name!r} is {info.dtype} but the model's {found} is {p.dtype}")
+            raise CheckpointError(f"{where}: tensor {info.name!r} is {info.dtype} but the model's {found} is {p.dtype}")
         scale = scale_name = None
         if found.endswith(".weight"):
             for suffix in SCALE_SUFFIXES[:3]:
@@ -120,7 +122,8 @@ def match(
         listed = "; ".join(m + _near(m, list(named)) for m in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise CheckpointError(f"{len(missing)} parameter(s) of the model are not in the checkpoint: {listed}{more}")
-    unexpected = sorted(n for n in named if n not in used and not (is_scale(n) and weight_of_scale(n) in used)
-                        and n not in dict(model.named_buffers()))
+    buffers = {name for name, _b in model.named_buffers()}
+    unexpected = sorted(n for n in named if n not in used and n not in buffers
+                        and not (is_scale(n) and weight_of_scale(n) in used))
     return list(blocks.values()), outside, unexpected
 

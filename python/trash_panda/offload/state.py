@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,11 +43,9 @@ class TensorSpec:
 
     @property
     def rows_cols(self) -> tuple[int, int]:
-        if len(self.shape) == 0:
-            return 1, 1
-        if len(self.shape) == 1:
-            return 1, self.shape[0]
-        return self.shape[0], math.prod(self.shape[1:])
+        from ..dtype import rows_cols
+
+        return rows_cols(self.shape)
 
 
 @dataclass
