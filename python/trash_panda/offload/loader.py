@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["stream_load"]
 
 
-
 @dataclass(frozen=True)
 class LoadRequest:
     """What stream_load was asked for, checked."""
@@ -141,24 +140,18 @@ def json_options(plan: Plan) -> dict[str, Any]:
     return {k: v for k, v in opts.items() if v is not None}
 
 
-
-
-
-
 def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadReport:
     t_start = time.perf_counter()
     device = req.device
     plan = _resolve_plan(model, ckpt, req)
     opts = json_options(plan)
     compute = torch_dtype(_core.dtype_header_name(str(opts.get("compute_dtype", "BF16"))))
-    storage = opts.get("storage_dtype")
+    storage: str | None = opts.get("storage_dtype")
     named = model_tensors(ckpt, req.key_map, req.skip_prefixes)
     files = ckpt.files
-    report = LoadReport(checkpoint=files[0] if len(files) == 1 else os.path.dirname(files[0]),
-                        device=str(device), compute_dtype=str(compute).removeprefix("torch."))
-
-    blocks, outside, report.unexpected = match(model, named, plan, compute,
-                                               files[0] if len(files) == 1 else "checkpoint")
+    where = files[0] if len(files) == 1 else os.path.dirname(files[0])
+    report = LoadReport(checkpoint=where, device=str(device), compute_dtype=str(compute).removeprefix("torch."))
+    blocks, outside, report.unexpected = match(model, named, plan, compute, where)
 
     threads = max(1, int(config.setting("ram_threads")))
     # Outside weights: read, expanded to the compute dtype once, kept on the device.
@@ -183,37 +176,8 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
     report.device_tier.seconds = time.perf_counter() - t0
 
     # Streamed blocks: described to the engine, which stages them ahead of each run.
-    engine = None
     lookahead = int(opts.get("lookahead", config.setting("lookahead")))
-    if streamed:
-        file_index = {f: i for i, f in enumerate(files)}
-        described = []
-        for e, sb in enumerate(streamed):
-            sb.engine_index = e
-            entries: list[tuple[str, int, int, int, str, list[int]]] = []
-            for spec in sb.tensors:
-                spec.staged_index = len(entries)
-                entries.append(_entry(spec.info, file_index))
-                if spec.scale is not None:
-                    spec.scale_index = len(entries)
-                    entries.append(_entry(spec.scale, file_index))
-                spec.placeholder = placeholder(spec)
-            tier = "ram" if sb.tier == Tier.RAM else "disk"
-            described.append((sb.prefix, tier, entries))
-            load = report.ram if tier == "ram" else report.disk
-            load.blocks += 1
-            load.bytes += sum(s.info.nbytes + (s.scale.nbytes if s.scale else 0) for s in sb.tensors)
-        in_memory = bool(config.setting("ram_in_memory"))
-        disk_mode, report.disk_mode_reason = _disk_mode(plan, report.disk.bytes, report.ram.bytes)
-        engine = _core.Engine(described, files, lookahead=lookahead, workers=int(config.setting("workers")),
-                              disk_mode=disk_mode, ram_in_memory=in_memory, ram_threads=threads,
-                              storage=None if storage is None else str(storage))
-        report.staging_bytes = engine.staging_bytes()
-        report.disk_mode = engine.disk_read_mode() if report.disk.blocks else None
-        if (in_memory or storage is not None) and report.ram.blocks:
-            report.ram_source = "in memory" if storage is None else f"in memory as {storage}"
-            _bytes, report.ram.seconds = engine.load_ram_tier()
-        engine.set_order(list(range(len(streamed))))
+    engine = _engine_for(streamed, files, plan, report, lookahead, threads, storage) if streamed else None
 
     # Parameters: real tensors where they are final, placeholders where hooks will fill them.
     for spec in [*outside, *(s for b in blocks for s in b.tensors)]:
@@ -230,10 +194,42 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
     return report
 
 
+def _engine_for(streamed: list[BlockState], files: list[str], plan: Plan, report: LoadReport, lookahead: int,
+                threads: int, storage: str | None) -> _core.Engine:
+    """The prefetch engine of the streamed blocks; fills in their staging indices, their
+    placeholders and the report's RAM and disk lines."""
+    file_index = {f: i for i, f in enumerate(files)}
+    described = []
+    for e, sb in enumerate(streamed):
+        sb.engine_index = e
+        entries: list[tuple[str, int, int, int, str, list[int]]] = []
+        for spec in sb.tensors:
+            spec.staged_index = len(entries)
+            entries.append(_entry(spec.info, file_index))
+            if spec.scale is not None:
+                spec.scale_index = len(entries)
+                entries.append(_entry(spec.scale, file_index))
+            spec.placeholder = placeholder(spec)
+        tier = "ram" if sb.tier == Tier.RAM else "disk"
+        described.append((sb.prefix, tier, entries))
+        load = report.ram if tier == "ram" else report.disk
+        load.blocks += 1
+        load.bytes += sum(s.info.nbytes + (s.scale.nbytes if s.scale else 0) for s in sb.tensors)
+    in_memory = bool(config.setting("ram_in_memory"))
+    disk_mode, report.disk_mode_reason = _disk_mode(plan, report.disk.bytes, report.ram.bytes)
+    engine = _core.Engine(described, files, lookahead=lookahead, workers=int(config.setting("workers")),
+                          disk_mode=disk_mode, ram_in_memory=in_memory, ram_threads=threads, storage=storage)
+    report.staging_bytes = engine.staging_bytes()
+    report.disk_mode = engine.disk_read_mode() if report.disk.blocks else None
+    if (in_memory or storage is not None) and report.ram.blocks:
+        report.ram_source = "in memory" if storage is None else f"in memory as {storage}"
+        _bytes, report.ram.seconds = engine.load_ram_tier()
+    engine.set_order(list(range(len(streamed))))
+    return engine
+
+
 def _entry(info: _core.TensorInfo, file_index: dict[str, int]) -> tuple[str, int, int, int, str, list[int]]:
     return (info.name, file_index[os.fspath(info.file)], info.start, info.end, info.dtype, list(info.shape))
-
-
 
 
 def _disk_mode(plan: Plan, disk_bytes: int, ram_bytes: int) -> tuple[str, str]:
@@ -251,15 +247,5 @@ def _disk_mode(plan: Plan, disk_bytes: int, ram_bytes: int) -> tuple[str, str]:
                             f"({spare / 1e9:.2f} GB spare)")
     return "direct", (f"O_DIRECT reads: its {disk_bytes / 1e9:.2f} GB would not stay in the page cache "
                       f"({max(spare, 0) / 1e9:.2f} GB spare beside the RAM tier), and buffered reads would evict it")
-
-
-
-
-
-
-
-
-
-
 
 
