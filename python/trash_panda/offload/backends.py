@@ -228,6 +228,7 @@ class CudaBackend:
         self.live: dict[int, _Inflight | None] = {}
         self.slots: list[torch.Tensor] = []
         self.slot_base: list[int] = []
+        self.layouts: dict[int, Any] = {}  # engine block -> its staged layout, asked for once
         self.slot_free: list[Any] = []  # an event recorded when the slot's last reader finished
         self.next_slot = 0
         engine = state.engine
@@ -277,7 +278,9 @@ class CudaBackend:
         compute.wait_event(event)
         timing.gpu_wait = time.perf_counter() - t0
         timing.bytes = host.numel()
-        layout = self.state.engine.layout(block.engine_index)
+        layout = self.layouts.get(block.engine_index)
+        if layout is None:
+            layout = self.layouts[block.engine_index] = self.state.engine.layout(block.engine_index)
         for spec in work:
             assert spec.staged_index is not None
             _name, offset, length, staged_dtype, shape, own_scale = layout[spec.staged_index]

@@ -187,7 +187,7 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
 
     report.kept_buffers = load_buffers(model, named, device)
     state = ModelState(checkpoint=ckpt, plan=plan, device=device, compute_dtype=compute, blocks=blocks,
-                       engine=engine, files=files, lookahead=lookahead, report=report)
+                       engine=engine, lookahead=lookahead, report=report)
     setattr(model, STATE_ATTR, state)
     register_model(model)
     report.seconds = time.perf_counter() - t_start

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -57,8 +58,10 @@ class BlockState:
     tensors: list[TensorSpec] = field(default_factory=list)
     engine_index: int | None = None  # for streamed blocks
 
-    @property
+    @functools.cached_property
     def work(self) -> list[TensorSpec]:
+        """The tensors the hooks fill before each run; fixed once the block is loaded (the hooks
+        ask for it on every run)."""
         return [t for t in self.tensors if t.needs_work]
 
     @property
@@ -75,14 +78,10 @@ class ModelState:
     compute_dtype: torch.dtype
     blocks: list[BlockState]
     engine: _core.Engine | None
-    files: list[str]
     lookahead: int
     report: Any = None
     handle: Any = None  # the OffloadHandle while hooks are installed
     pinned: list[tuple[int, int]] = field(default_factory=list)  # staging buffers registered with CUDA
-
-    def block_by_prefix(self, prefix: str) -> BlockState | None:
-        return next((b for b in self.blocks if b.prefix == prefix), None)
 
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
