@@ -261,6 +261,36 @@ fn make_plan(
     })
 }
 
+/// What `storage_dtype` does to a tensor on load: "keep", "bf16" or "fp8" (the core's one rule).
+#[pyfunction]
+fn storage_conversion(
+    name: &str,
+    dtype: &str,
+    shape: Vec<usize>,
+    storage: &str,
+) -> PyResult<&'static str> {
+    let d = DType::from_safetensors_name(dtype).ok_or_else(|| {
+        raise(
+            Kind::Dtype,
+            format!("tensor {name:?}: unknown dtype {dtype:?}"),
+        )
+    })?;
+    let target = dtype_arg_str(storage, "storage_dtype")?;
+    Ok(
+        match plan::storage_conversion(&TensorSizes::new(name, d, &shape), target) {
+            plan::Conversion::Keep => "keep",
+            plan::Conversion::ToBf16 => "bf16",
+            plan::Conversion::ToFp8 { .. } => "fp8",
+        },
+    )
+}
+
+fn dtype_arg_str(value: &str, what: &str) -> PyResult<DType> {
+    value
+        .parse::<DType>()
+        .map_err(|e| raise(Kind::Argument, format!("{what}: {e}")))
+}
+
 /// Parses a size as users write it ("9GB", "1.5GiB", 123) into bytes.
 #[pyfunction]
 #[pyo3(signature = (value, what="size"))]
@@ -273,5 +303,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPlan>()?;
     m.add_function(wrap_pyfunction!(make_plan, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(storage_conversion, m)?)?;
     Ok(())
 }

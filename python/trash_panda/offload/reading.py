@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from .._dtypes import torch_dtype
-from ..errors import ArgumentError, CheckpointError
+from ..errors import CheckpointError
 from .state import STATE_ATTR, TensorSpec, get_state
 
 if TYPE_CHECKING:
@@ -69,24 +69,20 @@ def _scale_arg(scale: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
 
 
 def _convert_storage(stored: torch.Tensor, storage: str, spec: TensorSpec) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The storage dtype's form of a resident tensor (the planner counted it that way)."""
+    """The storage dtype's form of a resident tensor, by the core's rule (the planner counted it
+    and the engine converts the RAM tier by the same one)."""
     import torch
 
     from .. import dtype as kernels
 
-    if storage == "BF16":
-        if stored.dtype in (torch.float32, torch.float64):
-            return kernels.cast(stored.float() if stored.dtype == torch.float64 else stored, torch.bfloat16), None
-        return stored, None
-    if storage == "F8_E4M3":
-        if stored.dim() == 2 and stored.numel() >= _core.FP8_MIN_ELEMENTS and stored.dtype in (
-            torch.float32, torch.float16, torch.bfloat16
-        ):
-            q, s = kernels.quantize_fp8(stored, per_row=True)
-            spec.scale_kind = "row"
-            return q, s
-        return stored, None
-    raise ArgumentError(f"storage_dtype {storage!r}: expected bf16 or fp8")
+    how = _core.storage_conversion(spec.info.name, spec.info.dtype, list(spec.info.shape), storage)
+    if how == "bf16":
+        return kernels.cast(stored.float() if stored.dtype == torch.float64 else stored, torch.bfloat16), None
+    if how == "fp8":
+        q, s = kernels.quantize_fp8(stored, per_row=True)
+        spec.scale_kind = "row"
+        return q, s
+    return stored, None
 
 
 def load_buffers(model: nn.Module, named: dict[str, _core.TensorInfo], device: torch.device) -> list[str]:

@@ -22,20 +22,41 @@ use crate::DType;
 /// below that the per-row scales and the precision loss buy little.
 pub const FP8_MIN_ELEMENTS: u64 = 1 << 20;
 
+/// What `storage_dtype` does to one tensor on load. The planner counts by it, the engine and the
+/// Python loader convert by it: one rule for all three.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conversion {
+    Keep,
+    /// Cast to bf16, rounding to nearest even.
+    ToBf16,
+    /// Quantized to e4m3fn with one f32 scale per row.
+    ToFp8 {
+        rows: usize,
+        cols: usize,
+    },
+}
+
+/// Float tensors wider than the storage dtype are converted, never a checkpoint's scale tensors;
+/// for fp8, only 2-D weights of at least [`FP8_MIN_ELEMENTS`].
+pub fn storage_conversion(t: &TensorSizes, storage: DType) -> Conversion {
+    if !t.dtype.is_float() || t.is_scale() || t.dtype.size() <= storage.size() {
+        return Conversion::Keep;
+    }
+    if storage.is_fp8() {
+        return match t.shape[..] {
+            [rows, cols] if t.numel() >= FP8_MIN_ELEMENTS => Conversion::ToFp8 { rows, cols },
+            _ => Conversion::Keep,
+        };
+    }
+    Conversion::ToBf16
+}
+
 pub(crate) fn storage_bytes(t: &TensorSizes, storage: Option<DType>) -> u64 {
-    let Some(target) = storage else {
-        return t.file_bytes;
-    };
-    if !t.dtype.is_float() || t.is_scale() || t.dtype.size() <= target.size() {
-        return t.file_bytes;
+    match storage.map(|target| (target, storage_conversion(t, target))) {
+        None | Some((_, Conversion::Keep)) => t.file_bytes,
+        Some((_, Conversion::ToFp8 { rows, .. })) => t.numel() + rows as u64 * 4,
+        Some((target, Conversion::ToBf16)) => t.numel() * target.size() as u64,
     }
-    if target.is_fp8() {
-        if t.shape.len() == 2 && t.numel() >= FP8_MIN_ELEMENTS {
-            return t.numel() + t.shape[0] as u64 * 4;
-        }
-        return t.file_bytes;
-    }
-    t.numel() * target.size() as u64
 }
 
 pub(crate) fn expanded_bytes(t: &TensorSizes, compute: DType) -> u64 {

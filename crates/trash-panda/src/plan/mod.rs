@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 pub use assign::plan;
 pub use blocks::{BlockTensors, ModelBlocks, TensorSizes};
-pub use budget::{Budgets, FP8_MIN_ELEMENTS};
+pub use budget::{storage_conversion, Budgets, Conversion, FP8_MIN_ELEMENTS};
 pub use edit::Selector;
 pub use json::{PLAN_FORMAT, PLAN_VERSION};
 pub use options::{Figures, MinFreeRam, PlanOptions};

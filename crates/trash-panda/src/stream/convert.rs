@@ -16,39 +16,18 @@ use crate::io::{
     read_ranges_with, AlignedBuf, FileReader, IoError, ReadMode, ReadOptions, ReadRequest,
     ReadStats, DIRECT_ALIGN,
 };
-use crate::plan::{TensorSizes, FP8_MIN_ELEMENTS};
+use crate::plan::{storage_conversion, Conversion, TensorSizes};
 use crate::DType;
 
 /// The storage dtypes the engine converts to, for error messages.
 pub const STORAGE_DTYPES: &str = "none (as stored), bf16, fp8 (e4m3fn)";
 
-/// What the storage dtype does to one tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Conversion {
-    Keep,
-    /// Rounded to nearest even.
-    ToBf16,
-    /// Quantized to e4m3fn with one f32 scale per row.
-    ToFp8 {
-        rows: usize,
-        cols: usize,
-    },
-}
-
-/// The planner's rule (`plan::budget`): float tensors wider than the target, but never a
-/// checkpoint's scale tensors; for fp8, only 2-D weights of at least [`FP8_MIN_ELEMENTS`].
+/// The rule of [`storage_conversion`], applied to a staged tensor.
 pub(crate) fn conversion(t: &StreamTensor, storage: DType) -> Conversion {
-    let sizes = TensorSizes::new(t.name.as_str(), t.dtype, &t.shape);
-    if !t.dtype.is_float() || sizes.is_scale() || t.dtype.size() <= storage.size() {
-        return Conversion::Keep;
-    }
-    if storage.is_fp8() {
-        return match t.shape[..] {
-            [rows, cols] if sizes.numel() >= FP8_MIN_ELEMENTS => Conversion::ToFp8 { rows, cols },
-            _ => Conversion::Keep,
-        };
-    }
-    Conversion::ToBf16
+    storage_conversion(
+        &TensorSizes::new(t.name.as_str(), t.dtype, &t.shape),
+        storage,
+    )
 }
 
 /// Refuses storage dtypes the engine has no conversion for.

@@ -18,9 +18,10 @@
 
 use std::ops::Range;
 
-use super::convert::{check_storage, conversion, Conversion};
+use super::convert::{check_storage, conversion};
 use super::{SourceTier, StreamBlock, StreamError};
 use crate::io::DIRECT_ALIGN;
+use crate::plan::Conversion;
 use crate::DType;
 
 /// Offset alignment of tensors (and scales) in a converted block: a cache line, and enough for
