@@ -11,6 +11,7 @@ __all__ = [
     "FP8_MIN_ELEMENTS",
     "Lease",
     "Plan",
+    "SCALE_SUFFIXES",
     "RssSampler",
     "TensorBytes",
     "TensorInfo",
@@ -136,6 +137,7 @@ def setting(name: str, argument: object = None) -> bool | int | str: ...
 def settings() -> list[dict[str, str]]: ...
 
 FP8_MIN_ELEMENTS: int
+SCALE_SUFFIXES: list[str]
 
 def read_tensors(path: str | PathLike[str], requests: list[tuple[int, Any]], threads: int = 2,
                  direct: bool = False) -> tuple[int, float]: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Union
 
+from . import _core
 from .errors import ArgumentError
 
 if TYPE_CHECKING:
@@ -13,11 +14,9 @@ if TYPE_CHECKING:
 
 KeyMap = Union[Mapping[str, str], Callable[[str], Union[str, None]], None]
 
-# Suffixes of scale tensors that travel with an fp8 weight: `<layer>.weight_scale` (per tensor
-# or per output channel), `<layer>.scale_weight` (scaled-fp8 files of diffusion UIs) and
-# `<layer>.weight_scale_inv` (128x128 blocks). `input_scale` belongs to activation quantization
-# and is carried along but never applied to weights.
-SCALE_SUFFIXES = (".weight_scale", ".scale_weight", ".weight_scale_inv", ".input_scale")
+# The core's suffixes of scale tensors (weight_scale, scale_weight, weight_scale_inv, and last
+# input_scale, which is carried along but never applied to weights).
+SCALE_SUFFIXES: tuple[str, ...] = tuple(_core.SCALE_SUFFIXES)
 
 
 def is_scale(name: str) -> bool:

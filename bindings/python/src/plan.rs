@@ -300,6 +300,7 @@ fn parse_size(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FP8_MIN_ELEMENTS", plan::FP8_MIN_ELEMENTS)?;
+    m.add("SCALE_SUFFIXES", plan::SCALE_SUFFIXES.to_vec())?;
     m.add_class::<PyPlan>()?;
     m.add_function(wrap_pyfunction!(make_plan, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;

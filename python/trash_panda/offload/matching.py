@@ -96,7 +96,7 @@ def match(
             raise CheckpointError(f"{where}: tensor {info.name!r} is {info.dtype} but the model's {found} is {p.dtype}")
         scale = scale_name = None
         if found.endswith(".weight"):
-            for suffix in SCALE_SUFFIXES[:3]:
+            for suffix in SCALE_SUFFIXES[:3]:  # input_scale is never applied to a weight
                 cand = found[: -len(".weight")] + suffix
                 if cand in named:
                     scale, scale_name = named[cand], cand

@@ -16,6 +16,17 @@ use super::PlanError;
 use crate::checkpoint::TensorInfo;
 use crate::DType;
 
+/// Suffixes of the scale tensors that travel with an fp8 weight: `<layer>.weight_scale` (per
+/// tensor or per output channel), `<layer>.scale_weight` (scaled-fp8 files of diffusion UIs),
+/// `<layer>.weight_scale_inv` (128x128 blocks), and last `<layer>.input_scale`, which belongs to
+/// activation quantization: carried along, never applied to weights.
+pub const SCALE_SUFFIXES: [&str; 4] = [
+    ".weight_scale",
+    ".scale_weight",
+    ".weight_scale_inv",
+    ".input_scale",
+];
+
 /// What the planner needs of one tensor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorSizes {
@@ -43,13 +54,7 @@ impl TensorSizes {
 
     /// Scale tensors of fp8 weights: they live with their weight and vanish on expansion.
     pub fn is_scale(&self) -> bool {
-        const SUFFIXES: [&str; 4] = [
-            ".weight_scale",
-            ".scale_weight",
-            ".weight_scale_inv",
-            ".input_scale",
-        ];
-        SUFFIXES.iter().any(|s| self.name.ends_with(s))
+        SCALE_SUFFIXES.iter().any(|s| self.name.ends_with(s))
     }
 }
 

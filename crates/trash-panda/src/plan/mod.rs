@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use assign::plan;
-pub use blocks::{BlockTensors, ModelBlocks, TensorSizes};
+pub use blocks::{BlockTensors, ModelBlocks, TensorSizes, SCALE_SUFFIXES};
 pub use budget::{storage_conversion, Budgets, Conversion, FP8_MIN_ELEMENTS};
 pub use edit::Selector;
 pub use json::{PLAN_FORMAT, PLAN_VERSION};
