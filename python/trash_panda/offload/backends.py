@@ -86,10 +86,10 @@ class CpuBackend:
         biggest = max((_expanded_bytes(b) for b in state.blocks if b.needs_hooks), default=0)
         self.pool = SlotPool(state.device, cap=2 * biggest)
         self.live: dict[int, tuple[Any, list[torch.Tensor], Any]] = {}
-        self.split: dict[int, tuple[list[TensorSpec], list[TensorSpec]]] = {}
+        self.split: dict[int, tuple[list[TensorSpec], list[TensorSpec], Any]] = {}
 
-    def _split(self, block: BlockState) -> tuple[list[TensorSpec], list[TensorSpec]]:
-        """(tensors used in place, tensors to expand) of a block."""
+    def _split(self, block: BlockState) -> tuple[list[TensorSpec], list[TensorSpec], Any]:
+        """(tensors used in place, tensors to expand, the slot signature of those) of a block."""
         found = self.split.get(block.index)
         if found is None:
             views: list[TensorSpec] = []
@@ -107,15 +107,15 @@ class CpuBackend:
                     in_place = (own_scale is None and torch_dtype(staged_dtype) == spec.target
                                 and offset % TORCH_ALIGN == 0)
                 (views if in_place else expand).append(spec)
-            found = self.split[block.index] = (views, expand)
+            signature = tuple((t.shape, t.target) for t in expand)
+            found = self.split[block.index] = (views, expand, signature)
         return found
 
     def bring(self, block: BlockState) -> Timing:
         from torch.utils.dlpack import from_dlpack
 
         timing = Timing()
-        views, expand = self._split(block)
-        signature = tuple((t.shape, t.target) for t in expand)
+        views, expand, signature = self._split(block)
         slots = self.pool.take(signature)
         lease = None
         try:
