@@ -40,14 +40,15 @@ pub struct PlanArgs {
     /// Exactly this many blocks resident on the device.
     #[arg(long)]
     pub resident_blocks: Option<usize>,
-    #[arg(long, value_parser = dtype, default_value = "bf16")]
-    pub compute_dtype: DType,
+    /// f32, f16 or bf16; the dtype most float weights are stored in when absent (bf16 for fp8).
+    #[arg(long, value_parser = dtype)]
+    pub compute_dtype: Option<DType>,
     /// bf16 or fp8; as stored when absent.
     #[arg(long, value_parser = dtype)]
     pub storage_dtype: Option<DType>,
-    /// Streamed blocks staged ahead of the one that runs.
-    #[arg(long, default_value_t = PlanOptions::DEFAULT_LOOKAHEAD)]
-    pub lookahead: usize,
+    /// Streamed blocks staged ahead of the one that runs [default: TRASH_PANDA_LOOKAHEAD, or 2].
+    #[arg(long)]
+    pub lookahead: Option<usize>,
     /// Free GPU memory to plan for instead of probing, e.g. "24GB" (plans for a GPU even on a
     /// machine without one).
     #[arg(long, value_parser = bytes)]
@@ -61,8 +62,15 @@ pub struct PlanArgs {
 }
 
 impl PlanArgs {
-    pub fn options(&self) -> PlanOptions {
-        PlanOptions {
+    pub fn options(&self) -> Result<PlanOptions, trash_panda::config::ConfigError> {
+        let lookahead = match self.lookahead {
+            Some(n) => n,
+            None => match trash_panda::config::get("lookahead", None)? {
+                trash_panda::config::Value::Count(n) => n as usize,
+                _ => PlanOptions::DEFAULT_LOOKAHEAD,
+            },
+        };
+        Ok(PlanOptions {
             resident_blocks: self.resident_blocks,
             max_vram: self.max_vram,
             min_free_ram: self.min_free_ram,
@@ -70,8 +78,8 @@ impl PlanArgs {
             activation_vram: self.activation_vram,
             compute_dtype: self.compute_dtype,
             storage_dtype: self.storage_dtype,
-            lookahead: self.lookahead,
-        }
+            lookahead,
+        })
     }
 
     /// Injected figures win over probes, so `--ram 32GB --vram 24GB` gives the same plan on
@@ -95,7 +103,7 @@ pub fn run(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let checkpoint = Checkpoint::open(&args.checkpoint)?;
     let model = ModelBlocks::from_tensors(checkpoint.tensors());
-    let p = plan(&model, &args.figures()?, &args.options())?;
+    let p = plan(&model, &args.figures()?, &args.options()?)?;
     if args.json {
         writeln!(out, "{}", p.to_json())?;
     } else {
@@ -131,7 +139,7 @@ mod tests {
             "--json",
         ])
         .unwrap();
-        let o = cli.args.options();
+        let o = cli.args.options().unwrap();
         assert_eq!(o.max_vram, Some(9_000_000_000));
         assert_eq!(o.headroom_vram, 1_500_000_000);
         assert_eq!(o.min_free_ram, MinFreeRam::Auto);

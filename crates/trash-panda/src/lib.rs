@@ -7,6 +7,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod dtype;
+pub mod engine_config;
 pub mod io;
 pub mod plan;
 pub mod profile;

@@ -15,28 +15,34 @@ fn bf16_fill_order_and_budgets() {
     assert_eq!(m.blocks.len(), 10);
     assert_eq!(m.outside.len(), 2);
     let block = 200_020_000;
-    // 3.9 GB - 1.5 headroom - 2 x 0.2 staging - 0.2 expanded - 0.2 outside leaves 1.6 GB less
-    // a little: seven blocks; two fit in RAM after the staging pool, one goes to disk.
+    // A staging buffer holds the block at aligned offsets, rounded to whole pages.
+    let buffer = 200_024_064;
+    // 3.7 GB - 1.5 headroom - 3 x 0.2 device slots - 0.2 outside leaves 1.4 GB less a little:
+    // six blocks (bf16 blocks computing in bf16 are used in place: no expansion). All ten would
+    // free the slots but need 3.7002 GB. One fits in RAM after the 3-buffer staging pool, three
+    // go to disk.
     let p = plan(
         &m,
-        &Figures::injected(1_000_000_000, Some(3_900_000_000)),
+        &Figures::injected(1_000_000_000, Some(3_700_000_000)),
         &opts(),
     )
     .unwrap();
-    assert_eq!(tiers(&p), "DDDDDDDRRK");
+    assert_eq!(tiers(&p), "DDDDDDRKKK");
     let b = p.budgets.as_ref().unwrap();
-    assert_eq!(b.device_staging, 2 * block);
-    assert_eq!(b.expanded_block, block);
+    assert_eq!((b.staging_buffers, b.staging_buffer_bytes), (3, buffer));
+    assert_eq!((b.device_slots, b.device_slot_bytes), (3, 3 * buffer));
+    assert_eq!(b.host_staging, 3 * buffer);
+    assert_eq!(b.expansion, 0);
     assert_eq!(b.outside, 200_020_000);
     assert_eq!(
         b.device_budget,
-        3_900_000_000 - 1_500_000_000 - 2 * block - block - 200_020_000
+        3_700_000_000 - 1_500_000_000 - 3 * buffer - 200_020_000
     );
-    assert_eq!(b.device_used, 7 * block);
-    assert_eq!(b.ram_budget, 1_000_000_000 - 2 * block);
-    assert_eq!((b.ram_used, b.disk_bytes), (2 * block, block));
+    assert_eq!(b.device_used, 6 * block);
+    assert_eq!(b.ram_budget, 1_000_000_000 - 3 * buffer);
+    assert_eq!((b.ram_used, b.disk_bytes), (block, 3 * block));
     assert_eq!(kinds(&p), ["spills", "headroom"]);
-    assert!(p.warnings[0].message.contains("1 block(s) (200.02 MB)"));
+    assert!(p.warnings[0].message.contains("3 block(s) (600.06 MB)"));
 }
 
 #[test]
@@ -51,7 +57,11 @@ fn everything_resident_frees_the_staging() {
     )
     .unwrap();
     assert_eq!(tiers(&p), "DDDDDDDDDD");
-    assert_eq!(p.budgets.unwrap().device_staging, 0);
+    let b = p.budgets.unwrap();
+    assert_eq!(
+        (b.staging_buffers, b.device_slot_bytes, b.host_staging),
+        (0, 0, 0)
+    );
 }
 
 #[test]
@@ -73,7 +83,7 @@ fn fp32_checkpoint_expands_to_bf16() {
     assert_eq!(kinds(&p), ["nothing_fits", "headroom"]);
     // compute_dtype f32 doubles the expansion.
     let f32_opts = PlanOptions {
-        compute_dtype: DType::F32,
+        compute_dtype: Some(DType::F32),
         ..opts()
     };
     let p = plan(
@@ -93,23 +103,29 @@ fn fp8_with_scales_counts_fp8_and_expands_to_bf16() {
     let stored = 100_000_000 + 40_000 + 4 + 20_000;
     let p = plan(
         &m,
-        &Figures::injected(400_000_000, Some(2_500_000_000)),
+        &Figures::injected(500_000_000, Some(2_500_000_000)),
         &opts(),
     )
     .unwrap();
     let b0 = &p.blocks[0];
     assert_eq!(b0.file_bytes, stored);
+    // The fp8 weight is expanded into the expansion buffer; the bf16 norm is used in place.
+    assert_eq!(b0.expansion.disk, 200_000_000);
     assert_eq!(
         b0.expanded_bytes,
         200_000_000 + 20_000,
         "scales dropped, bf16"
     );
-    // 2.5 - 1.5 - 0.2 staging - 0.2 expanded - 0.2 outside = 0.4 GB: three blocks of 0.1 GB
-    // (four would need 0.40024 GB); RAM (0.4 - 0.2 staging) holds one more.
-    assert_eq!(tiers(&p), "DDDRKK");
+    // 2.5 - 1.5 - 3 x 0.1 slots - 0.2 expansion - 0.2 outside = 0.3 GB less a little: two
+    // blocks of 0.1 GB (three would need 0.30018 GB; all six, with no slots, 0.60036); RAM
+    // (0.5 - 0.3 staging) holds one more.
+    assert_eq!(tiers(&p), "DDRKKK");
     let b = p.budgets.as_ref().unwrap();
-    assert_eq!(b.device_used, 3 * stored);
-    assert_eq!(b.ram_budget, 400_000_000 - 2 * stored);
+    assert_eq!(b.expansion, 200_000_000);
+    assert_eq!(b.host_staging, 3 * b.staging_buffer_bytes);
+    assert!(b.staging_buffer_bytes >= stored && b.staging_buffer_bytes % 4096 == 0);
+    assert_eq!(b.device_used, 2 * stored);
+    assert_eq!(b.ram_budget, 500_000_000 - b.host_staging);
     assert_eq!(p.blocks[5].stored_bytes, stored, "fp8 on disk");
 }
 
@@ -172,7 +188,7 @@ fn storage_dtype_bf16_and_fp8() {
         &m,
         &Figures::injected(1, None),
         &PlanOptions {
-            compute_dtype: DType::F8E4M3,
+            compute_dtype: Some(DType::F8E4M3),
             ..opts()
         },
     )
@@ -225,22 +241,22 @@ fn max_vram_headroom_and_activation_vram() {
         &m,
         &f,
         &PlanOptions {
-            max_vram: Some(3_900_000_000),
+            max_vram: Some(3_700_000_000),
             ..opts()
         },
     )
     .unwrap();
-    assert_eq!(tiers(&capped), "DDDDDDDRRR");
-    assert_eq!(capped.budgets.unwrap().device_limit, 3_900_000_000);
+    assert_eq!(tiers(&capped), "DDDDDDRRRR");
+    assert_eq!(capped.budgets.unwrap().device_limit, 3_700_000_000);
     let small_headroom = PlanOptions {
-        max_vram: Some(3_900_000_000),
+        max_vram: Some(3_700_000_000),
         headroom_vram: 1_300_000_000,
         ..opts()
     };
     let p = plan(&m, &f, &small_headroom).unwrap();
     assert_eq!(tiers(&p), "DDDDDDDDDD");
     let measured = PlanOptions {
-        max_vram: Some(3_900_000_000),
+        max_vram: Some(3_700_000_000),
         headroom_vram: 0,
         activation_vram: Some(1_600_000_000),
         ..opts()
@@ -248,7 +264,7 @@ fn max_vram_headroom_and_activation_vram() {
     let p = plan(&m, &f, &measured).unwrap();
     assert_eq!(
         tiers(&p),
-        "DDDDDDDRRR",
+        "DDDDDDRRRR",
         "the measurement replaces headroom_vram"
     );
     let b = p.budgets.as_ref().unwrap();
@@ -276,16 +292,19 @@ fn min_free_ram_auto_and_explicit() {
     let p = plan(&m, &figures, &auto).unwrap();
     let b = p.budgets.as_ref().unwrap();
     assert_eq!(b.min_free_ram, 1_280_000_000);
-    assert_eq!(b.ram_budget, 3_000_000_000 - 1_280_000_000 - 400_040_000);
-    assert_eq!(tiers(&p), "RRRRRRKKKK");
+    assert_eq!(
+        b.ram_budget,
+        3_000_000_000 - 1_280_000_000 - 3 * 200_024_064
+    );
+    assert_eq!(tiers(&p), "RRRRRKKKKK");
     let explicit = PlanOptions {
         min_free_ram: MinFreeRam::Bytes(2_500_000_000),
         ..opts()
     };
     let p = plan(&m, &figures, &explicit).unwrap();
     assert_eq!(tiers(&p), "KKKKKKKKKK");
-    // 3.0 - 2.5 - 0.4 staging leaves 0.1 GB: not one block.
-    assert_eq!(p.budgets.as_ref().unwrap().ram_budget, 99_960_000);
+    // 3.0 - 2.5 - 0.6 staging leaves nothing: not one block.
+    assert_eq!(p.budgets.as_ref().unwrap().ram_budget, 0);
     assert_eq!(
         kinds(&p),
         ["nothing_fits", "spills", "block_too_large", "headroom"]
@@ -295,7 +314,7 @@ fn min_free_ram_auto_and_explicit() {
 #[test]
 fn lookahead_sizes_the_staging() {
     let m = decoder(10, DType::BF16);
-    let f = Figures::injected(10_000_000_000, Some(3_900_000_000));
+    let f = Figures::injected(10_000_000_000, Some(3_500_000_000));
     let p = plan(
         &m,
         &f,
@@ -305,9 +324,12 @@ fn lookahead_sizes_the_staging() {
         },
     )
     .unwrap();
-    assert_eq!(p.budgets.as_ref().unwrap().device_staging, 4 * 200_020_000);
-    assert_eq!(tiers(&p), "DDDDDRRRRR");
-    // Lookahead 0 still needs one slot for the block that runs.
+    assert_eq!(
+        p.budgets.as_ref().unwrap().device_slot_bytes,
+        5 * 200_024_064
+    );
+    assert_eq!(tiers(&p), "DDDRRRRRRR");
+    // Lookahead 0 still needs one buffer for the block that runs.
     let p = plan(
         &m,
         &f,
@@ -317,8 +339,8 @@ fn lookahead_sizes_the_staging() {
         },
     )
     .unwrap();
-    assert_eq!(p.budgets.as_ref().unwrap().device_staging, 200_020_000);
-    assert_eq!(tiers(&p), "DDDDDDDDRR");
+    assert_eq!(p.budgets.as_ref().unwrap().device_slot_bytes, 200_024_064);
+    assert_eq!(tiers(&p), "DDDDDDDRRR");
 }
 
 #[test]
@@ -367,7 +389,7 @@ fn cgroup_limit_from_a_fake_tree() {
     let p = plan(&decoder(4, DType::BF16), &figures, &opts()).unwrap();
     assert_eq!(
         p.budgets.as_ref().unwrap().ram_budget,
-        1_500_000_000 - 400_040_000
+        1_500_000_000 - 3 * 200_024_064
     );
     assert!(kinds(&p).contains(&"cgroup"), "{:?}", kinds(&p));
     assert_eq!(tiers(&p), "RRRR");
@@ -388,7 +410,7 @@ fn cpu_is_the_device_without_a_gpu() {
     let p = plan(&m, &Figures::injected(2_000_000_000, None), &opts()).unwrap();
     let b = p.budgets.as_ref().unwrap();
     assert!(!b.gpu);
-    assert_eq!((b.reserve, b.device_staging), (0, 0));
+    assert_eq!((b.reserve, b.device_slots, b.device_slot_bytes), (0, 0, 0));
     // 2.0 GB - 0.4 staging - 0.2 expanded - 0.2 outside = 1.2 GB: five blocks resident in RAM,
     // the RAM tier gets what they leave (nothing), the rest is read from disk.
     assert_eq!(tiers(&p), "DDDDDKKKKK");
@@ -444,15 +466,16 @@ fn diffusion_model_with_two_block_lists() {
         &opts(),
     )
     .unwrap();
-    // With a double block streamed the slots are 2 x 0.4 GB and only two fit; once all three
-    // double blocks are resident only single blocks stream, the slots halve, and two single
-    // blocks fit too: 4.0 - 1.5 - 2 x 0.2 - 0.4 expanded - 0.03 outside >= 1.6 GB.
-    assert_eq!(tiers(&p), "DDDDDRRRRRRRRKK");
+    // With a double block streamed the slots are 3 x 0.4 GB and only one fits; once all three
+    // double blocks are resident only single blocks stream, the slots halve, and three single
+    // blocks fit too: 4.0 - 1.5 - 3 x 0.2 slots - 0.03 outside >= 1.8 GB (bf16 blocks need no
+    // expansion).
+    assert_eq!(tiers(&p), "DDDDDDRRRRRRKKK");
     let table = p.to_string();
     assert!(
-        table.contains("double_blocks.0-2, single_blocks.0-1"),
+        table.contains("double_blocks.0-2, single_blocks.0-2"),
         "{table}"
     );
-    assert!(table.contains("single_blocks.2-9"), "{table}");
-    assert!(table.contains("single_blocks.10-11"), "{table}");
+    assert!(table.contains("single_blocks.3-8"), "{table}");
+    assert!(table.contains("single_blocks.9-11"), "{table}");
 }

@@ -174,6 +174,7 @@ fn every_tier_lookahead_and_order_gives_the_file_bytes() {
                         disk_mode,
                         ram_source,
                         chunk_size: 16 << 10,
+                        ..EngineOptions::default()
                     };
                     let e = Engine::new(blocks.clone(), files.clone(), opts).unwrap();
                     assert_eq!(e.staging_buffers().len(), lookahead + 1, "{what}");
@@ -184,7 +185,10 @@ fn every_tier_lookahead_and_order_gives_the_file_bytes() {
                     if tag == "disk-buffered" {
                         assert_eq!(e.disk_read_mode(), Some(ReadMode::Buffered));
                     }
-                    assert_eq!(e.staging_bytes(), e.staged_layout().pool_bytes(lookahead));
+                    assert_eq!(
+                        e.staging_bytes(),
+                        (lookahead + 1) * e.staged_layout().max_block_len()
+                    );
                     if matches!(ram_source, RamSource::InMemory { .. }) && workers == 2 {
                         let load = e.load_ram_tier().unwrap();
                         assert!(load.bytes > 0, "{what}");
@@ -295,8 +299,11 @@ fn pool_covers_the_read_area_of_many_tiny_tensors() {
                 assert!(layout.layout(0).last().unwrap().offset + 8 <= area.end);
                 assert_eq!(layout.block_len(0), area.end);
                 assert_eq!(layout.max_block_len(), area.end);
-                assert_eq!(layout.pool_bytes(lookahead), (lookahead + 1) * area.end);
-                assert_eq!(e.staging_bytes(), layout.pool_bytes(lookahead));
+                assert_eq!(
+                    (lookahead + 1) * layout.max_block_len(),
+                    (lookahead + 1) * area.end
+                );
+                assert_eq!(e.staging_bytes(), (lookahead + 1) * layout.max_block_len());
                 assert!(e.staging_buffers().iter().all(|&(_, len)| len >= area.end));
                 let files = [data.clone()];
                 for b in [0, 1, 0, 1] {

@@ -26,7 +26,7 @@ pub use cast::{bf16_bits_to_f32, cast, f16_bits_to_f32, f32_to_bf16_bits, f32_to
 pub use fp8::{f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, fp8_e5m2_to_f32, FP8_E4M3FN_MAX};
 pub use kind::{DType, ACCEPTED_DTYPE_NAMES, ALL_DTYPES};
 pub use quant::{quantize_fp8, QuantGranularity};
-pub use scale::{expand, Scale};
+pub use scale::{classify_scale, expand, rows_cols, Scale, ScaleLayout, SCALE_BLOCK};
 
 /// Errors of the dtype module.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +72,17 @@ pub enum DtypeError {
     },
     #[error("block scales need a block size of at least 1, got 0")]
     ZeroBlock,
+    #[error(
+        "scale tensor {name:?} has shape {scale:?}, which fits none of: one value, one per row \
+         ({rows}), or one per {block}x{block} block of a weight of shape {weight:?}"
+    )]
+    ScaleShape {
+        name: String,
+        weight: Vec<usize>,
+        scale: Vec<usize>,
+        rows: usize,
+        block: usize,
+    },
 }
 
 /// Checks that `actual_bytes` holds exactly `elems` elements of `dtype`.

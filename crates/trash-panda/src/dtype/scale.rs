@@ -5,6 +5,79 @@ use super::cast::check_cast_dtypes;
 use super::simd::{self, convert_inline, level, multiversion, Level};
 use super::{check_bytes, elements, parallel, DType, DtypeError};
 
+/// The tile of the block-wise scale layout (`weight_scale_inv`): 128 x 128 weights per scale.
+pub const SCALE_BLOCK: usize = 128;
+
+/// How a checkpoint's scale tensor applies to its weight; the one classification the loader, the
+/// kernels and the device backends use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaleLayout {
+    /// One value for the whole tensor.
+    Tensor,
+    /// One value per row (output channel).
+    Row,
+    /// One value per [`SCALE_BLOCK`] x [`SCALE_BLOCK`] tile.
+    Block,
+}
+
+impl ScaleLayout {
+    pub const fn name(self) -> &'static str {
+        match self {
+            ScaleLayout::Tensor => "tensor",
+            ScaleLayout::Row => "row",
+            ScaleLayout::Block => "block",
+        }
+    }
+}
+
+/// How the kernels see a tensor of `shape`: a 2-D weight as `(rows, cols)`, a 1-D one as one row,
+/// a scalar as `(1, 1)`, higher ranks as (first dimension, the rest), so per-row scales follow
+/// the first dimension.
+pub fn rows_cols(shape: &[usize]) -> (usize, usize) {
+    match shape {
+        [] => (1, 1),
+        [n] => (1, *n),
+        [rows, rest @ ..] => (*rows, rest.iter().product()),
+    }
+}
+
+/// How the scale tensor `name` of shape `scale` applies to a weight of shape `weight`, with tiles
+/// of `block` for the block-wise layout. A name ending in `.weight_scale_inv` is the block-wise
+/// layout by convention and is tried first, because a narrow weight's `[rows/128, 1]` grid also
+/// looks like one scale per row.
+pub fn classify_scale(
+    name: &str,
+    weight: &[usize],
+    scale: &[usize],
+    block: usize,
+) -> Result<ScaleLayout, DtypeError> {
+    if block == 0 {
+        return Err(DtypeError::ZeroBlock);
+    }
+    let (rows, cols) = rows_cols(weight);
+    let grid = [rows.div_ceil(block), cols.div_ceil(block)];
+    let count: usize = scale.iter().product();
+    let is_grid = scale == grid;
+    if count == 1 {
+        Ok(ScaleLayout::Tensor)
+    } else if is_grid && name.ends_with(".weight_scale_inv") {
+        Ok(ScaleLayout::Block)
+    } else if count == rows && (scale.len() == 1 || (scale.len() == 2 && scale[1] == 1)) {
+        Ok(ScaleLayout::Row)
+    } else if is_grid {
+        Ok(ScaleLayout::Block)
+    } else {
+        Err(DtypeError::ScaleShape {
+            name: name.to_owned(),
+            weight: weight.to_vec(),
+            scale: scale.to_vec(),
+            rows,
+            block,
+        })
+    }
+}
+
 /// How stored values are scaled when expanded.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Scale<'a> {

@@ -1,23 +1,64 @@
 //! The automatic assignment: device first, then RAM, then disk.
 
-use super::blocks::ModelBlocks;
-use super::budget::{self, staging_slots, Shape};
+use super::blocks::{ModelBlocks, TensorSizes};
+use super::budget::{self, Shape};
 use super::options::{Figures, PlanOptions};
 use super::{Plan, PlanError, Tier};
+use crate::engine_config::Held;
 use crate::DType;
 
-pub(crate) fn check_options(options: &PlanOptions) -> Result<(), PlanError> {
-    if !matches!(options.compute_dtype, DType::F32 | DType::F16 | DType::BF16) {
-        return Err(PlanError::ComputeDtype {
-            dtype: options.compute_dtype,
-        });
+/// The float dtype most of the weights are stored in (by elements), which the blocks then
+/// compute in: f32, f16 or bf16 (f64 checkpoints compute in f32). Checkpoints of fp8 (or no
+/// float) weights compute in bf16.
+pub fn infer_compute_dtype<'a>(tensors: impl IntoIterator<Item = &'a TensorSizes>) -> DType {
+    let mut elements = [(DType::BF16, 0u64), (DType::F16, 0), (DType::F32, 0)];
+    for t in tensors {
+        let dtype = if t.dtype == DType::F64 {
+            DType::F32
+        } else {
+            t.dtype
+        };
+        if let Some(e) = elements.iter_mut().find(|(d, _)| *d == dtype) {
+            e.1 += t.numel();
+        }
+    }
+    // Ties go to the narrower dtype, the first in the list.
+    let (dtype, count) =
+        elements.iter().fold(
+            (DType::BF16, 0),
+            |best, &(d, n)| if n > best.1 { (d, n) } else { best },
+        );
+    if count == 0 {
+        DType::BF16
+    } else {
+        dtype
+    }
+}
+
+/// Checks `options` and fills in what they leave to the model (the compute dtype).
+pub(crate) fn resolve_options(
+    options: &PlanOptions,
+    model: &ModelBlocks,
+) -> Result<PlanOptions, PlanError> {
+    let mut options = options.clone();
+    let compute = *options.compute_dtype.get_or_insert_with(|| {
+        infer_compute_dtype(
+            model
+                .blocks
+                .iter()
+                .flat_map(|b| &b.tensors)
+                .chain(&model.outside),
+        )
+    });
+    if !matches!(compute, DType::F32 | DType::F16 | DType::BF16) {
+        return Err(PlanError::ComputeDtype { dtype: compute });
     }
     if let Some(dtype) = options.storage_dtype {
         if !matches!(dtype, DType::BF16 | DType::F8E4M3) {
             return Err(PlanError::StorageDtype { dtype });
         }
     }
-    Ok(())
+    Ok(options)
 }
 
 /// Plans `model` for the memory in `figures`.
@@ -32,30 +73,44 @@ pub fn plan(
     figures: &Figures,
     options: &PlanOptions,
 ) -> Result<Plan, PlanError> {
-    check_options(options)?;
+    let options = &resolve_options(options, model)?;
+    let gpu = figures.free_vram.is_some();
     let mut blocks: Vec<_> = model
         .blocks
         .iter()
-        .map(|b| budget::block_plan(&b.name, &b.tensors, options))
+        .map(|b| budget::block_plan(&b.name, &b.tensors, options, gpu))
         .collect();
     let outside = budget::outside_plan(&model.outside, options);
-    let shape = Shape::new(figures, options, &blocks, &outside);
+    let shape = Shape::new(figures, options, &outside);
     let n = blocks.len();
-    let slots = staging_slots(options);
 
-    // suffix_max[k]: the largest file size among blocks[k..], what the staging pool must hold
-    // when the first k blocks are resident.
-    let mut suffix_max = vec![0u64; n + 1];
+    // What the runtime holds when the first k blocks are resident. The tiers of the others are
+    // not known yet, so each counts with the larger of its RAM and disk figures; the budgets of
+    // the final assignment are exact (`recompute`).
+    let mut streamed_staging = vec![None; n + 1];
+    let mut streamed_expansion = vec![0u64; n + 1];
     for k in (0..n).rev() {
-        suffix_max[k] = suffix_max[k + 1].max(blocks[k].file_bytes);
+        let b = &blocks[k];
+        streamed_staging[k] = Some(
+            streamed_staging[k + 1]
+                .unwrap_or(0)
+                .max(b.staging.streamed()),
+        );
+        streamed_expansion[k] = streamed_expansion[k + 1].max(b.expansion.streamed());
     }
+    let mut resident_expansion = vec![0u64; n + 1];
     let mut prefix = vec![0u64; n + 1];
     for k in 0..n {
+        resident_expansion[k + 1] = resident_expansion[k].max(blocks[k].expansion.device);
         prefix[k + 1] = prefix[k] + blocks[k].storage_bytes;
     }
-    // Staging shrinks as more blocks become resident, so the fit is not monotonic in k: check
-    // every k and keep the largest that fits.
-    let fits = |k: usize| prefix[k] <= shape.device_budget(suffix_max[k] * slots);
+    let held = |k: usize| {
+        let expansion = resident_expansion[k].max(streamed_expansion[k]);
+        Held::new(streamed_staging[k], expansion, options.lookahead, gpu)
+    };
+    // What the runtime holds shrinks as more blocks become resident, so the fit is not
+    // monotonic in k: check every k and keep the largest that fits.
+    let fits = |k: usize| prefix[k] <= shape.device_budget(&held(k));
     let resident = match options.resident_blocks {
         Some(r) => r.min(n),
         None => (0..=n).rev().find(|&k| fits(k)).unwrap_or(0),
@@ -63,8 +118,7 @@ pub fn plan(
     for b in &mut blocks[..resident] {
         b.tier = Tier::Device;
     }
-    let staging = suffix_max[resident] * slots;
-    let mut ram_left = shape.ram_budget(staging, prefix[resident]);
+    let mut ram_left = shape.ram_budget(&held(resident), prefix[resident]);
     for b in &mut blocks[resident..] {
         if b.storage_bytes <= ram_left {
             b.tier = Tier::Ram;

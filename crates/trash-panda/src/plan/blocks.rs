@@ -27,6 +27,16 @@ pub const SCALE_SUFFIXES: [&str; 4] = [
     ".input_scale",
 ];
 
+/// Where a tensor's bytes start: the staging layout of a streamed block depends on it (tensors
+/// of one file read together, O_DIRECT reads landing at their in-page offset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorLocation {
+    /// Index into the checkpoint's files.
+    pub file: usize,
+    /// Offset of the first byte in that file.
+    pub start: u64,
+}
+
 /// What the planner needs of one tensor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorSizes {
@@ -35,6 +45,10 @@ pub struct TensorSizes {
     pub shape: Vec<usize>,
     /// Bytes in the checkpoint file.
     pub file_bytes: u64,
+    /// `None` for sizes made by hand: the tensors of a block are then taken to lie one after
+    /// the other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<TensorLocation>,
 }
 
 impl TensorSizes {
@@ -45,7 +59,14 @@ impl TensorSizes {
             dtype,
             shape: shape.to_vec(),
             file_bytes: (numel * dtype.size()) as u64,
+            location: None,
         }
+    }
+
+    /// The same tensor at `start` of file `file`.
+    pub fn at(mut self, file: usize, start: u64) -> Self {
+        self.location = Some(TensorLocation { file, start });
+        self
     }
 
     pub fn numel(&self) -> u64 {
@@ -65,6 +86,10 @@ impl From<&TensorInfo> for TensorSizes {
             dtype: t.dtype,
             shape: t.shape.clone(),
             file_bytes: t.nbytes(),
+            location: Some(TensorLocation {
+                file: t.file,
+                start: t.start,
+            }),
         }
     }
 }

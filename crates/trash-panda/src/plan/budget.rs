@@ -10,12 +10,16 @@
 //!   smaller tensors (norms, biases) alone. Scale tensors and fp8 tensors keep their size.
 //! - expanded: the block ready to run: float tensors in the compute dtype, scale tensors gone,
 //!   integer tensors as they are.
+//! - staged and expansion (see [`crate::engine_config`]): what the runtime really holds for a
+//!   streamed or hooked block: its staging-buffer bytes, and the part of it that is expanded
+//!   rather than used in place.
 
 use serde::{Deserialize, Serialize};
 
 use super::blocks::TensorSizes;
 use super::options::{Figures, PlanOptions};
 use super::{BlockPlan, OutsidePlan, Tier};
+use crate::engine_config::{block_figures, tensor_align, Held};
 use crate::DType;
 
 /// The smallest 2-D weight `storage_dtype="fp8"` quantizes (1 Mi elements, e.g. 1024 x 1024):
@@ -69,16 +73,31 @@ pub(crate) fn expanded_bytes(t: &TensorSizes, compute: DType) -> u64 {
     }
 }
 
-pub(crate) fn block_plan(name: &str, tensors: &[TensorSizes], options: &PlanOptions) -> BlockPlan {
+pub(crate) fn block_plan(
+    name: &str,
+    tensors: &[TensorSizes],
+    options: &PlanOptions,
+    gpu: bool,
+) -> BlockPlan {
     let sum = |f: &dyn Fn(&TensorSizes) -> u64| tensors.iter().map(f).sum::<u64>();
     let file_bytes = sum(&|t| t.file_bytes);
+    let compute = options.compute();
+    let figures = block_figures(
+        name,
+        tensors,
+        compute,
+        options.storage_dtype,
+        tensor_align(gpu),
+    );
     BlockPlan {
         name: name.to_string(),
         tier: Tier::Device,
         stored_bytes: file_bytes,
         file_bytes,
         storage_bytes: sum(&|t| storage_bytes(t, options.storage_dtype)),
-        expanded_bytes: sum(&|t| expanded_bytes(t, options.compute_dtype)),
+        expanded_bytes: sum(&|t| expanded_bytes(t, compute)),
+        staging: figures.staging,
+        expansion: figures.expansion,
         tensors: tensors.len(),
     }
 }
@@ -89,7 +108,7 @@ pub(crate) fn outside_plan(tensors: &[TensorSizes], options: &PlanOptions) -> Ou
         file_bytes: tensors.iter().map(|t| t.file_bytes).sum(),
         expanded_bytes: tensors
             .iter()
-            .map(|t| expanded_bytes(t, options.compute_dtype))
+            .map(|t| expanded_bytes(t, options.compute()))
             .sum(),
         names: tensors.iter().take(4).map(|t| t.name.clone()).collect(),
     }
@@ -97,14 +116,18 @@ pub(crate) fn outside_plan(tensors: &[TensorSizes], options: &PlanOptions) -> Ou
 
 /// The budgets of a plan, all in bytes.
 ///
-/// With a GPU: `device_budget = device_limit - reserve - device_staging - expanded_block -
+/// With a GPU: `device_budget = device_limit - reserve - device_slot_bytes - expansion -
 /// outside`, where `device_limit = min(free_vram, max_vram)` and `reserve` is `activation_vram`
-/// or else `headroom_vram`. `ram_budget = usable_ram - min_free_ram - pinned_staging`.
+/// or else `headroom_vram`. `ram_budget = usable_ram - min_free_ram - host_staging`.
 ///
 /// Without a GPU the CPU is the device and RAM is its memory: there is no VRAM headroom (the
-/// activations come out of `min_free_ram` unless `activation_vram` is given), no second
-/// staging copy, and the device tier and RAM tier share one pool: `device_limit` is the RAM
-/// budget (capped by `max_vram` if given) and `ram_budget` is what the device tier leaves.
+/// activations come out of `min_free_ram` unless `activation_vram` is given), no device slots,
+/// and the device tier and RAM tier share one pool: `device_limit` is the RAM budget (capped by
+/// `max_vram` if given) and `ram_budget` is what the device tier leaves.
+///
+/// The figures of what the runtime holds beside the weights (`staging_buffers`,
+/// `staging_buffer_bytes`, `device_slots`, `expansion`) are [`Held`]'s, the same the engine
+/// configuration reads back: see docs/plan-format.md.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Budgets {
     /// True when the device is a GPU.
@@ -113,11 +136,18 @@ pub struct Budgets {
     /// `activation_vram` if given, else `headroom_vram` (0 on the CPU).
     pub reserve: u64,
     pub reserve_measured: bool,
-    /// Slots on the device for streamed blocks: `max(lookahead, 1)` x the largest streamed
-    /// block's file bytes (0 when nothing streams or on the CPU).
-    pub device_staging: u64,
-    /// The largest block expanded to the compute dtype.
-    pub expanded_block: u64,
+    /// Host staging buffers: `lookahead + 1` when a block streams, else 0.
+    pub staging_buffers: usize,
+    /// Bytes of each staging buffer (and device slot): the largest streamed block as staged.
+    pub staging_buffer_bytes: u64,
+    /// `staging_buffers x staging_buffer_bytes` (pinned on CUDA).
+    pub host_staging: u64,
+    /// Device slots (one per staging buffer on a GPU, 0 on the CPU).
+    pub device_slots: usize,
+    /// `device_slots x staging_buffer_bytes`.
+    pub device_slot_bytes: u64,
+    /// The expansion buffer: the largest expansion a hooked block needs.
+    pub expansion: u64,
     /// The outside weights in the compute dtype (on the device; in RAM without a GPU).
     pub outside: u64,
     /// What resident blocks may take on the device. Negative results clamp to 0.
@@ -125,16 +155,21 @@ pub struct Budgets {
     pub device_used: u64,
     pub usable_ram: u64,
     pub min_free_ram: u64,
-    /// The host staging pool (pinned on CUDA): same size as the device slots.
-    pub pinned_staging: u64,
     pub ram_budget: u64,
     pub ram_used: u64,
     pub disk_bytes: u64,
 }
 
-pub(crate) fn staging_slots(options: &PlanOptions) -> u64 {
-    // A streamed block must land somewhere before it runs, so even lookahead 0 needs a slot.
-    options.lookahead.max(1) as u64
+impl Budgets {
+    /// What the runtime holds beside the weights.
+    pub fn held(&self) -> Held {
+        Held {
+            staging_buffers: self.staging_buffers,
+            staging_buffer_bytes: self.staging_buffer_bytes,
+            device_slots: self.device_slots,
+            expansion_bytes: self.expansion,
+        }
+    }
 }
 
 /// The budgets for a given assignment of tiers (`blocks[i].tier`).
@@ -144,12 +179,6 @@ pub(crate) fn compute(
     figures: &Figures,
     options: &PlanOptions,
 ) -> Budgets {
-    let largest_streamed = blocks
-        .iter()
-        .filter(|b| b.tier != Tier::Device)
-        .map(|b| b.file_bytes)
-        .max()
-        .unwrap_or(0);
     let used = |tier| {
         blocks
             .iter()
@@ -157,49 +186,44 @@ pub(crate) fn compute(
             .map(|b| b.stored_bytes)
             .sum::<u64>()
     };
-    let shape = Shape::new(figures, options, blocks, outside);
-    let staging = largest_streamed * staging_slots(options);
+    let shape = Shape::new(figures, options, outside);
+    let held = Held::for_blocks(blocks, options, shape.gpu);
     let device_used = used(Tier::Device);
-    let device_budget = shape.device_budget(staging);
-    let ram_budget = shape.ram_budget(staging, device_used);
     Budgets {
         gpu: shape.gpu,
-        device_limit: shape.device_limit(staging),
+        device_limit: shape.device_limit(&held),
         reserve: shape.reserve,
         reserve_measured: options.activation_vram.is_some(),
-        device_staging: if shape.gpu { staging } else { 0 },
-        expanded_block: shape.expanded_block,
+        staging_buffers: held.staging_buffers,
+        staging_buffer_bytes: held.staging_buffer_bytes,
+        host_staging: held.host_staging(),
+        device_slots: held.device_slots,
+        device_slot_bytes: held.device_slot_bytes(),
+        expansion: held.expansion_bytes,
         outside: outside.expanded_bytes,
-        device_budget,
+        device_budget: shape.device_budget(&held),
         device_used,
         usable_ram: figures.memory.usable_ram(),
         min_free_ram: shape.min_free_ram,
-        pinned_staging: staging,
-        ram_budget,
+        ram_budget: shape.ram_budget(&held, device_used),
         ram_used: used(Tier::Ram),
         disk_bytes: used(Tier::Disk),
     }
 }
 
-/// The fixed parts of the budgets; the staging pool varies with the assignment.
+/// The fixed parts of the budgets; what the runtime holds varies with the assignment.
 pub(crate) struct Shape {
     pub gpu: bool,
     pub free_vram: u64,
     pub max_vram: Option<u64>,
     pub reserve: u64,
-    pub expanded_block: u64,
     pub outside: u64,
     pub usable_ram: u64,
     pub min_free_ram: u64,
 }
 
 impl Shape {
-    pub fn new(
-        figures: &Figures,
-        options: &PlanOptions,
-        blocks: &[BlockPlan],
-        outside: &OutsidePlan,
-    ) -> Shape {
+    pub fn new(figures: &Figures, options: &PlanOptions, outside: &OutsidePlan) -> Shape {
         let gpu = figures.free_vram.is_some();
         let reserve = match (options.activation_vram, gpu) {
             (Some(a), _) => a,
@@ -211,40 +235,38 @@ impl Shape {
             free_vram: figures.free_vram.unwrap_or(0),
             max_vram: options.max_vram,
             reserve,
-            expanded_block: blocks.iter().map(|b| b.expanded_bytes).max().unwrap_or(0),
             outside: outside.expanded_bytes,
             usable_ram: figures.memory.usable_ram(),
             min_free_ram: options.min_free_ram.resolve(figures.memory.total_ram),
         }
     }
 
-    /// RAM left after the reserve and the staging pool.
-    fn ram_pool(&self, staging: u64) -> u64 {
+    /// RAM left after the reserve and the host staging pool.
+    fn ram_pool(&self, held: &Held) -> u64 {
         self.usable_ram
             .saturating_sub(self.min_free_ram)
-            .saturating_sub(staging)
+            .saturating_sub(held.host_staging())
     }
 
-    pub fn device_limit(&self, staging: u64) -> u64 {
+    pub fn device_limit(&self, held: &Held) -> u64 {
         let limit = if self.gpu {
             self.free_vram
         } else {
-            self.ram_pool(staging)
+            self.ram_pool(held)
         };
         self.max_vram.map_or(limit, |m| limit.min(m))
     }
 
-    pub fn device_budget(&self, staging: u64) -> u64 {
-        let device_staging = if self.gpu { staging } else { 0 };
-        self.device_limit(staging)
+    pub fn device_budget(&self, held: &Held) -> u64 {
+        self.device_limit(held)
             .saturating_sub(self.reserve)
-            .saturating_sub(device_staging)
-            .saturating_sub(self.expanded_block)
+            .saturating_sub(held.device_slot_bytes())
+            .saturating_sub(held.expansion_bytes)
             .saturating_sub(self.outside)
     }
 
-    pub fn ram_budget(&self, staging: u64, device_used: u64) -> u64 {
-        let pool = self.ram_pool(staging);
+    pub fn ram_budget(&self, held: &Held, device_used: u64) -> u64 {
+        let pool = self.ram_pool(held);
         if self.gpu {
             pool
         } else {
@@ -252,7 +274,7 @@ impl Shape {
             // activations all live in the same RAM.
             pool.saturating_sub(device_used)
                 .saturating_sub(self.reserve)
-                .saturating_sub(self.expanded_block)
+                .saturating_sub(held.expansion_bytes)
                 .saturating_sub(self.outside)
         }
     }

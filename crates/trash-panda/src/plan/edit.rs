@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::assign::check_options;
+use super::assign::resolve_options;
 use super::blocks::ModelBlocks;
 use super::budget;
 use super::options::{Figures, PlanOptions};
@@ -168,6 +168,8 @@ impl Plan {
                 file_bytes: 0,
                 storage_bytes: 0,
                 expanded_bytes: 0,
+                staging: Default::default(),
+                expansion: Default::default(),
                 tensors: 0,
             });
         }
@@ -192,7 +194,8 @@ impl Plan {
         figures: &Figures,
         options: &PlanOptions,
     ) -> Result<Plan, PlanError> {
-        check_options(options)?;
+        let options = &resolve_options(options, model)?;
+        let gpu = figures.free_vram.is_some();
         let mut tiers: Vec<Option<(Tier, &str)>> = vec![None; model.blocks.len()];
         for entry in &self.blocks {
             let mut hit = false;
@@ -235,7 +238,7 @@ impl Plan {
             .iter()
             .zip(tiers)
             .map(|(b, t)| {
-                let mut plan = budget::block_plan(&b.name, &b.tensors, options);
+                let mut plan = budget::block_plan(&b.name, &b.tensors, options, gpu);
                 plan.tier = t.map_or(Tier::Device, |(tier, _)| tier);
                 plan
             })

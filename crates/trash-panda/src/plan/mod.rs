@@ -17,8 +17,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use assign::plan;
-pub use blocks::{BlockTensors, ModelBlocks, TensorSizes, SCALE_SUFFIXES};
+pub use assign::{infer_compute_dtype, plan};
+pub use blocks::{BlockTensors, ModelBlocks, TensorLocation, TensorSizes, SCALE_SUFFIXES};
 pub use budget::{storage_conversion, Budgets, Conversion, FP8_MIN_ELEMENTS};
 pub use edit::Selector;
 pub use json::{PLAN_FORMAT, PLAN_VERSION};
@@ -26,6 +26,7 @@ pub use options::{Figures, MinFreeRam, PlanOptions};
 pub use warnings::{Warning, WarningKind};
 
 use crate::checkpoint::CheckpointError;
+use crate::engine_config::ByTier;
 
 /// Where a block's weights live between uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -84,6 +85,15 @@ pub struct BlockPlan {
     pub storage_bytes: u64,
     /// Bytes of the block expanded to the compute dtype, scale tensors dropped.
     pub expanded_bytes: u64,
+    /// Staging-buffer bytes the block needs when streamed from RAM or disk (tensors at aligned
+    /// offsets, the disk tier's read area included); what the engine lays out.
+    #[serde(default)]
+    pub staging: ByTier,
+    /// Bytes of the expansion buffer the block needs in each tier: its tensors that are not in
+    /// the compute dtype (or carry a scale), expanded at aligned offsets; the rest are used in
+    /// place.
+    #[serde(default)]
+    pub expansion: ByTier,
     pub tensors: usize,
 }
 
@@ -166,6 +176,11 @@ fn near_list(near: &[String]) -> String {
 }
 
 impl Plan {
+    /// The dtype the blocks compute in.
+    pub fn compute_dtype(&self) -> crate::DType {
+        self.options.compute()
+    }
+
     pub fn tier_of(&self, block: &str) -> Option<Tier> {
         self.blocks.iter().find(|b| b.name == block).map(|b| b.tier)
     }

@@ -57,7 +57,9 @@ pub struct PlanOptions {
     pub headroom_vram: u64,
     /// Measured peak activation memory; replaces `headroom_vram`.
     pub activation_vram: Option<u64>,
-    pub compute_dtype: DType,
+    /// `None`: the dtype most of the checkpoint's float weights have (see
+    /// [`super::infer_compute_dtype`]); a made plan always holds the dtype it chose.
+    pub compute_dtype: Option<DType>,
     /// `None`: weights kept as stored; `bf16` or `fp8` (e4m3fn): see [`super::Budgets`].
     pub storage_dtype: Option<DType>,
     /// Streamed blocks staged ahead of the one that runs.
@@ -67,6 +69,11 @@ pub struct PlanOptions {
 impl PlanOptions {
     pub const DEFAULT_HEADROOM_VRAM: u64 = 1_500_000_000;
     pub const DEFAULT_LOOKAHEAD: usize = 2;
+
+    /// The compute dtype (bf16 until one is chosen or inferred).
+    pub fn compute(&self) -> DType {
+        self.compute_dtype.unwrap_or(DType::BF16)
+    }
 }
 
 impl Default for PlanOptions {
@@ -77,7 +84,7 @@ impl Default for PlanOptions {
             min_free_ram: MinFreeRam::Auto,
             headroom_vram: Self::DEFAULT_HEADROOM_VRAM,
             activation_vram: None,
-            compute_dtype: DType::BF16,
+            compute_dtype: None,
             storage_dtype: None,
             lookahead: Self::DEFAULT_LOOKAHEAD,
         }

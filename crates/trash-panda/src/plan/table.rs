@@ -76,7 +76,8 @@ impl fmt::Display for Plan {
             "{} plan: {} blocks, device {device}, compute {}, storage {storage}, lookahead {}",
             if self.manual { "manual" } else { "automatic" },
             self.blocks.len(),
-            o.compute_dtype,
+            o.compute_dtype
+                .map_or_else(|| "inferred".to_owned(), |d| d.to_string()),
             o.lookahead
         )?;
         let mut rows = vec![(
@@ -124,12 +125,12 @@ impl fmt::Display for Plan {
             };
             writeln!(
                 f,
-                "device budget {} = {limit} {} - {reserve} - staging {} - expanded block {} - \
+                "device budget {} = {limit} {} - {reserve} - device slots {} - expansion {} - \
                  outside {}; used {}",
                 format_bytes(b.device_budget),
                 format_bytes(b.device_limit),
-                format_bytes(b.device_staging),
-                format_bytes(b.expanded_block),
+                format_bytes(b.device_slot_bytes),
+                format_bytes(b.expansion),
                 format_bytes(b.outside),
                 format_bytes(b.device_used)
             )?;
@@ -139,15 +140,17 @@ impl fmt::Display for Plan {
             };
             writeln!(
                 f,
-                "ram budget {} = usable RAM {} - {min_free} {} - staging {}{}; used {}",
+                "ram budget {} = usable RAM {} - {min_free} {} - staging {} ({} x {}){}; used {}",
                 format_bytes(b.ram_budget),
                 format_bytes(b.usable_ram),
                 format_bytes(b.min_free_ram),
-                format_bytes(b.pinned_staging),
+                format_bytes(b.host_staging),
+                b.staging_buffers,
+                format_bytes(b.staging_buffer_bytes),
                 if b.gpu {
                     ""
                 } else {
-                    " - device tier and outside"
+                    " - device tier, expansion, outside"
                 },
                 format_bytes(b.ram_used)
             )?;

@@ -48,6 +48,23 @@ pub enum StreamError {
         expected: &'static str,
     },
 
+    /// A staging alignment the layout cannot keep.
+    #[error("staging alignment {align} is not supported: expected a power of two from 64 to 4096")]
+    Alignment { align: usize },
+
+    /// The engine configuration's staging buffers are smaller than a block needs: the
+    /// configuration was derived from a plan made for other tensors.
+    #[error(
+        "block {block} ({name}) needs {needs} bytes of staging buffer but the plan's buffers hold \
+         {buffer}: the plan was made for other tensors; plan the model again"
+    )]
+    StagingTooSmall {
+        block: usize,
+        name: String,
+        needs: usize,
+        buffer: usize,
+    },
+
     /// A checkpoint file could not be opened, mapped or measured when the engine was created.
     #[error("cannot open checkpoint file {}: {source}", file.display())]
     Open {

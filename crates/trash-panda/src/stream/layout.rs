@@ -1,8 +1,9 @@
 //! Where each tensor of a block sits inside its staging buffer.
 //!
-//! Every staged tensor starts at a [`TENSOR_ALIGN`] (64-byte) offset, so the Python layer can use
-//! it in place: CPU kernels take different (and differently rounding) paths for weights that are
-//! not 64-byte aligned, and safetensors data is only 8-byte aligned in its file.
+//! Every staged tensor starts at an aligned offset ([`TENSOR_ALIGN`], 64 bytes, for the CPU;
+//! [`DEVICE_TENSOR_ALIGN`], 512, for a GPU), so the Python layer can use it in place: kernels take
+//! different (and differently rounding) paths for weights that are not aligned like the
+//! allocator's own blocks, and safetensors data is only 8-byte aligned in its file.
 //!
 //! - Converted blocks (a storage dtype, RAM tier) are packed in block order, each tensor's per-row
 //!   scales (if it was quantized) right after it; the load writes them into private images.
@@ -24,9 +25,14 @@ use crate::io::DIRECT_ALIGN;
 use crate::plan::Conversion;
 use crate::DType;
 
-/// Offset alignment of tensors (and scales) in a converted block: a cache line, and enough for
-/// any element type a device copy may view the bytes as.
+/// Offset alignment of staged tensors (and scales) for the CPU: a cache line, the alignment of
+/// torch's own CPU allocations, and enough for any element type.
 pub const TENSOR_ALIGN: usize = 64;
+
+/// Offset alignment of staged tensors for a GPU: the alignment of the CUDA caching allocator's
+/// blocks, so a tensor copied with its block into a device slot can be used there in place
+/// (cuBLAS picks kernels, and so roundings, by alignment).
+pub const DEVICE_TENSOR_ALIGN: usize = 512;
 
 /// Tensors of one file closer than this are read in one request, gap included: a gap this small
 /// costs less drive time than a second request.
@@ -103,6 +109,7 @@ pub(crate) struct BlockLayout {
 #[derive(Debug, Clone)]
 pub struct StagedLayout {
     pub(crate) blocks: Vec<BlockLayout>,
+    align: usize,
 }
 
 impl BlockLayout {
@@ -127,32 +134,51 @@ impl BlockLayout {
 }
 
 impl StagedLayout {
-    /// Lays out `blocks`, whose tensors name files `0..file_count`, as stored.
+    /// Lays out `blocks`, whose tensors name files `0..file_count`, as stored, for the CPU.
     pub fn new(blocks: &[StreamBlock], file_count: usize) -> Result<Self, StreamError> {
         Self::with_storage(blocks, file_count, None)
     }
 
-    /// Lays out `blocks` for an engine with storage dtype `storage`: RAM-tier blocks packed in
-    /// their converted form, disk-tier blocks as stored. Errors on a storage dtype the engine
-    /// does not convert to.
+    /// As [`build`](Self::build) for the CPU's alignment.
     pub fn with_storage(
         blocks: &[StreamBlock],
         file_count: usize,
         storage: Option<DType>,
     ) -> Result<Self, StreamError> {
+        Self::build(blocks, file_count, storage, TENSOR_ALIGN)
+    }
+
+    /// Lays out `blocks` for an engine with storage dtype `storage`, every tensor at an `align`
+    /// offset ([`TENSOR_ALIGN`] or [`DEVICE_TENSOR_ALIGN`]): RAM-tier blocks packed in their
+    /// converted form, disk-tier blocks as stored. Errors on a storage dtype the engine does not
+    /// convert to, or an alignment that is not a power of two from 64 to a page.
+    pub fn build(
+        blocks: &[StreamBlock],
+        file_count: usize,
+        storage: Option<DType>,
+        align: usize,
+    ) -> Result<Self, StreamError> {
         check_storage(storage)?;
+        if !align.is_power_of_two() || !(TENSOR_ALIGN..=DIRECT_ALIGN).contains(&align) {
+            return Err(StreamError::Alignment { align });
+        }
         let blocks = blocks
             .iter()
             .enumerate()
             .map(|(i, b)| {
                 check_tensors(i, b, file_count)?;
                 Ok(match storage {
-                    Some(dtype) if b.tier == SourceTier::Ram => pack(b, dtype),
-                    _ => lay_out(b),
+                    Some(dtype) if b.tier == SourceTier::Ram => pack(b, dtype, align),
+                    _ => lay_out(b, align),
                 })
             })
             .collect::<Result<_, StreamError>>()?;
-        Ok(StagedLayout { blocks })
+        Ok(StagedLayout { blocks, align })
+    }
+
+    /// The offset alignment of every staged tensor.
+    pub fn align(&self) -> usize {
+        self.align
     }
 
     /// Number of blocks.
@@ -195,14 +221,14 @@ impl StagedLayout {
 
     /// The staging buffer size: the largest block, rounded to the page size.
     pub fn max_block_len(&self) -> usize {
-        let max = self.blocks.iter().map(|b| b.len).max().unwrap_or(0);
-        max.next_multiple_of(DIRECT_ALIGN).max(DIRECT_ALIGN)
+        buffer_len(self.blocks.iter().map(|b| b.len).max().unwrap_or(0))
     }
+}
 
-    /// Bytes of the staging pool an engine with this `lookahead` allocates (for the planner).
-    pub fn pool_bytes(&self, lookahead: usize) -> usize {
-        self.max_block_len() * (lookahead + 1)
-    }
+/// The staging buffer a block of `len` bytes needs: whole pages (O_DIRECT reads land in it), at
+/// least one.
+pub fn buffer_len(len: usize) -> usize {
+    len.next_multiple_of(DIRECT_ALIGN).max(DIRECT_ALIGN)
 }
 
 /// Checks every tensor's file, range, and that its range holds exactly its shape of its dtype.
@@ -247,7 +273,7 @@ fn check_tensors(index: usize, block: &StreamBlock, file_count: usize) -> Result
 }
 
 /// The packed layout of a RAM-tier block converted to `storage`.
-fn pack(block: &StreamBlock, storage: DType) -> BlockLayout {
+fn pack(block: &StreamBlock, storage: DType, align: usize) -> BlockLayout {
     let mut at = 0usize;
     let mut payload = 0u64;
     let tensors = block
@@ -260,12 +286,12 @@ fn pack(block: &StreamBlock, storage: DType) -> BlockLayout {
                 Conversion::ToFp8 { rows, .. } => (DType::F8E4M3, Some(rows)),
             };
             let elements: usize = t.shape.iter().product();
-            let offset = at.next_multiple_of(TENSOR_ALIGN);
+            let offset = at.next_multiple_of(align);
             let len = elements * dtype.size();
             at = offset + len;
             let scale = rows.map(|rows| {
                 let s = StagedScale {
-                    offset: at.next_multiple_of(TENSOR_ALIGN),
+                    offset: at.next_multiple_of(align),
                     len: rows * 4,
                 };
                 at = s.offset + s.len;
@@ -293,9 +319,9 @@ fn pack(block: &StreamBlock, storage: DType) -> BlockLayout {
     }
 }
 
-/// The as-stored layout: tensors packed at [`TENSOR_ALIGN`] offsets in file order; for the
-/// disk tier, runs read into a page-congruent read area that [`BlockLayout::settle`] empties.
-fn lay_out(block: &StreamBlock) -> BlockLayout {
+/// The as-stored layout: tensors packed at `align` offsets in file order; for the disk tier, runs
+/// read into a page-congruent read area that [`BlockLayout::settle`] empties.
+fn lay_out(block: &StreamBlock, align: usize) -> BlockLayout {
     let mut order: Vec<usize> = (0..block.tensors.len()).collect();
     order.sort_by_key(|&i| {
         (
@@ -339,7 +365,7 @@ fn lay_out(block: &StreamBlock) -> BlockLayout {
     // read-area offsets and `settle` can move the tensors one after the other.
     let mut packed_end = 0usize;
     for &i in &order {
-        let offset = packed_end.next_multiple_of(TENSOR_ALIGN);
+        let offset = packed_end.next_multiple_of(align);
         tensors[i].offset = offset;
         packed_end = offset + tensors[i].len;
     }
@@ -475,7 +501,6 @@ mod tests {
         for w in b.runs.windows(2) {
             assert!(w[0].buf_range().end <= w[1].buf_offset);
         }
-        assert_eq!(l.pool_bytes(2), 3 * l.max_block_len());
 
         let ram = StreamBlock {
             tier: SourceTier::Ram,

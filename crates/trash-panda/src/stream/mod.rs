@@ -28,7 +28,10 @@ use std::time::{Duration, Instant};
 
 pub use convert::STORAGE_DTYPES;
 pub use error::StreamError;
-pub use layout::{StagedLayout, StagedScale, StagedTensor, MERGE_GAP, TENSOR_ALIGN};
+pub use layout::{
+    buffer_len, StagedLayout, StagedScale, StagedTensor, DEVICE_TENSOR_ALIGN, MERGE_GAP,
+    TENSOR_ALIGN,
+};
 pub use lease::{Lease, TensorKey};
 pub use stats::{BlockStats, EngineStats};
 
@@ -95,6 +98,13 @@ pub struct EngineOptions {
     pub ram_source: RamSource,
     /// Largest single read or copy; workers check for shutdown between chunks.
     pub chunk_size: usize,
+    /// Offset alignment of staged tensors: [`TENSOR_ALIGN`] for the CPU, [`DEVICE_TENSOR_ALIGN`]
+    /// for a GPU.
+    pub align: usize,
+    /// Bytes of each staging buffer, as the plan counted them (see
+    /// [`crate::engine_config::EngineConfig`]); every block must fit. `None`: the largest
+    /// block's, page-rounded.
+    pub buffer_len: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -106,6 +116,8 @@ impl Default for EngineOptions {
             disk_mode: ReadMode::Direct,
             ram_source: RamSource::Mapped,
             chunk_size: DEFAULT_CHUNK_SIZE,
+            align: TENSOR_ALIGN,
+            buffer_len: None,
         }
     }
 }
@@ -160,7 +172,7 @@ impl Engine {
         files: Vec<PathBuf>,
         options: EngineOptions,
     ) -> Result<Engine, StreamError> {
-        let layout = StagedLayout::with_storage(&blocks, files.len(), options.storage)?;
+        let layout = StagedLayout::build(&blocks, files.len(), options.storage, options.align)?;
         let meta = blocks.iter().map(|b| (b.name.clone(), b.tier)).collect();
         let source = CheckpointSource::open(blocks, files, Arc::new(layout.clone()), &options)?;
         Engine::with_source(meta, layout, Arc::new(source), options)
@@ -172,7 +184,21 @@ impl Engine {
         source: Arc<dyn Source>,
         options: EngineOptions,
     ) -> Result<Engine, StreamError> {
-        let size = layout.max_block_len();
+        let size = match options.buffer_len {
+            None => layout.max_block_len(),
+            Some(size) => {
+                let too_big = (0..layout.len()).find(|&b| layout.block_len(b) > size);
+                if let Some(b) = too_big {
+                    return Err(StreamError::StagingTooSmall {
+                        block: b,
+                        name: blocks[b].0.clone(),
+                        needs: layout.block_len(b),
+                        buffer: size,
+                    });
+                }
+                size
+            }
+        };
         let mut bufs = Vec::with_capacity(options.lookahead + 1);
         for i in 0..=options.lookahead {
             let mut b = AlignedBuf::new(size).map_err(|source| StreamError::Alloc {

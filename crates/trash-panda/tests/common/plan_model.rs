@@ -53,6 +53,7 @@ pub fn decoder(n: usize, dtype: DType) -> ModelBlocks {
 pub fn opts() -> PlanOptions {
     PlanOptions {
         min_free_ram: MinFreeRam::Bytes(0),
+        compute_dtype: Some(DType::BF16),
         ..PlanOptions::default()
     }
 }

@@ -1,0 +1,204 @@
+//! The one place that turns a plan into every figure the runtime holds: the staging pool (how
+//! many buffers, how large), the device slots, the expansion buffer, the alignment of staged
+//! tensors, the dtypes and the disk read mode.
+//!
+//! The planner computes its budgets with [`Held::new`] and [`block_figures`], and the runtime
+//! sizes what it allocates from [`EngineConfig::from_plan`], which reads the same figures back:
+//! a plan and the process it describes agree by construction, not by a second calculation.
+
+mod block;
+mod settings;
+
+use serde::{Deserialize, Serialize};
+
+pub use block::{
+    block_figures, expansion_layout, needs_expansion, paired_scale, scale_layout, BlockFigures,
+    ByTier, ExpansionInput,
+};
+pub use settings::{DiskModeChoice, EngineSettings};
+
+use crate::config::ConfigError;
+use crate::io::ReadMode;
+use crate::plan::{BlockPlan, Budgets, Plan, PlanOptions, Tier};
+use crate::stream::{buffer_len, EngineOptions, RamSource, DEVICE_TENSOR_ALIGN, TENSOR_ALIGN};
+use crate::DType;
+
+/// The offset alignment of staged and expanded tensors: the CPU allocator's, or the CUDA
+/// caching allocator's when a GPU computes.
+pub const fn tensor_align(gpu: bool) -> usize {
+    if gpu {
+        DEVICE_TENSOR_ALIGN
+    } else {
+        TENSOR_ALIGN
+    }
+}
+
+/// What the runtime holds beside the weights, as a plan counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    /// Host staging buffers (pinned on CUDA): `lookahead + 1` when a block streams, else 0.
+    pub staging_buffers: usize,
+    /// Bytes of each: the largest streamed block's staged bytes in its tier (tensors at aligned
+    /// offsets, the disk tier's read area included), rounded up to whole pages.
+    pub staging_buffer_bytes: u64,
+    /// Device slots a staged block is copied into: one per staging buffer on a GPU, none on the
+    /// CPU (the CPU computes from the staging buffers themselves).
+    pub device_slots: usize,
+    /// The expansion buffer: the largest expansion any hooked block needs in its tier.
+    pub expansion_bytes: u64,
+}
+
+impl Held {
+    /// The figures for a largest streamed block of `largest_staged` bytes (`None`: nothing
+    /// streams) and a largest expansion of `expansion` bytes.
+    pub fn new(largest_staged: Option<u64>, expansion: u64, lookahead: usize, gpu: bool) -> Held {
+        let buffers = largest_staged.map_or(0, |_| lookahead + 1);
+        Held {
+            staging_buffers: buffers,
+            staging_buffer_bytes: largest_staged.map_or(0, |b| buffer_len(b as usize) as u64),
+            device_slots: if gpu { buffers } else { 0 },
+            expansion_bytes: expansion,
+        }
+    }
+
+    /// The figures for `blocks` in their tiers.
+    pub fn for_blocks(blocks: &[BlockPlan], options: &PlanOptions, gpu: bool) -> Held {
+        let largest = blocks
+            .iter()
+            .filter(|b| b.tier != Tier::Device)
+            .map(|b| b.staging.get(b.tier))
+            .max();
+        let expansion = blocks
+            .iter()
+            .map(|b| b.expansion.get(b.tier))
+            .max()
+            .unwrap_or(0);
+        Held::new(largest, expansion, options.lookahead, gpu)
+    }
+
+    /// Bytes of the host staging pool.
+    pub fn host_staging(&self) -> u64 {
+        self.staging_buffers as u64 * self.staging_buffer_bytes
+    }
+
+    /// Bytes of the device slots.
+    pub fn device_slot_bytes(&self) -> u64 {
+        self.device_slots as u64 * self.staging_buffer_bytes
+    }
+}
+
+/// Errors of the engine configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineConfigError {
+    #[error("the plan has not been matched against a model, so it has no sizes: resolve it first")]
+    Unresolved,
+    #[error(transparent)]
+    Setting(#[from] ConfigError),
+}
+
+/// Every figure the runtime of one model holds, derived from its plan and the settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EngineConfig {
+    /// Whether a GPU computes (device slots, 512-byte alignment).
+    pub gpu: bool,
+    pub compute_dtype: DType,
+    pub storage_dtype: Option<DType>,
+    pub lookahead: usize,
+    /// Offset alignment of staged tensors and of tensors in the expansion buffer.
+    pub align: usize,
+    #[serde(flatten)]
+    pub held: Held,
+    /// How the disk tier is read, and why.
+    pub disk_mode: ReadMode,
+    pub disk_mode_reason: String,
+    pub workers: usize,
+    pub ram_source: RamSource,
+}
+
+impl EngineConfig {
+    /// The configuration of the runtime of `plan`.
+    pub fn from_plan(
+        plan: &Plan,
+        settings: &EngineSettings,
+    ) -> Result<EngineConfig, EngineConfigError> {
+        let budgets = plan.budgets.as_ref().ok_or(EngineConfigError::Unresolved)?;
+        let options = &plan.options;
+        let (disk_mode, disk_mode_reason) = disk_mode(settings.disk_mode, budgets);
+        Ok(EngineConfig {
+            gpu: budgets.gpu,
+            compute_dtype: plan.compute_dtype(),
+            storage_dtype: options.storage_dtype,
+            lookahead: options.lookahead,
+            align: tensor_align(budgets.gpu),
+            held: budgets.held(),
+            disk_mode,
+            disk_mode_reason,
+            workers: settings.workers.max(1),
+            ram_source: if settings.ram_in_memory {
+                RamSource::InMemory {
+                    threads: settings.ram_threads.max(1),
+                }
+            } else {
+                RamSource::Mapped
+            },
+        })
+    }
+
+    /// The prefetch engine's options: its pool is exactly the plan's host staging.
+    pub fn engine_options(&self) -> EngineOptions {
+        EngineOptions {
+            storage: self.storage_dtype,
+            lookahead: self.lookahead,
+            workers: self.workers,
+            disk_mode: self.disk_mode,
+            ram_source: self.ram_source,
+            align: self.align,
+            buffer_len: Some(self.held.staging_buffer_bytes as usize),
+            ..EngineOptions::default()
+        }
+    }
+}
+
+/// O_DIRECT unless the disk tier fits in the page cache beside everything the plan puts in RAM
+/// (then buffered reads keep it cached across passes); a setting other than `auto` wins.
+pub fn disk_mode(choice: DiskModeChoice, budgets: &Budgets) -> (ReadMode, String) {
+    let disk = budgets.disk_bytes;
+    let gb = |b: u64| b as f64 / 1e9;
+    match choice {
+        DiskModeChoice::Direct | DiskModeChoice::Buffered if disk > 0 => {
+            let mode = choice.mode().unwrap_or(ReadMode::Direct);
+            (
+                mode,
+                format!("{} reads, as TRASH_PANDA_DISK_MODE says", mode.as_str()),
+            )
+        }
+        _ if disk == 0 => (choice.mode().unwrap_or(ReadMode::Direct), String::new()),
+        _ => {
+            let spare = budgets.ram_budget.saturating_sub(budgets.ram_used);
+            if disk <= spare {
+                (
+                    ReadMode::Buffered,
+                    format!(
+                        "buffered reads: its {:.2} GB fit in the page cache beside the RAM tier \
+                         ({:.2} GB spare)",
+                        gb(disk),
+                        gb(spare)
+                    ),
+                )
+            } else {
+                (
+                    ReadMode::Direct,
+                    format!(
+                        "O_DIRECT reads: its {:.2} GB would not stay in the page cache ({:.2} GB \
+                         spare beside the RAM tier), and buffered reads would evict it",
+                        gb(disk),
+                        gb(spare)
+                    ),
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,65 @@
+//! The runtime settings an engine configuration reads (TRASH_PANDA_* over the defaults).
+
+use serde::Serialize;
+
+use crate::config::{self, ConfigError, Value};
+use crate::io::ReadMode;
+
+/// `TRASH_PANDA_DISK_MODE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskModeChoice {
+    /// Decided from the plan (see [`super::disk_mode`]).
+    Auto,
+    Direct,
+    Buffered,
+}
+
+impl DiskModeChoice {
+    /// The mode asked for; `None` for `auto`.
+    pub fn mode(self) -> Option<ReadMode> {
+        match self {
+            DiskModeChoice::Auto => None,
+            DiskModeChoice::Direct => Some(ReadMode::Direct),
+            DiskModeChoice::Buffered => Some(ReadMode::Buffered),
+        }
+    }
+}
+
+/// The settings of the runtime that are not part of a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct EngineSettings {
+    pub workers: usize,
+    pub disk_mode: DiskModeChoice,
+    pub ram_in_memory: bool,
+    pub ram_threads: usize,
+}
+
+impl EngineSettings {
+    /// The settings from the process environment over the defaults.
+    pub fn from_env() -> Result<EngineSettings, ConfigError> {
+        Self::resolve(|var| std::env::var(var).ok())
+    }
+
+    /// The settings with `env` looking variables up (a map in tests).
+    pub fn resolve(env: impl Fn(&str) -> Option<String>) -> Result<EngineSettings, ConfigError> {
+        let get = |name| config::resolve(name, None, &env);
+        let count = |name| {
+            get(name).map(|v| match v {
+                Value::Count(n) => n as usize,
+                _ => 0,
+            })
+        };
+        let disk_mode = match get("disk_mode")? {
+            Value::Text(t) if t == "direct" => DiskModeChoice::Direct,
+            Value::Text(t) if t == "buffered" => DiskModeChoice::Buffered,
+            _ => DiskModeChoice::Auto,
+        };
+        Ok(EngineSettings {
+            workers: count("workers")?,
+            disk_mode,
+            ram_in_memory: get("ram_in_memory")? == Value::Switch(true),
+            ram_threads: count("ram_threads")?,
+        })
+    }
+}
