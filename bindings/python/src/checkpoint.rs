@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 
 use trash_panda::checkpoint::{Checkpoint, TensorInfo};
+use trash_panda::DType;
 use trash_panda::io::MappedFile;
 
 use crate::dlpack::{export_capsule, ByteOwner};
@@ -26,10 +27,26 @@ pub(crate) struct PyTensorInfo {
     shape: Vec<usize>,
     #[pyo3(get)]
     file: PathBuf,
+    /// Index of `file` in the checkpoint's files.
+    #[pyo3(get)]
+    file_index: usize,
     #[pyo3(get)]
     start: u64,
     #[pyo3(get)]
     end: u64,
+}
+
+impl PyTensorInfo {
+    /// What the planner needs of this tensor, under the model's name `name`.
+    pub(crate) fn sizes(&self, name: String) -> PyResult<trash_panda::plan::TensorSizes> {
+        let dtype = DType::from_safetensors_name(&self.dtype).ok_or_else(|| {
+            raise(
+                Kind::Dtype,
+                format!("tensor {name:?}: unknown dtype {:?}", self.dtype),
+            )
+        })?;
+        Ok(trash_panda::plan::TensorSizes::new(name, dtype, &self.shape).at(self.file_index, self.start))
+    }
 }
 
 #[pymethods]
@@ -133,6 +150,7 @@ impl PyCheckpoint {
             dtype: t.dtype.safetensors_name().to_string(),
             shape: t.shape.clone(),
             file: self.inner.files()[t.file].clone(),
+            file_index: t.file,
             start: t.start,
             end: t.end,
         }

@@ -4,12 +4,17 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyInt, PyString};
 
 use trash_panda::plan::{
-    self, Figures, MinFreeRam, ModelBlocks, Plan, PlanOptions, Selector, TensorSizes, Tier,
+    self, BlockPlan, Budgets, Figures, MinFreeRam, ModelBlocks, Plan, PlanOptions, Selector,
+    TensorSizes, Tier,
 };
 use trash_panda::units::{parse_bytes, ACCEPTED_SIZES};
 use trash_panda::DType;
 
+use crate::checkpoint::PyTensorInfo;
 use crate::errors::{raise, Kind, ToPyErr};
+
+/// A model's tensor for the planner: its name in the model and its checkpoint entry.
+type ModelTensor<'py> = (String, PyRef<'py, PyTensorInfo>);
 
 /// A size argument: an int of bytes or a string such as "9GB".
 pub(crate) fn size_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
@@ -72,7 +77,7 @@ fn options_from(kwargs: &Bound<'_, PyDict>, base: PlanOptions) -> PyResult<PlanO
             }
             "headroom_vram" => o.headroom_vram = size_arg(&value, "headroom_vram")?,
             "activation_vram" => o.activation_vram = Some(size_arg(&value, "activation_vram")?),
-            "compute_dtype" => o.compute_dtype = dtype_arg(&value, "compute_dtype")?,
+            "compute_dtype" => o.compute_dtype = Some(dtype_arg(&value, "compute_dtype")?),
             "storage_dtype" => o.storage_dtype = Some(dtype_arg(&value, "storage_dtype")?),
             "lookahead" => {
                 o.lookahead = value.extract().map_err(|_| {
@@ -100,21 +105,10 @@ fn figures_from(free_vram: Option<u64>, has_gpu: bool, ram: Option<u64>) -> PyRe
     Ok(figures)
 }
 
-fn model_from(
-    tensors: Vec<(String, String, Vec<usize>)>,
-    prefixes: Option<Vec<String>>,
-) -> PyResult<ModelBlocks> {
+fn model_from(tensors: Vec<ModelTensor<'_>>, prefixes: Option<Vec<String>>) -> PyResult<ModelBlocks> {
     let sizes = tensors
         .into_iter()
-        .map(|(name, dtype, shape)| {
-            let d = DType::from_safetensors_name(&dtype).ok_or_else(|| {
-                raise(
-                    Kind::Dtype,
-                    format!("tensor {name:?}: unknown dtype {dtype:?}"),
-                )
-            })?;
-            Ok(TensorSizes::new(name, d, &shape))
-        })
+        .map(|(name, info)| info.sizes(name))
         .collect::<PyResult<Vec<_>>>()?;
     match prefixes {
         Some(p) => ModelBlocks::from_prefixes(sizes, &p).map_err(ToPyErr::to_py),
@@ -124,7 +118,7 @@ fn model_from(
 
 /// What a plan is made from: the model's blocks, the memory figures, the options over `base`.
 fn inputs(
-    tensors: Vec<(String, String, Vec<usize>)>,
+    tensors: Vec<ModelTensor<'_>>,
     prefixes: Option<Vec<String>>,
     free_vram: Option<u64>,
     has_gpu: bool,
@@ -196,7 +190,7 @@ impl PyPlan {
     #[pyo3(signature = (tensors, prefixes, free_vram, has_gpu, ram=None, **options))]
     fn resolve(
         &self,
-        tensors: Vec<(String, String, Vec<usize>)>,
+        tensors: Vec<ModelTensor<'_>>,
         prefixes: Option<Vec<String>>,
         free_vram: Option<u64>,
         has_gpu: bool,
@@ -220,6 +214,49 @@ impl PyPlan {
         })
     }
 
+    /// Every block in plan order.
+    #[getter]
+    fn blocks(&self) -> Vec<PyBlockPlan> {
+        self.inner.blocks.iter().map(PyBlockPlan::from).collect()
+    }
+
+    /// The budgets (None for a manual plan not matched against a model yet).
+    #[getter]
+    fn budgets(&self) -> Option<PyBudgets> {
+        self.inner.budgets.clone().map(|inner| PyBudgets { inner })
+    }
+
+    #[getter]
+    fn warnings(&self) -> Vec<String> {
+        self.inner.warnings.iter().map(|w| w.message.clone()).collect()
+    }
+
+    #[getter]
+    fn resolved(&self) -> bool {
+        self.inner.resolved
+    }
+
+    /// The dtype the blocks compute in ("BF16", "F16" or "F32").
+    #[getter]
+    fn compute_dtype(&self) -> &'static str {
+        self.inner.compute_dtype().safetensors_name()
+    }
+
+    /// The storage dtype ("BF16", "F8_E4M3") or None (weights as stored).
+    #[getter]
+    fn storage_dtype(&self) -> Option<&'static str> {
+        self.inner.options.storage_dtype.map(DType::safetensors_name)
+    }
+
+    #[getter]
+    fn lookahead(&self) -> usize {
+        self.inner.options.lookahead
+    }
+
+    fn __eq__(&self, other: &Self) -> bool {
+        self.inner == other.inner
+    }
+
     fn __str__(&self) -> String {
         self.inner.to_string()
     }
@@ -236,11 +273,138 @@ impl PyPlan {
     }
 }
 
-/// Plans a model from its tensors (name, safetensors dtype, shape) and block prefixes.
+/// One block of a plan.
+#[pyclass(name = "BlockPlan", module = "trash_panda._core", frozen, get_all)]
+#[derive(Debug, Clone)]
+pub(crate) struct PyBlockPlan {
+    name: String,
+    /// "device", "ram" or "disk".
+    tier: &'static str,
+    stored_bytes: u64,
+    expanded_bytes: u64,
+    /// Staging-buffer bytes the block needs in its tier (0 when resident).
+    staged_bytes: u64,
+    /// Expansion-buffer bytes the block needs in its tier.
+    expansion_bytes: u64,
+    tensors: usize,
+}
+
+impl From<&BlockPlan> for PyBlockPlan {
+    fn from(b: &BlockPlan) -> Self {
+        PyBlockPlan {
+            name: b.name.clone(),
+            tier: b.tier.name(),
+            stored_bytes: b.stored_bytes,
+            expanded_bytes: b.expanded_bytes,
+            staged_bytes: b.staging.get(b.tier),
+            expansion_bytes: b.expansion.get(b.tier),
+            tensors: b.tensors,
+        }
+    }
+}
+
+/// The budgets of a plan, in bytes (see docs/plan-format.md).
+#[pyclass(name = "Budgets", module = "trash_panda._core", frozen)]
+#[derive(Debug, Clone)]
+pub(crate) struct PyBudgets {
+    inner: Budgets,
+}
+
+#[pymethods]
+impl PyBudgets {
+    #[getter]
+    fn gpu(&self) -> bool {
+        self.inner.gpu
+    }
+    #[getter]
+    fn device_limit(&self) -> u64 {
+        self.inner.device_limit
+    }
+    #[getter]
+    fn reserve(&self) -> u64 {
+        self.inner.reserve
+    }
+    #[getter]
+    fn reserve_measured(&self) -> bool {
+        self.inner.reserve_measured
+    }
+    #[getter]
+    fn staging_buffers(&self) -> usize {
+        self.inner.staging_buffers
+    }
+    #[getter]
+    fn staging_buffer_bytes(&self) -> u64 {
+        self.inner.staging_buffer_bytes
+    }
+    #[getter]
+    fn host_staging(&self) -> u64 {
+        self.inner.host_staging
+    }
+    #[getter]
+    fn device_slots(&self) -> usize {
+        self.inner.device_slots
+    }
+    #[getter]
+    fn device_slot_bytes(&self) -> u64 {
+        self.inner.device_slot_bytes
+    }
+    #[getter]
+    fn expansion(&self) -> u64 {
+        self.inner.expansion
+    }
+    #[getter]
+    fn outside(&self) -> u64 {
+        self.inner.outside
+    }
+    #[getter]
+    fn device_budget(&self) -> u64 {
+        self.inner.device_budget
+    }
+    #[getter]
+    fn device_used(&self) -> u64 {
+        self.inner.device_used
+    }
+    #[getter]
+    fn usable_ram(&self) -> u64 {
+        self.inner.usable_ram
+    }
+    #[getter]
+    fn min_free_ram(&self) -> u64 {
+        self.inner.min_free_ram
+    }
+    #[getter]
+    fn ram_budget(&self) -> u64 {
+        self.inner.ram_budget
+    }
+    #[getter]
+    fn ram_used(&self) -> u64 {
+        self.inner.ram_used
+    }
+    #[getter]
+    fn disk_bytes(&self) -> u64 {
+        self.inner.disk_bytes
+    }
+    /// Everything the runtime holds beside the weights on the device: device slots and the
+    /// expansion buffer (on the CPU, the host staging pool and the expansion buffer).
+    #[getter]
+    fn held_on_device(&self) -> u64 {
+        let slots = if self.inner.gpu {
+            self.inner.device_slot_bytes
+        } else {
+            self.inner.host_staging
+        };
+        slots + self.inner.expansion
+    }
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.inner)
+    }
+}
+
+/// Plans a model from its tensors (its names and their checkpoint entries) and block prefixes.
 #[pyfunction]
 #[pyo3(signature = (tensors, prefixes, free_vram, has_gpu, ram=None, **options))]
 fn make_plan(
-    tensors: Vec<(String, String, Vec<usize>)>,
+    tensors: Vec<ModelTensor<'_>>,
     prefixes: Option<Vec<String>>,
     free_vram: Option<u64>,
     has_gpu: bool,
@@ -302,6 +466,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FP8_MIN_ELEMENTS", plan::FP8_MIN_ELEMENTS)?;
     m.add("SCALE_SUFFIXES", plan::SCALE_SUFFIXES.to_vec())?;
     m.add_class::<PyPlan>()?;
+    m.add_class::<PyBlockPlan>()?;
+    m.add_class::<PyBudgets>()?;
     m.add_function(wrap_pyfunction!(make_plan, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(storage_conversion, m)?)?;

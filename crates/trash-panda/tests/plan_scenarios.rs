@@ -123,7 +123,7 @@ fn fp8_with_scales_counts_fp8_and_expands_to_bf16() {
     let b = p.budgets.as_ref().unwrap();
     assert_eq!(b.expansion, 200_000_000);
     assert_eq!(b.host_staging, 3 * b.staging_buffer_bytes);
-    assert!(b.staging_buffer_bytes >= stored && b.staging_buffer_bytes % 4096 == 0);
+    assert!(b.staging_buffer_bytes >= stored && b.staging_buffer_bytes.is_multiple_of(4096));
     assert_eq!(b.device_used, 2 * stored);
     assert_eq!(b.ram_budget, 500_000_000 - b.host_staging);
     assert_eq!(p.blocks[5].stored_bytes, stored, "fp8 on disk");

@@ -65,8 +65,8 @@ pub struct ExpansionInput {
 }
 
 /// Where each expanded tensor of a block goes in the expansion buffer (`None`: used in place),
-/// and the bytes the block needs: tensors in the compute dtype, one after the other, each at an
-/// `align` offset.
+/// and the bytes the block needs: tensors in the compute dtype, one after the other, each taking
+/// whole `align` units so that the total does not depend on the order of the tensors.
 pub fn expansion_layout(
     tensors: &[ExpansionInput],
     compute: DType,
@@ -77,8 +77,8 @@ pub fn expansion_layout(
         .iter()
         .map(|t| {
             needs_expansion(t.held, compute, t.scaled).then(|| {
-                let at = end.next_multiple_of(align as u64);
-                end = at + t.elements * compute.size() as u64;
+                let at = end;
+                end += (t.elements * compute.size() as u64).next_multiple_of(align as u64);
                 at
             })
         })
@@ -186,4 +186,71 @@ pub fn scale_layout(
     scale_shape: &[usize],
 ) -> Result<ScaleLayout, DtypeError> {
     classify_scale(scale, shape, scale_shape, SCALE_BLOCK)
+}
+
+/// Where the scale of a staged tensor comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleSource {
+    /// Per-row scales the engine made when it quantized the tensor on load.
+    Own,
+    /// A checkpoint scale tensor of the same block, by its index in the block's layout.
+    Tensor(usize),
+}
+
+/// What the backends do with one staged tensor before its block runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorWork {
+    /// The scale to apply, and how it is laid out.
+    pub scale: Option<(ScaleSource, ScaleLayout)>,
+    /// Offset in the expansion buffer; `None`: the tensor is used in place (or is a scale).
+    pub expand_at: Option<u64>,
+    /// Whether this tensor is a checkpoint scale tensor (consumed by its weight's expansion).
+    pub is_scale: bool,
+}
+
+/// The work of every tensor of a staged block (`layout`), for blocks computing in `compute`
+/// with expansions at `align` offsets: the same rule the planner counts by.
+pub fn staged_work(
+    layout: &[crate::stream::StagedTensor],
+    compute: DType,
+    align: usize,
+) -> Result<Vec<TensorWork>, DtypeError> {
+    let names = || layout.iter().map(|t| t.name.as_str());
+    let is_scale = |name: &str| SCALE_SUFFIXES.iter().any(|s| name.ends_with(s));
+    let mut scales = Vec::with_capacity(layout.len());
+    for t in layout {
+        let scale = if t.scale.is_some() {
+            Some((ScaleSource::Own, ScaleLayout::Row))
+        } else if let Some(s) = paired_scale(&t.name, names()) {
+            let i = layout.iter().position(|x| x.name == s).unwrap_or(0);
+            Some((
+                ScaleSource::Tensor(i),
+                classify_scale(s, &t.shape, &layout[i].shape, SCALE_BLOCK)?,
+            ))
+        } else {
+            None
+        };
+        scales.push(scale);
+    }
+    let inputs: Vec<ExpansionInput> = layout
+        .iter()
+        .zip(&scales)
+        .map(|(t, scale)| ExpansionInput {
+            // A scale tensor is never expanded: it counts as an integer would.
+            held: if is_scale(&t.name) { DType::U8 } else { t.dtype },
+            elements: t.shape.iter().product::<usize>() as u64,
+            scaled: scale.is_some(),
+        })
+        .collect();
+    let (offsets, _) = expansion_layout(&inputs, compute, align);
+    Ok(layout
+        .iter()
+        .zip(scales)
+        .zip(offsets)
+        .map(|((t, scale), expand_at)| TensorWork {
+            scale,
+            expand_at,
+            is_scale: is_scale(&t.name),
+        })
+        .collect())
 }

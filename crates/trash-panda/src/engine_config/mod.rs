@@ -12,8 +12,8 @@ mod settings;
 use serde::{Deserialize, Serialize};
 
 pub use block::{
-    block_figures, expansion_layout, needs_expansion, paired_scale, scale_layout, BlockFigures,
-    ByTier, ExpansionInput,
+    block_figures, expansion_layout, needs_expansion, paired_scale, scale_layout, staged_work,
+    BlockFigures, ByTier, ExpansionInput, ScaleSource, TensorWork,
 };
 pub use settings::{DiskModeChoice, EngineSettings};
 

@@ -272,44 +272,45 @@ fn check_tensors(index: usize, block: &StreamBlock, file_count: usize) -> Result
     Ok(())
 }
 
-/// The packed layout of a RAM-tier block converted to `storage`.
+/// The packed layout of a RAM-tier block converted to `storage`, in file order (so its size
+/// does not depend on the order the block lists its tensors in).
 fn pack(block: &StreamBlock, storage: DType, align: usize) -> BlockLayout {
+    let mut order: Vec<usize> = (0..block.tensors.len()).collect();
+    order.sort_by_key(|&i| (block.tensors[i].file, block.tensors[i].start, i));
     let mut at = 0usize;
     let mut payload = 0u64;
-    let tensors = block
-        .tensors
-        .iter()
-        .map(|t| {
-            let (dtype, rows) = match conversion(t, storage) {
-                Conversion::Keep => (t.dtype, None),
-                Conversion::ToBf16 => (DType::BF16, None),
-                Conversion::ToFp8 { rows, .. } => (DType::F8E4M3, Some(rows)),
+    let mut tensors: Vec<Option<StagedTensor>> = vec![None; block.tensors.len()];
+    for i in order {
+        let t = &block.tensors[i];
+        let (dtype, rows) = match conversion(t, storage) {
+            Conversion::Keep => (t.dtype, None),
+            Conversion::ToBf16 => (DType::BF16, None),
+            Conversion::ToFp8 { rows, .. } => (DType::F8E4M3, Some(rows)),
+        };
+        let elements: usize = t.shape.iter().product();
+        let offset = at.next_multiple_of(align);
+        let len = elements * dtype.size();
+        at = offset + len;
+        let scale = rows.map(|rows| {
+            let s = StagedScale {
+                offset: at.next_multiple_of(align),
+                len: rows * 4,
             };
-            let elements: usize = t.shape.iter().product();
-            let offset = at.next_multiple_of(align);
-            let len = elements * dtype.size();
-            at = offset + len;
-            let scale = rows.map(|rows| {
-                let s = StagedScale {
-                    offset: at.next_multiple_of(align),
-                    len: rows * 4,
-                };
-                at = s.offset + s.len;
-                s
-            });
-            payload += (len + scale.map_or(0, |s| s.len)) as u64;
-            StagedTensor {
-                name: t.name.clone(),
-                offset,
-                len,
-                dtype,
-                shape: t.shape.clone(),
-                scale,
-            }
-        })
-        .collect();
+            at = s.offset + s.len;
+            s
+        });
+        payload += (len + scale.map_or(0, |s| s.len)) as u64;
+        tensors[i] = Some(StagedTensor {
+            name: t.name.clone(),
+            offset,
+            len,
+            dtype,
+            shape: t.shape.clone(),
+            scale,
+        });
+    }
     BlockLayout {
-        tensors,
+        tensors: tensors.into_iter().flatten().collect(),
         runs: Vec::new(),
         converted: true,
         read_area: 0..0,
@@ -576,15 +577,16 @@ mod tests {
         };
         let l = StagedLayout::with_storage(&[ram, disk.clone()], 1, Some(DType::F8E4M3)).unwrap();
         let s = l.layout(0);
+        // Packed in file order: norm (at 8), ids (at 20), then the weight (at 5000).
         assert_eq!((s[0].offset, s[0].len, s[0].dtype), (0, 12, DType::F32));
+        assert_eq!((s[2].offset, s[2].len), (64, 8));
         assert_eq!(
             (s[1].offset, s[1].len, s[1].dtype),
-            (64, 1 << 20, DType::F8E4M3)
+            (128, 1 << 20, DType::F8E4M3)
         );
         let scale = s[1].scale.unwrap();
-        assert_eq!((scale.offset, scale.len), (64 + (1 << 20), 4096));
-        assert_eq!((s[2].offset, s[2].len), (scale.offset + 4096, 8));
-        assert_eq!(l.block_len(0), s[2].offset + 8);
+        assert_eq!((scale.offset, scale.len), (128 + (1 << 20), 4096));
+        assert_eq!(l.block_len(0), scale.offset + 4096);
         assert_eq!(l.block_bytes(0), 12 + (1 << 20) + 4096 + 8);
         assert!(l.is_converted(0) && !l.is_converted(1));
         assert_eq!(
