@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod dtype;
 pub mod io;
+pub mod order;
 pub mod plan;
 pub mod profile;
 pub mod stream;
