@@ -202,3 +202,51 @@ class Engine:
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...
+
+# ---- order files (crates/trash-panda/src/order) ----
+
+from pathlib import Path
+
+__all__ += [
+    "ORDER_FORMAT",
+    "ORDER_SUFFIX",
+    "ORDER_VERSION",
+    "OrderRead",
+    "full_order",
+    "order_file_path",
+    "read_order_file",
+    "should_write_order",
+    "write_order_file",
+]
+
+ORDER_FORMAT: str
+ORDER_VERSION: int
+ORDER_SUFFIX: str
+
+@final
+class OrderRead:
+    @property
+    def path(self) -> Path: ...
+    @property
+    def usable(self) -> bool: ...
+    @property
+    def blocks(self) -> list[str] | None: ...
+    @property
+    def indices(self) -> list[int] | None: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def detail(self) -> str | None: ...
+    @property
+    def block(self) -> str | None: ...
+    def warning(self) -> str | None: ...
+
+def order_file_path(
+    checkpoint: str | PathLike[str], destination: str | PathLike[str] | None = None
+) -> Path: ...
+def read_order_file(path: str | PathLike[str], blocks: list[str]) -> OrderRead: ...
+def write_order_file(
+    path: str | PathLike[str], checkpoint: str | PathLike[str], blocks: list[str]
+) -> None: ...
+def should_write_order(read: OrderRead, recorded: list[str]) -> bool: ...
+def full_order(first: list[str], blocks: list[str]) -> list[int]: ...

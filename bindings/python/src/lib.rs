@@ -12,6 +12,7 @@ mod dtype;
 mod errors;
 mod gil;
 mod io;
+mod order;
 mod plan;
 mod profile;
 mod stream;
@@ -27,5 +28,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     stream::register(m)?;
     config::register(m)?;
     cli::register(m)?;
+    order::register(m)?;
     Ok(())
 }

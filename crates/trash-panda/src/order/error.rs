@@ -1,0 +1,49 @@
+//! The one error type of the `order` module.
+
+use std::io;
+use std::path::PathBuf;
+
+/// What goes wrong with order files that the caller has to hear about. A bad order file is not
+/// one of them: reading reports it as an [`Ignored`](super::Ignored) outcome and the run goes on.
+#[derive(Debug, thiserror::Error)]
+pub enum OrderError {
+    /// The checkpoint path gives no name to build the order file's name from (`/`, `.json`).
+    #[error("order file: cannot name the order file of checkpoint {path}: {why}")]
+    NoName { path: PathBuf, why: &'static str },
+
+    /// The order file exists but could not be read (permissions, a folder in its place).
+    #[error("order file {path}: cannot read it: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    /// Writing the order file failed at `step`; the previous file, if any, is left as it was.
+    #[error("order file {path}: cannot write it ({step}): {source}")]
+    Write {
+        path: PathBuf,
+        step: &'static str,
+        #[source]
+        source: io::Error,
+    },
+
+    /// An order names a block the model does not have.
+    #[error(
+        "order names {name}, which is not a block of the model (blocks: {})",
+        super::compose::list_blocks(.blocks)
+    )]
+    UnknownBlock { name: String, blocks: Vec<String> },
+
+    /// An order names the same block twice (with or without its trailing dot).
+    #[error("order names {name} twice")]
+    DuplicateBlock { name: String },
+
+    /// The model's own block list names a block twice: the caller built it wrong.
+    #[error("the model's block list names {name} twice")]
+    DuplicateModelBlock { name: String },
+
+    /// An empty block name (or a lone dot) in an order to be written; `position` counts from 0.
+    #[error("order: entry {position} is an empty block name")]
+    EmptyName { position: usize },
+}

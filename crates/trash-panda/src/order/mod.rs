@@ -1,0 +1,176 @@
+//! Order files: the order a model's blocks ran in, kept next to its checkpoint so the next run
+//! can prefetch in that order from its first call.
+//!
+//! The rules live here, and the Python layer only asks: [`order_file_path`] names the file,
+//! [`read_order_file`] gives the order or why there is none ([`Ignored`]), [`should_write_order`]
+//! decides whether the order recorded during the run goes back to the file, [`write_order_file`]
+//! writes it atomically, and [`full_order`] turns the names that run first (from the file or
+//! from `order=`) into the whole run order. A bad file is never an error: the run falls back to
+//! the model's order and replaces the file. Errors are for what the caller has to report once
+//! (a file it cannot read, a folder it cannot write) or for a caller's wrong argument. The
+//! format is described in docs/order-format.md.
+
+mod atomic;
+mod compose;
+mod error;
+mod format;
+mod path;
+
+#[cfg(test)]
+mod tests;
+
+pub use compose::{block_key, full_order};
+pub use error::OrderError;
+pub use format::{Ignored, OrderFile, MAX_ORDER_FILE_BYTES, ORDER_FORMAT, ORDER_VERSION};
+pub use path::{order_file_path, ORDER_SUFFIX};
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::Path;
+
+use compose::{complete, BlockIndex, Mismatch};
+
+/// An order file's names, matched against the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownOrder {
+    /// The file's blocks as the model spells them, in the file's order.
+    pub blocks: Vec<String>,
+    /// Their positions among the model's blocks.
+    pub indices: Vec<usize>,
+}
+
+impl KnownOrder {
+    /// The whole run order: these blocks, then the model's others in plan order.
+    pub fn full(&self, block_count: usize) -> Vec<usize> {
+        complete(self.indices.clone(), block_count)
+    }
+}
+
+/// What reading an order file gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrderRead {
+    /// The file holds an order that fits the model.
+    Usable(KnownOrder),
+    /// Nothing usable: run in the model's order, and write the file when the model is released.
+    Ignored(Ignored),
+}
+
+impl OrderRead {
+    /// The order, when the file was usable.
+    pub fn order(&self) -> Option<&KnownOrder> {
+        match self {
+            OrderRead::Usable(k) => Some(k),
+            OrderRead::Ignored(_) => None,
+        }
+    }
+
+    /// Why the file was not used, when it was not.
+    pub fn ignored(&self) -> Option<&Ignored> {
+        match self {
+            OrderRead::Usable(_) => None,
+            OrderRead::Ignored(i) => Some(i),
+        }
+    }
+
+    /// The one line worth a warning, for a file that exists but was ignored. An absent file and
+    /// a usable one say nothing.
+    pub fn warning(&self, path: &Path) -> Option<String> {
+        match self.ignored()? {
+            Ignored::Absent => None,
+            why => Some(format!(
+                "order file {} ignored: {why}; it will be replaced when the model is released",
+                path.display()
+            )),
+        }
+    }
+}
+
+/// Reads the order file at `path` and matches it against `model_blocks` (the model's block
+/// names in plan order, with or without trailing dots).
+///
+/// A missing, torn, foreign or mismatched file gives [`OrderRead::Ignored`]. Errors are for a
+/// file that exists but cannot be read ([`OrderError::Read`]: the caller warns once, runs in the
+/// model's order, and had better not write either) and for a block list naming a block twice.
+pub fn read_order_file<S: AsRef<str>>(
+    path: &Path,
+    model_blocks: &[S],
+) -> Result<OrderRead, OrderError> {
+    let index = BlockIndex::new(model_blocks)?;
+    let bytes = match read_capped(path) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => {
+            return Ok(OrderRead::Ignored(Ignored::TooLarge {
+                bytes: std::fs::metadata(path).map_or(MAX_ORDER_FILE_BYTES + 1, |m| m.len()),
+            }))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok(OrderRead::Ignored(Ignored::Absent))
+        }
+        Err(source) => {
+            return Err(OrderError::Read {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    Ok(match_order(&bytes, model_blocks, &index))
+}
+
+/// The whole file, or `None` when it is larger than an order file can be.
+fn read_capped(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    let mut bytes = Vec::new();
+    File::open(path)?
+        .take(MAX_ORDER_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= MAX_ORDER_FILE_BYTES).then_some(bytes))
+}
+
+fn match_order<S: AsRef<str>>(bytes: &[u8], model_blocks: &[S], index: &BlockIndex) -> OrderRead {
+    let file = match OrderFile::parse(bytes) {
+        Ok(file) => file,
+        Err(why) => return OrderRead::Ignored(why),
+    };
+    match index.resolve(&file.blocks) {
+        Ok(indices) => OrderRead::Usable(KnownOrder {
+            blocks: indices
+                .iter()
+                .filter_map(|&i| model_blocks.get(i).map(|b| b.as_ref().to_string()))
+                .collect(),
+            indices,
+        }),
+        Err(Mismatch::Unknown(name)) => OrderRead::Ignored(Ignored::UnknownBlock { name }),
+        Err(Mismatch::Duplicate(name)) => OrderRead::Ignored(Ignored::Duplicate { name }),
+    }
+}
+
+/// Whether the order `recorded` during the run goes to the file: when there was no usable file,
+/// or the file's order differs from what ran (compared as the file would hold it: a block that
+/// ran twice counts at its first place). A run where no block ran records nothing, and nothing
+/// is written then (it would wipe a good file).
+pub fn should_write_order<S: AsRef<str>>(read: &OrderRead, recorded: &[S]) -> bool {
+    if recorded.is_empty() {
+        return false;
+    }
+    let OrderRead::Usable(known) = read else {
+        return true;
+    };
+    let mut seen = HashSet::with_capacity(recorded.len());
+    let ran = recorded
+        .iter()
+        .map(|b| block_key(b.as_ref()))
+        .filter(|k| seen.insert(*k));
+    !ran.eq(known.blocks.iter().map(|b| block_key(b)))
+}
+
+/// Writes `blocks` (the order they ran in) as the order file at `path`, for `checkpoint`,
+/// atomically: a reader sees the old file or the new one, and a failed write leaves the old one.
+/// A folder that cannot be written gives [`OrderError::Write`], for one warning.
+pub fn write_order_file<S: AsRef<str>>(
+    path: &Path,
+    checkpoint: &Path,
+    blocks: &[S],
+) -> Result<(), OrderError> {
+    let file = OrderFile::new(checkpoint, blocks)?;
+    atomic::write_atomic(path, file.to_json().as_bytes())
+}
