@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 
 use trash_panda::checkpoint::{Checkpoint, TensorInfo};
-use trash_panda::DType;
 use trash_panda::io::MappedFile;
+use trash_panda::DType;
 
 use crate::dlpack::{export_capsule, ByteOwner};
 use crate::errors::{raise, Kind, ToPyErr};
@@ -45,7 +45,10 @@ impl PyTensorInfo {
                 format!("tensor {name:?}: unknown dtype {:?}", self.dtype),
             )
         })?;
-        Ok(trash_panda::plan::TensorSizes::new(name, dtype, &self.shape).at(self.file_index, self.start))
+        Ok(
+            trash_panda::plan::TensorSizes::new(name, dtype, &self.shape)
+                .at(self.file_index, self.start),
+        )
     }
 }
 

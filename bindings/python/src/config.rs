@@ -6,8 +6,6 @@ use pyo3::IntoPyObjectExt;
 
 use trash_panda::config::{self, Kind, Value, SETTINGS};
 
-use crate::errors::{raise, Kind as ErrKind};
-
 /// The value of a setting: `argument` if not None, else `TRASH_PANDA_<NAME>`, else the default.
 #[pyfunction]
 #[pyo3(signature = (name, argument=None))]
@@ -21,8 +19,7 @@ fn setting(py: Python<'_>, name: &str, argument: Option<&Bound<'_, PyAny>>) -> P
         }
         Some(a) => Some(a.str()?.to_string()),
     };
-    let value =
-        config::get(name, raw.as_deref()).map_err(|e| raise(ErrKind::Argument, e.to_string()))?;
+    let value = config::get(name, raw.as_deref()).map_err(crate::errors::ToPyErr::to_py)?;
     match value {
         Value::Switch(b) => b.into_py_any(py),
         Value::Count(n) => n.into_py_any(py),

@@ -243,10 +243,18 @@ impl Borrowed {
     }
 
     /// The bytes, writable.
+    ///
+    /// # Safety
+    ///
+    /// The caller must make sure no other slice of the same memory lives while this one does:
+    /// no other `bytes`/`bytes_mut` of a `Borrowed` whose span overlaps this one (check with
+    /// `disjoint` or an explicit span comparison), and no slice of memory the core owns that
+    /// the tensor may view (a staging buffer). The tensor itself must be writable CPU memory,
+    /// which a torch tensor borrowed through DLPack is.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) fn bytes_mut(&self) -> &mut [u8] {
-        // SAFETY: as in `bytes`; torch tensors are writable CPU memory, and the callers check
-        // with `disjoint` that no other borrowed slice overlaps this one.
+    pub(crate) unsafe fn bytes_mut(&self) -> &mut [u8] {
+        // SAFETY: `data` points to `len` initialised bytes kept alive by the capsule we hold;
+        // exclusivity is the caller's contract above.
         unsafe { std::slice::from_raw_parts_mut(self.data, self.len) }
     }
 }

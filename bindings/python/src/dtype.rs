@@ -82,7 +82,8 @@ fn expand(
     let scale = scale_of(scale_kind, &values, block)
         .map_err(|m| raise(Kind::Argument, format!("expand: {m}")))?;
     let n = worker_threads(threads);
-    let (sb, db) = (s.bytes(), d.bytes_mut());
+    // SAFETY: `disjoint` checked that `s` and `d` do not overlap, and nothing else is borrowed.
+    let (sb, db) = (s.bytes(), unsafe { d.bytes_mut() });
     without_gil(py, || {
         dtype::expand(sb, sd, db, dd, (rows, cols), &scale, n)
     })
@@ -104,7 +105,8 @@ fn cast(
     let (s, d) = (Borrowed::new(src, "src")?, Borrowed::new(dst, "dst")?);
     disjoint(&s, &d, "cast")?;
     let n = worker_threads(threads);
-    let (sb, db) = (s.bytes(), d.bytes_mut());
+    // SAFETY: `disjoint` checked that `s` and `d` do not overlap, and nothing else is borrowed.
+    let (sb, db) = (s.bytes(), unsafe { d.bytes_mut() });
     without_gil(py, || dtype::cast(sb, sd, db, dd, n)).map_err(ToPyErr::to_py)
 }
 
@@ -145,18 +147,43 @@ fn quantize_fp8(
     };
     let n = worker_threads(threads);
     let mut out = vec![0f32; sc.len() / 4];
-    let (sb, db) = (s.bytes(), d.bytes_mut());
+    // SAFETY: the three tensors were checked pairwise disjoint above.
+    let (sb, db) = (s.bytes(), unsafe { d.bytes_mut() });
     without_gil(py, || {
         dtype::quantize_fp8(sb, sd, (rows, cols), granularity, db, &mut out, n)
     })
     .map_err(ToPyErr::to_py)?;
-    for (chunk, v) in sc.bytes_mut().chunks_exact_mut(4).zip(out) {
+    // SAFETY: `sb` and `db` are no longer used, and `sc` overlaps neither tensor.
+    for (chunk, v) in unsafe { sc.bytes_mut() }.chunks_exact_mut(4).zip(out) {
         chunk.copy_from_slice(&v.to_le_bytes());
     }
     Ok(())
 }
 
+/// How scale tensor `name` of shape `scale` applies to a weight of shape `weight`: "tensor",
+/// "row" or "block" (the core's one classification).
+#[pyfunction]
+#[pyo3(signature = (name, weight, scale, block=dtype::SCALE_BLOCK))]
+fn scale_layout(
+    name: &str,
+    weight: Vec<usize>,
+    scale: Vec<usize>,
+    block: usize,
+) -> PyResult<&'static str> {
+    dtype::classify_scale(name, &weight, &scale, block)
+        .map(dtype::ScaleLayout::name)
+        .map_err(ToPyErr::to_py)
+}
+
+/// How the kernels see a tensor of `shape`: (rows, cols).
+#[pyfunction]
+fn rows_cols(shape: Vec<usize>) -> (usize, usize) {
+    dtype::rows_cols(&shape)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(scale_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(rows_cols, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_header_name, m)?)?;
     m.add_function(wrap_pyfunction!(expand, m)?)?;
     m.add_function(wrap_pyfunction!(cast, m)?)?;

@@ -1,16 +1,23 @@
-//! The one place where core errors become Python exceptions.
+//! The one place where core errors become Python exceptions: every core error enum's mapping
+//! is here.
 //!
 //! The exception classes live in `trash_panda/errors.py` (so they can inherit from both
-//! `TrashPandaError` and a builtin such as `ValueError`); this module looks them up by name.
+//! `TrashPandaError` and a builtin such as `ValueError`); this module looks each up once.
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 use trash_panda::checkpoint::CheckpointError;
+use trash_panda::config::ConfigError;
 use trash_panda::dtype::DtypeError;
+use trash_panda::engine_config::EngineConfigError;
 use trash_panda::io::IoError;
+use trash_panda::order::OrderError;
 use trash_panda::plan::PlanError;
+use trash_panda::profile::ProfileError;
+use trash_panda::stream::StreamError;
 use trash_panda::sys::SysError;
 
 /// The Python exception classes of `trash_panda.errors`.
@@ -39,19 +46,32 @@ impl Kind {
     }
 }
 
+const KINDS: usize = 7;
+
+/// The exception classes, looked up on first use.
+static CLASSES: [PyOnceLock<Py<PyType>>; KINDS] = [const { PyOnceLock::new() }; KINDS];
+
+impl Kind {
+    fn class<'py>(self, py: Python<'py>) -> PyResult<Bound<'py, PyType>> {
+        let cell = &CLASSES[self as usize];
+        cell.get_or_try_init(py, || {
+            py.import("trash_panda.errors")?
+                .getattr(self.class_name())?
+                .cast_into::<PyType>()
+                .map(Bound::unbind)
+                .map_err(PyErr::from)
+        })
+        .map(|c| c.bind(py).clone())
+    }
+}
+
 /// Builds an exception of `kind` with `message`.
 pub(crate) fn raise(kind: Kind, message: impl Into<String>) -> PyErr {
     let message = message.into();
-    Python::attach(|py| {
-        let class = py
-            .import("trash_panda.errors")
-            .and_then(|m| m.getattr(kind.class_name()))
-            .and_then(|c| c.cast_into::<PyType>().map_err(PyErr::from));
-        match class {
-            Ok(class) => PyErr::from_type(class, message),
-            // Only reachable if the package is broken; keep the message anyway.
-            Err(_) => PyRuntimeError::new_err(message),
-        }
+    Python::attach(|py| match kind.class(py) {
+        Ok(class) => PyErr::from_type(class, message),
+        // Only reachable if the package is broken; keep the message anyway.
+        Err(_) => PyRuntimeError::new_err(message),
     })
 }
 
@@ -90,5 +110,53 @@ impl ToPyErr for PlanError {
 impl ToPyErr for SysError {
     fn to_py(self) -> PyErr {
         raise(Kind::System, self.to_string())
+    }
+}
+
+impl ToPyErr for StreamError {
+    fn to_py(self) -> PyErr {
+        match self {
+            StreamError::Read { .. } | StreamError::Open { .. } => {
+                raise(Kind::Read, self.to_string())
+            }
+            other => raise(Kind::Stream, other.to_string()),
+        }
+    }
+}
+
+impl ToPyErr for ConfigError {
+    fn to_py(self) -> PyErr {
+        raise(Kind::Argument, self.to_string())
+    }
+}
+
+impl ToPyErr for EngineConfigError {
+    fn to_py(self) -> PyErr {
+        match self {
+            EngineConfigError::Setting(e) => e.to_py(),
+            other => raise(Kind::Plan, other.to_string()),
+        }
+    }
+}
+
+impl ToPyErr for ProfileError {
+    fn to_py(self) -> PyErr {
+        raise(Kind::Argument, self.to_string())
+    }
+}
+
+impl ToPyErr for OrderError {
+    fn to_py(self) -> PyErr {
+        let kind = match &self {
+            OrderError::Read { .. } => Kind::Read,
+            // There is no exception class for a failed write; a stage turns it into one warning.
+            OrderError::Write { .. } => Kind::Stream,
+            OrderError::NoName { .. }
+            | OrderError::UnknownBlock { .. }
+            | OrderError::DuplicateBlock { .. }
+            | OrderError::DuplicateModelBlock { .. }
+            | OrderError::EmptyName { .. } => Kind::Argument,
+        };
+        raise(kind, self.to_string())
     }
 }

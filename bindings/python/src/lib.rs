@@ -9,6 +9,7 @@ mod cli;
 mod config;
 mod dlpack;
 mod dtype;
+mod engine_config;
 mod errors;
 mod gil;
 mod io;
@@ -22,6 +23,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     checkpoint::register(m)?;
     dtype::register(m)?;
+    engine_config::register(m)?;
     io::register(m)?;
     plan::register(m)?;
     profile::register(m)?;

@@ -5,26 +5,10 @@ use std::path::PathBuf;
 
 use pyo3::prelude::*;
 
-use trash_panda::order::{self, OrderError, OrderRead, ORDER_FORMAT, ORDER_SUFFIX, ORDER_VERSION};
+use trash_panda::order::{self, OrderRead, ORDER_FORMAT, ORDER_SUFFIX, ORDER_VERSION};
 
-use crate::errors::{raise, Kind, ToPyErr};
+use crate::errors::ToPyErr;
 use crate::gil::without_gil;
-
-impl ToPyErr for OrderError {
-    fn to_py(self) -> PyErr {
-        let kind = match &self {
-            OrderError::Read { .. } => Kind::Read,
-            // There is no exception class for a failed write; a stage turns it into one warning.
-            OrderError::Write { .. } => Kind::Stream,
-            OrderError::NoName { .. }
-            | OrderError::UnknownBlock { .. }
-            | OrderError::DuplicateBlock { .. }
-            | OrderError::DuplicateModelBlock { .. }
-            | OrderError::EmptyName { .. } => Kind::Argument,
-        };
-        raise(kind, self.to_string())
-    }
-}
 
 /// What reading an order file gave: the order, or why the file was not used.
 #[pyclass(name = "OrderRead", module = "trash_panda._core", frozen)]

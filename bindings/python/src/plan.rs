@@ -105,7 +105,10 @@ fn figures_from(free_vram: Option<u64>, has_gpu: bool, ram: Option<u64>) -> PyRe
     Ok(figures)
 }
 
-fn model_from(tensors: Vec<ModelTensor<'_>>, prefixes: Option<Vec<String>>) -> PyResult<ModelBlocks> {
+fn model_from(
+    tensors: Vec<ModelTensor<'_>>,
+    prefixes: Option<Vec<String>>,
+) -> PyResult<ModelBlocks> {
     let sizes = tensors
         .into_iter()
         .map(|(name, info)| info.sizes(name))
@@ -228,7 +231,11 @@ impl PyPlan {
 
     #[getter]
     fn warnings(&self) -> Vec<String> {
-        self.inner.warnings.iter().map(|w| w.message.clone()).collect()
+        self.inner
+            .warnings
+            .iter()
+            .map(|w| w.message.clone())
+            .collect()
     }
 
     #[getter]
@@ -245,7 +252,10 @@ impl PyPlan {
     /// The storage dtype ("BF16", "F8_E4M3") or None (weights as stored).
     #[getter]
     fn storage_dtype(&self) -> Option<&'static str> {
-        self.inner.options.storage_dtype.map(DType::safetensors_name)
+        self.inner
+            .options
+            .storage_dtype
+            .map(DType::safetensors_name)
     }
 
     #[getter]

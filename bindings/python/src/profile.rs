@@ -3,17 +3,9 @@
 use pyo3::prelude::*;
 
 use trash_panda::plan::Tier;
-use trash_panda::profile::{
-    BlockRun, EngineSummary, LoadSummary, MemoryPoint, Profile, ProfileError,
-};
+use trash_panda::profile::{BlockRun, EngineSummary, LoadSummary, MemoryPoint, Profile};
 
 use crate::errors::{raise, Kind, ToPyErr};
-
-impl ToPyErr for ProfileError {
-    fn to_py(self) -> PyErr {
-        raise(Kind::Argument, self.to_string())
-    }
-}
 
 fn tier(name: &str) -> PyResult<Tier> {
     name.parse::<Tier>().map_err(ToPyErr::to_py)

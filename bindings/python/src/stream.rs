@@ -8,28 +8,17 @@ use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
 
-use trash_panda::dtype::{self, DType};
+use trash_panda::dtype::{self, rows_cols, DType, Scale, SCALE_BLOCK};
+use trash_panda::engine_config::{staged_work, EngineConfig, ScaleSource};
 use trash_panda::io::ReadMode;
-use trash_panda::stream::{
-    Engine, EngineOptions, Lease, RamSource, SourceTier, StreamBlock, StreamError, StreamTensor,
-};
+use trash_panda::stream::{Engine, EngineStats, Lease, SourceTier, StreamBlock, StreamTensor};
 
 use crate::checkpoint::PyTensorBytes;
 use crate::dlpack::{Borrowed, ByteOwner};
-use crate::dtype::{f32_values, parse_dtype, scale_of};
+use crate::dtype::f32_values;
+use crate::engine_config::PyEngineConfig;
 use crate::errors::{raise, Kind, ToPyErr};
 use crate::gil::{threads as worker_threads, without_gil};
-
-impl ToPyErr for StreamError {
-    fn to_py(self) -> PyErr {
-        match self {
-            StreamError::Read { .. } | StreamError::Open { .. } => {
-                raise(Kind::Read, self.to_string())
-            }
-            other => raise(Kind::Stream, other.to_string()),
-        }
-    }
-}
 
 /// A tensor as Python describes it: name, file index, start, end, dtype (header name), shape.
 type TensorArg = (String, usize, u64, u64, String, Vec<usize>);
@@ -74,23 +63,13 @@ fn block_from(arg: BlockArg) -> PyResult<StreamBlock> {
     })
 }
 
-fn read_mode(name: &str) -> PyResult<ReadMode> {
-    match name {
-        "direct" => Ok(ReadMode::Direct),
-        "buffered" => Ok(ReadMode::Buffered),
-        other => Err(raise(
-            Kind::Argument,
-            format!("disk_mode {other:?}: expected direct or buffered"),
-        )),
-    }
-}
-
 /// The prefetch engine of one model.
 #[pyclass(name = "Engine", module = "trash_panda._core", frozen)]
 #[derive(Debug)]
 pub(crate) struct PyEngine {
     /// `None` once closed: the workers are joined and the staging pool freed with the last lease.
     inner: Mutex<Option<Arc<Engine>>>,
+    config: EngineConfig,
 }
 
 impl PyEngine {
@@ -110,45 +89,26 @@ impl PyEngine {
 
 #[pymethods]
 impl PyEngine {
+    /// An engine for `blocks` (name, tier, tensors) of `files`, with every figure from
+    /// `config` (the plan's): its pool is exactly the plan's host staging.
     #[new]
-    #[pyo3(signature = (blocks, files, *, lookahead, workers, disk_mode, ram_in_memory, ram_threads, storage=None))]
-    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         blocks: Vec<BlockArg>,
         files: Vec<PathBuf>,
-        lookahead: usize,
-        workers: usize,
-        disk_mode: &str,
-        ram_in_memory: bool,
-        ram_threads: usize,
-        storage: Option<&str>,
+        config: PyRef<'_, PyEngineConfig>,
     ) -> PyResult<Self> {
         let blocks = blocks
             .into_iter()
             .map(block_from)
             .collect::<PyResult<Vec<_>>>()?;
-        let options = EngineOptions {
-            lookahead,
-            workers: workers.max(1),
-            disk_mode: read_mode(disk_mode)?,
-            ram_source: if ram_in_memory {
-                RamSource::InMemory {
-                    threads: ram_threads.max(1),
-                }
-            } else {
-                RamSource::Mapped
-            },
-            storage: match storage {
-                Some(name) => Some(parse_dtype(name)?),
-                None => None,
-            },
-            ..EngineOptions::default()
-        };
+        let config = config.inner.clone();
+        let options = config.engine_options();
         let engine =
             without_gil(py, || Engine::new(blocks, files, options)).map_err(ToPyErr::to_py)?;
         Ok(PyEngine {
             inner: Mutex::new(Some(Arc::new(engine))),
+            config,
         })
     }
 
@@ -183,23 +143,29 @@ impl PyEngine {
         Ok(self.engine()?.staging_buffers())
     }
 
-    /// Each tensor of `block` in its staging buffer: (name, offset, length, dtype as staged,
-    /// shape, per-row scales the engine made as (offset, length) or None).
-    fn layout(&self, block: usize) -> PyResult<Vec<LayoutEntry>> {
+    /// Each tensor of `block` as staged, with what the backends do with it.
+    fn layout(&self, block: usize) -> PyResult<Vec<PyStagedTensor>> {
         let engine = self.engine()?;
         let layout = engine.layout(block).map_err(ToPyErr::to_py)?;
+        let work = staged_work(layout, self.config.compute_dtype, self.config.align)
+            .map_err(ToPyErr::to_py)?;
         Ok(layout
             .iter()
-            .map(|t| {
-                let scale = t.scale.map(|s| (s.offset, s.len));
-                (
-                    t.name.clone(),
-                    t.offset,
-                    t.len,
-                    t.dtype.safetensors_name(),
-                    t.shape.clone(),
-                    scale,
-                )
+            .zip(work)
+            .map(|(t, w)| PyStagedTensor {
+                name: t.name.clone(),
+                offset: t.offset,
+                length: t.len,
+                dtype: t.dtype.safetensors_name(),
+                shape: t.shape.clone(),
+                own_scale: t.scale.map(|s| (s.offset, s.len)),
+                scale_index: match w.scale {
+                    Some((ScaleSource::Tensor(i), _)) => Some(i),
+                    _ => None,
+                },
+                scale_layout: w.scale.map(|(_, l)| l.name()),
+                expand_at: w.expand_at,
+                is_scale: w.is_scale,
             })
             .collect())
     }
@@ -213,7 +179,14 @@ impl PyEngine {
         Ok(self.engine()?.disk_read_mode().map(ReadMode::as_str))
     }
 
-    /// The engine's statistics as JSON.
+    /// The engine's statistics since the last reset.
+    fn stats(&self) -> PyResult<PyEngineStats> {
+        Ok(PyEngineStats {
+            inner: self.engine()?.stats(),
+        })
+    }
+
+    /// The engine's statistics as JSON (the profile report's input).
     fn stats_json(&self) -> PyResult<String> {
         serde_json::to_string(&self.engine()?.stats())
             .map_err(|e| raise(Kind::Stream, e.to_string()))
@@ -246,14 +219,98 @@ impl PyEngine {
     }
 }
 
-type LayoutEntry = (
-    String,
-    usize,
-    usize,
-    &'static str,
-    Vec<usize>,
-    Option<(usize, usize)>,
-);
+/// The prefetch engine's counters.
+#[pyclass(name = "EngineStats", module = "trash_panda._core", frozen)]
+#[derive(Debug, Clone)]
+pub(crate) struct PyEngineStats {
+    inner: EngineStats,
+}
+
+#[pymethods]
+impl PyEngineStats {
+    /// Tensor bytes staged from the RAM tier.
+    #[getter]
+    fn ram_bytes(&self) -> u64 {
+        self.inner.ram_bytes
+    }
+    /// Tensor bytes staged from the disk tier.
+    #[getter]
+    fn disk_bytes(&self) -> u64 {
+        self.inner.disk_bytes
+    }
+    /// Seconds workers spent staging, summed over workers.
+    #[getter]
+    fn read_seconds(&self) -> f64 {
+        self.inner.read_seconds
+    }
+    /// Seconds the compute thread waited for staged blocks.
+    #[getter]
+    fn compute_waited_seconds(&self) -> f64 {
+        self.inner.compute_waited_seconds
+    }
+    #[getter]
+    fn acquires(&self) -> u64 {
+        self.inner.acquires
+    }
+    #[getter]
+    fn hits(&self) -> u64 {
+        self.inner.hits
+    }
+    #[getter]
+    fn misses(&self) -> u64 {
+        self.inner.misses
+    }
+    /// Times a worker waited for a free staging buffer, and for how long.
+    #[getter]
+    fn buffer_waits(&self) -> u64 {
+        self.inner.buffer_waits
+    }
+    #[getter]
+    fn buffer_wait_seconds(&self) -> f64 {
+        self.inner.buffer_wait_seconds
+    }
+    #[getter]
+    fn out_of_order(&self) -> u64 {
+        self.inner.out_of_order
+    }
+    #[getter]
+    fn failures(&self) -> u64 {
+        self.inner.failures
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "EngineStats(ram_bytes={}, disk_bytes={}, acquires={}, hits={}, misses={})",
+            self.inner.ram_bytes,
+            self.inner.disk_bytes,
+            self.inner.acquires,
+            self.inner.hits,
+            self.inner.misses
+        )
+    }
+}
+
+/// One tensor of a staged block, and what the backends do with it before the block runs.
+#[pyclass(name = "StagedTensor", module = "trash_panda._core", frozen, get_all)]
+#[derive(Debug, Clone)]
+pub(crate) struct PyStagedTensor {
+    name: String,
+    /// Offset of its first byte in the staging buffer (and in a device slot).
+    offset: usize,
+    length: usize,
+    /// The dtype of the staged bytes (header name).
+    dtype: &'static str,
+    shape: Vec<usize>,
+    /// (offset, length) of the per-row f32 scales the engine made quantizing it on load.
+    own_scale: Option<(usize, usize)>,
+    /// The block's checkpoint scale tensor that scales it, by index in the layout.
+    scale_index: Option<usize>,
+    /// "tensor", "row" or "block" when a scale applies.
+    scale_layout: Option<&'static str>,
+    /// Offset in the expansion buffer; None: used in place (or a scale tensor).
+    expand_at: Option<u64>,
+    /// A checkpoint scale tensor, consumed by its weight's expansion.
+    is_scale: bool,
+}
 
 /// Holds a lease; dropping the last reference gives the buffer back to the engine.
 #[derive(Debug)]
@@ -291,20 +348,6 @@ impl PyLease {
             .ok_or_else(|| raise(Kind::Stream, "the lease was released"))
     }
 }
-
-/// One expansion out of a lease: (tensor, destination, destination dtype, rows, cols, scale
-/// tensor, scale kind, block size). Source and scale dtypes come from the staged layout; a tensor
-/// the engine quantized on load brings its own per-row scales.
-type ExpandItem<'py> = (
-    usize,
-    Bound<'py, PyAny>,
-    String,
-    usize,
-    usize,
-    Option<usize>,
-    String,
-    usize,
-);
 
 fn scale_values(bytes: &[u8], dtype: DType) -> Result<Vec<f32>, dtype::DtypeError> {
     if dtype == DType::F32 {
@@ -358,32 +401,60 @@ impl PyLease {
         })))
     }
 
-    /// Expands staged tensors into CPU tensors in one call, without the GIL.
-    #[pyo3(signature = (items, threads=None))]
+    /// Expands staged tensors into CPU tensors in one call, without the GIL: each item is (the
+    /// tensor's index in the block's layout, a contiguous CPU tensor of the engine's compute
+    /// dtype and the tensor's size). The scale, its layout and the dtypes come from the core.
+    #[pyo3(signature = (items, dtype, threads=None))]
     fn expand_into(
         &self,
         py: Python<'_>,
-        items: Vec<ExpandItem<'_>>,
+        items: Vec<(usize, Bound<'_, PyAny>)>,
+        dtype: &str,
         threads: Option<usize>,
     ) -> PyResult<()> {
         let cell = self.cell()?;
-        let mut jobs = Vec::with_capacity(items.len());
-        for (idx, dst, dd, rows, cols, scale_idx, kind, block) in &items {
+        let lease = &cell.0;
+        let to = crate::dtype::parse_dtype(dtype)?;
+        let layout = lease.layout();
+        let work =
+            staged_work(layout, to, trash_panda::stream::TENSOR_ALIGN).map_err(ToPyErr::to_py)?;
+        let staged = lease.bytes().as_ptr() as usize;
+        let staged = (staged, staged + lease.bytes().len());
+        let mut dsts = Vec::with_capacity(items.len());
+        for (idx, dst) in &items {
+            let t = layout.get(*idx).ok_or_else(|| {
+                raise(
+                    Kind::Argument,
+                    format!("expand_into: no tensor #{idx} in the block"),
+                )
+            })?;
             let dst = Borrowed::new(dst, "dst")?;
-            jobs.push((
-                *idx,
-                dst,
-                parse_dtype(dd)?,
-                *rows,
-                *cols,
-                *scale_idx,
-                kind.as_str(),
-                *block,
-            ));
+            let want = t.shape.iter().product::<usize>() * to.size();
+            if dst.len() != want {
+                return Err(raise(
+                    Kind::Argument,
+                    format!(
+                        "expand_into: the destination of {} holds {} bytes, expected {want}",
+                        t.name,
+                        dst.len()
+                    ),
+                ));
+            }
+            let (a, b) = dst.span();
+            if a < staged.1 && staged.0 < b && a < b {
+                return Err(raise(
+                    Kind::Argument,
+                    format!(
+                        "expand_into: the destination of {} overlaps the staged block it reads",
+                        t.name
+                    ),
+                ));
+            }
+            dsts.push((*idx, dst));
         }
-        let mut spans: Vec<(usize, usize)> = jobs
+        let mut spans: Vec<(usize, usize)> = dsts
             .iter()
-            .map(|j| j.1.span())
+            .map(|d| d.1.span())
             .filter(|(a, b)| a < b)
             .collect();
         spans.sort_unstable();
@@ -394,48 +465,47 @@ impl PyLease {
             ));
         }
         let n = worker_threads(threads);
-        let work: Vec<_> = jobs
+        // SAFETY: the destinations were checked pairwise disjoint and disjoint from the staged
+        // buffer, the only other memory borrowed while the slices live.
+        let jobs: Vec<(usize, &mut [u8])> = dsts
             .iter()
-            .map(|(idx, dst, dd, rows, cols, sidx, kind, block)| {
-                (
-                    *idx,
-                    dst.bytes_mut(),
-                    *dd,
-                    *rows,
-                    *cols,
-                    *sidx,
-                    *kind,
-                    *block,
-                )
-            })
+            .map(|(i, d)| (*i, unsafe { d.bytes_mut() }))
             .collect();
-        let lease = &cell.0;
-        let layout = lease.layout();
         without_gil(py, || {
-            for (idx, dst, dd, rows, cols, sidx, kind, block) in work {
-                let fail = |m: String| format!("tensor #{idx}: {m}");
-                let staged = layout
-                    .get(idx)
-                    .ok_or_else(|| fail("not in the block".into()))?;
-                let src = lease.tensor(idx).map_err(|e| e.to_string())?;
-                let (values, kind) =
-                    if let Some(own) = lease.scale(idx).map_err(|e| e.to_string())? {
-                        (f32_values(own), "row")
-                    } else if let Some(i) = sidx {
-                        let st = layout
-                            .get(i)
-                            .ok_or_else(|| fail("its scale is not in the block".into()))?;
+            for (idx, dst) in jobs {
+                let fail = |m: String| format!("tensor {}: {m}", layout[idx].name);
+                let values = match work[idx].scale {
+                    Some((ScaleSource::Own, _)) => {
+                        f32_values(lease.scale(idx).map_err(|e| e.to_string())?.unwrap_or(&[]))
+                    }
+                    Some((ScaleSource::Tensor(i), _)) => {
                         let bytes = lease.tensor(i).map_err(|e| e.to_string())?;
-                        (
-                            scale_values(bytes, st.dtype).map_err(|e| fail(e.to_string()))?,
-                            kind,
-                        )
-                    } else {
-                        (Vec::new(), kind)
-                    };
-                let scale = scale_of(kind, &values, block).map_err(fail)?;
-                dtype::expand(src, staged.dtype, dst, dd, (rows, cols), &scale, n)
-                    .map_err(|e| fail(e.to_string()))?;
+                        scale_values(bytes, layout[i].dtype).map_err(|e| fail(e.to_string()))?
+                    }
+                    None => Vec::new(),
+                };
+                let scale = match work[idx].scale.map(|s| s.1) {
+                    None => Scale::None,
+                    Some(dtype::ScaleLayout::Tensor) => {
+                        Scale::PerTensor(values.first().copied().unwrap_or(1.0))
+                    }
+                    Some(dtype::ScaleLayout::Row) => Scale::PerRow(&values),
+                    Some(dtype::ScaleLayout::Block) => Scale::Block {
+                        scales: &values,
+                        block: SCALE_BLOCK,
+                    },
+                };
+                let src = lease.tensor(idx).map_err(|e| e.to_string())?;
+                dtype::expand(
+                    src,
+                    layout[idx].dtype,
+                    dst,
+                    to,
+                    rows_cols(&layout[idx].shape),
+                    &scale,
+                    n,
+                )
+                .map_err(|e| fail(e.to_string()))?;
             }
             Ok(())
         })
@@ -455,5 +525,7 @@ impl PyLease {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngine>()?;
     m.add_class::<PyLease>()?;
+    m.add_class::<PyStagedTensor>()?;
+    m.add_class::<PyEngineStats>()?;
     Ok(())
 }

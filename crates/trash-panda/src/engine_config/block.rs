@@ -237,7 +237,11 @@ pub fn staged_work(
         .zip(&scales)
         .map(|(t, scale)| ExpansionInput {
             // A scale tensor is never expanded: it counts as an integer would.
-            held: if is_scale(&t.name) { DType::U8 } else { t.dtype },
+            held: if is_scale(&t.name) {
+                DType::U8
+            } else {
+                t.dtype
+            },
             elements: t.shape.iter().product::<usize>() as u64,
             scaled: scale.is_some(),
         })

@@ -1,0 +1,151 @@
+//! `trash_panda._core.EngineConfig`: every figure the runtime of one model holds, from its plan.
+
+use pyo3::prelude::*;
+
+use trash_panda::engine_config::{expansion_layout, EngineConfig, EngineSettings, ExpansionInput};
+use trash_panda::stream::RamSource;
+use trash_panda::DType;
+
+use crate::dtype::parse_dtype;
+use crate::errors::{raise, Kind, ToPyErr};
+use crate::plan::PyPlan;
+
+/// The runtime figures of a plan under the current TRASH_PANDA_* settings.
+#[pyclass(name = "EngineConfig", module = "trash_panda._core", frozen)]
+#[derive(Debug, Clone)]
+pub(crate) struct PyEngineConfig {
+    pub(crate) inner: EngineConfig,
+}
+
+#[pymethods]
+impl PyEngineConfig {
+    #[new]
+    fn new(plan: PyRef<'_, PyPlan>) -> PyResult<Self> {
+        let settings = EngineSettings::from_env().map_err(ToPyErr::to_py)?;
+        let inner = EngineConfig::from_plan(&plan.inner, &settings).map_err(ToPyErr::to_py)?;
+        Ok(PyEngineConfig { inner })
+    }
+
+    #[getter]
+    fn gpu(&self) -> bool {
+        self.inner.gpu
+    }
+
+    /// "BF16", "F16" or "F32".
+    #[getter]
+    fn compute_dtype(&self) -> &'static str {
+        self.inner.compute_dtype.safetensors_name()
+    }
+
+    #[getter]
+    fn storage_dtype(&self) -> Option<&'static str> {
+        self.inner.storage_dtype.map(DType::safetensors_name)
+    }
+
+    #[getter]
+    fn lookahead(&self) -> usize {
+        self.inner.lookahead
+    }
+
+    /// Offset alignment of staged tensors and of tensors in the expansion buffer.
+    #[getter]
+    fn align(&self) -> usize {
+        self.inner.align
+    }
+
+    #[getter]
+    fn staging_buffers(&self) -> usize {
+        self.inner.held.staging_buffers
+    }
+
+    #[getter]
+    fn staging_buffer_bytes(&self) -> u64 {
+        self.inner.held.staging_buffer_bytes
+    }
+
+    #[getter]
+    fn device_slots(&self) -> usize {
+        self.inner.held.device_slots
+    }
+
+    #[getter]
+    fn expansion_bytes(&self) -> u64 {
+        self.inner.held.expansion_bytes
+    }
+
+    /// "direct" or "buffered".
+    #[getter]
+    fn disk_mode(&self) -> &'static str {
+        self.inner.disk_mode.as_str()
+    }
+
+    #[getter]
+    fn disk_mode_reason(&self) -> String {
+        self.inner.disk_mode_reason.clone()
+    }
+
+    #[getter]
+    fn workers(&self) -> usize {
+        self.inner.workers
+    }
+
+    /// Threads reading the RAM tier into private memory; None when it is mapped.
+    #[getter]
+    fn ram_in_memory_threads(&self) -> Option<usize> {
+        match self.inner.ram_source {
+            RamSource::InMemory { threads } => Some(threads),
+            RamSource::Mapped => None,
+        }
+    }
+
+    /// Where each tensor of a resident block goes in the expansion buffer (None: used as it is
+    /// held), by the rule the plan counts with: tensors held in `dtypes` (header names), of
+    /// `elements` elements, `scaled` when a scale applies.
+    fn expansion(
+        &self,
+        dtypes: Vec<String>,
+        elements: Vec<u64>,
+        scaled: Vec<bool>,
+    ) -> PyResult<Vec<Option<u64>>> {
+        if dtypes.len() != elements.len() || dtypes.len() != scaled.len() {
+            return Err(raise(
+                Kind::Argument,
+                "expansion: dtypes, elements and scaled must have the same length",
+            ));
+        }
+        let inputs = dtypes
+            .iter()
+            .zip(elements)
+            .zip(scaled)
+            .map(|((d, elements), scaled)| {
+                Ok(ExpansionInput {
+                    held: parse_dtype(d)?,
+                    elements,
+                    scaled,
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let (offsets, total) =
+            expansion_layout(&inputs, self.inner.compute_dtype, self.inner.align);
+        if total > self.inner.held.expansion_bytes {
+            return Err(raise(
+                Kind::Stream,
+                format!(
+                    "a block needs {total} bytes of expansion but the plan counted {}: the plan \
+                     was made for other tensors; plan the model again",
+                    self.inner.held.expansion_bytes
+                ),
+            ));
+        }
+        Ok(offsets)
+    }
+
+    fn __repr__(&self) -> String {
+        serde_json::to_string(&self.inner).unwrap_or_default()
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyEngineConfig>()?;
+    Ok(())
+}
