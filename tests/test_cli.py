@@ -58,7 +58,7 @@ def test_plan_command(ckpt: Path) -> None:
     r = run("plan", str(ckpt), "--vram", "0.2MB", "--ram", "8GB", "--headroom-vram", "0", "--json")
     assert r.returncode == 0, r.stderr
     p = json.loads(r.stdout)
-    assert p["format"] == "trash-panda-plan" and p["version"] == 1
+    assert p["format"] == "trash-panda-plan" and p["version"] == 2
     assert len(p["blocks"]) == 12
 
 

@@ -101,13 +101,13 @@ def _manual_plan(layers: int) -> Plan:
 def _auto_plan(model: nn.Module, path: Path, device: str) -> Plan:
     """plan() with injected memory figures sized so 2 blocks stay resident, 2 go to RAM, 2 to disk."""
     fixed = {"headroom_vram": 0, "min_free_ram": 0, "lookahead": 2, "device": device}
-    probe = trash_panda.plan(model, path, vram="1TB", ram="1TB", **fixed)
+    # Every block on disk: the largest staging buffer and expansion any block can need.
+    probe = trash_panda.plan(model, path, vram="1TB", ram=0, resident_blocks=0, **fixed)
     budgets = probe.budgets
-    assert budgets is not None
+    assert budgets is not None and budgets.staging_buffers == 3
     block = max(b.stored_bytes for b in probe.blocks)
-    staging = 2 * block  # lookahead blocks, counted on the device and in RAM once blocks are streamed
-    vram = staging + budgets["expanded_block"] + budgets["outside"] + 2 * block + block // 2
-    ram = staging + 2 * block + block // 2
+    vram = budgets.device_slot_bytes + budgets.expansion + budgets.outside + 2 * block + block // 2
+    ram = budgets.host_staging + 2 * block + block // 2
     p = trash_panda.plan(model, path, vram=vram, ram=ram, **fixed)
     assert [b.tier for b in p.blocks] == [Tier.DEVICE] * 2 + [Tier.RAM] * 2 + [Tier.DISK] * 2, str(p)
     return p

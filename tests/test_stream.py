@@ -47,8 +47,9 @@ def test_every_tier_bit_for_bit(tmp_path: Path, dtype: torch.dtype) -> None:
     stats = handle.stats()
     block_bytes = [b.stored_bytes for b in tp.plan(on_meta(Tiny), path, vram="1GB", ram="1GB").blocks]
     # Each disk block is read at least once; a block still staged from the pass before is reused.
-    assert sum(block_bytes[4:]) <= stats["disk_bytes"] <= 3 * sum(block_bytes[4:])
-    assert stats["ram_bytes"] >= sum(block_bytes[2:4])
+    assert stats is not None
+    assert sum(block_bytes[4:]) <= stats.disk_bytes <= 3 * sum(block_bytes[4:])
+    assert stats.ram_bytes >= sum(block_bytes[2:4])
     assert handle.recorded_order == [f"blocks.{i}." for i in range(2, 6)]
     tp.release(model, handle)
 

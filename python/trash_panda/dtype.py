@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from . import _core
 from ._dtypes import core_name, resolve
-from .errors import ArgumentError
+from .errors import ArgumentError, DtypeError
 
 if TYPE_CHECKING:
     import torch
@@ -39,11 +39,7 @@ def _check_cpu(t: object, what: str) -> torch.Tensor:
 def rows_cols(shape: tuple[int, ...] | list[int]) -> tuple[int, int]:
     """How the kernels see a tensor: a 2-D weight as (rows, cols), a 1-D one as one row, higher
     ranks as (first dimension, the rest): scales per row follow the first dimension."""
-    if len(shape) == 0:
-        return 1, 1
-    if len(shape) == 1:
-        return 1, int(shape[0])
-    return int(shape[0]), math.prod(int(d) for d in shape[1:])
+    return _core.rows_cols([int(d) for d in shape])
 
 
 def _out(t: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
@@ -84,18 +80,10 @@ def expand(
     kind, values = "none", None
     if scale is not None:
         s = torch.as_tensor(scale, dtype=torch.float32).contiguous()
-        blocks = (math.ceil(rows / block_size), math.ceil(cols / block_size))
-        if s.numel() == 1:
-            kind = "tensor"
-        elif s.numel() == rows and (s.dim() == 1 or (s.dim() == 2 and s.shape[1] == 1)):
-            kind = "row"
-        elif s.dim() == 2 and tuple(s.shape) == blocks:
-            kind = "block"
-        else:
-            raise ArgumentError(
-                f"scale: shape {tuple(s.shape)} fits none of: one value, one per row ({rows}), "
-                f"or one per {block_size}x{block_size} block {blocks} of a weight of shape {tuple(w.shape)}"
-            )
+        try:
+            kind = _core.scale_layout("scale", list(w.shape), list(s.shape), block_size)
+        except DtypeError as e:
+            raise ArgumentError(str(e)) from None
         values = s.reshape(-1)
     result = _out(w, target, out)
     _core.expand(

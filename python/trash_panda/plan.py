@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -11,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 from . import _core
 from .blocks import find_blocks
 from .checkpoint import Checkpoint
+from .config import setting
+from .device import resolve_device
 from .errors import ArgumentError
-from .names import KeyMap, is_scale, model_tensors, weight_of_scale
+from .names import SCALE_SUFFIXES, KeyMap, model_tensors, weight_of_scale
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +40,8 @@ class BlockPlan:
     stored_bytes: int
     expanded_bytes: int
     tensors: int
+    staged_bytes: int = 0  # staging-buffer bytes it needs in its tier (0 when resident)
+    expansion_bytes: int = 0  # expansion-buffer bytes it needs in its tier
 
 
 class Plan:
@@ -86,29 +89,38 @@ class Plan:
         return self
 
     @property
-    def _data(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self._core.to_json())
-        return data
-
-    @property
     def blocks(self) -> list[BlockPlan]:
         return [
-            BlockPlan(b["name"], Tier(b["tier"]), b["stored_bytes"], b["expanded_bytes"], b["tensors"])
-            for b in self._data["blocks"]
+            BlockPlan(b.name, Tier(b.tier), b.stored_bytes, b.expanded_bytes, b.tensors, b.staged_bytes,
+                      b.expansion_bytes)
+            for b in self._core.blocks
         ]
 
     @property
     def warnings(self) -> list[str]:
-        return [w["message"] for w in self._data["warnings"]]
+        return self._core.warnings
 
     @property
-    def budgets(self) -> dict[str, int] | None:
-        budgets: dict[str, int] | None = self._data["budgets"]
-        return budgets
+    def budgets(self) -> _core.Budgets | None:
+        """Every figure of the plan in bytes (see docs/plan-format.md); None until resolved."""
+        return self._core.budgets
 
     @property
     def resolved(self) -> bool:
-        return bool(self._data["resolved"])
+        return self._core.resolved
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the blocks compute in, as a header name ("BF16", "F16", "F32")."""
+        return self._core.compute_dtype
+
+    @property
+    def storage_dtype(self) -> str | None:
+        return self._core.storage_dtype
+
+    @property
+    def lookahead(self) -> int:
+        return self._core.lookahead
 
     def tier_of(self, block: str) -> Tier | None:
         return next((b.tier for b in self.blocks if b.name == block), None)
@@ -124,7 +136,9 @@ class Plan:
         return repr(self._core)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Plan) and self._data == other._data
+        return isinstance(other, Plan) and self._core == other._core
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _free_vram(device: torch.device) -> int | None:
@@ -136,12 +150,8 @@ def _free_vram(device: torch.device) -> int | None:
     return int(free)
 
 
-def _device(device: torch.device | str | None) -> torch.device:
-    import torch
-
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+# The scale tensors applied to weights; `input_scale` (activations) is neither loaded nor counted.
+_WEIGHT_SCALES = SCALE_SUFFIXES[:3]
 
 
 def planning_inputs(
@@ -150,14 +160,15 @@ def planning_inputs(
     blocks: list[str] | None,
     key_map: KeyMap,
     skip_prefixes: list[str] | None,
-) -> tuple[list[tuple[str, str, list[int]]], list[str]]:
-    """The model's tensors as the checkpoint stores them, and the model's block prefixes."""
+) -> tuple[list[tuple[str, _core.TensorInfo]], list[str]]:
+    """The model's tensors (its names and their checkpoint entries: exactly what stream_load
+    reads), and the model's block prefixes."""
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
     expected = set(model.state_dict(keep_vars=True).keys())
     tensors = [
-        (name, info.dtype, list(info.shape))
+        (name, info)
         for name, info in model_tensors(ckpt, key_map, skip_prefixes).items()
-        if name in expected or (is_scale(name) and weight_of_scale(name) in expected)
+        if name in expected or (name.endswith(_WEIGHT_SCALES) and weight_of_scale(name) in expected)
     ]
     prefixes = [b.prefix for b in find_blocks(model, blocks)]
     if not prefixes:
@@ -190,12 +201,11 @@ def plan(
     """Decides, from the checkpoint's sizes and the free memory, where each block of ``model`` lives.
 
     Sizes are bytes or strings such as ``"9GB"``, ``"500MB"`` or ``"1.5GiB"``. ``compute_dtype``
-    defaults to the dtype most of the checkpoint's float weights have (bf16 for fp8 checkpoints). ``ram`` and ``vram``
-    replace the measured available RAM and free VRAM (for tests and for planning another machine).
+    defaults to the dtype most of the checkpoint's float weights have (bf16 for fp8 checkpoints).
+    ``ram`` and ``vram`` replace the measured available RAM and free VRAM (for tests and for
+    planning another machine).
     """
-    from .offload.config import setting
-
-    dev = _device(device)
+    dev = resolve_device(device)
     tensors, prefixes = planning_inputs(model, checkpoint, blocks, key_map, skip_prefixes)
     has_gpu = dev.type == "cuda" or vram is not None
     free = _core.parse_size(vram, "vram") if vram is not None else _free_vram(dev)
@@ -210,7 +220,7 @@ def plan(
         min_free_ram=min_free_ram,
         headroom_vram=headroom_vram,
         activation_vram=activation_vram,
-        compute_dtype=infer_compute_dtype(tensors) if compute_dtype is None else _dtype_name(compute_dtype),
+        compute_dtype=None if compute_dtype is None else _dtype_name(compute_dtype),
         storage_dtype=None if storage_dtype is None else _dtype_name(storage_dtype),
         lookahead=lookahead if lookahead is not None else setting("lookahead"),
     )
@@ -219,17 +229,3 @@ def plan(
 
 def _dtype_name(dtype: str | torch.dtype) -> str:
     return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
-
-
-def infer_compute_dtype(tensors: list[tuple[str, str, list[int]]]) -> str:
-    """The float dtype holding most of the weights; fp8 checkpoints compute in bf16."""
-    weight: dict[str, int] = {}
-    for _name, dtype, shape in tensors:
-        if dtype in ("F32", "F16", "BF16", "F64"):
-            n = 1
-            for d in shape:
-                n *= d
-            weight[dtype] = weight.get(dtype, 0) + n
-    if not weight:
-        return "BF16"
-    return max(sorted(weight), key=lambda d: weight[d])

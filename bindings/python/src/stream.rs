@@ -512,6 +512,12 @@ impl PyLease {
         .map_err(|msg: String| raise(Kind::Dtype, msg))
     }
 
+    /// Marks the staged bytes as spoiled: the block is staged again before its next run.
+    fn discard(&self) -> PyResult<()> {
+        self.cell()?.0.discard();
+        Ok(())
+    }
+
     /// Gives the buffer back once every view of it is gone.
     fn release(&self) -> PyResult<()> {
         self.cell

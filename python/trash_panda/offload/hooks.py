@@ -10,13 +10,17 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from .. import config
 from ..errors import ArgumentError, StreamError
-from . import config
-from .backends import CpuBackend, CudaBackend, Timing, make_backend
+from .cpu import CpuBackend
+from .cuda import CudaBackend
 from .state import BlockState, ModelState, get_state
+from .work import Timing
 
 if TYPE_CHECKING:
     import torch
+
+    from .. import _core
     from torch import nn
     from torch.utils.hooks import RemovableHandle
 
@@ -66,14 +70,12 @@ class OffloadHandle:
         by_engine = {b.engine_index: b.prefix for b in self._state.blocks if b.engine_index is not None}
         return [by_engine[i] for i in engine.recorded_order()]
 
-    def stats(self) -> dict[str, Any]:
-        import json
-
+    def stats(self) -> _core.EngineStats | None:
+        """The prefetch engine's counters (None without streamed blocks or once removed)."""
         engine = self._state.engine
         if engine is None or engine.closed:
-            return {}
-        stats: dict[str, Any] = json.loads(engine.stats_json())
-        return stats
+            return None
+        return engine.stats()
 
     def remove(self) -> None:
         """Takes the hooks off; with TRASH_PANDA_PROFILE=1 prints the profile of what ran."""
@@ -140,6 +142,14 @@ def install_offload(model: nn.Module, *, order: list[str] | None = None) -> Offl
     if order is not None and (isinstance(order, str) or not all(isinstance(n, str) for n in order)):
         raise ArgumentError("order: expected a list of block names")
     return _install(model, state, state.blocks, order)
+
+
+def make_backend(state: ModelState) -> CpuBackend | CudaBackend:
+    if state.device.type == "cuda":
+        return CudaBackend(state)
+    if state.device.type == "cpu":
+        return CpuBackend(state)
+    raise StreamError(f"device {state.device} is not supported: expected cuda or cpu")
 
 
 def _install(model: nn.Module, state: ModelState, blocks: Iterable[BlockState],

@@ -11,11 +11,12 @@ from .. import _core
 from .._dtypes import torch_dtype
 from ..blocks import find_blocks
 from ..checkpoint import Checkpoint
+from ..config import setting
+from ..device import resolve_device
 from ..errors import ArgumentError
 from ..names import KeyMap, model_tensors
-from ..plan import Plan, Tier, infer_compute_dtype, planning_inputs
+from ..plan import Plan, Tier, _dtype_name, _free_vram, planning_inputs
 from ..plan import plan as make_plan
-from . import config
 from .matching import match
 from .reading import load_buffers, materialize, placeholder, unload
 from .report import LoadReport
@@ -79,9 +80,8 @@ def stream_load(
     if resident_prefixes is not None and offload_prefixes is None:
         raise ArgumentError("resident_prefixes= goes with offload_prefixes=")
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     request = LoadRequest(plan, offload_prefixes, resident_prefixes, compute_dtype, storage_dtype, key_map,
-                          skip_prefixes, dev)
+                          skip_prefixes, resolve_device(device))
     try:
         return _stream_load(model, ckpt, request)
     except BaseException:
@@ -90,8 +90,6 @@ def stream_load(
 
 
 def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
-    from ..plan import _dtype_name, _free_vram
-
     plan, compute_dtype, storage_dtype = req.plan, req.compute_dtype, req.storage_dtype
     if plan is None and req.offload_prefixes is None:
         return make_plan(model, ckpt, compute_dtype=compute_dtype, storage_dtype=storage_dtype,
@@ -105,14 +103,11 @@ def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
     if plan.resolved and compute_dtype is None and storage_dtype is None:
         return plan
     tensors, prefixes = planning_inputs(model, ckpt, _block_prefixes(model, plan), req.key_map, req.skip_prefixes)
-    options: dict[str, Any] = {}
-    if not plan.resolved:
-        options["compute_dtype"] = infer_compute_dtype(tensors) if compute_dtype is None else _dtype_name(compute_dtype)
-        options["lookahead"] = config.setting("lookahead")
-    else:
-        options = dict(json_options(plan))
-        if compute_dtype is not None:
-            options["compute_dtype"] = _dtype_name(compute_dtype)
+    # A resolved plan keeps its options; a manual one takes the settings' lookahead, and the core
+    # infers the compute dtype when none is given.
+    options: dict[str, Any] = {"lookahead": None if plan.resolved else setting("lookahead")}
+    if compute_dtype is not None:
+        options["compute_dtype"] = _dtype_name(compute_dtype)
     if storage_dtype is not None:
         options["storage_dtype"] = _dtype_name(storage_dtype)
     core = plan._core.resolve(tensors, prefixes, _free_vram(req.device), req.device.type == "cuda", **options)
@@ -130,30 +125,20 @@ def _block_prefixes(model: nn.Module, plan: Plan) -> list[str]:
     return found
 
 
-def json_options(plan: Plan) -> dict[str, Any]:
-    import json
-
-    opts: dict[str, Any] = json.loads(plan.to_json())["options"]
-    min_free = opts.get("min_free_ram")
-    if isinstance(min_free, dict):
-        opts["min_free_ram"] = min_free.get("bytes", 0)
-    return {k: v for k, v in opts.items() if v is not None}
-
-
 def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadReport:
     t_start = time.perf_counter()
     device = req.device
     plan = _resolve_plan(model, ckpt, req)
-    opts = json_options(plan)
-    compute = torch_dtype(_core.dtype_header_name(str(opts.get("compute_dtype", "BF16"))))
-    storage: str | None = opts.get("storage_dtype")
+    config = _core.EngineConfig(plan._core)
+    compute = torch_dtype(config.compute_dtype)
+    storage = config.storage_dtype
     named = model_tensors(ckpt, req.key_map, req.skip_prefixes)
     files = ckpt.files
     where = files[0] if len(files) == 1 else os.path.dirname(files[0])
     report = LoadReport(checkpoint=where, device=str(device), compute_dtype=str(compute).removeprefix("torch."))
     blocks, outside, report.unexpected = match(model, named, plan, compute, where)
 
-    threads = max(1, int(config.setting("ram_threads")))
+    threads = max(1, int(setting("ram_threads")))
     # Outside weights: read, expanded to the compute dtype once, kept on the device.
     t0 = time.perf_counter()
     for spec in outside:
@@ -176,8 +161,7 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
     report.device_tier.seconds = time.perf_counter() - t0
 
     # Streamed blocks: described to the engine, which stages them ahead of each run.
-    lookahead = int(opts.get("lookahead", config.setting("lookahead")))
-    engine = _engine_for(streamed, files, plan, report, lookahead, threads, storage) if streamed else None
+    engine = _engine_for(streamed, files, config, report) if streamed else None
 
     # Parameters: real tensors where they are final, placeholders where hooks will fill them.
     for spec in [*outside, *(s for b in blocks for s in b.tensors)]:
@@ -186,18 +170,18 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
             m._parameters[a] = param
 
     report.kept_buffers = load_buffers(model, named, device)
-    state = ModelState(checkpoint=ckpt, plan=plan, device=device, compute_dtype=compute, blocks=blocks,
-                       engine=engine, lookahead=lookahead, report=report)
+    state = ModelState(checkpoint=ckpt, plan=plan, config=config, device=device, compute_dtype=compute,
+                       blocks=blocks, engine=engine, report=report)
     setattr(model, STATE_ATTR, state)
     register_model(model)
     report.seconds = time.perf_counter() - t_start
     return report
 
 
-def _engine_for(streamed: list[BlockState], files: list[str], plan: Plan, report: LoadReport, lookahead: int,
-                threads: int, storage: str | None) -> _core.Engine:
-    """The prefetch engine of the streamed blocks; fills in their staging indices, their
-    placeholders and the report's RAM and disk lines."""
+def _engine_for(streamed: list[BlockState], files: list[str], config: _core.EngineConfig,
+                report: LoadReport) -> _core.Engine:
+    """The prefetch engine of the streamed blocks, sized by the plan's configuration; fills in
+    their staging indices, their placeholders and the report's RAM and disk lines."""
     file_index = {f: i for i, f in enumerate(files)}
     described = []
     for e, sb in enumerate(streamed):
@@ -215,13 +199,12 @@ def _engine_for(streamed: list[BlockState], files: list[str], plan: Plan, report
         load = report.ram if tier == "ram" else report.disk
         load.blocks += 1
         load.bytes += sum(s.info.nbytes + (s.scale.nbytes if s.scale else 0) for s in sb.tensors)
-    in_memory = bool(config.setting("ram_in_memory"))
-    disk_mode, report.disk_mode_reason = _disk_mode(plan, report.disk.bytes, report.ram.bytes)
-    engine = _core.Engine(described, files, lookahead=lookahead, workers=int(config.setting("workers")),
-                          disk_mode=disk_mode, ram_in_memory=in_memory, ram_threads=threads, storage=storage)
+    engine = _core.Engine(described, files, config)
     report.staging_bytes = engine.staging_bytes()
+    report.disk_mode_reason = config.disk_mode_reason
     report.disk_mode = engine.disk_read_mode() if report.disk.blocks else None
-    if (in_memory or storage is not None) and report.ram.blocks:
+    storage = config.storage_dtype
+    if (config.ram_in_memory_threads is not None or storage is not None) and report.ram.blocks:
         report.ram_source = "in memory" if storage is None else f"in memory as {storage}"
         _bytes, report.ram.seconds = engine.load_ram_tier()
     engine.set_order(list(range(len(streamed))))
@@ -230,22 +213,3 @@ def _engine_for(streamed: list[BlockState], files: list[str], plan: Plan, report
 
 def _entry(info: _core.TensorInfo, file_index: dict[str, int]) -> tuple[str, int, int, int, str, list[int]]:
     return (info.name, file_index[os.fspath(info.file)], info.start, info.end, info.dtype, list(info.shape))
-
-
-def _disk_mode(plan: Plan, disk_bytes: int, ram_bytes: int) -> tuple[str, str]:
-    """O_DIRECT when the disk tier could not stay in the page cache beside the RAM tier."""
-    chosen = str(config.setting("disk_mode"))
-    if not disk_bytes:
-        return ("direct" if chosen == "auto" else chosen), ""
-    if chosen != "auto":
-        return chosen, f"{chosen} reads, as TRASH_PANDA_DISK_MODE says"
-    budgets = plan.budgets or {}
-    spare = int(budgets.get("usable_ram", 0)) - int(budgets.get("min_free_ram", 0)) - int(budgets.get("pinned_staging", 0))
-    spare -= ram_bytes
-    if disk_bytes <= spare:
-        return "buffered", (f"buffered reads: its {disk_bytes / 1e9:.2f} GB fit in the page cache beside the RAM tier "
-                            f"({spare / 1e9:.2f} GB spare)")
-    return "direct", (f"O_DIRECT reads: its {disk_bytes / 1e9:.2f} GB would not stay in the page cache "
-                      f"({max(spare, 0) / 1e9:.2f} GB spare beside the RAM tier), and buffered reads would evict it")
-
-

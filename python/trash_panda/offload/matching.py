@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import difflib
-import math
 from typing import TYPE_CHECKING, Any
 
 from .._dtypes import torch_dtype
-from ..errors import ArgumentError, CheckpointError
+from ..errors import ArgumentError, CheckpointError, DtypeError
 from ..names import SCALE_SUFFIXES, is_scale, weight_of_scale
 from ..plan import Plan
 from .state import BlockState, TensorSpec
@@ -22,25 +21,14 @@ _FLOAT_HEADERS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 
 
 def _scale_kind(weight: tuple[int, ...], scale: list[int], name: str) -> str:
-    """How a scale tensor of shape ``scale`` applies to a weight of shape ``weight``."""
-    from ..dtype import rows_cols
+    """How a scale tensor of shape ``scale`` applies to a weight of shape ``weight`` (the core's
+    classification)."""
+    from .. import _core
 
-    rows, cols = rows_cols(weight)
-    blocks = [math.ceil(rows / 128), math.ceil(cols / 128)]
-    if math.prod(scale) == 1:
-        return "tensor"
-    # `weight_scale_inv` is the block-wise layout by convention; check it before "one per row",
-    # which a [rows/128, 1] block grid would also match for a narrow weight.
-    if name.endswith(".weight_scale_inv") and scale == blocks:
-        return "block"
-    if math.prod(scale) == rows and (len(scale) == 1 or (len(scale) == 2 and scale[1] == 1)):
-        return "row"
-    if scale == blocks:
-        return "block"
-    raise CheckpointError(
-        f"scale tensor {name!r} has shape {scale}, which fits none of: one value, one per row "
-        f"({rows}), or one per 128x128 block of a weight of shape {list(weight)}"
-    )
+    try:
+        return _core.scale_layout(name, list(weight), scale)
+    except DtypeError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _near(name: str, names: list[str]) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import _core
-from . import config
+from .. import config
 
 if TYPE_CHECKING:
     from .hooks import OffloadHandle

@@ -46,7 +46,7 @@ def release(model: nn.Module, handle: OffloadHandle | None = None) -> None:
 def _release(model: nn.Module, handle: OffloadHandle | None) -> None:
     import torch
 
-    from . import config
+    from .. import config
     from .profile import memory_point, print_report
 
     profile = bool(config.setting("profile"))
@@ -80,32 +80,33 @@ def _release(model: nn.Module, handle: OffloadHandle | None) -> None:
 
 def measure_activation_vram(fn: Callable[[], Any], plan: Plan | None = None, *,
                             device: torch.device | str | None = None) -> int:
-    """The peak memory a call needs beyond the weights held, in bytes.
+    """The peak memory a call needs beyond what was held before it, in bytes.
 
-    On CUDA: the peak allocated device memory during ``fn()`` minus what was allocated before it
-    and minus the streaming buffers the plan already counts (staging and one expanded block).
-    On the CPU: the growth of the process's peak resident memory during the call.
-    Pass the result as ``activation_vram=`` to the next plan for the same model and input size.
+    On CUDA: the peak allocated device memory during ``fn()`` minus what was allocated before.
+    Everything the runtime holds for streaming (device slots, the expansion buffer) is allocated
+    when the hooks are installed, so it is in that baseline and is not taken off again; the
+    rest is the activations (and whatever else the call allocates). On the CPU: the growth of
+    the process's peak resident memory during the call. Pass the result as ``activation_vram=``
+    to the next plan for the same model and input size. ``plan`` is accepted for symmetry with
+    that call and checked, not used.
     """
     import torch
 
-    if not callable(fn):
-        raise ArgumentError(f"fn: expected a callable, got {type(fn).__name__}")
+    from ..device import resolve_device
     from ..plan import Plan
 
+    if not callable(fn):
+        raise ArgumentError(f"fn: expected a callable, got {type(fn).__name__}")
     if plan is not None and not isinstance(plan, Plan):
         raise ArgumentError(f"plan: expected a trash_panda.Plan, got {type(plan).__name__}")
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = resolve_device(device)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
         base = torch.cuda.memory_allocated(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         fn()
         torch.cuda.synchronize(dev)
-        peak = torch.cuda.max_memory_allocated(dev)
-        budgets = (plan.budgets if plan is not None else None) or {}
-        held = int(budgets.get("device_staging", 0)) + int(budgets.get("expanded_block", 0))
-        return max(0, peak - base - held)
+        return max(0, torch.cuda.max_memory_allocated(dev) - base)
     sampler = _core.RssSampler(1)
     try:
         fn()

@@ -27,7 +27,7 @@ class TensorSpec:
     attr: str
     info: _core.TensorInfo  # the checkpoint's entry
     scale: _core.TensorInfo | None
-    scale_kind: str  # "none", "tensor", "row" or "block"
+    scale_kind: str  # "none", "tensor", "row" or "block" (the core's classification)
     target: torch.dtype  # what the block computes with
     shape: tuple[int, ...]
     staged_index: int | None = None  # position in the engine's layout of the block
@@ -44,9 +44,9 @@ class TensorSpec:
 
     @property
     def rows_cols(self) -> tuple[int, int]:
-        from ..dtype import rows_cols
+        from .. import _core
 
-        return rows_cols(self.shape)
+        return _core.rows_cols(list(self.shape))
 
 
 @dataclass
@@ -74,14 +74,13 @@ class BlockState:
 class ModelState:
     checkpoint: Checkpoint
     plan: Plan
+    config: _core.EngineConfig  # every figure the runtime holds, from the plan
     device: torch.device
     compute_dtype: torch.dtype
     blocks: list[BlockState]
     engine: _core.Engine | None
-    lookahead: int
     report: Any = None
     handle: Any = None  # the OffloadHandle while hooks are installed
-    pinned: list[tuple[int, int]] = field(default_factory=list)  # staging buffers registered with CUDA
 
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::{Plan, PlanError};
 
 pub const PLAN_FORMAT: &str = "trash-panda-plan";
-pub const PLAN_VERSION: u64 = 1;
+pub const PLAN_VERSION: u64 = 2;
 
 #[derive(Serialize)]
 struct Envelope<'a> {

@@ -89,8 +89,11 @@ impl Load<'_> {
             let staged = self.layout.layout(b);
             let mut rest: &mut [u8] = image;
             let mut consumed = 0;
-            // Packed layouts place tensors in block order, so the offsets only grow.
-            for (i, (t, s)) in self.blocks[b].tensors.iter().zip(staged).enumerate() {
+            // Visited in the order of their packed offsets (file order), which only grow.
+            let mut by_offset: Vec<usize> = (0..staged.len()).collect();
+            by_offset.sort_by_key(|&i| staged[i].offset);
+            for i in by_offset {
+                let (t, s) = (&self.blocks[b].tensors[i], &staged[i]);
                 if conversion(t, self.storage) != Conversion::Keep {
                     changing.push((b, i));
                     continue;

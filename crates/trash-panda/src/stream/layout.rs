@@ -5,7 +5,7 @@
 //! different (and differently rounding) paths for weights that are not aligned like the
 //! allocator's own blocks, and safetensors data is only 8-byte aligned in its file.
 //!
-//! - Converted blocks (a storage dtype, RAM tier) are packed in block order, each tensor's per-row
+//! - Converted blocks (a storage dtype, RAM tier) are packed in file order, each tensor's per-row
 //!   scales (if it was quantized) right after it; the load writes them into private images.
 //! - Blocks staged as stored are packed in file order (by file, then offset). Their tensors are
 //!   grouped into runs: tensors of one file that lie next to each other (gaps up to

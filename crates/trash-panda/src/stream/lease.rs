@@ -1,5 +1,6 @@
 //! A leased staging buffer: the block's bytes while it is copied to the device.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,6 +45,8 @@ pub struct Lease {
     pub(super) buf: Option<AlignedBuf>,
     pub(super) waited: Duration,
     pub(super) hit: bool,
+    /// Set by [`discard`](Self::discard): the staged bytes are not to be reused.
+    pub(super) discarded: AtomicBool,
 }
 
 impl Lease {
@@ -106,6 +109,12 @@ impl Lease {
     pub fn was_hit(&self) -> bool {
         self.hit
     }
+
+    /// Marks the staged bytes as spoiled (something wrote to them): when the lease goes, the
+    /// buffer comes back empty and the block is staged again before its next run.
+    pub fn discard(&self) {
+        self.discarded.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Drop for Lease {
@@ -115,7 +124,11 @@ impl Drop for Lease {
         let stamp = st.tick();
         let s = &mut st.slots[self.slot];
         s.buf = Some(buf);
-        s.state = SlotState::Ready(self.block);
+        s.state = if self.discarded.load(Ordering::Relaxed) {
+            SlotState::Empty
+        } else {
+            SlotState::Ready(self.block)
+        };
         s.stamp = stamp;
         drop(st);
         self.shared.cv.notify_all();

@@ -399,6 +399,7 @@ impl Engine {
             buf: Some(buf),
             waited,
             hit,
+            discarded: AtomicBool::new(false),
         })
     }
 

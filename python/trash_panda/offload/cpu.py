@@ -1,0 +1,106 @@
+"""The CPU backend: the CPU computes from the staging buffers themselves.
+
+A streamed tensor already in the compute dtype is used in place, as a view of its staging
+buffer (the lease is held until the block has run); the others are expanded by the core into
+the expansion buffer, at the offsets the core gives. Resident blocks with weights to expand use
+the same buffer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._dtypes import core_name
+from .work import ExpansionBuffer, SharedViews, Timing, modified_error, resident_offsets, swap
+
+if TYPE_CHECKING:
+    from .. import _core
+    from .state import BlockState, ModelState
+
+
+class CpuBackend:
+    def __init__(self, state: ModelState) -> None:
+        self.state = state
+        self.expansion = ExpansionBuffer(state.config.expansion_bytes, state.device)
+        self.layouts: dict[int, list[_core.StagedTensor]] = {}  # engine block -> its layout
+        self.offsets: dict[int, list[int | None]] = {}  # resident block -> expansion offsets
+        self.leases: dict[int, Any] = {}
+        self.shared = SharedViews()
+
+    def _layout(self, engine_index: int) -> list[_core.StagedTensor]:
+        found = self.layouts.get(engine_index)
+        if found is None:
+            assert self.state.engine is not None
+            found = self.layouts[engine_index] = self.state.engine.layout(engine_index)
+        return found
+
+    def bring(self, block: BlockState) -> Timing:
+        from torch.utils.dlpack import from_dlpack
+
+        timing = Timing()
+        if block.engine_index is None:
+            self._expand_resident(block)
+            return timing
+        assert self.state.engine is not None
+        layout = self._layout(block.engine_index)
+        lease = self.state.engine.acquire(block.engine_index)
+        timing.staged_wait = lease.waited
+        try:
+            items = []
+            for spec in block.work:
+                assert spec.staged_index is not None
+                staged = layout[spec.staged_index]
+                if staged.expand_at is None:
+                    raw = from_dlpack(lease.view(spec.staged_index))
+                    self.shared.hand(block, spec, raw.view(spec.target).reshape(spec.shape))
+                else:
+                    out = self.expansion.view(staged.expand_at, spec.shape, spec.target)
+                    items.append((spec.staged_index, out.reshape(-1)))
+                    swap(spec, out)
+            if items:
+                lease.expand_into(items, core_name(self.state.compute_dtype))
+        except BaseException:
+            self.shared.modified(block)
+            for spec in block.work:
+                swap(spec, None)
+            lease.release()
+            raise
+        timing.bytes = sum(s.info.nbytes for s in block.work)
+        if block.index in self.shared.views:
+            self.leases[block.index] = lease
+        else:
+            lease.release()
+        return timing
+
+    def _expand_resident(self, block: BlockState) -> None:
+        from .. import dtype as kernels
+
+        offsets = self.offsets.get(block.index)
+        if offsets is None:
+            offsets = self.offsets[block.index] = resident_offsets(self.state.config, block)
+        for spec, at in zip(block.work, offsets):
+            assert spec.resident is not None and at is not None
+            out = self.expansion.view(at, spec.shape, spec.target)
+            scale = spec.resident_scale
+            if scale is not None and spec.scale_kind == "row":
+                scale = scale.reshape(-1, 1)
+            kernels.expand(spec.resident, spec.target, scale, out=out)
+            swap(spec, out)
+
+    def done(self, block: BlockState) -> None:
+        changed = self.shared.modified(block)
+        for spec in block.work:
+            swap(spec, None)
+        lease = self.leases.pop(block.index, None)
+        if lease is not None:
+            if changed is not None:
+                lease.discard()
+            lease.release()  # the views are gone with the placeholders back
+        if changed is not None:
+            raise modified_error(changed)
+
+    def close(self) -> None:
+        for index in list(self.leases):
+            self.leases.pop(index).release()
+        self.shared.views.clear()
+        self.expansion.free()
