@@ -80,7 +80,9 @@ class SharedViews:
     def hand(self, block: BlockState, spec: TensorSpec, tensor: torch.Tensor) -> None:
         swap(spec, tensor)
         module, attr = spec.owners[0]
-        self.views.setdefault(block.index, []).append((spec, module._parameters[attr]._version))
+        param = module._parameters[attr]
+        assert param is not None
+        self.views.setdefault(block.index, []).append((spec, param._version))
 
     def modified(self, block: BlockState) -> str | None:
         """The name of a shared weight of ``block`` that was written to since it was handed

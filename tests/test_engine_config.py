@@ -1,0 +1,158 @@
+"""The plan is the truth about memory: what the runtime holds is what the plan counts."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from models import Tiny, save
+
+import trash_panda as tp
+from trash_panda import Plan, Tier, _core
+from trash_panda.offload import cuda as cuda_backend
+
+MiB = 1 << 20
+
+
+def rss_anon() -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def on_meta(**kw: Any) -> Tiny:
+    with torch.device("meta"):
+        return Tiny(**kw).eval()
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Eight blocks of 64 MiB each in bf16 (dim 2048: 8 x 2048^2 weights a block)."""
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = Tiny(dim=2048, layers=8, vocab=64).to(torch.bfloat16)
+    path = save(model, tmp_path_factory.mktemp("big") / "big.safetensors", torch.bfloat16)
+    del model
+    gc.collect()
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lookahead", [1, 2, 4])
+@pytest.mark.parametrize("compute", ["bf16", "f32"])
+def test_private_memory_stays_within_the_plan(big: Path, lookahead: int, compute: str) -> None:
+    """stream_load + install_offload + two passes take no more private memory than the plan's
+    resident, outside and held figures (host staging, expansion), plus 48 MiB of slack."""
+    model = on_meta(dim=2048, layers=8, vocab=64)
+    gc.collect()
+    _core.trim_heap()
+    before = rss_anon()
+    plan = tp.plan(model, big, vram=None, ram="64GB", min_free_ram=0, lookahead=lookahead,
+                   compute_dtype=compute, resident_blocks=2)
+    plan.assign(Tier.RAM, indices=[2, 3, 4]).assign(Tier.DISK, indices=[5, 6, 7])
+    tp.stream_load(model, big, plan=plan, device="cpu")
+    handle = tp.install_offload(model)
+    x = torch.randint(0, 64, (1, 4))
+    with torch.no_grad():
+        for _ in range(2):
+            model(x)
+    rise = rss_anon() - before
+    b = plan.budgets
+    assert b is not None
+    assert b.staging_buffers == lookahead + 1
+    counted = b.device_used + b.outside + b.held_on_device
+    tp.release(model, handle)
+    assert rise <= counted + 48 * MiB, (
+        f"private memory rose {rise / MiB:.0f} MiB; the plan counts {counted / MiB:.0f} MiB "
+        f"(resident {b.device_used / MiB:.0f}, outside {b.outside / MiB:.0f}, staging "
+        f"{b.host_staging / MiB:.0f}, expansion {b.expansion / MiB:.0f})")
+
+
+def test_in_place_write_to_a_streamed_weight_is_an_error(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        ref = Tiny(dim=32, layers=4, vocab=50).eval()
+    path = save(ref, tmp_path / "m.safetensors")
+    model = on_meta(dim=32, layers=4, vocab=50)
+    plan = Plan.manual(resident=["blocks.0."], streamed=["blocks.1.", "blocks.2.", "blocks.3."])
+    tp.stream_load(model, path, plan=plan, device="cpu")
+    handle = tp.install_offload(model)
+    x = torch.randint(0, 50, (1, 3))
+    with torch.no_grad():
+        want = ref(x)
+        assert torch.equal(model(x), want)
+        def write(m: torch.nn.Module, _args: Any) -> None:  # a buggy module's in-place update
+            m.weight.mul_(2)
+
+        hook = model.blocks[2].up.register_forward_pre_hook(write)
+        with pytest.raises(tp.StreamError, match=r"blocks\.2\.up\.weight.*modified in place"):
+            model(x)
+        hook.remove()
+        # The spoiled staged copy was dropped: the next pass reads the block again.
+        assert torch.equal(model(x), want)
+    tp.release(model, handle)
+
+
+class _FakeCudart:
+    """cudaHostRegister that fails on the call numbered ``fail_at``."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.fail_at = fail_at
+        self.calls = 0
+        self.registered: set[int] = set()
+
+    def cudaHostRegister(self, addr: int, size: int, flags: int) -> int:  # noqa: N802 - CUDA's name
+        self.calls += 1
+        if self.calls == self.fail_at:
+            return 2  # cudaErrorMemoryAllocation
+        self.registered.add(addr)
+        return 0
+
+    def cudaHostUnregister(self, addr: int) -> int:  # noqa: N802 - CUDA's name
+        self.registered.discard(addr)
+        return 0
+
+    def cudaGetErrorString(self, err: int) -> str:  # noqa: N802 - CUDA's name
+        return "out of memory"
+
+
+def _engine(tmp_path: Path) -> tuple[Any, Any]:
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        ref = Tiny(dim=32, layers=4, vocab=50).eval()
+    path = save(ref, tmp_path / "m.safetensors")
+    model = on_meta(dim=32, layers=4, vocab=50)
+    tp.stream_load(model, path, plan=Plan.manual(resident=[], streamed=[f"blocks.{i}." for i in range(4)]),
+                   device="cpu")
+    state = tp.offload.state.get_state(model)
+    assert state is not None and state.engine is not None
+    return model, state.engine
+
+
+def test_pinned_registration_failure_undoes_and_warns(tmp_path: Path) -> None:
+    model, engine = _engine(tmp_path)
+    assert len(engine.staging_buffers()) == 3
+    fake = _FakeCudart(fail_at=2)
+    with pytest.warns(UserWarning, match="could not pin.*out of memory"):
+        assert cuda_backend.register_pinned(fake, engine) is None
+    assert fake.registered == set(), "the registration that succeeded was undone"
+    tp.release(model)
+
+
+def test_pinned_registration_is_undone_when_dropped(tmp_path: Path) -> None:
+    model, engine = _engine(tmp_path)
+    fake = _FakeCudart(fail_at=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reg = cuda_backend.register_pinned(fake, engine)
+    assert reg is not None and len(fake.registered) == 3
+    del reg, engine  # a model dropped without release(): nothing stays registered
+    gc.collect()
+    assert fake.registered == set()
+    tp.release(model)
