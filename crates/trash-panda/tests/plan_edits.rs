@@ -124,18 +124,18 @@ fn json_round_trip_and_version() {
     let p = plan(&m, &f, &opts()).unwrap();
     let text = p.to_json();
     assert!(
-        text.starts_with("{\n  \"format\": \"trash-panda-plan\",\n  \"version\": 1,"),
+        text.starts_with("{\n  \"format\": \"trash-panda-plan\",\n  \"version\": 2,"),
         "{text}"
     );
     assert_eq!(Plan::from_json(&text).unwrap(), p);
-    let v2 = text.replace("\"version\": 1,", "\"version\": 2,");
-    let err = Plan::from_json(&v2).unwrap_err();
+    let v3 = text.replace("\"version\": 2,", "\"version\": 3,");
+    let err = Plan::from_json(&v3).unwrap_err();
     assert!(
         matches!(
             err,
             PlanError::Version {
-                found: 2,
-                supported: 1
+                found: 3,
+                supported: 2
             }
         ),
         "{err}"
