@@ -163,7 +163,7 @@ fn quantize_fp8(
 /// How scale tensor `name` of shape `scale` applies to a weight of shape `weight`: "tensor",
 /// "row" or "block" (the core's one classification).
 #[pyfunction]
-#[pyo3(signature = (name, weight, scale, block=dtype::SCALE_BLOCK))]
+#[pyo3(signature = (name, weight, scale, block=128))]
 fn scale_layout(
     name: &str,
     weight: Vec<usize>,
