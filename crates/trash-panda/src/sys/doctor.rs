@@ -73,7 +73,7 @@ impl DoctorReport {
             kernel,
             arch,
             cpu: platform::cpu_info(roots),
-            memory: MemoryFigures::probe_at(roots).map_err(|e| e.to_string()),
+            memory: platform::memory(roots).map_err(|e| e.to_string()),
             gpus,
             mount,
             read_probe,

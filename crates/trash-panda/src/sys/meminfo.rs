@@ -5,8 +5,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::cgroup::CgroupMemory;
-use super::{SysError, SysRoots};
+use super::cgroup::{self, CgroupMemory};
+use super::{read_text, SysError, SysRoots};
 
 /// The memory figures the planner works from. Fill it by hand (tests, `--ram`) or with
 /// [`MemoryFigures::probe`].
@@ -78,15 +78,21 @@ impl MemoryFigures {
             .is_some_and(|cg| cg.limit < self.total_ram)
     }
 
-    /// Probes the running machine.
+    /// Probes the running machine: `/proc/meminfo` and the cgroup on Linux,
+    /// `GlobalMemoryStatusEx` (with the commit charge) on Windows, `sysctl` and
+    /// `host_statistics64` on macOS.
     pub fn probe() -> Result<Self, SysError> {
-        Self::probe_at(&SysRoots::default())
+        super::platform::memory(&SysRoots::default())
     }
 
-    /// Probes a machine whose `/proc` and `/sys` are at `roots` (Linux; elsewhere the system is
-    /// asked and `roots` is not used).
+    /// Reads a Linux machine's figures from the `/proc` and `/sys` trees at `roots`
+    /// (`<proc>/meminfo` and the cgroup limit). A plain file reader, so tests of it run on
+    /// every platform.
     pub fn probe_at(roots: &SysRoots) -> Result<Self, SysError> {
-        super::platform::memory(roots)
+        let path = roots.proc.join("meminfo");
+        let mut figures = parse_meminfo(&path, &read_text(&path)?)?;
+        figures.cgroup = cgroup::probe(roots)?;
+        Ok(figures)
     }
 }
 

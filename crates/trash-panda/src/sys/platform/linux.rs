@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::super::doctor::{parse_cpuinfo, CpuInfo};
-use super::super::{cgroup, disk, meminfo, read_text, rss, MemoryFigures, MountInfo};
+use super::super::{disk, rss, MemoryFigures, MountInfo};
 use super::super::{SysError, SysRoots};
 pub(crate) use super::unix::{kernel_and_arch, DynLib};
 
@@ -17,10 +17,7 @@ pub(crate) const NVML_LIBRARIES: &[&str] = &["libnvidia-ml.so.1"];
 pub(crate) const HAS_CGROUPS: bool = true;
 
 pub(crate) fn memory(roots: &SysRoots) -> Result<MemoryFigures, SysError> {
-    let path = roots.proc.join("meminfo");
-    let mut figures = meminfo::parse_meminfo(&path, &read_text(&path)?)?;
-    figures.cgroup = cgroup::probe(roots)?;
-    Ok(figures)
+    MemoryFigures::probe_at(roots)
 }
 
 /// `/proc/self/statm`, kept open: it is regenerated on every read from offset 0, so one open
