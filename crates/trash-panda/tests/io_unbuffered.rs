@@ -62,7 +62,11 @@ fn unbuffered_reads_equal_buffered_reads_on_odd_sizes() {
         for (off, len) in ranges(size) {
             let mut want = vec![0u8; len];
             buffered.read_exact_at(off as u64, &mut want).unwrap();
-            assert_eq!(want, &data[off..off + len], "buffered {off}+{len} of {size}");
+            assert_eq!(
+                want,
+                &data[off..off + len],
+                "buffered {off}+{len} of {size}"
+            );
             let got = direct.read_direct(off as u64, len, &mut buf).unwrap();
             assert_eq!(got, &want[..], "read_direct {off}+{len} of {size}");
             let mut v = vec![0u8; len];
@@ -99,8 +103,20 @@ fn reads_past_the_end_fail_and_name_the_file() {
     let r = FileReader::open(f.path(), ReadMode::Direct).unwrap();
     let mut buf = AlignedBuf::new(3 * 4096).unwrap();
     let e = r.read_direct(4000, 200, &mut buf).unwrap_err();
-    assert!(matches!(e, IoError::OutOfRange { file_size: 4097, .. }), "{e}");
-    assert!(e.to_string().contains(&f.path().display().to_string()), "{e}");
+    assert!(
+        matches!(
+            e,
+            IoError::OutOfRange {
+                file_size: 4097,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains(&f.path().display().to_string()),
+        "{e}"
+    );
     // The positional read under the checkpoint header reader: a short file is UnexpectedEof.
     let file = std::fs::File::open(f.path()).unwrap();
     let mut head = [0u8; 16];
