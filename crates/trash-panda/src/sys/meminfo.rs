@@ -64,6 +64,13 @@ impl MemoryFigures {
         self.commit.map(|c| c.available)
     }
 
+    /// True for figures of a Windows machine, the only ones with a commit charge. The plan's
+    /// Windows-only warnings follow the figures, not the platform the planner runs on, so the
+    /// same figures give the same plan everywhere.
+    pub fn is_windows(&self) -> bool {
+        self.commit.is_some()
+    }
+
     /// True when the commit headroom, not the free RAM, decides what the plan may use.
     pub fn commit_below_available(&self) -> bool {
         self.commit_headroom()
