@@ -15,6 +15,7 @@ CARGO=${CARGO:-cargo}
 WIN=x86_64-pc-windows-gnu
 MAC=aarch64-apple-darwin
 cache=${TRASH_PANDA_CACHE:-$HOME/.cache/trash-panda}
+target_dir=${CARGO_TARGET_DIR:-$root/target}
 start=$(date +%s)
 
 say() { echo "cross: $*"; }
@@ -103,7 +104,7 @@ grep -E '^test .* ignored, ' "$log" | sed 's/^/cross:   skipped: /' || true
 say "trash-panda.exe under Wine against the Linux binary"
 $CARGO build --quiet --target "$WIN" -p trash-panda-cli
 set +e
-TRASH_PANDA_WINDOWS_EXE="$root/target/$WIN/debug/trash-panda.exe" TRASH_PANDA_WINE="$wine_bin" \
+TRASH_PANDA_WINDOWS_EXE="$target_dir/$WIN/debug/trash-panda.exe" TRASH_PANDA_WINE="$wine_bin" \
   $CARGO test -p trash-panda-cli --test wine_parity -- --ignored >"$log" 2>&1
 rc=$?
 set -e
@@ -118,10 +119,11 @@ grep -E '^test result' "$log" | sed 's/^/cross: parity: /'
 maturin=.venv/bin/maturin
 if [ -x "$maturin" ]; then
   say "abi3 wheel for Windows"
-  rm -rf target/wheels-windows
-  "$maturin" build --quiet --target "$WIN" --out target/wheels-windows >/dev/null 2>&1 \
-    || { "$maturin" build --target "$WIN" --out target/wheels-windows; exit 1; }
-  wheel=$(ls target/wheels-windows/*-abi3-win_amd64.whl)
+  wheels="$target_dir/wheels-windows"
+  rm -rf "$wheels"
+  "$maturin" build --quiet --target "$WIN" --out "$wheels" >/dev/null 2>&1 \
+    || { "$maturin" build --target "$WIN" --out "$wheels"; exit 1; }
+  wheel=$(ls "$wheels"/*-abi3-win_amd64.whl)
   python3 - "$wheel" <<'EOF'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
