@@ -248,10 +248,15 @@ pub(crate) fn mount_of(_roots: &SysRoots, path: &Path) -> Result<MountInfo, SysE
     if ok == 0 {
         return Err(read_err(std::io::Error::last_os_error()));
     }
+    let label = from_wide(&label);
     Ok(MountInfo {
         mount_point: from_wide(&root),
         fs_type: from_wide(&fs_type),
-        source: from_wide(&label),
+        source: if label.is_empty() {
+            "unlabelled volume".into()
+        } else {
+            label
+        },
         device: format!("{serial:08X}"),
     })
 }
