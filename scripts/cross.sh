@@ -61,6 +61,14 @@ wineserver_bin=$(command -v wineserver || echo /usr/lib/wine/wineserver64)
 stub=scripts/wine/bcryptprimitives
 key=$( ("$wine_bin" --version; cat "$stub.c" "$stub.def") | sha256sum | cut -c1-12)
 export WINEPREFIX="$cache/wine-$key"
+mkdir -p "$cache"
+# Checkouts on one machine share the prefix: one run at a time uses it (another waits here),
+# so ending the wineserver below never ends someone else's tests.
+exec 9>"$WINEPREFIX.lock"
+if ! flock -w 900 9; then
+  say "another run has held $WINEPREFIX for 15 minutes (a hung Wine?): giving up"
+  exit 1
+fi
 export WINEDEBUG=-all
 # No Mono or Gecko: nothing here needs .NET or a browser, and their installers would prompt.
 export WINEDLLOVERRIDES="mscoree,mshtml="
