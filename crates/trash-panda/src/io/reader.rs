@@ -322,8 +322,9 @@ impl FileReader {
         Ok(Some(done))
     }
 
-    /// After a refusal (EINVAL, ERROR_INVALID_PARAMETER): gives up on O_DIRECT unless it has already worked for this file, in which
-    /// case EINVAL is a real error (a bug in our alignment) and must not be hidden.
+    /// After a refusal (EINVAL; ERROR_INVALID_PARAMETER on Windows): gives up on unbuffered
+    /// reads unless they have already worked for this file, in which case the refusal is a real
+    /// error (a bug in our alignment) and must not be hidden.
     fn may_fall_back(&self) -> bool {
         let swapped = self.direct_state.compare_exchange(
             DIRECT_UNTRIED,

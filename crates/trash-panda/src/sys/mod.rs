@@ -2,8 +2,8 @@
 //!
 //! On Linux every probe reads from a root directory given by the caller ([`SysRoots`]), so tests
 //! run on fake `/proc` and `/sys` trees; on Windows and macOS the probes ask the system (what
-//! differs lives in `platform`, one module per system). The planner never probes by itself: it takes the figures a
-//! probe (or a test, or the user) filled in.
+//! differs lives in `platform`, one module per system). The planner never probes by itself: it
+//! takes the figures a probe (or a test, or the user) filled in.
 
 pub mod cgroup;
 pub mod disk;

@@ -27,6 +27,16 @@ mod imp;
 #[path = "windows.rs"]
 mod imp;
 
+#[cfg(not(any(
+    target_os = "linux",
+    target_os = "android",
+    target_os = "freebsd",
+    target_os = "macos",
+    target_os = "ios",
+    windows
+)))]
+compile_error!("trash-panda's io layer has modules for Linux, Windows and macOS only");
+
 #[cfg(unix)]
 mod unix;
 

@@ -83,7 +83,7 @@ pub(crate) const CAN_DROP_CACHE: bool = false;
 
 pub(crate) fn drop_cache(_file: &File) -> Result<(), OpError> {
     Err((
-        "dropping a file's cached pages (Windows has no per-file eviction without administrator rights)",
+        "dropping a file's cached pages (Windows cannot evict one file without admin rights)",
         io::Error::from(io::ErrorKind::Unsupported),
     ))
 }
