@@ -13,7 +13,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export PYTHONPATH := $(CURDIR)/python
 EXT := python/trash_panda/_core.abi3.so
 
-.PHONY: demo test venv build rust-test lint py-test stubs fmt bench-read bench-convert bench-stage bench-stream clean
+.PHONY: demo test venv build rust-test lint py-test stubs cross fmt bench-read bench-convert bench-stage bench-stream clean
 
 venv:
 	@bash scripts/venv.sh
@@ -42,7 +42,12 @@ stubs: build
 	$(PY) -m mypy.stubtest trash_panda._core
 	$(PY) -m mypy
 
-test: rust-test lint py-test stubs
+# Windows and macOS: clippy for both, the core's and the CLI's tests under Wine, the Windows
+# exe against the Linux binary, the Windows wheel (scripts/cross.sh says what it skips and why).
+cross: venv
+	@bash scripts/cross.sh
+
+test: rust-test lint py-test stubs cross
 
 bench-read:
 	$(CARGO) run --release -p trash-panda-bench --bin bench-read

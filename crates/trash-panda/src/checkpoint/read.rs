@@ -17,10 +17,10 @@ pub trait HeaderSource {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 }
 
-#[cfg(unix)]
 impl HeaderSource for std::fs::File {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        std::os::unix::fs::FileExt::read_exact_at(self, buf, offset)
+        // The platform's positional read (pread, or ReadFile at an OVERLAPPED offset).
+        crate::io::read_exact_at(self, buf, offset)
     }
 }
 

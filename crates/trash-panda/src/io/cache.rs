@@ -3,7 +3,7 @@
 use std::fs::File;
 use std::path::Path;
 
-use super::IoError;
+use super::{platform, IoError};
 
 fn cache_err(path: &Path, op: &'static str, source: std::io::Error) -> IoError {
     IoError::Cache {
@@ -20,37 +20,28 @@ fn open(path: &Path) -> Result<File, IoError> {
     })
 }
 
-/// Asks the kernel to drop `path`'s pages from the page cache (`POSIX_FADV_DONTNEED`).
+/// Asks the system to drop `path`'s pages from the page cache (`POSIX_FADV_DONTNEED` on Linux).
 ///
 /// Dirty pages are written back first, since DONTNEED skips them. Pages that some process has
-/// mapped stay cached; check with [`cached_bytes`].
-#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+/// mapped stay cached; check with [`cached_bytes`]. Windows and macOS cannot evict one file's
+/// pages without administrator rights: there this is an [`IoError::Cache`] whose source is
+/// `Unsupported`, and callers measure warm (see [`can_drop_cache`]).
 pub fn drop_cache(path: impl AsRef<Path>) -> Result<(), IoError> {
-    use std::os::fd::AsRawFd;
     let path = path.as_ref();
     let file = open(path)?;
     file.sync_data()
-        .map_err(|e| cache_err(path, "fdatasync", e))?;
-    // SAFETY: posix_fadvise only reads its integer arguments; the descriptor is open for the call.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        // posix_fadvise returns the error number instead of setting errno.
-        let e = std::io::Error::from_raw_os_error(rc);
-        return Err(cache_err(path, "posix_fadvise(DONTNEED)", e));
-    }
-    Ok(())
+        .map_err(|e| cache_err(path, "sync_data", e))?;
+    platform::drop_cache(&file).map_err(|(op, e)| cache_err(path, op, e))
 }
 
-/// Not available on this platform: always an error.
-#[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
-pub fn drop_cache(path: impl AsRef<Path>) -> Result<(), IoError> {
-    let path = path.as_ref();
-    let e = std::io::Error::from(std::io::ErrorKind::Unsupported);
-    Err(cache_err(path, "posix_fadvise(DONTNEED)", e))
+/// Whether [`drop_cache`] can work on this platform at all (false on Windows and macOS, where a
+/// "cold" read is only cold after a reboot or memory pressure).
+pub fn can_drop_cache() -> bool {
+    platform::CAN_DROP_CACHE
 }
 
 /// How many bytes of `path` are in the page cache now (`mincore` over a temporary map that
-/// touches no page).
+/// touches no page). Not available on Windows.
 pub fn cached_bytes(path: impl AsRef<Path>) -> Result<u64, IoError> {
     let path = path.as_ref();
     let file = open(path)?;
@@ -65,7 +56,7 @@ pub fn cached_bytes(path: impl AsRef<Path>) -> Result<u64, IoError> {
     // SAFETY: the map is only passed to mincore, never read, so a concurrent change of the file
     // cannot affect us.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| cache_err(path, "mmap", e))?;
-    let page = page_size();
+    let page = platform::page_size();
     // Windows of 1 GiB keep the residency vector small for huge files.
     let window = page * 262_144;
     let mut vec = vec![0u8; window / page];
@@ -74,19 +65,9 @@ pub fn cached_bytes(path: impl AsRef<Path>) -> Result<u64, IoError> {
     while start < map.len() {
         let n = window.min(map.len() - start);
         let pages = n.div_ceil(page);
-        // SAFETY: `map.as_ptr() + start` is page aligned (maps start on a page and `start` is a
-        // multiple of the page size), `n` bytes lie inside the map, and `vec` has room for
-        // `pages` entries, one per page of the window, as mincore requires.
-        let rc = unsafe {
-            libc::mincore(
-                map.as_ptr().add(start) as *mut libc::c_void,
-                n,
-                vec.as_mut_ptr().cast(),
-            )
-        };
-        if rc != 0 {
-            return Err(cache_err(path, "mincore", std::io::Error::last_os_error()));
-        }
+        // `start` is a multiple of the page size, so the window starts on a page.
+        platform::page_residency(&map[start..start + n], &mut vec[..pages])
+            .map_err(|(op, e)| cache_err(path, op, e))?;
         for (i, &v) in vec[..pages].iter().enumerate() {
             if v & 1 != 0 {
                 let page_start = start + i * page;
@@ -98,22 +79,16 @@ pub fn cached_bytes(path: impl AsRef<Path>) -> Result<u64, IoError> {
     Ok(cached)
 }
 
-fn page_size() -> usize {
-    // SAFETY: sysconf only reads its argument.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
 
     #[test]
+    #[cfg_attr(
+        not(target_os = "linux"),
+        ignore = "only Linux can evict one file's pages (posix_fadvise) and count them"
+    )]
     fn drop_then_read_then_count() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
         std::fs::create_dir_all(&dir).unwrap();

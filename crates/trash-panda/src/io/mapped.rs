@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use memmap2::{Mmap, MmapMut, MmapOptions};
 
-use super::IoError;
+use super::{platform, IoError};
 
 enum Map {
     Shared(Mmap),
@@ -17,7 +17,9 @@ enum Map {
 /// A whole file mapped into memory, keeping its path for error messages.
 ///
 /// The map assumes the file is not truncated or rewritten while mapped (checkpoints are not);
-/// if it is, reading the vanished part raises SIGBUS, as with any memory map.
+/// if it is, reading the vanished part raises SIGBUS (an in-page error on Windows), as with any
+/// memory map. On Windows a private map charges the whole file to the commit limit when it is
+/// made; a shared read-only one charges nothing.
 pub struct MappedFile {
     path: PathBuf,
     map: Map,
@@ -101,20 +103,13 @@ impl MappedFile {
         Ok(&self.bytes()[range])
     }
 
-    /// Asks the kernel to read `range` ahead (`MADV_WILLNEED`); it returns at once.
+    /// Asks the system to read `range` ahead (`MADV_WILLNEED`, or `PrefetchVirtualMemory` on
+    /// Windows); it returns at once.
     pub fn advise_willneed(&self, range: Range<usize>) -> Result<(), IoError> {
         let range = self.check(range.start, range.end)?;
-        if range.is_empty() {
-            return Ok(());
-        }
-        let advice = memmap2::Advice::WillNeed;
-        let res = match &self.map {
-            Map::Shared(m) => m.advise_range(advice, range.start, range.len()),
-            Map::Private(m) => m.advise_range(advice, range.start, range.len()),
-        };
-        res.map_err(|source| IoError::Cache {
+        platform::prefetch(&self.bytes()[range]).map_err(|(op, source)| IoError::Cache {
             path: self.path.clone(),
-            op: "madvise(WILLNEED)",
+            op,
             source,
         })
     }

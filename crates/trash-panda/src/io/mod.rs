@@ -1,5 +1,6 @@
-//! Byte sources: memory maps, positional reads, O_DIRECT reads, parallel range reads, and page
-//! cache control for cold measurements.
+//! Byte sources: memory maps, positional reads, unbuffered reads, parallel range reads, and page
+//! cache control for cold measurements. What differs between Linux, Windows and macOS lives in
+//! `platform`, one module per system behind the same functions.
 //!
 //! Everything here reports failures as [`IoError`], naming the file and the byte range.
 
@@ -8,13 +9,16 @@ mod cache;
 mod error;
 mod mapped;
 mod parallel;
+mod platform;
 mod reader;
 mod stats;
 
 pub use aligned::{AlignedBuf, DIRECT_ALIGN};
-pub use cache::{cached_bytes, drop_cache};
+pub use cache::{cached_bytes, can_drop_cache, drop_cache};
 pub use error::IoError;
 pub use mapped::MappedFile;
 pub use parallel::{read_ranges, read_ranges_with, ReadOptions, ReadRequest, DEFAULT_CHUNK_SIZE};
+pub(crate) use platform::page_size;
+pub use platform::read_exact_at;
 pub use reader::{FileReader, ReadMode};
 pub use stats::ReadStats;

@@ -1,13 +1,13 @@
-//! Positional reads into caller buffers: buffered `pread`, or O_DIRECT with a transparent fallback.
+//! Positional reads into caller buffers: buffered, or unbuffered (O_DIRECT on Linux,
+//! FILE_FLAG_NO_BUFFERING on Windows, F_NOCACHE on macOS) with a transparent fallback.
 
 use std::fmt;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::aligned::{align_down, align_up, AlignedBuf, DIRECT_ALIGN};
-use super::IoError;
+use super::{platform, IoError};
 
 /// How a [`FileReader`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -15,7 +15,8 @@ use super::IoError;
 pub enum ReadMode {
     /// `pread` through the page cache.
     Buffered,
-    /// `pread` with O_DIRECT: straight from the drive into aligned memory, bypassing the cache.
+    /// Unbuffered `pread`: straight from the drive into aligned memory, bypassing the cache
+    /// (see [`FileReader::unbuffered_flag`] for what the platform uses).
     Direct,
 }
 
@@ -71,7 +72,7 @@ impl FileReader {
         let buffered = File::open(path).map_err(open_err)?;
         let size = buffered.metadata().map_err(open_err)?.len();
         let direct = match mode {
-            ReadMode::Direct => open_direct(path).map_err(open_err)?,
+            ReadMode::Direct => platform::open_unbuffered(path).map_err(open_err)?,
             ReadMode::Buffered => None,
         };
         let state = if direct.is_some() {
@@ -117,6 +118,23 @@ impl FileReader {
         } else {
             ReadMode::Buffered
         }
+    }
+
+    /// What this platform opens unbuffered files with: `O_DIRECT`, `FILE_FLAG_NO_BUFFERING` or
+    /// `F_NOCACHE`.
+    pub fn unbuffered_flag() -> &'static str {
+        platform::UNBUFFERED
+    }
+
+    /// Asks the system to start reading `offset..offset + len` into the cache (advice only: it
+    /// returns at once, and does nothing where the platform has no such call).
+    pub fn advise_read(&self, offset: u64, len: u64) -> Result<(), IoError> {
+        self.check_range(offset, usize::try_from(len).unwrap_or(usize::MAX))?;
+        platform::advise_read(&self.buffered, offset, len).map_err(|(op, source)| IoError::Cache {
+            path: self.path.clone(),
+            op,
+            source,
+        })
     }
 
     /// The alignment of offsets, lengths and addresses that O_DIRECT reads use.
@@ -272,9 +290,9 @@ impl FileReader {
         let mut done = 0usize;
         while done < dst.len() {
             let res = if self.refuse_direct_reads {
-                Err(std::io::Error::from_raw_os_error(libc::EINVAL))
+                Err(platform::refusal())
             } else {
-                file.read_at(&mut dst[done..], offset + done as u64)
+                platform::read_at(file, &mut dst[done..], offset + done as u64)
             };
             match res {
                 Ok(0) => break,
@@ -287,7 +305,7 @@ impl FileReader {
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && self.may_fall_back() => {
+                Err(e) if platform::is_refusal(&e) && self.may_fall_back() => {
                     return Ok(None);
                 }
                 Err(source) => {
@@ -304,8 +322,9 @@ impl FileReader {
         Ok(Some(done))
     }
 
-    /// After EINVAL: gives up on O_DIRECT unless it has already worked for this file, in which
-    /// case EINVAL is a real error (a bug in our alignment) and must not be hidden.
+    /// After a refusal (EINVAL; ERROR_INVALID_PARAMETER on Windows): gives up on unbuffered
+    /// reads unless they have already worked for this file, in which case the refusal is a real
+    /// error (a bug in our alignment) and must not be hidden.
     fn may_fall_back(&self) -> bool {
         let swapped = self.direct_state.compare_exchange(
             DIRECT_UNTRIED,
@@ -320,7 +339,7 @@ impl FileReader {
         let mut done = 0usize;
         while done < dst.len() {
             let at = offset + done as u64;
-            match self.buffered.read_at(&mut dst[done..], at) {
+            match platform::read_at(&self.buffered, &mut dst[done..], at) {
                 Ok(0) => return Err(self.eof(offset, dst.len(), at)),
                 Ok(n) => done += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -345,27 +364,6 @@ impl FileReader {
             got_to,
         }
     }
-}
-
-/// Opens with O_DIRECT; `Ok(None)` when the filesystem refuses it (EINVAL) or the platform has no
-/// O_DIRECT, so the caller reads buffered instead.
-#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
-fn open_direct(path: &Path) -> std::io::Result<Option<File>> {
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-    {
-        Ok(f) => Ok(Some(f)),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
-fn open_direct(_path: &Path) -> std::io::Result<Option<File>> {
-    Ok(None)
 }
 
 impl fmt::Debug for FileReader {

@@ -33,6 +33,9 @@ pub enum WarningKind {
     },
     /// The activation reserve is the default guess, not a measurement.
     HeadroomNotMeasured { headroom: u64 },
+    /// Windows figures: the plan leaves less GPU memory free than the activation reserve, and
+    /// the driver spills what does not fit into shared system memory instead of failing.
+    SharedGpuMemory { free: u64, headroom: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,12 +96,30 @@ fn message(kind: &WarningKind) -> String {
             b(needed),
             b(available)
         ),
+        SharedGpuMemory { free, headroom } => format!(
+            "the plan leaves {} of GPU memory free, less than the {} kept for activations: on \
+             Windows the driver then spills into shared system memory and every step runs \
+             several times slower, with no error; lower resident_blocks, or set \"CUDA - Sysmem \
+             Fallback Policy\" to \"Prefer No Sysmem Fallback\" in the NVIDIA Control Panel so it \
+             fails loudly",
+            b(free),
+            b(headroom)
+        ),
         HeadroomNotMeasured { headroom } => format!(
             "activation memory not measured: keeping the default headroom_vram of {}; measure \
              it with measure_activation_vram() and pass activation_vram=",
             b(headroom)
         ),
     }
+}
+
+/// What the plan leaves free on the GPU, when that is less than the activation reserve: the free
+/// VRAM (not `max_vram`, which only caps the plan) minus everything the plan puts there.
+fn shared_memory_shortfall(free_vram: u64, budgets: &Budgets) -> Option<u64> {
+    let taken =
+        budgets.device_used + budgets.device_staging + budgets.expanded_block + budgets.outside;
+    let free = free_vram.saturating_sub(taken);
+    (free < budgets.reserve).then_some(free)
 }
 
 pub(crate) fn collect(plan: &Plan, budgets: &Budgets, figures: &Figures) -> Vec<Warning> {
@@ -164,6 +185,18 @@ pub(crate) fn collect(plan: &Plan, budgets: &Budgets, figures: &Figures) -> Vec<
             block: block.name.clone(),
             needed,
             available,
+        }));
+    }
+    if let Some(free) = figures
+        .free_vram
+        .and_then(|free_vram| shared_memory_shortfall(free_vram, budgets))
+        // NVIDIA's Windows driver moves what does not fit into shared system memory instead
+        // of failing; elsewhere a full GPU fails to allocate, which DeviceOverBudget covers.
+        .filter(|_| figures.memory.is_windows())
+    {
+        out.push(Warning::new(WarningKind::SharedGpuMemory {
+            free,
+            headroom: budgets.reserve,
         }));
     }
     if budgets.gpu && !budgets.reserve_measured {

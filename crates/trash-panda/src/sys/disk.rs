@@ -1,4 +1,5 @@
-//! The filesystem holding a path (from `/proc/self/mountinfo`) and a short cold-read probe.
+//! The filesystem holding a path (from `/proc/self/mountinfo` on Linux, the volume on Windows,
+//! `statfs` on macOS) and a short cold-read probe.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -20,8 +21,14 @@ pub struct MountInfo {
     pub device: String,
 }
 
-/// Finds the mount holding `path` (made absolute first) in `<proc>/self/mountinfo`.
+/// Finds the mount (the volume, on Windows) holding `path`.
 pub fn mount_of(roots: &SysRoots, path: &Path) -> Result<MountInfo, SysError> {
+    super::platform::mount_of(roots, path)
+}
+
+/// Finds the mount holding `path` (made absolute first) in `<proc>/self/mountinfo`: Linux's
+/// [`mount_of`].
+pub fn mount_of_in_mountinfo(roots: &SysRoots, path: &Path) -> Result<MountInfo, SysError> {
     let absolute = std::fs::canonicalize(path).map_err(|source| SysError::Read {
         path: path.to_path_buf(),
         source,
@@ -88,7 +95,8 @@ pub struct ReadProbe {
     pub bytes_read: u64,
     pub seconds: f64,
     pub mb_per_s: f64,
-    /// False when the page cache could not be dropped, so the figure may be a warm read.
+    /// False when the page cache could not be dropped (always on Windows and macOS, which cannot
+    /// evict one file's pages), so the figure may be a warm read.
     pub cache_dropped: bool,
 }
 
@@ -129,8 +137,8 @@ pub fn read_speed(dir: &Path, file_bytes: u64, limit: Duration) -> Result<ReadPr
     }
     file.sync_all().map_err(err("sync"))?;
     drop(file);
+    let cache_dropped = crate::io::drop_cache(&guard.0).is_ok();
     let mut file = File::open(&guard.0).map_err(err("open"))?;
-    let cache_dropped = drop_cache(&file);
     let mut buffer = vec![0u8; CHUNK];
     let mut bytes_read = 0u64;
     let start = Instant::now();
@@ -157,14 +165,6 @@ pub fn read_speed(dir: &Path, file_bytes: u64, limit: Duration) -> Result<ReadPr
     })
 }
 
-fn drop_cache(file: &File) -> bool {
-    use std::os::fd::AsRawFd;
-    // SAFETY: the descriptor is open for the lifetime of `file`; posix_fadvise only advises the
-    // kernel about its cached pages and touches no memory of ours.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    rc == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,6 +188,10 @@ garbage line\n";
     }
 
     #[test]
+    #[cfg_attr(
+        not(target_os = "linux"),
+        ignore = "reads a fake /proc/self/mountinfo, which only the Linux probe uses"
+    )]
     fn finds_the_deepest_mount() {
         let dir = tempfile::tempdir().unwrap();
         let roots = SysRoots::under(dir.path());
@@ -216,6 +220,7 @@ garbage line\n";
         assert!(p.mb_per_s > 0.0);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         let err = read_speed(Path::new("/no/such/dir"), 1, Duration::from_secs(1)).unwrap_err();
-        assert!(err.to_string().contains("/no/such/dir"), "{err}");
+        let shown = Path::new("/no/such/dir").display().to_string();
+        assert!(err.to_string().contains(&shown), "{err}");
     }
 }

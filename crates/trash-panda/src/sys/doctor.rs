@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::disk::{self, MountInfo, ReadProbe};
 use super::meminfo::MemoryFigures;
 use super::nvml::{self, GpuProbe};
-use super::SysRoots;
+use super::{platform, SysRoots};
 use crate::units::format_bytes;
 
 /// CPU flags that matter for the conversion kernels.
@@ -67,59 +67,18 @@ impl DoctorReport {
             }
             _ => None,
         };
-        let (kernel, arch) = uname();
+        let (kernel, arch) = platform::kernel_and_arch();
         DoctorReport {
-            os: os_name(roots),
+            os: platform::os_name(roots),
             kernel,
             arch,
-            cpu: cpu_info(roots),
-            memory: MemoryFigures::probe_at(roots).map_err(|e| e.to_string()),
+            cpu: platform::cpu_info(roots),
+            memory: platform::memory(roots).map_err(|e| e.to_string()),
             gpus,
             mount,
             read_probe,
         }
     }
-}
-
-fn os_name(roots: &SysRoots) -> Result<String, String> {
-    let path = roots.etc.join("os-release");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let value = |key: &str| {
-        text.lines()
-            .filter_map(|l| l.split_once('='))
-            .find(|(k, _)| k.trim() == key)
-            .map(|(_, v)| v.trim().trim_matches('"').to_string())
-    };
-    value("PRETTY_NAME")
-        .or_else(|| value("NAME"))
-        .ok_or_else(|| format!("{}: no PRETTY_NAME or NAME", path.display()))
-}
-
-fn uname() -> (String, String) {
-    // SAFETY: utsname is plain old data, so all zeroes is a valid value.
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    // SAFETY: u is a valid, writable utsname; uname fills it with NUL-terminated strings.
-    if unsafe { libc::uname(&mut u) } != 0 {
-        return ("unknown".into(), std::env::consts::ARCH.into());
-    }
-    let field = |f: &[libc::c_char]| {
-        let bytes: Vec<u8> = f
-            .iter()
-            .take_while(|&&c| c != 0)
-            .map(|&c| c as u8)
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
-    };
-    (
-        format!("{} {}", field(&u.sysname), field(&u.release)),
-        field(&u.machine),
-    )
-}
-
-fn cpu_info(roots: &SysRoots) -> Result<CpuInfo, String> {
-    let path = roots.proc.join("cpuinfo");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(parse_cpuinfo(&text))
 }
 
 /// Parses `/proc/cpuinfo`: the first model name, the number of processors, the flags of interest.
@@ -188,6 +147,19 @@ impl fmt::Display for DoctorReport {
                     format_bytes(m.swap_total),
                     format_bytes(m.swap_free)
                 )?;
+                if let Some(c) = &m.commit {
+                    writeln!(
+                        f,
+                        "commit:  {} limit, {} available{}",
+                        format_bytes(c.limit),
+                        format_bytes(c.available),
+                        if m.commit_below_available() {
+                            " (below the free RAM: plans use the commit headroom)"
+                        } else {
+                            ""
+                        }
+                    )?;
+                }
                 match &m.cgroup {
                     Some(cg) => writeln!(
                         f,
@@ -197,7 +169,8 @@ impl fmt::Display for DoctorReport {
                         cg.usage.map_or("unknown".into(), format_bytes),
                         cg.path
                     )?,
-                    None => writeln!(f, "cgroup:  no memory limit")?,
+                    None if platform::HAS_CGROUPS => writeln!(f, "cgroup:  no memory limit")?,
+                    None => {}
                 }
             }
             Err(e) => writeln!(f, "ram:     {e}")?,
@@ -253,6 +226,10 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(
+        not(target_os = "linux"),
+        ignore = "reads fake /proc and /etc trees, which only the Linux probes use"
+    )]
     fn report_from_fake_tree() {
         let dir = tempfile::tempdir().unwrap();
         let roots = SysRoots::under(dir.path());
@@ -290,6 +267,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        not(target_os = "linux"),
+        ignore = "reads fake /proc and /etc trees, which only the Linux probes use"
+    )]
     fn missing_files_are_sections_not_failures() {
         let dir = tempfile::tempdir().unwrap();
         let roots = SysRoots::under(dir.path());

@@ -4,18 +4,10 @@
 ///
 /// glibc keeps memory freed by large `free` calls in its arenas once its mmap threshold has grown,
 /// so after a model is released the process can look as large as before. Returns whether any
-/// memory was released; a no-op elsewhere than glibc.
+/// memory was released; a no-op elsewhere than glibc (the Windows and macOS allocators give
+/// large blocks back on free).
 pub fn trim_heap() -> bool {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // SAFETY: malloc_trim only walks glibc's own arenas under their locks; it takes no
-        // pointers from us and is safe to call from any thread at any time.
-        unsafe { libc::malloc_trim(0) == 1 }
-    }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    {
-        false
-    }
+    super::platform::trim_heap()
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! RAM and swap from `/proc/meminfo`, combined with the cgroup limit into one usable figure.
+//! RAM and swap (from `/proc/meminfo` on Linux), combined with the cgroup limit (Linux) or the
+//! commit charge (Windows) into one usable figure.
 
 use std::path::Path;
 
@@ -19,6 +20,20 @@ pub struct MemoryFigures {
     pub swap_free: u64,
     /// The tightest memory limit of the process's cgroup, if any.
     pub cgroup: Option<CgroupMemory>,
+    /// Windows' commit charge: absent elsewhere (and absent from JSON when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<CommitCharge>,
+}
+
+/// Windows charges private memory (heap, copy-on-write maps, tensors read into RAM) to the
+/// commit limit, RAM plus page files, when it is allocated, not when it is touched. A process
+/// past the limit fails to allocate even with RAM free, so the limit caps the RAM plan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitCharge {
+    /// The commit limit: RAM plus the page files' current size.
+    pub limit: u64,
+    /// What is left of it.
+    pub available: u64,
 }
 
 impl MemoryFigures {
@@ -31,13 +46,35 @@ impl MemoryFigures {
         }
     }
 
-    /// The RAM this process can still use: the smaller of MemAvailable and what the cgroup
-    /// limit leaves (limit minus usage; the limit alone when usage cannot be read).
+    /// The RAM this process can still use: the smallest of MemAvailable, what the cgroup limit
+    /// leaves (limit minus usage; the limit alone when usage cannot be read) and, on Windows,
+    /// the commit headroom.
     pub fn usable_ram(&self) -> u64 {
-        match &self.cgroup {
-            Some(cg) => self.available_ram.min(cg.headroom()),
-            None => self.available_ram,
-        }
+        let cgroup = self
+            .cgroup
+            .as_ref()
+            .map_or(u64::MAX, CgroupMemory::headroom);
+        self.available_ram
+            .min(cgroup)
+            .min(self.commit_headroom().unwrap_or(u64::MAX))
+    }
+
+    /// What the commit limit still allows (Windows only).
+    pub fn commit_headroom(&self) -> Option<u64> {
+        self.commit.map(|c| c.available)
+    }
+
+    /// True for figures of a Windows machine, the only ones with a commit charge. The plan's
+    /// Windows-only warnings follow the figures, not the platform the planner runs on, so the
+    /// same figures give the same plan everywhere.
+    pub fn is_windows(&self) -> bool {
+        self.commit.is_some()
+    }
+
+    /// True when the commit headroom, not the free RAM, decides what the plan may use.
+    pub fn commit_below_available(&self) -> bool {
+        self.commit_headroom()
+            .is_some_and(|c| c < self.available_ram)
     }
 
     /// True when a cgroup limit is set below the machine's RAM: then the limit, not the RAM,
@@ -48,12 +85,16 @@ impl MemoryFigures {
             .is_some_and(|cg| cg.limit < self.total_ram)
     }
 
-    /// Probes the running machine.
+    /// Probes the running machine: `/proc/meminfo` and the cgroup on Linux,
+    /// `GlobalMemoryStatusEx` (with the commit charge) on Windows, `sysctl` and
+    /// `host_statistics64` on macOS.
     pub fn probe() -> Result<Self, SysError> {
-        Self::probe_at(&SysRoots::default())
+        super::platform::memory(&SysRoots::default())
     }
 
-    /// Probes a machine whose `/proc` and `/sys` are at `roots`.
+    /// Reads a Linux machine's figures from the `/proc` and `/sys` trees at `roots`
+    /// (`<proc>/meminfo` and the cgroup limit). A plain file reader, so tests of it run on
+    /// every platform.
     pub fn probe_at(roots: &SysRoots) -> Result<Self, SysError> {
         let path = roots.proc.join("meminfo");
         let mut figures = parse_meminfo(&path, &read_text(&path)?)?;
@@ -98,6 +139,7 @@ pub fn parse_meminfo(path: &Path, text: &str) -> Result<MemoryFigures, SysError>
         swap_total: field("SwapTotal")?.unwrap_or(0),
         swap_free: field("SwapFree")?.unwrap_or(0),
         cgroup: None,
+        commit: None,
     })
 }
 
@@ -135,9 +177,31 @@ mod tests {
     }
 
     #[test]
+    fn commit_headroom_caps_usable_ram_where_it_is_tighter() {
+        let mut f = MemoryFigures::with_ram(16 << 30);
+        f.commit = Some(CommitCharge {
+            limit: 24 << 30,
+            available: 6 << 30,
+        });
+        assert_eq!(f.usable_ram(), 6 << 30);
+        assert!(f.commit_below_available());
+        f.commit = Some(CommitCharge {
+            limit: 40 << 30,
+            available: 30 << 30,
+        });
+        assert_eq!(f.usable_ram(), 16 << 30);
+        assert!(!f.commit_below_available());
+        // Absent on Linux, and then absent from the JSON the plan carries.
+        let json = serde_json::to_string(&MemoryFigures::with_ram(1)).unwrap();
+        assert!(!json.contains("commit"), "{json}");
+    }
+
+    #[test]
     fn probes_the_real_machine() {
         // Linux CI and dev machines all have /proc/meminfo; the figures must be sane.
         let f = MemoryFigures::probe().unwrap();
         assert!(f.total_ram > 0 && f.usable_ram() <= f.total_ram);
+        // Only Windows has a commit charge.
+        assert_eq!(f.commit.is_some(), cfg!(windows));
     }
 }

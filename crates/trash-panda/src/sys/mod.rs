@@ -1,8 +1,9 @@
 //! Probes of the machine: RAM, cgroup limits, GPUs, disks.
 //!
-//! Every probe reads from a root directory given by the caller ([`SysRoots`]), so tests run on
-//! fake `/proc` and `/sys` trees. The planner never probes by itself: it takes the figures a
-//! probe (or a test, or the user) filled in.
+//! On Linux every probe reads from a root directory given by the caller ([`SysRoots`]), so tests
+//! run on fake `/proc` and `/sys` trees; on Windows and macOS the probes ask the system (what
+//! differs lives in `platform`, one module per system). The planner never probes by itself: it
+//! takes the figures a probe (or a test, or the user) filled in.
 
 pub mod cgroup;
 pub mod disk;
@@ -10,6 +11,7 @@ pub mod doctor;
 pub mod heap;
 pub mod meminfo;
 pub mod nvml;
+mod platform;
 pub mod rss;
 
 use std::path::{Path, PathBuf};
@@ -18,7 +20,7 @@ pub use cgroup::CgroupMemory;
 pub use disk::{MountInfo, ReadProbe};
 pub use doctor::DoctorReport;
 pub use heap::trim_heap;
-pub use meminfo::MemoryFigures;
+pub use meminfo::{CommitCharge, MemoryFigures};
 pub use nvml::{GpuDevice, GpuProbe};
 pub use rss::{current_rss, RssSampler, RssStats};
 
@@ -28,6 +30,13 @@ pub enum SysError {
     #[error("cannot read {path}: {source}")]
     Read {
         path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A system call of a probe failed (Windows and macOS, where there is no file to name).
+    #[error("{call} failed: {source}")]
+    Call {
+        call: &'static str,
         #[source]
         source: std::io::Error,
     },

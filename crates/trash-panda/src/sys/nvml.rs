@@ -1,11 +1,14 @@
 //! NVIDIA GPUs through NVML, loaded at run time.
 //!
-//! The library is opened with `dlopen` rather than linked, so the crate builds and runs on
-//! machines without a driver; there the probe says "no NVIDIA driver found" and nothing fails.
+//! The library (`libnvidia-ml.so.1` on Linux, `nvml.dll` on Windows) is loaded at run time
+//! rather than linked, so the crate builds and runs on machines without a driver; there the
+//! probe says "no NVIDIA driver found" and nothing fails. macOS has no NVML at all.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
 use serde::{Deserialize, Serialize};
+
+use super::platform::{DynLib, NVML_LIBRARIES};
 
 /// One GPU as NVML sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,7 +24,7 @@ pub struct GpuDevice {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum GpuProbe {
-    /// libnvidia-ml.so.1 could not be loaded: no NVIDIA driver on this machine.
+    /// NVML could not be loaded: no NVIDIA driver on this machine.
     NoDriver { reason: String },
     /// The driver is there but NVML reported an error.
     Failed { reason: String },
@@ -43,7 +46,6 @@ impl GpuProbe {
     }
 }
 
-const LIBRARY: &CStr = c"libnvidia-ml.so.1";
 const NVML_SUCCESS: c_int = 0;
 
 #[repr(C)]
@@ -62,24 +64,30 @@ type HandleFn = unsafe extern "C" fn(c_uint, *mut Device) -> c_int;
 type NameFn = unsafe extern "C" fn(Device, *mut c_char, c_uint) -> c_int;
 type MemoryFn = unsafe extern "C" fn(Device, *mut NvmlMemory) -> c_int;
 
-/// An opened libnvidia-ml; closed (and NVML shut down, if it was initialised) on drop.
+/// An opened NVML; NVML shut down (if it was initialised) and the library closed on drop.
 struct Library {
-    handle: *mut c_void,
+    lib: DynLib,
     initialised: bool,
 }
 
 impl Library {
     fn open() -> Result<Self, String> {
-        // SAFETY: LIBRARY is a NUL-terminated string constant; dlopen has no other
-        // preconditions and returns null on failure, which is checked.
-        let handle = unsafe { libc::dlopen(LIBRARY.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        if handle.is_null() {
-            return Err("no NVIDIA driver found (libnvidia-ml.so.1 cannot be loaded)".into());
+        if NVML_LIBRARIES.is_empty() {
+            return Err("no NVIDIA driver found (this system has no NVML)".into());
         }
-        Ok(Library {
-            handle,
-            initialised: false,
-        })
+        let mut tried = Vec::new();
+        for name in NVML_LIBRARIES {
+            match DynLib::open(name) {
+                Ok(lib) => {
+                    return Ok(Library {
+                        lib,
+                        initialised: false,
+                    })
+                }
+                Err(e) => tried.push(e),
+            }
+        }
+        Err(format!("no NVIDIA driver found ({})", tried.join("; ")))
     }
 
     /// Looks up `name` and returns it as a function pointer of type `F`.
@@ -87,12 +95,16 @@ impl Library {
     /// # Safety
     /// `F` must be the exact C signature NVML documents for `name`.
     unsafe fn symbol<F: Copy>(&self, name: &CStr) -> Result<F, String> {
-        // SAFETY: self.handle is a live handle from dlopen and name is NUL-terminated.
-        let ptr = unsafe { libc::dlsym(self.handle, name.as_ptr()) };
+        let ptr = self.lib.symbol(name);
         if ptr.is_null() {
             return Err(format!("NVML has no symbol {}", name.to_string_lossy()));
         }
-        assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+        if std::mem::size_of::<F>() != std::mem::size_of::<*mut c_void>() {
+            return Err(format!(
+                "{} is not a function pointer",
+                std::any::type_name::<F>()
+            ));
+        }
         // SAFETY: the pointer is non-null, F is pointer-sized (checked above) and, by this
         // function's contract, the function type of the symbol.
         Ok(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&ptr) })
@@ -109,8 +121,7 @@ impl Drop for Library {
                 unsafe { shutdown() };
             }
         }
-        // SAFETY: the handle came from dlopen and no symbol from it is used after this.
-        unsafe { libc::dlclose(self.handle) };
+        // `lib` closes the library after this, once no symbol from it is in use.
     }
 }
 

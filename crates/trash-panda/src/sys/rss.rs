@@ -1,11 +1,10 @@
 //! The resident memory of this process, once or sampled on a thread to find the peak of a
 //! window (a checkpoint load, or a forward pass's activations on the CPU).
 //!
-//! Reads `/proc/self/statm` (resident pages times the page size) rather than `status`: it is one
-//! short line, cheap enough to read every millisecond.
+//! On Linux it reads `/proc/self/statm` (resident pages times the page size) rather than
+//! `status`: it is one short line, cheap enough to read every millisecond. Windows gives the
+//! working set, macOS the task's resident size.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -14,9 +13,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::platform::RssSource;
 use super::SysError;
 
-/// Where the resident set size is read.
+/// Where the resident set size is read on Linux.
 pub const STATM: &str = "/proc/self/statm";
 
 /// The interval [`RssSampler::start`] is usually given: short enough to catch a peak that lasts
@@ -25,9 +25,7 @@ pub const DEFAULT_RSS_INTERVAL: Duration = Duration::from_millis(1);
 
 /// The resident set size of this process, in bytes.
 pub fn current_rss() -> Result<u64, SysError> {
-    let path = Path::new(STATM);
-    let text = super::read_text(path)?;
-    parse_statm(&text, path)
+    RssSource::open()?.read()
 }
 
 /// Resident bytes from the text of a statm file (`size resident shared ...`, in pages).
@@ -50,12 +48,7 @@ pub fn parse_statm(text: &str, path: &Path) -> Result<u64, SysError> {
 
 fn page_size() -> u64 {
     static PAGE: OnceLock<u64> = OnceLock::new();
-    *PAGE.get_or_init(|| {
-        // SAFETY: sysconf only reads its argument and has no preconditions.
-        let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        // sysconf cannot fail for _SC_PAGESIZE on Linux; 4 KiB is the page of every x86 machine.
-        u64::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
-    })
+    *PAGE.get_or_init(|| crate::io::page_size() as u64)
 }
 
 /// What an [`RssSampler`] saw, in bytes.
@@ -92,16 +85,12 @@ struct Sampled {
     stop: AtomicBool,
     peak: AtomicU64,
     samples: AtomicU64,
-    statm: File,
+    source: RssSource,
 }
 
 impl Sampled {
-    fn sample(&self, buf: &mut [u8]) -> Option<u64> {
-        // statm is regenerated on every read from offset 0, so one open file serves every
-        // sample without an open and close each millisecond.
-        let n = self.statm.read_at(buf, 0).ok()?;
-        let text = std::str::from_utf8(&buf[..n]).ok()?;
-        let rss = parse_statm(text, Path::new(STATM)).ok()?;
+    fn sample(&self) -> Option<u64> {
+        let rss = self.source.read().ok()?;
         self.peak.fetch_max(rss, Ordering::Relaxed);
         self.samples.fetch_add(1, Ordering::Relaxed);
         Some(rss)
@@ -111,33 +100,28 @@ impl Sampled {
 impl RssSampler {
     /// Takes a first sample and starts sampling every `interval` (at least a microsecond).
     pub fn start(interval: Duration) -> Result<RssSampler, SysError> {
-        let path = PathBuf::from(STATM);
-        let statm = File::open(&path).map_err(|source| SysError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let start = current_rss()?;
+        let source = RssSource::open()?;
+        let start = source.read()?;
         let shared = Arc::new(Sampled {
             stop: AtomicBool::new(false),
             peak: AtomicU64::new(start),
             samples: AtomicU64::new(1),
-            statm,
+            source,
         });
         let interval = interval.max(Duration::from_micros(1));
         let s = shared.clone();
         let handle = std::thread::Builder::new()
             .name("tp-rss".into())
             .spawn(move || {
-                let mut buf = [0u8; 256];
                 while !s.stop.load(Ordering::Relaxed) {
                     // A failed read is a lost sample, not a reason to stop watching.
-                    let _ = s.sample(&mut buf);
+                    let _ = s.sample();
                     // Parked rather than slept, so stop() does not wait out a long interval.
                     std::thread::park_timeout(interval);
                 }
             })
             .map_err(|source| SysError::Probe {
-                dir: path,
+                dir: PathBuf::from(STATM),
                 what: "starting the RSS sampler thread",
                 source,
             })?;
@@ -150,7 +134,7 @@ impl RssSampler {
 
     /// The largest resident size seen so far, now included.
     pub fn peak(&self) -> u64 {
-        let _ = self.shared.sample(&mut [0u8; 256]);
+        let _ = self.shared.sample();
         self.shared.peak.load(Ordering::Relaxed)
     }
 
@@ -159,7 +143,7 @@ impl RssSampler {
         self.join();
         let end = self
             .shared
-            .sample(&mut [0u8; 256])
+            .sample()
             .or_else(|| current_rss().ok())
             .unwrap_or(self.start);
         let peak = self.shared.peak.load(Ordering::Relaxed).max(end);

@@ -81,6 +81,7 @@ pub fn kinds(p: &Plan) -> Vec<&'static str> {
             WarningKind::CgroupBelowRam { .. } => "cgroup",
             WarningKind::BlockLargerThanDevice { .. } => "block_too_large",
             WarningKind::HeadroomNotMeasured { .. } => "headroom",
+            WarningKind::SharedGpuMemory { .. } => "shared_gpu_memory",
         })
         .collect()
 }

@@ -1,0 +1,59 @@
+//! Linux (and the BSDs with O_DIRECT): O_DIRECT opens, `posix_fadvise` for the page cache.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+pub(crate) use super::unix::{page_residency, page_size, prefetch, read_at};
+use super::OpError;
+
+pub(crate) const UNBUFFERED: &str = "O_DIRECT";
+
+pub(crate) fn open_unbuffered(path: &Path) -> io::Result<Option<File>> {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(f) => Ok(Some(f)),
+        // tmpfs and some FUSE filesystems refuse O_DIRECT at open.
+        Err(e) if is_refusal(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// O_DIRECT says EINVAL both for a filesystem that does not support it and for a misaligned
+/// request; the reader tells them apart by whether a read has already worked.
+pub(crate) fn is_refusal(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EINVAL)
+}
+
+pub(crate) fn refusal() -> io::Error {
+    io::Error::from_raw_os_error(libc::EINVAL)
+}
+
+pub(crate) const CAN_DROP_CACHE: bool = true;
+
+pub(crate) fn drop_cache(file: &File) -> Result<(), OpError> {
+    fadvise(file, 0, 0, libc::POSIX_FADV_DONTNEED).map_err(|e| ("posix_fadvise(DONTNEED)", e))
+}
+
+pub(crate) fn advise_read(file: &File, offset: u64, len: u64) -> Result<(), OpError> {
+    fadvise(file, offset, len, libc::POSIX_FADV_WILLNEED)
+        .map_err(|e| ("posix_fadvise(WILLNEED)", e))
+}
+
+fn fadvise(file: &File, offset: u64, len: u64, advice: libc::c_int) -> io::Result<()> {
+    let (Ok(offset), Ok(len)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    // SAFETY: posix_fadvise only reads its integer arguments; the descriptor is open for the call.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), offset, len, advice) };
+    if rc != 0 {
+        // posix_fadvise returns the error number instead of setting errno.
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}

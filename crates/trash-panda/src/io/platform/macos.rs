@@ -1,0 +1,77 @@
+//! macOS: no O_DIRECT; `F_NOCACHE` keeps reads of a descriptor out of the unified buffer cache,
+//! `F_RDADVISE` asks for a range ahead and `F_RDAHEAD` turns on sequential read-ahead.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+pub(crate) use super::unix::{page_residency, page_size, prefetch, read_at};
+use super::OpError;
+
+pub(crate) const UNBUFFERED: &str = "F_NOCACHE";
+
+pub(crate) fn open_unbuffered(path: &Path) -> io::Result<Option<File>> {
+    let file = File::open(path)?;
+    // F_NOCACHE is advice on the descriptor: a filesystem that ignores it still reads correctly,
+    // so a failure here means "read buffered", not an error.
+    if fcntl(&file, libc::F_NOCACHE, 1).is_err() {
+        return Ok(None);
+    }
+    // The unbuffered reader asks for whole staging buffers; read-ahead beyond them would only
+    // fill the cache F_NOCACHE keeps us out of.
+    let _ = fcntl(&file, libc::F_RDAHEAD, 0);
+    Ok(Some(file))
+}
+
+/// F_NOCACHE has no alignment rule; EINVAL from a first read still means the descriptor cannot
+/// serve it, under the same fallback rule as O_DIRECT.
+pub(crate) fn is_refusal(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EINVAL)
+}
+
+pub(crate) fn refusal() -> io::Error {
+    io::Error::from_raw_os_error(libc::EINVAL)
+}
+
+/// macOS has no per-file eviction for an unprivileged process (`purge` empties the whole cache
+/// and needs root), so the cache is left alone and callers report a warm measurement.
+pub(crate) const CAN_DROP_CACHE: bool = false;
+
+pub(crate) fn drop_cache(_file: &File) -> Result<(), OpError> {
+    Err((
+        "dropping a file's cached pages (macOS has no per-file eviction)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
+}
+
+pub(crate) fn advise_read(file: &File, offset: u64, len: u64) -> Result<(), OpError> {
+    let fail = |e| ("fcntl(F_RDADVISE)", e);
+    let offset = libc::off_t::try_from(offset).map_err(|_| fail(invalid()))?;
+    // F_RDADVISE takes an int count; longer ranges are advised from their start.
+    let count = libc::c_int::try_from(len).unwrap_or(libc::c_int::MAX);
+    let advice = libc::radvisory {
+        ra_offset: offset,
+        ra_count: count,
+    };
+    // SAFETY: F_RDADVISE reads one radvisory struct, which lives across the call.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_RDADVISE, &advice) };
+    if rc == -1 {
+        return Err(fail(io::Error::last_os_error()));
+    }
+    let _ = fcntl(file, libc::F_RDAHEAD, 1);
+    Ok(())
+}
+
+fn invalid() -> io::Error {
+    io::Error::from(io::ErrorKind::InvalidInput)
+}
+
+fn fcntl(file: &File, cmd: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: F_NOCACHE and F_RDAHEAD take an int argument and touch no memory of ours.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), cmd, value) };
+    if rc == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
