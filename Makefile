@@ -31,9 +31,19 @@ demo: build
 rust-test:
 	$(CARGO) test --workspace --exclude trash-panda-python
 
-lint:
+PYFILES := python tests bench examples scripts
+
+lint: venv
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(PY) -m ruff check $(PYFILES)
+	$(PY) -m ruff format --check $(PYFILES)
+
+# Formats the Rust and the Python code in place.
+fmt: venv
+	$(CARGO) fmt --all
+	$(PY) -m ruff check --fix $(PYFILES)
+	$(PY) -m ruff format $(PYFILES)
 
 py-test: build
 	$(PY) -m pytest -q tests

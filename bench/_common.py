@@ -114,7 +114,7 @@ def write_checkpoint(path: Path, model: nn.Module, dtype: torch.dtype, seed: int
 def _run(cmd: list[str]) -> str:
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
-    except Exception:  # noqa: BLE001 - a description, not a result
+    except Exception:
         return "?"
 
 
@@ -153,8 +153,7 @@ def dd_direct(path: Path, skip_bytes: int = 0, count_bytes: int | None = None, b
     """GB/s of ``dd if=path of=/dev/null iflag=direct bs=8M`` over [skip, skip+count)."""
     import time
 
-    cmd = ["dd", f"if={path}", "of=/dev/null", "iflag=direct,skip_bytes,count_bytes", f"bs={bs}",
-           f"skip={skip_bytes}"]
+    cmd = ["dd", f"if={path}", "of=/dev/null", "iflag=direct,skip_bytes,count_bytes", f"bs={bs}", f"skip={skip_bytes}"]
     size = path.stat().st_size - skip_bytes if count_bytes is None else count_bytes
     cmd.append(f"count={size}")
     t = time.perf_counter()
@@ -172,8 +171,15 @@ def dd_direct_parallel(path: Path, skip_bytes: int, count_bytes: int, jobs: int 
     t = time.perf_counter()
     for j in range(jobs):
         count = share if j < jobs - 1 else count_bytes - share * (jobs - 1)
-        cmd = ["dd", f"if={path}", "of=/dev/null", "iflag=direct,skip_bytes,count_bytes", f"bs={bs}",
-               f"skip={skip_bytes + j * share}", f"count={count}"]
+        cmd = [
+            "dd",
+            f"if={path}",
+            "of=/dev/null",
+            "iflag=direct,skip_bytes,count_bytes",
+            f"bs={bs}",
+            f"skip={skip_bytes + j * share}",
+            f"count={count}",
+        ]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     for proc in procs:
         if proc.wait() != 0:
@@ -187,7 +193,8 @@ def device_read_bytes(path: Path) -> int:
 
     dev = os.stat(path).st_dev
     major, minor = os.major(dev), os.minor(dev)
-    lines = [line.split() for line in open("/proc/diskstats")]
+    with open("/proc/diskstats") as f:
+        lines = [line.split() for line in f]
     part = next(f for f in lines if int(f[0]) == major and int(f[1]) == minor)
     # Partitions count their own reads too; the first field after the name is reads completed.
     return int(part[5]) * 512
@@ -215,6 +222,9 @@ def direct_read_speed(path: Path, start: int, length: int, threads: int = 4, pie
 
 
 def md_table(header: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    out = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|",
+    ]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out)

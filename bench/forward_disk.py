@@ -33,10 +33,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
+from _common import (
+    DATA,
+    RESULTS,
+    build_meta,
+    dd_direct,
+    dd_direct_parallel,
+    device_read_bytes,
+    direct_read_speed,
+    loadavg,
+    machine,
+    md_table,
+    write_checkpoint,
+)
 
-from _common import DATA, RESULTS, build_meta, dd_direct, dd_direct_parallel, device_read_bytes, direct_read_speed, loadavg, machine, md_table, write_checkpoint  # noqa: E402
-from trash_panda import _core  # noqa: E402
+from trash_panda import _core
 
 N_BLOCKS, D, F = 30, 4096, 16384
 RESIDENT = 7
@@ -81,14 +93,18 @@ def _drive(path: Path, start: int, length: int, when: str) -> float:
     streams) and plain O_DIRECT reads with 2 and 4 requests in flight, so the floor is as strict
     as the drive allows."""
     speeds = {}
-    for name, fn in (("dd, one stream", lambda: dd_direct(path, start, length)),
-                     ("dd, two streams", lambda: dd_direct_parallel(path, start, length, jobs=2)),
-                     ("O_DIRECT, 2 in flight", lambda: direct_read_speed(path, start, length, threads=2)),
-                     ("O_DIRECT, 4 in flight", lambda: direct_read_speed(path, start, length, threads=4))):
+    for name, fn in (
+        ("dd, one stream", lambda: dd_direct(path, start, length)),
+        ("dd, two streams", lambda: dd_direct_parallel(path, start, length, jobs=2)),
+        ("O_DIRECT, 2 in flight", lambda: direct_read_speed(path, start, length, threads=2)),
+        ("O_DIRECT, 4 in flight", lambda: direct_read_speed(path, start, length, threads=4)),
+    ):
         _core.drop_cache(path)
         speeds[name] = fn()
-    print(f"drive ({when}): " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in speeds.items()) + f"  load {loadavg()}",
-          flush=True)
+    print(
+        f"drive ({when}): " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in speeds.items()) + f"  load {loadavg()}",
+        flush=True,
+    )
     DRIVE_LOG.append((when, speeds))
     return max(speeds.values())
 
@@ -112,12 +128,17 @@ def main() -> None:
     args = ap.parse_args()
 
     path = DATA / f"fwd_{N_BLOCKS}x{D}x{F}_bf16.safetensors"
-    size, gen_s = timed(lambda: write_checkpoint(path, build_meta(N_BLOCKS, D, F, torch.bfloat16), torch.bfloat16, seed=1))
+    size, gen_s = timed(
+        lambda: write_checkpoint(path, build_meta(N_BLOCKS, D, F, torch.bfloat16), torch.bfloat16, seed=1)
+    )
     start, end = disk_range(path, RESIDENT)
     disk_bytes = end - start
     block_bytes = 2 * D * F * 2 + 2 * D * 2
-    print(f"checkpoint {path}: {size / 1e9:.2f} GB ({gen_s:.1f} s); disk tier blocks {RESIDENT}..{N_BLOCKS - 1}: "
-          f"{disk_bytes / 1e9:.2f} GB at [{start}, {end})", flush=True)
+    print(
+        f"checkpoint {path}: {size / 1e9:.2f} GB ({gen_s:.1f} s); disk tier blocks {RESIDENT}..{N_BLOCKS - 1}: "
+        f"{disk_bytes / 1e9:.2f} GB at [{start}, {end})",
+        flush=True,
+    )
     x = torch.randn(args.tokens, D, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     prefixes = [f"blocks.{i}." for i in range(N_BLOCKS)]
 
@@ -141,13 +162,19 @@ def main() -> None:
     compute = statistics.median(passes)
     ref_res = sum(e - s for i, s, e in clock.marks if i < RESIDENT)
     ref_str = sum(e - s for i, s, e in clock.marks if i >= RESIDENT)
-    print(f"all resident, compute by block group: blocks 0-{RESIDENT - 1} {ref_res:.2f} s, blocks "
-          f"{RESIDENT}-{N_BLOCKS - 1} {ref_str:.2f} s", flush=True)
+    print(
+        f"all resident, compute by block group: blocks 0-{RESIDENT - 1} {ref_res:.2f} s, blocks "
+        f"{RESIDENT}-{N_BLOCKS - 1} {ref_str:.2f} s",
+        flush=True,
+    )
     compute_block = compute / N_BLOCKS
-    print(f"compute, all resident: {' / '.join(f'{p:.2f}' for p in passes)} s a pass -> {compute:.2f} s "
-          f"({compute_block * 1e3:.0f} ms a block, {2 * args.tokens * 2 * D * F / compute_block / 1e9:.0f} GFLOP/s); "
-          f"read of a block at dd speed {block_bytes / dd[0] / 1e6:.0f} ms  load {loadavg()}", flush=True)
-    del model
+    print(
+        f"compute, all resident: {' / '.join(f'{p:.2f}' for p in passes)} s a pass -> {compute:.2f} s "
+        f"({compute_block * 1e3:.0f} ms a block, {2 * args.tokens * 2 * D * F / compute_block / 1e9:.0f} GFLOP/s); "
+        f"read of a block at dd speed {block_bytes / dd[0] / 1e6:.0f} ms  load {loadavg()}",
+        flush=True,
+    )
+    model = None
     gc.collect()
     _core.trim_heap()
 
@@ -174,7 +201,7 @@ def main() -> None:
                         r0 = len(h.runs)
                         m0 = len(clock.marks)
                         dev0 = device_read_bytes(path)
-                        out, secs = timed(lambda: model(x))
+                        out, secs = timed(lambda model=model: model(x))
                         device = device_read_bytes(path) - dev0
                         s1 = h.stats()
                         runs = h.runs[r0:]
@@ -184,29 +211,50 @@ def main() -> None:
                         pre = {i: a for i, a, _e in marks}
                         bring = sum(pre[i] - a - t.staged_wait for i, a, _b, t in runs if i in pre)
                         staged_wait = sum(t.staged_wait for _i, _a, _b, t in runs)
-                        engine_wait = s1["compute_waited_seconds"] - s0["compute_waited_seconds"]
-                        read = s1["disk_bytes"] - s0["disk_bytes"]
-                        misses = s1["misses"] - s0["misses"]
+                        engine_wait = s1.compute_waited_seconds - s0.compute_waited_seconds
+                        read = s1.disk_bytes - s0.disk_bytes
+                        misses = s1.misses - s0.misses
                         waits = sorted(((t.staged_wait, i) for i, _a, _b, t in runs), reverse=True)[:3]
                         busy = sum((b - a) - t.staged_wait for _i, a, b, t in runs)
                         floor = max(compute, disk_bytes / (dd[0] * 1e9))
                         same = torch.equal(out, ref)
-                        res = dict(la=la, wk=wk, mode=mode, k=k, secs=secs, staged_wait=staged_wait,
-                                   engine_wait=engine_wait, read=read, misses=misses, cached=cached, waits=waits,
-                                   busy=busy, floor=floor, c_res=c_res, c_str=c_str, bring=bring, same=same, load=la_before,
-                                   first=runs[0][3].staged_wait if runs else 0.0, disk_mode=report.disk_mode,
-                                   device=device)
+                        res = dict(
+                            la=la,
+                            wk=wk,
+                            mode=mode,
+                            k=k,
+                            secs=secs,
+                            staged_wait=staged_wait,
+                            engine_wait=engine_wait,
+                            read=read,
+                            misses=misses,
+                            cached=cached,
+                            waits=waits,
+                            busy=busy,
+                            floor=floor,
+                            c_res=c_res,
+                            c_str=c_str,
+                            bring=bring,
+                            same=same,
+                            load=la_before,
+                            first=runs[0][3].staged_wait if runs else 0.0,
+                            disk_mode=report.disk_mode,
+                            device=device,
+                        )
                         results.append(res)
-                        print(f"la {la} workers {wk} {mode:8s} pass {k}: {secs:.2f} s, waited {staged_wait:.2f} s "
-                              f"({staged_wait / secs:.0%}; engine {engine_wait:.2f}), device read {device / 1e9:.2f} GB "
-                              f"({device / secs / 1e9:.2f} GB/s), first disk block waited "
-                              f"{res['first']:.2f} s, read {read / 1e9:.2f} GB, misses {misses}, cached before {cached}, "
-                              f"hooked blocks busy {busy:.2f} s (compute {c_str:.2f}, copy-in {bring:.2f}), resident blocks {c_res:.2f} s, ratio to floor {secs / floor:.2f}, "
-                              f"top waits {[(i, round(w, 2)) for w, i in waits]}, same output {same}, load {la_before}",
-                              flush=True)
+                        print(
+                            f"la {la} workers {wk} {mode:8s} pass {k}: {secs:.2f} s, waited {staged_wait:.2f} s "
+                            f"({staged_wait / secs:.0%}; engine {engine_wait:.2f}), device read {device / 1e9:.2f} GB "
+                            f"({device / secs / 1e9:.2f} GB/s), first disk block waited "
+                            f"{res['first']:.2f} s, read {read / 1e9:.2f} GB, misses {misses}, cached before {cached}, "
+                            f"hooked blocks busy {busy:.2f} s (compute {c_str:.2f}, copy-in {bring:.2f}), "
+                            f"resident blocks {c_res:.2f} s, ratio to floor {secs / floor:.2f}, "
+                            f"top waits {[(i, round(w, 2)) for w, i in waits]}, same output {same}, load {la_before}",
+                            flush=True,
+                        )
                 clock.remove()
                 tp.release(model, h)
-                del model, h
+                model = h = None
                 gc.collect()
                 _core.trim_heap()
 
@@ -225,26 +273,49 @@ def main() -> None:
                 best = min(r["secs"] for r in rs)
                 wait = statistics.median(r["staged_wait"] for r in rs)
                 ratio = secs / floor
-                rows.append([
-                    f"{la}", f"{wk}", mode, " / ".join(f"{r['secs']:.2f}" for r in rs), f"{wait:.2f}",
-                    f"{wait / secs:.0%}", f"{statistics.median(r['first'] for r in rs):.2f}",
-                    f"{statistics.median(r['c_str'] for r in rs):.2f}",
-                    f"{statistics.median(r['bring'] for r in rs):.2f}",
-                    f"{statistics.median(r['c_res'] for r in rs):.2f}",
-                    f"{statistics.median(r['read'] for r in rs) / secs / 1e9:.2f}",
-                    f"{statistics.median(r['device'] for r in rs) / secs / 1e9:.2f}",
-                    f"{ratio:.2f}", f"{best / floor:.2f}", "yes" if ratio <= 1.1 else "no",
-                ])
-    header = ["lookahead", "workers", "disk mode", "pass s (each)", "waited s (median)", "wait share",
-              "first disk block wait s", "streamed blocks compute s",
-              "copy-in s", "resident blocks compute s", "engine disk GB/s in pass",
-              "device GB/s in pass (/proc/diskstats)", "ratio to floor (median)",
-              "best ratio", "<= 1.1x"]
+                rows.append(
+                    [
+                        f"{la}",
+                        f"{wk}",
+                        mode,
+                        " / ".join(f"{r['secs']:.2f}" for r in rs),
+                        f"{wait:.2f}",
+                        f"{wait / secs:.0%}",
+                        f"{statistics.median(r['first'] for r in rs):.2f}",
+                        f"{statistics.median(r['c_str'] for r in rs):.2f}",
+                        f"{statistics.median(r['bring'] for r in rs):.2f}",
+                        f"{statistics.median(r['c_res'] for r in rs):.2f}",
+                        f"{statistics.median(r['read'] for r in rs) / secs / 1e9:.2f}",
+                        f"{statistics.median(r['device'] for r in rs) / secs / 1e9:.2f}",
+                        f"{ratio:.2f}",
+                        f"{best / floor:.2f}",
+                        "yes" if ratio <= 1.1 else "no",
+                    ]
+                )
+    header = [
+        "lookahead",
+        "workers",
+        "disk mode",
+        "pass s (each)",
+        "waited s (median)",
+        "wait share",
+        "first disk block wait s",
+        "streamed blocks compute s",
+        "copy-in s",
+        "resident blocks compute s",
+        "engine disk GB/s in pass",
+        "device GB/s in pass (/proc/diskstats)",
+        "ratio to floor (median)",
+        "best ratio",
+        "<= 1.1x",
+    ]
     table = md_table(header, rows)
     print(table)
     mach = machine(path)
-    summary = (f"floor = max(compute {compute:.2f} s, disk tier {disk_bytes / 1e9:.2f} GB / drive {drive:.2f} GB/s = "
-               f"{io_floor:.2f} s) = {floor:.2f} s")
+    summary = (
+        f"floor = max(compute {compute:.2f} s, disk tier {disk_bytes / 1e9:.2f} GB / drive {drive:.2f} GB/s = "
+        f"{io_floor:.2f} s) = {floor:.2f} s"
+    )
     print(summary)
     md = [
         "# Offloaded forward with a disk tier (`bench/forward_disk.py`)",
@@ -256,7 +327,7 @@ def main() -> None:
         f"- model: {N_BLOCKS} blocks of LayerNorm + Linear({D},{F}) + GELU + Linear({F},{D}), bf16, "
         f"{block_bytes / 1e6:.0f} MB a block, {size / 1e9:.2f} GB file; CPU compute, input {args.tokens} tokens x {D}",
         f"- plan: `Plan.manual(resident=blocks 0-{RESIDENT - 1} ({RESIDENT * block_bytes / 1e9:.2f} GB), "
-        f"streamed=blocks {RESIDENT}-{N_BLOCKS - 1}, streamed_tier=\"disk\")` = {disk_bytes / 1e9:.2f} GB on disk "
+        f'streamed=blocks {RESIDENT}-{N_BLOCKS - 1}, streamed_tier="disk")` = {disk_bytes / 1e9:.2f} GB on disk '
         "(a 2 GB device budget)",
         "- (i) drive, over the disk tier's byte range, cold, the best of four readers counts: "
         + "; ".join(f"{when}: " + ", ".join(f"{k} {v:.2f}" for k, v in sp.items()) for when, sp in DRIVE_LOG)

@@ -78,7 +78,7 @@ def main() -> None:
     host = torch.empty(block_bytes * 4, dtype=torch.uint8).pin_memory()
     devbuf = torch.empty_like(host, device=dev)
     h2d = host.numel() / timed(lambda: devbuf.copy_(host, non_blocking=True))
-    del host, devbuf
+    host = devbuf = None  # freed before the passes
 
     # Reference 2: one pass with every block on the GPU.
     ref = ref.to(dev)
@@ -86,7 +86,7 @@ def main() -> None:
         want = ref(x)
         compute = timed(lambda: ref(x))
     ref = ref.cpu()
-    del ref
+    ref = None
     torch.cuda.empty_cache()
 
     with torch.device("meta"):

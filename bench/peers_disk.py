@@ -33,11 +33,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-from _common import (  # noqa: E402
-    DATA, RESULTS, build_meta, dd_direct, dd_direct_parallel, device_read_bytes, direct_read_speed,
-    loadavg, machine, md_table, write_checkpoint,
+import torch
+from _common import (
+    DATA,
+    RESULTS,
+    build_meta,
+    dd_direct,
+    dd_direct_parallel,
+    device_read_bytes,
+    direct_read_speed,
+    loadavg,
+    machine,
+    md_table,
+    write_checkpoint,
 )
 
 N_BLOCKS, D, F, RESIDENT, TOKENS = 30, 4096, 16384, 7, 64
@@ -83,38 +91,47 @@ def child(system: str, passes: int) -> dict[str, object]:
     if system in ("compute", "trash-panda"):
         model = build_meta(N_BLOCKS, D, F, torch.bfloat16)
         resident = prefixes if system == "compute" else prefixes[:RESIDENT]
-        plan = Plan.manual(resident=resident, streamed=[p for p in prefixes if p not in resident],
-                           streamed_tier="disk")
+        plan = Plan.manual(resident=resident, streamed=[p for p in prefixes if p not in resident], streamed_tier="disk")
         tp.stream_load(model, PATH, plan=plan, device="cpu")
         tp.install_offload(model)
     elif system == "accelerate":
-        from accelerate import init_empty_weights, load_checkpoint_and_dispatch
-
         from _common import Net
+        from accelerate import init_empty_weights, load_checkpoint_and_dispatch
 
         with init_empty_weights():
             model = Net(N_BLOCKS, D, F).to(torch.bfloat16).eval()
         device_map = {f"blocks.{i}": ("cpu" if i < RESIDENT else "disk") for i in range(N_BLOCKS)}
         device_map["norm_out"] = "cpu"
-        model = load_checkpoint_and_dispatch(model, str(PATH), device_map=device_map, offload_folder=str(out_dir),
-                                             dtype=torch.bfloat16)
+        model = load_checkpoint_and_dispatch(
+            model, str(PATH), device_map=device_map, offload_folder=str(out_dir), dtype=torch.bfloat16
+        )
     elif system == "diffusers":
         from diffusers.hooks import apply_group_offloading
         from safetensors.torch import load_file
 
         model = build_meta(N_BLOCKS, D, F, torch.bfloat16)
         model.load_state_dict(load_file(str(PATH)), assign=True)
-        apply_group_offloading(model, onload_device=torch.device("cpu"), offload_device=torch.device("cpu"),
-                               offload_type="block_level", num_blocks_per_group=1,
-                               offload_to_disk_path=str(out_dir))
+        apply_group_offloading(
+            model,
+            onload_device=torch.device("cpu"),
+            offload_device=torch.device("cpu"),
+            offload_type="block_level",
+            num_blocks_per_group=1,
+            offload_to_disk_path=str(out_dir),
+        )
         disk_blocks = N_BLOCKS
     else:
         raise SystemExit(f"unknown system {system}")
     load_s = time.perf_counter() - t0
     _start, peak, _end = sampler.stop()
     rise = peak - _start
-    res: dict[str, object] = {"system": system, "load_s": load_s, "written": written(out_dir), "rss_rise": rise,
-                              "disk_blocks": disk_blocks}
+    res: dict[str, object] = {
+        "system": system,
+        "load_s": load_s,
+        "written": written(out_dir),
+        "rss_rise": rise,
+        "disk_blocks": disk_blocks,
+    }
     with torch.inference_mode():
         first = model(x)  # warm-up (and, for a peer, its first read of the offloaded weights)
         secs, device = [], []
@@ -139,10 +156,15 @@ def child(system: str, passes: int) -> dict[str, object]:
 
 
 def run(system: str, passes: int) -> dict[str, object]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent / "python"),
-                                                         os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, __file__, "--child", system, "--passes", str(passes)], capture_output=True,
-                       text=True, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parent.parent / "python"), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    r = subprocess.run(
+        [sys.executable, __file__, "--child", system, "--passes", str(passes)], capture_output=True, text=True, env=env
+    )
     if r.returncode != 0:
         print(r.stdout[-3000:], r.stderr[-3000:], file=sys.stderr)
         return {"system": system, "error": (r.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -154,10 +176,12 @@ def drive() -> dict[str, float]:
 
     size = PATH.stat().st_size
     speeds = {}
-    for name, fn in (("dd, one stream", lambda: dd_direct(PATH, 0, size)),
-                     ("dd, two streams", lambda: dd_direct_parallel(PATH, 0, size, jobs=2)),
-                     ("O_DIRECT, 2 in flight", lambda: direct_read_speed(PATH, 0, size, threads=2)),
-                     ("O_DIRECT, 4 in flight", lambda: direct_read_speed(PATH, 0, size, threads=4))):
+    for name, fn in (
+        ("dd, one stream", lambda: dd_direct(PATH, 0, size)),
+        ("dd, two streams", lambda: dd_direct_parallel(PATH, 0, size, jobs=2)),
+        ("O_DIRECT, 2 in flight", lambda: direct_read_speed(PATH, 0, size, threads=2)),
+        ("O_DIRECT, 4 in flight", lambda: direct_read_speed(PATH, 0, size, threads=4)),
+    ):
         _core.drop_cache(PATH)
         speeds[name] = fn()
     return speeds
@@ -195,14 +219,32 @@ def main() -> None:
         secs = r["passes"]
         med = statistics.median(secs)  # type: ignore[arg-type]
         dev = statistics.median(r["device"]) / 1e9  # type: ignore[arg-type]
-        rows.append([
-            system, f"{r['load_s']:.1f}", f"{int(r['written']) / 1e9:.2f}",  # type: ignore[call-overload]
-            f"{int(r['rss_rise']) / 1e9:.2f}", f"{disk_bytes / 1e9:.2f}",  # type: ignore[call-overload]
-            " / ".join(f"{s:.2f}" for s in secs), f"{dev:.2f} ({dev / med:.2f} GB/s)",  # type: ignore[attr-defined]
-            f"{floor:.2f}", f"{med / floor:.2f}", "yes" if r["same"] else f"no (max diff {r.get('max_diff')})",
-        ])
-    header = ["system", "load s", "written GB", "load peak RSS rise GB", "disk-tier GB", "cold pass s (each)",
-              "device read a pass GB", "floor s", "pass / floor", "output equal"]
+        rows.append(
+            [
+                system,
+                f"{r['load_s']:.1f}",
+                f"{int(r['written']) / 1e9:.2f}",  # type: ignore[call-overload]
+                f"{int(r['rss_rise']) / 1e9:.2f}",
+                f"{disk_bytes / 1e9:.2f}",  # type: ignore[call-overload]
+                " / ".join(f"{s:.2f}" for s in secs),
+                f"{dev:.2f} ({dev / med:.2f} GB/s)",  # type: ignore[attr-defined]
+                f"{floor:.2f}",
+                f"{med / floor:.2f}",
+                "yes" if r["same"] else f"no (max diff {r.get('max_diff')})",
+            ]
+        )
+    header = [
+        "system",
+        "load s",
+        "written GB",
+        "load peak RSS rise GB",
+        "disk-tier GB",
+        "cold pass s (each)",
+        "device read a pass GB",
+        "floor s",
+        "pass / floor",
+        "output equal",
+    ]
     table = md_table(header, rows)
     print(table)
     mach = machine(PATH)
@@ -211,8 +253,9 @@ def main() -> None:
         "",
         f"- date: {mach['date']}; machine: nproc {mach['nproc']} ({mach['cpu']}), {mach['ram']} RAM, kernel "
         f"{mach['kernel']}, {mach['fs']}, torch {mach['torch']}",
-        f"- model: {N_BLOCKS} MLP blocks of {block_bytes / 1e6:.0f} MB bf16 ({PATH.stat().st_size / 1e9:.2f} GB file), "
-        f"CPU compute, input {TOKENS} x {D}; blocks 0-{RESIDENT - 1} in memory, the rest on disk (diffusers: all on disk)",
+        f"- model: {N_BLOCKS} MLP blocks of {block_bytes / 1e6:.0f} MB bf16 "
+        f"({PATH.stat().st_size / 1e9:.2f} GB file), CPU compute, input {TOKENS} x {D}; "
+        f"blocks 0-{RESIDENT - 1} in memory, the rest on disk (diffusers: all on disk)",
         "- drive over the whole file, best of dd (1 and 2 streams) and O_DIRECT (2 and 4 in flight): "
         + "; ".join(", ".join(f"{k} {v:.2f}" for k, v in s.items()) for s in speeds)
         + f" GB/s; mean of the best {best:.2f} GB/s",

@@ -28,9 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-from _common import DATA, RESULTS, build_meta, loadavg, machine, md_table, write_checkpoint  # noqa: E402
+import torch
+from _common import DATA, RESULTS, build_meta, loadavg, machine, md_table, write_checkpoint
 
 D, F = 4096, 16384
 SLACK = 256 << 20
@@ -41,9 +40,8 @@ def child(mode: str, path: str, blocks: int) -> None:
 
     out: dict[str, object] = {"mode": mode}
     if mode == "ref":
-        from safetensors.torch import load_file
-
         from _common import Net
+        from safetensors.torch import load_file
 
         base = _core.current_rss()
         t = time.perf_counter()
@@ -99,7 +97,7 @@ def run_child(mode: str, path: Path, blocks: int) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"{mode} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))
-    res = json.loads(line[len("RESULT "):])
+    res = json.loads(line[len("RESULT ") :])
     res["load_before"] = la
     return res
 
@@ -120,8 +118,10 @@ def main() -> None:
     size = write_checkpoint(path, build_meta(args.blocks, D, F, torch.bfloat16), torch.bfloat16)
     gen_s = time.perf_counter() - t
     largest = D * F * 2
-    print(f"checkpoint {path} {size / 1e9:.2f} GB (generated or checked in {gen_s:.1f} s), "
-          f"largest tensor {largest / 1e6:.0f} MB")
+    print(
+        f"checkpoint {path} {size / 1e9:.2f} GB (generated or checked in {gen_s:.1f} s), "
+        f"largest tensor {largest / 1e6:.0f} MB"
+    )
     modes = ["tp-all", "ref", "tp-half"]
     results: dict[str, list[dict]] = {m: [] for m in modes}
     for rnd in range(args.rounds):
@@ -129,10 +129,13 @@ def main() -> None:
             warm_memory(2.2 * size)
             r = run_child(m, path, args.blocks)
             results[m].append(r)
-            print(f"round {rnd} {m:8s} {r['seconds']:6.2f} s  {size / r['seconds'] / 1e9:5.2f} GB/s  "
-                  f"rss start {r['start'] / 1e9:.2f} peak {r['peak'] / 1e9:.2f} end {r['end'] / 1e9:.2f} GB "
-                  f"(rise {(r['peak'] - r['start']) / 1e9:.2f})  cached before {r['cached_before']}  "
-                  f"load {r['load_before']}", flush=True)
+            print(
+                f"round {rnd} {m:8s} {r['seconds']:6.2f} s  {size / r['seconds'] / 1e9:5.2f} GB/s  "
+                f"rss start {r['start'] / 1e9:.2f} peak {r['peak'] / 1e9:.2f} end {r['end'] / 1e9:.2f} GB "
+                f"(rise {(r['peak'] - r['start']) / 1e9:.2f})  cached before {r['cached_before']}  "
+                f"load {r['load_before']}",
+                flush=True,
+            )
 
     rows = []
     verdicts = []
@@ -154,13 +157,34 @@ def main() -> None:
             bound = f"{b / 1e9:.2f}" + (f" (incl. staging {staging / 1e9:.2f})" if staging else "")
             verdict = "PASS" if ok else f"FAIL (+{(rise - b) / 1e9:.2f} GB)"
             verdicts.append((m, verdict))
-        rows.append([
-            m, f"{resident / 1e9:.2f}", f"{max(r['start'] for r in rs) / 1e9:.2f}", f"{peak / 1e9:.2f}",
-            f"{rise / 1e9:.2f}", f"{rise / ref_rise:.2f}", bound, verdict,
-            " / ".join(f"{r['seconds']:.2f}" for r in rs), f"{read / secs / 1e9:.2f}", f"{secs / ref_s:.2f}",
-        ])
-    header = ["load", "resident GB", "RSS start GB", "RSS peak GB", "peak - start GB", "rise / ref",
-              "bound GB", "within bound", "seconds (each round)", "GB/s (median)", "time / ref"]
+        rows.append(
+            [
+                m,
+                f"{resident / 1e9:.2f}",
+                f"{max(r['start'] for r in rs) / 1e9:.2f}",
+                f"{peak / 1e9:.2f}",
+                f"{rise / 1e9:.2f}",
+                f"{rise / ref_rise:.2f}",
+                bound,
+                verdict,
+                " / ".join(f"{r['seconds']:.2f}" for r in rs),
+                f"{read / secs / 1e9:.2f}",
+                f"{secs / ref_s:.2f}",
+            ]
+        )
+    header = [
+        "load",
+        "resident GB",
+        "RSS start GB",
+        "RSS peak GB",
+        "peak - start GB",
+        "rise / ref",
+        "bound GB",
+        "within bound",
+        "seconds (each round)",
+        "GB/s (median)",
+        "time / ref",
+    ]
     table = md_table(header, rows)
     print(table)
     for m, v in verdicts:
@@ -173,10 +197,10 @@ def main() -> None:
         f"- date: {mach['date']}",
         f"- machine: nproc {mach['nproc']} ({mach['cpu']}), {mach['ram']} RAM, kernel {mach['kernel']}, "
         f"{mach['fs']}, torch {mach['torch']} ({mach['torch_threads']} threads)",
-        f"- load average before each child: " + ", ".join(f"{m} {r['load_before']}" for m in modes for r in results[m]),
+        "- load average before each child: " + ", ".join(f"{m} {r['load_before']}" for m in modes for r in results[m]),
         f"- checkpoint: {size / 1e9:.2f} GB bf16 safetensors, {args.blocks} blocks of LayerNorm + Linear({D},{F}) + "
         f"Linear({F},{D}), no bias; largest tensor {largest / 1e6:.0f} MB; generated tensor by tensor",
-        f"- before each load a throwaway process touches and frees 2.2x the file's size, so no load pays for "
+        "- before each load a throwaway process touches and frees 2.2x the file's size, so no load pays for "
         "the VM backing fresh guest memory on first touch (the first load of a round did, before)",
         f"- {args.rounds} rounds; each load in its own subprocess (fresh RSS), the file's pages dropped "
         "(posix_fadvise DONTNEED) before the load (cold), RssSampler at 1 ms around the load call only",

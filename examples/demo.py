@@ -101,8 +101,9 @@ def main() -> None:
 
     with torch.device("meta"):
         model = DemoModel().eval()
-    plan = tp.Plan.manual(resident=[f"layers.{i}." for i in range(4)],
-                          streamed=[f"layers.{i}." for i in range(4, LAYERS)])
+    plan = tp.Plan.manual(
+        resident=[f"layers.{i}." for i in range(4)], streamed=[f"layers.{i}." for i in range(4, LAYERS)]
+    )
     plan.assign(tp.Tier.DISK, indices=list(range(8, LAYERS)))
     rss_before = tp._core.current_rss()
     print()
@@ -121,8 +122,10 @@ def main() -> None:
         want = plain_model(path)(ids)
     if not torch.equal(got, want):
         raise SystemExit("demo: the streamed model's output differs from the plain model's")
-    print(f"\nstreamed forward: {first:.3f} s cold, {second:.3f} s warm; "
-          "output equal bit for bit to the model loaded whole (fp8 layers: the reference expansion)")
+    print(
+        f"\nstreamed forward: {first:.3f} s cold, {second:.3f} s warm; "
+        "output equal bit for bit to the model loaded whole (fp8 layers: the reference expansion)"
+    )
     print("\nprofile:\n" + build_profile(handle)[0])
     tp.release(model, handle)
     print(f"RSS {rss_before / 1e6:.0f} MB before the load, {tp._core.current_rss() / 1e6:.0f} MB after release()")

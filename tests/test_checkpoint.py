@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import bits
 
 import trash_panda
+from conftest import bits
 from trash_panda import Checkpoint, CheckpointError
 
 

@@ -3,26 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from models import Tiny, save
-
-
-import os
 
 import trash_panda
+from models import Tiny, save
 
 # The package as this test process imports it, for the child process too.
 ENV = {**os.environ, "PYTHONPATH": str(Path(trash_panda.__file__).parent.parent)}
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trash_panda.cli", *args], capture_output=True, text=True,
-                          timeout=120, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "trash_panda.cli", *args], capture_output=True, text=True, timeout=120, env=ENV
+    )
 
 
 @pytest.fixture
@@ -49,8 +48,9 @@ def test_inspect_json_adds_up(ckpt: Path) -> None:
     assert sum(g["bytes"] for g in report["groups"]) == report["bytes"]
     assert report["bytes"] == sum(v.numel() * 2 for v in Tiny(layers=12).state_dict().values())
     block0 = next(g for g in report["groups"] if g["block"] == "blocks.0.")
-    assert {t["name"] for t in block0["list"]} == {f"blocks.0.{n}" for n in
-                                                   ("norm.weight", "norm.bias", "up.weight", "up.bias", "down.weight", "down.bias")}
+    assert {t["name"] for t in block0["list"]} == {
+        f"blocks.0.{n}" for n in ("norm.weight", "norm.bias", "up.weight", "up.bias", "down.weight", "down.bias")
+    }
     assert report["dtypes"] == {"BF16": len(Tiny(layers=12).state_dict())}
 
 

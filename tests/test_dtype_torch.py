@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import bits
 
+from conftest import bits
 from trash_panda import ArgumentError, DtypeError
 from trash_panda.dtype import cast, expand, quantize_fp8
 
@@ -49,7 +49,9 @@ def test_f32_rounding(dst: torch.dtype) -> None:
     patterns = torch.randint(-(2**31), 2**31 - 1, (1 << 20,), generator=g, dtype=torch.int64)
     x = patterns.to(torch.int32).view(torch.float32)
     # Values just around the 16-bit grid: ties, halfway points, overflow and subnormal edges.
-    edges = torch.tensor([65504.0, 65520.0, 65519.99, 6.1e-5, 5.96e-8, 2.98e-8, 3.4e38, -0.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8])
+    edges = torch.tensor(
+        [65504.0, 65520.0, 65519.99, 6.1e-5, 5.96e-8, 2.98e-8, 3.4e38, -0.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8]
+    )
     for t in (x, edges, all_codes(dst).float()):
         same(cast(t, dst), t.to(dst))
 
@@ -64,7 +66,12 @@ def test_scaled_forms(src: torch.dtype, dst: torch.dtype) -> None:
     per_row = torch.rand(rows, 1, generator=g) + 0.01
     block = torch.rand(3, 2, generator=g) + 0.01
     block_full = block.repeat_interleave(128, 0).repeat_interleave(128, 1)[:rows, :cols]
-    for scale, full in ((per_tensor, per_tensor), (per_row, per_row), (per_row.reshape(-1), per_row), (block, block_full)):
+    for scale, full in (
+        (per_tensor, per_tensor),
+        (per_row, per_row),
+        (per_row.reshape(-1), per_row),
+        (block, block_full),
+    ):
         same(expand(w, dst, scale), (w.to(torch.float32) * full).to(dst))
     same(expand(w, dst, 0.5), (w.to(torch.float32) * 0.5).to(dst))
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import torch
-from models import Tiny, save
 
 import trash_panda as tp
+from models import Tiny, save
 from trash_panda import Plan, Tier, _core
 from trash_panda.offload import cuda as cuda_backend
 
@@ -53,8 +53,9 @@ def test_private_memory_stays_within_the_plan(big: Path, lookahead: int, compute
     gc.collect()
     _core.trim_heap()
     before = rss_anon()
-    plan = tp.plan(model, big, vram=None, ram="64GB", min_free_ram=0, lookahead=lookahead,
-                   compute_dtype=compute, resident_blocks=2)
+    plan = tp.plan(
+        model, big, vram=None, ram="64GB", min_free_ram=0, lookahead=lookahead, compute_dtype=compute, resident_blocks=2
+    )
     plan.assign(Tier.RAM, indices=[2, 3, 4]).assign(Tier.DISK, indices=[5, 6, 7])
     tp.stream_load(model, big, plan=plan, device="cpu")
     handle = tp.install_offload(model)
@@ -71,7 +72,8 @@ def test_private_memory_stays_within_the_plan(big: Path, lookahead: int, compute
     assert rise <= counted + 48 * MiB, (
         f"private memory rose {rise / MiB:.0f} MiB; the plan counts {counted / MiB:.0f} MiB "
         f"(resident {b.device_used / MiB:.0f}, outside {b.outside / MiB:.0f}, staging "
-        f"{b.host_staging / MiB:.0f}, expansion {b.expansion / MiB:.0f})")
+        f"{b.host_staging / MiB:.0f}, expansion {b.expansion / MiB:.0f})"
+    )
 
 
 def test_in_place_write_to_a_streamed_weight_is_an_error(tmp_path: Path) -> None:
@@ -87,6 +89,7 @@ def test_in_place_write_to_a_streamed_weight_is_an_error(tmp_path: Path) -> None
     with torch.no_grad():
         want = ref(x)
         assert torch.equal(model(x), want)
+
         def write(m: torch.nn.Module, _args: Any) -> None:  # a buggy module's in-place update
             m.weight.mul_(2)
 
@@ -107,18 +110,18 @@ class _FakeCudart:
         self.calls = 0
         self.registered: set[int] = set()
 
-    def cudaHostRegister(self, addr: int, size: int, flags: int) -> int:  # noqa: N802 - CUDA's name
+    def cudaHostRegister(self, addr: int, size: int, flags: int) -> int:
         self.calls += 1
         if self.calls == self.fail_at:
             return 2  # cudaErrorMemoryAllocation
         self.registered.add(addr)
         return 0
 
-    def cudaHostUnregister(self, addr: int) -> int:  # noqa: N802 - CUDA's name
+    def cudaHostUnregister(self, addr: int) -> int:
         self.registered.discard(addr)
         return 0
 
-    def cudaGetErrorString(self, err: int) -> str:  # noqa: N802 - CUDA's name
+    def cudaGetErrorString(self, err: int) -> str:
         return "out of memory"
 
 
@@ -128,8 +131,9 @@ def _engine(tmp_path: Path) -> tuple[Any, Any]:
         ref = Tiny(dim=32, layers=4, vocab=50).eval()
     path = save(ref, tmp_path / "m.safetensors")
     model = on_meta(dim=32, layers=4, vocab=50)
-    tp.stream_load(model, path, plan=Plan.manual(resident=[], streamed=[f"blocks.{i}." for i in range(4)]),
-                   device="cpu")
+    tp.stream_load(
+        model, path, plan=Plan.manual(resident=[], streamed=[f"blocks.{i}." for i in range(4)]), device="cpu"
+    )
     state = tp.offload.state.get_state(model)
     assert state is not None and state.engine is not None
     return model, state.engine

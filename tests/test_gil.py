@@ -25,7 +25,7 @@ def test_conversion_releases_gil() -> None:
     def work() -> None:
         try:
             expand(w, torch.float32, scale, out=out, threads=1)
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+        except BaseException as e:
             errors.append(e)
 
     worker = threading.Thread(target=work)

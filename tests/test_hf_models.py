@@ -33,8 +33,9 @@ NEW_TOKENS = 32
 # kernels compute both outputs).
 DEVICES = [
     "cpu",
-    pytest.param("cuda", marks=[pytest.mark.cuda,
-                                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
+    pytest.param(
+        "cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+    ),
 ]
 
 
@@ -45,9 +46,19 @@ def _deterministic() -> Iterator[None]:
 
 
 def _llama_config(intermediate: int = 128, tied: bool = False) -> LlamaConfig:
-    return LlamaConfig(hidden_size=64, intermediate_size=intermediate, num_hidden_layers=6, num_attention_heads=4,
-                       num_key_value_heads=2, vocab_size=256, max_position_embeddings=128,
-                       tie_word_embeddings=tied, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return LlamaConfig(
+        hidden_size=64,
+        intermediate_size=intermediate,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=128,
+        tie_word_embeddings=tied,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
 
 
 def _llama(cfg: LlamaConfig, dtype: torch.dtype) -> nn.Module:
@@ -119,8 +130,7 @@ def _auto_plan(model: nn.Module, path: Path, device: str) -> Plan:
     ids=["f32", "f16-tied-autoplan", "bf16"],
 )
 @pytest.mark.parametrize("device", DEVICES)
-def test_llama_every_tier_logits_and_generate(tmp_path: Path, dtype: str, tied: bool, auto: bool,
-                                              device: str) -> None:
+def test_llama_every_tier_logits_and_generate(tmp_path: Path, dtype: str, tied: bool, auto: bool, device: str) -> None:
     torch_dtype = DTYPES[dtype]
     cfg = _llama_config(tied=tied)
     ref = _llama(cfg, torch_dtype)
@@ -177,9 +187,18 @@ def _flux() -> tuple[Callable[[], nn.Module], Callable[[torch.dtype], dict[str, 
     from diffusers import FluxTransformer2DModel
 
     def build() -> nn.Module:
-        return FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=3,
-                                      attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
-                                      pooled_projection_dim=32, guidance_embeds=False, axes_dims_rope=(4, 6, 6))
+        return FluxTransformer2DModel(
+            patch_size=1,
+            in_channels=16,
+            num_layers=2,
+            num_single_layers=3,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            pooled_projection_dim=32,
+            guidance_embeds=False,
+            axes_dims_rope=(4, 6, 6),
+        )
 
     def inputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(3)
@@ -203,10 +222,18 @@ def _unet() -> tuple[Callable[[], nn.Module], Callable[[torch.dtype], dict[str, 
     from diffusers import UNet2DConditionModel
 
     def build() -> nn.Module:
-        return UNet2DConditionModel(block_out_channels=(32, 64), layers_per_block=1, sample_size=16, in_channels=4,
-                                    out_channels=4, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-                                    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=32,
-                                    norm_num_groups=8, attention_head_dim=8)
+        return UNet2DConditionModel(
+            block_out_channels=(32, 64),
+            layers_per_block=1,
+            sample_size=16,
+            in_channels=4,
+            out_channels=4,
+            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+            cross_attention_dim=32,
+            norm_num_groups=8,
+            attention_head_dim=8,
+        )
 
     def inputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(3)
@@ -229,8 +256,16 @@ _MID = "mid_block.attentions.0.transformer_blocks.0.ff.net."
 _RUN_ORDER = {
     # Block discovery takes the outermost lists with two or more weighted children: in the mid
     # block, its two resnets and the two weighted members of the feed-forward's net list.
-    "unet": ["down_blocks.0.", "down_blocks.1.", "mid_block.resnets.0.", _MID + "0.", _MID + "2.",
-             "mid_block.resnets.1.", "up_blocks.0.", "up_blocks.1."],
+    "unet": [
+        "down_blocks.0.",
+        "down_blocks.1.",
+        "mid_block.resnets.0.",
+        _MID + "0.",
+        _MID + "2.",
+        "mid_block.resnets.1.",
+        "up_blocks.0.",
+        "up_blocks.1.",
+    ],
 }
 
 
@@ -306,8 +341,10 @@ def test_unet_defined_order_warns_naming_the_expected_block(tmp_path: Path) -> N
         # Discovery lists down_blocks, up_blocks, then the mid block: after down_blocks.1 the
         # defined order expects up_blocks.0.
         assert names[:4] == ["down_blocks.0.", "down_blocks.1.", "up_blocks.0.", "up_blocks.1."]
-        assert messages == ["block mid_block.resnets.0. ran before the order given (up_blocks.0. ...): "
-                            "pass order= so the first blocks are staged in the order forward() runs them"]
+        assert messages == [
+            "block mid_block.resnets.0. ran before the order given (up_blocks.0. ...): "
+            "pass order= so the first blocks are staged in the order forward() runs them"
+        ]
         assert handle.recorded_order == _RUN_ORDER["unet"][1:]
     finally:
         trash_panda.release(model, handle)
@@ -344,8 +381,9 @@ FP8_LAYOUTS = {
 }
 
 
-def _quantize(w: torch.Tensor, layout: str, fp8: torch.dtype,
-              scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+def _quantize(
+    w: torch.Tensor, layout: str, fp8: torch.dtype, scale_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(fp8 weight, scale tensor as stored, the stored scale in fp32 broadcast to the weight)."""
     rows, cols = w.shape
     top = torch.finfo(fp8).max
@@ -369,8 +407,9 @@ def _quantize(w: torch.Tensor, layout: str, fp8: torch.dtype,
     ids=["e4m3-f32-scales", "e4m3-bf16-scales", "e5m2-f32-scales"],
 )
 @pytest.mark.parametrize("device", DEVICES)
-def test_llama_fp8_scales_every_tier_equals_reference_expansion(tmp_path: Path, fp8: torch.dtype,
-                                                                scale_dtype: torch.dtype, device: str) -> None:
+def test_llama_fp8_scales_every_tier_equals_reference_expansion(
+    tmp_path: Path, fp8: torch.dtype, scale_dtype: torch.dtype, device: str
+) -> None:
     cfg = _llama_config(intermediate=160)  # gate/up/down have a dimension over 128: two scale blocks
     ref = _llama(cfg, torch.bfloat16)
     _randomize(ref)
@@ -415,7 +454,9 @@ def test_llama_fp8_scales_every_tier_equals_reference_expansion(tmp_path: Path, 
         assert torch.equal(got, want)
         _ran_streamed(handle, p, passes=1)
         gen = {"max_new_tokens": 8, "min_new_tokens": 8, "do_sample": False, "use_cache": True}
-        assert torch.equal(model.generate(input_ids=ids, attention_mask=mask, **gen),
-                           ref.generate(input_ids=ids, attention_mask=mask, **gen))
+        assert torch.equal(
+            model.generate(input_ids=ids, attention_mask=mask, **gen),
+            ref.generate(input_ids=ids, attention_mask=mask, **gen),
+        )
     finally:
         trash_panda.release(model, handle)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from trash_panda import _core
 from trash_panda.errors import ArgumentError, ReadError, StreamError, TrashPandaError
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from models import Tiny, TwoLists, on_meta, save
 
+from models import Tiny, TwoLists, on_meta, save
 from trash_panda import ArgumentError, Plan, PlanError, Tier, plan
 from trash_panda.blocks import find_blocks
 
@@ -38,17 +38,32 @@ def test_finds_blocks_on_meta_model() -> None:
 
 def test_plan_fills_device_then_ram_then_disk(tiny_ckpt: Path) -> None:
     model = on_meta(Tiny)
-    p = plan(model, tiny_ckpt, vram="10MB", ram="3GB", headroom_vram=0, min_free_ram="2.9GB",
-             compute_dtype="f32", lookahead=1)
-    tiers = [b.tier for b in p.blocks]
-    assert tiers == sorted(tiers, key=[Tier.DEVICE, Tier.RAM, Tier.DISK].index)
-    assert all(b.stored_bytes == BLOCK for b in p.blocks)
-    # 10 MB - staging (1 block) - one expanded block - outside weights (embed, norm, head).
+    fixed = {"headroom_vram": 0, "min_free_ram": 0, "compute_dtype": "f32", "lookahead": 1}
+    # Every block on disk: the staging buffer the largest block needs there.
+    probe = plan(model, tiny_ckpt, vram="1TB", ram=0, resident_blocks=0, **fixed)
+    b = probe.budgets
+    assert b is not None and b.staging_buffers == 2 and b.expansion == 0
+    buffer = b.staging_buffer_bytes
+    assert BLOCK <= buffer < BLOCK + 2 * 4096 and buffer % 4096 == 0
     outside = (100 * 64 + 2 * 64 + 100 * 64) * 4
-    fits = (10_000_000 - 2 * BLOCK - outside) // BLOCK
-    assert p.blocks_in(Tier.DEVICE) == [f"blocks.{i}." for i in range(min(fits, 6))]
+    assert b.outside == outside
+    # Room on the device for two blocks and a half beside two slots and the outside weights,
+    # and in RAM for two and a half beside the two staging buffers.
+    p = plan(
+        model,
+        tiny_ckpt,
+        vram=outside + 2 * buffer + 2 * BLOCK + BLOCK // 2,
+        ram=2 * buffer + 2 * BLOCK + BLOCK // 2,
+        **fixed,
+    )
+    assert [b.tier for b in p.blocks] == [Tier.DEVICE] * 2 + [Tier.RAM] * 2 + [Tier.DISK] * 2, str(p)
+    assert all(b.stored_bytes == BLOCK for b in p.blocks)
+    budgets = p.budgets
+    assert budgets is not None
+    assert (budgets.device_used, budgets.ram_used, budgets.disk_bytes) == (2 * BLOCK, 2 * BLOCK, 2 * BLOCK)
+    assert (budgets.host_staging, budgets.device_slot_bytes) == (2 * buffer, 2 * buffer)
     text = str(p)
-    assert "device" in text and "blocks.0" in text
+    assert "blocks.0-1" in text and "blocks.2-3" in text and "blocks.4-5" in text, text
 
 
 def test_resident_blocks_and_warnings(tiny_ckpt: Path) -> None:

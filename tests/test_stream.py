@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from models import Tiny, TwoLists, on_meta, save
 from safetensors.torch import save_file
 
 import trash_panda as tp
+from models import Tiny, TwoLists, on_meta, save
 from trash_panda import CheckpointError, Plan, Tier
 from trash_panda.offload.state import get_state
 
@@ -56,8 +56,9 @@ def test_every_tier_bit_for_bit(tmp_path: Path, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("lookahead", ["0", "1", "3"])
 @pytest.mark.parametrize("ram_in_memory", ["0", "1"])
-def test_settings_keep_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lookahead: str,
-                               ram_in_memory: str) -> None:
+def test_settings_keep_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lookahead: str, ram_in_memory: str
+) -> None:
     monkeypatch.setenv("TRASH_PANDA_LOOKAHEAD", lookahead)
     monkeypatch.setenv("TRASH_PANDA_RAM_IN_MEMORY", ram_in_memory)
     monkeypatch.setenv("TRASH_PANDA_DISK_MODE", "buffered" if lookahead == "1" else "direct")
@@ -76,7 +77,9 @@ def test_automatic_plan_and_low_level_form(tmp_path: Path) -> None:
     ref = reference(torch.float32)
     path = save(ref, tmp_path / "m.safetensors")
     model = on_meta(Tiny)
-    tp.stream_load(model, path, offload_prefixes=["blocks."], resident_prefixes=["blocks.0."], compute_dtype="f32", device="cpu")
+    tp.stream_load(
+        model, path, offload_prefixes=["blocks."], resident_prefixes=["blocks.0."], compute_dtype="f32", device="cpu"
+    )
     state = get_state(model)
     assert state is not None
     assert [b.tier for b in state.blocks] == [Tier.DEVICE] + [Tier.RAM] * 5
@@ -105,7 +108,9 @@ def test_two_block_lists(tmp_path: Path) -> None:
     state = get_state(model)
     assert state is not None
     assert [(b.prefix, b.tier.value) for b in state.blocks] == [
-        ("double_blocks.0.", "device"), ("double_blocks.1.", "ram"), ("double_blocks.2.", "disk"),
+        ("double_blocks.0.", "device"),
+        ("double_blocks.1.", "ram"),
+        ("double_blocks.2.", "disk"),
         *((f"single_blocks.{i}.", "ram") for i in range(4)),
     ]
     handle = tp.install_offload(model)
@@ -266,6 +271,7 @@ def test_order_and_warning(tmp_path: Path) -> None:
     tp.release(model)
 
 
+@pytest.mark.slow
 def test_release_gives_memory_back(tmp_path: Path) -> None:
     ref = reference(torch.float32, dim=1280, layers=8, vocab=100)  # about 420 MB of weights
     path = save(ref, tmp_path / "big.safetensors")
@@ -327,8 +333,14 @@ def test_key_map_and_skip_prefixes(tmp_path: Path) -> None:
     tensors["vision.patch.weight"] = torch.zeros(8, 8)  # a part the model does not have
     save_file(tensors, str(tmp_path / "prefixed.safetensors"))
     model = on_meta(Tiny)
-    report = tp.stream_load(model, tmp_path / "prefixed.safetensors", plan=every_tier(),
-                            key_map={"model.": ""}, skip_prefixes=["vision."], device="cpu")
+    report = tp.stream_load(
+        model,
+        tmp_path / "prefixed.safetensors",
+        plan=every_tier(),
+        key_map={"model.": ""},
+        skip_prefixes=["vision."],
+        device="cpu",
+    )
     assert report.unexpected == []
     handle = tp.install_offload(model)
     with torch.no_grad():
@@ -336,14 +348,21 @@ def test_key_map_and_skip_prefixes(tmp_path: Path) -> None:
     tp.release(model, handle)
 
     model = on_meta(Tiny)
-    report = tp.stream_load(model, tmp_path / "prefixed.safetensors", plan=every_tier(),
-                            key_map=lambda name: name.removeprefix("model."), device="cpu")
+    report = tp.stream_load(
+        model,
+        tmp_path / "prefixed.safetensors",
+        plan=every_tier(),
+        key_map=lambda name: name.removeprefix("model."),
+        device="cpu",
+    )
     assert report.unexpected == ["vision.patch.weight"]
     assert "vision.patch.weight" in str(report)
     tp.release(model)
 
 
-def test_profile_report_and_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_profile_report_and_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import json
 
     path = save(reference(torch.float32), tmp_path / "m.safetensors")

@@ -5,6 +5,16 @@ from __future__ import annotations
 from . import dtype, errors
 from ._core import __version__
 from .checkpoint import Checkpoint
+from .errors import (
+    ArgumentError,
+    CheckpointError,
+    DtypeError,
+    PlanError,
+    ReadError,
+    StreamError,
+    SystemProbeError,
+    TrashPandaError,
+)
 from .offload import (
     LoadReport,
     OffloadHandle,
@@ -16,16 +26,6 @@ from .offload import (
     stream_load,
 )
 from .plan import Plan, Tier, plan
-from .errors import (
-    ArgumentError,
-    CheckpointError,
-    DtypeError,
-    PlanError,
-    ReadError,
-    StreamError,
-    SystemProbeError,
-    TrashPandaError,
-)
 
 __all__ = [
     "ArgumentError",

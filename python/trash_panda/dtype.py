@@ -5,7 +5,6 @@ Each call releases the GIL and runs on several threads for large tensors.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 from . import _core
@@ -87,8 +86,16 @@ def expand(
         values = s.reshape(-1)
     result = _out(w, target, out)
     _core.expand(
-        _bytes(w), core_name(w.dtype), _bytes(result), core_name(target), rows, cols,
-        scale_kind=kind, scale=values, block=block_size, threads=threads,
+        _bytes(w),
+        core_name(w.dtype),
+        _bytes(result),
+        core_name(target),
+        rows,
+        cols,
+        scale_kind=kind,
+        scale=values,
+        block=block_size,
+        threads=threads,
     )
     return result
 
@@ -125,7 +132,5 @@ def quantize_fp8(
     rows, cols = rows_cols(tuple(t.shape))
     q = torch.empty(t.shape, dtype=torch.float8_e4m3fn)
     scales = torch.empty(rows if per_row else 1, dtype=torch.float32)
-    _core.quantize_fp8(
-        _bytes(t), core_name(t.dtype), _bytes(q), scales, rows, cols, per_row, threads=threads
-    )
+    _core.quantize_fp8(_bytes(t), core_name(t.dtype), _bytes(q), scales, rows, cols, per_row, threads=threads)
     return q, scales.reshape(rows, 1) if per_row else scales.reshape(())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from . import _core
 from .errors import ArgumentError
@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ._core import TensorInfo
     from .checkpoint import Checkpoint
 
-KeyMap = Union[Mapping[str, str], Callable[[str], Union[str, None]], None]
+KeyMap = Mapping[str, str] | Callable[[str], str | None] | None
 
 # The core's suffixes of scale tensors (weight_scale, scale_weight, weight_scale_inv, and last
 # input_scale, which is carried along but never applied to weights).
@@ -62,9 +62,7 @@ def check_prefixes(skip_prefixes: object) -> tuple[str, ...]:
     return tuple(skip_prefixes)  # type: ignore[arg-type]
 
 
-def model_tensors(
-    ckpt: Checkpoint, key_map: KeyMap = None, skip_prefixes: object = None
-) -> dict[str, TensorInfo]:
+def model_tensors(ckpt: Checkpoint, key_map: KeyMap = None, skip_prefixes: object = None) -> dict[str, TensorInfo]:
     """The checkpoint's tensors under the model's names, without the skipped ones.
 
     ``skip_prefixes`` are matched against both the checkpoint's and the model's name.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import _core
 from .blocks import find_blocks
@@ -91,8 +91,9 @@ class Plan:
     @property
     def blocks(self) -> list[BlockPlan]:
         return [
-            BlockPlan(b.name, Tier(b.tier), b.stored_bytes, b.expanded_bytes, b.tensors, b.staged_bytes,
-                      b.expansion_bytes)
+            BlockPlan(
+                b.name, Tier(b.tier), b.stored_bytes, b.expanded_bytes, b.tensors, b.staged_bytes, b.expansion_bytes
+            )
             for b in self._core.blocks
         ]
 

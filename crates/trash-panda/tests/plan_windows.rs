@@ -24,7 +24,7 @@ fn figures(available_ram: u64, commit: Option<CommitCharge>, vram: Option<u64>) 
 #[test]
 fn commit_headroom_caps_the_ram_tier_where_it_is_tighter() {
     let m = decoder(10, DType::BF16);
-    let vram = Some(3_900_000_000);
+    let vram = Some(3_600_000_000);
     let free = plan(&m, &figures(16 * GB, None, vram), &opts()).unwrap();
     let tight = CommitCharge {
         limit: 20 * GB,
@@ -58,7 +58,7 @@ fn forcing_blocks_past_the_reserve_warns_about_shared_memory_for_windows_figures
         resident_blocks: Some(10),
         ..opts()
     };
-    let vram = Some(3_900_000_000);
+    let vram = Some(3_600_000_000);
     let windows = Some(CommitCharge {
         limit: 40 * GB,
         available: 30 * GB,

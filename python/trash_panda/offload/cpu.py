@@ -78,7 +78,7 @@ class CpuBackend:
         offsets = self.offsets.get(block.index)
         if offsets is None:
             offsets = self.offsets[block.index] = resident_offsets(self.state.config, block)
-        for spec, at in zip(block.work, offsets):
+        for spec, at in zip(block.work, offsets, strict=True):
             assert spec.resident is not None and at is not None
             out = self.expansion.view(at, spec.shape, spec.target)
             scale = spec.resident_scale

@@ -80,7 +80,7 @@ def register_pinned(cudart: Any, engine: _core.Engine) -> PinnedRegistration | N
             name = getattr(err, "name", str(err))
             try:
                 message = cudart.cudaGetErrorString(err)
-            except Exception:  # noqa: BLE001 - the name alone still says what failed
+            except Exception:
                 message = "no message"
             warnings.warn(
                 f"could not pin a {size}-byte staging buffer ({name}: {message}); streamed blocks "
@@ -100,7 +100,9 @@ def _expand_into(out: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
 
     exact = w.dtype.itemsize < out.dtype.itemsize or w.dtype == out.dtype or w.dtype.itemsize == 1
     if scale is not None and not exact:
-        out.copy_((w.to(torch.float32) * scale.to(torch.float32).reshape(_broadcast(scale, w, kind))).reshape(out.shape))
+        out.copy_(
+            (w.to(torch.float32) * scale.to(torch.float32).reshape(_broadcast(scale, w, kind))).reshape(out.shape)
+        )
         return
     out.copy_(w.reshape(out.shape))
     if scale is None:
@@ -169,7 +171,7 @@ class CudaBackend:
             offsets = self.offsets.get(block.index)
             if offsets is None:
                 offsets = self.offsets[block.index] = resident_offsets(self.state.config, block)
-            for spec, at in zip(block.work, offsets):
+            for spec, at in zip(block.work, offsets, strict=True):
                 assert spec.resident is not None and at is not None
                 out = self.expansion.view(at, spec.shape, spec.target)
                 _expand_into(out, spec.resident, spec.resident_scale, spec.scale_kind)

@@ -19,10 +19,10 @@ from .work import Timing
 
 if TYPE_CHECKING:
     import torch
-
-    from .. import _core
     from torch import nn
     from torch.utils.hooks import RemovableHandle
+
+    from .. import _core
 
 __all__ = ["OffloadHandle", "install_offload", "offload_blocks"]
 
@@ -51,8 +51,9 @@ class OffloadHandle:
     """What install_offload() returns: ``remove()`` takes the hooks off and restores the blocks
     (their weights stay loaded; :func:`release` frees them)."""
 
-    def __init__(self, model: nn.Module, state: ModelState, backend: CpuBackend | CudaBackend,
-                 registry: HookRegistry) -> None:
+    def __init__(
+        self, model: nn.Module, state: ModelState, backend: CpuBackend | CudaBackend, registry: HookRegistry
+    ) -> None:
         self.model = model
         self._state = state
         self._backend = backend
@@ -115,8 +116,9 @@ def _set_order(state: ModelState, order: list[str] | None) -> list[int]:
     for name in order:
         b = by_name.get(name.rstrip("."))
         if b is None:
-            raise ArgumentError(f"order names {name!r}, which is not a block of the model "
-                                f"(blocks: {', '.join(list(by_name)[:4])}, ...)")
+            raise ArgumentError(
+                f"order names {name!r}, which is not a block of the model (blocks: {', '.join(list(by_name)[:4])}, ...)"
+            )
         if b.engine_index is not None and b.engine_index not in first:
             first.append(b.engine_index)
     rest = [b.engine_index for b in streamed if b.engine_index is not None and b.engine_index not in first]
@@ -152,8 +154,9 @@ def make_backend(state: ModelState) -> CpuBackend | CudaBackend:
     raise StreamError(f"device {state.device} is not supported: expected cuda or cpu")
 
 
-def _install(model: nn.Module, state: ModelState, blocks: Iterable[BlockState],
-             order: list[str] | None) -> OffloadHandle:
+def _install(
+    model: nn.Module, state: ModelState, blocks: Iterable[BlockState], order: list[str] | None
+) -> OffloadHandle:
     expected = _set_order(state, order)  # the order given, which the first runs are checked against
     by_engine = {b.engine_index: b.prefix for b in state.blocks if b.engine_index is not None}
     backend = make_backend(state)
@@ -224,7 +227,9 @@ def offload_blocks(
     if torch.device(device) != state.device and not (torch.device(device).type == state.device.type == "cuda"):
         raise ArgumentError(f"device: the model was loaded for {state.device}, not {device}")
     if compute_dtype is not None and resolve(compute_dtype) != state.compute_dtype:
-        raise ArgumentError(f"compute_dtype: the model was loaded to compute in {state.compute_dtype}, not {compute_dtype}")
+        raise ArgumentError(
+            f"compute_dtype: the model was loaded to compute in {state.compute_dtype}, not {compute_dtype}"
+        )
     if state.handle is not None:
         raise ArgumentError("the model's hooks are already installed; remove() the handle first")
     return _install(model, state, chosen, None)

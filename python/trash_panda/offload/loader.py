@@ -66,7 +66,6 @@ def stream_load(
     streamed blocks with ``offload_prefixes`` (and those to keep with ``resident_prefixes``).
     On any error the model is left unloaded (every weight on the meta device), never half-loaded.
     """
-    import torch
     from torch import nn
 
     if not isinstance(model, nn.Module):
@@ -80,8 +79,16 @@ def stream_load(
     if resident_prefixes is not None and offload_prefixes is None:
         raise ArgumentError("resident_prefixes= goes with offload_prefixes=")
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
-    request = LoadRequest(plan, offload_prefixes, resident_prefixes, compute_dtype, storage_dtype, key_map,
-                          skip_prefixes, resolve_device(device))
+    request = LoadRequest(
+        plan,
+        offload_prefixes,
+        resident_prefixes,
+        compute_dtype,
+        storage_dtype,
+        key_map,
+        skip_prefixes,
+        resolve_device(device),
+    )
     try:
         return _stream_load(model, ckpt, request)
     except BaseException:
@@ -92,8 +99,15 @@ def stream_load(
 def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
     plan, compute_dtype, storage_dtype = req.plan, req.compute_dtype, req.storage_dtype
     if plan is None and req.offload_prefixes is None:
-        return make_plan(model, ckpt, compute_dtype=compute_dtype, storage_dtype=storage_dtype,
-                         key_map=req.key_map, skip_prefixes=req.skip_prefixes, device=req.device)
+        return make_plan(
+            model,
+            ckpt,
+            compute_dtype=compute_dtype,
+            storage_dtype=storage_dtype,
+            key_map=req.key_map,
+            skip_prefixes=req.skip_prefixes,
+            device=req.device,
+        )
     if req.offload_prefixes is not None:
         prefixes = [b.prefix for b in find_blocks(model, req.offload_prefixes)]
         keep = tuple(req.resident_prefixes or ())
@@ -170,16 +184,25 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
             m._parameters[a] = param
 
     report.kept_buffers = load_buffers(model, named, device)
-    state = ModelState(checkpoint=ckpt, plan=plan, config=config, device=device, compute_dtype=compute,
-                       blocks=blocks, engine=engine, report=report)
+    state = ModelState(
+        checkpoint=ckpt,
+        plan=plan,
+        config=config,
+        device=device,
+        compute_dtype=compute,
+        blocks=blocks,
+        engine=engine,
+        report=report,
+    )
     setattr(model, STATE_ATTR, state)
     register_model(model)
     report.seconds = time.perf_counter() - t_start
     return report
 
 
-def _engine_for(streamed: list[BlockState], files: list[str], config: _core.EngineConfig,
-                report: LoadReport) -> _core.Engine:
+def _engine_for(
+    streamed: list[BlockState], files: list[str], config: _core.EngineConfig, report: LoadReport
+) -> _core.Engine:
     """The prefetch engine of the streamed blocks, sized by the plan's configuration; fills in
     their staging indices, their placeholders and the report's RAM and disk lines."""
     file_index = {f: i for i, f in enumerate(files)}

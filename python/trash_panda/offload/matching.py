@@ -36,7 +36,6 @@ def _near(name: str, names: list[str]) -> str:
     return f" (near names in the checkpoint: {', '.join(close)})" if close else ""
 
 
-
 def match(
     model: nn.Module,
     named: dict[str, _core.TensorInfo],
@@ -93,8 +92,9 @@ def match(
         kind = "none" if scale is None else _scale_kind(shape, list(scale.shape), scale_name or "")
         target = compute if p.dtype.is_floating_point else torch_dtype(info.dtype)
         module, attr, _ = owners[0]
-        spec = TensorSpec(name=found, module=module, attr=attr, info=info, scale=scale, scale_kind=kind,
-                          target=target, shape=shape)
+        spec = TensorSpec(
+            name=found, module=module, attr=attr, info=info, scale=scale, scale_kind=kind, target=target, shape=shape
+        )
         used.add(found)
         spec.owners = [(m, a) for m, a, _ in owners]
         prefix = next((q for q in prefixes if found.startswith(q)), None)
@@ -103,15 +103,17 @@ def match(
         else:
             others = [n for _m, _a, n in owners if not n.startswith(prefix)]
             if others:
-                raise ArgumentError(f"{found} is tied to {others[0]}, outside its block {prefix}: "
-                                    "tied weights must live outside the blocks")
+                raise ArgumentError(
+                    f"{found} is tied to {others[0]}, outside its block {prefix}: "
+                    "tied weights must live outside the blocks"
+                )
             blocks[prefix].tensors.append(spec)
     if missing:
         listed = "; ".join(m + _near(m, list(named)) for m in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise CheckpointError(f"{len(missing)} parameter(s) of the model are not in the checkpoint: {listed}{more}")
     buffers = {name for name, _b in model.named_buffers()}
-    unexpected = sorted(n for n in named if n not in used and n not in buffers
-                        and not (is_scale(n) and weight_of_scale(n) in used))
+    unexpected = sorted(
+        n for n in named if n not in used and n not in buffers and not (is_scale(n) and weight_of_scale(n) in used)
+    )
     return list(blocks.values()), outside, unexpected
-

@@ -7,8 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .. import _core
-from .. import config
+from .. import _core, config
 
 if TYPE_CHECKING:
     from .hooks import OffloadHandle
@@ -55,21 +54,29 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
     """The profile's inputs for what ran under ``handle``."""
     state = handle._state
     blocks = [(b.prefix.rstrip("."), b.tier.value) for b in state.blocks]
-    runs = [(i, start, end, t.staged_wait, t.gpu_wait, t.bytes, state.blocks[i].tier.value)
-            for i, start, end, t in handle.runs]
+    runs = [
+        (i, start, end, t.staged_wait, t.gpu_wait, t.bytes, state.blocks[i].tier.value)
+        for i, start, end, t in handle.runs
+    ]
     r = state.report
     load = None
     if r is not None:
-        load = json.dumps({
-            "seconds": r.seconds,
-            "device": {"bytes": r.device_tier.bytes + r.outside.bytes,
-                       "seconds": r.device_tier.seconds + r.outside.seconds},
-            "ram": {"bytes": 0 if r.ram_source == "in memory" else r.ram.bytes, "seconds": 0.0},
-            "disk": {"bytes": 0, "seconds": 0.0},
-            "ram_in_memory": ({"bytes": r.ram.bytes, "seconds": r.ram.seconds,
-                               "threads": int(config.setting("ram_threads"))}
-                              if r.ram_source == "in memory" and r.ram.blocks else None),
-        })
+        load = json.dumps(
+            {
+                "seconds": r.seconds,
+                "device": {
+                    "bytes": r.device_tier.bytes + r.outside.bytes,
+                    "seconds": r.device_tier.seconds + r.outside.seconds,
+                },
+                "ram": {"bytes": 0 if r.ram_source == "in memory" else r.ram.bytes, "seconds": 0.0},
+                "disk": {"bytes": 0, "seconds": 0.0},
+                "ram_in_memory": (
+                    {"bytes": r.ram.bytes, "seconds": r.ram.seconds, "threads": int(config.setting("ram_threads"))}
+                    if r.ram_source == "in memory" and r.ram.blocks
+                    else None
+                ),
+            }
+        )
     engine = None
     if state.engine is not None and not state.engine.closed:
         engine = state.engine.stats_json()

@@ -36,7 +36,6 @@ def read_tensor(info: _core.TensorInfo, threads: int) -> torch.Tensor:
 def materialize(spec: TensorSpec, device: torch.device, *, storage: str | None, threads: int, expand: bool) -> None:
     """Reads one parameter. ``expand``: to its compute dtype now (outside weights); otherwise kept
     stored (resident blocks), and expanded by the hooks when it differs from the compute dtype."""
-    import torch
     from torch import nn
 
     from .. import dtype as kernels
@@ -134,4 +133,3 @@ def unload(model: nn.Module) -> None:
                 module._buffers[attr] = torch.empty_like(b, device="meta")
     if hasattr(model, STATE_ATTR):
         delattr(model, STATE_ATTR)
-

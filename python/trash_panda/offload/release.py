@@ -24,8 +24,10 @@ _RELEASED_HOOK = "_trash_panda_released"
 
 
 def _refuse_released(module: nn.Module, _args: Any) -> None:
-    raise TrashPandaError(f"{type(module).__name__} was released by trash_panda.release() and cannot run; "
-                          "load it again with stream_load()")
+    raise TrashPandaError(
+        f"{type(module).__name__} was released by trash_panda.release() and cannot run; "
+        "load it again with stream_load()"
+    )
 
 
 def release(model: nn.Module, handle: OffloadHandle | None = None) -> None:
@@ -78,8 +80,9 @@ def _release(model: nn.Module, handle: OffloadHandle | None) -> None:
             print_report(snap)
 
 
-def measure_activation_vram(fn: Callable[[], Any], plan: Plan | None = None, *,
-                            device: torch.device | str | None = None) -> int:
+def measure_activation_vram(
+    fn: Callable[[], Any], plan: Plan | None = None, *, device: torch.device | str | None = None
+) -> int:
     """The peak memory a call needs beyond what was held before it, in bytes.
 
     On CUDA: the peak allocated device memory during ``fn()`` minus what was allocated before.

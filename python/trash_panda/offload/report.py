@@ -53,9 +53,14 @@ class LoadReport:
         if self.disk_mode_reason:
             lines.append(f"  disk tier: {self.disk_mode_reason}")
         if self.kept_buffers:
-            lines.append(f"  buffers not in the checkpoint, kept from construction: {', '.join(self.kept_buffers[:6])}"
-                         + (" ..." if len(self.kept_buffers) > 6 else ""))
+            lines.append(
+                f"  buffers not in the checkpoint, kept from construction: {', '.join(self.kept_buffers[:6])}"
+                + (" ..." if len(self.kept_buffers) > 6 else "")
+            )
         if self.unexpected:
-            lines.append(f"  {len(self.unexpected)} checkpoint tensors the model has no place for: "
-                         + ", ".join(self.unexpected[:6]) + (" ..." if len(self.unexpected) > 6 else ""))
+            lines.append(
+                f"  {len(self.unexpected)} checkpoint tensors the model has no place for: "
+                + ", ".join(self.unexpected[:6])
+                + (" ..." if len(self.unexpected) > 6 else "")
+            )
         return "\n".join(lines)

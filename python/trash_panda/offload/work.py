@@ -52,8 +52,10 @@ class ExpansionBuffer:
     def view(self, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         n = math.prod(shape) * dtype.itemsize
         if offset + n > self.raw.numel():
-            raise StreamError(f"an expansion of {n} bytes at {offset} passes the end of the plan's "
-                              f"{self.raw.numel()}-byte expansion buffer: plan the model again")
+            raise StreamError(
+                f"an expansion of {n} bytes at {offset} passes the end of the plan's "
+                f"{self.raw.numel()}-byte expansion buffer: plan the model again"
+            )
         return self.raw[offset : offset + n].view(dtype).reshape(shape)
 
 

@@ -117,7 +117,7 @@ fn message(kind: &WarningKind) -> String {
 /// VRAM (not `max_vram`, which only caps the plan) minus everything the plan puts there.
 fn shared_memory_shortfall(free_vram: u64, budgets: &Budgets) -> Option<u64> {
     let taken =
-        budgets.device_used + budgets.device_staging + budgets.expanded_block + budgets.outside;
+        budgets.device_used + budgets.device_slot_bytes + budgets.expansion + budgets.outside;
     let free = free_vram.saturating_sub(taken);
     (free < budgets.reserve).then_some(free)
 }
