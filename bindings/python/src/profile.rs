@@ -3,9 +3,10 @@
 use pyo3::prelude::*;
 
 use trash_panda::plan::Tier;
-use trash_panda::profile::{BlockRun, EngineSummary, LoadSummary, MemoryPoint, Profile};
+use trash_panda::profile::{BlockRun, LoadSummary, MemoryPoint, Profile};
 
 use crate::errors::{raise, Kind, ToPyErr};
+use crate::stream::PyEngineStats;
 
 fn tier(name: &str) -> PyResult<Tier> {
     name.parse::<Tier>().map_err(ToPyErr::to_py)
@@ -23,7 +24,7 @@ fn profile_report(
     blocks: Vec<(String, String)>,
     runs: Vec<RunArg>,
     load: Option<&str>,
-    engine: Option<&str>,
+    engine: Option<PyRef<'_, PyEngineStats>>,
     memory: Option<&str>,
 ) -> PyResult<(String, String, String)> {
     let tiers = blocks
@@ -51,10 +52,10 @@ fn profile_report(
         let summary: LoadSummary = serde_json::from_str(text).map_err(|e| parse_err("load", e))?;
         profile.set_load(summary).map_err(ToPyErr::to_py)?;
     }
-    if let Some(text) = engine {
-        let summary: EngineSummary =
-            serde_json::from_str(text).map_err(|e| parse_err("engine", e))?;
-        profile.set_engine(summary).map_err(ToPyErr::to_py)?;
+    if let Some(stats) = engine {
+        profile
+            .set_engine(stats.summary())
+            .map_err(ToPyErr::to_py)?;
     }
     if let Some(text) = memory {
         let points: Vec<MemoryPoint> =

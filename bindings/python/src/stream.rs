@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use trash_panda::dtype::{self, rows_cols, DType, Scale, SCALE_BLOCK};
 use trash_panda::engine_config::{staged_work, EngineConfig, ScaleSource};
 use trash_panda::io::ReadMode;
+use trash_panda::profile::EngineSummary;
 use trash_panda::stream::{Engine, EngineStats, Lease, SourceTier, StreamBlock, StreamTensor};
 
 use crate::checkpoint::PyTensorBytes;
@@ -186,12 +187,6 @@ impl PyEngine {
         })
     }
 
-    /// The engine's statistics as JSON (the profile report's input).
-    fn stats_json(&self) -> PyResult<String> {
-        serde_json::to_string(&self.engine()?.stats())
-            .map_err(|e| raise(Kind::Stream, e.to_string()))
-    }
-
     fn reset_stats(&self) -> PyResult<()> {
         self.engine()?.reset_stats();
         Ok(())
@@ -224,6 +219,21 @@ impl PyEngine {
 #[derive(Debug, Clone)]
 pub(crate) struct PyEngineStats {
     inner: EngineStats,
+}
+
+impl PyEngineStats {
+    /// The counters the profile report shows.
+    pub(crate) fn summary(&self) -> EngineSummary {
+        let s = &self.inner;
+        EngineSummary {
+            buffer_waits: s.buffer_waits,
+            buffer_wait_seconds: s.buffer_wait_seconds,
+            hits: s.hits,
+            misses: s.misses,
+            reclaimed_unused: s.reclaimed_unused,
+            out_of_order: s.out_of_order,
+        }
+    }
 }
 
 #[pymethods]

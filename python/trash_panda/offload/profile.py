@@ -20,7 +20,7 @@ class Snapshot:
     blocks: list[tuple[str, str]]
     runs: list[tuple[int, float, float, float, float, int, str]]
     load: str | None
-    engine: str | None
+    engine: _core.EngineStats | None
     memory: list[dict[str, object]] = field(default_factory=list)
 
     def render(self) -> tuple[str, str, str]:
@@ -79,7 +79,7 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
         )
     engine = None
     if state.engine is not None and not state.engine.closed:
-        engine = state.engine.stats_json()
+        engine = state.engine.stats()
     return Snapshot(blocks, runs, load, engine)
 
 
