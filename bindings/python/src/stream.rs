@@ -132,6 +132,25 @@ impl PyEngine {
         })
     }
 
+    /// Leases `block` if it is staged now (None otherwise), without counting a run: for copying
+    /// it to the device ahead of its run. Call `advance(block)` when it runs.
+    fn try_lease(&self, block: usize) -> PyResult<Option<PyLease>> {
+        let lease = self.engine()?.try_lease(block).map_err(ToPyErr::to_py)?;
+        Ok(lease.map(|lease| PyLease {
+            cell: Mutex::new(Some(Arc::new(LeaseCell(lease)))),
+        }))
+    }
+
+    /// Counts a run of `block` leased with `try_lease`, and stages the blocks after it.
+    fn advance(&self, block: usize) -> PyResult<()> {
+        self.engine()?.advance(block).map_err(ToPyErr::to_py)
+    }
+
+    /// The run order in use (every block once).
+    fn order(&self) -> PyResult<Vec<usize>> {
+        Ok(self.engine()?.order())
+    }
+
     /// Reads the RAM tier into private memory now (only with ram_in_memory); (bytes, seconds).
     fn load_ram_tier(&self, py: Python<'_>) -> PyResult<(u64, f64)> {
         let engine = self.engine()?;

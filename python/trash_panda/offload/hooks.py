@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING, Any
 from .. import config
 from ..errors import ArgumentError, StreamError
 from .cpu import CpuBackend
-from .cuda import CudaBackend
+from .cuda import CudaBackend, DeviceBackend
 from .state import BlockState, ModelState, get_state
 from .work import Timing
+
+# What makes a block runnable on its device: the CPU's, or a device with its own memory.
+Backend = CpuBackend | DeviceBackend
 
 if TYPE_CHECKING:
     import torch
@@ -51,9 +54,7 @@ class OffloadHandle:
     """What install_offload() returns: ``remove()`` takes the hooks off and restores the blocks
     (their weights stay loaded; :func:`release` frees them)."""
 
-    def __init__(
-        self, model: nn.Module, state: ModelState, backend: CpuBackend | CudaBackend, registry: HookRegistry
-    ) -> None:
+    def __init__(self, model: nn.Module, state: ModelState, backend: Backend, registry: HookRegistry) -> None:
         self.model = model
         self._state = state
         self._backend = backend
@@ -146,7 +147,7 @@ def install_offload(model: nn.Module, *, order: list[str] | None = None) -> Offl
     return _install(model, state, state.blocks, order)
 
 
-def make_backend(state: ModelState) -> CpuBackend | CudaBackend:
+def make_backend(state: ModelState) -> Backend:
     if state.device.type == "cuda":
         return CudaBackend(state)
     if state.device.type == "cpu":
@@ -155,11 +156,17 @@ def make_backend(state: ModelState) -> CpuBackend | CudaBackend:
 
 
 def _install(
-    model: nn.Module, state: ModelState, blocks: Iterable[BlockState], order: list[str] | None
+    model: nn.Module,
+    state: ModelState,
+    blocks: Iterable[BlockState],
+    order: list[str] | None,
+    backend_for: Callable[[ModelState], Backend] | None = None,
 ) -> OffloadHandle:
+    """Installs the hooks; ``backend_for`` makes the backend (the device's by default; tests
+    pass a simulated device's)."""
     expected = _set_order(state, order)  # the order given, which the first runs are checked against
     by_engine = {b.engine_index: b.prefix for b in state.blocks if b.engine_index is not None}
-    backend = make_backend(state)
+    backend = (backend_for or make_backend)(state)
     registry = HookRegistry()
     handle = OffloadHandle(model, state, backend, registry)
 

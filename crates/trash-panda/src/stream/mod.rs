@@ -12,6 +12,7 @@
 //! tensor is in the buffer (dtype, shape, per-row scales).
 
 mod convert;
+mod early;
 mod error;
 mod layout;
 mod lease;
