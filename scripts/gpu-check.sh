@@ -94,7 +94,7 @@ run() {  # name limit command...
 run "cuda tests" "$LIMIT_TESTS" "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py
 run "cuda tests under TORCH_CUDA_SANITIZER" "$LIMIT_SANITIZER" \
   env TORCH_CUDA_SANITIZER=1 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py
-run "gpu_stream benchmark" "$LIMIT_BENCH" "$PY" bench/gpu_stream.py --blocks 32 --resident 8
+run "gpu_stream benchmark" "$LIMIT_BENCH" "$PY" bench/gpu_stream.py --blocks 32 --resident 8 --workers 1 2 4 --lookahead 1 2
 
 echo
 for line in "${summary[@]}"; do say "$line"; done
