@@ -91,3 +91,18 @@ def test_refilling_a_slot_whose_block_runs_is_caught(
     # Slot choice that forgets which slots are held: always the first.
     monkeypatch.setattr(device_mod.CopyPipeline, "_free_slot", lambda self: 0)
     assert not all(_run(model, ref, sim))
+
+
+def test_a_gpu_plan_stages_every_tensor_for_use_in_place(tmp_path: Path) -> None:
+    """On a GPU every staged tensor starts at a 512-byte offset, the caching allocator's own
+    alignment, so a bf16 block computing in bf16 is used in place in its slot: no expansion."""
+    model, _ref = _loaded(tmp_path, 2)
+    state = get_state(model)
+    assert state is not None and state.engine is not None
+    assert (state.config.gpu, state.config.align, state.config.expansion_bytes) == (True, 512, 0)
+    for block in state.blocks:
+        if block.engine_index is None:
+            continue
+        for staged in state.engine.layout(block.engine_index):
+            assert staged.offset % 512 == 0 and staged.expand_at is None, staged.name
+    tp.release(model)
