@@ -248,6 +248,21 @@ impl PyEngineStats {
     fn disk_bytes(&self) -> u64 {
         self.inner.disk_bytes
     }
+    /// Of the RAM tier's bytes, those read from the drive (pages not in memory: a first pass).
+    #[getter]
+    fn ram_cold_bytes(&self) -> u64 {
+        self.inner.ram_cold_bytes
+    }
+    /// Blocks of the RAM tier read from the drive.
+    #[getter]
+    fn ram_cold_blocks(&self) -> u64 {
+        self.inner.ram_cold_blocks
+    }
+    /// Workers' seconds on those blocks, summed over workers.
+    #[getter]
+    fn ram_cold_seconds(&self) -> f64 {
+        self.inner.ram_cold_seconds
+    }
     /// Seconds workers spent staging, summed over workers.
     #[getter]
     fn read_seconds(&self) -> f64 {
