@@ -110,6 +110,13 @@ def first_pass(path: Path, n_blocks: int) -> tuple[float, int, int, str]:
     report = tp.stream_load(model, path, plan=plan, device="cpu")
     h = tp.install_offload(model)
     x = torch.randn(1, D, dtype=torch.bfloat16)
+    from trash_panda.offload.state import get_state
+
+    engine = get_state(model).engine
+    # The workers stage the first blocks as soon as the engine exists; those bytes were read
+    # before the timer and are not counted.
+    time.sleep(1.0)
+    before = engine.stats().ram_bytes
     cold(path)
     d0 = device_read_bytes(path)
     t = time.perf_counter()
@@ -117,11 +124,12 @@ def first_pass(path: Path, n_blocks: int) -> tuple[float, int, int, str]:
         model(x)
     secs = time.perf_counter() - t
     dev = device_read_bytes(path) - d0
-    stats = tp.offload_stats(model) if hasattr(tp, "offload_stats") else None
+    stats = engine.stats()
+    note = f"{stats.ram_cold_bytes / 1e9:.2f} GB read cold in {stats.ram_cold_blocks} blocks"
     tp.release(model, h)
     del model, h
     gc.collect()
-    return secs, report.ram.bytes, dev, "" if stats is None else str(stats)
+    return secs, report.ram.bytes - before, dev, note + f", {before / 1e9:.2f} GB staged before the timer"
 
 
 def resident_load(path: Path, n_blocks: int) -> tuple[float, int, int, int, int]:
@@ -210,9 +218,9 @@ def main() -> None:
                 m.add(name, gbs, dev)
 
         def run_ours() -> None:
-            secs, nbytes, dev, _ = first_pass(path, args.blocks)
-            m.add("(a) first pass, cold RAM tier", nbytes / secs / 1e9, dev / secs / 1e9, f"{secs:.2f} s")
-            secs, nbytes, dev, rise, rss0 = resident_load(path, args.blocks)
+            secs, nbytes, dev, note = first_pass(path, args.blocks)
+            m.add("(a) first pass, cold RAM tier", nbytes / secs / 1e9, dev / secs / 1e9, f"{secs:.2f} s, {note}")
+            secs, nbytes, dev, rise, _rss0 = resident_load(path, args.blocks)
             bound = nbytes + largest + (256 << 20)
             ok = "PASS" if rise <= bound else "FAIL"
             rss_notes.append(f"{rise / 1e9:.2f} GB rise (bound {bound / 1e9:.2f}) {ok}")

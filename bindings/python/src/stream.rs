@@ -232,6 +232,10 @@ impl PyEngineStats {
             misses: s.misses,
             reclaimed_unused: s.reclaimed_unused,
             out_of_order: s.out_of_order,
+            ram_cold_bytes: s.ram_cold_bytes,
+            ram_cold_blocks: s.ram_cold_blocks,
+            ram_cold_seconds: s.ram_cold_seconds,
+            workers: s.workers,
         }
     }
 }

@@ -455,6 +455,7 @@ impl Engine {
     pub fn stats(&self) -> EngineStats {
         let mut stats = self.shared.lock().stats.clone();
         stats.ram_load = self.source.loaded();
+        stats.workers = self.options.workers.max(1) as u64;
         if let Some(c) = self.source.converted() {
             stats.converted_tensors = c.tensors;
             stats.converted_bytes_saved = c.bytes_saved;

@@ -61,6 +61,8 @@ pub struct EngineStats {
     pub ram_cold_bytes: u64,
     pub ram_cold_blocks: u64,
     pub ram_cold_seconds: f64,
+    /// Worker threads of the engine.
+    pub workers: u64,
     /// Seconds workers spent staging (summed over workers, so it can exceed wall time).
     pub read_seconds: f64,
     /// Seconds acquiring threads waited for blocks.
@@ -97,6 +99,7 @@ impl EngineStats {
             ram_cold_bytes: 0,
             ram_cold_blocks: 0,
             ram_cold_seconds: 0.0,
+            workers: 0,
             read_seconds: 0.0,
             compute_waited_seconds: 0.0,
             acquires: 0,
