@@ -251,6 +251,10 @@ impl PyEngineStats {
             misses: s.misses,
             reclaimed_unused: s.reclaimed_unused,
             out_of_order: s.out_of_order,
+            ram_cold_bytes: s.ram_cold_bytes,
+            ram_cold_blocks: s.ram_cold_blocks,
+            ram_cold_seconds: s.ram_cold_seconds,
+            workers: s.workers,
         }
     }
 }
@@ -266,6 +270,21 @@ impl PyEngineStats {
     #[getter]
     fn disk_bytes(&self) -> u64 {
         self.inner.disk_bytes
+    }
+    /// Of the RAM tier's bytes, those read from the drive (pages not in memory: a first pass).
+    #[getter]
+    fn ram_cold_bytes(&self) -> u64 {
+        self.inner.ram_cold_bytes
+    }
+    /// Blocks of the RAM tier read from the drive.
+    #[getter]
+    fn ram_cold_blocks(&self) -> u64 {
+        self.inner.ram_cold_blocks
+    }
+    /// Workers' seconds on those blocks, summed over workers.
+    #[getter]
+    fn ram_cold_seconds(&self) -> f64 {
+        self.inner.ram_cold_seconds
     }
     /// Seconds workers spent staging, summed over workers.
     #[getter]

@@ -38,6 +38,10 @@ fn full_stage() -> Profile {
         misses: 8,
         reclaimed_unused: 1,
         out_of_order: 2,
+        ram_cold_bytes: 3_000_000_000,
+        ram_cold_blocks: 3,
+        ram_cold_seconds: 4.0,
+        workers: 2,
     })
     .unwrap();
     let tensor = |name: &str, bytes| LargeTensor {
@@ -101,7 +105,7 @@ fn pass_statistics() {
 #[test]
 fn report_text() {
     let expected = "\
-stream_load took 12.50 s (device 5.21 GB in 10.25 s, ram 7.29 GB in 2.00 s)
+stream_load took 12.50 s (device 5.21 GB in 10.25 s at 0.51 GB/s, ram 7.29 GB in 2.00 s at 3.65 GB/s)
 read 7.29 GB of streamed-block tensors into memory in 21.00 s (0.35 GB/s, 2 threads)
 pass 1: 9.75 s, waited 7.20 s (73.8%), ram 3.00 GB at 0.31 GB/s, disk 1.50 GB at 0.15 GB/s
 pass 2: 2.00 s, waited 0.30 s (15.0%), ram 3.00 GB at 1.50 GB/s, disk 1.50 GB at 0.75 GB/s
@@ -113,6 +117,7 @@ first pass, main thread time by block:
   blocks.5 (disk): 1.25 s = staged 1.00 s + gpu 0.10 s + rest 0.15 s
   blocks.3 (ram): 0.75 s = staged 0.25 s + gpu 0.10 s + rest 0.40 s
   blocks.0 (device): 0.50 s = staged 0.00 s + gpu 0.00 s + rest 0.50 s
+ram tier read from the drive (pages not in memory): 3.00 GB in 3 blocks, 1.50 GB/s with 2 workers (drive reference: a cold `dd iflag=direct` of the checkpoint, or the disk tier's rate above)
 worker waited for a free staging buffer 4 times (0.30 s)
 blocks acquired: 40 ready, 8 waited for; 1 staged and never used, 2 out of order
 memory while releasing:

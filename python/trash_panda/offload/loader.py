@@ -18,7 +18,7 @@ from ..names import KeyMap, model_tensors
 from ..plan import Plan, Tier, _dtype_name, _free_vram, planning_inputs
 from ..plan import plan as make_plan
 from .matching import match
-from .reading import load_buffers, materialize, placeholder, unload
+from .reading import load_buffers, materialize_all, placeholder, unload
 from .report import LoadReport
 from .state import STATE_ATTR, BlockState, ModelState, get_state, register_model
 
@@ -155,23 +155,18 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
     threads = max(1, int(setting("ram_threads")))
     # Outside weights: read, expanded to the compute dtype once, kept on the device.
     t0 = time.perf_counter()
-    for spec in outside:
-        materialize(spec, device, storage=None, threads=threads, expand=True)
-        report.outside.tensors += 1
-        report.outside.bytes += spec.info.nbytes
+    materialize_all(outside, device, storage=None, threads=threads, expand=True)
+    report.outside.tensors += len(outside)
+    report.outside.bytes += sum(spec.info.nbytes for spec in outside)
     report.outside.seconds = time.perf_counter() - t0
 
     # Resident blocks: read to the device in their stored form (or the storage dtype).
     t0 = time.perf_counter()
-    streamed: list[BlockState] = []
-    for state_block in blocks:
-        if state_block.tier != Tier.DEVICE:
-            streamed.append(state_block)
-            continue
-        for spec in state_block.tensors:
-            materialize(spec, device, storage=storage, threads=threads, expand=False)
-            report.device_tier.bytes += spec.info.nbytes
-        report.device_tier.blocks += 1
+    streamed = [b for b in blocks if b.tier != Tier.DEVICE]
+    resident = [spec for b in blocks if b.tier == Tier.DEVICE for spec in b.tensors]
+    materialize_all(resident, device, storage=storage, threads=threads, expand=False)
+    report.device_tier.blocks += len(blocks) - len(streamed)
+    report.device_tier.bytes += sum(spec.info.nbytes for spec in resident)
     report.device_tier.seconds = time.perf_counter() - t0
 
     # Streamed blocks: described to the engine, which stages them ahead of each run.

@@ -85,6 +85,17 @@ pub struct EngineSummary {
     pub misses: u64,
     pub reclaimed_unused: u64,
     pub out_of_order: u64,
+    /// RAM-tier bytes read from the drive because their pages were not in memory (a mapped RAM
+    /// tier's first pass), the blocks, and the workers' seconds on them (summed over workers).
+    #[serde(default)]
+    pub ram_cold_bytes: u64,
+    #[serde(default)]
+    pub ram_cold_blocks: u64,
+    #[serde(default)]
+    pub ram_cold_seconds: f64,
+    /// Workers reading at once (the cold rate's wall-clock estimate divides by them).
+    #[serde(default)]
+    pub workers: u64,
 }
 
 /// A CPU tensor still alive at a memory point.

@@ -11,6 +11,8 @@
 //! into private memory, and its blocks are staged in that form; the staged layout says what each
 //! tensor is in the buffer (dtype, shape, per-row scales).
 
+#[cfg(test)]
+mod cold_tests;
 mod convert;
 mod early;
 mod error;
@@ -81,6 +83,29 @@ pub enum RamSource {
     InMemory { threads: usize },
 }
 
+/// How a block of the mapped RAM tier is read while its pages are not in memory yet (the first
+/// pass after a load, or after the system evicted them). Warm blocks are copied from the map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ColdRead {
+    /// Copy through the map after `MADV_WILLNEED` on the run: page faults and the kernel's
+    /// read-ahead (the reader before issue 12; kept to measure against).
+    Map,
+    /// `MADV_POPULATE_READ` on the run, then copy from the map; where the system refuses it,
+    /// as `Map`.
+    Populate,
+    /// Positional reads through the page cache straight into the staging buffer, `in_flight`
+    /// requests at once; they leave the pages cached, so later passes copy from the map.
+    Pread { in_flight: usize },
+}
+
+impl ColdRead {
+    /// The reader measured fastest on a cold RAM tier here (BENCHMARK.md, "Cold RAM tier").
+    /// Each worker keeps one request in flight (two workers: two streams), and the kernel's
+    /// read-ahead runs ahead of it.
+    pub const DEFAULT: ColdRead = ColdRead::Pread { in_flight: 1 };
+}
+
 /// Settings of an [`Engine`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineOptions {
@@ -97,6 +122,8 @@ pub struct EngineOptions {
     /// streamed pass must not evict the page cache the RAM tier lives in.
     pub disk_mode: ReadMode,
     pub ram_source: RamSource,
+    /// How cold blocks of a mapped RAM tier are read.
+    pub cold_read: ColdRead,
     /// Largest single read or copy; workers check for shutdown between chunks.
     pub chunk_size: usize,
     /// Offset alignment of staged tensors: [`TENSOR_ALIGN`] for the CPU, [`DEVICE_TENSOR_ALIGN`]
@@ -116,6 +143,7 @@ impl Default for EngineOptions {
             workers: 2,
             disk_mode: ReadMode::Direct,
             ram_source: RamSource::Mapped,
+            cold_read: ColdRead::DEFAULT,
             chunk_size: DEFAULT_CHUNK_SIZE,
             align: TENSOR_ALIGN,
             buffer_len: None,
@@ -428,6 +456,7 @@ impl Engine {
     pub fn stats(&self) -> EngineStats {
         let mut stats = self.shared.lock().stats.clone();
         stats.ram_load = self.source.loaded();
+        stats.workers = self.options.workers.max(1) as u64;
         if let Some(c) = self.source.converted() {
             stats.converted_tensors = c.tensors;
             stats.converted_bytes_saved = c.bytes_saved;

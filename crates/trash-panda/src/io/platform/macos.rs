@@ -63,6 +63,14 @@ pub(crate) fn advise_read(file: &File, offset: u64, len: u64) -> Result<(), OpEr
     Ok(())
 }
 
+/// macOS has no synchronous populate of a map; the caller copies through the map instead.
+pub(crate) fn populate(_bytes: &[u8]) -> Result<(), OpError> {
+    Err((
+        "populating a map (macOS has no MADV_POPULATE_READ)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
+}
+
 fn invalid() -> io::Error {
     io::Error::from(io::ErrorKind::InvalidInput)
 }

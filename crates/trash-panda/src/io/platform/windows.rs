@@ -114,6 +114,15 @@ pub(crate) fn prefetch(bytes: &[u8]) -> Result<(), OpError> {
     Ok(())
 }
 
+/// Windows has no synchronous populate of a view (PrefetchVirtualMemory returns before the reads
+/// are done); the caller copies through the map instead.
+pub(crate) fn populate(_bytes: &[u8]) -> Result<(), OpError> {
+    Err((
+        "populating a map (no synchronous populate on Windows)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
+}
+
 /// Windows reads ahead on its own for sequential handles; there is no range advice to give.
 pub(crate) fn advise_read(_file: &File, _offset: u64, _len: u64) -> Result<(), OpError> {
     Ok(())
