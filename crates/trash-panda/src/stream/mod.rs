@@ -14,6 +14,7 @@
 #[cfg(test)]
 mod cold_tests;
 mod convert;
+mod copy;
 mod early;
 mod error;
 mod layout;
@@ -129,6 +130,9 @@ pub struct EngineOptions {
     /// Offset alignment of staged tensors: [`TENSOR_ALIGN`] for the CPU, [`DEVICE_TENSOR_ALIGN`]
     /// for a GPU.
     pub align: usize,
+    /// Threads that copy one warm RAM-tier block into its staging buffer; 0: the cores shared
+    /// among the workers.
+    pub copy_threads: usize,
     /// Bytes of each staging buffer, as the plan counted them (see
     /// [`crate::engine_config::EngineConfig`]); every block must fit. `None`: the largest
     /// block's, page-rounded.
@@ -146,6 +150,7 @@ impl Default for EngineOptions {
             cold_read: ColdRead::DEFAULT,
             chunk_size: DEFAULT_CHUNK_SIZE,
             align: TENSOR_ALIGN,
+            copy_threads: 0,
             buffer_len: None,
         }
     }

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::convert::{failed_at, ConvertStats, Load};
+use super::copy::{copy_pairs, copy_threads};
 use super::layout::{Run, StagedLayout};
 use super::{ColdRead, EngineOptions, RamSource, SourceTier, StreamBlock, StreamError};
 use crate::io::{
@@ -103,6 +104,8 @@ pub(crate) struct CheckpointSource {
     storage: Option<crate::DType>,
     disk_mode: ReadMode,
     chunk_size: usize,
+    /// Threads that copy one warm RAM-tier block into its staging buffer.
+    copy_threads: usize,
     in_memory: Mutex<Option<RamImages>>,
     load_stats: OnceLock<ReadStats>,
     convert_stats: OnceLock<ConvertStats>,
@@ -209,6 +212,10 @@ impl CheckpointSource {
             storage: options.storage,
             disk_mode,
             chunk_size: options.chunk_size.max(1).next_multiple_of(DIRECT_ALIGN),
+            copy_threads: match options.copy_threads {
+                0 => copy_threads(options.workers),
+                n => n,
+            },
             in_memory: Mutex::new(None),
             load_stats: OnceLock::new(),
             convert_stats: OnceLock::new(),
@@ -378,6 +385,8 @@ impl CheckpointSource {
     ) -> Result<u64, StreamError> {
         let layout = &self.layout.blocks[block];
         let mut cold_bytes = 0u64;
+        // Tensors to copy from the map: (their place in the staging buffer, their bytes).
+        let mut copies: Vec<(usize, &[u8])> = Vec::new();
         for run in &layout.runs {
             let (map, file) = self.mapped[run.file]
                 .as_ref()
@@ -439,17 +448,16 @@ impl CheckpointSource {
                 let src = map
                     .slice(start, start + t.len)
                     .map_err(|e| self.read_error(block, run, e))?;
-                let dst = &mut dst[t.offset..t.offset + t.len];
-                for (d, s) in dst
-                    .chunks_mut(self.chunk_size)
-                    .zip(src.chunks(self.chunk_size))
-                {
-                    if stop.load(Ordering::Relaxed) {
-                        return Err(self.stopped(block));
-                    }
-                    d.copy_from_slice(s);
-                }
+                copies.push((t.offset, src));
             }
+        }
+        if !copy_pairs(
+            split_places(dst, copies),
+            self.copy_threads,
+            self.chunk_size,
+            stop,
+        ) {
+            return Err(self.stopped(block));
         }
         self.pages[block].store(PAGES_READ, Ordering::Relaxed);
         Ok(cold_bytes)
@@ -577,7 +585,10 @@ impl Source for CheckpointSource {
                 let images = self.images()?;
                 let image = images[block].as_ref().expect("RAM blocks have an image");
                 let len = self.layout.block_len(block);
-                dst[..len].copy_from_slice(&image[..len]);
+                let pairs = vec![(&mut dst[..len], &image[..len])];
+                if !copy_pairs(pairs, self.copy_threads, self.chunk_size, stop) {
+                    return Err(self.stopped(block));
+                }
                 0
             }
         };
@@ -612,4 +623,24 @@ impl Source for CheckpointSource {
             ReadMode::Buffered
         })
     }
+}
+
+/// The staging buffer's places `(offset, source)` as disjoint destination slices, each paired with
+/// its source. Staged tensors never overlap, so sorted by offset each begins after the last ends.
+fn split_places<'a>(
+    dst: &'a mut [u8],
+    mut places: Vec<(usize, &'a [u8])>,
+) -> Vec<(&'a mut [u8], &'a [u8])> {
+    places.sort_by_key(|p| p.0);
+    let mut pairs = Vec::with_capacity(places.len());
+    let mut rest = dst;
+    let mut at = 0;
+    for (offset, src) in places {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(offset - at);
+        let (mine, tail) = tail.split_at_mut(src.len());
+        pairs.push((mine, src));
+        rest = tail;
+        at = offset + src.len();
+    }
+    pairs
 }
