@@ -83,7 +83,7 @@ mod tests {
             assert!(dst[(3 << 20) + 100..] == src[3 << 20..], "{threads}");
             assert!(dst[3 << 20..(3 << 20) + 100].iter().all(|&b| b == 0));
         }
-        let mut dst = vec![0u8; 16];
+        let mut dst = [0u8; 16];
         assert!(!copy_pairs(
             vec![(&mut dst[..], &src[..16])],
             2,
