@@ -123,6 +123,12 @@ impl PyEngine {
         Ok(self.engine()?.recorded_order())
     }
 
+    /// Forgets the recorded order (new hooks on the same model record their own).
+    fn clear_recorded_order(&self) -> PyResult<()> {
+        self.engine()?.clear_recorded_order();
+        Ok(())
+    }
+
     /// Waits (without the GIL) until `block` is staged, and leases its buffer.
     fn acquire(&self, py: Python<'_>, block: usize) -> PyResult<PyLease> {
         let engine = self.engine()?;
@@ -270,7 +276,7 @@ impl PyEngineStats {
     fn misses(&self) -> u64 {
         self.inner.misses
     }
-    /// Times a worker waited for a free staging buffer, and for how long.
+    /// Times a worker waited for a free pinned buffer, and for how long.
     #[getter]
     fn buffer_waits(&self) -> u64 {
         self.inner.buffer_waits
