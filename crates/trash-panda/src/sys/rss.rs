@@ -208,7 +208,9 @@ mod tests {
         let p = Path::new("/proc/self/status");
         assert_eq!(parse_status_kb(text, "RssAnon", p).unwrap(), 123456 * 1024);
         assert_eq!(parse_status_kb(text, "RssFile", p).unwrap(), 10 * 1024);
-        let e = parse_status_kb(text, "RssShmem", p).unwrap_err().to_string();
+        let e = parse_status_kb(text, "RssShmem", p)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("RssShmem") && e.contains("status"), "{e}");
         let private = private_memory().unwrap();
         assert!(private > 0 && private <= current_rss().unwrap() + (64 << 20));
