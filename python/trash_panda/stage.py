@@ -140,7 +140,8 @@ def _stage(
         if overlap:
             run_order = _core.full_order(choice.first or [], blocks)
             by_index = {b.index: b for b in deferred}
-            loader = ResidentLoader([by_index[i] for i in run_order if i in by_index], device, state.config.storage_dtype)
+            in_order = [by_index[i] for i in run_order if i in by_index]
+            loader = ResidentLoader(in_order, device, state.config.storage_dtype)
             handle._waiter = loader.wait
             loader.start()
         with _measure(device) as peak:
