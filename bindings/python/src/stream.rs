@@ -118,6 +118,11 @@ impl PyEngine {
         self.engine()?.set_order(order).map_err(ToPyErr::to_py)
     }
 
+    /// The run order in use (engine block indices, every block once).
+    fn order(&self) -> PyResult<Vec<usize>> {
+        Ok(self.engine()?.order())
+    }
+
     /// The order blocks were first acquired in.
     fn recorded_order(&self) -> PyResult<Vec<usize>> {
         Ok(self.engine()?.recorded_order())

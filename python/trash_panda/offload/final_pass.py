@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import _core
 from ..errors import ArgumentError, StreamError
 
 if TYPE_CHECKING:
@@ -62,6 +63,10 @@ class FinalPass:
             return
         self._freed.add(block.index)
         freed = _free(block)
+        if freed and self._handle._state.device.type == "cpu":
+            # glibc keeps freed chunks below its (growing) mmap threshold in the heap: hand the
+            # block's pages back now, not at the release.
+            _core.trim_heap()
         self.freed.append(block.prefix)
         self.events.put_nowait(FreedBlock(block.prefix, freed, block.tier.value, _event(self._handle)))
 

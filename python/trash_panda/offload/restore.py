@@ -20,10 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = ["restore_blocks"]
 
-# oneDNN can round a Linear differently on a weight that is not 64-byte aligned (DESIGN.md):
-# such a view is copied to an aligned tensor so the plain run equals the streamed one.
-_CPU_ALIGN = 64
-
 
 def restore_blocks(state: ModelState) -> None:
     """Puts the weights of every hooked block of ``state`` back into its modules."""
@@ -56,8 +52,5 @@ def _weight(state: ModelState, spec: TensorSpec, *, streamed: bool) -> torch.Ten
             if spec.scale_kind == "row":
                 scale = scale.reshape(-1, 1)
         out = kernels.expand(stored, spec.target, scale)
-    if out.device != state.device:
-        return out.to(state.device)
-    if out.device.type == "cpu" and out.data_ptr() % _CPU_ALIGN:
-        return out.clone()  # torch's CPU allocator aligns to 64 bytes
-    return out
+    # On CUDA the plain model needs its weights on the device: a copy.
+    return out.to(state.device) if out.device != state.device else out
