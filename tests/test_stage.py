@@ -4,6 +4,7 @@ buffers; final_pass()."""
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import sys
 import threading
@@ -66,12 +67,15 @@ def test_stage_releases_when_the_block_raises(tmp_path: Path) -> None:
     gc.collect()
     _core.trim_heap()
     start = _core.current_rss()
-    with pytest.raises(RuntimeError, match="in the block"):
-        with tp.stage(lambda: on_meta(Tiny, dim=1024, layers=6), path, device="cpu", resident_blocks=3) as (m, _, _h):
-            with torch.no_grad():
-                m(IDS)
-            assert _core.current_rss() > start + 100e6  # the resident blocks were loaded
-            raise RuntimeError("in the block")
+    build_big = lambda: on_meta(Tiny, dim=1024, layers=6)  # noqa: E731
+    with (
+        pytest.raises(RuntimeError, match="in the block"),
+        tp.stage(build_big, path, device="cpu", resident_blocks=3) as (m, _, _h),
+    ):
+        with torch.no_grad():
+            m(IDS)
+        assert _core.current_rss() > start + 100e6  # the resident blocks were loaded
+        raise RuntimeError("in the block")
     gc.collect()
     _core.trim_heap()
     end = _core.current_rss()
@@ -133,7 +137,7 @@ def test_overlap_waits_for_a_slow_read(tiny: tuple[Path, Tiny], monkeypatch: pyt
 def test_overlap_raises_in_the_call_that_needs_a_failed_block(
     tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path, ref = tiny
+    path, _ = tiny
     real = overlap.load_block
 
     def failing(block, *args):  # type: ignore[no-untyped-def]
@@ -142,10 +146,12 @@ def test_overlap_raises_in_the_call_that_needs_a_failed_block(
         real(block, *args)
 
     monkeypatch.setattr(overlap, "load_block", failing)
-    with pytest.raises(StreamError, match=r"blocks\.1\..*injected read failure"):
-        with tp.stage(build, path, device="cpu", resident_blocks=3, overlap=True) as (model, _, _h):
-            with torch.no_grad():
-                model(IDS)
+    with (
+        pytest.raises(StreamError, match=r"blocks\.1\..*injected read failure"),
+        tp.stage(build, path, device="cpu", resident_blocks=3, overlap=True) as (model, _, _h),
+        torch.no_grad(),
+    ):
+        model(IDS)
 
 
 def test_remove_leaves_a_runnable_model_with_mapped_weights(tiny: tuple[Path, Tiny]) -> None:
@@ -232,7 +238,7 @@ def test_final_pass_gives_memory_back_block_by_block(tmp_path: Path) -> None:
         ]
         # Private memory falls by about a block after each of the first three blocks.
         steps = [before, *private[:3]]
-        for a, b in zip(steps, steps[1:], strict=False):
+        for a, b in itertools.pairwise(steps):
             assert a - b > 0.8 * block_bytes, (steps, block_bytes)
         assert m.blocks[0].up.weight.is_meta and not m.blocks[3].up.weight.is_meta
         assert not m.head.weight.is_meta  # outside weights left alone
