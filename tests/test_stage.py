@@ -245,3 +245,15 @@ def test_final_pass_gives_memory_back_block_by_block(tmp_path: Path) -> None:
         assert not m.head.weight.is_meta  # outside weights left alone
         with pytest.raises(StreamError, match=r"blocks\.0\. was freed by final_pass"), torch.no_grad():
             m(IDS)
+
+
+def test_memory_points_name_what_holds_a_tensor(tmp_path: Path) -> None:
+    from trash_panda.offload.profile import memory_point
+
+    torch.manual_seed(0)
+    path = save(Tiny(dim=512), tmp_path / "m.safetensors")
+    model = on_meta(Tiny, dim=512)
+    tp.stream_load(model, path, offload_prefixes=["blocks."], resident_prefixes=["blocks.0."], device="cpu")
+    names = [t["name"] for t in memory_point("loaded")["large_tensors"]]  # type: ignore[union-attr]
+    assert "Tiny.blocks.0.up.weight float32[2048, 512]" in names
+    tp.release(model)
