@@ -27,6 +27,7 @@ __all__ = [
     "cast",
     "cli_main",
     "current_rss",
+    "private_memory",
     "drop_cache",
     "dtype_header_name",
     "expand",
