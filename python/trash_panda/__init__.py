@@ -26,6 +26,7 @@ from .offload import (
     stream_load,
 )
 from .plan import Plan, Tier, plan
+from .stage import stage
 
 __all__ = [
     "ArgumentError",
@@ -50,5 +51,6 @@ __all__ = [
     "errors",
     "plan",
     "release",
+    "stage",
     "stream_load",
 ]

@@ -118,9 +118,20 @@ impl PyEngine {
         self.engine()?.set_order(order).map_err(ToPyErr::to_py)
     }
 
+    /// The run order in use (engine block indices, every block once).
+    fn order(&self) -> PyResult<Vec<usize>> {
+        Ok(self.engine()?.order())
+    }
+
     /// The order blocks were first acquired in.
     fn recorded_order(&self) -> PyResult<Vec<usize>> {
         Ok(self.engine()?.recorded_order())
+    }
+
+    /// Forgets the recorded order (new hooks on the same model record their own).
+    fn clear_recorded_order(&self) -> PyResult<()> {
+        self.engine()?.clear_recorded_order();
+        Ok(())
     }
 
     /// Waits (without the GIL) until `block` is staged, and leases its buffer.
@@ -144,11 +155,6 @@ impl PyEngine {
     /// Counts a run of `block` leased with `try_lease`, and stages the blocks after it.
     fn advance(&self, block: usize) -> PyResult<()> {
         self.engine()?.advance(block).map_err(ToPyErr::to_py)
-    }
-
-    /// The run order in use (every block once).
-    fn order(&self) -> PyResult<Vec<usize>> {
-        Ok(self.engine()?.order())
     }
 
     /// Reads the RAM tier into private memory now (only with ram_in_memory); (bytes, seconds).
@@ -308,7 +314,7 @@ impl PyEngineStats {
     fn misses(&self) -> u64 {
         self.inner.misses
     }
-    /// Times a worker waited for a free staging buffer, and for how long.
+    /// Times a worker waited for a free pinned buffer, and for how long.
     #[getter]
     fn buffer_waits(&self) -> u64 {
         self.inner.buffer_waits

@@ -41,6 +41,13 @@ pub const SETTINGS: &[Setting] = &[
         doc: "streamed blocks staged ahead of the one that runs (0: read each block when it is needed)",
     },
     Setting {
+        name: "pinned_buffers",
+        kind: Kind::Count,
+        default: "0",
+        doc: "staging buffers (pinned on CUDA) the planner counts and the engine allocates \
+              (0: lookahead + 1)",
+    },
+    Setting {
         name: "workers",
         kind: Kind::Count,
         default: "2",

@@ -118,7 +118,7 @@ first pass, main thread time by block:
   blocks.3 (ram): 0.75 s = staged 0.25 s + gpu 0.10 s + rest 0.40 s
   blocks.0 (device): 0.50 s = staged 0.00 s + gpu 0.00 s + rest 0.50 s
 ram tier read from the drive (pages not in memory): 3.00 GB in 3 blocks, 1.50 GB/s with 2 workers (drive reference: a cold `dd iflag=direct` of the checkpoint, or the disk tier's rate above)
-worker waited for a free staging buffer 4 times (0.30 s)
+worker waited for a free pinned buffer 4 times (0.30 s)
 blocks acquired: 40 ready, 8 waited for; 1 staged and never used, 2 out of order
 memory while releasing:
   before release: free RAM 6.20 GB, working set 9.10 GB, 4 tensors of 1 MB or more alive (0.25 GB)

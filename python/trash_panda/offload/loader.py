@@ -96,6 +96,33 @@ def stream_load(
         raise
 
 
+def load_deferred(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str] | Checkpoint,
+    plan: Plan,
+    *,
+    key_map: KeyMap = None,
+    skip_prefixes: list[str] | None = None,
+    device: str | torch.device | None = None,
+) -> tuple[LoadReport, list[BlockState]]:
+    """stream_load() that leaves the resident blocks unread (on the meta device) and returns
+    them, for a loader that fills them while the model runs (stage(overlap=True))."""
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if get_state(model) is not None:
+        raise ArgumentError("model: it is already loaded by stream_load; release() it first")
+    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
+    request = LoadRequest(plan, None, None, None, None, key_map, skip_prefixes, resolve_device(device))
+    deferred: list[BlockState] = []
+    try:
+        return _stream_load(model, ckpt, request, deferred), deferred
+    except BaseException:
+        unload(model)
+        raise
+
+
 def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
     plan, compute_dtype, storage_dtype = req.plan, req.compute_dtype, req.storage_dtype
     if plan is None and req.offload_prefixes is None:
@@ -119,7 +146,10 @@ def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
     tensors, prefixes = planning_inputs(model, ckpt, _block_prefixes(model, plan), req.key_map, req.skip_prefixes)
     # A resolved plan keeps its options; a manual one takes the settings' lookahead, and the core
     # infers the compute dtype when none is given.
-    options: dict[str, Any] = {"lookahead": None if plan.resolved else setting("lookahead")}
+    options: dict[str, Any] = {
+        "lookahead": None if plan.resolved else setting("lookahead"),
+        "pinned_buffers": None if plan.resolved else setting("pinned_buffers"),
+    }
     if compute_dtype is not None:
         options["compute_dtype"] = _dtype_name(compute_dtype)
     if storage_dtype is not None:
@@ -139,7 +169,9 @@ def _block_prefixes(model: nn.Module, plan: Plan) -> list[str]:
     return found
 
 
-def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadReport:
+def _stream_load(
+    model: nn.Module, ckpt: Checkpoint, req: LoadRequest, deferred: list[BlockState] | None = None
+) -> LoadReport:
     t_start = time.perf_counter()
     device = req.device
     plan = _resolve_plan(model, ckpt, req)
@@ -163,9 +195,13 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
     # Resident blocks: read to the device in their stored form (or the storage dtype).
     t0 = time.perf_counter()
     streamed = [b for b in blocks if b.tier != Tier.DEVICE]
-    resident = [spec for b in blocks if b.tier == Tier.DEVICE for spec in b.tensors]
+    now = [b for b in blocks if b.tier == Tier.DEVICE]
+    if deferred is not None:  # read later by the caller's loader
+        deferred.extend(now)
+        now = []
+    resident = [spec for b in now for spec in b.tensors]
     materialize_all(resident, device, storage=storage, threads=threads, expand=False)
-    report.device_tier.blocks += len(blocks) - len(streamed)
+    report.device_tier.blocks += len(now)
     report.device_tier.bytes += sum(spec.info.nbytes for spec in resident)
     report.device_tier.seconds = time.perf_counter() - t0
 

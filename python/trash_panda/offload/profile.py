@@ -35,6 +35,7 @@ def memory_point(label: str) -> dict[str, object]:
 
     import torch
 
+    holders = _holders()
     large = []
     with warnings.catch_warnings():
         # Looking at every live object touches deprecated module attributes that warn.
@@ -45,9 +46,23 @@ def memory_point(label: str) -> dict[str, object]:
             if obj.device.type == "cpu" and not obj.is_meta:
                 n = obj.numel() * obj.element_size()
                 if n >= 1 << 20:
-                    large.append({"name": f"{str(obj.dtype).removeprefix('torch.')}{list(obj.shape)}", "bytes": n})
+                    what = f"{str(obj.dtype).removeprefix('torch.')}{list(obj.shape)}"
+                    held = holders.get(id(obj))
+                    large.append({"name": f"{held} {what}" if held else what, "bytes": n})
     large.sort(key=lambda t: -int(t["bytes"]))  # type: ignore[call-overload]
     return {"label": label, "free_ram": _core.available_ram(), "rss": _core.current_rss(), "large_tensors": large}
+
+
+def _holders() -> dict[int, str]:
+    """Who holds a tensor, by its id: the module path of a parameter or buffer of a loaded
+    model, so a profile names ``Model.blocks.3.up.weight`` and not only a dtype and shape."""
+    from .state import live_models
+
+    names: dict[int, str] = {}
+    for model in live_models():
+        for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers()]:
+            names.setdefault(id(t), f"{type(model).__name__}.{name}")
+    return names
 
 
 def snapshot(handle: OffloadHandle) -> Snapshot:

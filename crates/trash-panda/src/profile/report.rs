@@ -138,7 +138,7 @@ fn engine_lines(out: &mut String, e: &EngineSummary) {
     }
     let _ = writeln!(
         out,
-        "worker waited for a free staging buffer {} ({:.2} s)",
+        "worker waited for a free pinned buffer {} ({:.2} s)",
         plural(e.buffer_waits as usize, "time"),
         e.buffer_wait_seconds
     );

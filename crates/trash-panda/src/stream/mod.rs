@@ -115,7 +115,7 @@ pub struct EngineOptions {
     /// planner's rule (see [`STORAGE_DTYPES`]); disk-tier blocks are always staged as stored.
     pub storage: Option<DType>,
     /// Blocks staged ahead of the one that runs; 0 stages each block when it is acquired. The
-    /// pool has `lookahead + 1` buffers.
+    /// pool has `buffers` buffers (by default `lookahead + 1`).
     pub lookahead: usize,
     /// Worker threads (at least 1).
     pub workers: usize,
@@ -137,6 +137,8 @@ pub struct EngineOptions {
     /// [`crate::engine_config::EngineConfig`]); every block must fit. `None`: the largest
     /// block's, page-rounded.
     pub buffer_len: Option<usize>,
+    /// Staging buffers, as the plan counted them; `None`: `lookahead + 1`. At least one.
+    pub buffers: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -152,6 +154,7 @@ impl Default for EngineOptions {
             align: TENSOR_ALIGN,
             copy_threads: 0,
             buffer_len: None,
+            buffers: None,
         }
     }
 }
@@ -233,8 +236,9 @@ impl Engine {
                 size
             }
         };
-        let mut bufs = Vec::with_capacity(options.lookahead + 1);
-        for i in 0..=options.lookahead {
+        let count = options.buffers.unwrap_or(options.lookahead + 1).max(1);
+        let mut bufs = Vec::with_capacity(count);
+        for i in 0..count {
             let mut b = AlignedBuf::new(size).map_err(|source| StreamError::Alloc {
                 what: format!("staging buffer {i} ({size} bytes)"),
                 source: Box::new(source),
@@ -333,6 +337,12 @@ impl Engine {
     /// order file should hold.
     pub fn recorded_order(&self) -> Vec<usize> {
         self.shared.lock().recorded.clone()
+    }
+
+    /// Forgets the recorded order, so a new set of hooks on the same model records (and checks
+    /// its first runs against) an order of its own.
+    pub fn clear_recorded_order(&self) {
+        self.shared.lock().clear_recorded();
     }
 
     /// Leases block `block`, waiting until it is staged, and queues the `lookahead` blocks after

@@ -139,6 +139,14 @@ impl State {
         Ok(())
     }
 
+    /// Forgets the blocks recorded so far (and the last one, so the next acquire is not counted
+    /// out of order against a run of earlier hooks).
+    pub fn clear_recorded(&mut self) {
+        self.recorded.clear();
+        self.seen.fill(false);
+        self.last = None;
+    }
+
     /// Records an acquire of `block` for the order file and the out-of-order count.
     pub fn note_acquire(&mut self, block: usize) {
         if !std::mem::replace(&mut self.seen[block], true) {
@@ -299,6 +307,18 @@ mod tests {
         s.slots[1].state = SlotState::Leased(3);
         s.slots[2].state = SlotState::Leased(2);
         assert!(s.all_leased());
+    }
+
+    #[test]
+    fn cleared_records_start_again() {
+        let mut s = state(1, 3);
+        s.note_acquire(2);
+        s.note_acquire(0);
+        s.clear_recorded();
+        assert!(s.recorded.is_empty() && s.last.is_none());
+        s.note_acquire(0);
+        s.note_acquire(2);
+        assert_eq!(s.recorded, [0, 2]);
     }
 
     #[test]

@@ -49,7 +49,7 @@ impl BlockStats {
 /// The engine's statistics since the last [`reset_stats`](super::Engine::reset_stats).
 ///
 /// Totals are sums over `blocks`; `compute_waited_seconds` is the "compute waited for blocks"
-/// figure of the profile, and `buffer_waits` its "worker waited for a free staging buffer" line.
+/// figure of the profile, and `buffer_waits` its "worker waited for a free pinned buffer" line.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct EngineStats {
     pub blocks: Vec<BlockStats>,
