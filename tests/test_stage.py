@@ -211,6 +211,12 @@ def test_pinned_buffers_argument_beats_environment_beats_default(
 
 
 @pytest.mark.slow
+def rss_file() -> int:
+    """The file-backed pages mapped in this process (RssFile)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssFile:"))
+
+
 def test_final_pass_gives_memory_back_block_by_block(tmp_path: Path) -> None:
     torch.manual_seed(0)
     ref = Tiny(dim=512, layers=6).eval()  # 8 MB of fp32 weights per block
@@ -224,19 +230,27 @@ def test_final_pass_gives_memory_back_block_by_block(tmp_path: Path) -> None:
         for b in m.blocks:  # registered after the offload hooks, so it sees each block freed
             b.register_forward_hook(lambda *_: private.append(_core.private_memory()))
         before = _core.private_memory()
+        mapped_before = rss_file()
         with h.final_pass(keep_prefixes=["blocks.3."]) as fp, torch.no_grad():
             assert torch.equal(m(IDS), want)
+        mapped_after = rss_file()
         events = []
         while not fp.events.empty():
             events.append(fp.events.get_nowait())
         block_bytes = sum(p.nbytes for p in Tiny(dim=512, layers=1).blocks[0].parameters())
+        # What the block's runs of the file cover, whole pages, on Linux (elsewhere: 0).
+        ram_bytes = events[3].bytes
+        assert block_bytes <= ram_bytes < block_bytes + 4 * 4096
         assert [(e.block, e.bytes, e.tier) for e in events] == [
             ("blocks.0.", block_bytes, "device"),
             ("blocks.1.", block_bytes, "device"),
             ("blocks.2.", block_bytes, "device"),
-            ("blocks.4.", 0, "ram"),
-            ("blocks.5.", 0, "ram"),
+            ("blocks.4.", ram_bytes, "ram"),
+            ("blocks.5.", ram_bytes, "ram"),
         ]
+        # The RAM-tier blocks gave back their mapped pages: the file's pages mapped in the
+        # process fell by about a block each.
+        assert mapped_before - mapped_after > 1.6 * block_bytes, (mapped_before, mapped_after)
         # Private memory falls by about a block after each of the first three blocks.
         steps = [before, *private[:3]]
         for a, b in itertools.pairwise(steps):

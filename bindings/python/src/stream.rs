@@ -152,6 +152,12 @@ impl PyEngine {
         }))
     }
 
+    /// Gives back a RAM-tier block's memory (its mapped pages); the bytes given back.
+    fn release_pages(&self, py: Python<'_>, block: usize) -> PyResult<u64> {
+        let engine = self.engine()?;
+        without_gil(py, || engine.release_pages(block)).map_err(ToPyErr::to_py)
+    }
+
     /// Counts a run of `block` leased with `try_lease`, and stages the blocks after it.
     fn advance(&self, block: usize) -> PyResult<()> {
         self.engine()?.advance(block).map_err(ToPyErr::to_py)

@@ -2,8 +2,11 @@
 and announced on a queue, so whoever loads the next model can use the memory as it appears.
 
 A resident block gives back its weights (device memory on CUDA, private memory on the CPU). A
-streamed block holds nothing of its own between runs (its staging buffer and device slot are
-shared by every streamed block), so its event says 0 bytes. The weights outside the blocks are
+RAM-tier block mapped from the checkpoint gives back its pages of the map and, on Linux, their
+page cache (the engine's ``release_pages``: ``madvise(DONTNEED)`` and ``posix_fadvise(DONTNEED)``
+on its ranges). A disk-tier block, or the in-memory RAM tier, holds nothing of its own between
+runs (its staging buffer and device slot are shared by every streamed block), so its event says
+0 bytes. The weights outside the blocks are
 left alone, and so are the blocks under ``keep_prefixes``. The hook only puts the event on a
 ``queue.SimpleQueue``, which never blocks, so the compute thread never waits for the reader.
 """
@@ -62,7 +65,7 @@ class FinalPass:
         if not self.active or block.index in self._freed or block.prefix.startswith(self._keep):
             return
         self._freed.add(block.index)
-        freed = _free(block)
+        freed = _free(block, self._handle._state.engine)
         if freed and self._handle._state.device.type == "cpu":
             # glibc keeps freed chunks below its (growing) mmap threshold in the heap: hand the
             # block's pages back now, not at the release.
@@ -71,13 +74,13 @@ class FinalPass:
         self.events.put_nowait(FreedBlock(block.prefix, freed, block.tier.value, _event(self._handle)))
 
 
-def _free(block: BlockState) -> int:
+def _free(block: BlockState, engine: _core.Engine | None) -> int:
     """Drops what a block holds of its own; returns the bytes."""
     import torch
     from torch import nn
 
     if block.engine_index is not None:
-        return 0
+        return engine.release_pages(block.engine_index) if engine is not None else 0
     freed = 0
     for spec in block.tensors:
         if spec.resident is not None:  # stored form, expanded on each run

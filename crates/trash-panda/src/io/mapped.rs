@@ -126,6 +126,21 @@ impl MappedFile {
         })
     }
 
+    /// Gives back the memory of `range` (which `file` holds at the same offsets): this process's
+    /// pages, and the page cache's where the platform allows (Linux). The next read of the
+    /// range comes from the file again. An error where the platform cannot (Windows).
+    pub fn release(&self, range: Range<usize>, file: &std::fs::File) -> Result<(), IoError> {
+        let range = self.check(range.start, range.end)?;
+        let offset = range.start as u64;
+        platform::release_range(&self.bytes()[range], file, offset).map_err(|(op, source)| {
+            IoError::Cache {
+                path: self.path.clone(),
+                op,
+                source,
+            }
+        })
+    }
+
     /// Whether every page holding `range` is in memory now (`mincore`); an error where the system
     /// cannot tell (Windows).
     pub fn resident(&self, range: Range<usize>) -> Result<bool, IoError> {

@@ -41,6 +41,15 @@ impl Engine {
         }))
     }
 
+    /// Gives back the memory a RAM-tier `block` holds between passes (its pages of the
+    /// checkpoint's map, and their page cache on Linux), for a final pass: returns the bytes
+    /// given back, 0 where the platform or the RAM source cannot. The block stays usable: its
+    /// next staging reads it from the drive.
+    pub fn release_pages(&self, block: usize) -> Result<u64, StreamError> {
+        self.check(block)?;
+        Ok(self.source.release(block))
+    }
+
     /// Counts a run of `block`, leased earlier with [`try_lease`](Self::try_lease): records it
     /// for the order file and the statistics (a hit, no wait) and stages the `lookahead` blocks
     /// after it.

@@ -57,6 +57,12 @@ pub(crate) trait Source: Send + Sync {
         None
     }
 
+    /// Gives back the memory a RAM-tier block holds between passes, where it can; returns the
+    /// bytes given back (0 where nothing could be).
+    fn release(&self, _block: usize) -> u64 {
+        0
+    }
+
     /// How disk-tier reads actually go (`Buffered` if O_DIRECT was refused for any file), or
     /// `None` without disk-tier blocks.
     fn disk_mode(&self) -> Option<ReadMode> {
@@ -596,6 +602,26 @@ impl Source for CheckpointSource {
             bytes: self.layout.block_bytes(block),
             cold_bytes,
         })
+    }
+
+    fn release(&self, block: usize) -> u64 {
+        if self.blocks[block].tier != SourceTier::Ram || self.ram_threads.is_some() {
+            // The in-memory RAM tier's images are shared by every fill: they go with the engine.
+            return 0;
+        }
+        let layout = &self.layout.blocks[block];
+        let mut released = 0;
+        for run in &layout.runs {
+            let Some((map, file)) = self.mapped[run.file].as_ref() else {
+                continue;
+            };
+            if map.release(run.start as usize..run.end as usize, file).is_ok() {
+                released += run.len() as u64;
+            }
+        }
+        // The block is cold again: its next staging reads it from the drive.
+        self.pages[block].store(PAGES_UNREAD, Ordering::Relaxed);
+        released
     }
 
     fn load(&self) -> Result<Option<ReadStats>, StreamError> {

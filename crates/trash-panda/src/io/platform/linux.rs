@@ -47,6 +47,14 @@ pub(crate) fn drop_cache(file: &File) -> Result<(), OpError> {
     fadvise(file, 0, 0, libc::POSIX_FADV_DONTNEED).map_err(|e| ("posix_fadvise(DONTNEED)", e))
 }
 
+/// Gives back a mapped range's memory: the process's pages (`madvise(DONTNEED)`) and the page
+/// cache's (`posix_fadvise(DONTNEED)` on the same file range).
+pub(crate) fn release_range(bytes: &[u8], file: &File, offset: u64) -> Result<(), OpError> {
+    super::unix::forget(bytes).map_err(|e| ("madvise(DONTNEED)", e))?;
+    fadvise(file, offset, bytes.len() as u64, libc::POSIX_FADV_DONTNEED)
+        .map_err(|e| ("posix_fadvise(DONTNEED)", e))
+}
+
 pub(crate) fn advise_read(file: &File, offset: u64, len: u64) -> Result<(), OpError> {
     fadvise(file, offset, len, libc::POSIX_FADV_WILLNEED)
         .map_err(|e| ("posix_fadvise(WILLNEED)", e))

@@ -45,6 +45,12 @@ pub(crate) fn drop_cache(_file: &File) -> Result<(), OpError> {
     ))
 }
 
+/// Gives back a mapped range's pages in this process (`madvise(DONTNEED)`); macOS has no
+/// per-file eviction, so the file's cache keeps them until the system needs the memory.
+pub(crate) fn release_range(bytes: &[u8], _file: &File, _offset: u64) -> Result<(), OpError> {
+    super::unix::forget(bytes).map_err(|e| ("madvise(DONTNEED)", e))
+}
+
 pub(crate) fn advise_read(file: &File, offset: u64, len: u64) -> Result<(), OpError> {
     let fail = |e| ("fcntl(F_RDADVISE)", e);
     let offset = libc::off_t::try_from(offset).map_err(|_| fail(invalid()))?;

@@ -67,3 +67,26 @@ pub(crate) fn advise(bytes: &[u8], advice: libc::c_int) -> io::Result<()> {
         }
     }
 }
+
+/// Drops this process's pages of `bytes`, part of a shared, read-only map of a file
+/// (`MADV_DONTNEED`): the next access reads them from the file (or its cache) again, with the same
+/// content, so nothing is lost; the memory stops counting against the process meanwhile.
+pub(crate) fn forget(bytes: &[u8]) -> io::Result<()> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let page = page_size();
+    let start = bytes.as_ptr() as usize;
+    let aligned = start - start % page;
+    let len = bytes.len() + (start - aligned);
+    // SAFETY: the range lies within the pages of a live, shared, read-only file map (maps start
+    // on a page). MADV_DONTNEED on such a map only drops page-table entries: a later read,
+    // concurrent or not, faults the same bytes back in from the file, and no Rust reference can
+    // observe anything but the file's content.
+    let rc = unsafe { libc::madvise(aligned as *mut c_void, len, libc::MADV_DONTNEED) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

@@ -123,6 +123,14 @@ pub(crate) fn populate(_bytes: &[u8]) -> Result<(), OpError> {
     ))
 }
 
+/// A view's pages stay in the working set until Windows trims it; nothing gives them back early.
+pub(crate) fn release_range(_bytes: &[u8], _file: &File, _offset: u64) -> Result<(), OpError> {
+    Err((
+        "giving back a mapped range's pages (not available on Windows)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
+}
+
 /// Windows reads ahead on its own for sequential handles; there is no range advice to give.
 pub(crate) fn advise_read(_file: &File, _offset: u64, _len: u64) -> Result<(), OpError> {
     Ok(())
