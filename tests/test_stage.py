@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import re
 import sys
 import threading
 import time
@@ -133,6 +134,19 @@ def test_overlap_waits_for_a_slow_read(tiny: tuple[Path, Tiny], monkeypatch: pyt
         assert h._waiter is not None
     assert order == ["blocks.2.", "blocks.0.", "blocks.1."]  # one at a time, in run order
     assert loaded_on == {"trash-panda-loader"}
+
+
+def test_profile_reports_the_loader_thread_and_private_memory(
+    tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, ref = tiny
+    monkeypatch.setenv("TRASH_PANDA_PROFILE", "1")
+    with tp.stage(build, path, device="cpu", resident_blocks=3, overlap=True) as (model, _, _h), torch.no_grad():
+        assert torch.equal(model(IDS), ref(IDS))
+    report = capsys.readouterr().err
+    assert re.search(r"loader thread: 3 resident blocks \(\d+\.\d+ GB\) in \d", report), report
+    points = [line for line in report.splitlines() if "working set" in line]
+    assert len(points) == 5 and all(re.search(r"private \d+\.\d+ GB", p) for p in points), report
 
 
 def test_overlap_raises_in_the_call_that_needs_a_failed_block(

@@ -143,6 +143,7 @@ def _stage(
             in_order = [by_index[i] for i in run_order if i in by_index]
             loader = ResidentLoader(in_order, device, state.config.storage_dtype)
             handle._waiter = loader.wait
+            handle._loader = loader  # the profile's loader-thread line
             loader.start()
         with _measure(device) as peak:
             yield model, p, handle

@@ -68,6 +68,7 @@ class OffloadHandle:
         self._seen: set[int] = set()
         self._started: set[int] = set()  # blocks whose before-hook completed (for after)
         self._waiter: Callable[[BlockState], None] | None = None  # stage(overlap=True)
+        self._loader: Any = None  # stage(overlap=True)'s ResidentLoader, for the profile
         self._final: Any = None  # the FinalPass while handle.final_pass() is open
 
     @property

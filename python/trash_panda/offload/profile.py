@@ -50,7 +50,13 @@ def memory_point(label: str) -> dict[str, object]:
                     held = holders.get(id(obj))
                     large.append({"name": f"{held} {what}" if held else what, "bytes": n})
     large.sort(key=lambda t: -int(t["bytes"]))  # type: ignore[call-overload]
-    return {"label": label, "free_ram": _core.available_ram(), "rss": _core.current_rss(), "large_tensors": large}
+    return {
+        "label": label,
+        "free_ram": _core.available_ram(),
+        "rss": _core.current_rss(),
+        "private": _core.private_memory(),
+        "large_tensors": large,
+    }
 
 
 def _holders() -> dict[int, str]:
@@ -90,12 +96,26 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
                     if r.ram_source == "in memory" and r.ram.blocks
                     else None
                 ),
+                "loader": _loader(handle),
             }
         )
     engine = None
     if state.engine is not None and not state.engine.closed:
         engine = state.engine.stats()
     return Snapshot(blocks, runs, load, engine)
+
+
+def _loader(handle: OffloadHandle) -> dict[str, object] | None:
+    """stage(overlap=True)'s loader thread: what it read, in how long, and the blocks' waits."""
+    loader = handle._loader
+    if loader is None:
+        return None
+    return {
+        "blocks": len(loader.blocks) - len(loader.errors),
+        "bytes": loader.loaded_bytes,
+        "seconds": loader.load_seconds,
+        "waited_seconds": loader.waited_seconds,
+    }
 
 
 def build(handle: OffloadHandle) -> tuple[str, str, str]:

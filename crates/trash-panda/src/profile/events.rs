@@ -73,6 +73,19 @@ pub struct LoadSummary {
     pub ram: TierLoad,
     pub disk: TierLoad,
     pub ram_in_memory: Option<RamRead>,
+    /// With `stage(overlap=True)`: the resident blocks' loader thread.
+    #[serde(default)]
+    pub loader: Option<LoaderRun>,
+}
+
+/// The loader thread of `stage(overlap=True)`: what it read, how long it took, and how long the
+/// model's blocks waited for it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LoaderRun {
+    pub blocks: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub waited_seconds: f64,
 }
 
 /// The prefetch engine's counters over the profiled stage. Its own struct, filled by the caller
@@ -113,6 +126,9 @@ pub struct MemoryPoint {
     /// RAM the machine has free, and the process's working set (resident set).
     pub free_ram: u64,
     pub rss: u64,
+    /// The process's private memory (RssAnon on Linux, private bytes on Windows).
+    #[serde(default)]
+    pub private: u64,
     /// CPU tensors of 1 MB or more that are still alive.
     pub large_tensors: Vec<LargeTensor>,
 }

@@ -14,8 +14,8 @@ mod trace;
 
 pub use error::ProfileError;
 pub use events::{
-    BlockRun, CopyRun, EngineSummary, LargeTensor, LoadSummary, MemoryPoint, RamRead, Tier,
-    TierLoad,
+    BlockRun, CopyRun, EngineSummary, LargeTensor, LoadSummary, LoaderRun, MemoryPoint, RamRead,
+    Tier, TierLoad,
 };
 pub use log::{BlockInfo, LogLine, LOG_FORMAT, LOG_VERSION};
 pub use passes::PassStats;

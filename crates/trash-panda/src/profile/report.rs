@@ -119,6 +119,18 @@ fn load_lines(out: &mut String, load: &LoadSummary) {
             plural(read.threads as usize, "thread"),
         );
     }
+    if let Some(l) = load.loader {
+        let _ = writeln!(
+            out,
+            "loader thread: {} resident {} ({} GB) in {:.2} s ({:.2} GB/s); blocks waited {:.2} s for it",
+            l.blocks,
+            if l.blocks == 1 { "block" } else { "blocks" },
+            gb(l.bytes),
+            l.seconds,
+            gbps(l.bytes, l.seconds),
+            l.waited_seconds,
+        );
+    }
 }
 
 fn engine_lines(out: &mut String, e: &EngineSummary) {
@@ -153,10 +165,11 @@ fn memory_lines(out: &mut String, point: &MemoryPoint) {
     let alive: u64 = point.large_tensors.iter().map(|t| t.bytes).sum();
     let _ = writeln!(
         out,
-        "  {}: free RAM {} GB, working set {} GB, {} of 1 MB or more alive ({} GB)",
+        "  {}: free RAM {} GB, working set {} GB, private {} GB, {} of 1 MB or more alive ({} GB)",
         point.label,
         gb(point.free_ram),
         gb(point.rss),
+        gb(point.private),
         plural(point.large_tensors.len(), "tensor"),
         gb(alive),
     );

@@ -615,7 +615,10 @@ impl Source for CheckpointSource {
             let Some((map, file)) = self.mapped[run.file].as_ref() else {
                 continue;
             };
-            if map.release(run.start as usize..run.end as usize, file).is_ok() {
+            if map
+                .release(run.start as usize..run.end as usize, file)
+                .is_ok()
+            {
                 released += run.len() as u64;
             }
         }
