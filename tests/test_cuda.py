@@ -181,3 +181,19 @@ def test_large_blocks_with_a_slow_side(tmp_path: Path, monkeypatch: pytest.Monke
     assert stats is not None and stats.acquires >= 3 * 6
     del ref, want
     tp.release(model, handle)
+
+
+def test_profile_reports_copies_against_the_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = save(reference(torch.float32), tmp_path / "m.safetensors")
+    model = on_meta(Tiny)
+    tp.stream_load(model, path, plan=every_tier(), device="cuda")
+    monkeypatch.setenv("TRASH_PANDA_PROFILE", "1")
+    handle = tp.install_offload(model)
+    with torch.no_grad():
+        for _ in range(2):
+            model(ids().cuda())
+    tp.release(model, handle)
+    report = capsys.readouterr().err
+    assert "copies to the device:" in report and "of the pinned link's" in report, report

@@ -268,6 +268,8 @@ def profile_report(
     load: str | None = None,
     engine: EngineStats | None = None,
     memory: str | None = None,
+    device_copies: list[tuple[float, int, float]] | None = None,
+    link: float | None = None,
 ) -> tuple[str, str, str]: ...
 
 @final

@@ -7,8 +7,8 @@ mod common;
 use common::profile_stage::{empty, names, stage};
 use serde_json::Value;
 use trash_panda::profile::{
-    BlockRun, CopyRun, EngineSummary, LargeTensor, LoadSummary, LoaderRun, LogLine, MemoryPoint,
-    Profile, ProfileError, RamRead, Tier, TierLoad,
+    BlockRun, CopyRun, DeviceCopy, EngineSummary, LargeTensor, LoadSummary, LoaderRun, LogLine,
+    MemoryPoint, Profile, ProfileError, RamRead, Tier, TierLoad,
 };
 
 fn full_stage() -> Profile {
@@ -332,4 +332,34 @@ fn log_line_round_trip() {
         Some(true)
     );
     assert!(value["load"]["ram_in_memory"]["threads"] == 2);
+}
+
+#[test]
+fn device_copies_per_pass_against_the_link() {
+    let mut p = stage();
+    let first = p.passes()[0].clone();
+    // Two copies inside the first pass, one outside every pass.
+    for (at, bytes, seconds) in [
+        (first.start, 2_000_000_000u64, 0.5),
+        (first.start + 0.25, 1_000_000_000, 0.25),
+        (1e9, 7, 1.0),
+    ] {
+        p.record_device_copy(DeviceCopy { at, bytes, seconds })
+            .unwrap();
+    }
+    p.set_link(20e9).unwrap();
+    let report = p.report();
+    assert!(
+        report.contains(
+            "  copies to the device: 3.00 GB in 0.75 s of copy engine time, 4.00 GB/s, 20% of the \
+             pinned link's 20.00 GB/s"
+        ),
+        "{report}"
+    );
+    assert_eq!(
+        report.matches("copies to the device").count(),
+        1,
+        "{report}"
+    );
+    assert!(p.set_link(f64::NAN).is_err());
 }

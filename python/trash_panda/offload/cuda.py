@@ -208,9 +208,15 @@ class DeviceBackend:
         for timing, mark, copied in self.pending:
             if block_until_done or (self.device.ready(mark) and self.device.ready(copied)):
                 timing.gpu_wait = CudaDevice.waited(mark, copied)
+                timing.copy_seconds = CudaDevice.copy_seconds(copied)
             else:
                 keep.append((timing, mark, copied))
         self.pending = keep
+
+    def settle(self) -> None:
+        """Waits for the device, so every run's device-timed figures are final (the profile)."""
+        self.device.synchronize()
+        self._resolve_waits(block_until_done=True)
 
     def close(self) -> None:
         if self.pipeline is not None:
@@ -226,10 +232,17 @@ class CudaBackend(DeviceBackend):
     def __init__(self, state: ModelState) -> None:
         import torch
 
+        from .. import config
+
         self.pinned: PinnedRegistration | None = None
         if state.engine is not None:
             self.pinned = register_pinned(torch.cuda.cudart(), state.engine)
-        super().__init__(state, CudaDevice(state.device), state.device)
+        cuda = CudaDevice(state.device)
+        super().__init__(state, cuda, state.device)
+        # The profile reports each pass's copy rate as a share of the link, measured here once.
+        self.link: float | None = None
+        if state.engine is not None and bool(config.setting("profile")):
+            self.link = cuda.link_bandwidth()
 
     def close(self) -> None:
         super().close()

@@ -71,26 +71,28 @@ class CudaDevice:
 
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, after: Any) -> Any:
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, after: Any) -> CudaCopy:
         import torch
 
         with torch.cuda.stream(self.stream):
             if after is not None:
                 self.stream.wait_event(after)
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(self.stream)
             dst.copy_(src, non_blocking=True)
             done = torch.cuda.Event(enable_timing=True)
             done.record(self.stream)
-        return done
+        return CudaCopy(start, done)
 
-    def compute_waits(self, event: Any) -> Any:
+    def compute_waits(self, event: CudaCopy) -> Any:
         import torch
 
         stream = torch.cuda.current_stream(self.device)
         # Marks the moment the compute stream reaches the wait: the time from it to the copy's
-        # event is how long the compute stream waited for the copy.
+        # end is how long the compute stream waited for the copy.
         mark = torch.cuda.Event(enable_timing=True)
         mark.record(stream)
-        stream.wait_event(event)
+        stream.wait_event(event.done)
         return mark
 
     def compute_done(self) -> Any:
@@ -101,10 +103,10 @@ class CudaDevice:
         return done
 
     def ready(self, event: Any) -> bool:
-        return bool(event.query())
+        return bool((event.done if isinstance(event, CudaCopy) else event).query())
 
     def wait(self, event: Any) -> None:
-        event.synchronize()
+        (event.done if isinstance(event, CudaCopy) else event).synchronize()
 
     def released(self, host: torch.Tensor, lease: Any) -> None:
         pass
@@ -115,9 +117,36 @@ class CudaDevice:
         torch.cuda.synchronize(self.device)
 
     @staticmethod
-    def waited(mark: Any, copied: Any) -> float:
-        """Seconds the compute stream waited at ``mark`` for the copy that ended at ``copied``."""
-        return max(0.0, float(mark.elapsed_time(copied)) / 1000.0)
+    def waited(mark: Any, copied: CudaCopy) -> float:
+        """Seconds the compute stream waited at ``mark`` for ``copied`` to end."""
+        return max(0.0, float(mark.elapsed_time(copied.done)) / 1000.0)
+
+    @staticmethod
+    def copy_seconds(copied: CudaCopy) -> float:
+        """The copy engine's seconds for ``copied``."""
+        return max(0.0, float(copied.start.elapsed_time(copied.done)) / 1000.0)
+
+    def link_bandwidth(self, nbytes: int = 64 << 20) -> float:
+        """The pinned host-to-device bandwidth, bytes per second: the best of three copies of
+        ``nbytes`` on the copy stream, timed by the device."""
+        import torch
+
+        host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+        dev = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        best = float("inf")
+        for _ in range(3):
+            copied = self.copy(dev, host, None)
+            copied.done.synchronize()
+            best = min(best, self.copy_seconds(copied))
+        return nbytes / best if best > 0 else 0.0
+
+
+@dataclass
+class CudaCopy:
+    """A copy on the copy stream: events at its start and its end."""
+
+    start: Any
+    done: Any
 
 
 @dataclass

@@ -22,10 +22,20 @@ class Snapshot:
     load: str | None
     engine: _core.EngineStats | None
     memory: list[dict[str, object]] = field(default_factory=list)
+    device_copies: list[tuple[float, int, float]] = field(default_factory=list)  # (run start, bytes, s)
+    link: float | None = None  # pinned host-to-device bytes per second, measured beside the run
 
     def render(self) -> tuple[str, str, str]:
         memory = json.dumps(self.memory) if self.memory else None
-        return _core.profile_report(self.blocks, self.runs, load=self.load, engine=self.engine, memory=memory)
+        return _core.profile_report(
+            self.blocks,
+            self.runs,
+            load=self.load,
+            engine=self.engine,
+            memory=memory,
+            device_copies=self.device_copies,
+            link=self.link,
+        )
 
 
 def memory_point(label: str) -> dict[str, object]:
@@ -75,10 +85,12 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
     """The profile's inputs for what ran under ``handle``."""
     state = handle._state
     blocks = [(b.prefix.rstrip("."), b.tier.value) for b in state.blocks]
+    handle._backend.settle()
     runs = [
         (i, start, end, t.staged_wait, t.gpu_wait, t.bytes, state.blocks[i].tier.value)
         for i, start, end, t in handle.runs
     ]
+    copies = [(start, t.bytes, t.copy_seconds) for _i, start, _end, t in handle.runs if t.copy_seconds > 0]
     r = state.report
     load = None
     if r is not None:
@@ -102,7 +114,7 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
     engine = None
     if state.engine is not None and not state.engine.closed:
         engine = state.engine.stats()
-    return Snapshot(blocks, runs, load, engine)
+    return Snapshot(blocks, runs, load, engine, device_copies=copies, link=getattr(handle._backend, "link", None))
 
 
 def _loader(handle: OffloadHandle) -> dict[str, object] | None:

@@ -50,6 +50,15 @@ pub struct CopyRun {
     pub tier: Tier,
 }
 
+/// One block's copy to the device, timed by the device itself (its copy engine's seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DeviceCopy {
+    /// The start of the block run it served, in the caller's clock (it places the copy in a pass).
+    pub at: f64,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
 /// Bytes loaded into one tier by `stream_load`, and how long that took.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct TierLoad {

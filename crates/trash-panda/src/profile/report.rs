@@ -38,6 +38,22 @@ impl Profile {
                 gb(p.disk_bytes),
                 p.disk_gbps,
             );
+            let (bytes, seconds) = self.device_copied(p.start, p.start + p.seconds);
+            if bytes > 0 && seconds > 0.0 {
+                let rate = gbps(bytes, seconds);
+                let share = self.link().map_or(String::new(), |link| {
+                    format!(
+                        ", {:.0}% of the pinned link's {:.2} GB/s",
+                        100.0 * rate * 1e9 / link,
+                        link / 1e9
+                    )
+                });
+                let _ = writeln!(
+                    out,
+                    "  copies to the device: {} GB in {seconds:.2} s of copy engine time, {rate:.2} GB/s{share}",
+                    gb(bytes)
+                );
+            }
         }
         if let Some(first) = self.runs().next() {
             out.push_str("first pass, main thread time by block:\n");
