@@ -337,7 +337,7 @@ fn log_line_round_trip() {
 #[test]
 fn device_copies_per_pass_against_the_link() {
     let mut p = stage();
-    let first = p.passes()[0].clone();
+    let first = p.passes()[0];
     // Two copies inside the first pass, one outside every pass.
     for (at, bytes, seconds) in [
         (first.start, 2_000_000_000u64, 0.5),
