@@ -106,3 +106,31 @@ def test_a_gpu_plan_stages_every_tensor_for_use_in_place(tmp_path: Path) -> None
         for staged in state.engine.layout(block.engine_index):
             assert staged.offset % 512 == 0 and staged.expand_at is None, staged.name
     tp.release(model)
+
+
+def test_an_in_memory_ram_tier_is_copied_to_the_device_directly(
+    tmp_path: Path, sim: SimulatedDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the RAM tier in private memory, its blocks go from there to the device slots: the
+    engine stages none of them, and the outputs equal the reference."""
+    monkeypatch.setenv("TRASH_PANDA_RAM_IN_MEMORY", "1")
+    model, ref = _loaded(tmp_path, 2)
+    state = get_state(model)
+    assert state is not None and state.engine is not None and state.config.pin_ram_tier
+    ram = [b.engine_index for b in state.blocks if b.tier == Tier.RAM]
+    assert ram and all(state.engine.ram_image(i) is not None for i in ram)
+
+    def backend(s: ModelState) -> DeviceBackend:
+        return DeviceBackend(s, sim, torch.device("cpu"))
+
+    handle = _install(model, state, state.blocks, None, backend)
+    x = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = ref(x)
+        for _ in range(3):
+            assert torch.equal(model(x), want)
+    stats = handle.stats()
+    assert stats is not None
+    assert stats.ram_bytes == 0, "a RAM-tier block went through a staging buffer"
+    assert stats.disk_bytes > 0 and stats.acquires >= 3 * (LAYERS - 1)
+    tp.release(model, handle)

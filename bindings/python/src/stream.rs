@@ -12,7 +12,9 @@ use trash_panda::dtype::{self, rows_cols, DType, Scale, SCALE_BLOCK};
 use trash_panda::engine_config::{staged_work, EngineConfig, ScaleSource};
 use trash_panda::io::ReadMode;
 use trash_panda::profile::EngineSummary;
-use trash_panda::stream::{Engine, EngineStats, Lease, SourceTier, StreamBlock, StreamTensor};
+use trash_panda::stream::{
+    Engine, EngineStats, Lease, RamImage, SourceTier, StreamBlock, StreamTensor,
+};
 
 use crate::checkpoint::PyTensorBytes;
 use crate::dlpack::{Borrowed, ByteOwner};
@@ -156,6 +158,29 @@ impl PyEngine {
     fn release_pages(&self, py: Python<'_>, block: usize) -> PyResult<u64> {
         let engine = self.engine()?;
         without_gil(py, || engine.release_pages(block)).map_err(ToPyErr::to_py)
+    }
+
+    /// The in-memory RAM tier's bytes of `block`, laid out as staged (a zero-copy view), or None
+    /// when the block is not held in private memory. Such blocks are not staged ahead when the
+    /// configuration pins the RAM tier: copy them from here and count the run with `advance`.
+    fn ram_image(&self, block: usize) -> PyResult<Option<PyTensorBytes>> {
+        let image = self.engine()?.ram_image(block).map_err(ToPyErr::to_py)?;
+        Ok(image.map(|image| PyTensorBytes::from_owner(Arc::new(ImageBytes(image)))))
+    }
+
+    /// (address, length) of every in-memory RAM-tier block, for registering them as pinned.
+    fn ram_image_buffers(&self) -> PyResult<Vec<(usize, usize)>> {
+        let engine = self.engine()?;
+        let mut out = Vec::new();
+        for b in 0..engine.block_count() {
+            if let Some(image) = engine.ram_image(b).map_err(ToPyErr::to_py)? {
+                let bytes = image.bytes();
+                if !bytes.is_empty() {
+                    out.push((bytes.as_ptr() as usize, bytes.len()));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Counts a run of `block` leased with `try_lease`, and stages the blocks after it.
@@ -370,6 +395,17 @@ pub(crate) struct PyStagedTensor {
     expand_at: Option<u64>,
     /// A checkpoint scale tensor, consumed by its weight's expansion.
     is_scale: bool,
+}
+
+/// A block's image in the in-memory RAM tier, kept alive by the views of it.
+struct ImageBytes(RamImage);
+
+impl ByteOwner for ImageBytes {
+    fn raw_parts(&self) -> (*mut u8, usize) {
+        // The views are copy sources only (to a device slot); nothing writes through them.
+        let bytes = self.0.bytes();
+        (bytes.as_ptr().cast_mut(), bytes.len())
+    }
 }
 
 /// Holds a lease; dropping the last reference gives the buffer back to the engine.

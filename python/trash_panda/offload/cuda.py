@@ -57,12 +57,14 @@ class PinnedRegistration:
         self._finalizer()
 
 
-def register_pinned(cudart: Any, engine: _core.Engine) -> PinnedRegistration | None:
-    """Registers every staging buffer as pinned. When one registration fails, the ones done are
-    undone, the CUDA error is cleared, and a warning names the error: copies then go from
-    pageable memory (slower, same results). Returns None in that case."""
+def register_pinned(cudart: Any, engine: _core.Engine, ram_tier: bool = False) -> PinnedRegistration | None:
+    """Registers every staging buffer as pinned, and with ``ram_tier`` the in-memory RAM tier's
+    blocks too. When one registration fails, the ones done are undone, the CUDA error is
+    cleared, and a warning names the error: copies then go from pageable memory (slower, same
+    results). Returns None in that case."""
     done: list[int] = []
-    for addr, size in engine.staging_buffers():
+    ranges = engine.staging_buffers() + (engine.ram_image_buffers() if ram_tier else [])
+    for addr, size in ranges:
         err = cudart.cudaHostRegister(addr, size, 0)
         if int(getattr(err, "value", err)) != 0:
             for a in done:
@@ -74,7 +76,7 @@ def register_pinned(cudart: Any, engine: _core.Engine) -> PinnedRegistration | N
             except Exception:
                 message = "no message"
             warnings.warn(
-                f"could not pin a {size}-byte staging buffer ({name}: {message}); streamed blocks "
+                f"could not pin {size} bytes of host memory ({name}: {message}); streamed blocks "
                 "are copied from pageable memory, which is slower",
                 stacklevel=4,
             )
@@ -153,6 +155,7 @@ class DeviceBackend:
                 config.staging_buffer_bytes,
                 config.staging_buffers,
                 config.lookahead,
+                direct=config.pin_ram_tier,
             )
 
     def bring(self, block: BlockState) -> Timing:
@@ -236,7 +239,7 @@ class CudaBackend(DeviceBackend):
 
         self.pinned: PinnedRegistration | None = None
         if state.engine is not None:
-            self.pinned = register_pinned(torch.cuda.cudart(), state.engine)
+            self.pinned = register_pinned(torch.cuda.cudart(), state.engine, state.config.pin_ram_tier)
         cuda = CudaDevice(state.device)
         super().__init__(state, cuda, state.device)
         # The profile reports each pass's copy rate as a share of the link, measured here once.

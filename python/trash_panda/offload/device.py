@@ -173,11 +173,27 @@ class CopyPipeline:
     """Device slots and the copies into them, for the streamed blocks of one model."""
 
     def __init__(
-        self, device: Device, engine: _core.Engine, slots: int, slot_bytes: int, buffers: int, lookahead: int
+        self,
+        device: Device,
+        engine: _core.Engine,
+        slots: int,
+        slot_bytes: int,
+        buffers: int,
+        lookahead: int,
+        direct: bool = False,
     ) -> None:
         self.device = device
         self.engine = engine
         self.buffers = buffers  # the engine's staging buffers
+        # With `direct`, blocks of the in-memory RAM tier are copied from it, not staged.
+        self.images: dict[int, torch.Tensor] = {}
+        if direct:
+            from torch.utils.dlpack import from_dlpack
+
+            for b in engine.order():
+                image = engine.ram_image(b)
+                if image is not None:
+                    self.images[b] = from_dlpack(image)
         self.slots = [device.empty(slot_bytes) for _ in range(slots)]
         self.lookahead = lookahead
         self.order = engine.order()
@@ -194,16 +210,15 @@ class CopyPipeline:
         self._return_leases()
         copy = self.queued.pop(block, None)
         staged_wait = 0.0
-        if copy is None:
+        if copy is None and block not in self.images:
             t0 = time.perf_counter()
             self._make_room()
             lease = self.engine.acquire(block)
             staged_wait = time.perf_counter() - t0
-            slot = self._free_slot()
-            if slot is None:  # every slot holds a prefetched block: give up the farthest one
-                slot = self._drop_farthest(block)
-            copy = self._queue(block, lease, slot)
+            copy = self._queue(block, lease, self._slot_for(block))
         else:
+            if copy is None:  # straight from the in-memory RAM tier
+                copy = self._queue(block, None, self._slot_for(block))
             self.engine.advance(block)
         mark = self.device.compute_waits(copy.event)
         self.running[block] = copy.slot
@@ -241,6 +256,12 @@ class CopyPipeline:
                 keep.append(copy)
         self.returning = keep
 
+    def _slot_for(self, block: int) -> int:
+        slot = self._free_slot()
+        if slot is None:  # every slot holds a prefetched block: give up the farthest one
+            slot = self._drop_farthest(block)
+        return slot
+
     def _make_room(self) -> None:
         """Waits (on the host) for the oldest copy while every staging buffer is held by a copy
         in flight: the engine needs one to stage the block asked for."""
@@ -260,14 +281,17 @@ class CopyPipeline:
         return copy.slot
 
     def _queue(self, block: int, lease: Any, slot: int) -> _Copy:
+        """Queues the copy of a leased staging buffer, or (``lease`` None) of the block's image
+        in the in-memory RAM tier, which stays where it is and needs no return."""
         from torch.utils.dlpack import from_dlpack
 
-        host = from_dlpack(lease.block_bytes())
+        host = self.images[block] if lease is None else from_dlpack(lease.block_bytes())
         event = self.device.copy(self.slots[slot][: host.numel()], host, self.free_after[slot])
         self.holder[slot] = block
         copy = _Copy(block, lease, host, slot, event)
-        # The staging buffer goes back as soon as the copy has landed, before the block runs.
-        self.returning.append(copy)
+        if lease is not None:
+            # The staging buffer goes back as soon as the copy has landed, before the block runs.
+            self.returning.append(copy)
         return copy
 
     def _prefetch(self, block: int) -> None:
@@ -280,7 +304,7 @@ class CopyPipeline:
             slot = self._free_slot()
             if slot is None:
                 return
-            lease = self.engine.try_lease(nxt)
-            if lease is None:  # not staged yet: its own run will wait for it
+            lease = None if nxt in self.images else self.engine.try_lease(nxt)
+            if lease is None and nxt not in self.images:  # not staged yet: its run will wait
                 return
             self.queued[nxt] = self._queue(nxt, lease, slot)

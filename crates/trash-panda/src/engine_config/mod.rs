@@ -115,6 +115,8 @@ pub struct EngineConfig {
     pub disk_mode_reason: String,
     pub workers: usize,
     pub ram_source: RamSource,
+    /// On a GPU, a RAM tier in private memory is pinned and copied to the device directly.
+    pub pin_ram_tier: bool,
 }
 
 impl EngineConfig {
@@ -143,6 +145,7 @@ impl EngineConfig {
             } else {
                 RamSource::Mapped
             },
+            pin_ram_tier: settings.pin_ram_tier,
         })
     }
 
@@ -156,6 +159,7 @@ impl EngineConfig {
             ram_source: self.ram_source,
             align: self.align,
             buffer_len: Some(self.held.staging_buffer_bytes as usize),
+            direct_ram: self.gpu && self.pin_ram_tier,
             buffers: Some(self.held.staging_buffers),
             ..EngineOptions::default()
         }

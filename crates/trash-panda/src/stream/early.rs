@@ -50,6 +50,15 @@ impl Engine {
         Ok(self.source.release(block))
     }
 
+    /// The in-memory RAM tier's image of `block`, laid out as staged, once the tier is loaded
+    /// ([`load_ram_tier`](Self::load_ram_tier)); `None` for any other block. With
+    /// `EngineOptions::direct_ram` such blocks are not staged ahead: the caller copies from here
+    /// and counts the run with [`advance`](Self::advance).
+    pub fn ram_image(&self, block: usize) -> Result<Option<super::RamImage>, StreamError> {
+        self.check(block)?;
+        Ok(self.source.image(block))
+    }
+
     /// Counts a run of `block`, leased earlier with [`try_lease`](Self::try_lease): records it
     /// for the order file and the statistics (a hit, no wait) and stages the `lookahead` blocks
     /// after it.

@@ -42,6 +42,7 @@ pub use stats::{BlockStats, EngineStats};
 use crate::io::{AlignedBuf, ReadMode, ReadStats, DEFAULT_CHUNK_SIZE};
 use crate::DType;
 use pool::{SlotState, State};
+pub use source::RamImage;
 use source::{CheckpointSource, Source};
 
 /// Where a streamed block waits between passes.
@@ -130,6 +131,9 @@ pub struct EngineOptions {
     /// Offset alignment of staged tensors: [`TENSOR_ALIGN`] for the CPU, [`DEVICE_TENSOR_ALIGN`]
     /// for a GPU.
     pub align: usize,
+    /// RAM-tier blocks held in private memory (`RamSource::InMemory` or a storage dtype) are not
+    /// staged ahead: the caller copies them from [`Engine::ram_image`] (a GPU from pinned memory).
+    pub direct_ram: bool,
     /// Threads that copy one warm RAM-tier block into its staging buffer; 0: the cores shared
     /// among the workers.
     pub copy_threads: usize,
@@ -152,6 +156,7 @@ impl Default for EngineOptions {
             cold_read: ColdRead::DEFAULT,
             chunk_size: DEFAULT_CHUNK_SIZE,
             align: TENSOR_ALIGN,
+            direct_ram: false,
             copy_threads: 0,
             buffer_len: None,
             buffers: None,
@@ -257,8 +262,14 @@ impl Engine {
                 .map(|(n, t)| BlockStats::new(n.clone(), *t))
                 .collect(),
         );
+        let mut state = State::new(bufs, blocks.len(), stats);
+        let in_memory =
+            matches!(options.ram_source, RamSource::InMemory { .. }) || options.storage.is_some();
+        if options.direct_ram && in_memory {
+            state.direct = blocks.iter().map(|(_, t)| *t == SourceTier::Ram).collect();
+        }
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::new(bufs, blocks.len(), stats)),
+            state: Mutex::new(state),
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
             names: blocks.into_iter().map(|(n, _)| n).collect(),

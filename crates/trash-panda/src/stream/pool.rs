@@ -58,6 +58,9 @@ pub(crate) struct State {
     /// Blocks an `acquire` is waiting for (one entry per waiting call); staged before the rest,
     /// and allowed to take a buffer from a prefetched block.
     pub demanded: Vec<usize>,
+    /// Blocks the device copies straight from the in-memory RAM tier: never staged ahead (an
+    /// `acquire` still stages one, as it demands it).
+    pub direct: Vec<bool>,
     pub order: Vec<usize>,
     /// Position of each block in `order`.
     pub pos: Vec<usize>,
@@ -88,6 +91,7 @@ impl State {
             queue: VecDeque::new(),
             window: Vec::new(),
             demanded: Vec::new(),
+            direct: vec![false; blocks],
             order: (0..blocks).collect(),
             pos: (0..blocks).collect(),
             last: None,
@@ -177,6 +181,9 @@ impl State {
             window.push(first);
         }
         window.extend(self.next_after(first, lookahead));
+        window.retain(|&b| {
+            !self.direct.get(b).copied().unwrap_or(false) || (include_first && b == first)
+        });
         let mut queue = VecDeque::with_capacity(window.len() + self.demanded.len());
         for &b in self.demanded.iter().chain(&window) {
             if self.find(b).is_none() && !queue.contains(&b) {

@@ -57,6 +57,12 @@ pub(crate) trait Source: Send + Sync {
         None
     }
 
+    /// The in-memory RAM tier's image of `block` (in its staged layout), once the tier is loaded;
+    /// `None` for a mapped RAM tier, a disk-tier block, or before the load.
+    fn image(&self, _block: usize) -> Option<RamImage> {
+        None
+    }
+
     /// Gives back the memory a RAM-tier block holds between passes, where it can; returns the
     /// bytes given back (0 where nothing could be).
     fn release(&self, _block: usize) -> u64 {
@@ -72,6 +78,25 @@ pub(crate) trait Source: Send + Sync {
 
 /// Per-block private copies of the RAM tier, in staged layout (so staging is one memcpy).
 type RamImages = Arc<Vec<Option<AlignedBuf>>>;
+
+/// One block's private copy in the in-memory RAM tier, laid out as it is staged: a device can
+/// copy it to its slot directly. Keeps every image alive while it lives.
+#[derive(Debug, Clone)]
+pub struct RamImage {
+    images: RamImages,
+    block: usize,
+    len: usize,
+}
+
+impl RamImage {
+    /// The block's bytes, as a staging buffer would hold them.
+    pub fn bytes(&self) -> &[u8] {
+        match self.images.get(self.block) {
+            Some(Some(buf)) => &buf[..self.len],
+            _ => &[],
+        }
+    }
+}
 
 // What the engine knows of a mapped RAM-tier block's pages when the system cannot say (no
 // `mincore` on Windows): cold until read once.
@@ -601,6 +626,23 @@ impl Source for CheckpointSource {
         Ok(Filled {
             bytes: self.layout.block_bytes(block),
             cold_bytes,
+        })
+    }
+
+    fn image(&self, block: usize) -> Option<RamImage> {
+        if self.blocks[block].tier != SourceTier::Ram {
+            return None;
+        }
+        let images = self
+            .in_memory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        images.get(block)?.as_ref()?;
+        Some(RamImage {
+            images,
+            block,
+            len: self.layout.block_len(block),
         })
     }
 
