@@ -5,6 +5,7 @@ from __future__ import annotations
 from . import dtype, errors
 from ._core import __version__
 from .checkpoint import Checkpoint
+from .hf import from_pretrained
 from .errors import (
     ArgumentError,
     CheckpointError,
@@ -48,6 +49,7 @@ __all__ = [
     "measure_activation_vram",
     "offload_blocks",
     "errors",
+    "from_pretrained",
     "plan",
     "release",
     "stream_load",

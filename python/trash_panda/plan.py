@@ -225,7 +225,12 @@ def plan(
         storage_dtype=None if storage_dtype is None else _dtype_name(storage_dtype),
         lookahead=lookahead if lookahead is not None else setting("lookahead"),
     )
-    return Plan(core)
+    result = Plan(core)
+    from .log import log_plan
+
+    files = checkpoint.files if isinstance(checkpoint, Checkpoint) else [os.fspath(checkpoint)]
+    log_plan(result, files[0] if len(files) == 1 else os.path.dirname(files[0]))
+    return result
 
 
 def _dtype_name(dtype: str | torch.dtype) -> str:

@@ -14,9 +14,11 @@ from ..checkpoint import Checkpoint
 from ..config import setting
 from ..device import resolve_device
 from ..errors import ArgumentError
+from ..log import log_report
 from ..names import KeyMap, model_tensors
 from ..plan import Plan, Tier, _dtype_name, _free_vram, planning_inputs
 from ..plan import plan as make_plan
+from ..progress import Progress
 from .matching import match
 from .reading import load_buffers, materialize, placeholder, unload
 from .report import LoadReport
@@ -153,12 +155,17 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
     blocks, outside, report.unexpected = match(model, named, plan, compute, where)
 
     threads = max(1, int(setting("ram_threads")))
+    to_read = [s.info.nbytes for s in outside] + [
+        s.info.nbytes for b in blocks if b.tier == Tier.DEVICE for s in b.tensors
+    ]
+    bar = Progress(f"loading {os.path.basename(where)}", sum(to_read))
     # Outside weights: read, expanded to the compute dtype once, kept on the device.
     t0 = time.perf_counter()
     for spec in outside:
         materialize(spec, device, storage=None, threads=threads, expand=True)
         report.outside.tensors += 1
         report.outside.bytes += spec.info.nbytes
+        bar.advance(spec.info.nbytes)
     report.outside.seconds = time.perf_counter() - t0
 
     # Resident blocks: read to the device in their stored form (or the storage dtype).
@@ -171,7 +178,9 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
         for spec in state_block.tensors:
             materialize(spec, device, storage=storage, threads=threads, expand=False)
             report.device_tier.bytes += spec.info.nbytes
+            bar.advance(spec.info.nbytes)
         report.device_tier.blocks += 1
+    bar.close()
     report.device_tier.seconds = time.perf_counter() - t0
 
     # Streamed blocks: described to the engine, which stages them ahead of each run.
@@ -197,6 +206,7 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
     setattr(model, STATE_ATTR, state)
     register_model(model)
     report.seconds = time.perf_counter() - t_start
+    log_report(report)
     return report
 
 
