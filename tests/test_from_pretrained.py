@@ -167,3 +167,35 @@ def test_arguments_are_checked(tmp_path: Path, llama_folder: Path) -> None:
         trash_panda.from_pretrained(
             AutoModelForCausalLM, llama_folder, plan=_every_tier_plan("model.layers.", LAYERS), max_vram="1GB"
         )
+
+
+def test_generate_command_prints_tokens_and_summary(llama_folder: Path, tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    plan_file = tmp_path / "plan.json"
+    _every_tier_plan("model.layers.", LAYERS).save(plan_file)
+    ids_file = tmp_path / "ids.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(trash_panda.__file__).parent.parent)}
+    cmd = [sys.executable, "-m", "trash_panda.cli", "generate", str(llama_folder), "--prompt", "the raccoon"]
+    opts = ["--max-new-tokens", str(NEW), "--plan", str(plan_file), "--device", "cpu", "--save-ids", str(ids_file)]
+    r = subprocess.run(cmd + opts, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+
+    tok = AutoTokenizer.from_pretrained(llama_folder)
+    plain = AutoModelForCausalLM.from_pretrained(llama_folder).eval()
+    inputs = tok("the raccoon", return_tensors="pt")
+    want = plain.generate(**inputs, max_new_tokens=NEW, do_sample=False)[0, inputs["input_ids"].shape[1] :]
+    saved = json.loads(ids_file.read_text())
+    assert saved["prompt"] == inputs["input_ids"][0].tolist()
+    assert saved["generated"] == want.tolist()
+    assert r.stdout == "the raccoon" + tok.decode(want, skip_special_tokens=True) + "\n"
+    assert f"{NEW} tokens in " in r.stderr and " per token" in r.stderr
+    assert "disk tier: 0.00 GB read" in r.stderr and "waited for blocks:" in r.stderr
+    assert "plan for" not in r.stderr  # a plan given is not planned again
+    assert "stream_load " in r.stderr  # the load summary, through the logger
+
+    bad = subprocess.run(cmd + ["--plan", str(plan_file), "--ram", "1GB"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "--plan replaces the planning options" in bad.stderr

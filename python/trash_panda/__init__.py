@@ -5,7 +5,6 @@ from __future__ import annotations
 from . import dtype, errors
 from ._core import __version__
 from .checkpoint import Checkpoint
-from .hf import from_pretrained
 from .errors import (
     ArgumentError,
     CheckpointError,
@@ -16,6 +15,7 @@ from .errors import (
     SystemProbeError,
     TrashPandaError,
 )
+from .hf import from_pretrained
 from .offload import (
     LoadReport,
     OffloadHandle,

@@ -163,10 +163,8 @@ def _guard_to(model: nn.Module) -> None:
     def check(*args: Any, **kwargs: Any) -> nn.Module:
         device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
         here = model.device if hasattr(model, "device") else next(model.parameters()).device
-        same_device = (
-            device is None
-            or torch.device(device).type == here.type
-            and (torch.device(device).index in (None, here.index))
+        same_device = device is None or (
+            torch.device(device).type == here.type and (torch.device(device).index in (None, here.index))
         )
         same_dtype = dtype is None or dtype == getattr(model, "dtype", dtype)
         if same_device and same_dtype:
