@@ -181,7 +181,7 @@ def test_generate_command_prints_tokens_and_summary(llama_folder: Path, tmp_path
     env = {**os.environ, "PYTHONPATH": str(Path(trash_panda.__file__).parent.parent)}
     cmd = [sys.executable, "-m", "trash_panda.cli", "generate", str(llama_folder), "--prompt", "the raccoon"]
     opts = ["--max-new-tokens", str(NEW), "--plan", str(plan_file), "--device", "cpu", "--save-ids", str(ids_file)]
-    r = subprocess.run(cmd + opts, capture_output=True, text=True, timeout=120, env=env)
+    r = subprocess.run([*cmd, *opts], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
 
     tok = AutoTokenizer.from_pretrained(llama_folder)
@@ -197,5 +197,5 @@ def test_generate_command_prints_tokens_and_summary(llama_folder: Path, tmp_path
     assert "plan for" not in r.stderr  # a plan given is not planned again
     assert "stream_load " in r.stderr  # the load summary, through the logger
 
-    bad = subprocess.run(cmd + ["--plan", str(plan_file), "--ram", "1GB"], capture_output=True, text=True, env=env)
+    bad = subprocess.run([*cmd, "--plan", str(plan_file), "--ram", "1GB"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "--plan replaces the planning options" in bad.stderr
