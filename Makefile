@@ -25,8 +25,9 @@ build: venv
 	cp target/release/lib_core.so $(EXT)
 	@$(PY) -c "import trash_panda; print('trash_panda', trash_panda.__version__, 'from', trash_panda.__file__)"
 
+# The main job on an embedded 6 GB model (made once under target/), or ARGS="--model FOLDER ...".
 demo: build
-	$(PY) examples/demo.py
+	$(PY) examples/demo.py $(ARGS)
 
 rust-test:
 	$(CARGO) test --workspace --exclude trash-panda-python

@@ -121,6 +121,9 @@ def test_plan_and_load_go_to_the_trash_panda_logger(llama_folder: Path, caplog: 
     messages = [r.getMessage() for r in caplog.records if r.name == "trash_panda"]
     assert any(m.startswith(f"plan for {llama_folder}:") and "model.layers.0-5" in m for m in messages), messages
     assert any(m.startswith("stream_load ") and "-> cpu (bfloat16)" in m for m in messages), messages
+    warned = [r.getMessage() for r in caplog.records if r.name == "trash_panda" and r.levelno == logging.WARNING]
+    assert any("activation memory not measured" in m for m in warned), warned
+    assert not any("activation memory not measured" in m for m in messages if m.startswith("plan for "))
 
 
 def test_encoder_model_every_tier_equals_plain(tmp_path: Path) -> None:

@@ -50,6 +50,7 @@ class _Clock:
     """When the prompt went in and when each new token came out."""
 
     start: float = 0.0
+    prompt_seen: bool = False
     stamps: list[float] = field(default_factory=list)
 
 
@@ -100,8 +101,9 @@ def _generate(args: argparse.Namespace) -> int:
 
     class Streamer(TextStreamer):  # type: ignore[misc]
         def put(self, value: Any) -> None:
-            if clock.start:  # the first call carries the prompt
+            if clock.prompt_seen:  # the first call carries the prompt, the others one token each
                 clock.stamps.append(time.perf_counter())
+            clock.prompt_seen = True
             super().put(value)
 
         def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
