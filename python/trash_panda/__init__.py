@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import dtype, errors
+from . import diffusers, dtype, errors
 from ._core import __version__
 from .checkpoint import Checkpoint
 from .errors import (
@@ -43,6 +43,7 @@ __all__ = [
     "Tier",
     "TrashPandaError",
     "__version__",
+    "diffusers",
     "dtype",
     "empty_weights",
     "install_offload",

@@ -96,15 +96,15 @@ def _generate(args: argparse.Namespace) -> int:
     from .offload.state import get_state
 
     tok = AutoTokenizer.from_pretrained(args.folder)
-    model = from_pretrained(AutoModelForCausalLM, args.folder, device=args.device, **_plan_options(args))
+    model: Any = from_pretrained(AutoModelForCausalLM, args.folder, device=args.device, **_plan_options(args))
     clock = _Clock()
 
-    class Streamer(TextStreamer):  # type: ignore[misc]
+    class Streamer(TextStreamer):
         def put(self, value: Any) -> None:
             if clock.prompt_seen:  # the first call carries the prompt, the others one token each
                 clock.stamps.append(time.perf_counter())
             clock.prompt_seen = True
-            super().put(value)
+            super().put(value)  # type: ignore[no-untyped-call]
 
         def on_finalized_text(self, text: str, stream_end: bool = False) -> None:
             print(text, end="\n" if stream_end else "", flush=True)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["checkpoint_of", "from_pretrained"]
+__all__ = ["build_empty", "checkpoint_of", "from_pretrained", "load_stage"]
 
 # The arguments that go to stream_load as well as to plan().
 _SHARED = ("key_map", "skip_prefixes", "compute_dtype", "storage_dtype")
@@ -93,7 +93,15 @@ def _from_pretrained(
     given: Plan | None,
     plan_kwargs: dict[str, Any],
 ) -> nn.Module:
-    import torch
+    model, compute = build_empty(cls, folder, ckpt, dtype)
+    plan_kwargs.setdefault("compute_dtype", compute)
+    load_stage(model, ckpt, device, order, given, plan_kwargs)
+    return model
+
+
+def build_empty(cls: Any, folder: Path, ckpt: Checkpoint, dtype: str | torch.dtype | None) -> tuple[nn.Module, Any]:
+    """The model of ``folder``'s config with parameters on meta and real buffers, in eval mode,
+    and its compute dtype (``dtype``, else the config's, else the checkpoint's)."""
     from transformers import AutoConfig, GenerationConfig
 
     from ._dtypes import resolve
@@ -105,14 +113,30 @@ def _from_pretrained(
         model = concrete._from_config(config, dtype=compute).eval()
     if (folder / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(folder)
-    plan_kwargs.setdefault("compute_dtype", compute)
+    return model, compute
+
+
+def load_stage(
+    model: nn.Module,
+    ckpt: Checkpoint,
+    device: str | torch.device | None,
+    order: list[str] | None,
+    given: Plan | None,
+    plan_kwargs: dict[str, Any],
+) -> None:
+    """Plans (unless ``given``), loads and hooks a model built by :func:`build_empty`; ``.to()``
+    is guarded. On an error the model is left unloaded."""
+    from .offload import release
+
     p = given if given is not None else make_plan(model, ckpt, device=device, **plan_kwargs)
     shared = {k: plan_kwargs[k] for k in _SHARED if k in plan_kwargs}
     stream_load(model, ckpt, plan=p, device=device, **shared)
-    install_offload(model, order=order)
+    try:
+        install_offload(model, order=order)
+    except BaseException:
+        release(model)
+        raise
     _guard_to(model)
-    assert isinstance(model, torch.nn.Module)
-    return model
 
 
 def _concrete_class(cls: Any, config: Any) -> Any:
