@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import trash_panda
-from hf_folders import randomize
+from hf_folders import make_sd
 from trash_panda import _core
 from trash_panda.offload.state import get_state
 
@@ -23,79 +23,9 @@ from diffusers import StableDiffusionPipeline  # noqa: E402
 STREAM = ["text_encoder", "unet", "vae"]
 
 
-def _tokenizer() -> transformers.CLIPTokenizer:
-    # Whole words and single letters, no merges: enough for a prompt, made without a download.
-    words = ["a", "raccoon", "in", "the", "dumpster", "at", "night"]
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for w in [*words, *"abcdefghijklmnopqrstuvwxyz"]:
-        vocab.setdefault(w + "</w>", len(vocab))
-        vocab.setdefault(w, len(vocab))
-    return transformers.CLIPTokenizer(vocab=vocab, merges=[], model_max_length=32)
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    torch.manual_seed(0)
-    tok = _tokenizer()
-    text_encoder = CLIPTextModel(
-        CLIPTextConfig(
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            vocab_size=len(tok),
-            max_position_embeddings=32,
-            projection_dim=32,
-            bos_token_id=0,
-            eos_token_id=1,
-            pad_token_id=1,
-        )
-    ).eval()
-    unet = UNet2DConditionModel(
-        block_out_channels=(16, 32),
-        layers_per_block=1,
-        sample_size=8,
-        in_channels=4,
-        out_channels=4,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32,
-        norm_num_groups=8,
-        attention_head_dim=8,
-    ).eval()
-    vae = AutoencoderKL(
-        block_out_channels=(16, 32),
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
-        latent_channels=4,
-        norm_num_groups=8,
-        sample_size=16,
-    ).eval()
-    for i, m in enumerate((text_encoder, unet, vae)):
-        randomize(m, seed=i + 1)
-        with torch.no_grad():  # keep the activations of random weights in range
-            for p in m.parameters():
-                p.mul_(0.5)
-    pipe = StableDiffusionPipeline(
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=tok,
-        unet=unet,
-        scheduler=DDIMScheduler(steps_offset=1, clip_sample=False),
-        safety_checker=None,
-        feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    out = tmp_path_factory.mktemp("sd")
-    pipe.save_pretrained(out, safe_serialization=True, max_shard_size="100KB")
-    assert (out / "unet" / "diffusion_pytorch_model.safetensors.index.json").is_file()
-    assert (out / "text_encoder" / "model.safetensors.index.json").is_file()
-    return out
+    return make_sd(tmp_path_factory.mktemp("sd"))
 
 
 def _image(pipe: StableDiffusionPipeline) -> torch.Tensor:

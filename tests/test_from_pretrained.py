@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import trash_panda
-from hf_folders import randomize, save_sharded, train_tokenizer
+from hf_folders import make_llama, randomize, save_sharded
 from trash_panda import Plan, Tier
 
 transformers = pytest.importorskip("transformers")
 
-from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
 LAYERS = 6
 NEW = 12
@@ -30,25 +30,7 @@ def _every_tier_plan(prefix: str, layers: int) -> Plan:
 
 @pytest.fixture(scope="module")
 def llama_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("llama")
-    cfg = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=320,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16).eval()
-    randomize(model)
-    save_sharded(model, folder)
-    train_tokenizer(folder, 300)
-    return folder
+    return make_llama(tmp_path_factory.mktemp("llama"), LAYERS)
 
 
 def _streamed(folder: Path) -> torch.nn.Module:
@@ -202,3 +184,22 @@ def test_generate_command_prints_tokens_and_summary(llama_folder: Path, tmp_path
 
     bad = subprocess.run([*cmd, "--plan", str(plan_file), "--ram", "1GB"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "--plan replaces the planning options" in bad.stderr
+
+
+@pytest.mark.parametrize("form", ["folder", "index"])
+def test_plan_and_stream_load_take_a_sharded_folder(llama_folder: Path, form: str) -> None:
+    """The entry points below from_pretrained take the shards as a folder or as their index."""
+    path = llama_folder if form == "folder" else llama_folder / "model.safetensors.index.json"
+    plain = AutoModelForCausalLM.from_pretrained(llama_folder).eval()
+    model, _ = trash_panda.hf.build_empty(LlamaForCausalLM, llama_folder, trash_panda.Checkpoint(path), None)
+    p = trash_panda.plan(model, path, vram="1TB", ram="1TB", resident_blocks=2, headroom_vram=0, device="cpu")
+    assert len(p.blocks) == LAYERS
+    report = trash_panda.stream_load(model, path, plan=p, device="cpu")
+    assert report.ram.blocks == LAYERS - 2 and report.unexpected == []
+    handle = trash_panda.install_offload(model)
+    try:
+        ids = torch.randint(3, 300, (1, 7), generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            assert torch.equal(model(input_ids=ids).logits, plain(input_ids=ids).logits)
+    finally:
+        trash_panda.release(model, handle)
