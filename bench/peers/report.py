@@ -142,9 +142,11 @@ def timeline(trace_file: Path, out: Path) -> None:
     coloured by tier, and the time it waited for its block (the reads that compute did not hide)."""
     events = [e for e in json.loads(trace_file.read_text())["traceEvents"] if e["ph"] == "X"]
     passes = sorted((e for e in events if e["cat"] == "pass"), key=lambda e: e["ts"])
-    chosen = [(passes[1], "second cold pass"), (passes[3], "first warm pass")] if len(passes) >= 4 else []
+    if len(passes) < 4:
+        return
+    chosen = [(passes[1], "second cold pass"), (passes[3], "first warm pass")]
     fig, axes = plt.subplots(len(chosen), 1, figsize=(12, 1.6 + 1.3 * len(chosen)), squeeze=False)
-    for ax, (p, label) in zip(axes[:, 0], chosen):
+    for ax, (p, label) in zip(axes[:, 0], chosen, strict=True):
         t0, t1 = p["ts"], p["ts"] + p["dur"]
         inside = [e for e in events if t0 <= e["ts"] < t1 and e["cat"] != "pass"]
         runs = [e for e in inside if e["cat"] in ("disk", "ram", "device")]
