@@ -38,7 +38,7 @@ def table(data: dict) -> tuple[str, dict[str, float]]:
     for r in data["results"]:
         name = r["system"]
         if not _ok(r):
-            rows.append([name, f"failed: `{r['error'][:160]}`"] + [""] * 9)
+            rows.append([name, f"failed: `{r['error'][:160]}`"] + [""] * 10)
             continue
         warm = statistics.median(r["warm"])
         rows.append(
@@ -47,6 +47,7 @@ def table(data: dict) -> tuple[str, dict[str, float]]:
                 f"{r['load_s']:.1f}",
                 f"{r['written'] / 1e9:.2f}",
                 f"{r['cold'][0]:.2f}",
+                f"{r['load_s'] + r['cold'][0]:.1f}",
                 " / ".join(f"{s:.2f}" for s in r["cold"][1:]),
                 f"{r['cold'][0] / physical:.2f}",
                 f"{warm:.2f}",
@@ -61,6 +62,7 @@ def table(data: dict) -> tuple[str, dict[str, float]]:
         "load s",
         "load wrote GB",
         "first cold pass s",
+        "load + first pass s",
         "cold passes s",
         "first cold / physical floor",
         "warm pass s (median of 3)",
@@ -79,20 +81,27 @@ def targets(data: dict, floors: dict[str, float]) -> list[str]:
     if tp is None:
         return ["- trash-panda failed: no targets to check"]
     peers = [r for n, r in res.items() if n not in ("plain", "trash-panda")]
-    cold = min(tp["cold"])
+    cold = min(tp["cold"])  # the best of the three cold passes, for each system alike
     warm = statistics.median(tp["warm"])
 
     def line(ok: bool, text: str) -> str:
         return f"- {'met' if ok else 'NOT met'}: {text}"
 
-    best_peer_cold = min((min(r["cold"]) for r in peers), default=float("inf"))
+    # diffusers' group offloading "in RAM" holds the whole model in memory (its pages stay mapped and
+    # cannot be dropped), so its cold passes read nothing: it is compared on warm passes only.
+    disk_peers = [r for r in peers if r["system"] != "diffusers-ram"]
+    best_peer_cold = min((min(r["cold"]) for r in disk_peers), default=float("inf"))
     return [
         line(
             cold <= 1.1 * floors["physical"],
             f"cold pass within 1.1x of the physical floor: best cold {cold:.2f} s / floor "
             f"{floors['physical']:.2f} s = {cold / floors['physical']:.2f}x",
         ),
-        line(cold < best_peer_cold, f"cold pass below every peer: {cold:.2f} s against {best_peer_cold:.2f} s"),
+        line(
+            cold < best_peer_cold,
+            f"cold pass below every peer that reads from disk: {cold:.2f} s against "
+            + ", ".join(f"{r['system']} {min(r['cold']):.2f} s" for r in disk_peers),
+        ),
         line(
             warm <= 1.05 * floors["compute"],
             f"warm pass within 1.05x of the compute floor: {warm:.2f} s / {floors['compute']:.2f} s "
