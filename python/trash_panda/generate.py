@@ -149,11 +149,18 @@ def _summary(model: nn.Module, clock: _Clock, end: float, tokens: int) -> str:
     ]
     if stats is not None:
         lines.append(f"  RAM tier: {stats.ram_bytes / 1e9:.2f} GB staged, {stats.ram_bytes / 1e9 / total:.2f} GB/s")
-        disk_line = f"  disk tier: {stats.disk_bytes / 1e9:.2f} GB read, {stats.disk_bytes / 1e9 / total:.2f} GB/s"
+        mode = state.report.disk_mode if state.report is not None else None
+        rate = stats.disk_bytes / 1e9 / total
+        disk_line = (
+            f"  disk tier ({mode or '-'} reads): {stats.disk_bytes / 1e9:.2f} GB read, {rate:.2f} GB/s over the run"
+        )
         drive = _drive_speed(state) if stats.disk_bytes else None
         if drive is not None:
-            ratio = stats.disk_bytes / total / 1e9 / drive
-            disk_line += f" over the run; the drive reads {drive:.2f} GB/s direct (same file, just after): {ratio:.2f}x"
+            disk_line += (
+                f", {rate / drive:.2f}x the drive's direct-read speed ({drive:.2f} GB/s, same file, just after)"
+            )
+            if mode == "buffered":
+                disk_line += "; buffered reads come from the page cache where the file's pages are there"
         lines.append(disk_line)
         lines.append(
             f"  waited for blocks: {stats.compute_waited_seconds:.2f} s of {total:.2f} s"
