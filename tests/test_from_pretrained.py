@@ -21,6 +21,13 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, LlamaFo
 
 LAYERS = 6
 NEW = 12
+# The CPU always; a CUDA GPU where there is one (the plain model runs there too).
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+    ),
+]
 
 
 def _every_tier_plan(prefix: str, layers: int) -> Plan:
@@ -34,16 +41,17 @@ def llama_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_llama(tmp_path_factory.mktemp("llama"), LAYERS)
 
 
-def _streamed(folder: Path) -> torch.nn.Module:
+def _streamed(folder: Path, device: str = "cpu") -> torch.nn.Module:
     return trash_panda.from_pretrained(
-        AutoModelForCausalLM, folder, device="cpu", plan=_every_tier_plan("model.layers.", LAYERS)
+        AutoModelForCausalLM, folder, device=device, plan=_every_tier_plan("model.layers.", LAYERS)
     )
 
 
-def test_causal_lm_generate_and_pipeline_equal_plain(llama_folder: Path) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_causal_lm_generate_and_pipeline_equal_plain(llama_folder: Path, device: str) -> None:
     tok = AutoTokenizer.from_pretrained(llama_folder)
-    plain = AutoModelForCausalLM.from_pretrained(llama_folder).eval()
-    model = _streamed(llama_folder)
+    plain = AutoModelForCausalLM.from_pretrained(llama_folder).eval().to(device)
+    model = _streamed(llama_folder, device)
     try:
         assert type(model) is LlamaForCausalLM
         assert model.device == plain.device and model.dtype == plain.dtype == torch.bfloat16
@@ -54,7 +62,7 @@ def test_causal_lm_generate_and_pipeline_equal_plain(llama_folder: Path) -> None
         assert tiers == {Tier.DEVICE, Tier.RAM, Tier.DISK}
         assert all(p.is_meta for p in model.model.layers[3].parameters())
 
-        inputs = tok(["the raccoon streams", "a plan says which block"], return_tensors="pt", padding=True)
+        inputs = tok(["the raccoon streams", "a plan says which block"], return_tensors="pt", padding=True).to(device)
         greedy = {"max_new_tokens": NEW, "min_new_tokens": NEW, "do_sample": False, "use_cache": True}
         want = plain.generate(**inputs, **greedy)
         got = model.generate(**inputs, **greedy)
