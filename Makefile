@@ -13,7 +13,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export PYTHONPATH := $(CURDIR)/python
 EXT := python/trash_panda/_core.abi3.so
 
-.PHONY: demo test venv build rust-test lint py-test stubs cross fmt bench-read bench-convert bench-stage bench-stream bench-peers clean
+.PHONY: demo test venv build rust-test lint py-test stubs cross fmt bench-read bench-convert bench-stage bench-fill bench-stream bench-peers clean
 
 venv:
 	@bash scripts/venv.sh
@@ -65,6 +65,9 @@ bench-read:
 
 bench-convert:
 	$(CARGO) run --release -p trash-panda-bench --bin bench-convert
+
+bench-fill:
+	$(CARGO) run --release -p trash-panda-bench --bin bench-fill
 
 bench-stage:
 	$(CARGO) run --release -p trash-panda-bench --bin bench-stage

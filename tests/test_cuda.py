@@ -142,3 +142,58 @@ def test_staging_views_are_pinned_and_copies_do_not_block(tmp_path: Path) -> Non
     done.synchronize()
     del host, lease
     tp.release(model, handle)
+
+
+@pytest.mark.parametrize("slow", ["compute", "copy"])
+def test_large_blocks_with_a_slow_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow: str) -> None:
+    """64 MB blocks streamed with either side forced slow (a spin kernel queued on its stream):
+    with copies in flight, any missing wait between the streams would show in the output."""
+    from trash_panda.offload import device as device_mod
+
+    torch.manual_seed(0)
+    ref = Tiny(dim=2048, layers=8, vocab=64).to(torch.bfloat16).eval()  # 64 MB a block
+    path = save(ref, tmp_path / "big.safetensors", torch.bfloat16)
+    model = on_meta(Tiny, dim=2048, layers=8, vocab=64)
+    p = tp.plan(model, path, device="cuda", resident_blocks=2, lookahead=2)
+    p.assign(tp.Tier.DISK, indices=[6, 7])
+    tp.stream_load(model, path, plan=p, device="cuda")
+    spin = 20_000_000  # cycles: about 10 ms
+    if slow == "copy":
+        real_copy = device_mod.CudaDevice.copy
+
+        def slow_copy(self, dst, src, after):  # type: ignore[no-untyped-def]
+            with torch.cuda.stream(self.stream):
+                torch.cuda._sleep(spin)
+            return real_copy(self, dst, src, after)
+
+        monkeypatch.setattr(device_mod.CudaDevice, "copy", slow_copy)
+    handle = tp.install_offload(model)
+    if slow == "compute":
+        for b in model.blocks:
+            b.register_forward_pre_hook(lambda *_: torch.cuda._sleep(spin))
+    ref = ref.cuda()
+    x = torch.randint(0, 64, (2, 16), device="cuda")
+    with torch.no_grad():
+        want = ref(x)
+        for _ in range(3):
+            assert torch.equal(model(x), want)
+    stats = handle.stats()
+    assert stats is not None and stats.acquires >= 3 * 6
+    del ref, want
+    tp.release(model, handle)
+
+
+def test_profile_reports_copies_against_the_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = save(reference(torch.float32), tmp_path / "m.safetensors")
+    model = on_meta(Tiny)
+    tp.stream_load(model, path, plan=every_tier(), device="cuda")
+    monkeypatch.setenv("TRASH_PANDA_PROFILE", "1")
+    handle = tp.install_offload(model)
+    with torch.no_grad():
+        for _ in range(2):
+            model(ids().cuda())
+    tp.release(model, handle)
+    report = capsys.readouterr().err
+    assert "copies to the device:" in report and "of the pinned link's" in report, report

@@ -4,6 +4,7 @@ chained one stage at a time; after a chained run and release the RSS is back nea
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -69,6 +70,10 @@ def test_streamed_pipeline_image_equals_plain(folder: Path, plain_image: torch.T
     finally:
         trash_panda.diffusers.release_pipeline(pipe)
     assert all(get_state(getattr(pipe, n)) is None for n in STREAM)
+    # Each component ran as a stage(): its run order was written beside its checkpoint, the UNet's
+    # with the middle block before the up blocks, as forward() runs them.
+    order = json.loads((folder / "unet" / "diffusion_pytorch_model_order.json").read_text())["blocks"]
+    assert order.index("mid_block.resnets.1") < order.index("up_blocks.0"), order
 
 
 def test_chained_pipeline_stage_by_stage(folder: Path, plain_image: torch.Tensor) -> None:

@@ -27,6 +27,7 @@ from .offload import (
     stream_load,
 )
 from .plan import Plan, Tier, plan
+from .stage import stage
 
 __all__ = [
     "ArgumentError",
@@ -53,5 +54,6 @@ __all__ = [
     "from_pretrained",
     "plan",
     "release",
+    "stage",
     "stream_load",
 ]

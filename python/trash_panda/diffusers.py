@@ -9,6 +9,7 @@ encoder, then denoiser, then VAE), so each plan sees the memory the previous sta
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -19,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from .checkpoint import Checkpoint
 from .errors import ArgumentError
-from .hf import _checkpoint_dtype, build_empty, checkpoint_of, load_stage
-from .offload import empty_weights, release
+from .hf import _checkpoint_dtype, _guard_to, build_empty, checkpoint_of
+from .offload import empty_weights
 from .offload.release import _RELEASED_HOOK
 from .offload.state import get_state
 
@@ -43,6 +44,7 @@ class _Component:
     # The buffers as built (rotary tables, position ids): release() puts every buffer on meta,
     # and a chained component is loaded again on its next call.
     buffers: dict[str, torch.Tensor]
+    stage: contextlib.AbstractContextManager[Any] | None = None  # the stage() it is loaded in
 
 
 @dataclass(frozen=True)
@@ -160,24 +162,29 @@ def _build(cls: Any, library: str, folder: Path, dtype: str | torch.dtype | None
 
 
 def _begin_stage(streamed: _Streamed, c: _Component) -> None:
-    """Plans, loads and hooks one component (the previous chained one released first).
-
-    This is the one place a stage starts; issue 8's stage() can replace it when it lands."""
+    """Plans, loads and hooks one component in a :func:`trash_panda.stage` (the previous chained
+    one released first): its order file and its remembered activation memory come with it."""
     if streamed.loaded is not None and streamed.loaded is not c:
         _end_stage(streamed, streamed.loaded)
     if any(c.model.get_buffer(n).is_meta for n in c.buffers):
         for name, value in c.buffers.items():  # released before: its buffers as built
             owner, _, attr = name.rpartition(".")
             c.model.get_submodule(owner)._buffers[attr] = value.clone()
-    kwargs = {"compute_dtype": c.model._trash_panda_compute, **streamed.plan_kwargs}
-    load_stage(c.model, Checkpoint(c.path), streamed.device, None, None, kwargs)
+    from .stage import stage
+
+    kwargs = {"compute_dtype": c.model._trash_panda_compute, "device": streamed.device, **streamed.plan_kwargs}
+    cm = stage(lambda: c.model, c.path, **kwargs)
+    cm.__enter__()  # entered here and left in _end_stage: the pipeline, not a with block, says when
+    c.stage = cm
+    _guard_to(c.model)
     if streamed.chain:
         streamed.loaded = c
 
 
 def _end_stage(streamed: _Streamed, c: _Component, *, final: bool = False) -> None:
-    if get_state(c.model) is not None:
-        release(c.model)
+    if c.stage is not None:
+        cm, c.stage = c.stage, None
+        cm.__exit__(None, None, None)  # releases the model (and writes its order file if need be)
         marker = getattr(c.model, _RELEASED_HOOK, None)
         if not final and marker is not None:
             # release() marks a model so a stale reference cannot run on empty weights; a chained

@@ -198,13 +198,15 @@ def plan(
     device: torch.device | str | None = None,
     ram: Size | None = None,
     vram: Size | None = None,
+    pinned_buffers: int | None = None,
 ) -> Plan:
     """Decides, from the checkpoint's sizes and the free memory, where each block of ``model`` lives.
 
     Sizes are bytes or strings such as ``"9GB"``, ``"500MB"`` or ``"1.5GiB"``. ``compute_dtype``
     defaults to the dtype most of the checkpoint's float weights have (bf16 for fp8 checkpoints).
     ``ram`` and ``vram`` replace the measured available RAM and free VRAM (for tests and for
-    planning another machine).
+    planning another machine). ``pinned_buffers`` is the number of staging buffers (pinned on
+    CUDA) when a block streams: by default ``TRASH_PANDA_PINNED_BUFFERS``, else ``lookahead + 1``.
     """
     dev = resolve_device(device)
     tensors, prefixes = planning_inputs(model, checkpoint, blocks, key_map, skip_prefixes)
@@ -224,6 +226,7 @@ def plan(
         compute_dtype=None if compute_dtype is None else _dtype_name(compute_dtype),
         storage_dtype=None if storage_dtype is None else _dtype_name(storage_dtype),
         lookahead=lookahead if lookahead is not None else setting("lookahead"),
+        pinned_buffers=setting("pinned_buffers", pinned_buffers),
     )
     result = Plan(core)
     from .log import log_plan

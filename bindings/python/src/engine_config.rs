@@ -98,6 +98,12 @@ impl PyEngineConfig {
         }
     }
 
+    /// Whether a RAM tier in private memory is pinned and copied to the GPU directly.
+    #[getter]
+    fn pin_ram_tier(&self) -> bool {
+        self.inner.gpu && self.inner.pin_ram_tier
+    }
+
     /// Where each tensor of a resident block goes in the expansion buffer (None: used as it is
     /// held), by the rule the plan counts with: tensors held in `dtypes` (header names), of
     /// `elements` elements, `scaled` when a scale applies.

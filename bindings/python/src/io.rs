@@ -85,6 +85,12 @@ fn current_rss() -> PyResult<u64> {
     trash_panda::sys::current_rss().map_err(ToPyErr::to_py)
 }
 
+/// The process's private resident memory in bytes (Linux: RssAnon; Windows: private bytes).
+#[pyfunction]
+fn private_memory() -> PyResult<u64> {
+    trash_panda::sys::private_memory().map_err(ToPyErr::to_py)
+}
+
 /// Samples the process's resident memory on a thread until `stop()`.
 #[pyclass(name = "RssSampler", module = "trash_panda._core")]
 #[derive(Debug)]
@@ -126,6 +132,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(trim_heap, m)?)?;
     m.add_function(wrap_pyfunction!(current_rss, m)?)?;
+    m.add_function(wrap_pyfunction!(private_memory, m)?)?;
     m.add_function(wrap_pyfunction!(available_ram, m)?)?;
     m.add_class::<PyRssSampler>()?;
     m.add_function(wrap_pyfunction!(drop_cache, m)?)?;

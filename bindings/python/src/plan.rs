@@ -84,10 +84,18 @@ fn options_from(kwargs: &Bound<'_, PyDict>, base: PlanOptions) -> PyResult<PlanO
                     raise(Kind::Argument, format!("lookahead: expected a count of 0 or more, got {value}"))
                 })?
             }
+            "pinned_buffers" => {
+                let n: usize = value.extract().map_err(|_| {
+                    raise(Kind::Argument, format!("pinned_buffers: expected a count of 0 or more, got {value}"))
+                })?;
+                // 0 keeps the default, as TRASH_PANDA_PINNED_BUFFERS=0 does.
+                o.staging_buffers = (n > 0).then_some(n);
+            }
             other => {
                 return Err(raise(Kind::Argument, format!(
                     "unknown plan option {other:?}: expected resident_blocks, max_vram, min_free_ram, \
-                     headroom_vram, activation_vram, compute_dtype, storage_dtype or lookahead"
+                     headroom_vram, activation_vram, compute_dtype, storage_dtype, lookahead or \
+                     pinned_buffers"
                 )))
             }
         }

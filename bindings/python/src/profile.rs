@@ -3,7 +3,7 @@
 use pyo3::prelude::*;
 
 use trash_panda::plan::Tier;
-use trash_panda::profile::{BlockRun, LoadSummary, MemoryPoint, Profile};
+use trash_panda::profile::{BlockRun, DeviceCopy, LoadSummary, MemoryPoint, Profile};
 
 use crate::errors::{raise, Kind, ToPyErr};
 use crate::stream::PyEngineStats;
@@ -19,13 +19,15 @@ type RunArg = (usize, f64, f64, f64, f64, u64, String);
 /// `load` is a LoadSummary, `engine` the engine's statistics and `memory` a list of memory
 /// points, each as JSON.
 #[pyfunction]
-#[pyo3(signature = (blocks, runs, load=None, engine=None, memory=None))]
+#[pyo3(signature = (blocks, runs, load=None, engine=None, memory=None, device_copies=None, link=None))]
 fn profile_report(
     blocks: Vec<(String, String)>,
     runs: Vec<RunArg>,
     load: Option<&str>,
     engine: Option<PyRef<'_, PyEngineStats>>,
     memory: Option<&str>,
+    device_copies: Option<Vec<(f64, u64, f64)>>,
+    link: Option<f64>,
 ) -> PyResult<(String, String, String)> {
     let tiers = blocks
         .iter()
@@ -51,6 +53,14 @@ fn profile_report(
     if let Some(text) = load {
         let summary: LoadSummary = serde_json::from_str(text).map_err(|e| parse_err("load", e))?;
         profile.set_load(summary).map_err(ToPyErr::to_py)?;
+    }
+    for (at, bytes, seconds) in device_copies.unwrap_or_default() {
+        profile
+            .record_device_copy(DeviceCopy { at, bytes, seconds })
+            .map_err(ToPyErr::to_py)?;
+    }
+    if let Some(link) = link {
+        profile.set_link(link).map_err(ToPyErr::to_py)?;
     }
     if let Some(stats) = engine {
         profile

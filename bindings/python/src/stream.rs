@@ -12,7 +12,9 @@ use trash_panda::dtype::{self, rows_cols, DType, Scale, SCALE_BLOCK};
 use trash_panda::engine_config::{staged_work, EngineConfig, ScaleSource};
 use trash_panda::io::ReadMode;
 use trash_panda::profile::EngineSummary;
-use trash_panda::stream::{Engine, EngineStats, Lease, SourceTier, StreamBlock, StreamTensor};
+use trash_panda::stream::{
+    Engine, EngineStats, Lease, RamImage, SourceTier, StreamBlock, StreamTensor,
+};
 
 use crate::checkpoint::PyTensorBytes;
 use crate::dlpack::{Borrowed, ByteOwner};
@@ -118,9 +120,20 @@ impl PyEngine {
         self.engine()?.set_order(order).map_err(ToPyErr::to_py)
     }
 
+    /// The run order in use (engine block indices, every block once).
+    fn order(&self) -> PyResult<Vec<usize>> {
+        Ok(self.engine()?.order())
+    }
+
     /// The order blocks were first acquired in.
     fn recorded_order(&self) -> PyResult<Vec<usize>> {
         Ok(self.engine()?.recorded_order())
+    }
+
+    /// Forgets the recorded order (new hooks on the same model record their own).
+    fn clear_recorded_order(&self) -> PyResult<()> {
+        self.engine()?.clear_recorded_order();
+        Ok(())
     }
 
     /// Waits (without the GIL) until `block` is staged, and leases its buffer.
@@ -130,6 +143,49 @@ impl PyEngine {
         Ok(PyLease {
             cell: Mutex::new(Some(Arc::new(LeaseCell(lease)))),
         })
+    }
+
+    /// Leases `block` if it is staged now (None otherwise), without counting a run: for copying
+    /// it to the device ahead of its run. Call `advance(block)` when it runs.
+    fn try_lease(&self, block: usize) -> PyResult<Option<PyLease>> {
+        let lease = self.engine()?.try_lease(block).map_err(ToPyErr::to_py)?;
+        Ok(lease.map(|lease| PyLease {
+            cell: Mutex::new(Some(Arc::new(LeaseCell(lease)))),
+        }))
+    }
+
+    /// Gives back a RAM-tier block's memory (its mapped pages); the bytes given back.
+    fn release_pages(&self, py: Python<'_>, block: usize) -> PyResult<u64> {
+        let engine = self.engine()?;
+        without_gil(py, || engine.release_pages(block)).map_err(ToPyErr::to_py)
+    }
+
+    /// The in-memory RAM tier's bytes of `block`, laid out as staged (a zero-copy view), or None
+    /// when the block is not held in private memory. Such blocks are not staged ahead when the
+    /// configuration pins the RAM tier: copy them from here and count the run with `advance`.
+    fn ram_image(&self, block: usize) -> PyResult<Option<PyTensorBytes>> {
+        let image = self.engine()?.ram_image(block).map_err(ToPyErr::to_py)?;
+        Ok(image.map(|image| PyTensorBytes::from_owner(Arc::new(ImageBytes(image)))))
+    }
+
+    /// (address, length) of every in-memory RAM-tier block, for registering them as pinned.
+    fn ram_image_buffers(&self) -> PyResult<Vec<(usize, usize)>> {
+        let engine = self.engine()?;
+        let mut out = Vec::new();
+        for b in 0..engine.block_count() {
+            if let Some(image) = engine.ram_image(b).map_err(ToPyErr::to_py)? {
+                let bytes = image.bytes();
+                if !bytes.is_empty() {
+                    out.push((bytes.as_ptr() as usize, bytes.len()));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Counts a run of `block` leased with `try_lease`, and stages the blocks after it.
+    fn advance(&self, block: usize) -> PyResult<()> {
+        self.engine()?.advance(block).map_err(ToPyErr::to_py)
     }
 
     /// Reads the RAM tier into private memory now (only with ram_in_memory); (bytes, seconds).
@@ -232,6 +288,10 @@ impl PyEngineStats {
             misses: s.misses,
             reclaimed_unused: s.reclaimed_unused,
             out_of_order: s.out_of_order,
+            ram_cold_bytes: s.ram_cold_bytes,
+            ram_cold_blocks: s.ram_cold_blocks,
+            ram_cold_seconds: s.ram_cold_seconds,
+            workers: s.workers,
         }
     }
 }
@@ -247,6 +307,21 @@ impl PyEngineStats {
     #[getter]
     fn disk_bytes(&self) -> u64 {
         self.inner.disk_bytes
+    }
+    /// Of the RAM tier's bytes, those read from the drive (pages not in memory: a first pass).
+    #[getter]
+    fn ram_cold_bytes(&self) -> u64 {
+        self.inner.ram_cold_bytes
+    }
+    /// Blocks of the RAM tier read from the drive.
+    #[getter]
+    fn ram_cold_blocks(&self) -> u64 {
+        self.inner.ram_cold_blocks
+    }
+    /// Workers' seconds on those blocks, summed over workers.
+    #[getter]
+    fn ram_cold_seconds(&self) -> f64 {
+        self.inner.ram_cold_seconds
     }
     /// Seconds workers spent staging, summed over workers.
     #[getter]
@@ -270,7 +345,7 @@ impl PyEngineStats {
     fn misses(&self) -> u64 {
         self.inner.misses
     }
-    /// Times a worker waited for a free staging buffer, and for how long.
+    /// Times a worker waited for a free pinned buffer, and for how long.
     #[getter]
     fn buffer_waits(&self) -> u64 {
         self.inner.buffer_waits
@@ -320,6 +395,17 @@ pub(crate) struct PyStagedTensor {
     expand_at: Option<u64>,
     /// A checkpoint scale tensor, consumed by its weight's expansion.
     is_scale: bool,
+}
+
+/// A block's image in the in-memory RAM tier, kept alive by the views of it.
+struct ImageBytes(RamImage);
+
+impl ByteOwner for ImageBytes {
+    fn raw_parts(&self) -> (*mut u8, usize) {
+        // The views are copy sources only (to a device slot); nothing writes through them.
+        let bytes = self.0.bytes();
+        (bytes.as_ptr().cast_mut(), bytes.len())
+    }
 }
 
 /// Holds a lease; dropping the last reference gives the buffer back to the engine.

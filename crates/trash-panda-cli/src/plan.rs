@@ -70,6 +70,11 @@ impl PlanArgs {
                 _ => PlanOptions::DEFAULT_LOOKAHEAD,
             },
         };
+        // TRASH_PANDA_PINNED_BUFFERS, as the library's plan() counts it (0: the default).
+        let staging_buffers = match trash_panda::config::get("pinned_buffers", None)? {
+            trash_panda::config::Value::Count(n) if n > 0 => Some(n as usize),
+            _ => None,
+        };
         Ok(PlanOptions {
             resident_blocks: self.resident_blocks,
             max_vram: self.max_vram,
@@ -79,6 +84,7 @@ impl PlanArgs {
             compute_dtype: self.compute_dtype,
             storage_dtype: self.storage_dtype,
             lookahead,
+            staging_buffers,
         })
     }
 

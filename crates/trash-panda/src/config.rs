@@ -41,6 +41,21 @@ pub const SETTINGS: &[Setting] = &[
         doc: "streamed blocks staged ahead of the one that runs (0: read each block when it is needed)",
     },
     Setting {
+        name: "pin_ram_tier",
+        kind: Kind::Switch,
+        default: "1",
+        doc: "on CUDA, register a RAM tier held in private memory (ram_in_memory, or a storage \
+              dtype) as pinned and copy its blocks to the GPU directly, with no staging copy; it \
+              locks that memory",
+    },
+    Setting {
+        name: "pinned_buffers",
+        kind: Kind::Count,
+        default: "0",
+        doc: "staging buffers (pinned on CUDA) the planner counts and the engine allocates \
+              (0: lookahead + 1)",
+    },
+    Setting {
         name: "workers",
         kind: Kind::Count,
         default: "2",

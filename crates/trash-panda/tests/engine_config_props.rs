@@ -138,6 +138,7 @@ proptest! {
         blocks in proptest::collection::vec(proptest::collection::vec(weight(), 1..4), 2..5),
         tiers in proptest::collection::vec(0u8..3, 5),
         lookahead in 0usize..=4,
+        pinned in prop_oneof![Just(None), (1usize..=5).prop_map(Some)],
         storage in prop_oneof![Just(None), Just(Some(DType::BF16)), Just(Some(DType::F8E4M3))],
         compute in prop_oneof![Just(DType::BF16), Just(DType::F32)],
         gpu in any::<bool>(),
@@ -157,6 +158,7 @@ proptest! {
             compute_dtype: Some(compute),
             storage_dtype: storage,
             lookahead,
+            staging_buffers: pinned,
             ..PlanOptions::default()
         };
         let figures = Figures::injected(1 << 40, gpu.then_some(1 << 40));
@@ -211,7 +213,10 @@ proptest! {
         prop_assert_eq!(buffers.len(), budgets.staging_buffers);
         prop_assert!(buffers.iter().all(|b| b.1 as u64 == budgets.staging_buffer_bytes));
         prop_assert_eq!(engine.staging_bytes() as u64, budgets.host_staging);
-        prop_assert_eq!(budgets.device_slots, if gpu { lookahead + 1 } else { 0 });
+        // TRASH_PANDA_PINNED_BUFFERS when given, else one per block staged ahead plus the one that runs.
+        let want = pinned.unwrap_or(lookahead + 1);
+        prop_assert_eq!(buffers.len(), want);
+        prop_assert_eq!(budgets.device_slots, if gpu { want } else { 0 });
         prop_assert_eq!(budgets.device_slot_bytes, budgets.device_slots as u64 * budgets.staging_buffer_bytes);
         // Each block is really staged within its buffer (a device slot copies these bytes).
         engine.load_ram_tier().unwrap();

@@ -7,8 +7,8 @@ mod common;
 use common::profile_stage::{empty, names, stage};
 use serde_json::Value;
 use trash_panda::profile::{
-    BlockRun, CopyRun, EngineSummary, LargeTensor, LoadSummary, LogLine, MemoryPoint, Profile,
-    ProfileError, RamRead, Tier, TierLoad,
+    BlockRun, CopyRun, DeviceCopy, EngineSummary, LargeTensor, LoadSummary, LoaderRun, LogLine,
+    MemoryPoint, Profile, ProfileError, RamRead, Tier, TierLoad,
 };
 
 fn full_stage() -> Profile {
@@ -29,6 +29,12 @@ fn full_stage() -> Profile {
             seconds: 21.0,
             threads: 2,
         }),
+        loader: Some(LoaderRun {
+            blocks: 12,
+            bytes: 5_210_000_000,
+            seconds: 18.5,
+            waited_seconds: 2.25,
+        }),
     })
     .unwrap();
     p.set_engine(EngineSummary {
@@ -38,6 +44,10 @@ fn full_stage() -> Profile {
         misses: 8,
         reclaimed_unused: 1,
         out_of_order: 2,
+        ram_cold_bytes: 3_000_000_000,
+        ram_cold_blocks: 3,
+        ram_cold_seconds: 4.0,
+        workers: 2,
     })
     .unwrap();
     let tensor = |name: &str, bytes| LargeTensor {
@@ -49,6 +59,7 @@ fn full_stage() -> Profile {
             label: "before release".to_string(),
             free_ram: 6_200_000_000,
             rss: 9_100_000_000,
+            private: 8_700_000_000,
             large_tensors: vec![
                 tensor("c", 2_000_000),
                 tensor("a.weight", 200_000_000),
@@ -60,6 +71,7 @@ fn full_stage() -> Profile {
             label: "after release".to_string(),
             free_ram: 8_200_000_000,
             rss: 3_000_000_000,
+            private: 2_500_000_000,
             large_tensors: vec![tensor("x", 5_000_000)],
         },
     ]);
@@ -101,8 +113,9 @@ fn pass_statistics() {
 #[test]
 fn report_text() {
     let expected = "\
-stream_load took 12.50 s (device 5.21 GB in 10.25 s, ram 7.29 GB in 2.00 s)
+stream_load took 12.50 s (device 5.21 GB in 10.25 s at 0.51 GB/s, ram 7.29 GB in 2.00 s at 3.65 GB/s)
 read 7.29 GB of streamed-block tensors into memory in 21.00 s (0.35 GB/s, 2 threads)
+loader thread: 12 resident blocks (5.21 GB) in 18.50 s (0.28 GB/s); blocks waited 2.25 s for it
 pass 1: 9.75 s, waited 7.20 s (73.8%), ram 3.00 GB at 0.31 GB/s, disk 1.50 GB at 0.15 GB/s
 pass 2: 2.00 s, waited 0.30 s (15.0%), ram 3.00 GB at 1.50 GB/s, disk 1.50 GB at 0.75 GB/s
 pass 3: 2.00 s, waited 0.30 s (15.0%), ram 3.00 GB at 1.50 GB/s, disk 1.50 GB at 0.75 GB/s
@@ -113,14 +126,15 @@ first pass, main thread time by block:
   blocks.5 (disk): 1.25 s = staged 1.00 s + gpu 0.10 s + rest 0.15 s
   blocks.3 (ram): 0.75 s = staged 0.25 s + gpu 0.10 s + rest 0.40 s
   blocks.0 (device): 0.50 s = staged 0.00 s + gpu 0.00 s + rest 0.50 s
-worker waited for a free staging buffer 4 times (0.30 s)
+ram tier read from the drive (pages not in memory): 3.00 GB in 3 blocks, 1.50 GB/s with 2 workers (drive reference: a cold `dd iflag=direct` of the checkpoint, or the disk tier's rate above)
+worker waited for a free pinned buffer 4 times (0.30 s)
 blocks acquired: 40 ready, 8 waited for; 1 staged and never used, 2 out of order
 memory while releasing:
-  before release: free RAM 6.20 GB, working set 9.10 GB, 4 tensors of 1 MB or more alive (0.25 GB)
+  before release: free RAM 6.20 GB, working set 9.10 GB, private 8.70 GB, 4 tensors of 1 MB or more alive (0.25 GB)
     held: a.weight (200.00 MB)
     held: b.weight (50.00 MB)
     held: c (2.00 MB)
-  after release: free RAM 8.20 GB, working set 3.00 GB, 1 tensor of 1 MB or more alive (0.01 GB)
+  after release: free RAM 8.20 GB, working set 3.00 GB, private 2.50 GB, 1 tensor of 1 MB or more alive (0.01 GB)
 ";
     assert_eq!(full_stage().report(), expected);
     // Same events, same text.
@@ -318,4 +332,34 @@ fn log_line_round_trip() {
         Some(true)
     );
     assert!(value["load"]["ram_in_memory"]["threads"] == 2);
+}
+
+#[test]
+fn device_copies_per_pass_against_the_link() {
+    let mut p = stage();
+    let first = p.passes()[0];
+    // Two copies inside the first pass, one outside every pass.
+    for (at, bytes, seconds) in [
+        (first.start, 2_000_000_000u64, 0.5),
+        (first.start + 0.25, 1_000_000_000, 0.25),
+        (1e9, 7, 1.0),
+    ] {
+        p.record_device_copy(DeviceCopy { at, bytes, seconds })
+            .unwrap();
+    }
+    p.set_link(20e9).unwrap();
+    let report = p.report();
+    assert!(
+        report.contains(
+            "  copies to the device: 3.00 GB in 0.75 s of copy engine time, 4.00 GB/s, 20% of the \
+             pinned link's 20.00 GB/s"
+        ),
+        "{report}"
+    );
+    assert_eq!(
+        report.matches("copies to the device").count(),
+        1,
+        "{report}"
+    );
+    assert!(p.set_link(f64::NAN).is_err());
 }

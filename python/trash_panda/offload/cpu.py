@@ -99,6 +99,9 @@ class CpuBackend:
         if changed is not None:
             raise modified_error(changed)
 
+    def settle(self) -> None:
+        """Nothing is in flight on the CPU."""
+
     def close(self) -> None:
         for index in list(self.leases):
             self.leases.pop(index).release()

@@ -2,21 +2,20 @@
 place there or expanded into the expansion buffer on the compute stream.
 
 Staged tensors are 512-byte aligned (the engine configuration's alignment on a GPU), so every
-tensor in the compute dtype is used in place in its slot. A slot is refilled only after an
-event recorded when the compute that read it was queued; expansions run on the compute stream,
-so one expansion buffer serves every block in turn.
+tensor in the compute dtype is used in place in its slot. The slots and the copies in flight are
+:mod:`.device`'s bookkeeping, which the test suite drives with a simulated device; expansions
+run on the compute stream, so one expansion buffer serves every block in turn.
 """
 
 from __future__ import annotations
 
 import ctypes
-import time
 import warnings
 import weakref
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._dtypes import torch_dtype
+from .device import CopyPipeline, CudaDevice, Device
 from .work import ExpansionBuffer, Timing, resident_offsets, swap
 
 if TYPE_CHECKING:
@@ -24,14 +23,6 @@ if TYPE_CHECKING:
 
     from .. import _core
     from .state import BlockState, ModelState
-
-
-@dataclass
-class _Inflight:
-    lease: Any
-    event: Any
-    slot: int
-    views: list[Any] = field(default_factory=list)
 
 
 def _clear_cuda_error() -> None:
@@ -66,12 +57,14 @@ class PinnedRegistration:
         self._finalizer()
 
 
-def register_pinned(cudart: Any, engine: _core.Engine) -> PinnedRegistration | None:
-    """Registers every staging buffer as pinned. When one registration fails, the ones done are
-    undone, the CUDA error is cleared, and a warning names the error: copies then go from
-    pageable memory (slower, same results). Returns None in that case."""
+def register_pinned(cudart: Any, engine: _core.Engine, ram_tier: bool = False) -> PinnedRegistration | None:
+    """Registers every staging buffer as pinned, and with ``ram_tier`` the in-memory RAM tier's
+    blocks too. When one registration fails, the ones done are undone, the CUDA error is
+    cleared, and a warning names the error: copies then go from pageable memory (slower, same
+    results). Returns None in that case."""
     done: list[int] = []
-    for addr, size in engine.staging_buffers():
+    ranges = engine.staging_buffers() + (engine.ram_image_buffers() if ram_tier else [])
+    for addr, size in ranges:
         err = cudart.cudaHostRegister(addr, size, 0)
         if int(getattr(err, "value", err)) != 0:
             for a in done:
@@ -83,7 +76,7 @@ def register_pinned(cudart: Any, engine: _core.Engine) -> PinnedRegistration | N
             except Exception:
                 message = "no message"
             warnings.warn(
-                f"could not pin a {size}-byte staging buffer ({name}: {message}); streamed blocks "
+                f"could not pin {size} bytes of host memory ({name}: {message}); streamed blocks "
                 "are copied from pageable memory, which is slower",
                 stacklevel=4,
             )
@@ -140,32 +133,32 @@ def _typed(dev: torch.Tensor, offset: int, length: int, header: str, shape: tupl
     return dev[offset : offset + length].view(torch_dtype(header)).reshape(shape)
 
 
-class CudaBackend:
-    def __init__(self, state: ModelState) -> None:
-        import torch
+class DeviceBackend:
+    """A device with its own memory computes: each streamed block's bytes are copied into a
+    device slot by a :class:`CopyPipeline` (several copies in flight), then used in place there or
+    expanded into the expansion buffer on the compute stream."""
 
+    def __init__(self, state: ModelState, device: Device, expansion_device: torch.device) -> None:
         self.state = state
-        self.device = state.device
-        self.stream = torch.cuda.Stream(self.device)
-        self.live: dict[int, _Inflight | None] = {}
-        self.slots: list[torch.Tensor] = []
+        self.device = device
         self.layouts: dict[int, list[_core.StagedTensor]] = {}
         self.offsets: dict[int, list[int | None]] = {}
-        self.slot_free: list[Any] = []  # an event recorded when the slot's last reader finished
-        self.next_slot = 0
-        self.pinned: PinnedRegistration | None = None
+        self.pending: list[tuple[Timing, Any, Any]] = []  # (timing, compute mark, copy event)
         config = state.config
-        self.expansion = ExpansionBuffer(config.expansion_bytes, self.device)
+        self.expansion = ExpansionBuffer(config.expansion_bytes, expansion_device)
+        self.pipeline: CopyPipeline | None = None
         if state.engine is not None:
-            self.pinned = register_pinned(torch.cuda.cudart(), state.engine)
-            for _ in range(config.device_slots):
-                self.slots.append(torch.empty(config.staging_buffer_bytes, dtype=torch.uint8, device=self.device))
-                self.slot_free.append(None)
+            self.pipeline = CopyPipeline(
+                device,
+                state.engine,
+                config.device_slots,
+                config.staging_buffer_bytes,
+                config.staging_buffers,
+                config.lookahead,
+                direct=config.pin_ram_tier,
+            )
 
     def bring(self, block: BlockState) -> Timing:
-        import torch
-        from torch.utils.dlpack import from_dlpack
-
         timing = Timing()
         if block.engine_index is None:
             offsets = self.offsets.get(block.index)
@@ -176,29 +169,17 @@ class CudaBackend:
                 out = self.expansion.view(at, spec.shape, spec.target)
                 _expand_into(out, spec.resident, spec.resident_scale, spec.scale_kind)
                 swap(spec, out)
-            self.live[block.index] = None
             return timing
-        assert self.state.engine is not None
-        compute = torch.cuda.current_stream(self.device)
+        assert self.state.engine is not None and self.pipeline is not None
         layout = self.layouts.get(block.engine_index)
         if layout is None:
             layout = self.layouts[block.engine_index] = self.state.engine.layout(block.engine_index)
-        lease = self.state.engine.acquire(block.engine_index)
-        timing.staged_wait = lease.waited
-        host = from_dlpack(lease.block_bytes())
-        slot = self.next_slot
-        self.next_slot = (slot + 1) % len(self.slots)
-        dev = self.slots[slot][: host.numel()]
-        t0 = time.perf_counter()
-        with torch.cuda.stream(self.stream):
-            if self.slot_free[slot] is not None:
-                self.stream.wait_event(self.slot_free[slot])
-            dev.copy_(host, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        compute.wait_event(event)
-        timing.gpu_wait = time.perf_counter() - t0
-        timing.bytes = host.numel()
+        taken = self.pipeline.take(block.engine_index)
+        timing.staged_wait = taken.staged_wait
+        timing.bytes = taken.nbytes
+        if taken.mark is not None:
+            self.pending.append((timing, taken.mark, taken.copy_event))
+        dev = taken.slot
         for spec in block.work:
             assert spec.staged_index is not None
             st = layout[spec.staged_index]
@@ -215,32 +196,58 @@ class CudaBackend:
             out = self.expansion.view(st.expand_at, spec.shape, spec.target)
             _expand_into(out, w, scale, st.scale_layout or "none")
             swap(spec, out)
-        self.live[block.index] = _Inflight(lease=lease, event=event, slot=slot, views=[host])
         return timing
 
     def done(self, block: BlockState) -> None:
-        import torch
-
         for spec in block.work:
             swap(spec, None)
-        inflight = self.live.pop(block.index, None)
-        if inflight is None:
-            return
-        # The slot may be refilled once the compute queued so far (this block) is done with it.
-        finished = torch.cuda.Event()
-        finished.record(torch.cuda.current_stream(self.device))
-        self.slot_free[inflight.slot] = finished
-        inflight.event.synchronize()  # the copy out of the pinned buffer is complete
-        inflight.views.clear()
-        inflight.lease.release()
+        if block.engine_index is not None and self.pipeline is not None:
+            self.pipeline.finish(block.engine_index)
+        self._resolve_waits(block_until_done=False)
+
+    def _resolve_waits(self, block_until_done: bool) -> None:
+        """The time the compute stream waited for each copy, once both events have happened."""
+        keep = []
+        for timing, mark, copied in self.pending:
+            if block_until_done or (self.device.ready(mark) and self.device.ready(copied)):
+                timing.gpu_wait = CudaDevice.waited(mark, copied)
+                timing.copy_seconds = CudaDevice.copy_seconds(copied)
+            else:
+                keep.append((timing, mark, copied))
+        self.pending = keep
+
+    def settle(self) -> None:
+        """Waits for the device, so every run's device-timed figures are final (the profile)."""
+        self.device.synchronize()
+        self._resolve_waits(block_until_done=True)
 
     def close(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()  # synchronizes the device first
+        self._resolve_waits(block_until_done=True)
+        self.expansion.free()
+
+
+class CudaBackend(DeviceBackend):
+    """A CUDA GPU: the staging buffers are registered as pinned memory once, copies go on a side
+    stream (:class:`CudaDevice`)."""
+
+    def __init__(self, state: ModelState) -> None:
         import torch
 
-        for index in list(self.live):
-            self.done(self.state.blocks[index])
-        torch.cuda.synchronize(self.device)
+        from .. import config
+
+        self.pinned: PinnedRegistration | None = None
+        if state.engine is not None:
+            self.pinned = register_pinned(torch.cuda.cudart(), state.engine, state.config.pin_ram_tier)
+        cuda = CudaDevice(state.device)
+        super().__init__(state, cuda, state.device)
+        # The profile reports each pass's copy rate as a share of the link, measured here once.
+        self.link: float | None = None
+        if state.engine is not None and bool(config.setting("profile")):
+            self.link = cuda.link_bandwidth()
+
+    def close(self) -> None:
+        super().close()
         if self.pinned is not None:
             self.pinned.close()
-        self.slots.clear()
-        self.expansion.free()

@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING, Any
 from .. import config
 from ..errors import ArgumentError, StreamError
 from .cpu import CpuBackend
-from .cuda import CudaBackend
+from .cuda import CudaBackend, DeviceBackend
 from .state import BlockState, ModelState, get_state
 from .work import Timing
+
+# What makes a block runnable on its device: the CPU's, or a device with its own memory.
+Backend = CpuBackend | DeviceBackend
 
 if TYPE_CHECKING:
     import torch
@@ -51,9 +54,7 @@ class OffloadHandle:
     """What install_offload() returns: ``remove()`` takes the hooks off and restores the blocks
     (their weights stay loaded; :func:`release` frees them)."""
 
-    def __init__(
-        self, model: nn.Module, state: ModelState, backend: CpuBackend | CudaBackend, registry: HookRegistry
-    ) -> None:
+    def __init__(self, model: nn.Module, state: ModelState, backend: Backend, registry: HookRegistry) -> None:
         self.model = model
         self._state = state
         self._backend = backend
@@ -61,6 +62,14 @@ class OffloadHandle:
         self.runs: list[tuple[int, float, float, Timing]] = []  # (block, start, end, timing)
         self.removed = False
         self._order_checks = 2  # streamed runs still to check against the order given
+        # Every block that ran, resident ones too, in the order of their first run: the order
+        # file holds it.
+        self.ran: list[str] = []
+        self._seen: set[int] = set()
+        self._started: set[int] = set()  # blocks whose before-hook completed (for after)
+        self._waiter: Callable[[BlockState], None] | None = None  # stage(overlap=True)
+        self._loader: Any = None  # stage(overlap=True)'s ResidentLoader, for the profile
+        self._final: Any = None  # the FinalPass while handle.final_pass() is open
 
     @property
     def recorded_order(self) -> list[str]:
@@ -79,15 +88,26 @@ class OffloadHandle:
         return engine.stats()
 
     def remove(self) -> None:
-        """Takes the hooks off; with TRASH_PANDA_PROFILE=1 prints the profile of what ran."""
-        snap = self._remove(profile=bool(config.setting("profile")))
+        """Takes the hooks off and restores the blocks, so the model runs plainly again (streamed
+        blocks' weights become views of the mapped checkpoint on the CPU); with
+        TRASH_PANDA_PROFILE=1 prints the profile of what ran."""
+        snap = self._remove(profile=bool(config.setting("profile")), restore=True)
         if snap is not None:
             from .profile import print_report
 
             print_report(snap)
 
-    def _remove(self, profile: bool) -> Any:
-        """Takes the hooks off; returns the profile's snapshot when asked (None otherwise)."""
+    def final_pass(self, keep_prefixes: list[str] | None = None) -> Any:
+        """A context manager around the last call of the model: each block is freed right after
+        it runs, except those under ``keep_prefixes``; ``.events`` is a queue of
+        :class:`~trash_panda.offload.final_pass.FreedBlock`. See :mod:`.final_pass`."""
+        from .final_pass import final_pass
+
+        return final_pass(self, keep_prefixes)
+
+    def _remove(self, profile: bool, restore: bool = False) -> Any:
+        """Takes the hooks off (restoring the blocks when asked); returns the profile's snapshot
+        when asked (None otherwise)."""
         if self.removed:
             return None
         snap = None
@@ -99,6 +119,10 @@ class OffloadHandle:
         self._registry.remove()
         self._backend.close()
         self._state.handle = None
+        if restore:
+            from .restore import restore_blocks
+
+            restore_blocks(self._state)
         return snap
 
 
@@ -146,7 +170,7 @@ def install_offload(model: nn.Module, *, order: list[str] | None = None) -> Offl
     return _install(model, state, state.blocks, order)
 
 
-def make_backend(state: ModelState) -> CpuBackend | CudaBackend:
+def make_backend(state: ModelState) -> Backend:
     if state.device.type == "cuda":
         return CudaBackend(state)
     if state.device.type == "cpu":
@@ -155,21 +179,38 @@ def make_backend(state: ModelState) -> CpuBackend | CudaBackend:
 
 
 def _install(
-    model: nn.Module, state: ModelState, blocks: Iterable[BlockState], order: list[str] | None
+    model: nn.Module,
+    state: ModelState,
+    blocks: Iterable[BlockState],
+    order: list[str] | None,
+    backend_for: Callable[[ModelState], Backend] | None = None,
 ) -> OffloadHandle:
+    """Installs the hooks; ``backend_for`` makes the backend (the device's by default; tests
+    pass a simulated device's)."""
+    if state.engine is not None:
+        # Hooks installed again after remove() check and record their own runs.
+        state.engine.clear_recorded_order()
     expected = _set_order(state, order)  # the order given, which the first runs are checked against
     by_engine = {b.engine_index: b.prefix for b in state.blocks if b.engine_index is not None}
-    backend = make_backend(state)
+    backend = (backend_for or make_backend)(state)
     registry = HookRegistry()
     handle = OffloadHandle(model, state, backend, registry)
 
     for block in blocks:
-        if not block.needs_hooks:
-            continue
 
         def before(block: BlockState = block) -> None:
             if handle.removed:
                 raise StreamError("the offload hooks were removed")
+            if block.index not in handle._seen:
+                handle._seen.add(block.index)
+                handle.ran.append(block.prefix)
+            if handle._final is not None:
+                handle._final.check(block)
+            if handle._waiter is not None:
+                handle._waiter(block)
+            handle._started.add(block.index)
+            if not block.work:  # resident in the compute dtype: nothing to bring
+                return
             start = time.perf_counter()
             # Only the first two streamed runs are checked: that is where a wrong order costs.
             if block.engine_index is not None and handle._order_checks and state.engine is not None:
@@ -182,17 +223,27 @@ def _install(
                         "pass order= so the first blocks are staged in the order forward() runs them",
                         stacklevel=4,
                     )
-            timing = backend.bring(block)
+            try:
+                timing = backend.bring(block)
+            except BaseException:
+                handle._started.discard(block.index)
+                raise
             if len(handle.runs) >= MAX_RUNS:  # a long generation: keep the recent half
                 del handle.runs[: MAX_RUNS // 2]
             handle.runs.append((block.index, start, time.perf_counter(), timing))
 
         def after(block: BlockState = block) -> None:
-            backend.done(block)
-            if handle.runs and handle.runs[-1][0] == block.index:
-                idx, start, brought, timing = handle.runs[-1]
-                handle.runs[-1] = (idx, start, time.perf_counter(), timing)
-                del brought
+            if block.index not in handle._started:  # its before-hook raised: nothing to undo
+                return
+            handle._started.discard(block.index)
+            if block.work:
+                backend.done(block)
+                if handle.runs and handle.runs[-1][0] == block.index:
+                    idx, start, brought, timing = handle.runs[-1]
+                    handle.runs[-1] = (idx, start, time.perf_counter(), timing)
+                    del brought
+            if handle._final is not None:
+                handle._final.after(block)
 
         registry.around(block.module, before, after)
     state.handle = handle

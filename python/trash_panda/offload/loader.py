@@ -20,7 +20,7 @@ from ..plan import Plan, Tier, _dtype_name, _free_vram, planning_inputs
 from ..plan import plan as make_plan
 from ..progress import Progress
 from .matching import match
-from .reading import load_buffers, materialize, placeholder, unload
+from .reading import load_buffers, materialize_all, placeholder, unload
 from .report import LoadReport
 from .state import STATE_ATTR, BlockState, ModelState, get_state, register_model
 
@@ -98,6 +98,33 @@ def stream_load(
         raise
 
 
+def load_deferred(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str] | Checkpoint,
+    plan: Plan,
+    *,
+    key_map: KeyMap = None,
+    skip_prefixes: list[str] | None = None,
+    device: str | torch.device | None = None,
+) -> tuple[LoadReport, list[BlockState]]:
+    """stream_load() that leaves the resident blocks unread (on the meta device) and returns
+    them, for a loader that fills them while the model runs (stage(overlap=True))."""
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if get_state(model) is not None:
+        raise ArgumentError("model: it is already loaded by stream_load; release() it first")
+    ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
+    request = LoadRequest(plan, None, None, None, None, key_map, skip_prefixes, resolve_device(device))
+    deferred: list[BlockState] = []
+    try:
+        return _stream_load(model, ckpt, request, deferred), deferred
+    except BaseException:
+        unload(model)
+        raise
+
+
 def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
     plan, compute_dtype, storage_dtype = req.plan, req.compute_dtype, req.storage_dtype
     if plan is None and req.offload_prefixes is None:
@@ -121,7 +148,10 @@ def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
     tensors, prefixes = planning_inputs(model, ckpt, _block_prefixes(model, plan), req.key_map, req.skip_prefixes)
     # A resolved plan keeps its options; a manual one takes the settings' lookahead, and the core
     # infers the compute dtype when none is given.
-    options: dict[str, Any] = {"lookahead": None if plan.resolved else setting("lookahead")}
+    options: dict[str, Any] = {
+        "lookahead": None if plan.resolved else setting("lookahead"),
+        "pinned_buffers": None if plan.resolved else setting("pinned_buffers"),
+    }
     if compute_dtype is not None:
         options["compute_dtype"] = _dtype_name(compute_dtype)
     if storage_dtype is not None:
@@ -141,7 +171,9 @@ def _block_prefixes(model: nn.Module, plan: Plan) -> list[str]:
     return found
 
 
-def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadReport:
+def _stream_load(
+    model: nn.Module, ckpt: Checkpoint, req: LoadRequest, deferred: list[BlockState] | None = None
+) -> LoadReport:
     t_start = time.perf_counter()
     device = req.device
     plan = _resolve_plan(model, ckpt, req)
@@ -155,31 +187,30 @@ def _stream_load(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> LoadRe
     blocks, outside, report.unexpected = match(model, named, plan, compute, where)
 
     threads = max(1, int(setting("ram_threads")))
-    to_read = [s.info.nbytes for s in outside] + [
-        s.info.nbytes for b in blocks if b.tier == Tier.DEVICE for s in b.tensors
-    ]
-    bar = Progress(f"loading {os.path.basename(where)}", sum(to_read))
+    here = [b for b in blocks if b.tier == Tier.DEVICE and deferred is None]  # the resident blocks read here
+    to_read = sum(s.info.nbytes for s in outside) + sum(s.info.nbytes for b in here for s in b.tensors)
+    bar = Progress(f"loading {os.path.basename(where)}", to_read)
     # Outside weights: read, expanded to the compute dtype once, kept on the device.
     t0 = time.perf_counter()
-    for spec in outside:
-        materialize(spec, device, storage=None, threads=threads, expand=True)
-        report.outside.tensors += 1
-        report.outside.bytes += spec.info.nbytes
-        bar.advance(spec.info.nbytes)
+    materialize_all(outside, device, storage=None, threads=threads, expand=True)
+    report.outside.tensors += len(outside)
+    report.outside.bytes += sum(spec.info.nbytes for spec in outside)
+    bar.advance(report.outside.bytes)
     report.outside.seconds = time.perf_counter() - t0
 
     # Resident blocks: read to the device in their stored form (or the storage dtype).
     t0 = time.perf_counter()
-    streamed: list[BlockState] = []
-    for state_block in blocks:
-        if state_block.tier != Tier.DEVICE:
-            streamed.append(state_block)
-            continue
-        for spec in state_block.tensors:
-            materialize(spec, device, storage=storage, threads=threads, expand=False)
-            report.device_tier.bytes += spec.info.nbytes
-            bar.advance(spec.info.nbytes)
-        report.device_tier.blocks += 1
+    streamed = [b for b in blocks if b.tier != Tier.DEVICE]
+    now = [b for b in blocks if b.tier == Tier.DEVICE]
+    if deferred is not None:  # read later by the caller's loader
+        deferred.extend(now)
+        now = []
+    for block in now:  # one batched read per block, so the progress bar moves block by block
+        materialize_all(block.tensors, device, storage=storage, threads=threads, expand=False)
+        done = sum(spec.info.nbytes for spec in block.tensors)
+        report.device_tier.bytes += done
+        bar.advance(done)
+    report.device_tier.blocks += len(now)
     bar.close()
     report.device_tier.seconds = time.perf_counter() - t0
 

@@ -22,10 +22,20 @@ class Snapshot:
     load: str | None
     engine: _core.EngineStats | None
     memory: list[dict[str, object]] = field(default_factory=list)
+    device_copies: list[tuple[float, int, float]] = field(default_factory=list)  # (run start, bytes, s)
+    link: float | None = None  # pinned host-to-device bytes per second, measured beside the run
 
     def render(self) -> tuple[str, str, str]:
         memory = json.dumps(self.memory) if self.memory else None
-        return _core.profile_report(self.blocks, self.runs, load=self.load, engine=self.engine, memory=memory)
+        return _core.profile_report(
+            self.blocks,
+            self.runs,
+            load=self.load,
+            engine=self.engine,
+            memory=memory,
+            device_copies=self.device_copies,
+            link=self.link,
+        )
 
 
 def memory_point(label: str) -> dict[str, object]:
@@ -35,6 +45,7 @@ def memory_point(label: str) -> dict[str, object]:
 
     import torch
 
+    holders = _holders()
     large = []
     with warnings.catch_warnings():
         # Looking at every live object touches deprecated module attributes that warn.
@@ -45,19 +56,41 @@ def memory_point(label: str) -> dict[str, object]:
             if obj.device.type == "cpu" and not obj.is_meta:
                 n = obj.numel() * obj.element_size()
                 if n >= 1 << 20:
-                    large.append({"name": f"{str(obj.dtype).removeprefix('torch.')}{list(obj.shape)}", "bytes": n})
+                    what = f"{str(obj.dtype).removeprefix('torch.')}{list(obj.shape)}"
+                    held = holders.get(id(obj))
+                    large.append({"name": f"{held} {what}" if held else what, "bytes": n})
     large.sort(key=lambda t: -int(t["bytes"]))  # type: ignore[call-overload]
-    return {"label": label, "free_ram": _core.available_ram(), "rss": _core.current_rss(), "large_tensors": large}
+    return {
+        "label": label,
+        "free_ram": _core.available_ram(),
+        "rss": _core.current_rss(),
+        "private": _core.private_memory(),
+        "large_tensors": large,
+    }
+
+
+def _holders() -> dict[int, str]:
+    """Who holds a tensor, by its id: the module path of a parameter or buffer of a loaded
+    model, so a profile names ``Model.blocks.3.up.weight`` and not only a dtype and shape."""
+    from .state import live_models
+
+    names: dict[int, str] = {}
+    for model in live_models():
+        for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers()]:
+            names.setdefault(id(t), f"{type(model).__name__}.{name}")
+    return names
 
 
 def snapshot(handle: OffloadHandle) -> Snapshot:
     """The profile's inputs for what ran under ``handle``."""
     state = handle._state
     blocks = [(b.prefix.rstrip("."), b.tier.value) for b in state.blocks]
+    handle._backend.settle()
     runs = [
         (i, start, end, t.staged_wait, t.gpu_wait, t.bytes, state.blocks[i].tier.value)
         for i, start, end, t in handle.runs
     ]
+    copies = [(start, t.bytes, t.copy_seconds) for _i, start, _end, t in handle.runs if t.copy_seconds > 0]
     r = state.report
     load = None
     if r is not None:
@@ -75,12 +108,26 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
                     if r.ram_source == "in memory" and r.ram.blocks
                     else None
                 ),
+                "loader": _loader(handle),
             }
         )
     engine = None
     if state.engine is not None and not state.engine.closed:
         engine = state.engine.stats()
-    return Snapshot(blocks, runs, load, engine)
+    return Snapshot(blocks, runs, load, engine, device_copies=copies, link=getattr(handle._backend, "link", None))
+
+
+def _loader(handle: OffloadHandle) -> dict[str, object] | None:
+    """stage(overlap=True)'s loader thread: what it read, in how long, and the blocks' waits."""
+    loader = handle._loader
+    if loader is None:
+        return None
+    return {
+        "blocks": len(loader.blocks) - len(loader.errors),
+        "bytes": loader.loaded_bytes,
+        "seconds": loader.load_seconds,
+        "waited_seconds": loader.waited_seconds,
+    }
 
 
 def build(handle: OffloadHandle) -> tuple[str, str, str]:

@@ -60,6 +60,49 @@ def materialize(spec: TensorSpec, device: torch.device, *, storage: str | None, 
     spec.placeholder = placeholder(spec)
 
 
+def _final_as_read(spec: TensorSpec, storage: str | None, expand: bool) -> bool:
+    """Whether the tensor as stored in the file is already what the model keeps (no conversion,
+    no expansion): such tensors are read straight into their final memory, many at once."""
+    from .._dtypes import torch_dtype
+
+    stored = torch_dtype(spec.info.dtype)
+    if spec.scale is not None:
+        return False
+    if not stored.is_floating_point:
+        return True
+    if not expand and storage is not None:
+        return False
+    return stored == spec.target
+
+
+def materialize_all(
+    specs: list[TensorSpec], device: torch.device, *, storage: str | None, threads: int, expand: bool
+) -> None:
+    """:func:`materialize` for many parameters. On the CPU, the ones whose stored form is final
+    are read straight into their own tensors by one call per file, ``threads`` requests in
+    flight (positional reads in file order, no second copy of anything); the rest, and every
+    tensor for another device, one at a time (a CPU copy of one tensor at most)."""
+    import torch
+    from torch import nn
+
+    batched: dict[str, list[tuple[TensorSpec, torch.Tensor]]] = {}
+    for spec in specs:
+        if device.type != "cpu" or not _final_as_read(spec, storage, expand):
+            materialize(spec, device, storage=storage, threads=threads, expand=expand)
+            continue
+        t = torch.empty(tuple(spec.info.shape), dtype=torch_dtype(spec.info.dtype))
+        batched.setdefault(os.fspath(spec.info.file), []).append((spec, t))
+    for path, items in batched.items():
+        items.sort(key=lambda st: st[0].info.start)
+        requests = [(spec.info.start, t.reshape(-1).view(torch.uint8)) for spec, t in items if spec.info.nbytes]
+        if requests:
+            _core.read_tensors(path, requests, threads=threads)
+        for spec, t in items:
+            param = nn.Parameter(t, requires_grad=False)
+            for m, a in spec.owners:
+                m._parameters[a] = param
+
+
 def _scale_arg(scale: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
     import torch
 

@@ -22,8 +22,9 @@ class Timing:
     """Where the main thread's time went for one block."""
 
     staged_wait: float = 0.0  # waiting for the engine to stage the block
-    gpu_wait: float = 0.0  # waiting for a host-to-device copy
+    gpu_wait: float = 0.0  # the compute stream's wait for the block's copy (device-timed)
     bytes: int = 0
+    copy_seconds: float = 0.0  # the copy engine's time for the block's bytes (device-timed)
 
 
 def swap(spec: TensorSpec, tensor: torch.Tensor | None) -> None:

@@ -36,7 +36,8 @@ pub const fn tensor_align(gpu: bool) -> usize {
 /// What the runtime holds beside the weights, as a plan counts it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Held {
-    /// Host staging buffers (pinned on CUDA): `lookahead + 1` when a block streams, else 0.
+    /// Host staging buffers (pinned on CUDA) when a block streams, else 0: the plan's
+    /// `staging_buffers` option (`TRASH_PANDA_PINNED_BUFFERS`), by default `lookahead + 1`.
     pub staging_buffers: usize,
     /// Bytes of each: the largest streamed block's staged bytes in its tier (tensors at aligned
     /// offsets, the disk tier's read area included), rounded up to whole pages.
@@ -50,9 +51,10 @@ pub struct Held {
 
 impl Held {
     /// The figures for a largest streamed block of `largest_staged` bytes (`None`: nothing
-    /// streams) and a largest expansion of `expansion` bytes.
-    pub fn new(largest_staged: Option<u64>, expansion: u64, lookahead: usize, gpu: bool) -> Held {
-        let buffers = largest_staged.map_or(0, |_| lookahead + 1);
+    /// streams), a largest expansion of `expansion` bytes and `buffers` staging buffers
+    /// ([`PlanOptions::buffers`]; at least one is kept when a block streams).
+    pub fn new(largest_staged: Option<u64>, expansion: u64, buffers: usize, gpu: bool) -> Held {
+        let buffers = largest_staged.map_or(0, |_| buffers.max(1));
         Held {
             staging_buffers: buffers,
             staging_buffer_bytes: largest_staged.map_or(0, |b| buffer_len(b as usize) as u64),
@@ -73,7 +75,7 @@ impl Held {
             .map(|b| b.expansion.get(b.tier))
             .max()
             .unwrap_or(0);
-        Held::new(largest, expansion, options.lookahead, gpu)
+        Held::new(largest, expansion, options.buffers(), gpu)
     }
 
     /// Bytes of the host staging pool.
@@ -113,6 +115,8 @@ pub struct EngineConfig {
     pub disk_mode_reason: String,
     pub workers: usize,
     pub ram_source: RamSource,
+    /// On a GPU, a RAM tier in private memory is pinned and copied to the device directly.
+    pub pin_ram_tier: bool,
 }
 
 impl EngineConfig {
@@ -141,6 +145,7 @@ impl EngineConfig {
             } else {
                 RamSource::Mapped
             },
+            pin_ram_tier: settings.pin_ram_tier,
         })
     }
 
@@ -154,6 +159,8 @@ impl EngineConfig {
             ram_source: self.ram_source,
             align: self.align,
             buffer_len: Some(self.held.staging_buffer_bytes as usize),
+            direct_ram: self.gpu && self.pin_ram_tier,
+            buffers: Some(self.held.staging_buffers),
             ..EngineOptions::default()
         }
     }

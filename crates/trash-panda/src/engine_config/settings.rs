@@ -33,6 +33,8 @@ pub struct EngineSettings {
     pub disk_mode: DiskModeChoice,
     pub ram_in_memory: bool,
     pub ram_threads: usize,
+    /// `TRASH_PANDA_PIN_RAM_TIER`.
+    pub pin_ram_tier: bool,
 }
 
 impl EngineSettings {
@@ -59,6 +61,7 @@ impl EngineSettings {
             workers: count("workers")?,
             disk_mode,
             ram_in_memory: get("ram_in_memory")? == Value::Switch(true),
+            pin_ram_tier: get("pin_ram_tier")? == Value::Switch(true),
             ram_threads: count("ram_threads")?,
         })
     }

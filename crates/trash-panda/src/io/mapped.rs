@@ -114,6 +114,65 @@ impl MappedFile {
         })
     }
 
+    /// Reads `range` into memory now (`MADV_POPULATE_READ`): returns once its pages are in, read
+    /// with the kernel's read-ahead rather than one fault at a time. An error where the system
+    /// has no such call (kernels before 5.14, macOS, Windows): copy through the map instead.
+    pub fn populate(&self, range: Range<usize>) -> Result<(), IoError> {
+        let range = self.check(range.start, range.end)?;
+        platform::populate(&self.bytes()[range]).map_err(|(op, source)| IoError::Cache {
+            path: self.path.clone(),
+            op,
+            source,
+        })
+    }
+
+    /// Gives back the memory of `range` (which `file` holds at the same offsets): this process's
+    /// pages, and the page cache's where the platform allows (Linux). The next read of the
+    /// range comes from the file again. An error where the platform cannot (Windows).
+    pub fn release(&self, range: Range<usize>, file: &std::fs::File) -> Result<(), IoError> {
+        let range = self.check(range.start, range.end)?;
+        let offset = range.start as u64;
+        platform::release_range(&self.bytes()[range], file, offset).map_err(|(op, source)| {
+            IoError::Cache {
+                path: self.path.clone(),
+                op,
+                source,
+            }
+        })
+    }
+
+    /// Whether every page holding `range` is in memory now (`mincore`); an error where the system
+    /// cannot tell (Windows).
+    pub fn resident(&self, range: Range<usize>) -> Result<bool, IoError> {
+        let range = self.check(range.start, range.end)?;
+        if range.is_empty() {
+            return Ok(true);
+        }
+        let page = platform::page_size();
+        let first = range.start - range.start % page;
+        let fail = |(op, source)| IoError::Cache {
+            path: self.path.clone(),
+            op,
+            source,
+        };
+        // Windows of 64 MiB keep the residency vector small.
+        let window = page * 16_384;
+        let mut vec = vec![0u8; window / page];
+        let mut at = first;
+        while at < range.end {
+            let n = window.min(range.end - at);
+            let pages = n.div_ceil(page);
+            // `at` is a multiple of the page size from the map's start, so the window starts on
+            // a page.
+            platform::page_residency(&self.bytes()[at..at + n], &mut vec[..pages]).map_err(fail)?;
+            if vec[..pages].iter().any(|&v| v & 1 == 0) {
+                return Ok(false);
+            }
+            at += n;
+        }
+        Ok(true)
+    }
+
     fn check(&self, start: usize, end: usize) -> Result<Range<usize>, IoError> {
         if start <= end && end <= self.len() {
             Ok(start..end)
@@ -168,6 +227,32 @@ mod tests {
         m.advise_willneed(1..9000).unwrap();
         m.advise_willneed(0..0).unwrap();
         assert!(!m.is_private());
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(target_os = "linux"),
+        ignore = "only Linux can evict one file's pages and count them"
+    )]
+    fn residency_and_populate() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut f = tempfile::NamedTempFile::new_in(dir).unwrap();
+        let data: Vec<u8> = (0..(3 << 20) + 77u32).map(|i| (i * 13) as u8).collect();
+        f.write_all(&data).unwrap();
+        f.flush().unwrap();
+        crate::io::drop_cache(f.path()).unwrap();
+        let m = MappedFile::open(f.path()).unwrap();
+        assert!(!m.resident(100..(2 << 20)).unwrap());
+        assert!(m.resident(5..5).unwrap());
+        match m.populate(100..(2 << 20)) {
+            Ok(()) => assert!(m.resident(100..(2 << 20)).unwrap()),
+            // Kernels before 5.14 refuse the advice.
+            Err(IoError::Cache { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+        assert_eq!(m.slice(100, 2 << 20).unwrap(), &data[100..2 << 20]);
+        assert!(m.resident(0..m.len() + 1).is_err());
     }
 
     #[test]

@@ -17,7 +17,9 @@ pub use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use cache::{cached_bytes, can_drop_cache, drop_cache};
 pub use error::IoError;
 pub use mapped::MappedFile;
-pub use parallel::{read_ranges, read_ranges_with, ReadOptions, ReadRequest, DEFAULT_CHUNK_SIZE};
+pub use parallel::{
+    read_ranges, read_ranges_until, read_ranges_with, ReadOptions, ReadRequest, DEFAULT_CHUNK_SIZE,
+};
 pub(crate) use platform::page_size;
 pub use platform::read_exact_at;
 pub use reader::{FileReader, ReadMode};

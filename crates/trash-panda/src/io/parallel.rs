@@ -70,6 +70,19 @@ pub fn read_ranges_with(
     requests: &mut [ReadRequest<'_>],
     opts: &ReadOptions,
 ) -> Result<ReadStats, IoError> {
+    let never = AtomicBool::new(false);
+    let stats = read_ranges_until(reader, requests, opts, &never)?;
+    Ok(stats.expect("never stopped"))
+}
+
+/// [`read_ranges_with`] that gives up between chunks once `stop` is set: `Ok(None)` then, with
+/// the destinations partly filled.
+pub fn read_ranges_until(
+    reader: &FileReader,
+    requests: &mut [ReadRequest<'_>],
+    opts: &ReadOptions,
+    stop: &AtomicBool,
+) -> Result<Option<ReadStats>, IoError> {
     let started = Instant::now();
     for r in requests.iter() {
         reader.check_range(r.offset, r.dst.len())?;
@@ -86,7 +99,7 @@ pub fn read_ranges_with(
     let failed = AtomicBool::new(false);
     let first_error = Mutex::new(None);
     let work = || {
-        if let Err(e) = worker(reader, &queue, &failed, chunk_size) {
+        if let Err(e) = worker(reader, &queue, &failed, stop, chunk_size) {
             failed.store(true, Ordering::Relaxed);
             let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
             slot.get_or_insert(e);
@@ -104,8 +117,15 @@ pub fn read_ranges_with(
     if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);
     }
+    if stop.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
     let seconds = started.elapsed().as_secs_f64();
-    Ok(ReadStats::new(bytes, seconds, reader.effective_mode()))
+    Ok(Some(ReadStats::new(
+        bytes,
+        seconds,
+        reader.effective_mode(),
+    )))
 }
 
 type Chunk<'a> = (u64, &'a mut [u8]);
@@ -125,6 +145,7 @@ fn worker<'a>(
     reader: &FileReader,
     queue: &Mutex<std::vec::IntoIter<Chunk<'a>>>,
     failed: &AtomicBool,
+    stop: &AtomicBool,
     chunk_size: usize,
 ) -> Result<(), IoError> {
     // Bounce buffers are made on first need: the small one for unaligned heads and tails, the
@@ -132,7 +153,7 @@ fn worker<'a>(
     let mut small: Option<AlignedBuf> = None;
     let mut big: Option<AlignedBuf> = None;
     loop {
-        if failed.load(Ordering::Relaxed) {
+        if failed.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
             return Ok(());
         }
         let next = queue.lock().unwrap_or_else(|p| p.into_inner()).next();

@@ -136,7 +136,7 @@ pub struct Budgets {
     /// `activation_vram` if given, else `headroom_vram` (0 on the CPU).
     pub reserve: u64,
     pub reserve_measured: bool,
-    /// Host staging buffers: `lookahead + 1` when a block streams, else 0.
+    /// Host staging buffers when a block streams, else 0 (see [`Held::staging_buffers`]).
     pub staging_buffers: usize,
     /// Bytes of each staging buffer (and device slot): the largest streamed block as staged.
     pub staging_buffer_bytes: u64,

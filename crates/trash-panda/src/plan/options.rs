@@ -64,6 +64,9 @@ pub struct PlanOptions {
     pub storage_dtype: Option<DType>,
     /// Streamed blocks staged ahead of the one that runs.
     pub lookahead: usize,
+    /// Host staging buffers (pinned on CUDA) when a block streams; `None`: `lookahead + 1`
+    /// (`TRASH_PANDA_PINNED_BUFFERS`). Never fewer than one.
+    pub staging_buffers: Option<usize>,
 }
 
 impl PlanOptions {
@@ -73,6 +76,12 @@ impl PlanOptions {
     /// The compute dtype (bf16 until one is chosen or inferred).
     pub fn compute(&self) -> DType {
         self.compute_dtype.unwrap_or(DType::BF16)
+    }
+
+    /// The staging buffers a plan with a streamed block counts: the figure asked for, else one
+    /// per block staged ahead plus the one that runs; at least one.
+    pub fn buffers(&self) -> usize {
+        self.staging_buffers.unwrap_or(self.lookahead + 1).max(1)
     }
 }
 
@@ -87,6 +96,7 @@ impl Default for PlanOptions {
             compute_dtype: None,
             storage_dtype: None,
             lookahead: Self::DEFAULT_LOOKAHEAD,
+            staging_buffers: None,
         }
     }
 }

@@ -50,6 +50,15 @@ pub struct CopyRun {
     pub tier: Tier,
 }
 
+/// One block's copy to the device, timed by the device itself (its copy engine's seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DeviceCopy {
+    /// The start of the block run it served, in the caller's clock (it places the copy in a pass).
+    pub at: f64,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
 /// Bytes loaded into one tier by `stream_load`, and how long that took.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct TierLoad {
@@ -73,6 +82,19 @@ pub struct LoadSummary {
     pub ram: TierLoad,
     pub disk: TierLoad,
     pub ram_in_memory: Option<RamRead>,
+    /// With `stage(overlap=True)`: the resident blocks' loader thread.
+    #[serde(default)]
+    pub loader: Option<LoaderRun>,
+}
+
+/// The loader thread of `stage(overlap=True)`: what it read, how long it took, and how long the
+/// model's blocks waited for it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LoaderRun {
+    pub blocks: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub waited_seconds: f64,
 }
 
 /// The prefetch engine's counters over the profiled stage. Its own struct, filled by the caller
@@ -85,6 +107,17 @@ pub struct EngineSummary {
     pub misses: u64,
     pub reclaimed_unused: u64,
     pub out_of_order: u64,
+    /// RAM-tier bytes read from the drive because their pages were not in memory (a mapped RAM
+    /// tier's first pass), the blocks, and the workers' seconds on them (summed over workers).
+    #[serde(default)]
+    pub ram_cold_bytes: u64,
+    #[serde(default)]
+    pub ram_cold_blocks: u64,
+    #[serde(default)]
+    pub ram_cold_seconds: f64,
+    /// Workers reading at once (the cold rate's wall-clock estimate divides by them).
+    #[serde(default)]
+    pub workers: u64,
 }
 
 /// A CPU tensor still alive at a memory point.
@@ -102,6 +135,9 @@ pub struct MemoryPoint {
     /// RAM the machine has free, and the process's working set (resident set).
     pub free_ram: u64,
     pub rss: u64,
+    /// The process's private memory (RssAnon on Linux, private bytes on Windows).
+    #[serde(default)]
+    pub private: u64,
     /// CPU tensors of 1 MB or more that are still alive.
     pub large_tensors: Vec<LargeTensor>,
 }

@@ -14,8 +14,8 @@ mod trace;
 
 pub use error::ProfileError;
 pub use events::{
-    BlockRun, CopyRun, EngineSummary, LargeTensor, LoadSummary, MemoryPoint, RamRead, Tier,
-    TierLoad,
+    BlockRun, CopyRun, DeviceCopy, EngineSummary, LargeTensor, LoadSummary, LoaderRun, MemoryPoint,
+    RamRead, Tier, TierLoad,
 };
 pub use log::{BlockInfo, LogLine, LOG_FORMAT, LOG_VERSION};
 pub use passes::PassStats;
@@ -31,6 +31,9 @@ pub struct Profile {
     /// Which blocks already ran in `current`: a block running again starts the next pass.
     seen: Vec<bool>,
     copies: Vec<CopyRun>,
+    device_copies: Vec<DeviceCopy>,
+    /// The pinned host-to-device bandwidth measured for this run, bytes per second.
+    link: Option<f64>,
     load: Option<LoadSummary>,
     engine: Option<EngineSummary>,
     memory: Vec<MemoryPoint>,
@@ -52,6 +55,8 @@ impl Profile {
             passes: Vec::new(),
             current: Vec::new(),
             copies: Vec::new(),
+            device_copies: Vec::new(),
+            link: None,
             load: None,
             engine: None,
             memory: Vec::new(),
@@ -85,6 +90,33 @@ impl Profile {
         self.check_span(copy.block, "copy", copy.start, copy.end)?;
         self.copies.push(copy);
         Ok(())
+    }
+
+    /// Records a block's copy to the device as the device timed it.
+    pub fn record_device_copy(&mut self, copy: DeviceCopy) -> Result<(), ProfileError> {
+        check_seconds(|| "device copy".to_string(), "seconds", copy.seconds)?;
+        self.device_copies.push(copy);
+        Ok(())
+    }
+
+    /// The pinned host-to-device bandwidth measured beside the run (bytes per second): each
+    /// pass's copy rate is reported as a share of it.
+    pub fn set_link(&mut self, bytes_per_second: f64) -> Result<(), ProfileError> {
+        check_seconds(|| "link".to_string(), "bytes_per_second", bytes_per_second)?;
+        self.link = Some(bytes_per_second);
+        Ok(())
+    }
+
+    /// Bytes copied to the device and the copy engine's seconds for them, over `from..=to`.
+    pub(crate) fn device_copied(&self, from: f64, to: f64) -> (u64, f64) {
+        self.device_copies
+            .iter()
+            .filter(|c| c.at >= from && c.at <= to)
+            .fold((0, 0.0), |(b, s), c| (b + c.bytes, s + c.seconds))
+    }
+
+    pub(crate) fn link(&self) -> Option<f64> {
+        self.link
     }
 
     /// Closes the current pass (a stage that runs a subset of the blocks, or the end of a step).

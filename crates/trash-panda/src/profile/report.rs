@@ -38,6 +38,22 @@ impl Profile {
                 gb(p.disk_bytes),
                 p.disk_gbps,
             );
+            let (bytes, seconds) = self.device_copied(p.start, p.start + p.seconds);
+            if bytes > 0 && seconds > 0.0 {
+                let rate = gbps(bytes, seconds);
+                let share = self.link().map_or(String::new(), |link| {
+                    format!(
+                        ", {:.0}% of the pinned link's {:.2} GB/s",
+                        100.0 * rate * 1e9 / link,
+                        link / 1e9
+                    )
+                });
+                let _ = writeln!(
+                    out,
+                    "  copies to the device: {} GB in {seconds:.2} s of copy engine time, {rate:.2} GB/s{share}",
+                    gb(bytes)
+                );
+            }
         }
         if let Some(first) = self.runs().next() {
             out.push_str("first pass, main thread time by block:\n");
@@ -95,7 +111,14 @@ fn load_lines(out: &mut String, load: &LoadSummary) {
     ]
     .into_iter()
     .filter(|(_, t)| *t != TierLoad::default())
-    .map(|(name, t)| format!("{name} {} GB in {:.2} s", gb(t.bytes), t.seconds))
+    .map(|(name, t)| {
+        let rate = if t.seconds > 0.0 && t.bytes > 0 {
+            format!(" at {:.2} GB/s", gbps(t.bytes, t.seconds))
+        } else {
+            String::new()
+        };
+        format!("{name} {} GB in {:.2} s{rate}", gb(t.bytes), t.seconds)
+    })
     .collect();
     let _ = write!(out, "stream_load took {:.2} s", load.seconds);
     if !tiers.is_empty() {
@@ -112,12 +135,38 @@ fn load_lines(out: &mut String, load: &LoadSummary) {
             plural(read.threads as usize, "thread"),
         );
     }
+    if let Some(l) = load.loader {
+        let _ = writeln!(
+            out,
+            "loader thread: {} resident {} ({} GB) in {:.2} s ({:.2} GB/s); blocks waited {:.2} s for it",
+            l.blocks,
+            if l.blocks == 1 { "block" } else { "blocks" },
+            gb(l.bytes),
+            l.seconds,
+            gbps(l.bytes, l.seconds),
+            l.waited_seconds,
+        );
+    }
 }
 
 fn engine_lines(out: &mut String, e: &EngineSummary) {
+    if e.ram_cold_bytes > 0 {
+        // Workers read cold blocks side by side: their summed seconds over their count is the
+        // wall time the drive took, so the rate compares with a standalone read of the drive.
+        let wall = e.ram_cold_seconds / e.workers.max(1) as f64;
+        let _ = writeln!(
+            out,
+            "ram tier read from the drive (pages not in memory): {} GB in {}, {:.2} GB/s with {} \
+             (drive reference: a cold `dd iflag=direct` of the checkpoint, or the disk tier's rate above)",
+            gb(e.ram_cold_bytes),
+            plural(e.ram_cold_blocks as usize, "block"),
+            gbps(e.ram_cold_bytes, wall),
+            plural(e.workers.max(1) as usize, "worker"),
+        );
+    }
     let _ = writeln!(
         out,
-        "worker waited for a free staging buffer {} ({:.2} s)",
+        "worker waited for a free pinned buffer {} ({:.2} s)",
         plural(e.buffer_waits as usize, "time"),
         e.buffer_wait_seconds
     );
@@ -132,10 +181,11 @@ fn memory_lines(out: &mut String, point: &MemoryPoint) {
     let alive: u64 = point.large_tensors.iter().map(|t| t.bytes).sum();
     let _ = writeln!(
         out,
-        "  {}: free RAM {} GB, working set {} GB, {} of 1 MB or more alive ({} GB)",
+        "  {}: free RAM {} GB, working set {} GB, private {} GB, {} of 1 MB or more alive ({} GB)",
         point.label,
         gb(point.free_ram),
         gb(point.rss),
+        gb(point.private),
         plural(point.large_tensors.len(), "tensor"),
         gb(alive),
     );

@@ -11,7 +11,11 @@
 //! into private memory, and its blocks are staged in that form; the staged layout says what each
 //! tensor is in the buffer (dtype, shape, per-row scales).
 
+#[cfg(test)]
+mod cold_tests;
 mod convert;
+mod copy;
+mod early;
 mod error;
 mod layout;
 mod lease;
@@ -38,6 +42,7 @@ pub use stats::{BlockStats, EngineStats};
 use crate::io::{AlignedBuf, ReadMode, ReadStats, DEFAULT_CHUNK_SIZE};
 use crate::DType;
 use pool::{SlotState, State};
+pub use source::RamImage;
 use source::{CheckpointSource, Source};
 
 /// Where a streamed block waits between passes.
@@ -80,6 +85,29 @@ pub enum RamSource {
     InMemory { threads: usize },
 }
 
+/// How a block of the mapped RAM tier is read while its pages are not in memory yet (the first
+/// pass after a load, or after the system evicted them). Warm blocks are copied from the map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ColdRead {
+    /// Copy through the map after `MADV_WILLNEED` on the run: page faults and the kernel's
+    /// read-ahead (the reader before issue 12; kept to measure against).
+    Map,
+    /// `MADV_POPULATE_READ` on the run, then copy from the map; where the system refuses it,
+    /// as `Map`.
+    Populate,
+    /// Positional reads through the page cache straight into the staging buffer, `in_flight`
+    /// requests at once; they leave the pages cached, so later passes copy from the map.
+    Pread { in_flight: usize },
+}
+
+impl ColdRead {
+    /// The reader measured fastest on a cold RAM tier here (BENCHMARK.md, "Cold RAM tier").
+    /// Each worker keeps one request in flight (two workers: two streams), and the kernel's
+    /// read-ahead runs ahead of it.
+    pub const DEFAULT: ColdRead = ColdRead::Pread { in_flight: 1 };
+}
+
 /// Settings of an [`Engine`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineOptions {
@@ -88,7 +116,7 @@ pub struct EngineOptions {
     /// planner's rule (see [`STORAGE_DTYPES`]); disk-tier blocks are always staged as stored.
     pub storage: Option<DType>,
     /// Blocks staged ahead of the one that runs; 0 stages each block when it is acquired. The
-    /// pool has `lookahead + 1` buffers.
+    /// pool has `buffers` buffers (by default `lookahead + 1`).
     pub lookahead: usize,
     /// Worker threads (at least 1).
     pub workers: usize,
@@ -96,15 +124,25 @@ pub struct EngineOptions {
     /// streamed pass must not evict the page cache the RAM tier lives in.
     pub disk_mode: ReadMode,
     pub ram_source: RamSource,
+    /// How cold blocks of a mapped RAM tier are read.
+    pub cold_read: ColdRead,
     /// Largest single read or copy; workers check for shutdown between chunks.
     pub chunk_size: usize,
     /// Offset alignment of staged tensors: [`TENSOR_ALIGN`] for the CPU, [`DEVICE_TENSOR_ALIGN`]
     /// for a GPU.
     pub align: usize,
+    /// RAM-tier blocks held in private memory (`RamSource::InMemory` or a storage dtype) are not
+    /// staged ahead: the caller copies them from [`Engine::ram_image`] (a GPU from pinned memory).
+    pub direct_ram: bool,
+    /// Threads that copy one warm RAM-tier block into its staging buffer; 0: the cores shared
+    /// among the workers.
+    pub copy_threads: usize,
     /// Bytes of each staging buffer, as the plan counted them (see
     /// [`crate::engine_config::EngineConfig`]); every block must fit. `None`: the largest
     /// block's, page-rounded.
     pub buffer_len: Option<usize>,
+    /// Staging buffers, as the plan counted them; `None`: `lookahead + 1`. At least one.
+    pub buffers: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -115,9 +153,13 @@ impl Default for EngineOptions {
             workers: 2,
             disk_mode: ReadMode::Direct,
             ram_source: RamSource::Mapped,
+            cold_read: ColdRead::DEFAULT,
             chunk_size: DEFAULT_CHUNK_SIZE,
             align: TENSOR_ALIGN,
+            direct_ram: false,
+            copy_threads: 0,
             buffer_len: None,
+            buffers: None,
         }
     }
 }
@@ -199,8 +241,9 @@ impl Engine {
                 size
             }
         };
-        let mut bufs = Vec::with_capacity(options.lookahead + 1);
-        for i in 0..=options.lookahead {
+        let count = options.buffers.unwrap_or(options.lookahead + 1).max(1);
+        let mut bufs = Vec::with_capacity(count);
+        for i in 0..count {
             let mut b = AlignedBuf::new(size).map_err(|source| StreamError::Alloc {
                 what: format!("staging buffer {i} ({size} bytes)"),
                 source: Box::new(source),
@@ -219,8 +262,14 @@ impl Engine {
                 .map(|(n, t)| BlockStats::new(n.clone(), *t))
                 .collect(),
         );
+        let mut state = State::new(bufs, blocks.len(), stats);
+        let in_memory =
+            matches!(options.ram_source, RamSource::InMemory { .. }) || options.storage.is_some();
+        if options.direct_ram && in_memory {
+            state.direct = blocks.iter().map(|(_, t)| *t == SourceTier::Ram).collect();
+        }
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::new(bufs, blocks.len(), stats)),
+            state: Mutex::new(state),
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
             names: blocks.into_iter().map(|(n, _)| n).collect(),
@@ -299,6 +348,12 @@ impl Engine {
     /// order file should hold.
     pub fn recorded_order(&self) -> Vec<usize> {
         self.shared.lock().recorded.clone()
+    }
+
+    /// Forgets the recorded order, so a new set of hooks on the same model records (and checks
+    /// its first runs against) an order of its own.
+    pub fn clear_recorded_order(&self) {
+        self.shared.lock().clear_recorded();
     }
 
     /// Leases block `block`, waiting until it is staged, and queues the `lookahead` blocks after
@@ -427,6 +482,7 @@ impl Engine {
     pub fn stats(&self) -> EngineStats {
         let mut stats = self.shared.lock().stats.clone();
         stats.ram_load = self.source.loaded();
+        stats.workers = self.options.workers.max(1) as u64;
         if let Some(c) = self.source.converted() {
             stats.converted_tensors = c.tensors;
             stats.converted_bytes_saved = c.bytes_saved;

@@ -58,6 +58,9 @@ pub(crate) struct State {
     /// Blocks an `acquire` is waiting for (one entry per waiting call); staged before the rest,
     /// and allowed to take a buffer from a prefetched block.
     pub demanded: Vec<usize>,
+    /// Blocks the device copies straight from the in-memory RAM tier: never staged ahead (an
+    /// `acquire` still stages one, as it demands it).
+    pub direct: Vec<bool>,
     pub order: Vec<usize>,
     /// Position of each block in `order`.
     pub pos: Vec<usize>,
@@ -88,6 +91,7 @@ impl State {
             queue: VecDeque::new(),
             window: Vec::new(),
             demanded: Vec::new(),
+            direct: vec![false; blocks],
             order: (0..blocks).collect(),
             pos: (0..blocks).collect(),
             last: None,
@@ -139,6 +143,14 @@ impl State {
         Ok(())
     }
 
+    /// Forgets the blocks recorded so far (and the last one, so the next acquire is not counted
+    /// out of order against a run of earlier hooks).
+    pub fn clear_recorded(&mut self) {
+        self.recorded.clear();
+        self.seen.fill(false);
+        self.last = None;
+    }
+
     /// Records an acquire of `block` for the order file and the out-of-order count.
     pub fn note_acquire(&mut self, block: usize) {
         if !std::mem::replace(&mut self.seen[block], true) {
@@ -169,6 +181,9 @@ impl State {
             window.push(first);
         }
         window.extend(self.next_after(first, lookahead));
+        window.retain(|&b| {
+            !self.direct.get(b).copied().unwrap_or(false) || (include_first && b == first)
+        });
         let mut queue = VecDeque::with_capacity(window.len() + self.demanded.len());
         for &b in self.demanded.iter().chain(&window) {
             if self.find(b).is_none() && !queue.contains(&b) {
@@ -299,6 +314,18 @@ mod tests {
         s.slots[1].state = SlotState::Leased(3);
         s.slots[2].state = SlotState::Leased(2);
         assert!(s.all_leased());
+    }
+
+    #[test]
+    fn cleared_records_start_again() {
+        let mut s = state(1, 3);
+        s.note_acquire(2);
+        s.note_acquire(0);
+        s.clear_recorded();
+        assert!(s.recorded.is_empty() && s.last.is_none());
+        s.note_acquire(0);
+        s.note_acquire(2);
+        assert_eq!(s.recorded, [0, 2]);
     }
 
     #[test]

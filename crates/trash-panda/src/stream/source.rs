@@ -4,22 +4,42 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::convert::{failed_at, ConvertStats, Load};
+use super::copy::{copy_pairs, copy_threads};
 use super::layout::{Run, StagedLayout};
-use super::{EngineOptions, RamSource, SourceTier, StreamBlock, StreamError};
+use super::{ColdRead, EngineOptions, RamSource, SourceTier, StreamBlock, StreamError};
 use crate::io::{
-    read_ranges_with, AlignedBuf, FileReader, IoError, MappedFile, ReadMode, ReadOptions,
-    ReadRequest, ReadStats, DIRECT_ALIGN,
+    read_ranges_until, read_ranges_with, AlignedBuf, FileReader, IoError, MappedFile, ReadMode,
+    ReadOptions, ReadRequest, ReadStats, DIRECT_ALIGN,
 };
+
+/// What one [`Source::fill`] moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Filled {
+    /// Tensor bytes staged.
+    pub bytes: u64,
+    /// Of those, bytes of the mapped RAM tier read from the drive (pages not in memory).
+    pub cold_bytes: u64,
+}
+
+impl Filled {
+    #[cfg(test)]
+    pub fn warm(bytes: u64) -> Self {
+        Filled {
+            bytes,
+            cold_bytes: 0,
+        }
+    }
+}
 
 /// Fills staging buffers. Called from several worker threads at once.
 pub(crate) trait Source: Send + Sync {
     /// Writes `block` into `dst` (at least the block's staged length) at the offsets of the
-    /// layout, and returns the tensor bytes moved. Gives up with `ShuttingDown` once `stop` is set.
-    fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<u64, StreamError>;
+    /// layout, and says what it moved. Gives up with `ShuttingDown` once `stop` is set.
+    fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<Filled, StreamError>;
 
     /// Reads whatever must be in memory before staging (the in-memory RAM tier), if not done
     /// yet. `Some` with what that read moved, `None` when there is nothing to load.
@@ -37,6 +57,18 @@ pub(crate) trait Source: Send + Sync {
         None
     }
 
+    /// The in-memory RAM tier's image of `block` (in its staged layout), once the tier is loaded;
+    /// `None` for a mapped RAM tier, a disk-tier block, or before the load.
+    fn image(&self, _block: usize) -> Option<RamImage> {
+        None
+    }
+
+    /// Gives back the memory a RAM-tier block holds between passes, where it can; returns the
+    /// bytes given back (0 where nothing could be).
+    fn release(&self, _block: usize) -> u64 {
+        0
+    }
+
     /// How disk-tier reads actually go (`Buffered` if O_DIRECT was refused for any file), or
     /// `None` without disk-tier blocks.
     fn disk_mode(&self) -> Option<ReadMode> {
@@ -46,6 +78,39 @@ pub(crate) trait Source: Send + Sync {
 
 /// Per-block private copies of the RAM tier, in staged layout (so staging is one memcpy).
 type RamImages = Arc<Vec<Option<AlignedBuf>>>;
+
+/// One block's private copy in the in-memory RAM tier, laid out as it is staged: a device can
+/// copy it to its slot directly. Keeps every image alive while it lives.
+#[derive(Debug, Clone)]
+pub struct RamImage {
+    images: RamImages,
+    block: usize,
+    len: usize,
+}
+
+impl RamImage {
+    /// The block's bytes, as a staging buffer would hold them.
+    pub fn bytes(&self) -> &[u8] {
+        match self.images.get(self.block) {
+            Some(Some(buf)) => &buf[..self.len],
+            _ => &[],
+        }
+    }
+}
+
+// What the engine knows of a mapped RAM-tier block's pages when the system cannot say (no
+// `mincore` on Windows): cold until read once.
+const PAGES_UNREAD: u8 = 0;
+const PAGES_READ: u8 = 1;
+
+/// Refusals to pretend, so tests reach the fallbacks on a system that has every method.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Refusals {
+    /// `MADV_POPULATE_READ` fails as on a kernel before 5.14.
+    pub populate: bool,
+    /// `mincore` fails as on Windows (the engine then keeps its own record).
+    pub residency: bool,
+}
 
 /// The real source: the checkpoint files.
 pub(crate) struct CheckpointSource {
@@ -57,11 +122,21 @@ pub(crate) struct CheckpointSource {
     mapped: Vec<Option<(MappedFile, File)>>,
     /// For files holding disk-tier blocks.
     readers: Vec<Option<FileReader>>,
+    /// Buffered readers of the mapped files, for cold RAM-tier blocks under `ColdRead::Pread`.
+    cold_readers: Vec<Option<FileReader>>,
+    cold_read: ColdRead,
+    /// Per block: `PAGES_READ` once a cold read brought it into the page cache.
+    pages: Vec<AtomicU8>,
+    /// Set once `MADV_POPULATE_READ` was refused: the rest of the run copies through the map.
+    populate_refused: AtomicBool,
+    refusals: Refusals,
     /// Reader threads of the RAM tier's load; `None` when the RAM tier is mapped.
     ram_threads: Option<usize>,
     storage: Option<crate::DType>,
     disk_mode: ReadMode,
     chunk_size: usize,
+    /// Threads that copy one warm RAM-tier block into its staging buffer.
+    copy_threads: usize,
     in_memory: Mutex<Option<RamImages>>,
     load_stats: OnceLock<ReadStats>,
     convert_stats: OnceLock<ConvertStats>,
@@ -126,7 +201,14 @@ impl CheckpointSource {
         }
         let mut mapped = Vec::with_capacity(files.len());
         let mut readers = Vec::with_capacity(files.len());
+        let mut cold_readers = Vec::with_capacity(files.len());
+        let pread = matches!(options.cold_read, ColdRead::Pread { .. });
         for (f, path) in files.iter().enumerate() {
+            cold_readers.push(if needs_map[f] && pread {
+                Some(FileReader::open(path, ReadMode::Buffered).map_err(open_err(f))?)
+            } else {
+                None
+            });
             mapped.push(if needs_map[f] {
                 let map = MappedFile::open(path).map_err(open_err(f))?;
                 let file = File::open(path)
@@ -145,16 +227,26 @@ impl CheckpointSource {
                 None
             });
         }
+        let pages = blocks.iter().map(|_| AtomicU8::new(PAGES_UNREAD)).collect();
         Ok(CheckpointSource {
             blocks,
             files,
             layout,
             mapped,
             readers,
+            cold_readers,
+            cold_read: options.cold_read,
+            pages,
+            populate_refused: AtomicBool::new(false),
+            refusals: Refusals::default(),
             ram_threads,
             storage: options.storage,
             disk_mode,
             chunk_size: options.chunk_size.max(1).next_multiple_of(DIRECT_ALIGN),
+            copy_threads: match options.copy_threads {
+                0 => copy_threads(options.workers),
+                n => n,
+            },
             in_memory: Mutex::new(None),
             load_stats: OnceLock::new(),
             convert_stats: OnceLock::new(),
@@ -255,13 +347,77 @@ impl CheckpointSource {
         Ok(())
     }
 
+    /// Pretends the given methods are refused (tests).
+    #[cfg(test)]
+    pub(crate) fn with_refusals(mut self, refusals: Refusals) -> Self {
+        self.refusals = refusals;
+        self
+    }
+
+    /// Whether `run` of `block` has pages that are not in memory: `mincore` where the system has
+    /// it, else the engine's own record (cold until the block was read once).
+    fn run_is_cold(&self, block: usize, map: &MappedFile, run: &Run) -> bool {
+        let asked = if self.refusals.residency {
+            Err(())
+        } else {
+            map.resident(run.start as usize..run.end as usize)
+                .map_err(|_| ())
+        };
+        match asked {
+            Ok(resident) => !resident,
+            Err(()) => self.pages[block].load(Ordering::Relaxed) == PAGES_UNREAD,
+        }
+    }
+
+    /// Reads the cold `run` of `block` with positional reads through the page cache, `in_flight`
+    /// requests at once, each tensor straight to its place in `dst`.
+    fn read_cold_run(
+        &self,
+        block: usize,
+        run: &Run,
+        dst: &mut [u8],
+        in_flight: usize,
+        stop: &AtomicBool,
+    ) -> Result<(), StreamError> {
+        let layout = &self.layout.blocks[block];
+        let reader = self.cold_readers[run.file]
+            .as_ref()
+            .expect("opened for mapped files under ColdRead::Pread");
+        let mut requests = Vec::with_capacity(run.tensors.len());
+        let mut rest: &mut [u8] = dst;
+        let mut consumed = 0;
+        // A run's tensors are packed in file order, so their staged offsets only grow.
+        for &i in &run.tensors {
+            let t = &layout.tensors[i];
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(t.offset - consumed);
+            let (mine, tail) = tail.split_at_mut(t.len);
+            consumed = t.offset + t.len;
+            rest = tail;
+            requests.push(ReadRequest::new(layout.file_starts[i], mine));
+        }
+        let opts = ReadOptions {
+            threads: in_flight.max(1),
+            chunk_size: self.chunk_size,
+        };
+        match read_ranges_until(reader, &mut requests, &opts, stop) {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(self.stopped(block)),
+            Err(e) => Err(self.read_error(block, run, e)),
+        }
+    }
+
+    /// Copies a mapped RAM-tier block into `dst`; returns the bytes that were read from the drive
+    /// (runs whose pages were not all in memory).
     fn fill_mapped(
         &self,
         block: usize,
         dst: &mut [u8],
         stop: &AtomicBool,
-    ) -> Result<(), StreamError> {
+    ) -> Result<u64, StreamError> {
         let layout = &self.layout.blocks[block];
+        let mut cold_bytes = 0u64;
+        // Tensors to copy from the map: (their place in the staging buffer, their bytes).
+        let mut copies: Vec<(usize, &[u8])> = Vec::new();
         for run in &layout.runs {
             let (map, file) = self.mapped[run.file]
                 .as_ref()
@@ -285,28 +441,57 @@ impl CheckpointSource {
                 };
                 return Err(self.read_error(block, run, e));
             }
-            // Start the kernel's read-ahead of the whole run: a cold map is otherwise faulted in
-            // a few pages at a time as the copy walks it.
-            let _ = map.advise_willneed(run.start as usize..run.end as usize);
+            let range = run.start as usize..run.end as usize;
+            if self.run_is_cold(block, map, run) {
+                cold_bytes += run
+                    .tensors
+                    .iter()
+                    .map(|&i| layout.tensors[i].len as u64)
+                    .sum::<u64>();
+                match self.cold_read {
+                    ColdRead::Pread { in_flight } => {
+                        self.read_cold_run(block, run, dst, in_flight, stop)?;
+                        continue;
+                    }
+                    ColdRead::Populate if !self.populate_refused.load(Ordering::Relaxed) => {
+                        let populated = if self.refusals.populate {
+                            Err(())
+                        } else {
+                            map.populate(range.clone()).map_err(|_| ())
+                        };
+                        if populated.is_err() {
+                            // Refused (an older kernel, or no such call here): from now on the
+                            // kernel's read-ahead under the copy does the work.
+                            self.populate_refused.store(true, Ordering::Relaxed);
+                            let _ = map.advise_willneed(range);
+                        }
+                    }
+                    ColdRead::Populate | ColdRead::Map => {
+                        // Start the kernel's read-ahead of the whole run: a cold map is
+                        // otherwise faulted in a few pages at a time as the copy walks it.
+                        let _ = map.advise_willneed(range);
+                    }
+                }
+            }
             for &i in &run.tensors {
                 let t = &layout.tensors[i];
                 let start = layout.file_starts[i] as usize;
                 let src = map
                     .slice(start, start + t.len)
                     .map_err(|e| self.read_error(block, run, e))?;
-                let dst = &mut dst[t.offset..t.offset + t.len];
-                for (d, s) in dst
-                    .chunks_mut(self.chunk_size)
-                    .zip(src.chunks(self.chunk_size))
-                {
-                    if stop.load(Ordering::Relaxed) {
-                        return Err(self.stopped(block));
-                    }
-                    d.copy_from_slice(s);
-                }
+                copies.push((t.offset, src));
             }
         }
-        Ok(())
+        if !copy_pairs(
+            split_places(dst, copies),
+            self.copy_threads,
+            self.chunk_size,
+            stop,
+        ) {
+            return Err(self.stopped(block));
+        }
+        self.pages[block].store(PAGES_READ, Ordering::Relaxed);
+        Ok(cold_bytes)
     }
 
     /// The RAM tier's private copies, reading them first if needed (under the lock, so workers
@@ -383,12 +568,16 @@ impl CheckpointSource {
                 if reqs.is_empty() {
                     continue;
                 }
+                // The cold RAM tier's reader (positional reads through the page cache) when it
+                // is `Pread`, as measured fastest; otherwise the disk tier's.
+                let mode = match self.cold_read {
+                    ColdRead::Pread { .. } => ReadMode::Buffered,
+                    ColdRead::Map | ColdRead::Populate => self.disk_mode,
+                };
                 let reader =
-                    FileReader::open(&self.files[f], self.disk_mode).map_err(|source| {
-                        StreamError::Open {
-                            file: self.files[f].clone(),
-                            source: Box::new(source),
-                        }
+                    FileReader::open(&self.files[f], mode).map_err(|source| StreamError::Open {
+                        file: self.files[f].clone(),
+                        source: Box::new(source),
                     })?;
                 let read = read_ranges_with(&reader, reqs, &opts).map_err(|e| {
                     let at = failed_at(&e);
@@ -416,18 +605,68 @@ impl CheckpointSource {
 }
 
 impl Source for CheckpointSource {
-    fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<u64, StreamError> {
-        match (self.blocks[block].tier, self.ram_threads) {
-            (SourceTier::Disk, _) => self.fill_disk(block, dst, stop)?,
+    fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<Filled, StreamError> {
+        let cold_bytes = match (self.blocks[block].tier, self.ram_threads) {
+            (SourceTier::Disk, _) => {
+                self.fill_disk(block, dst, stop)?;
+                0
+            }
             (SourceTier::Ram, None) => self.fill_mapped(block, dst, stop)?,
             (SourceTier::Ram, Some(_)) => {
                 let images = self.images()?;
                 let image = images[block].as_ref().expect("RAM blocks have an image");
                 let len = self.layout.block_len(block);
-                dst[..len].copy_from_slice(&image[..len]);
+                let pairs = vec![(&mut dst[..len], &image[..len])];
+                if !copy_pairs(pairs, self.copy_threads, self.chunk_size, stop) {
+                    return Err(self.stopped(block));
+                }
+                0
+            }
+        };
+        Ok(Filled {
+            bytes: self.layout.block_bytes(block),
+            cold_bytes,
+        })
+    }
+
+    fn image(&self, block: usize) -> Option<RamImage> {
+        if self.blocks[block].tier != SourceTier::Ram {
+            return None;
+        }
+        let images = self
+            .in_memory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()?;
+        images.get(block)?.as_ref()?;
+        Some(RamImage {
+            images,
+            block,
+            len: self.layout.block_len(block),
+        })
+    }
+
+    fn release(&self, block: usize) -> u64 {
+        if self.blocks[block].tier != SourceTier::Ram || self.ram_threads.is_some() {
+            // The in-memory RAM tier's images are shared by every fill: they go with the engine.
+            return 0;
+        }
+        let layout = &self.layout.blocks[block];
+        let mut released = 0;
+        for run in &layout.runs {
+            let Some((map, file)) = self.mapped[run.file].as_ref() else {
+                continue;
+            };
+            if map
+                .release(run.start as usize..run.end as usize, file)
+                .is_ok()
+            {
+                released += run.len() as u64;
             }
         }
-        Ok(self.layout.block_bytes(block))
+        // The block is cold again: its next staging reads it from the drive.
+        self.pages[block].store(PAGES_UNREAD, Ordering::Relaxed);
+        released
     }
 
     fn load(&self) -> Result<Option<ReadStats>, StreamError> {
@@ -455,4 +694,24 @@ impl Source for CheckpointSource {
             ReadMode::Buffered
         })
     }
+}
+
+/// The staging buffer's places `(offset, source)` as disjoint destination slices, each paired with
+/// its source. Staged tensors never overlap, so sorted by offset each begins after the last ends.
+fn split_places<'a>(
+    dst: &'a mut [u8],
+    mut places: Vec<(usize, &'a [u8])>,
+) -> Vec<(&'a mut [u8], &'a [u8])> {
+    places.sort_by_key(|p| p.0);
+    let mut pairs = Vec::with_capacity(places.len());
+    let mut rest = dst;
+    let mut at = 0;
+    for (offset, src) in places {
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(offset - at);
+        let (mine, tail) = tail.split_at_mut(src.len());
+        pairs.push((mine, src));
+        rest = tail;
+        at = offset + src.len();
+    }
+    pairs
 }

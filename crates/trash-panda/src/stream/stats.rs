@@ -49,13 +49,20 @@ impl BlockStats {
 /// The engine's statistics since the last [`reset_stats`](super::Engine::reset_stats).
 ///
 /// Totals are sums over `blocks`; `compute_waited_seconds` is the "compute waited for blocks"
-/// figure of the profile, and `buffer_waits` its "worker waited for a free staging buffer" line.
+/// figure of the profile, and `buffer_waits` its "worker waited for a free pinned buffer" line.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct EngineStats {
     pub blocks: Vec<BlockStats>,
     /// Tensor bytes staged from the RAM tier and from the disk tier.
     pub ram_bytes: u64,
     pub disk_bytes: u64,
+    /// Of `ram_bytes`, those read from the drive because their pages were not in memory (a
+    /// mapped RAM tier's first pass), the blocks they came in, and the workers' seconds on them.
+    pub ram_cold_bytes: u64,
+    pub ram_cold_blocks: u64,
+    pub ram_cold_seconds: f64,
+    /// Worker threads of the engine.
+    pub workers: u64,
     /// Seconds workers spent staging (summed over workers, so it can exceed wall time).
     pub read_seconds: f64,
     /// Seconds acquiring threads waited for blocks.
@@ -89,6 +96,10 @@ impl EngineStats {
             blocks,
             ram_bytes: 0,
             disk_bytes: 0,
+            ram_cold_bytes: 0,
+            ram_cold_blocks: 0,
+            ram_cold_seconds: 0.0,
+            workers: 0,
             read_seconds: 0.0,
             compute_waited_seconds: 0.0,
             acquires: 0,
@@ -119,7 +130,12 @@ impl EngineStats {
         };
     }
 
-    pub(crate) fn staged(&mut self, block: usize, bytes: u64, seconds: f64) {
+    pub(crate) fn staged(&mut self, block: usize, bytes: u64, cold_bytes: u64, seconds: f64) {
+        if cold_bytes > 0 {
+            self.ram_cold_bytes += cold_bytes;
+            self.ram_cold_blocks += 1;
+            self.ram_cold_seconds += seconds;
+        }
         let b = &mut self.blocks[block];
         b.stagings += 1;
         b.bytes += bytes;

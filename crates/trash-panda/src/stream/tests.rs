@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::source::Source;
+use super::source::{Filled, Source};
 use super::*;
 
 /// Writes a block-specific pattern after a delay; panics on one block if asked.
@@ -15,7 +15,7 @@ struct Fake {
 }
 
 impl Source for Fake {
-    fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<u64, StreamError> {
+    fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<Filled, StreamError> {
         if Some(block) == self.panic_on {
             panic!("injected failure on block {block}");
         }
@@ -28,7 +28,7 @@ impl Source for Fake {
         }
         let len = self.layout.block_len(block);
         dst[..len].fill(block as u8);
-        Ok(self.layout.block_bytes(block))
+        Ok(Filled::warm(self.layout.block_bytes(block)))
     }
 }
 

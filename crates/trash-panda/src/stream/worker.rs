@@ -106,8 +106,9 @@ fn run(shared: &Shared, source: &dyn Source) {
         st = shared.lock();
         let stamp = st.tick();
         let state = match result {
-            Ok(Ok(bytes)) => {
-                st.stats.staged(block, bytes, seconds);
+            Ok(Ok(filled)) => {
+                st.stats
+                    .staged(block, filled.bytes, filled.cold_bytes, seconds);
                 SlotState::Ready(block)
             }
             Ok(Err(e)) => {

@@ -28,6 +28,31 @@ pub fn current_rss() -> Result<u64, SysError> {
     RssSource::open()?.read()
 }
 
+/// The private resident memory of this process in bytes: on Linux `RssAnon` (heap and
+/// anonymous maps; a mapped checkpoint's pages are not in it), on Windows the private bytes
+/// (commit charge), on macOS the resident size.
+pub fn private_memory() -> Result<u64, SysError> {
+    super::platform::private_bytes()
+}
+
+/// The value of field `field` (in kB) of a `/proc/<pid>/status` text, in bytes.
+pub fn parse_status_kb(text: &str, field: &'static str, path: &Path) -> Result<u64, SysError> {
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')))
+        .ok_or_else(|| SysError::MissingField {
+            path: path.to_path_buf(),
+            field,
+        })?;
+    let value = line.trim().trim_end_matches("kB").trim();
+    let kb: u64 = value.parse().map_err(|_| SysError::Parse {
+        path: path.to_path_buf(),
+        field,
+        value: value.to_owned(),
+    })?;
+    Ok(kb.saturating_mul(1024))
+}
+
 /// Resident bytes from the text of a statm file (`size resident shared ...`, in pages).
 pub fn parse_statm(text: &str, path: &Path) -> Result<u64, SysError> {
     let field = "resident";
@@ -176,6 +201,20 @@ impl Drop for RssSampler {
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    #[test]
+    fn status_fields_parse_in_bytes_and_name_what_is_missing() {
+        let text = "Name:\tpython\nRssAnon:\t  123456 kB\nRssFile:\t 10 kB\n";
+        let p = Path::new("/proc/self/status");
+        assert_eq!(parse_status_kb(text, "RssAnon", p).unwrap(), 123456 * 1024);
+        assert_eq!(parse_status_kb(text, "RssFile", p).unwrap(), 10 * 1024);
+        let e = parse_status_kb(text, "RssShmem", p)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("RssShmem") && e.contains("status"), "{e}");
+        let private = private_memory().unwrap();
+        assert!(private > 0 && private <= current_rss().unwrap() + (64 << 20));
+    }
 
     #[test]
     fn current_rss_is_plausible_and_parsing_names_the_file() {

@@ -45,6 +45,12 @@ pub(crate) fn drop_cache(_file: &File) -> Result<(), OpError> {
     ))
 }
 
+/// Gives back a mapped range's pages in this process (`madvise(DONTNEED)`); macOS has no
+/// per-file eviction, so the file's cache keeps them until the system needs the memory.
+pub(crate) fn release_range(bytes: &[u8], _file: &File, _offset: u64) -> Result<(), OpError> {
+    super::unix::forget(bytes).map_err(|e| ("madvise(DONTNEED)", e))
+}
+
 pub(crate) fn advise_read(file: &File, offset: u64, len: u64) -> Result<(), OpError> {
     let fail = |e| ("fcntl(F_RDADVISE)", e);
     let offset = libc::off_t::try_from(offset).map_err(|_| fail(invalid()))?;
@@ -61,6 +67,14 @@ pub(crate) fn advise_read(file: &File, offset: u64, len: u64) -> Result<(), OpEr
     }
     let _ = fcntl(file, libc::F_RDAHEAD, 1);
     Ok(())
+}
+
+/// macOS has no synchronous populate of a map; the caller copies through the map instead.
+pub(crate) fn populate(_bytes: &[u8]) -> Result<(), OpError> {
+    Err((
+        "populating a map (macOS has no MADV_POPULATE_READ)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
 }
 
 fn invalid() -> io::Error {

@@ -12,6 +12,9 @@
 //!   cannot be done here;
 //! - `page_residency(window, out)`: which pages of a mapped window are in memory;
 //! - `prefetch(bytes)`: start reading a mapped range ahead of its use;
+//! - `release_range(bytes, file, offset)`: give back a mapped range's memory (the process's
+//!   pages, and the cache's where the platform allows);
+//! - `populate(bytes)`: read a mapped range in now (returns when it is in memory), or say why not;
 //! - `advise_read(file, offset, len)`: start reading a file range ahead into the cache;
 //! - `page_size()`.
 

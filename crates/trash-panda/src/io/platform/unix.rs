@@ -39,6 +39,12 @@ pub(crate) fn page_residency(window: &[u8], out: &mut [u8]) -> Result<(), super:
 
 /// `madvise(MADV_WILLNEED)` over the pages that hold `bytes` (part of a live map).
 pub(crate) fn prefetch(bytes: &[u8]) -> Result<(), super::OpError> {
+    advise(bytes, libc::MADV_WILLNEED).map_err(|e| ("madvise(WILLNEED)", e))
+}
+
+/// `madvise(advice)` over the pages that hold `bytes` (part of a live map). Only for advice that
+/// reads (WILLNEED, POPULATE_READ): none of them changes what the pages hold.
+pub(crate) fn advise(bytes: &[u8], advice: libc::c_int) -> io::Result<()> {
     if bytes.is_empty() {
         return Ok(());
     }
@@ -46,11 +52,41 @@ pub(crate) fn prefetch(bytes: &[u8]) -> Result<(), super::OpError> {
     let start = bytes.as_ptr() as usize;
     let aligned = start - start % page;
     let len = bytes.len() + (start - aligned);
-    // SAFETY: `aligned..start + bytes.len()` lies within the pages of the map that holds
-    // `bytes` (maps start on a page), and WILLNEED only schedules reads: it changes no content.
-    let rc = unsafe { libc::madvise(aligned as *mut c_void, len, libc::MADV_WILLNEED) };
-    if rc != 0 {
-        return Err(("madvise(WILLNEED)", io::Error::last_os_error()));
+    loop {
+        // SAFETY: `aligned..start + bytes.len()` lies within the pages of the map that holds
+        // `bytes` (maps start on a page), and the advice given here only reads pages in: it
+        // changes no content and no mapping.
+        let rc = unsafe { libc::madvise(aligned as *mut c_void, len, advice) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        // POPULATE_READ can be interrupted by a signal part way; asking again resumes it.
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
     }
-    Ok(())
+}
+
+/// Drops this process's pages of `bytes`, part of a shared, read-only map of a file
+/// (`MADV_DONTNEED`): the next access reads them from the file (or its cache) again, with the same
+/// content, so nothing is lost; the memory stops counting against the process meanwhile.
+pub(crate) fn forget(bytes: &[u8]) -> io::Result<()> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let page = page_size();
+    let start = bytes.as_ptr() as usize;
+    let aligned = start - start % page;
+    let len = bytes.len() + (start - aligned);
+    // SAFETY: the range lies within the pages of a live, shared, read-only file map (maps start
+    // on a page). MADV_DONTNEED on such a map only drops page-table entries: a later read,
+    // concurrent or not, faults the same bytes back in from the file, and no Rust reference can
+    // observe anything but the file's content.
+    let rc = unsafe { libc::madvise(aligned as *mut c_void, len, libc::MADV_DONTNEED) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }

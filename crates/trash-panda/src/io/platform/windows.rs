@@ -114,6 +114,23 @@ pub(crate) fn prefetch(bytes: &[u8]) -> Result<(), OpError> {
     Ok(())
 }
 
+/// Windows has no synchronous populate of a view (PrefetchVirtualMemory returns before the reads
+/// are done); the caller copies through the map instead.
+pub(crate) fn populate(_bytes: &[u8]) -> Result<(), OpError> {
+    Err((
+        "populating a map (no synchronous populate on Windows)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
+}
+
+/// A view's pages stay in the working set until Windows trims it; nothing gives them back early.
+pub(crate) fn release_range(_bytes: &[u8], _file: &File, _offset: u64) -> Result<(), OpError> {
+    Err((
+        "giving back a mapped range's pages (not available on Windows)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
+}
+
 /// Windows reads ahead on its own for sequential handles; there is no range advice to give.
 pub(crate) fn advise_read(_file: &File, _offset: u64, _len: u64) -> Result<(), OpError> {
     Ok(())

@@ -46,6 +46,17 @@ impl RssSource {
     }
 }
 
+/// `RssAnon` of `/proc/self/status`: the resident pages no file backs (heap, anonymous maps,
+/// copy-on-write copies), which is what a freed tensor gives back and a mapped file never adds.
+pub(crate) fn private_bytes() -> Result<u64, SysError> {
+    let path = Path::new("/proc/self/status");
+    let text = std::fs::read_to_string(path).map_err(|source| SysError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    rss::parse_status_kb(&text, "RssAnon", path)
+}
+
 pub(crate) fn os_name(roots: &SysRoots) -> Result<String, String> {
     let path = roots.etc.join("os-release");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -142,6 +142,12 @@ impl RssSource {
     }
 }
 
+/// macOS has no cheap split of the resident set into file-backed and private pages here, so
+/// the private figure is the resident size (an upper bound of it).
+pub(crate) fn private_bytes() -> Result<u64, SysError> {
+    RssSource.read()
+}
+
 pub(crate) fn os_name(_roots: &SysRoots) -> Result<String, String> {
     let version = sysctl_string(c"kern.osproductversion")
         .ok_or_else(|| "sysctl kern.osproductversion is missing".to_string())?;

@@ -1,0 +1,75 @@
+//! Leasing a block before it runs, for a device that copies the next blocks ahead while the
+//! current one computes (several copies in flight).
+//!
+//! [`Engine::try_lease`] takes a block that is already staged without waiting and without
+//! counting it as run; [`Engine::advance`] then counts the run when the block starts, as
+//! [`Engine::acquire`] does, and moves the staging window on.
+
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use super::pool::SlotState;
+use super::{Engine, Lease, StreamError};
+
+impl Engine {
+    /// Leases `block` if it is staged now; `None` if it is not (yet), or its staging failed
+    /// (the block's `acquire` reports that). The run order, the window and the statistics are
+    /// left alone: call [`advance`](Self::advance) when the block runs.
+    pub fn try_lease(&self, block: usize) -> Result<Option<Lease>, StreamError> {
+        self.check(block)?;
+        let mut st = self.shared.lock();
+        let Some(slot) = st.find(block) else {
+            return Ok(None);
+        };
+        let s = &mut st.slots[slot];
+        if !matches!(s.state, SlotState::Ready(_)) {
+            return Ok(None);
+        }
+        s.state = SlotState::Leased(block);
+        s.used = true;
+        let buf = s.buf.take();
+        drop(st);
+        Ok(Some(Lease {
+            shared: self.shared.clone(),
+            block,
+            slot,
+            len: self.shared.layout.block_len(block),
+            buf,
+            waited: Duration::ZERO,
+            hit: true,
+            discarded: AtomicBool::new(false),
+        }))
+    }
+
+    /// Gives back the memory a RAM-tier `block` holds between passes (its pages of the
+    /// checkpoint's map, and their page cache on Linux), for a final pass: returns the bytes
+    /// given back, 0 where the platform or the RAM source cannot. The block stays usable: its
+    /// next staging reads it from the drive.
+    pub fn release_pages(&self, block: usize) -> Result<u64, StreamError> {
+        self.check(block)?;
+        Ok(self.source.release(block))
+    }
+
+    /// The in-memory RAM tier's image of `block`, laid out as staged, once the tier is loaded
+    /// ([`load_ram_tier`](Self::load_ram_tier)); `None` for any other block. With
+    /// `EngineOptions::direct_ram` such blocks are not staged ahead: the caller copies from here
+    /// and counts the run with [`advance`](Self::advance).
+    pub fn ram_image(&self, block: usize) -> Result<Option<super::RamImage>, StreamError> {
+        self.check(block)?;
+        Ok(self.source.image(block))
+    }
+
+    /// Counts a run of `block`, leased earlier with [`try_lease`](Self::try_lease): records it
+    /// for the order file and the statistics (a hit, no wait) and stages the `lookahead` blocks
+    /// after it.
+    pub fn advance(&self, block: usize) -> Result<(), StreamError> {
+        self.check(block)?;
+        let mut st = self.shared.lock();
+        st.note_acquire(block);
+        st.plan(block, false, self.options.lookahead);
+        st.stats.acquired(block, true, false, 0.0);
+        drop(st);
+        self.shared.cv.notify_all();
+        Ok(())
+    }
+}

@@ -1,0 +1,310 @@
+"""The bookkeeping of an asynchronous device: device slots, copies in flight, and when a staging
+buffer or a slot may be used again.
+
+A block's staged bytes go to a device slot in one copy on the copy stream. The copies of the
+next ``lookahead`` blocks are queued as soon as the engine has staged them, so the copy engine
+stays busy while the current block computes. Two rules make this safe, and the simulated device
+of the test suite poisons memory the moment either is broken:
+
+- a staging buffer goes back to the engine only once the copy reading it has completed
+  (polled, never waited for on the compute thread);
+- a slot is refilled only by a copy queued after the compute that read it (the copy stream
+  waits for an event recorded when that block's kernels were queued), and never while its
+  block is running or its copy waits to be used.
+
+The CUDA backend drives a :class:`CudaDevice`; tests drive a simulated one through the same
+:class:`CopyPipeline`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from .. import _core
+
+
+class Device(Protocol):
+    """What the pipeline needs of a device."""
+
+    def empty(self, nbytes: int) -> torch.Tensor:
+        """A device slot of ``nbytes`` bytes."""
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, after: Any) -> Any:
+        """Queues ``dst.copy_(src)`` on the copy stream once event ``after`` (or None) has
+        happened; returns an event that happens when the copy is complete."""
+
+    def compute_waits(self, event: Any) -> Any:
+        """Makes the compute stream wait for ``event``; returns a timing mark (or None)."""
+
+    def compute_done(self) -> Any:
+        """An event that happens once the compute queued so far has run."""
+
+    def ready(self, event: Any) -> bool:
+        """Whether ``event`` has happened (never blocks)."""
+
+    def wait(self, event: Any) -> None:
+        """Blocks the calling thread until ``event`` has happened."""
+
+    def released(self, host: torch.Tensor, lease: Any) -> None:
+        """A staging buffer goes back to the engine (the simulated device poisons it)."""
+
+    def synchronize(self) -> None:
+        """Waits until every queued copy and compute has run."""
+
+
+class CudaDevice:
+    """A CUDA GPU: one side stream for copies; events between it and the compute stream."""
+
+    def __init__(self, device: torch.device) -> None:
+        import torch
+
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def empty(self, nbytes: int) -> torch.Tensor:
+        import torch
+
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, after: Any) -> CudaCopy:
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            if after is not None:
+                self.stream.wait_event(after)
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(self.stream)
+            dst.copy_(src, non_blocking=True)
+            done = torch.cuda.Event(enable_timing=True)
+            done.record(self.stream)
+        return CudaCopy(start, done)
+
+    def compute_waits(self, event: CudaCopy) -> Any:
+        import torch
+
+        stream = torch.cuda.current_stream(self.device)
+        # Marks the moment the compute stream reaches the wait: the time from it to the copy's
+        # end is how long the compute stream waited for the copy.
+        mark = torch.cuda.Event(enable_timing=True)
+        mark.record(stream)
+        stream.wait_event(event.done)
+        return mark
+
+    def compute_done(self) -> Any:
+        import torch
+
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(self.device))
+        return done
+
+    def ready(self, event: Any) -> bool:
+        return bool((event.done if isinstance(event, CudaCopy) else event).query())
+
+    def wait(self, event: Any) -> None:
+        (event.done if isinstance(event, CudaCopy) else event).synchronize()
+
+    def released(self, host: torch.Tensor, lease: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+
+    @staticmethod
+    def waited(mark: Any, copied: CudaCopy) -> float:
+        """Seconds the compute stream waited at ``mark`` for ``copied`` to end."""
+        return max(0.0, float(mark.elapsed_time(copied.done)) / 1000.0)
+
+    @staticmethod
+    def copy_seconds(copied: CudaCopy) -> float:
+        """The copy engine's seconds for ``copied``."""
+        return max(0.0, float(copied.start.elapsed_time(copied.done)) / 1000.0)
+
+    def link_bandwidth(self, nbytes: int = 64 << 20) -> float:
+        """The pinned host-to-device bandwidth, bytes per second: the best of three copies of
+        ``nbytes`` on the copy stream, timed by the device."""
+        import torch
+
+        host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+        dev = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        best = float("inf")
+        for _ in range(3):
+            copied = self.copy(dev, host, None)
+            copied.done.synchronize()
+            best = min(best, self.copy_seconds(copied))
+        return nbytes / best if best > 0 else 0.0
+
+
+@dataclass
+class CudaCopy:
+    """A copy on the copy stream: events at its start and its end."""
+
+    start: Any
+    done: Any
+
+
+@dataclass
+class _Copy:
+    block: int  # engine block
+    lease: Any
+    host: torch.Tensor  # the staged bytes, alive until the copy completed
+    slot: int
+    event: Any
+
+
+@dataclass
+class Taken:
+    """A block's bytes on the device, ready for its compute."""
+
+    slot: torch.Tensor
+    staged_wait: float  # seconds the compute thread waited for the engine to stage it
+    copy_event: Any
+    mark: Any  # the compute stream's timing mark at its wait for the copy
+    nbytes: int
+
+
+class CopyPipeline:
+    """Device slots and the copies into them, for the streamed blocks of one model."""
+
+    def __init__(
+        self,
+        device: Device,
+        engine: _core.Engine,
+        slots: int,
+        slot_bytes: int,
+        buffers: int,
+        lookahead: int,
+        direct: bool = False,
+    ) -> None:
+        self.device = device
+        self.engine = engine
+        self.buffers = buffers  # the engine's staging buffers
+        # With `direct`, blocks of the in-memory RAM tier are copied from it, not staged.
+        self.images: dict[int, torch.Tensor] = {}
+        if direct:
+            from torch.utils.dlpack import from_dlpack
+
+            for b in engine.order():
+                image = engine.ram_image(b)
+                if image is not None:
+                    self.images[b] = from_dlpack(image)
+        self.slots = [device.empty(slot_bytes) for _ in range(slots)]
+        self.lookahead = lookahead
+        self.order = engine.order()
+        self.pos = {b: i for i, b in enumerate(self.order)}
+        self.free_after: list[Any] = [None] * slots  # per slot: the compute that last read it
+        self.holder: list[int | None] = [None] * slots  # the engine block a slot holds
+        self.queued: dict[int, _Copy] = {}  # copies not yet used by their block
+        self.running: dict[int, int] = {}  # engine block -> its slot while it runs
+        self.returning: list[_Copy] = []  # copies whose leases go back once they completed
+
+    def take(self, block: int) -> Taken:
+        """The block's bytes in a slot, the compute stream waiting for their copy; queues the
+        copies of the next blocks that are staged."""
+        self._return_leases()
+        copy = self.queued.pop(block, None)
+        staged_wait = 0.0
+        if copy is None and block not in self.images:
+            t0 = time.perf_counter()
+            self._make_room()
+            lease = self.engine.acquire(block)
+            staged_wait = time.perf_counter() - t0
+            copy = self._queue(block, lease, self._slot_for(block))
+        else:
+            if copy is None:  # straight from the in-memory RAM tier
+                copy = self._queue(block, None, self._slot_for(block))
+            self.engine.advance(block)
+        mark = self.device.compute_waits(copy.event)
+        self.running[block] = copy.slot
+        self._prefetch(block)
+        return Taken(self.slots[copy.slot], staged_wait, copy.event, mark, copy.host.numel())
+
+    def finish(self, block: int) -> None:
+        """The block's kernels are queued: its slot may be refilled after them."""
+        slot = self.running.pop(block, None)
+        if slot is None:
+            return
+        self.free_after[slot] = self.device.compute_done()
+        self.holder[slot] = None
+        self._return_leases()
+
+    def close(self) -> None:
+        self.device.synchronize()
+        for copy in self.returning:
+            copy.lease.release()
+        self.returning.clear()
+        self.queued.clear()
+        self.running.clear()
+        self.slots.clear()
+
+    def _may_return(self, copy: _Copy) -> bool:
+        return self.device.ready(copy.event)
+
+    def _return_leases(self) -> None:
+        keep = []
+        for copy in self.returning:
+            if self._may_return(copy):
+                self.device.released(copy.host, copy.lease)
+                copy.lease.release()
+            else:
+                keep.append(copy)
+        self.returning = keep
+
+    def _slot_for(self, block: int) -> int:
+        slot = self._free_slot()
+        if slot is None:  # every slot holds a prefetched block: give up the farthest one
+            slot = self._drop_farthest(block)
+        return slot
+
+    def _make_room(self) -> None:
+        """Waits (on the host) for the oldest copy while every staging buffer is held by a copy
+        in flight: the engine needs one to stage the block asked for."""
+        while len(self.returning) >= self.buffers:
+            self.device.wait(self.returning[0].event)
+            self._return_leases()
+
+    def _free_slot(self) -> int | None:
+        return next((i for i, h in enumerate(self.holder) if h is None), None)
+
+    def _drop_farthest(self, block: int) -> int:
+        far = max(self.queued, key=lambda b: (self.pos[b] - self.pos[block]) % len(self.order))
+        copy = self.queued.pop(far)
+        # Its lease goes back once its copy completed, as every lease does; the next copy into
+        # the slot is queued after it on the same stream.
+        self.holder[copy.slot] = None
+        return copy.slot
+
+    def _queue(self, block: int, lease: Any, slot: int) -> _Copy:
+        """Queues the copy of a leased staging buffer, or (``lease`` None) of the block's image
+        in the in-memory RAM tier, which stays where it is and needs no return."""
+        from torch.utils.dlpack import from_dlpack
+
+        host = self.images[block] if lease is None else from_dlpack(lease.block_bytes())
+        event = self.device.copy(self.slots[slot][: host.numel()], host, self.free_after[slot])
+        self.holder[slot] = block
+        copy = _Copy(block, lease, host, slot, event)
+        if lease is not None:
+            # The staging buffer goes back as soon as the copy has landed, before the block runs.
+            self.returning.append(copy)
+        return copy
+
+    def _prefetch(self, block: int) -> None:
+        n = len(self.order)
+        at = self.pos[block]
+        for k in range(1, min(self.lookahead, n - 1) + 1):
+            nxt = self.order[(at + k) % n]
+            if nxt in self.queued or nxt in self.running:
+                continue
+            slot = self._free_slot()
+            if slot is None:
+                return
+            lease = None if nxt in self.images else self.engine.try_lease(nxt)
+            if lease is None and nxt not in self.images:  # not staged yet: its run will wait
+                return
+            self.queued[nxt] = self._queue(nxt, lease, slot)

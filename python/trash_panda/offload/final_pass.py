@@ -1,0 +1,128 @@
+"""handle.final_pass(): around the last call of a model, each block is freed right after it runs
+and announced on a queue, so whoever loads the next model can use the memory as it appears.
+
+A resident block gives back its weights (device memory on CUDA, private memory on the CPU). A
+RAM-tier block mapped from the checkpoint gives back its pages of the map and, on Linux, their
+page cache (the engine's ``release_pages``: ``madvise(DONTNEED)`` and ``posix_fadvise(DONTNEED)``
+on its ranges). A disk-tier block, or the in-memory RAM tier, holds nothing of its own between
+runs (its staging buffer and device slot are shared by every streamed block), so its event says
+0 bytes. The weights outside the blocks are
+left alone, and so are the blocks under ``keep_prefixes``. The hook only puts the event on a
+``queue.SimpleQueue``, which never blocks, so the compute thread never waits for the reader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .. import _core
+from ..errors import ArgumentError, StreamError
+
+if TYPE_CHECKING:
+    import torch
+
+    from .hooks import OffloadHandle
+    from .state import BlockState
+
+__all__ = ["FinalPass", "FreedBlock", "final_pass"]
+
+
+@dataclass(frozen=True)
+class FreedBlock:
+    """One block freed by a final pass."""
+
+    block: str  # its prefix
+    bytes: int  # bytes given back
+    tier: str  # "device", "ram" or "disk" (the plan's tier)
+    event: torch.cuda.Event | None  # on CUDA: recorded after the block's work; reuse after it
+
+
+class FinalPass:
+    """What ``with handle.final_pass() as fp:`` gives: ``fp.events``, the queue of freed blocks,
+    and ``fp.freed``, the prefixes freed so far."""
+
+    def __init__(self, handle: OffloadHandle, keep_prefixes: tuple[str, ...]) -> None:
+        self.events: queue.SimpleQueue[FreedBlock] = queue.SimpleQueue()
+        self.freed: list[str] = []
+        self.active = True
+        self._handle = handle
+        self._keep = keep_prefixes
+        self._freed: set[int] = set()
+
+    def check(self, block: BlockState) -> None:
+        """Refuses to run a block this pass freed (its weights are gone)."""
+        if block.index in self._freed:
+            raise StreamError(
+                f"block {block.prefix} was freed by final_pass() after its run and cannot run again; "
+                "pass keep_prefixes=[...] for blocks that run more than once in the last call"
+            )
+
+    def after(self, block: BlockState) -> None:
+        if not self.active or block.index in self._freed or block.prefix.startswith(self._keep):
+            return
+        self._freed.add(block.index)
+        freed = _free(block, self._handle._state.engine)
+        if freed and self._handle._state.device.type == "cpu":
+            # glibc keeps freed chunks below its (growing) mmap threshold in the heap: hand the
+            # block's pages back now, not at the release.
+            _core.trim_heap()
+        self.freed.append(block.prefix)
+        self.events.put_nowait(FreedBlock(block.prefix, freed, block.tier.value, _event(self._handle)))
+
+
+def _free(block: BlockState, engine: _core.Engine | None) -> int:
+    """Drops what a block holds of its own; returns the bytes."""
+    import torch
+    from torch import nn
+
+    if block.engine_index is not None:
+        return engine.release_pages(block.engine_index) if engine is not None else 0
+    freed = 0
+    for spec in block.tensors:
+        if spec.resident is not None:  # stored form, expanded on each run
+            freed += spec.resident.nbytes + (spec.resident_scale.nbytes if spec.resident_scale is not None else 0)
+            spec.resident = spec.resident_scale = None
+            continue
+        module, attr = spec.owners[0]
+        param = module._parameters.get(attr)
+        if param is None or param.is_meta:
+            continue
+        freed += param.nbytes
+        empty = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False)
+        for m, a in spec.owners:
+            m._parameters[a] = empty
+    return freed
+
+
+def _event(handle: OffloadHandle) -> Any:
+    import torch
+
+    device = handle._state.device
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
+@contextlib.contextmanager
+def final_pass(handle: OffloadHandle, keep_prefixes: list[str] | None = None) -> Iterator[FinalPass]:
+    """See the module: frees each block right after it runs, inside the ``with`` block."""
+    if keep_prefixes is not None and (
+        isinstance(keep_prefixes, str) or not all(isinstance(p, str) for p in keep_prefixes)
+    ):
+        raise ArgumentError("keep_prefixes: expected a list of block name prefixes")
+    if handle.removed:
+        raise ArgumentError("handle: its hooks were removed; final_pass() needs installed hooks")
+    if handle._final is not None and handle._final.active:
+        raise ArgumentError("handle: a final_pass() is already open")
+    fp = FinalPass(handle, tuple(keep_prefixes or ()))
+    handle._final = fp
+    try:
+        yield fp
+    finally:
+        fp.active = False  # kept on the handle: the freed blocks still refuse to run

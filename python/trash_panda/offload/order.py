@@ -1,0 +1,64 @@
+"""The order file of a stage: which order its first call prefetches in, and whether the order
+the blocks really ran in is written back when it is released.
+
+Every rule is the core's (docs/order-format.md); this module asks the binding and turns what it
+says into at most one warning per problem, never an error.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+
+from .. import _core
+from ..errors import ReadError, StreamError
+
+__all__ = ["OrderChoice", "choose_order", "write_order"]
+
+
+@dataclass
+class OrderChoice:
+    """The order a stage starts with, and what to do with the file at the end."""
+
+    first: list[str] | None  # the blocks that run first, for install_offload(order=...)
+    path: os.PathLike[str] | None  # the order file; None: neither read nor written
+    read: _core.OrderRead | None  # what reading it gave (None: not read)
+    checkpoint: str
+
+
+def choose_order(
+    checkpoint: str | os.PathLike[str],
+    blocks: list[str],
+    order: list[str] | None,
+    destination: str | os.PathLike[str] | None,
+) -> OrderChoice:
+    """``order`` when given (the file is then left alone), else the order file's order when it
+    fits ``blocks`` (the model's blocks in plan order), else None (the model's own order)."""
+    where = os.fspath(checkpoint)
+    if order is not None:
+        _core.full_order(list(order), blocks)  # an unknown or repeated name is the caller's error
+        return OrderChoice(list(order), None, None, where)
+    path = _core.order_file_path(where, None if destination is None else os.fspath(destination))
+    try:
+        read = _core.read_order_file(path, blocks)
+    except ReadError as e:
+        warnings.warn(f"{e}; running in the model's order, and the file is left as it is", stacklevel=4)
+        return OrderChoice(None, None, None, where)
+    line = read.warning()
+    if line is not None:
+        warnings.warn(line, stacklevel=4)
+    return OrderChoice(read.blocks if read.usable else None, path, read, where)
+
+
+def write_order(choice: OrderChoice, ran: list[str]) -> bool:
+    """Writes the order the blocks ran in when the core says so (no usable file, or a wrong
+    one); a folder that cannot be written gives one warning. Returns whether it wrote."""
+    if choice.path is None or choice.read is None or not _core.should_write_order(choice.read, ran):
+        return False
+    try:
+        _core.write_order_file(choice.path, choice.checkpoint, ran)
+    except StreamError as e:
+        warnings.warn(f"the order file was not written: {e}", stacklevel=4)
+        return False
+    return True

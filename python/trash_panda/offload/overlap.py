@@ -1,0 +1,89 @@
+"""stage(overlap=True): the resident blocks are read on a worker thread, one at a time in run
+order, while the model starts; a block that starts before its weights arrive waits for them.
+
+The reads go through the core (``_core.read_tensors``, via the same ``materialize`` that
+stream_load uses), never a plain seek-and-read. A block whose load failed raises, in the call
+that needs it, an error naming the block and the cause.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ..config import setting
+from ..errors import StreamError
+from .reading import materialize
+
+if TYPE_CHECKING:
+    import torch
+
+    from .state import BlockState
+
+__all__ = ["ResidentLoader", "load_block"]
+
+
+def load_block(block: BlockState, device: torch.device, storage: str | None, threads: int) -> None:
+    """Reads one resident block to the device in its stored form (or the storage dtype), as
+    stream_load does. Module-level so tests can slow it down or make it fail."""
+    for spec in block.tensors:
+        materialize(spec, device, storage=storage, threads=threads, expand=False)
+
+
+class ResidentLoader:
+    """The worker thread and one ready mark per block it loads."""
+
+    def __init__(self, blocks: list[BlockState], device: torch.device, storage: str | None) -> None:
+        self.blocks = blocks
+        self.device = device
+        self.storage = storage
+        self.threads = max(1, int(setting("ram_threads")))
+        self.ready = {b.index: threading.Event() for b in blocks}
+        self.errors: dict[int, BaseException] = {}
+        self.stopping = threading.Event()
+        self.load_seconds = 0.0  # the loader's time, first block to last
+        self.waited_seconds = 0.0  # the main thread's waits for blocks not yet loaded
+        self.loaded_bytes = 0
+        self._thread = threading.Thread(target=self._run, name="trash-panda-loader", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        for block in self.blocks:
+            try:
+                if self.stopping.is_set():
+                    raise StreamError("the stage ended before it was loaded")
+                load_block(block, self.device, self.storage, self.threads)
+                # `work` is fixed by the load (resident weights to expand each run, or none).
+                block.__dict__.pop("work", None)
+                self.loaded_bytes += sum(s.info.nbytes for s in block.tensors)
+            except BaseException as e:  # reported in the call that needs the block
+                self.errors[block.index] = e
+            finally:
+                self.ready[block.index].set()
+        self.load_seconds = time.perf_counter() - start
+
+    def wait(self, block: BlockState) -> None:
+        """Blocks the caller until ``block`` is loaded; raises if its load failed. Blocks the
+        loader does not hold return at once."""
+        ready = self.ready.get(block.index)
+        if ready is None:
+            return
+        if not ready.is_set():
+            start = time.perf_counter()
+            ready.wait()
+            self.waited_seconds += time.perf_counter() - start
+        error = self.errors.get(block.index)
+        if error is not None:
+            raise StreamError(
+                f"block {block.prefix} could not be loaded by stage(overlap=True)'s loader thread: {error}"
+            ) from error
+
+    def close(self) -> None:
+        """Stops after the block being read and waits for the thread (before a release)."""
+        self.stopping.set()
+        if self._thread.is_alive():
+            self._thread.join()

@@ -1,0 +1,181 @@
+"""stage(): the whole life of one model of a pipeline (build, plan, load, hooks, release).
+
+A pipeline is stages in sequence, each released before the next is planned, so each plan sees
+the memory the last one gave back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from . import _core
+from .checkpoint import Checkpoint
+from .errors import ArgumentError
+from .plan import Plan
+from .plan import plan as make_plan
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from .offload.hooks import OffloadHandle
+
+__all__ = ["remembered_activation", "stage"]
+
+# Keyword arguments that go to both plan() and stream_load().
+_SHARED = ("key_map", "skip_prefixes", "device")
+
+# Peak activation memory of earlier stages in this process, by key: the next plan of the same
+# key uses it as activation_vram.
+_PEAKS: dict[str, int] = {}
+_PEAKS_LOCK = threading.Lock()
+
+
+def remembered_activation(key: str | os.PathLike[str]) -> int | None:
+    """The peak memory remembered under ``key`` by an earlier stage, in bytes (None if none)."""
+    with _PEAKS_LOCK:
+        return _PEAKS.get(_key_of(key))
+
+
+def _key_of(key: str | os.PathLike[str]) -> str:
+    return os.path.abspath(os.fspath(key))
+
+
+@contextlib.contextmanager
+def stage(
+    build_fn: Callable[[], nn.Module],
+    path: str | os.PathLike[str],
+    *,
+    key: str | os.PathLike[str] | None = None,
+    order: list[str] | None = None,
+    order_file_destination: str | os.PathLike[str] | None = None,
+    overlap: bool = False,
+    **kwargs: Any,
+) -> Iterator[tuple[nn.Module, Plan, OffloadHandle]]:
+    """Builds a model with ``build_fn()``, plans it, loads it from ``path`` (a file, an index of
+    shards, or a folder), installs the hooks, and yields ``(model, plan, handle)``; releases the
+    model when the block ends, also when it raises (the exception goes on).
+
+    ``kwargs`` go to :func:`trash_panda.plan`; ``key_map``, ``skip_prefixes`` and ``device`` go
+    to :func:`trash_panda.stream_load` too. The peak memory of the block (device memory on CUDA,
+    the growth of the resident set on the CPU) is remembered under ``key`` (default: the
+    checkpoint path) and is the ``activation_vram`` of the next plan of that key in this process,
+    unless that plan is given one. ``order`` names the blocks that run first (the order file is
+    then neither read nor written); without it ``<checkpoint name>_order.json``, next to the
+    checkpoint or in ``order_file_destination``, gives the first call's order and is written on
+    release when it was missing or wrong. ``overlap=True`` loads the resident blocks on a worker
+    thread while the model starts (and the peak is then not remembered).
+    """
+    if not callable(build_fn):
+        raise ArgumentError(f"build_fn: expected a callable that returns the model, got {type(build_fn).__name__}")
+    if isinstance(path, Checkpoint):
+        path = path.files[0] if len(path.files) == 1 else os.path.dirname(path.files[0])
+    if not isinstance(path, str | os.PathLike):
+        raise ArgumentError(f"path: expected a checkpoint path, got {type(path).__name__}")
+    if order is not None and (isinstance(order, str) or not all(isinstance(n, str) for n in order)):
+        raise ArgumentError("order: expected a list of block names")
+    if not isinstance(overlap, bool):
+        raise ArgumentError(f"overlap: expected True or False, got {overlap!r}")
+    accepted = set(inspect.signature(make_plan).parameters) - {"model", "checkpoint"}
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        raise ArgumentError(
+            f"stage() got {', '.join(unknown)}, which plan() does not take: expected key, order, "
+            f"order_file_destination, overlap or plan()'s {', '.join(sorted(accepted))}"
+        )
+    remember = _key_of(key if key is not None else path)
+    with _stage(build_fn, path, remember, order, order_file_destination, overlap, kwargs) as got:
+        yield got
+
+
+@contextlib.contextmanager
+def _stage(
+    build_fn: Callable[[], nn.Module],
+    path: str | os.PathLike[str],
+    key: str,
+    order: list[str] | None,
+    destination: str | os.PathLike[str] | None,
+    overlap: bool,
+    kwargs: dict[str, Any],
+) -> Iterator[tuple[nn.Module, Plan, OffloadHandle]]:
+    from torch import nn
+
+    from .device import resolve_device
+    from .offload import install_offload, release, stream_load
+    from .offload.loader import load_deferred
+    from .offload.order import choose_order, write_order
+    from .offload.overlap import ResidentLoader
+    from .offload.state import get_state
+
+    model = build_fn()
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"build_fn: it returned {type(model).__name__}, not a torch.nn.Module")
+    options = dict(kwargs)
+    if options.get("activation_vram") is None:
+        remembered = remembered_activation(key)
+        if remembered is not None:
+            options["activation_vram"] = remembered
+    shared = {k: options[k] for k in _SHARED if k in options}
+    device = resolve_device(shared.get("device"))
+    handle: OffloadHandle | None = None
+    loader: ResidentLoader | None = None
+    choice = None
+    try:
+        ckpt = Checkpoint(path)
+        p = make_plan(model, ckpt, **options)
+        if overlap:
+            _report, deferred = load_deferred(model, ckpt, p, **shared)
+        else:
+            stream_load(model, ckpt, plan=p, **shared)
+        state = get_state(model)
+        assert state is not None
+        blocks = [b.prefix for b in state.blocks]
+        choice = choose_order(path, blocks, order, destination)
+        handle = install_offload(model, order=choice.first)
+        if overlap:
+            run_order = _core.full_order(choice.first or [], blocks)
+            by_index = {b.index: b for b in deferred}
+            in_order = [by_index[i] for i in run_order if i in by_index]
+            loader = ResidentLoader(in_order, device, state.config.storage_dtype)
+            handle._waiter = loader.wait
+            handle._loader = loader  # the profile's loader-thread line
+            loader.start()
+        with _measure(device) as peak:
+            yield model, p, handle
+        if not overlap:  # with overlap the load falls inside the measured part
+            with _PEAKS_LOCK:
+                _PEAKS[key] = peak[0]
+    finally:
+        if loader is not None:
+            loader.close()
+        if choice is not None and handle is not None:
+            write_order(choice, handle.ran)
+        release(model, handle)
+
+
+@contextlib.contextmanager
+def _measure(device: torch.device) -> Iterator[list[int]]:
+    """The peak memory of the block beyond what was held at its start, in ``[0]`` once it ends
+    without raising: device memory on CUDA, the resident set on the CPU."""
+    import torch
+
+    peak = [0]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield peak
+        torch.cuda.synchronize(device)
+        peak[0] = max(0, torch.cuda.max_memory_allocated(device) - base)
+        return
+    sampler = _core.RssSampler(1)
+    try:
+        yield peak
+    finally:
+        start, top, _end = sampler.stop()
+    peak[0] = max(0, top - start)

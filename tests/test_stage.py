@@ -1,0 +1,287 @@
+"""stage(): release on exceptions, the remembered activation memory, overlap; remove(); pinned
+buffers; final_pass()."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import trash_panda as tp
+from models import Tiny, on_meta, save
+from trash_panda import _core, config
+from trash_panda.errors import ArgumentError, StreamError
+from trash_panda.offload import overlap
+from trash_panda.offload.state import get_state
+
+IDS = torch.randint(0, 100, (3, 11), generator=torch.Generator().manual_seed(5))
+
+
+def build() -> Tiny:
+    return on_meta(Tiny)  # type: ignore[return-value]
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> tuple[Path, Tiny]:
+    torch.manual_seed(0)
+    ref = Tiny().eval()
+    return save(ref, tmp_path / "tiny.safetensors"), ref
+
+
+def test_stage_runs_and_releases(tiny: tuple[Path, Tiny]) -> None:
+    path, ref = tiny
+    with tp.stage(build, path, device="cpu", resident_blocks=2) as (model, p, handle):
+        assert p.blocks_in("device") == ["blocks.0.", "blocks.1."]
+        assert handle.model is model
+        with torch.no_grad():
+            assert torch.equal(model(IDS), ref(IDS))
+    assert get_state(model) is None
+    with pytest.raises(tp.TrashPandaError, match="released"):
+        model(IDS)
+
+
+def test_stage_checks_its_arguments(tiny: tuple[Path, Tiny]) -> None:
+    path, _ = tiny
+    with pytest.raises(ArgumentError, match="build_fn"), tp.stage(None, path):  # type: ignore[arg-type]
+        pass
+    with pytest.raises(ArgumentError, match="resident_block"), tp.stage(build, path, resident_block=2):
+        pass
+    bad_order: Any = "blocks.0"
+    with pytest.raises(ArgumentError, match="order"), tp.stage(build, path, order=bad_order):
+        pass
+
+
+@pytest.mark.slow
+def test_stage_releases_when_the_block_raises(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    big = Tiny(dim=1024, layers=6)  # about 200 MB of fp32 weights
+    path = save(big, tmp_path / "big.safetensors")
+    del big
+    gc.collect()
+    _core.trim_heap()
+    start = _core.current_rss()
+    build_big = lambda: on_meta(Tiny, dim=1024, layers=6)  # noqa: E731
+    with (
+        pytest.raises(RuntimeError, match="in the block"),
+        tp.stage(build_big, path, device="cpu", resident_blocks=3) as (m, _, _h),
+    ):
+        with torch.no_grad():
+            m(IDS)
+        assert _core.current_rss() > start + 100e6  # the resident blocks were loaded
+        raise RuntimeError("in the block")
+    gc.collect()
+    _core.trim_heap()
+    end = _core.current_rss()
+    assert abs(end - start) <= 0.05 * start, (start, end)
+
+
+def _peaks() -> dict[str, int]:
+    return sys.modules["trash_panda.stage"]._PEAKS  # type: ignore[no-any-return]
+
+
+def test_the_peak_is_remembered_for_the_next_plan_of_the_key(tiny: tuple[Path, Tiny]) -> None:
+    path, _ = tiny
+    stage_module = sys.modules["trash_panda.stage"]
+    _peaks().clear()
+    with tp.stage(build, path, device="cpu", key="tiny") as (model, p, _h):
+        assert json.loads(p.to_json())["options"]["activation_vram"] is None
+        with torch.no_grad():
+            model(torch.randint(0, 100, (64, 512)))  # activations of several MB
+    peak = stage_module.remembered_activation("tiny")
+    assert peak is not None and peak > 1_000_000
+    with tp.stage(build, path, device="cpu", key="tiny") as (_m, p, _h):
+        assert json.loads(p.to_json())["options"]["activation_vram"] == peak
+    # An explicit value wins; another key has nothing remembered.
+    with tp.stage(build, path, device="cpu", key="tiny", activation_vram=12345) as (_m, p, _h):
+        assert json.loads(p.to_json())["options"]["activation_vram"] == 12345
+    with tp.stage(build, path, device="cpu") as (_m, p, _h):
+        assert json.loads(p.to_json())["options"]["activation_vram"] is None
+    # With overlap the load falls in the measured part: nothing is remembered.
+    _peaks().clear()
+    with tp.stage(build, path, device="cpu", key="tiny", overlap=True) as (model, _p, _h), torch.no_grad():
+        model(IDS)
+    assert stage_module.remembered_activation("tiny") is None
+
+
+def test_overlap_waits_for_a_slow_read(tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch) -> None:
+    path, ref = tiny
+    real = overlap.load_block
+    order: list[str] = []
+    loaded_on: set[str] = set()
+
+    def slow(block, *args):  # type: ignore[no-untyped-def]
+        time.sleep(0.2)
+        order.append(block.prefix)
+        loaded_on.add(threading.current_thread().name)
+        real(block, *args)
+
+    monkeypatch.setattr(overlap, "load_block", slow)
+    started = time.perf_counter()
+    with tp.stage(build, path, device="cpu", resident_blocks=3, overlap=True, order=["blocks.2"]) as (model, _, h):
+        entered = time.perf_counter() - started
+        assert entered < 0.2  # the stage did not wait for the resident blocks
+        with torch.no_grad():
+            assert torch.equal(model(IDS), ref(IDS))
+        assert h._waiter is not None
+    assert order == ["blocks.2.", "blocks.0.", "blocks.1."]  # one at a time, in run order
+    assert loaded_on == {"trash-panda-loader"}
+
+
+def test_profile_reports_the_loader_thread_and_private_memory(
+    tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, ref = tiny
+    monkeypatch.setenv("TRASH_PANDA_PROFILE", "1")
+    with tp.stage(build, path, device="cpu", resident_blocks=3, overlap=True) as (model, _, _h), torch.no_grad():
+        assert torch.equal(model(IDS), ref(IDS))
+    report = capsys.readouterr().err
+    assert re.search(r"loader thread: 3 resident blocks \(\d+\.\d+ GB\) in \d", report), report
+    points = [line for line in report.splitlines() if "working set" in line]
+    assert len(points) == 5 and all(re.search(r"private \d+\.\d+ GB", p) for p in points), report
+
+
+def test_overlap_raises_in_the_call_that_needs_a_failed_block(
+    tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, _ = tiny
+    real = overlap.load_block
+
+    def failing(block, *args):  # type: ignore[no-untyped-def]
+        if block.prefix == "blocks.1.":
+            raise OSError("injected read failure")
+        real(block, *args)
+
+    monkeypatch.setattr(overlap, "load_block", failing)
+    with (
+        pytest.raises(StreamError, match=r"blocks\.1\..*injected read failure"),
+        tp.stage(build, path, device="cpu", resident_blocks=3, overlap=True) as (model, _, _h),
+        torch.no_grad(),
+    ):
+        model(IDS)
+
+
+def test_remove_leaves_a_runnable_model_with_mapped_weights(tiny: tuple[Path, Tiny]) -> None:
+    path, ref = tiny
+    p = tp.Plan.manual(resident=["blocks.0."], streamed=[f"blocks.{i}." for i in range(1, 6)])
+    p.assign(tp.Tier.DISK, prefixes=["blocks.5."])
+    model = build()
+    tp.stream_load(model, path, plan=p, device="cpu")
+    handle = tp.install_offload(model)
+    with torch.no_grad():
+        want = ref(IDS)
+        assert torch.equal(model(IDS), want)
+        handle.remove()
+        assert torch.equal(model(IDS), want)  # plainly, with no hooks
+    state = get_state(model)
+    assert state is not None
+    for i in (3, 5):  # a RAM-tier block and a disk-tier block
+        w = model.blocks[i].up.weight
+        assert not w.is_meta
+        assert w.data_ptr() == state.checkpoint.read(f"blocks.{i}.up.weight").data_ptr()  # a view of the map
+    tp.release(model)
+
+
+def test_pinned_buffers_argument_beats_environment_beats_default(
+    tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, ref = tiny
+    model = build()
+
+    def buffers(**kw: object) -> int:
+        b = tp.plan(model, path, device="cpu", resident_blocks=1, **kw).budgets  # type: ignore[arg-type]
+        assert b is not None
+        return b.staging_buffers
+
+    monkeypatch.delenv("TRASH_PANDA_PINNED_BUFFERS", raising=False)
+    assert buffers() == 3  # lookahead 2 + 1
+    assert buffers(lookahead=0) == 1
+    monkeypatch.setenv("TRASH_PANDA_PINNED_BUFFERS", "5")
+    assert buffers() == 5
+    assert buffers(pinned_buffers=1) == 1
+    assert config.DEFAULTS["pinned_buffers"] == "0"  # in the settings table (0: lookahead + 1)
+    # The engine allocates exactly the plan's figure, and one buffer still runs every tier.
+    p = tp.plan(model, path, device="cpu", resident_blocks=1, pinned_buffers=1)
+    tp.stream_load(model, path, plan=p, device="cpu")
+    state = get_state(model)
+    assert state is not None and state.engine is not None
+    assert len(state.engine.staging_buffers()) == 1
+    handle = tp.install_offload(model)
+    with torch.no_grad():
+        for _ in range(2):
+            assert torch.equal(model(IDS), ref(IDS))
+    tp.release(model, handle)
+    monkeypatch.setenv("TRASH_PANDA_PINNED_BUFFERS", "many")
+    with pytest.raises(ArgumentError, match="TRASH_PANDA_PINNED_BUFFERS"):
+        buffers()
+
+
+@pytest.mark.slow
+def rss_file() -> int:
+    """The file-backed pages mapped in this process (RssFile)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssFile:"))
+
+
+def test_final_pass_gives_memory_back_block_by_block(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    ref = Tiny(dim=512, layers=6).eval()  # 8 MB of fp32 weights per block
+    path = save(ref, tmp_path / "m.safetensors")
+    want = ref(IDS).detach()
+    del ref
+    with tp.stage(lambda: on_meta(Tiny, dim=512, layers=6), path, device="cpu", resident_blocks=4) as (m, _, h):
+        with torch.no_grad():
+            assert torch.equal(m(IDS), want)
+        private: list[int] = []
+        for b in m.blocks:  # registered after the offload hooks, so it sees each block freed
+            b.register_forward_hook(lambda *_: private.append(_core.private_memory()))
+        before = _core.private_memory()
+        mapped_before = rss_file()
+        with h.final_pass(keep_prefixes=["blocks.3."]) as fp, torch.no_grad():
+            assert torch.equal(m(IDS), want)
+        mapped_after = rss_file()
+        events = []
+        while not fp.events.empty():
+            events.append(fp.events.get_nowait())
+        block_bytes = sum(p.nbytes for p in Tiny(dim=512, layers=1).blocks[0].parameters())
+        # What the block's runs of the file cover, whole pages, on Linux (elsewhere: 0).
+        ram_bytes = events[3].bytes
+        assert block_bytes <= ram_bytes < block_bytes + 4 * 4096
+        assert [(e.block, e.bytes, e.tier) for e in events] == [
+            ("blocks.0.", block_bytes, "device"),
+            ("blocks.1.", block_bytes, "device"),
+            ("blocks.2.", block_bytes, "device"),
+            ("blocks.4.", ram_bytes, "ram"),
+            ("blocks.5.", ram_bytes, "ram"),
+        ]
+        # The RAM-tier blocks gave back their mapped pages: the file's pages mapped in the
+        # process fell by about a block each.
+        assert mapped_before - mapped_after > 1.6 * block_bytes, (mapped_before, mapped_after)
+        # Private memory falls by about a block after each of the first three blocks.
+        steps = [before, *private[:3]]
+        for a, b in itertools.pairwise(steps):
+            assert a - b > 0.8 * block_bytes, (steps, block_bytes)
+        assert m.blocks[0].up.weight.is_meta and not m.blocks[3].up.weight.is_meta
+        assert not m.head.weight.is_meta  # outside weights left alone
+        with pytest.raises(StreamError, match=r"blocks\.0\. was freed by final_pass"), torch.no_grad():
+            m(IDS)
+
+
+def test_memory_points_name_what_holds_a_tensor(tmp_path: Path) -> None:
+    from trash_panda.offload.profile import memory_point
+
+    torch.manual_seed(0)
+    path = save(Tiny(dim=512), tmp_path / "m.safetensors")
+    model = on_meta(Tiny, dim=512)
+    tp.stream_load(model, path, offload_prefixes=["blocks."], resident_prefixes=["blocks.0."], device="cpu")
+    names = [t["name"] for t in memory_point("loaded")["large_tensors"]]  # type: ignore[union-attr]
+    assert "Tiny.blocks.0.up.weight float32[2048, 512]" in names
+    tp.release(model)
