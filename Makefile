@@ -13,7 +13,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export PYTHONPATH := $(CURDIR)/python
 EXT := python/trash_panda/_core.abi3.so
 
-.PHONY: demo test venv build rust-test lint py-test stubs cross fmt bench-read bench-convert bench-stage bench-fill bench-stream clean
+.PHONY: demo test venv build rust-test lint py-test stubs cross fmt bench-read bench-convert bench-stage bench-fill bench-stream bench-peers clean
 
 venv:
 	@bash scripts/venv.sh
@@ -25,8 +25,9 @@ build: venv
 	cp target/release/lib_core.so $(EXT)
 	@$(PY) -c "import trash_panda; print('trash_panda', trash_panda.__version__, 'from', trash_panda.__file__)"
 
+# The main job on an embedded 6 GB model (made once under target/), or ARGS="--model FOLDER ...".
 demo: build
-	$(PY) examples/demo.py
+	$(PY) examples/demo.py $(ARGS)
 
 rust-test:
 	$(CARGO) test --workspace --exclude trash-panda-python
@@ -76,6 +77,11 @@ bench-stream: build
 	$(PY) bench/stream_load_rss.py
 	$(PY) bench/forward_disk.py
 	$(PY) bench/peers_disk.py
+
+# trash-panda against transformers, accelerate and diffusers on the demo's 6 GB model (about 10 min).
+bench-peers: build
+	$(PY) bench/peers/run.py
+	$(PY) bench/peers/report.py
 
 clean:
 	$(CARGO) clean

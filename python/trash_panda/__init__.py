@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import dtype, errors
+from . import diffusers, dtype, errors
 from ._core import __version__
 from .checkpoint import Checkpoint
 from .errors import (
@@ -15,6 +15,7 @@ from .errors import (
     SystemProbeError,
     TrashPandaError,
 )
+from .hf import from_pretrained
 from .offload import (
     LoadReport,
     OffloadHandle,
@@ -43,12 +44,14 @@ __all__ = [
     "Tier",
     "TrashPandaError",
     "__version__",
+    "diffusers",
     "dtype",
     "empty_weights",
     "install_offload",
     "measure_activation_vram",
     "offload_blocks",
     "errors",
+    "from_pretrained",
     "plan",
     "release",
     "stage",

@@ -228,7 +228,12 @@ def plan(
         lookahead=lookahead if lookahead is not None else setting("lookahead"),
         pinned_buffers=setting("pinned_buffers", pinned_buffers),
     )
-    return Plan(core)
+    result = Plan(core)
+    from .log import log_plan
+
+    files = checkpoint.files if isinstance(checkpoint, Checkpoint) else [os.fspath(checkpoint)]
+    log_plan(result, files[0] if len(files) == 1 else os.path.dirname(files[0]))
+    return result
 
 
 def _dtype_name(dtype: str | torch.dtype) -> str:

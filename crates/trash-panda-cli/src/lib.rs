@@ -24,7 +24,21 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Print a hardware report for bug reports.
     Doctor(doctor::DoctorArgs),
+    /// Generate text with a transformers causal LM streamed from its folder (needs the Python
+    /// package: `pip install dumpsterpanda` gives a `trash-panda` command that runs it).
+    Generate(GenerateArgs),
 }
+
+/// `generate` runs the model with PyTorch, so only the Python package's command can run it.
+#[derive(clap::Args, Debug)]
+struct GenerateArgs {
+    /// FOLDER --prompt TEXT [--max-new-tokens N] [--max-vram SIZE] [--plan FILE] ...
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<String>,
+}
+
+const GENERATE_NEEDS_PYTHON: &str = "`generate` runs the model with PyTorch: use the `trash-panda` command \
+    that the Python package installs (pip install dumpsterpanda), or `python -m trash_panda.cli generate ...`";
 
 /// Runs the command line (argv[0] included) and returns the process exit code.
 pub fn run<I, T>(args: I) -> i32
@@ -45,6 +59,7 @@ where
         Command::Inspect(a) => inspect::run(a, &mut out),
         Command::Plan(a) => plan::run(a, &mut out),
         Command::Doctor(a) => doctor::run(a, &mut out),
+        Command::Generate(_) => Err(GENERATE_NEEDS_PYTHON.into()),
     };
     let _ = out.flush();
     match result {
@@ -61,4 +76,16 @@ where
 fn is_broken_pipe(e: &(dyn std::error::Error + 'static)) -> bool {
     e.downcast_ref::<std::io::Error>()
         .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn generate_points_to_the_python_command() {
+        // Parsed (its arguments pass through as they are), then refused with exit code 1.
+        assert_eq!(
+            super::run(["trash-panda", "generate", "folder", "--prompt", "hi"]),
+            1
+        );
+    }
 }

@@ -87,6 +87,12 @@ pub const SETTINGS: &[Setting] = &[
         doc: "print a profile report when a model's hooks are removed",
     },
     Setting {
+        name: "progress",
+        kind: Kind::Switch,
+        default: "1",
+        doc: "show a progress bar on stderr for a load longer than 2 s when stderr is a terminal",
+    },
+    Setting {
         name: "log",
         kind: Kind::Text,
         default: "",

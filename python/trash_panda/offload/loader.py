@@ -14,9 +14,11 @@ from ..checkpoint import Checkpoint
 from ..config import setting
 from ..device import resolve_device
 from ..errors import ArgumentError
+from ..log import log_report
 from ..names import KeyMap, model_tensors
 from ..plan import Plan, Tier, _dtype_name, _free_vram, planning_inputs
 from ..plan import plan as make_plan
+from ..progress import Progress
 from .matching import match
 from .reading import load_buffers, materialize_all, placeholder, unload
 from .report import LoadReport
@@ -185,11 +187,15 @@ def _stream_load(
     blocks, outside, report.unexpected = match(model, named, plan, compute, where)
 
     threads = max(1, int(setting("ram_threads")))
+    here = [b for b in blocks if b.tier == Tier.DEVICE and deferred is None]  # the resident blocks read here
+    to_read = sum(s.info.nbytes for s in outside) + sum(s.info.nbytes for b in here for s in b.tensors)
+    bar = Progress(f"loading {os.path.basename(where)}", to_read)
     # Outside weights: read, expanded to the compute dtype once, kept on the device.
     t0 = time.perf_counter()
     materialize_all(outside, device, storage=None, threads=threads, expand=True)
     report.outside.tensors += len(outside)
     report.outside.bytes += sum(spec.info.nbytes for spec in outside)
+    bar.advance(report.outside.bytes)
     report.outside.seconds = time.perf_counter() - t0
 
     # Resident blocks: read to the device in their stored form (or the storage dtype).
@@ -199,10 +205,13 @@ def _stream_load(
     if deferred is not None:  # read later by the caller's loader
         deferred.extend(now)
         now = []
-    resident = [spec for b in now for spec in b.tensors]
-    materialize_all(resident, device, storage=storage, threads=threads, expand=False)
+    for block in now:  # one batched read per block, so the progress bar moves block by block
+        materialize_all(block.tensors, device, storage=storage, threads=threads, expand=False)
+        done = sum(spec.info.nbytes for spec in block.tensors)
+        report.device_tier.bytes += done
+        bar.advance(done)
     report.device_tier.blocks += len(now)
-    report.device_tier.bytes += sum(spec.info.nbytes for spec in resident)
+    bar.close()
     report.device_tier.seconds = time.perf_counter() - t0
 
     # Streamed blocks: described to the engine, which stages them ahead of each run.
@@ -228,6 +237,7 @@ def _stream_load(
     setattr(model, STATE_ATTR, state)
     register_model(model)
     report.seconds = time.perf_counter() - t_start
+    log_report(report)
     return report
 
 

@@ -1,0 +1,230 @@
+"""load_pipeline(): a diffusers pipeline whose large components are streamed by trash_panda.
+
+The components named in ``stream`` are built from their configs on the meta device and loaded
+with stream_load, so diffusers' from_pretrained never reads them into RAM; the others are loaded
+by diffusers as usual. With ``chain=True`` each streamed component is a stage: it is planned and
+loaded when the pipeline first calls it, and the one loaded before it is released first (text
+encoder, then denoiser, then VAE), so each plan sees the memory the previous stage gave back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .checkpoint import Checkpoint
+from .errors import ArgumentError
+from .hf import _checkpoint_dtype, _guard_to, build_empty, checkpoint_of
+from .offload import empty_weights
+from .offload.release import _RELEASED_HOOK
+from .offload.state import get_state
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.hooks import RemovableHandle
+
+__all__ = ["load_pipeline", "release_pipeline"]
+
+_ATTR = "_trash_panda_pipeline"
+_LIBRARIES = ("diffusers", "transformers")
+
+
+@dataclass
+class _Component:
+    name: str
+    model: nn.Module
+    path: Path  # its checkpoint, opened again for each load (release() closes it)
+    # The buffers as built (rotary tables, position ids): release() puts every buffer on meta,
+    # and a chained component is loaded again on its next call.
+    buffers: dict[str, torch.Tensor]
+    stage: contextlib.AbstractContextManager[Any] | None = None  # the stage() it is loaded in
+
+
+@dataclass(frozen=True)
+class _ExecutionDevice:
+    execution_device: torch.device
+
+
+@dataclass
+class _Streamed:
+    """The streamed components of one pipeline and, with chain=True, which one is loaded."""
+
+    components: list[_Component]
+    device: torch.device
+    plan_kwargs: dict[str, Any]
+    chain: bool
+    loaded: _Component | None = None
+    hooks: list[RemovableHandle] = field(default_factory=list)
+
+
+def load_pipeline(
+    pipeline_cls: Any,
+    folder: str | os.PathLike[str],
+    *,
+    stream: Iterable[str] = ("transformer",),
+    chain: bool = False,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    **plan_kwargs: Any,
+) -> Any:
+    """Builds ``pipeline_cls`` (a diffusers pipeline class) from ``folder`` with the components
+    named in ``stream`` (``"transformer"``, ``"unet"``, ``"text_encoder"`` ...) streamed.
+
+    The keyword arguments go to :func:`trash_panda.plan` for each streamed component; ``dtype``
+    is their compute dtype (by default their checkpoint's). The other components are loaded by
+    diffusers and moved to ``device``. Free everything with :func:`release_pipeline`.
+    """
+    if not isinstance(pipeline_cls, type) or not hasattr(pipeline_cls, "from_pretrained"):
+        raise ArgumentError(f"pipeline_cls: expected a diffusers pipeline class, got {pipeline_cls!r}")
+    root = Path(folder)
+    index_file = root / "model_index.json"
+    if not index_file.is_file():
+        raise ArgumentError(f"folder: {root} has no model_index.json (expected a diffusers pipeline folder)")
+    names = [stream] if isinstance(stream, str) else list(stream)
+    if not names:
+        raise ArgumentError("stream: expected the names of one or more components")
+    index = json.loads(index_file.read_text(encoding="utf-8"))
+    for name in names:
+        entry = index.get(name)
+        if not isinstance(entry, list) or len(entry) != 2 or entry[0] not in _LIBRARIES:
+            have = [k for k, v in index.items() if isinstance(v, list) and len(v) == 2 and v[0] in _LIBRARIES]
+            raise ArgumentError(
+                f"stream: {name!r} is not a diffusers or transformers component of {index_file} "
+                f"(components: {', '.join(have)})"
+            )
+    if "plan" in plan_kwargs:
+        raise ArgumentError("plan: each component is planned on its own; pass plan options (max_vram=, ...)")
+    return _load_pipeline(pipeline_cls, root, index, names, chain, dtype, device, plan_kwargs)
+
+
+def _load_pipeline(
+    pipeline_cls: Any,
+    root: Path,
+    index: dict[str, Any],
+    names: list[str],
+    chain: bool,
+    dtype: str | torch.dtype | None,
+    device: str | torch.device | None,
+    plan_kwargs: dict[str, Any],
+) -> Any:
+    from torch import nn
+
+    from .device import resolve_device
+
+    dev = resolve_device(device)
+    streamed = _Streamed([], dev, plan_kwargs, chain)
+    try:
+        for name in names:
+            library, class_name = index[name]
+            cls = getattr(importlib.import_module(library), class_name)
+            model, path = _build(cls, library, root / name, dtype)
+            buffers = {n: b.clone() for n, b in model.named_buffers() if not b.is_meta}
+            streamed.components.append(_Component(name, model, path, buffers))
+            if not chain:
+                _begin_stage(streamed, streamed.components[-1])
+        pipe = pipeline_cls.from_pretrained(root, **{c.name: c.model for c in streamed.components})
+    except BaseException:
+        _release_all(streamed)
+        raise
+    for name, component in pipe.components.items():
+        if isinstance(component, nn.Module) and name not in names:
+            component.to(dev)
+    if chain:
+        for c in streamed.components:
+            _chain_hooks(streamed, c)
+    setattr(pipe, _ATTR, streamed)
+    return pipe
+
+
+def _build(cls: Any, library: str, folder: Path, dtype: str | torch.dtype | None) -> tuple[nn.Module, Path]:
+    """A component built from its config on meta (buffers real), and its checkpoint's path."""
+    from ._dtypes import resolve
+
+    if library == "transformers":
+        path = checkpoint_of(folder)
+        model, compute = build_empty(cls, folder, Checkpoint(path), dtype)
+    else:
+        path = checkpoint_of(folder, "diffusion_pytorch_model")
+        compute = resolve(dtype) if dtype is not None else _checkpoint_dtype(Checkpoint(path))
+        with empty_weights():
+            model = cls.from_config(cls.load_config(folder)).eval()
+        if model.dtype != compute:
+            model.to(compute)
+    model._trash_panda_compute = compute
+    return model, path
+
+
+def _begin_stage(streamed: _Streamed, c: _Component) -> None:
+    """Plans, loads and hooks one component in a :func:`trash_panda.stage` (the previous chained
+    one released first): its order file and its remembered activation memory come with it."""
+    if streamed.loaded is not None and streamed.loaded is not c:
+        _end_stage(streamed, streamed.loaded)
+    if any(c.model.get_buffer(n).is_meta for n in c.buffers):
+        for name, value in c.buffers.items():  # released before: its buffers as built
+            owner, _, attr = name.rpartition(".")
+            c.model.get_submodule(owner)._buffers[attr] = value.clone()
+    from .stage import stage
+
+    kwargs = {"compute_dtype": c.model._trash_panda_compute, "device": streamed.device, **streamed.plan_kwargs}
+    cm = stage(lambda: c.model, c.path, **kwargs)
+    cm.__enter__()  # entered here and left in _end_stage: the pipeline, not a with block, says when
+    c.stage = cm
+    _guard_to(c.model)
+    if streamed.chain:
+        streamed.loaded = c
+
+
+def _end_stage(streamed: _Streamed, c: _Component, *, final: bool = False) -> None:
+    if c.stage is not None:
+        cm, c.stage = c.stage, None
+        cm.__exit__(None, None, None)  # releases the model (and writes its order file if need be)
+        marker = getattr(c.model, _RELEASED_HOOK, None)
+        if not final and marker is not None:
+            # release() marks a model so a stale reference cannot run on empty weights; a chained
+            # component is loaded again on purpose, by its hook, before it next runs.
+            marker.remove()
+            delattr(c.model, _RELEASED_HOOK)
+    if streamed.loaded is c:
+        streamed.loaded = None
+
+
+def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
+    """Hooks that start the component's stage before it, or any of its direct children, runs:
+    a pipeline may call ``vae.decode`` rather than the VAE's forward."""
+
+    def before(_module: nn.Module, _args: Any) -> None:
+        if get_state(c.model) is None:
+            _begin_stage(streamed, c)
+
+    modules = [c.model, *(m for m in c.model.children() if any(True for _ in m.parameters()))]
+    for m in modules:
+        streamed.hooks.append(m.register_forward_pre_hook(before, prepend=True))
+    # Until it is loaded the component is on meta, and a pipeline takes its execution device
+    # from its first component; this is where it looks for an offloaded one's (accelerate's name).
+    c.model._hf_hook = _ExecutionDevice(streamed.device)  # type: ignore[assignment]
+
+
+def release_pipeline(pipe: Any) -> None:
+    """Releases the streamed components of a pipeline made by :func:`load_pipeline` (their RAM
+    and device memory are given back) and removes its chain hooks. The pipeline cannot run after."""
+    streamed = getattr(pipe, _ATTR, None)
+    if not isinstance(streamed, _Streamed):
+        raise ArgumentError("pipe: expected a pipeline made by trash_panda.diffusers.load_pipeline()")
+    _release_all(streamed)
+    delattr(pipe, _ATTR)
+
+
+def _release_all(streamed: _Streamed) -> None:
+    for h in streamed.hooks:
+        h.remove()
+    streamed.hooks.clear()
+    for c in streamed.components:
+        _end_stage(streamed, c, final=True)
+        c.model.__dict__.pop("_hf_hook", None)

@@ -1,0 +1,213 @@
+"""from_pretrained(): a transformers model folder streamed in one call.
+
+The model is built from its config with parameters on the meta device and real buffers (the
+rotary tables and position ids it computes), planned, loaded with stream_load and hooked, so
+generate(), pipeline() and the model's device/dtype/config behave as on the plain model.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .checkpoint import Checkpoint
+from .errors import ArgumentError, TrashPandaError
+from .offload import empty_weights, install_offload, stream_load
+from .plan import Plan
+from .plan import plan as make_plan
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["build_empty", "checkpoint_of", "from_pretrained", "load_stage"]
+
+# The arguments that go to stream_load as well as to plan().
+_SHARED = ("key_map", "skip_prefixes", "compute_dtype", "storage_dtype")
+
+
+def checkpoint_of(folder: str | os.PathLike[str], stem: str = "model") -> Path:
+    """The weights of a model folder: ``<stem>.safetensors.index.json`` (shards),
+    ``<stem>.safetensors``, or the folder itself when it holds other ``.safetensors`` files."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise ArgumentError(f"folder: {root} is not a folder (expected a model folder with a config.json)")
+    for candidate in (root / f"{stem}.safetensors.index.json", root / f"{stem}.safetensors"):
+        if candidate.is_file():
+            return candidate
+    if any(root.glob("*.safetensors")):
+        return root
+    found = sorted(p.name for p in root.iterdir())[:8]
+    raise ArgumentError(
+        f"folder: {root} has no {stem}.safetensors, {stem}.safetensors.index.json or other .safetensors file "
+        f"(it holds: {', '.join(found) or 'nothing'}); only safetensors checkpoints can be streamed"
+    )
+
+
+def from_pretrained(
+    cls: Any,
+    folder: str | os.PathLike[str],
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    order: list[str] | None = None,
+    plan: Plan | None = None,
+    **plan_kwargs: Any,
+) -> nn.Module:
+    """Builds ``cls`` (a transformers model class or an Auto class such as
+    ``AutoModelForCausalLM``) from ``folder``'s config, streams its weights and installs the hooks.
+
+    ``dtype`` is the compute dtype (by default the config's, else the checkpoint's). The other
+    keyword arguments go to :func:`trash_panda.plan` (``key_map``, ``skip_prefixes`` and
+    ``storage_dtype`` to :func:`stream_load` too), unless ``plan`` gives the plan (a
+    :class:`Plan`, for example one written with ``Plan.manual`` or loaded from JSON); ``order``
+    goes to :func:`install_offload`. Free the model with ``trash_panda.release(model)``.
+    """
+    if not isinstance(cls, type) or not (hasattr(cls, "_from_config") or hasattr(cls, "from_config")):
+        raise ArgumentError(
+            f"cls: expected a transformers model class or Auto class (e.g. AutoModelForCausalLM), got {cls!r}"
+        )
+    ckpt_path = checkpoint_of(folder)
+    if not (Path(folder) / "config.json").is_file():
+        raise ArgumentError(f"folder: {folder} has no config.json (expected a transformers model folder)")
+    if plan is not None and not isinstance(plan, Plan):
+        raise ArgumentError(f"plan: expected a trash_panda.Plan, got {type(plan).__name__}")
+    if plan is not None and set(plan_kwargs) - set(_SHARED):
+        raise ArgumentError(
+            f"plan: given with planning options ({', '.join(sorted(set(plan_kwargs) - set(_SHARED)))}); "
+            "give one or the other"
+        )
+    if order is not None and (isinstance(order, str) or not all(isinstance(n, str) for n in order)):
+        raise ArgumentError("order: expected a list of block names")
+    return _from_pretrained(cls, Path(folder), Checkpoint(ckpt_path), dtype, device, order, plan, plan_kwargs)
+
+
+def _from_pretrained(
+    cls: Any,
+    folder: Path,
+    ckpt: Checkpoint,
+    dtype: str | torch.dtype | None,
+    device: str | torch.device | None,
+    order: list[str] | None,
+    given: Plan | None,
+    plan_kwargs: dict[str, Any],
+) -> nn.Module:
+    model, compute = build_empty(cls, folder, ckpt, dtype)
+    plan_kwargs.setdefault("compute_dtype", compute)
+    load_stage(model, ckpt, device, order, given, plan_kwargs)
+    return model
+
+
+def build_empty(cls: Any, folder: Path, ckpt: Checkpoint, dtype: str | torch.dtype | None) -> tuple[nn.Module, Any]:
+    """The model of ``folder``'s config with parameters on meta and real buffers, in eval mode,
+    and its compute dtype (``dtype``, else the config's, else the checkpoint's)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    from ._dtypes import resolve
+
+    config = AutoConfig.from_pretrained(folder)
+    concrete = _concrete_class(cls, config)
+    compute = resolve(dtype) if dtype is not None else _config_dtype(config) or _checkpoint_dtype(ckpt)
+    with empty_weights():
+        model = concrete._from_config(config, dtype=compute).eval()
+    if (folder / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(folder)
+    return model, compute
+
+
+def load_stage(
+    model: nn.Module,
+    ckpt: Checkpoint,
+    device: str | torch.device | None,
+    order: list[str] | None,
+    given: Plan | None,
+    plan_kwargs: dict[str, Any],
+) -> None:
+    """Plans (unless ``given``), loads and hooks a model built by :func:`build_empty`; ``.to()``
+    is guarded. On an error the model is left unloaded."""
+    from .offload import release
+
+    p = given if given is not None else make_plan(model, ckpt, device=device, **plan_kwargs)
+    shared = {k: plan_kwargs[k] for k in _SHARED if k in plan_kwargs}
+    stream_load(model, ckpt, plan=p, device=device, **shared)
+    try:
+        install_offload(model, order=order)
+    except BaseException:
+        release(model)
+        raise
+    _guard_to(model)
+
+
+def _concrete_class(cls: Any, config: Any) -> Any:
+    """The model class an Auto class picks for ``config`` (``cls`` itself otherwise)."""
+    mapping = getattr(cls, "_model_mapping", None)
+    if mapping is None:
+        return cls
+    try:
+        return mapping[type(config)]
+    except KeyError:
+        raise ArgumentError(
+            f"cls: {cls.__name__} has no model class for config {type(config).__name__} "
+            f"(model_type {getattr(config, 'model_type', '?')!r})"
+        ) from None
+
+
+def _config_dtype(config: Any) -> torch.dtype | None:
+    import torch
+
+    value = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(value, str):
+        value = getattr(torch, value, None)
+    return value if isinstance(value, torch.dtype) and value.is_floating_point else None
+
+
+def _checkpoint_dtype(ckpt: Checkpoint) -> torch.dtype:
+    """The float dtype that holds most of the checkpoint's bytes (fp8 computes in bf16)."""
+    import torch
+
+    from ._dtypes import torch_dtype
+
+    totals: dict[str, int] = {}
+    for t in ckpt.tensors():
+        totals[t.dtype] = totals.get(t.dtype, 0) + t.nbytes
+    floats = {k: v for k, v in totals.items() if k in ("F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")}
+    if not floats:
+        return torch.float32
+    top = max(floats, key=lambda k: floats[k])
+    return torch.bfloat16 if top.startswith("F8") else torch_dtype(top)
+
+
+def _guard_to(model: nn.Module) -> None:
+    """``model.to(...)``, ``.cuda()``, ``.cpu()``, ``.half()`` ... that would move or cast the
+    weights stream_load placed: a no-op when they already match, a clear error otherwise (the
+    streamed blocks live in the engine, not in the module, so moving the module cannot move them)."""
+    import torch
+
+    def check(*args: Any, **kwargs: Any) -> nn.Module:
+        device, dtype, _non_blocking, _fmt = torch._C._nn._parse_to(*args, **kwargs)
+        here = model.device if hasattr(model, "device") else next(model.parameters()).device
+        same_device = device is None or (
+            torch.device(device).type == here.type and (torch.device(device).index in (None, here.index))
+        )
+        same_dtype = dtype is None or dtype == getattr(model, "dtype", dtype)
+        if same_device and same_dtype:
+            return model
+        raise TrashPandaError(
+            f"{type(model).__name__} is streamed by trash_panda on {here} in {getattr(model, 'dtype', '?')}; "
+            f"it cannot be moved to {device or here} / {dtype or getattr(model, 'dtype', '?')}: "
+            "release() it and load it again with from_pretrained(..., device=..., dtype=...)"
+        )
+
+    def to_device(kind: str) -> Any:
+        return lambda device=None, **_kw: check(torch.device(kind if device is None else device))
+
+    def to_dtype(dt: torch.dtype) -> Any:
+        return lambda: check(dt)
+
+    # Instance attributes shadow the class's methods for this model only.
+    object.__setattr__(model, "to", check)
+    object.__setattr__(model, "cuda", to_device("cuda"))
+    object.__setattr__(model, "cpu", lambda: check(torch.device("cpu")))
+    for name, dt in (("half", torch.float16), ("float", torch.float32), ("bfloat16", torch.bfloat16)):
+        object.__setattr__(model, name, to_dtype(dt))
