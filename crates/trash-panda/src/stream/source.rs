@@ -383,18 +383,21 @@ impl CheckpointSource {
         let reader = self.cold_readers[run.file]
             .as_ref()
             .expect("opened for mapped files under ColdRead::Pread");
-        let mut requests = Vec::with_capacity(run.tensors.len());
-        let mut rest: &mut [u8] = dst;
-        let mut consumed = 0;
-        // A run's tensors are packed in file order, so their staged offsets only grow.
-        for &i in &run.tensors {
-            let t = &layout.tensors[i];
-            let (_, tail) = std::mem::take(&mut rest).split_at_mut(t.offset - consumed);
-            let (mine, tail) = tail.split_at_mut(t.len);
-            consumed = t.offset + t.len;
-            rest = tail;
-            requests.push(ReadRequest::new(layout.file_starts[i], mine));
-        }
+        let places = run
+            .tensors
+            .iter()
+            .map(|&i| {
+                (
+                    layout.tensors[i].offset,
+                    layout.tensors[i].len,
+                    layout.file_starts[i],
+                )
+            })
+            .collect();
+        let mut requests: Vec<ReadRequest<'_>> = split_places(dst, places)
+            .into_iter()
+            .map(|(mine, start)| ReadRequest::new(start, mine))
+            .collect();
         let opts = ReadOptions {
             threads: in_flight.max(1),
             chunk_size: self.chunk_size,
@@ -417,7 +420,7 @@ impl CheckpointSource {
         let layout = &self.layout.blocks[block];
         let mut cold_bytes = 0u64;
         // Tensors to copy from the map: (their place in the staging buffer, their bytes).
-        let mut copies: Vec<(usize, &[u8])> = Vec::new();
+        let mut copies: Vec<(usize, usize, &[u8])> = Vec::new();
         for run in &layout.runs {
             let (map, file) = self.mapped[run.file]
                 .as_ref()
@@ -479,7 +482,7 @@ impl CheckpointSource {
                 let src = map
                     .slice(start, start + t.len)
                     .map_err(|e| self.read_error(block, run, e))?;
-                copies.push((t.offset, src));
+                copies.push((t.offset, t.len, src));
             }
         }
         if !copy_pairs(
@@ -696,22 +699,20 @@ impl Source for CheckpointSource {
     }
 }
 
-/// The staging buffer's places `(offset, source)` as disjoint destination slices, each paired with
-/// its source. Staged tensors never overlap, so sorted by offset each begins after the last ends.
-fn split_places<'a>(
-    dst: &'a mut [u8],
-    mut places: Vec<(usize, &'a [u8])>,
-) -> Vec<(&'a mut [u8], &'a [u8])> {
+/// The staging buffer's places `(offset, length, what goes there)` as disjoint destination
+/// slices, each with what goes there. Staged tensors never overlap, so sorted by offset each
+/// begins after the last ends.
+fn split_places<T>(dst: &mut [u8], mut places: Vec<(usize, usize, T)>) -> Vec<(&mut [u8], T)> {
     places.sort_by_key(|p| p.0);
     let mut pairs = Vec::with_capacity(places.len());
     let mut rest = dst;
     let mut at = 0;
-    for (offset, src) in places {
+    for (offset, len, what) in places {
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(offset - at);
-        let (mine, tail) = tail.split_at_mut(src.len());
-        pairs.push((mine, src));
+        let (mine, tail) = tail.split_at_mut(len);
+        pairs.push((mine, what));
         rest = tail;
-        at = offset + src.len();
+        at = offset + len;
     }
     pairs
 }

@@ -45,13 +45,9 @@ pub(crate) fn prefetch(bytes: &[u8]) -> Result<(), super::OpError> {
 /// `madvise(advice)` over the pages that hold `bytes` (part of a live map). Only for advice that
 /// reads (WILLNEED, POPULATE_READ): none of them changes what the pages hold.
 pub(crate) fn advise(bytes: &[u8], advice: libc::c_int) -> io::Result<()> {
-    if bytes.is_empty() {
+    let Some((aligned, len)) = page_span(bytes) else {
         return Ok(());
-    }
-    let page = page_size();
-    let start = bytes.as_ptr() as usize;
-    let aligned = start - start % page;
-    let len = bytes.len() + (start - aligned);
+    };
     loop {
         // SAFETY: `aligned..start + bytes.len()` lies within the pages of the map that holds
         // `bytes` (maps start on a page), and the advice given here only reads pages in: it
@@ -72,13 +68,9 @@ pub(crate) fn advise(bytes: &[u8], advice: libc::c_int) -> io::Result<()> {
 /// (`MADV_DONTNEED`): the next access reads them from the file (or its cache) again, with the same
 /// content, so nothing is lost; the memory stops counting against the process meanwhile.
 pub(crate) fn forget(bytes: &[u8]) -> io::Result<()> {
-    if bytes.is_empty() {
+    let Some((aligned, len)) = page_span(bytes) else {
         return Ok(());
-    }
-    let page = page_size();
-    let start = bytes.as_ptr() as usize;
-    let aligned = start - start % page;
-    let len = bytes.len() + (start - aligned);
+    };
     // SAFETY: the range lies within the pages of a live, shared, read-only file map (maps start
     // on a page). MADV_DONTNEED on such a map only drops page-table entries: a later read,
     // concurrent or not, faults the same bytes back in from the file, and no Rust reference can
@@ -89,4 +81,15 @@ pub(crate) fn forget(bytes: &[u8]) -> io::Result<()> {
     } else {
         Err(io::Error::last_os_error())
     }
+}
+
+/// The page-aligned start and the length of the pages that hold `bytes` (`None` when empty):
+/// madvise takes whole pages.
+fn page_span(bytes: &[u8]) -> Option<(usize, usize)> {
+    if bytes.is_empty() {
+        return None;
+    }
+    let start = bytes.as_ptr() as usize;
+    let aligned = start - start % page_size();
+    Some((aligned, bytes.len() + (start - aligned)))
 }
