@@ -92,19 +92,20 @@ def _expand_into(out: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
     import torch
 
     exact = w.dtype.itemsize < out.dtype.itemsize or w.dtype == out.dtype or w.dtype.itemsize == 1
-    if scale is not None and not exact:
-        out.copy_(
-            (w.to(torch.float32) * scale.to(torch.float32).reshape(_broadcast(scale, w, kind))).reshape(out.shape)
-        )
-        return
-    out.copy_(w.reshape(out.shape))
     if scale is None:
+        out.copy_(w.reshape(out.shape))
         return
-    s = scale if scale.dtype.is_floating_point and scale.dtype.itemsize == 4 else scale.to(torch.float32)
+    s = scale if scale.dtype == torch.float32 else scale.to(torch.float32)
+    # Where the stored values do not convert exactly into the compute dtype (f32 computing in
+    # bf16, say), they are scaled in a float32 copy first, so the result is rounded once.
+    target = out if exact else torch.empty(out.shape, dtype=torch.float32, device=out.device)
+    target.copy_(w.reshape(out.shape))
     if kind == "block":
-        _mul_blocks(out.reshape(out.shape[0], -1) if out.dim() > 1 else out.reshape(1, -1), s)
+        _mul_blocks(target.reshape(target.shape[0], -1) if target.dim() > 1 else target.reshape(1, -1), s)
     else:
-        out.mul_(s.reshape(_broadcast(s, out, kind)))
+        target.mul_(s.reshape(_broadcast(s, target, kind)))
+    if target is not out:
+        out.copy_(target)
 
 
 def _broadcast(scale: torch.Tensor, w: torch.Tensor, kind: str) -> list[int]:
