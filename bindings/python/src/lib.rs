@@ -10,6 +10,7 @@ mod config;
 mod dlpack;
 mod dtype;
 mod engine_config;
+mod engine_stats;
 mod errors;
 mod gil;
 mod io;
@@ -24,6 +25,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     checkpoint::register(m)?;
     dtype::register(m)?;
     engine_config::register(m)?;
+    engine_stats::register(m)?;
     io::register(m)?;
     plan::register(m)?;
     profile::register(m)?;

@@ -5,8 +5,8 @@ use pyo3::prelude::*;
 use trash_panda::plan::Tier;
 use trash_panda::profile::{BlockRun, DeviceCopy, LoadSummary, MemoryPoint, Profile};
 
+use crate::engine_stats::PyEngineStats;
 use crate::errors::{raise, Kind, ToPyErr};
-use crate::stream::PyEngineStats;
 
 fn tier(name: &str) -> PyResult<Tier> {
     name.parse::<Tier>().map_err(ToPyErr::to_py)

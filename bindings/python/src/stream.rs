@@ -11,15 +11,13 @@ use pyo3::prelude::*;
 use trash_panda::dtype::{self, rows_cols, DType, Scale, SCALE_BLOCK};
 use trash_panda::engine_config::{staged_work, EngineConfig, ScaleSource};
 use trash_panda::io::ReadMode;
-use trash_panda::profile::EngineSummary;
-use trash_panda::stream::{
-    Engine, EngineStats, Lease, RamImage, SourceTier, StreamBlock, StreamTensor,
-};
+use trash_panda::stream::{Engine, Lease, RamImage, SourceTier, StreamBlock, StreamTensor};
 
 use crate::checkpoint::PyTensorBytes;
 use crate::dlpack::{Borrowed, ByteOwner};
 use crate::dtype::f32_values;
 use crate::engine_config::PyEngineConfig;
+use crate::engine_stats::PyEngineStats;
 use crate::errors::{raise, Kind, ToPyErr};
 use crate::gil::{threads as worker_threads, without_gil};
 
@@ -238,9 +236,7 @@ impl PyEngine {
 
     /// The engine's statistics since the last reset.
     fn stats(&self) -> PyResult<PyEngineStats> {
-        Ok(PyEngineStats {
-            inner: self.engine()?.stats(),
-        })
+        Ok(PyEngineStats::from(self.engine()?.stats()))
     }
 
     fn reset_stats(&self) -> PyResult<()> {
@@ -267,110 +263,6 @@ impl PyEngine {
             .lock()
             .map_err(|_| raise(Kind::Stream, "engine lock poisoned"))?
             .is_none())
-    }
-}
-
-/// The prefetch engine's counters.
-#[pyclass(name = "EngineStats", module = "trash_panda._core", frozen)]
-#[derive(Debug, Clone)]
-pub(crate) struct PyEngineStats {
-    inner: EngineStats,
-}
-
-impl PyEngineStats {
-    /// The counters the profile report shows.
-    pub(crate) fn summary(&self) -> EngineSummary {
-        let s = &self.inner;
-        EngineSummary {
-            buffer_waits: s.buffer_waits,
-            buffer_wait_seconds: s.buffer_wait_seconds,
-            hits: s.hits,
-            misses: s.misses,
-            reclaimed_unused: s.reclaimed_unused,
-            out_of_order: s.out_of_order,
-            ram_cold_bytes: s.ram_cold_bytes,
-            ram_cold_blocks: s.ram_cold_blocks,
-            ram_cold_seconds: s.ram_cold_seconds,
-            workers: s.workers,
-        }
-    }
-}
-
-#[pymethods]
-impl PyEngineStats {
-    /// Tensor bytes staged from the RAM tier.
-    #[getter]
-    fn ram_bytes(&self) -> u64 {
-        self.inner.ram_bytes
-    }
-    /// Tensor bytes staged from the disk tier.
-    #[getter]
-    fn disk_bytes(&self) -> u64 {
-        self.inner.disk_bytes
-    }
-    /// Of the RAM tier's bytes, those read from the drive (pages not in memory: a first pass).
-    #[getter]
-    fn ram_cold_bytes(&self) -> u64 {
-        self.inner.ram_cold_bytes
-    }
-    /// Blocks of the RAM tier read from the drive.
-    #[getter]
-    fn ram_cold_blocks(&self) -> u64 {
-        self.inner.ram_cold_blocks
-    }
-    /// Workers' seconds on those blocks, summed over workers.
-    #[getter]
-    fn ram_cold_seconds(&self) -> f64 {
-        self.inner.ram_cold_seconds
-    }
-    /// Seconds workers spent staging, summed over workers.
-    #[getter]
-    fn read_seconds(&self) -> f64 {
-        self.inner.read_seconds
-    }
-    /// Seconds the compute thread waited for staged blocks.
-    #[getter]
-    fn compute_waited_seconds(&self) -> f64 {
-        self.inner.compute_waited_seconds
-    }
-    #[getter]
-    fn acquires(&self) -> u64 {
-        self.inner.acquires
-    }
-    #[getter]
-    fn hits(&self) -> u64 {
-        self.inner.hits
-    }
-    #[getter]
-    fn misses(&self) -> u64 {
-        self.inner.misses
-    }
-    /// Times a worker waited for a free pinned buffer, and for how long.
-    #[getter]
-    fn buffer_waits(&self) -> u64 {
-        self.inner.buffer_waits
-    }
-    #[getter]
-    fn buffer_wait_seconds(&self) -> f64 {
-        self.inner.buffer_wait_seconds
-    }
-    #[getter]
-    fn out_of_order(&self) -> u64 {
-        self.inner.out_of_order
-    }
-    #[getter]
-    fn failures(&self) -> u64 {
-        self.inner.failures
-    }
-    fn __repr__(&self) -> String {
-        format!(
-            "EngineStats(ram_bytes={}, disk_bytes={}, acquires={}, hits={}, misses={})",
-            self.inner.ram_bytes,
-            self.inner.disk_bytes,
-            self.inner.acquires,
-            self.inner.hits,
-            self.inner.misses
-        )
     }
 }
 
@@ -628,6 +520,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngine>()?;
     m.add_class::<PyLease>()?;
     m.add_class::<PyStagedTensor>()?;
-    m.add_class::<PyEngineStats>()?;
     Ok(())
 }

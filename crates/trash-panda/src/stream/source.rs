@@ -12,9 +12,12 @@ use super::copy::{copy_pairs, copy_threads};
 use super::layout::{Run, StagedLayout};
 use super::{ColdRead, EngineOptions, RamSource, SourceTier, StreamBlock, StreamError};
 use crate::io::{
-    read_ranges_until, read_ranges_with, AlignedBuf, FileReader, IoError, MappedFile, ReadMode,
-    ReadOptions, ReadRequest, ReadStats, DIRECT_ALIGN,
+    read_ranges_with, AlignedBuf, FileReader, IoError, MappedFile, ReadMode, ReadOptions,
+    ReadRequest, ReadStats, DIRECT_ALIGN,
 };
+
+#[path = "ram_fill.rs"]
+mod ram_fill;
 
 /// What one [`Source::fill`] moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -354,149 +357,6 @@ impl CheckpointSource {
         self
     }
 
-    /// Whether `run` of `block` has pages that are not in memory: `mincore` where the system has
-    /// it, else the engine's own record (cold until the block was read once).
-    fn run_is_cold(&self, block: usize, map: &MappedFile, run: &Run) -> bool {
-        let asked = if self.refusals.residency {
-            Err(())
-        } else {
-            map.resident(run.start as usize..run.end as usize)
-                .map_err(|_| ())
-        };
-        match asked {
-            Ok(resident) => !resident,
-            Err(()) => self.pages[block].load(Ordering::Relaxed) == PAGES_UNREAD,
-        }
-    }
-
-    /// Reads the cold `run` of `block` with positional reads through the page cache, `in_flight`
-    /// requests at once, each tensor straight to its place in `dst`.
-    fn read_cold_run(
-        &self,
-        block: usize,
-        run: &Run,
-        dst: &mut [u8],
-        in_flight: usize,
-        stop: &AtomicBool,
-    ) -> Result<(), StreamError> {
-        let layout = &self.layout.blocks[block];
-        let reader = self.cold_readers[run.file]
-            .as_ref()
-            .expect("opened for mapped files under ColdRead::Pread");
-        let places = run
-            .tensors
-            .iter()
-            .map(|&i| {
-                (
-                    layout.tensors[i].offset,
-                    layout.tensors[i].len,
-                    layout.file_starts[i],
-                )
-            })
-            .collect();
-        let mut requests: Vec<ReadRequest<'_>> = split_places(dst, places)
-            .into_iter()
-            .map(|(mine, start)| ReadRequest::new(start, mine))
-            .collect();
-        let opts = ReadOptions {
-            threads: in_flight.max(1),
-            chunk_size: self.chunk_size,
-        };
-        match read_ranges_until(reader, &mut requests, &opts, stop) {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => Err(self.stopped(block)),
-            Err(e) => Err(self.read_error(block, run, e)),
-        }
-    }
-
-    /// Copies a mapped RAM-tier block into `dst`; returns the bytes that were read from the drive
-    /// (runs whose pages were not all in memory).
-    fn fill_mapped(
-        &self,
-        block: usize,
-        dst: &mut [u8],
-        stop: &AtomicBool,
-    ) -> Result<u64, StreamError> {
-        let layout = &self.layout.blocks[block];
-        let mut cold_bytes = 0u64;
-        // Tensors to copy from the map: (their place in the staging buffer, their bytes).
-        let mut copies: Vec<(usize, usize, &[u8])> = Vec::new();
-        for run in &layout.runs {
-            let (map, file) = self.mapped[run.file]
-                .as_ref()
-                .expect("mapped for RAM blocks");
-            let path = &self.files[run.file];
-            let now = file.metadata().map_err(|source| {
-                let e = IoError::Read {
-                    path: path.clone(),
-                    offset: run.start,
-                    len: run.len() as u64,
-                    source,
-                };
-                self.read_error(block, run, e)
-            })?;
-            if now.len() < run.end {
-                let e = IoError::UnexpectedEof {
-                    path: path.clone(),
-                    offset: run.start,
-                    len: run.len() as u64,
-                    got_to: now.len().max(run.start),
-                };
-                return Err(self.read_error(block, run, e));
-            }
-            let range = run.start as usize..run.end as usize;
-            if self.run_is_cold(block, map, run) {
-                cold_bytes += run
-                    .tensors
-                    .iter()
-                    .map(|&i| layout.tensors[i].len as u64)
-                    .sum::<u64>();
-                match self.cold_read {
-                    ColdRead::Pread { in_flight } => {
-                        self.read_cold_run(block, run, dst, in_flight, stop)?;
-                        continue;
-                    }
-                    ColdRead::Populate if !self.populate_refused.load(Ordering::Relaxed) => {
-                        let populated = if self.refusals.populate {
-                            Err(())
-                        } else {
-                            map.populate(range.clone()).map_err(|_| ())
-                        };
-                        if populated.is_err() {
-                            // Refused (an older kernel, or no such call here): from now on the
-                            // kernel's read-ahead under the copy does the work.
-                            self.populate_refused.store(true, Ordering::Relaxed);
-                            let _ = map.advise_willneed(range);
-                        }
-                    }
-                    ColdRead::Populate | ColdRead::Map => {
-                        // Start the kernel's read-ahead of the whole run: a cold map is
-                        // otherwise faulted in a few pages at a time as the copy walks it.
-                        let _ = map.advise_willneed(range);
-                    }
-                }
-            }
-            for &i in &run.tensors {
-                let t = &layout.tensors[i];
-                let start = layout.file_starts[i] as usize;
-                let src = map
-                    .slice(start, start + t.len)
-                    .map_err(|e| self.read_error(block, run, e))?;
-                copies.push((t.offset, t.len, src));
-            }
-        }
-        if !copy_pairs(
-            split_places(dst, copies),
-            self.copy_threads,
-            self.chunk_size,
-            stop,
-        ) {
-            return Err(self.stopped(block));
-        }
-        self.pages[block].store(PAGES_READ, Ordering::Relaxed);
-        Ok(cold_bytes)
-    }
-
     /// The RAM tier's private copies, reading them first if needed (under the lock, so workers
     /// that need them meanwhile wait for the one read).
     fn images(&self) -> Result<RamImages, StreamError> {
@@ -697,22 +557,4 @@ impl Source for CheckpointSource {
             ReadMode::Buffered
         })
     }
-}
-
-/// The staging buffer's places `(offset, length, what goes there)` as disjoint destination
-/// slices, each with what goes there. Staged tensors never overlap, so sorted by offset each
-/// begins after the last ends.
-fn split_places<T>(dst: &mut [u8], mut places: Vec<(usize, usize, T)>) -> Vec<(&mut [u8], T)> {
-    places.sort_by_key(|p| p.0);
-    let mut pairs = Vec::with_capacity(places.len());
-    let mut rest = dst;
-    let mut at = 0;
-    for (offset, len, what) in places {
-        let (_, tail) = std::mem::take(&mut rest).split_at_mut(offset - at);
-        let (mine, tail) = tail.split_at_mut(len);
-        pairs.push((mine, what));
-        rest = tail;
-        at = offset + len;
-    }
-    pairs
 }
