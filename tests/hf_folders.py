@@ -53,23 +53,30 @@ def save_sharded(model: nn.Module, folder: Path, shard: str = "100KB") -> list[P
     return shards
 
 
-def make_llama(folder: Path, layers: int) -> Path:
-    """A tied Llama of ``layers`` tiny layers in bf16, saved in shards, with a tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(layers: int = 6, intermediate: int = 128, vocab: int = 256, tied: bool = False) -> Any:
+    """The config of a tiny Llama: hidden size 64, 4 heads of which 2 for keys and values."""
+    from transformers import LlamaConfig
 
-    cfg = LlamaConfig(
+    return LlamaConfig(
         hidden_size=64,
-        intermediate_size=128,
+        intermediate_size=intermediate,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        vocab_size=320,
+        vocab_size=vocab,
         max_position_embeddings=128,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
     )
+
+
+def make_llama(folder: Path, layers: int) -> Path:
+    """A tied Llama of ``layers`` tiny layers in bf16, saved in shards, with a tokenizer."""
+    from transformers import LlamaForCausalLM
+
+    cfg = llama_config(layers=layers, vocab=320, tied=True)
     model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16).eval()
     randomize(model)
     save_sharded(model, folder)

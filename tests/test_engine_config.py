@@ -18,14 +18,6 @@ from trash_panda.offload import cuda as cuda_backend
 MiB = 1 << 20
 
 
-def rss_anon() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no RssAnon in /proc/self/status")
-
-
 def on_meta(**kw: Any) -> Tiny:
     with torch.device("meta"):
         return Tiny(**kw).eval()
@@ -52,7 +44,7 @@ def test_private_memory_stays_within_the_plan(big: Path, lookahead: int, compute
     model = on_meta(dim=2048, layers=8, vocab=64)
     gc.collect()
     _core.trim_heap()
-    before = rss_anon()
+    before = _core.private_memory()
     plan = tp.plan(
         model, big, vram=None, ram="64GB", min_free_ram=0, lookahead=lookahead, compute_dtype=compute, resident_blocks=2
     )
@@ -63,7 +55,7 @@ def test_private_memory_stays_within_the_plan(big: Path, lookahead: int, compute
     with torch.no_grad():
         for _ in range(2):
             model(x)
-    rise = rss_anon() - before
+    rise = _core.private_memory() - before
     b = plan.budgets
     assert b is not None
     assert b.staging_buffers == lookahead + 1

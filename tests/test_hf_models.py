@@ -20,6 +20,7 @@ from safetensors.torch import save_file, save_model
 from torch import nn
 
 import trash_panda
+from hf_folders import llama_config, randomize
 from trash_panda import Plan, Tier
 
 transformers = pytest.importorskip("transformers")
@@ -46,33 +47,14 @@ def _deterministic() -> Iterator[None]:
 
 
 def _llama_config(intermediate: int = 128, tied: bool = False) -> LlamaConfig:
-    return LlamaConfig(
-        hidden_size=64,
-        intermediate_size=intermediate,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=128,
-        tie_word_embeddings=tied,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    config: LlamaConfig = llama_config(intermediate=intermediate, tied=tied)
+    return config
 
 
 def _llama(cfg: LlamaConfig, dtype: torch.dtype) -> nn.Module:
     # The way from_pretrained(dtype=...) builds it: parameters in dtype, rotary tables in fp32.
     model: nn.Module = LlamaForCausalLM._from_config(cfg, dtype=dtype).eval()
     return model
-
-
-def _randomize(model: nn.Module) -> None:
-    """Random weights of a useful size everywhere (norms too, so a norm loaded wrong shows)."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_((torch.randn(p.shape, generator=g) * 0.2 + (1.0 if p.dim() == 1 else 0.0)).to(p.dtype))
 
 
 def _every_tier(p: Plan) -> None:
@@ -134,7 +116,7 @@ def test_llama_every_tier_logits_and_generate(tmp_path: Path, dtype: str, tied: 
     torch_dtype = DTYPES[dtype]
     cfg = _llama_config(tied=tied)
     ref = _llama(cfg, torch_dtype)
-    _randomize(ref)
+    randomize(ref)
     path = tmp_path / "model.safetensors"
     save_model(ref, str(path))  # drops the tied copy of the embedding
 
@@ -276,7 +258,7 @@ def test_diffusers_every_tier_forward(tmp_path: Path, which: str, dtype: str, de
     torch_dtype = DTYPES[dtype]
     build, inputs = {"flux": _flux, "unet": _unet}[which]()
     ref = build().to(torch_dtype).eval()
-    _randomize(ref)
+    randomize(ref)
     path = tmp_path / "diffusion_pytorch_model.safetensors"
     save_model(ref, str(path))
 
@@ -412,7 +394,7 @@ def test_llama_fp8_scales_every_tier_equals_reference_expansion(
 ) -> None:
     cfg = _llama_config(intermediate=160)  # gate/up/down have a dimension over 128: two scale blocks
     ref = _llama(cfg, torch.bfloat16)
-    _randomize(ref)
+    randomize(ref)
     tensors: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, param in ref.named_parameters():

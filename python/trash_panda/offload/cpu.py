@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._dtypes import core_name
-from .work import ExpansionBuffer, SharedViews, Timing, modified_error, resident_offsets, swap
+from .work import ExpansionBuffer, SharedViews, Timing, modified_error, swap
 
 if TYPE_CHECKING:
     from .. import _core
@@ -21,9 +21,8 @@ if TYPE_CHECKING:
 class CpuBackend:
     def __init__(self, state: ModelState) -> None:
         self.state = state
-        self.expansion = ExpansionBuffer(state.config.expansion_bytes, state.device)
+        self.expansion = ExpansionBuffer(state.config.expansion_bytes, state.device, state.config)
         self.layouts: dict[int, list[_core.StagedTensor]] = {}  # engine block -> its layout
-        self.offsets: dict[int, list[int | None]] = {}  # resident block -> expansion offsets
         self.leases: dict[int, Any] = {}
         self.shared = SharedViews()
 
@@ -75,12 +74,8 @@ class CpuBackend:
     def _expand_resident(self, block: BlockState) -> None:
         from .. import dtype as kernels
 
-        offsets = self.offsets.get(block.index)
-        if offsets is None:
-            offsets = self.offsets[block.index] = resident_offsets(self.state.config, block)
-        for spec, at in zip(block.work, offsets, strict=True):
-            assert spec.resident is not None and at is not None
-            out = self.expansion.view(at, spec.shape, spec.target)
+        for spec, out in self.expansion.resident(block):
+            assert spec.resident is not None
             scale = spec.resident_scale
             if scale is not None and spec.scale_kind == "row":
                 scale = scale.reshape(-1, 1)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._dtypes import torch_dtype
 from .device import CopyPipeline, CudaDevice, Device
-from .work import ExpansionBuffer, Timing, resident_offsets, swap
+from .work import ExpansionBuffer, Timing, swap
 
 if TYPE_CHECKING:
     import torch
@@ -143,10 +143,9 @@ class DeviceBackend:
         self.state = state
         self.device = device
         self.layouts: dict[int, list[_core.StagedTensor]] = {}
-        self.offsets: dict[int, list[int | None]] = {}
         self.pending: list[tuple[Timing, Any, Any]] = []  # (timing, compute mark, copy event)
         config = state.config
-        self.expansion = ExpansionBuffer(config.expansion_bytes, expansion_device)
+        self.expansion = ExpansionBuffer(config.expansion_bytes, expansion_device, config)
         self.pipeline: CopyPipeline | None = None
         if state.engine is not None:
             self.pipeline = CopyPipeline(
@@ -162,12 +161,8 @@ class DeviceBackend:
     def bring(self, block: BlockState) -> Timing:
         timing = Timing()
         if block.engine_index is None:
-            offsets = self.offsets.get(block.index)
-            if offsets is None:
-                offsets = self.offsets[block.index] = resident_offsets(self.state.config, block)
-            for spec, at in zip(block.work, offsets, strict=True):
-                assert spec.resident is not None and at is not None
-                out = self.expansion.view(at, spec.shape, spec.target)
+            for spec, out in self.expansion.resident(block):
+                assert spec.resident is not None
                 _expand_into(out, spec.resident, spec.resident_scale, spec.scale_kind)
                 swap(spec, out)
             return timing

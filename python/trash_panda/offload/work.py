@@ -41,10 +41,12 @@ class ExpansionBuffer:
     figure: tensors not in the compute dtype (or with a scale) are expanded there at the offsets
     the core gives, so no expansion allocates, and memory written once is reused every run."""
 
-    def __init__(self, nbytes: int, device: torch.device) -> None:
+    def __init__(self, nbytes: int, device: torch.device, config: _core.EngineConfig) -> None:
         import torch
 
         self.raw = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        self.config = config
+        self.offsets: dict[int, list[int | None]] = {}  # resident block -> its tensors' places
 
     def free(self) -> None:
         """Gives the memory back (the hooks are gone; a handle kept by the caller holds nothing)."""
@@ -59,17 +61,24 @@ class ExpansionBuffer:
             )
         return self.raw[offset : offset + n].view(dtype).reshape(shape)
 
+    def resident(self, block: BlockState) -> list[tuple[TensorSpec, torch.Tensor]]:
+        """Each tensor a resident block expands, with its place in the buffer; the places are
+        the core's (by the rule the plan counted with), asked for once per block."""
+        from .._dtypes import core_name
 
-def resident_offsets(config: _core.EngineConfig, block: BlockState) -> list[int | None]:
-    """Where each tensor a resident block expands goes in the expansion buffer (the core's rule)."""
-    from .._dtypes import core_name
-
-    work = block.work
-    return config.expansion(
-        [core_name(s.resident.dtype) if s.resident is not None else "U8" for s in work],
-        [math.prod(s.shape) for s in work],
-        [s.resident_scale is not None for s in work],
-    )
+        offsets = self.offsets.get(block.index)
+        if offsets is None:
+            work = block.work
+            offsets = self.offsets[block.index] = self.config.expansion(
+                [core_name(s.resident.dtype) if s.resident is not None else "U8" for s in work],
+                [math.prod(s.shape) for s in work],
+                [s.resident_scale is not None for s in work],
+            )
+        out = []
+        for spec, at in zip(block.work, offsets, strict=True):
+            assert spec.resident is not None and at is not None
+            out.append((spec, self.view(at, spec.shape, spec.target)))
+        return out
 
 
 class SharedViews:
