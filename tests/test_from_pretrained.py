@@ -213,3 +213,46 @@ def test_plan_and_stream_load_take_a_sharded_folder(llama_folder: Path, form: st
             assert torch.equal(model(input_ids=ids).logits, plain(input_ids=ids).logits)
     finally:
         trash_panda.release(model, handle)
+
+
+def test_overlap_returns_before_the_resident_blocks_are_read(
+    llama_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """overlap=True: the call returns with the resident blocks still unread; the first forward
+    waits for each, and the output is the plain model's. Released mid-load, the thread stops."""
+    import threading
+
+    from trash_panda.offload import overlap
+
+    gate = threading.Event()
+    real = overlap.load_block
+
+    def slow(*args: object, **kwargs: object) -> None:
+        gate.wait(timeout=30)
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(overlap, "load_block", slow)
+    tok = AutoTokenizer.from_pretrained(llama_folder)
+    plain = AutoModelForCausalLM.from_pretrained(llama_folder).eval()
+    inputs = tok(["the raccoon streams"], return_tensors="pt")
+    greedy = {"max_new_tokens": NEW, "min_new_tokens": NEW, "do_sample": False, "use_cache": True}
+    plan = _every_tier_plan("model.layers.", LAYERS)
+    model = trash_panda.from_pretrained(AutoModelForCausalLM, llama_folder, device="cpu", plan=plan, overlap=True)
+    try:
+        assert all(p.is_meta for p in model.model.layers[0].parameters())  # resident, not read yet
+        gate.set()
+        assert torch.equal(model.generate(**inputs, **greedy), plain.generate(**inputs, **greedy))
+        assert not any(p.is_meta for p in model.model.layers[0].parameters())
+    finally:
+        trash_panda.release(model)
+
+    gate.clear()
+    model = trash_panda.from_pretrained(AutoModelForCausalLM, llama_folder, device="cpu", plan=plan, overlap=True)
+    loader = trash_panda.offload.state.get_state(model).handle._loader  # type: ignore[union-attr]
+    gate.set()
+    trash_panda.release(model)  # while the loader may still be reading
+    assert not loader._thread.is_alive()
+    with pytest.raises(trash_panda.TrashPandaError, match="released"):
+        model(input_ids=torch.ones(1, 3, dtype=torch.long))
+    with pytest.raises(trash_panda.ArgumentError, match="overlap: expected True or False"):
+        trash_panda.from_pretrained(AutoModelForCausalLM, llama_folder, overlap="yes")  # type: ignore[arg-type]

@@ -10,6 +10,9 @@ blocks alone: all its blocks are offloaded). One pass is a forward of the same p
 
   plain          transformers from_pretrained, everything in RAM: the compute floor
   trash-panda    trash_panda.from_pretrained with that plan (resident / disk tier)
+  trash-panda-overlap  the same with overlap=True: the call returns once the model is planned
+                 and hooked, and a worker thread reads the resident layers while the first
+                 pass starts (transformers' device_map load likewise leaves them to the pass)
   transformers   from_pretrained(device_map=..., offload_folder=...) with those layers on "disk"
   accelerate     init_empty_weights + load_checkpoint_and_dispatch, the same device map
   diffusers-disk the plain load, then apply_group_offloading(block_level, offload_to_disk_path)
@@ -46,7 +49,15 @@ from _common import device_read_bytes, direct_read_speed, loadavg, machine  # no
 FOLDER = demo_model.DEFAULT
 WORK = ROOT / "target" / "bench-data" / "peers-llama"
 RESULTS = ROOT / "bench" / "results"
-SYSTEMS = ["plain", "trash-panda", "transformers", "accelerate", "diffusers-disk", "diffusers-ram"]
+SYSTEMS = [
+    "plain",
+    "trash-panda",
+    "trash-panda-overlap",
+    "transformers",
+    "accelerate",
+    "diffusers-disk",
+    "diffusers-ram",
+]
 LAYERS = 30
 
 
@@ -90,12 +101,13 @@ def build(system: str, resident: int, out_dir: Path) -> torch.nn.Module:
 
     if system == "plain":
         return AutoModelForCausalLM.from_pretrained(FOLDER, dtype=torch.bfloat16)
-    if system == "trash-panda":
+    if system in ("trash-panda", "trash-panda-overlap"):
         import trash_panda as tp
 
         names = [f"model.layers.{i}." for i in range(LAYERS)]
         plan = tp.Plan.manual(resident=names[:resident], streamed=names[resident:], streamed_tier="disk")
-        return tp.from_pretrained(AutoModelForCausalLM, FOLDER, device="cpu", plan=plan)
+        overlap = system == "trash-panda-overlap"
+        return tp.from_pretrained(AutoModelForCausalLM, FOLDER, device="cpu", plan=plan, overlap=overlap)
     if system == "transformers":
         return AutoModelForCausalLM.from_pretrained(
             FOLDER, dtype=torch.bfloat16, device_map=device_map(resident), offload_folder=str(out_dir)
@@ -167,7 +179,7 @@ def child(system: str, resident: int, tokens: int) -> dict[str, object]:
         want = torch.load(ref)
         res["equal"] = bool(torch.equal(logits, want))
         res["max_diff"] = float((logits.float() - want.float()).abs().max())
-    if system == "trash-panda":
+    if system.startswith("trash-panda"):
         import trash_panda as tp
 
         tp.release(model)  # with TRASH_PANDA_PROFILE=1 and TRASH_PANDA_LOG, writes the trace

@@ -1,5 +1,6 @@
 """Type stubs of the compiled core (checked against the module by mypy.stubtest in `make test`)."""
 
+from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
 from typing import Any, final
@@ -29,6 +30,8 @@ __all__ = [
     "current_rss",
     "private_memory",
     "drop_cache",
+    "DriveRate",
+    "measure_drive",
     "dtype_header_name",
     "expand",
     "make_plan",
@@ -114,6 +117,19 @@ def quantize_fp8(
 ) -> None: ...
 def drop_cache(path: str | PathLike[str]) -> None: ...
 def cached_bytes(path: str | PathLike[str]) -> int: ...
+def measure_drive(paths: Sequence[str | PathLike[str]], max_bytes: int = 536870912) -> DriveRate | None: ...
+
+@final
+class DriveRate:
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def gb_per_s(self) -> float: ...
+
 def cli_main(argv: list[str]) -> int: ...
 
 @final
@@ -272,6 +288,7 @@ def profile_report(
     memory: str | None = None,
     device_copies: list[tuple[float, int, float]] | None = None,
     link: float | None = None,
+    drive: DriveRate | None = None,
 ) -> tuple[str, str, str]: ...
 
 @final

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from .offload.state import BlockState
+
 __all__ = ["build_empty", "checkpoint_of", "from_pretrained", "load_stage"]
 
 # The arguments that go to stream_load as well as to plan().
@@ -53,6 +55,7 @@ def from_pretrained(
     device: str | torch.device | None = None,
     order: list[str] | None = None,
     plan: Plan | None = None,
+    overlap: bool = False,
     **plan_kwargs: Any,
 ) -> nn.Module:
     """Builds ``cls`` (a transformers model class or an Auto class such as
@@ -62,7 +65,10 @@ def from_pretrained(
     keyword arguments go to :func:`trash_panda.plan` (``key_map``, ``skip_prefixes`` and
     ``storage_dtype`` to :func:`stream_load` too), unless ``plan`` gives the plan (a
     :class:`Plan`, for example one written with ``Plan.manual`` or loaded from JSON); ``order``
-    goes to :func:`install_offload`. Free the model with ``trash_panda.release(model)``.
+    goes to :func:`install_offload`. With ``overlap=True`` the call returns once the model is
+    planned and hooked, and the resident blocks are read on a worker thread in run order while
+    the model starts (a block that runs before its weights arrive waits for them), as
+    ``stage(overlap=True)`` does. Free the model with ``trash_panda.release(model)``.
     """
     if not isinstance(cls, type) or not (hasattr(cls, "_from_config") or hasattr(cls, "from_config")):
         raise ArgumentError(
@@ -80,7 +86,9 @@ def from_pretrained(
         )
     if order is not None and (isinstance(order, str) or not all(isinstance(n, str) for n in order)):
         raise ArgumentError("order: expected a list of block names")
-    return _from_pretrained(cls, Path(folder), Checkpoint(ckpt_path), dtype, device, order, plan, plan_kwargs)
+    if not isinstance(overlap, bool):
+        raise ArgumentError(f"overlap: expected True or False, got {overlap!r}")
+    return _from_pretrained(cls, Path(folder), Checkpoint(ckpt_path), dtype, device, order, plan, plan_kwargs, overlap)
 
 
 def _from_pretrained(
@@ -92,10 +100,11 @@ def _from_pretrained(
     order: list[str] | None,
     given: Plan | None,
     plan_kwargs: dict[str, Any],
+    overlap: bool,
 ) -> nn.Module:
     model, compute = build_empty(cls, folder, ckpt, dtype)
     plan_kwargs.setdefault("compute_dtype", compute)
-    load_stage(model, ckpt, device, order, given, plan_kwargs)
+    load_stage(model, ckpt, device, order, given, plan_kwargs, overlap)
     return model
 
 
@@ -123,16 +132,29 @@ def load_stage(
     order: list[str] | None,
     given: Plan | None,
     plan_kwargs: dict[str, Any],
+    overlap: bool = False,
 ) -> None:
     """Plans (unless ``given``), loads and hooks a model built by :func:`build_empty`; ``.to()``
-    is guarded. On an error the model is left unloaded."""
+    is guarded. With ``overlap`` the resident blocks are read by a worker thread after this
+    returns. On an error the model is left unloaded."""
     from .offload import release
+    from .offload.loader import load_deferred
+    from .offload.overlap import start_loader
+    from .offload.state import get_state
 
     p = given if given is not None else make_plan(model, ckpt, device=device, **plan_kwargs)
     shared = {k: plan_kwargs[k] for k in _SHARED if k in plan_kwargs}
-    stream_load(model, ckpt, plan=p, device=device, **shared)
+    deferred: list[BlockState] = []
+    if overlap:
+        _report, deferred = load_deferred(model, ckpt, p, device=device, **shared)
+    else:
+        stream_load(model, ckpt, plan=p, device=device, **shared)
     try:
-        install_offload(model, order=order)
+        handle = install_offload(model, order=order)
+        if overlap:
+            state = get_state(model)
+            assert state is not None
+            start_loader(handle, state, deferred, order)
     except BaseException:
         release(model)
         raise

@@ -109,7 +109,7 @@ def _stage(
     from .offload import install_offload, release, stream_load
     from .offload.loader import load_deferred
     from .offload.order import choose_order, write_order
-    from .offload.overlap import ResidentLoader
+    from .offload.overlap import ResidentLoader, start_loader
     from .offload.state import get_state
 
     model = build_fn()
@@ -138,13 +138,7 @@ def _stage(
         choice = choose_order(path, blocks, order, destination)
         handle = install_offload(model, order=choice.first)
         if overlap:
-            run_order = _core.full_order(choice.first or [], blocks)
-            by_index = {b.index: b for b in deferred}
-            in_order = [by_index[i] for i in run_order if i in by_index]
-            loader = ResidentLoader(in_order, device, state.config.storage_dtype)
-            handle._waiter = loader.wait
-            handle._loader = loader  # the profile's loader-thread line
-            loader.start()
+            loader = start_loader(handle, state, deferred, choice.first)
         with _measure(device) as peak:
             yield model, p, handle
         if not overlap:  # with overlap the load falls inside the measured part

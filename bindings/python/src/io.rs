@@ -53,6 +53,64 @@ fn read_tensors(
     Ok((stats.bytes, stats.seconds))
 }
 
+/// The drive's read rate, measured with unbuffered reads (see `measure_drive`).
+#[pyclass(name = "DriveRate", module = "trash_panda._core", frozen)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PyDriveRate {
+    pub(crate) inner: trash_panda::io::DriveRate,
+}
+
+#[pymethods]
+impl PyDriveRate {
+    /// Bytes read.
+    #[getter]
+    fn bytes(&self) -> u64 {
+        self.inner.bytes
+    }
+
+    /// Wall-clock seconds the reads took.
+    #[getter]
+    fn seconds(&self) -> f64 {
+        self.inner.seconds
+    }
+
+    /// Requests kept in flight.
+    #[getter]
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight
+    }
+
+    /// GB/s (10^9 bytes).
+    #[getter]
+    fn gb_per_s(&self) -> f64 {
+        self.inner.gb_per_s()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "DriveRate({:.2} GB/s: {} bytes in {:.3} s, {} in flight)",
+            self.inner.gb_per_s(),
+            self.inner.bytes,
+            self.inner.seconds,
+            self.inner.in_flight
+        )
+    }
+}
+
+/// Reads up to `max_bytes` from the start of `paths` with unbuffered reads, several in flight,
+/// and returns the rate; `None` where the file system refuses unbuffered reads.
+#[pyfunction]
+#[pyo3(signature = (paths, max_bytes=536_870_912))]
+fn measure_drive(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    max_bytes: u64,
+) -> PyResult<Option<PyDriveRate>> {
+    let rate = without_gil(py, || trash_panda::io::measure_drive(&paths, max_bytes))
+        .map_err(ToPyErr::to_py)?;
+    Ok(rate.map(|inner| PyDriveRate { inner }))
+}
+
 /// Asks the kernel to drop the file's pages from the page cache.
 #[pyfunction]
 fn drop_cache(py: Python<'_>, path: PathBuf) -> PyResult<()> {
@@ -137,5 +195,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRssSampler>()?;
     m.add_function(wrap_pyfunction!(drop_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cached_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(measure_drive, m)?)?;
+    m.add_class::<PyDriveRate>()?;
     Ok(())
 }

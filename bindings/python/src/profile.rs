@@ -7,6 +7,7 @@ use trash_panda::profile::{BlockRun, DeviceCopy, LoadSummary, MemoryPoint, Profi
 
 use crate::engine_stats::PyEngineStats;
 use crate::errors::{raise, Kind, ToPyErr};
+use crate::io::PyDriveRate;
 
 fn tier(name: &str) -> PyResult<Tier> {
     name.parse::<Tier>().map_err(ToPyErr::to_py)
@@ -19,7 +20,8 @@ type RunArg = (usize, f64, f64, f64, f64, u64, String);
 /// `load` is a LoadSummary, `engine` the engine's statistics and `memory` a list of memory
 /// points, each as JSON.
 #[pyfunction]
-#[pyo3(signature = (blocks, runs, load=None, engine=None, memory=None, device_copies=None, link=None))]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (blocks, runs, load=None, engine=None, memory=None, device_copies=None, link=None, drive=None))]
 fn profile_report(
     blocks: Vec<(String, String)>,
     runs: Vec<RunArg>,
@@ -28,6 +30,7 @@ fn profile_report(
     memory: Option<&str>,
     device_copies: Option<Vec<(f64, u64, f64)>>,
     link: Option<f64>,
+    drive: Option<PyRef<'_, PyDriveRate>>,
 ) -> PyResult<(String, String, String)> {
     let tiers = blocks
         .iter()
@@ -61,6 +64,9 @@ fn profile_report(
     }
     if let Some(link) = link {
         profile.set_link(link).map_err(ToPyErr::to_py)?;
+    }
+    if let Some(d) = drive {
+        profile.set_drive(d.inner).map_err(ToPyErr::to_py)?;
     }
     if let Some(stats) = engine {
         profile

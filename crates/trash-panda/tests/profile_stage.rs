@@ -7,8 +7,8 @@ mod common;
 use common::profile_stage::{empty, names, stage};
 use serde_json::Value;
 use trash_panda::profile::{
-    BlockRun, CopyRun, DeviceCopy, EngineSummary, LargeTensor, LoadSummary, LoaderRun, LogLine,
-    MemoryPoint, Profile, ProfileError, RamRead, Tier, TierLoad,
+    BlockRun, CopyRun, DeviceCopy, DriveRate, EngineSummary, LargeTensor, LoadSummary, LoaderRun,
+    LogLine, MemoryPoint, Profile, ProfileError, RamRead, Tier, TierLoad,
 };
 
 fn full_stage() -> Profile {
@@ -126,7 +126,7 @@ first pass, main thread time by block:
   blocks.5 (disk): 1.25 s = staged 1.00 s + gpu 0.10 s + rest 0.15 s
   blocks.3 (ram): 0.75 s = staged 0.25 s + gpu 0.10 s + rest 0.40 s
   blocks.0 (device): 0.50 s = staged 0.00 s + gpu 0.00 s + rest 0.50 s
-ram tier read from the drive (pages not in memory): 3.00 GB in 3 blocks, 1.50 GB/s with 2 workers (drive reference: a cold `dd iflag=direct` of the checkpoint, or the disk tier's rate above)
+ram tier read from the drive (pages not in memory): 3.00 GB in 3 blocks, 1.50 GB/s with 2 workers
 worker waited for a free pinned buffer 4 times (0.30 s)
 blocks acquired: 40 ready, 8 waited for; 1 staged and never used, 2 out of order
 memory while releasing:
@@ -309,6 +309,7 @@ fn log_line_round_trip() {
     assert_eq!(back.blocks[5].tier, Tier::Disk);
     assert_eq!((back.load, back.engine), (log.load, log.engine));
     assert_eq!(back.memory, log.memory);
+    assert_eq!(back.drive, None);
     assert_eq!(back.passes.len(), 3);
     for (b, p) in back.passes.iter().zip(&log.passes) {
         assert_eq!(
@@ -362,4 +363,34 @@ fn device_copies_per_pass_against_the_link() {
         "{report}"
     );
     assert!(p.set_link(f64::NAN).is_err());
+}
+
+#[test]
+fn read_rates_against_the_drive_reference() {
+    let mut p = full_stage();
+    p.set_drive(DriveRate {
+        bytes: 512_000_000,
+        seconds: 0.25,
+        in_flight: 4,
+    })
+    .unwrap();
+    let report = p.report();
+    for line in [
+        "drive reference: 2.05 GB/s (unbuffered reads of 0.51 GB of the checkpoint, 4 in flight, measured at release)\n",
+        "stream_load took 12.50 s (device 5.21 GB in 10.25 s at 0.51 GB/s, 0.25x the drive, ram 7.29 GB in 2.00 s at 3.65 GB/s, 1.78x the drive)\n",
+        "  first pass against the drive: ram 0.15x the drive, disk 0.08x the drive\n",
+        "ram tier read from the drive (pages not in memory): 3.00 GB in 3 blocks, 1.50 GB/s with 2 workers, 0.73x the drive\n",
+    ] {
+        assert!(report.contains(line), "missing {line:?} in\n{report}");
+    }
+    let logged = LogLine::parse(&p.to_log_line()).unwrap();
+    assert_eq!(logged.drive.map(|d| d.bytes), Some(512_000_000));
+    // Only the first pass is set against the drive: later ones read from memory.
+    assert_eq!(report.matches("against the drive").count(), 1, "{report}");
+    let bad = DriveRate {
+        bytes: 1,
+        seconds: f64::INFINITY,
+        in_flight: 4,
+    };
+    assert!(p.set_drive(bad).is_err());
 }

@@ -116,6 +116,9 @@ class OffloadHandle:
 
             snap = snapshot(self)
         self.removed = True
+        if self._loader is not None:
+            # overlap=True: the loader thread writes into resident blocks; it stops first.
+            self._loader.close()
         self._registry.remove()
         self._backend.close()
         self._state.handle = None

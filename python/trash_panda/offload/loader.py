@@ -103,12 +103,14 @@ def load_deferred(
     checkpoint: str | os.PathLike[str] | Checkpoint,
     plan: Plan,
     *,
+    compute_dtype: str | torch.dtype | None = None,
+    storage_dtype: str | torch.dtype | None = None,
     key_map: KeyMap = None,
     skip_prefixes: list[str] | None = None,
     device: str | torch.device | None = None,
 ) -> tuple[LoadReport, list[BlockState]]:
     """stream_load() that leaves the resident blocks unread (on the meta device) and returns
-    them, for a loader that fills them while the model runs (stage(overlap=True))."""
+    them, for a loader that fills them while the model runs (``overlap=True``)."""
     from torch import nn
 
     if not isinstance(model, nn.Module):
@@ -116,7 +118,9 @@ def load_deferred(
     if get_state(model) is not None:
         raise ArgumentError("model: it is already loaded by stream_load; release() it first")
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
-    request = LoadRequest(plan, None, None, None, None, key_map, skip_prefixes, resolve_device(device))
+    request = LoadRequest(
+        plan, None, None, compute_dtype, storage_dtype, key_map, skip_prefixes, resolve_device(device)
+    )
     deferred: list[BlockState] = []
     try:
         return _stream_load(model, ckpt, request, deferred), deferred

@@ -19,9 +19,10 @@ from .reading import materialize
 if TYPE_CHECKING:
     import torch
 
-    from .state import BlockState
+    from .hooks import OffloadHandle
+    from .state import BlockState, ModelState
 
-__all__ = ["ResidentLoader", "load_block"]
+__all__ = ["ResidentLoader", "load_block", "start_loader"]
 
 
 def load_block(block: BlockState, device: torch.device, storage: str | None, threads: int) -> None:
@@ -87,3 +88,20 @@ class ResidentLoader:
         self.stopping.set()
         if self._thread.is_alive():
             self._thread.join()
+
+
+def start_loader(
+    handle: OffloadHandle, state: ModelState, deferred: list[BlockState], first: list[str] | None
+) -> ResidentLoader:
+    """Starts reading the ``deferred`` resident blocks in run order (``first``, the order given
+    to install_offload, then model order); the hooks wait for a block not read yet, and taking
+    them off stops the thread."""
+    from .. import _core
+
+    run_order = _core.full_order(first or [], [b.prefix for b in state.blocks])
+    by_index = {b.index: b for b in deferred}
+    loader = ResidentLoader([by_index[i] for i in run_order if i in by_index], state.device, state.config.storage_dtype)
+    handle._waiter = loader.wait
+    handle._loader = loader  # the profile's loader-thread line
+    loader.start()
+    return loader

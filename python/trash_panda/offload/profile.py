@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import _core, config
+from ..errors import ReadError
+
+# Enough to get past the drive's first burst, little enough to keep the report quick (~0.3 s).
+DRIVE_BYTES = 512 << 20
 
 if TYPE_CHECKING:
     from .hooks import OffloadHandle
@@ -24,6 +28,7 @@ class Snapshot:
     memory: list[dict[str, object]] = field(default_factory=list)
     device_copies: list[tuple[float, int, float]] = field(default_factory=list)  # (run start, bytes, s)
     link: float | None = None  # pinned host-to-device bytes per second, measured beside the run
+    drive: _core.DriveRate | None = None  # the drive's unbuffered read rate, measured at release
 
     def render(self) -> tuple[str, str, str]:
         memory = json.dumps(self.memory) if self.memory else None
@@ -35,6 +40,7 @@ class Snapshot:
             memory=memory,
             device_copies=self.device_copies,
             link=self.link,
+            drive=self.drive,
         )
 
 
@@ -114,7 +120,26 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
     engine = None
     if state.engine is not None and not state.engine.closed:
         engine = state.engine.stats()
-    return Snapshot(blocks, runs, load, engine, device_copies=copies, link=getattr(handle._backend, "link", None))
+    return Snapshot(
+        blocks,
+        runs,
+        load,
+        engine,
+        device_copies=copies,
+        link=getattr(handle._backend, "link", None),
+        drive=_drive(state.checkpoint.files),
+    )
+
+
+def _drive(files: list[str]) -> _core.DriveRate | None:
+    """The drive's own rate, read unbuffered from the checkpoint (which bypasses the page cache,
+    so a warm cache does not flatter it): the reference the report sets the read rates against.
+    None where the file system refuses unbuffered reads or the read fails: the profile is a
+    report, and a failed measurement must not turn a finished run into an error."""
+    try:
+        return _core.measure_drive(files, DRIVE_BYTES)
+    except ReadError:
+        return None
 
 
 def _loader(handle: OffloadHandle) -> dict[str, object] | None:

@@ -6,6 +6,7 @@
 
 mod aligned;
 mod cache;
+mod drive;
 mod error;
 mod mapped;
 mod parallel;
@@ -15,6 +16,7 @@ mod stats;
 
 pub use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use cache::{cached_bytes, can_drop_cache, drop_cache};
+pub use drive::{measure_drive, DriveRate, DRIVE_IN_FLIGHT};
 pub use error::IoError;
 pub use mapped::MappedFile;
 pub use parallel::{

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{EngineSummary, LoadSummary, MemoryPoint, PassStats, Profile, Tier};
+use super::{DriveRate, EngineSummary, LoadSummary, MemoryPoint, PassStats, Profile, Tier};
 
 /// Marks a line as ours in a log other tools may append to.
 pub const LOG_FORMAT: &str = "trash-panda-profile";
@@ -27,6 +27,9 @@ pub struct LogLine {
     pub engine: Option<EngineSummary>,
     #[serde(default)]
     pub memory: Vec<MemoryPoint>,
+    /// The drive's unbuffered read rate measured beside the run, when it could be.
+    #[serde(default)]
+    pub drive: Option<DriveRate>,
 }
 
 impl LogLine {
@@ -53,6 +56,7 @@ impl Profile {
             load: self.load,
             engine: self.engine,
             memory: self.memory.clone(),
+            drive: self.drive().copied(),
         }
     }
 

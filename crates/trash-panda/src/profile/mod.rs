@@ -12,6 +12,7 @@ mod passes;
 mod report;
 mod trace;
 
+pub use crate::io::DriveRate;
 pub use error::ProfileError;
 pub use events::{
     BlockRun, CopyRun, DeviceCopy, EngineSummary, LargeTensor, LoadSummary, LoaderRun, MemoryPoint,
@@ -34,6 +35,8 @@ pub struct Profile {
     device_copies: Vec<DeviceCopy>,
     /// The pinned host-to-device bandwidth measured for this run, bytes per second.
     link: Option<f64>,
+    /// The drive's unbuffered read rate, measured beside the run: the reference for read rates.
+    drive: Option<DriveRate>,
     load: Option<LoadSummary>,
     engine: Option<EngineSummary>,
     memory: Vec<MemoryPoint>,
@@ -57,6 +60,7 @@ impl Profile {
             copies: Vec::new(),
             device_copies: Vec::new(),
             link: None,
+            drive: None,
             load: None,
             engine: None,
             memory: Vec::new(),
@@ -117,6 +121,20 @@ impl Profile {
 
     pub(crate) fn link(&self) -> Option<f64> {
         self.link
+    }
+
+    /// The drive's own read rate measured beside the run ([`crate::io::measure_drive`]): the
+    /// report puts the load's and the first pass's read rates next to it.
+    pub fn set_drive(&mut self, drive: DriveRate) -> Result<(), ProfileError> {
+        check_seconds(|| "drive".to_string(), "seconds", drive.seconds)?;
+        self.drive = Some(drive);
+        Ok(())
+    }
+
+    pub(crate) fn drive(&self) -> Option<&DriveRate> {
+        self.drive
+            .as_ref()
+            .filter(|d| d.bytes > 0 && d.seconds > 0.0)
     }
 
     /// Closes the current pass (a stage that runs a subset of the blocks, or the end of a step).

@@ -4,11 +4,14 @@
 use std::fmt::Write;
 
 use super::passes::gbps;
-use super::{BlockRun, EngineSummary, LoadSummary, MemoryPoint, Profile, TierLoad};
+use super::{BlockRun, DriveRate, EngineSummary, LoadSummary, MemoryPoint, Profile, TierLoad};
 use crate::units::{format_bytes, format_gb};
 
 /// How many blocks of the first pass the report breaks down.
 pub const SLOWEST_BLOCKS: usize = 6;
+
+/// A load of fewer bytes is over before the drive gets going: its rate says nothing of the drive.
+const RATED_BYTES: u64 = 64 << 20;
 
 /// Live tensors past this many bytes at a memory point get their biggest holders named.
 const ALIVE_NAMING_BYTES: u64 = 100_000_000;
@@ -18,8 +21,18 @@ impl Profile {
     /// The report, one line per figure, ending with a newline. Same events, same text.
     pub fn report(&self) -> String {
         let mut out = String::new();
+        let drive = self.drive().map(DriveRate::gb_per_s);
+        if let Some(d) = self.drive() {
+            let _ = writeln!(
+                out,
+                "drive reference: {:.2} GB/s (unbuffered reads of {} GB of the checkpoint, {} in flight, measured at release)",
+                d.gb_per_s(),
+                gb(d.bytes),
+                d.in_flight,
+            );
+        }
         if let Some(load) = &self.load {
-            load_lines(&mut out, load);
+            load_lines(&mut out, load, drive);
         }
         let passes = self.passes();
         if passes.is_empty() {
@@ -38,6 +51,19 @@ impl Profile {
                 gb(p.disk_bytes),
                 p.disk_gbps,
             );
+            if let (0, Some(d)) = (p.index, drive) {
+                let shares: Vec<String> = [
+                    ("ram", p.ram_bytes, p.ram_gbps),
+                    ("disk", p.disk_bytes, p.disk_gbps),
+                ]
+                .into_iter()
+                .filter(|&(_, bytes, _)| bytes > 0)
+                .map(|(tier, _, rate)| format!("{tier} {}", of_drive(rate, d)))
+                .collect();
+                if !shares.is_empty() {
+                    let _ = writeln!(out, "  first pass against the drive: {}", shares.join(", "));
+                }
+            }
             let (bytes, seconds) = self.device_copied(p.start, p.start + p.seconds);
             if bytes > 0 && seconds > 0.0 {
                 let rate = gbps(bytes, seconds);
@@ -71,7 +97,7 @@ impl Profile {
             }
         }
         if let Some(engine) = &self.engine {
-            engine_lines(&mut out, engine);
+            engine_lines(&mut out, engine, drive);
         }
         if !self.memory.is_empty() {
             out.push_str("memory while releasing:\n");
@@ -103,7 +129,12 @@ fn plural(n: usize, noun: &str) -> String {
     format!("{n} {noun}{}", if n == 1 { "" } else { "s" })
 }
 
-fn load_lines(out: &mut String, load: &LoadSummary) {
+/// A read rate as a share of the drive's: "0.94x the drive".
+fn of_drive(rate: f64, drive: f64) -> String {
+    format!("{:.2}x the drive", rate / drive)
+}
+
+fn load_lines(out: &mut String, load: &LoadSummary, drive: Option<f64>) {
     let tiers: Vec<String> = [
         ("device", load.device),
         ("ram", load.ram),
@@ -113,7 +144,11 @@ fn load_lines(out: &mut String, load: &LoadSummary) {
     .filter(|(_, t)| *t != TierLoad::default())
     .map(|(name, t)| {
         let rate = if t.seconds > 0.0 && t.bytes > 0 {
-            format!(" at {:.2} GB/s", gbps(t.bytes, t.seconds))
+            let r = gbps(t.bytes, t.seconds);
+            match drive {
+                Some(d) if t.bytes >= RATED_BYTES => format!(" at {r:.2} GB/s, {}", of_drive(r, d)),
+                _ => format!(" at {r:.2} GB/s"),
+            }
         } else {
             String::new()
         };
@@ -149,18 +184,20 @@ fn load_lines(out: &mut String, load: &LoadSummary) {
     }
 }
 
-fn engine_lines(out: &mut String, e: &EngineSummary) {
+fn engine_lines(out: &mut String, e: &EngineSummary, drive: Option<f64>) {
     if e.ram_cold_bytes > 0 {
         // Workers read cold blocks side by side: their summed seconds over their count is the
         // wall time the drive took, so the rate compares with a standalone read of the drive.
         let wall = e.ram_cold_seconds / e.workers.max(1) as f64;
+        let rate = gbps(e.ram_cold_bytes, wall);
+        let reference = drive
+            .map(|d| format!(", {}", of_drive(rate, d)))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
-            "ram tier read from the drive (pages not in memory): {} GB in {}, {:.2} GB/s with {} \
-             (drive reference: a cold `dd iflag=direct` of the checkpoint, or the disk tier's rate above)",
+            "ram tier read from the drive (pages not in memory): {} GB in {}, {rate:.2} GB/s with {}{reference}",
             gb(e.ram_cold_bytes),
             plural(e.ram_cold_blocks as usize, "block"),
-            gbps(e.ram_cold_bytes, wall),
             plural(e.workers.max(1) as usize, "worker"),
         );
     }
