@@ -5,7 +5,8 @@
 Writes bench/results/peers.md (the table, the method, the machine, the targets as ratios),
 bench/results/peers.png (time per pass and peak RSS per system) and
 bench/results/peers-timeline.png (one cold and one warm streamed pass of trash-panda, drawn
-from the Chrome trace that TRASH_PANDA_LOG wrote).
+from the Chrome trace that TRASH_PANDA_LOG wrote: the main thread's block runs and waits, and
+each engine worker's reads below them).
 """
 
 from __future__ import annotations
@@ -150,34 +151,61 @@ def plot(data: dict, floors: dict[str, float], out: Path) -> None:
 
 
 def timeline(trace_file: Path, out: Path) -> None:
-    """The main thread of two passes (the second cold and the first warm): each block's run,
-    coloured by tier, and the time it waited for its block (the reads that compute did not hide)."""
-    events = [e for e in json.loads(trace_file.read_text())["traceEvents"] if e["ph"] == "X"]
+    """Two passes (the second cold and the first warm): each block's run on the main thread,
+    coloured by tier, the time it waited for its block (the reads that compute did not hide), and
+    below them each engine worker's stagings (which block it read, from which tier, and when), so
+    the reads can be seen next to the compute they overlap."""
+    trace = json.loads(trace_file.read_text())
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    lane_names = {
+        e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"
+    }
     passes = sorted((e for e in events if e["cat"] == "pass"), key=lambda e: e["ts"])
     if len(passes) < 4:
         return
+    copies = [e for e in events if e["cat"] == "copy"]
+    lanes = sorted({e["tid"] for e in copies})
     chosen = [(passes[1], "second cold pass"), (passes[3], "first warm pass")]
-    fig, axes = plt.subplots(len(chosen), 1, figsize=(12, 1.6 + 1.3 * len(chosen)), squeeze=False)
+    height = 1.6 + (1.3 + 0.45 * len(lanes)) * len(chosen)
+    fig, axes = plt.subplots(len(chosen), 1, figsize=(12, height), squeeze=False)
+    colors = {"disk": "tab:orange", "ram": "tab:blue", "device": "tab:green", "ram (cold)": "tab:purple"}
     for ax, (p, label) in zip(axes[:, 0], chosen, strict=True):
         t0, t1 = p["ts"], p["ts"] + p["dur"]
-        inside = [e for e in events if t0 <= e["ts"] < t1 and e["cat"] != "pass"]
+        inside = [e for e in events if t0 <= e["ts"] < t1 and e["cat"] not in ("pass", "copy")]
         runs = [e for e in inside if e["cat"] in ("disk", "ram", "device")]
         stalls = [e for e in inside if e["cat"] == "stall"]
-        colors = {"disk": "tab:orange", "ram": "tab:blue", "device": "tab:green"}
         for e in runs:
             ax.broken_barh([((e["ts"] - t0) / 1e6, e["dur"] / 1e6)], (10, 8), color=colors[e["cat"]], ec="white")
         for e in stalls:
             ax.broken_barh([((e["ts"] - t0) / 1e6, e["dur"] / 1e6)], (0, 8), color="tab:red")
+        # A worker's lane below the main thread; copies that cross the pass's edges are clipped.
+        for row, tid in enumerate(lanes):
+            y = -10 * (row + 1)
+            for e in copies:
+                start, end = max(e["ts"], t0), min(e["ts"] + e["dur"], t1)
+                if e["tid"] == tid and end > start:
+                    color = colors.get(e["args"].get("from", e["args"]["tier"]), "tab:gray")
+                    ax.broken_barh([((start - t0) / 1e6, (end - start) / 1e6)], (y, 8), color=color, ec="white")
         args = p["args"]
         ax.set_title(
             f"{label}: {args['seconds']:.2f} s, {args['disk_bytes'] / 1e9:.2f} GB from disk at "
             f"{args['disk_gbps']:.2f} GB/s, waited {args['waited_seconds']:.2f} s",
             fontsize=9,
         )
-        ax.set_yticks([4, 14], ["waiting for\nits block", "streamed block\nruns (disk tier)"], fontsize=8)
+        ticks = [4, 14] + [-10 * (row + 1) + 4 for row in range(len(lanes))]
+        labels = ["waiting for\nits block", "streamed block\nruns (disk tier)"]
+        labels += [f"{lane_names.get(tid, 'copies')} reads" for tid in lanes]
+        ax.set_yticks(ticks, labels, fontsize=8)
         ax.set_xlim(0, (t1 - t0) / 1e6)
     axes[-1, 0].set_xlabel("seconds from the start of the pass (resident layers 0-11 run before the first bar)")
-    fig.tight_layout()
+    if lanes:
+        from matplotlib.patches import Patch
+
+        keys = {"disk": "disk tier", "ram": "RAM tier", "ram (cold)": "RAM tier read from the drive"}
+        handles = [Patch(color=colors[k], label=v) for k, v in keys.items()]
+        handles.append(Patch(color="tab:red", label="waited for its block"))
+        fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=4)
+    fig.tight_layout(rect=(0, 0.05 if lanes else 0, 1, 1))
     fig.savefig(out, dpi=110)
 
 

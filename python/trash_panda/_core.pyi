@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
-from typing import Any, final
+from typing import Any, Literal, final
 
 __all__ = [
     "__version__",
@@ -14,6 +14,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineStats",
+    "Staging",
     "StagedTensor",
     "rows_cols",
     "scale_layout",
@@ -27,6 +28,7 @@ __all__ = [
     "cached_bytes",
     "cast",
     "cli_main",
+    "clock",
     "current_rss",
     "private_memory",
     "drop_cache",
@@ -288,8 +290,11 @@ def profile_report(
     memory: str | None = None,
     device_copies: list[tuple[float, int, float]] | None = None,
     link: float | None = None,
+    stagings: list[Staging] | None = None,
+    engine_blocks: list[int] | None = None,
     drive: DriveRate | None = None,
 ) -> tuple[str, str, str]: ...
+def clock() -> float: ...
 
 @final
 class RssSampler:
@@ -366,6 +371,21 @@ class EngineStats:
     def failures(self) -> int: ...
 
 @final
+class Staging:
+    @property
+    def block(self) -> int: ...
+    @property
+    def worker(self) -> int: ...
+    @property
+    def start(self) -> float: ...
+    @property
+    def end(self) -> float: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def source(self) -> Literal["disk", "ram_warm", "ram_cold"]: ...
+
+@final
 class Engine:
     def __new__(
         cls,
@@ -389,6 +409,7 @@ class Engine:
     def staging_bytes(self) -> int: ...
     def disk_read_mode(self) -> str | None: ...
     def stats(self) -> EngineStats: ...
+    def stagings(self) -> list[Staging]: ...
     def reset_stats(self) -> None: ...
     def close(self) -> None: ...
     @property

@@ -1,9 +1,10 @@
-//! `trash_panda._core.EngineStats`: the prefetch engine's counters, typed.
+//! `trash_panda._core.EngineStats` and `Staging`: the prefetch engine's counters and the record of
+//! its workers' stagings, typed.
 
 use pyo3::prelude::*;
 
-use trash_panda::profile::EngineSummary;
-use trash_panda::stream::EngineStats;
+use trash_panda::profile::{CopyRun, EngineSummary, Tier};
+use trash_panda::stream::{EngineStats, Staging, StagingSource};
 
 /// The prefetch engine's counters.
 #[pyclass(name = "EngineStats", module = "trash_panda._core", frozen)]
@@ -115,7 +116,89 @@ impl From<EngineStats> for PyEngineStats {
     }
 }
 
+/// One block a worker read into a staging buffer, timed on `clock()`.
+#[pyclass(name = "Staging", module = "trash_panda._core", frozen)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PyStaging {
+    inner: Staging,
+}
+
+impl PyStaging {
+    /// The copy the profile's trace draws, for the profile's block `block`.
+    pub(crate) fn copy_run(&self, block: usize) -> CopyRun {
+        let s = &self.inner;
+        CopyRun {
+            block,
+            start: s.start,
+            end: s.end,
+            bytes: s.bytes,
+            tier: match s.source {
+                StagingSource::Disk => Tier::Disk,
+                StagingSource::RamWarm | StagingSource::RamCold => Tier::Ram,
+            },
+            worker: Some(s.worker),
+            cold: s.source == StagingSource::RamCold,
+        }
+    }
+
+    pub(crate) fn block(&self) -> usize {
+        self.inner.block
+    }
+}
+
+#[pymethods]
+impl PyStaging {
+    /// The engine's index of the block.
+    #[getter(block)]
+    fn py_block(&self) -> usize {
+        self.inner.block
+    }
+    /// The worker thread, from 0.
+    #[getter]
+    fn worker(&self) -> usize {
+        self.inner.worker
+    }
+    /// Seconds on `clock()`.
+    #[getter]
+    fn start(&self) -> f64 {
+        self.inner.start
+    }
+    #[getter]
+    fn end(&self) -> f64 {
+        self.inner.end
+    }
+    /// Tensor bytes staged.
+    #[getter]
+    fn bytes(&self) -> u64 {
+        self.inner.bytes
+    }
+    /// "disk", "ram_warm" (pages in memory) or "ram_cold" (pages read from the drive).
+    #[getter]
+    fn source(&self) -> &'static str {
+        self.inner.source.name()
+    }
+    fn __repr__(&self) -> String {
+        let s = &self.inner;
+        format!(
+            "Staging(block={}, worker={}, start={:.6}, end={:.6}, bytes={}, source={:?})",
+            s.block,
+            s.worker,
+            s.start,
+            s.end,
+            s.bytes,
+            s.source.name()
+        )
+    }
+}
+
+impl From<Staging> for PyStaging {
+    fn from(inner: Staging) -> Self {
+        PyStaging { inner }
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngineStats>()?;
+    m.add_class::<PyStaging>()?;
     Ok(())
 }

@@ -3,9 +3,11 @@
 use pyo3::prelude::*;
 
 use trash_panda::plan::Tier;
-use trash_panda::profile::{BlockRun, DeviceCopy, LoadSummary, MemoryPoint, Profile};
+use trash_panda::profile::{
+    clock_seconds, BlockRun, DeviceCopy, LoadSummary, MemoryPoint, Profile,
+};
 
-use crate::engine_stats::PyEngineStats;
+use crate::engine_stats::{PyEngineStats, PyStaging};
 use crate::errors::{raise, Kind, ToPyErr};
 use crate::io::PyDriveRate;
 
@@ -16,12 +18,24 @@ fn tier(name: &str) -> PyResult<Tier> {
 /// A block run: (block, start, end, staged wait, gpu wait, bytes, tier).
 type RunArg = (usize, f64, f64, f64, f64, u64, String);
 
+/// Seconds on the clock the engine's workers time their stagings with; block runs timed with it
+/// line up with the stagings in the trace.
+#[pyfunction]
+fn clock() -> f64 {
+    clock_seconds()
+}
+
 /// Builds the profile of a run and returns (report text, Chrome trace JSON, log line).
 /// `load` is a LoadSummary, `engine` the engine's statistics and `memory` a list of memory
-/// points, each as JSON.
+/// points, each as JSON. `stagings` are the engine's (`Engine.stagings()`), drawn on the trace's
+/// worker lanes; `engine_blocks[i]` is the index in `blocks` of the engine's block `i` (the
+/// engine only numbers streamed blocks), the same index when not given.
 #[pyfunction]
+#[pyo3(signature = (
+    blocks, runs, load=None, engine=None, memory=None, device_copies=None, link=None,
+    stagings=None, engine_blocks=None, drive=None
+))]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (blocks, runs, load=None, engine=None, memory=None, device_copies=None, link=None, drive=None))]
 fn profile_report(
     blocks: Vec<(String, String)>,
     runs: Vec<RunArg>,
@@ -30,6 +44,8 @@ fn profile_report(
     memory: Option<&str>,
     device_copies: Option<Vec<(f64, u64, f64)>>,
     link: Option<f64>,
+    stagings: Option<Vec<PyRef<'_, PyStaging>>>,
+    engine_blocks: Option<Vec<usize>>,
     drive: Option<PyRef<'_, PyDriveRate>>,
 ) -> PyResult<(String, String, String)> {
     let tiers = blocks
@@ -62,6 +78,24 @@ fn profile_report(
             .record_device_copy(DeviceCopy { at, bytes, seconds })
             .map_err(ToPyErr::to_py)?;
     }
+    for staging in stagings.unwrap_or_default() {
+        let block = match &engine_blocks {
+            None => staging.block(),
+            Some(map) => *map.get(staging.block()).ok_or_else(|| {
+                raise(
+                    Kind::Argument,
+                    format!(
+                        "profile stagings: engine block {} is not in engine_blocks ({} blocks)",
+                        staging.block(),
+                        map.len()
+                    ),
+                )
+            })?,
+        };
+        profile
+            .record_copy(staging.copy_run(block))
+            .map_err(ToPyErr::to_py)?;
+    }
     if let Some(link) = link {
         profile.set_link(link).map_err(ToPyErr::to_py)?;
     }
@@ -86,5 +120,6 @@ fn profile_report(
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(profile_report, m)?)
+    m.add_function(wrap_pyfunction!(profile_report, m)?)?;
+    m.add_function(wrap_pyfunction!(clock, m)?)
 }

@@ -17,7 +17,7 @@ use crate::checkpoint::PyTensorBytes;
 use crate::dlpack::{Borrowed, ByteOwner};
 use crate::dtype::f32_values;
 use crate::engine_config::PyEngineConfig;
-use crate::engine_stats::PyEngineStats;
+use crate::engine_stats::{PyEngineStats, PyStaging};
 use crate::errors::{raise, Kind, ToPyErr};
 use crate::gil::{threads as worker_threads, without_gil};
 
@@ -237,6 +237,12 @@ impl PyEngine {
     /// The engine's statistics since the last reset.
     fn stats(&self) -> PyResult<PyEngineStats> {
         Ok(PyEngineStats::from(self.engine()?.stats()))
+    }
+
+    /// The workers' most recent stagings (at most 4096), oldest first; a reset keeps them.
+    fn stagings(&self) -> PyResult<Vec<PyStaging>> {
+        let stagings = self.engine()?.stagings();
+        Ok(stagings.into_iter().map(PyStaging::from).collect())
     }
 
     fn reset_stats(&self) -> PyResult<()> {

@@ -267,6 +267,8 @@ fn errors_name_the_block_and_change_nothing() {
         end: 2.0,
         bytes: 1,
         tier: Tier::Disk,
+        worker: None,
+        cold: false,
     };
     assert!(matches!(
         p.record_copy(copy).unwrap_err(),

@@ -39,6 +39,8 @@ fn trace_nests_passes_blocks_and_stalls() {
             end,
             bytes: 500_000_000,
             tier: Tier::Disk,
+            worker: None,
+            cold: false,
         })
         .unwrap();
     }
@@ -99,4 +101,42 @@ fn trace_nests_passes_blocks_and_stalls() {
 fn trace_of_an_empty_profile_is_valid() {
     let trace: Value = serde_json::from_str(&empty().to_trace_json()).unwrap();
     assert!(events(&trace).iter().all(|e| e["ph"] == "M"));
+}
+
+#[test]
+fn trace_draws_each_workers_stagings_on_its_lane() {
+    let mut p = stage();
+    // Two workers staging ahead of the warm pass's disk blocks (5, 6, 7), one RAM block cold.
+    for (block, worker, start, end, tier, cold) in [
+        (5, 0, 103.0, 104.5, Tier::Disk, false),
+        (6, 1, 104.0, 107.0, Tier::Disk, false),
+        (7, 0, 104.5, 106.0, Tier::Disk, false),
+        (3, 1, 107.0, 107.2, Tier::Ram, true),
+    ] {
+        p.record_copy(CopyRun {
+            block,
+            start,
+            end,
+            bytes: 500_000_000,
+            tier,
+            worker: Some(worker),
+            cold,
+        })
+        .unwrap();
+    }
+    let trace: Value = serde_json::from_str(&p.to_trace_json()).unwrap();
+    let copies = slices(&trace, "copy");
+    assert_eq!(copies.len(), 4);
+    let tids: Vec<u64> = copies.iter().map(|c| c["tid"].as_u64().unwrap()).collect();
+    assert_eq!(tids, vec![2, 3, 2, 3]);
+    assert_eq!(copies[0]["args"]["worker"], 0);
+    assert_eq!(copies[1]["args"]["from"], "disk");
+    assert_eq!(copies[3]["args"]["from"], "ram (cold)");
+    assert_eq!(copies[3]["name"], "blocks.3");
+    let thread_names: Vec<&str> = events(&trace)
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+        .map(|e| e["args"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(thread_names, vec!["main thread", "worker 1", "worker 2"]);
 }

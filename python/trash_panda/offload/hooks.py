@@ -5,12 +5,11 @@ Every hook goes through one registry, and the handle it returns removes them all
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .. import config
+from .. import _core, config
 from ..errors import ArgumentError, StreamError
 from .cpu import CpuBackend
 from .cuda import CudaBackend, DeviceBackend
@@ -24,8 +23,6 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
     from torch.utils.hooks import RemovableHandle
-
-    from .. import _core
 
 __all__ = ["OffloadHandle", "install_offload", "offload_blocks"]
 
@@ -59,7 +56,10 @@ class OffloadHandle:
         self._state = state
         self._backend = backend
         self._registry = registry
-        self.runs: list[tuple[int, float, float, Timing]] = []  # (block, start, end, timing)
+        # (block, start, end, timing), times on _core.clock(): the engine's workers time their
+        # stagings on it, so the profile's trace draws both on one timeline.
+        self.runs: list[tuple[int, float, float, Timing]] = []
+        self.installed = _core.clock()  # the profile draws the engine's stagings from here on
         self.removed = False
         self._order_checks = 2  # streamed runs still to check against the order given
         # Every block that ran, resident ones too, in the order of their first run: the order
@@ -190,6 +190,7 @@ def _install(
 ) -> OffloadHandle:
     """Installs the hooks; ``backend_for`` makes the backend (the device's by default; tests
     pass a simulated device's)."""
+    installed = _core.clock()  # before set_order, which starts the first stagings
     if state.engine is not None:
         # Hooks installed again after remove() check and record their own runs.
         state.engine.clear_recorded_order()
@@ -198,6 +199,7 @@ def _install(
     backend = (backend_for or make_backend)(state)
     registry = HookRegistry()
     handle = OffloadHandle(model, state, backend, registry)
+    handle.installed = installed
 
     for block in blocks:
 
@@ -214,7 +216,7 @@ def _install(
             handle._started.add(block.index)
             if not block.work:  # resident in the compute dtype: nothing to bring
                 return
-            start = time.perf_counter()
+            start = _core.clock()
             # Only the first two streamed runs are checked: that is where a wrong order costs.
             if block.engine_index is not None and handle._order_checks and state.engine is not None:
                 ran = len(state.engine.recorded_order())
@@ -233,7 +235,7 @@ def _install(
                 raise
             if len(handle.runs) >= MAX_RUNS:  # a long generation: keep the recent half
                 del handle.runs[: MAX_RUNS // 2]
-            handle.runs.append((block.index, start, time.perf_counter(), timing))
+            handle.runs.append((block.index, start, _core.clock(), timing))
 
         def after(block: BlockState = block) -> None:
             if block.index not in handle._started:  # its before-hook raised: nothing to undo
@@ -243,7 +245,7 @@ def _install(
                 backend.done(block)
                 if handle.runs and handle.runs[-1][0] == block.index:
                     idx, start, brought, timing = handle.runs[-1]
-                    handle.runs[-1] = (idx, start, time.perf_counter(), timing)
+                    handle.runs[-1] = (idx, start, _core.clock(), timing)
                     del brought
             if handle._final is not None:
                 handle._final.after(block)

@@ -28,6 +28,10 @@ class Snapshot:
     memory: list[dict[str, object]] = field(default_factory=list)
     device_copies: list[tuple[float, int, float]] = field(default_factory=list)  # (run start, bytes, s)
     link: float | None = None  # pinned host-to-device bytes per second, measured beside the run
+    # The engine workers' stagings since the hooks were installed, and the profile's block index
+    # of each engine block (the engine numbers only the streamed ones).
+    stagings: list[_core.Staging] = field(default_factory=list)
+    engine_blocks: list[int] = field(default_factory=list)
     drive: _core.DriveRate | None = None  # the drive's unbuffered read rate, measured at release
 
     def render(self) -> tuple[str, str, str]:
@@ -40,6 +44,8 @@ class Snapshot:
             memory=memory,
             device_copies=self.device_copies,
             link=self.link,
+            stagings=self.stagings,
+            engine_blocks=self.engine_blocks,
             drive=self.drive,
         )
 
@@ -118,8 +124,13 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
             }
         )
     engine = None
+    stagings: list[_core.Staging] = []
+    engine_blocks: list[int] = []
     if state.engine is not None and not state.engine.closed:
         engine = state.engine.stats()
+        stagings = [s for s in state.engine.stagings() if s.start >= handle.installed]
+        by_engine = {b.engine_index: i for i, b in enumerate(state.blocks) if b.engine_index is not None}
+        engine_blocks = [by_engine[i] for i in range(len(by_engine))]
     return Snapshot(
         blocks,
         runs,
@@ -127,6 +138,8 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
         engine,
         device_copies=copies,
         link=getattr(handle._backend, "link", None),
+        stagings=stagings,
+        engine_blocks=engine_blocks,
         drive=_drive(state.checkpoint.files),
     )
 

@@ -48,6 +48,12 @@ pub struct CopyRun {
     pub bytes: u64,
     /// The tier the bytes came from.
     pub tier: Tier,
+    /// The engine worker that made the copy: the trace gives each worker a lane of its own.
+    #[serde(default)]
+    pub worker: Option<usize>,
+    /// RAM-tier bytes read from the drive because their pages were not in memory.
+    #[serde(default)]
+    pub cold: bool,
 }
 
 /// One block's copy to the device, timed by the device itself (its copy engine's seconds).

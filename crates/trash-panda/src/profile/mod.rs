@@ -5,6 +5,7 @@
 //! The profile keeps events, not running totals: a stage has at most a few thousand block runs, and
 //! keeping them lets the report, the trace and the log be built from the same data at the end.
 
+mod clock;
 mod error;
 mod events;
 mod log;
@@ -13,6 +14,7 @@ mod report;
 mod trace;
 
 pub use crate::io::DriveRate;
+pub use clock::clock_seconds;
 pub use error::ProfileError;
 pub use events::{
     BlockRun, CopyRun, DeviceCopy, EngineSummary, LargeTensor, LoadSummary, LoaderRun, MemoryPoint,

@@ -23,6 +23,8 @@ fn copy(block: usize, start: f64, end: f64) -> CopyRun {
         end,
         bytes: 1,
         tier: Tier::Ram,
+        worker: None,
+        cold: false,
     }
 }
 
@@ -58,4 +60,27 @@ fn rest_never_goes_negative() {
 fn profile_is_send() {
     fn send<T: Send>() {}
     send::<Profile>();
+}
+
+#[test]
+fn copy_tracks_give_each_worker_a_lane_and_the_rest_after() {
+    let on = |worker, start, end| CopyRun {
+        worker: Some(worker),
+        ..copy(0, start, end)
+    };
+    // Worker 1's copies overlap worker 0's; worker 0's two copies (given late) overlap each other.
+    let copies = [
+        on(1, 0.0, 2.0),
+        copy(1, 0.0, 1.0),
+        on(0, 0.5, 1.5),
+        on(0, 1.0, 3.0),
+        on(1, 2.0, 3.0),
+    ];
+    let (names, tracks) = super::trace::copy_tracks(&copies);
+    assert_eq!(
+        names,
+        vec!["worker 1", "worker 1 (lane 2)", "worker 2", "copies"]
+    );
+    assert_eq!(tracks, vec![2, 3, 0, 1, 2]);
+    assert_eq!(super::trace::copy_tracks(&[]), (vec![], vec![]));
 }

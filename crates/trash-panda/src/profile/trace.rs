@@ -10,8 +10,8 @@ use super::{CopyRun, Profile};
 
 const PID: u32 = 1;
 const MAIN_TID: u32 = 1;
-/// Copies that overlap (several workers) go on separate lanes from this thread id upwards, since
-/// trace viewers only draw properly nested slices on one thread.
+/// Copies go on lanes from this thread id upwards (one per engine worker, or more where copies
+/// overlap), since trace viewers only draw properly nested slices on one thread.
 const FIRST_COPY_TID: u32 = 2;
 
 #[derive(Serialize)]
@@ -106,6 +106,40 @@ pub(crate) fn copy_lanes(copies: &[CopyRun]) -> Vec<usize> {
     lanes
 }
 
+/// The copy tracks: one per engine worker (a worker copies one block at a time), in worker order,
+/// then lanes for copies that name no worker; a worker's copies that overlap (they should not)
+/// spill onto lanes of their own rather than break the nesting. Returns each track's name and
+/// the track of each copy, in the order of `copies`.
+pub(crate) fn copy_tracks(copies: &[CopyRun]) -> (Vec<String>, Vec<usize>) {
+    let mut groups: Vec<Option<usize>> = copies.iter().map(|c| c.worker).collect();
+    groups.sort_by_key(|g| (g.is_none(), *g));
+    groups.dedup();
+    let (mut names, mut tracks) = (Vec::new(), vec![0; copies.len()]);
+    for group in groups {
+        let members: Vec<usize> = (0..copies.len())
+            .filter(|&i| copies[i].worker == group)
+            .collect();
+        let picked: Vec<CopyRun> = members.iter().map(|&i| copies[i]).collect();
+        let lanes = copy_lanes(&picked);
+        let base = names.len();
+        let count = lanes.iter().max().map_or(0, |&l| l + 1);
+        names.extend((0..count).map(|lane| {
+            let name = match group {
+                Some(w) => format!("worker {}", w + 1),
+                None => "copies".to_string(),
+            };
+            match lane {
+                0 => name,
+                _ => format!("{name} (lane {})", lane + 1),
+            }
+        }));
+        for (i, lane) in members.into_iter().zip(lanes) {
+            tracks[i] = base + lane;
+        }
+    }
+    (names, tracks)
+}
+
 impl Profile {
     /// The trace as `{"traceEvents":[...]}`. Timestamps count from the earliest event recorded.
     pub fn to_trace_json(&self) -> String {
@@ -171,14 +205,9 @@ impl Profile {
                 }
             }
         }
-        let lanes = copy_lanes(&self.copies);
-        let lane_count = lanes.iter().max().map_or(0, |&l| l + 1);
-        for lane in 0..lane_count {
-            let tid = FIRST_COPY_TID + lane as u32;
-            let name = match lane {
-                0 => "copies".to_string(),
-                _ => format!("copies (lane {})", lane + 1),
-            };
+        let (names, tracks) = copy_tracks(&self.copies);
+        for (i, name) in names.into_iter().enumerate() {
+            let tid = FIRST_COPY_TID + i as u32;
             events.push(metadata("thread_name", tid, json!({ "name": name })));
             events.push(metadata(
                 "thread_sort_index",
@@ -186,16 +215,24 @@ impl Profile {
                 json!({ "sort_index": tid }),
             ));
         }
-        for (copy, lane) in self.copies.iter().zip(lanes) {
+        for (copy, track) in self.copies.iter().zip(tracks) {
+            let from = match (copy.tier, copy.cold) {
+                (super::Tier::Ram, true) => "ram (cold)",
+                (super::Tier::Ram, false) => "ram",
+                (tier, _) => tier.name(),
+            };
             events.push(span(
                 self.names[copy.block].clone(),
                 "copy",
-                FIRST_COPY_TID + lane as u32,
+                FIRST_COPY_TID + track as u32,
                 clock.ns(copy.start),
                 clock.ns(copy.end),
                 json!({
                     "block": copy.block,
                     "tier": copy.tier,
+                    "from": from,
+                    "cold": copy.cold,
+                    "worker": copy.worker,
                     "bytes": copy.bytes,
                     "gbps": super::passes::gbps(copy.bytes, copy.end - copy.start),
                 }),

@@ -131,6 +131,14 @@ fn a_block_read_cold_and_warm_gives_the_same_bytes() {
             }
             let second = pass(&e, &blocks, &data);
             assert_eq!(second.ram_cold_bytes, 0, "{what}: second pass");
+            // The timeline tells cold reads from warm copies as the counters do.
+            let stagings = e.stagings();
+            let cold = stagings
+                .iter()
+                .filter(|s| s.source == StagingSource::RamCold)
+                .count();
+            assert_eq!(cold as u64, first.ram_cold_blocks, "{what}");
+            assert!(stagings.iter().all(|s| s.source != StagingSource::Disk));
             assert_eq!(second.failures, 0, "{what}");
         }
     }

@@ -21,6 +21,7 @@ mod layout;
 mod lease;
 mod pool;
 mod source;
+mod stagings;
 mod stats;
 mod worker;
 
@@ -37,6 +38,7 @@ pub use layout::{
     TENSOR_ALIGN,
 };
 pub use lease::{Lease, TensorKey};
+pub use stagings::{Staging, StagingSource, MAX_STAGINGS};
 pub use stats::{BlockStats, EngineStats};
 
 use crate::io::{AlignedBuf, ReadMode, ReadStats, DEFAULT_CHUNK_SIZE};

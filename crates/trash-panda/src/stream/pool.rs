@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use super::stagings::Stagings;
 use super::stats::EngineStats;
 use super::StreamError;
 use crate::io::AlignedBuf;
@@ -68,6 +69,7 @@ pub(crate) struct State {
     pub recorded: Vec<usize>,
     seen: Vec<bool>,
     pub stats: EngineStats,
+    pub stagings: Stagings,
     pub stop: bool,
     pub workers_alive: usize,
     /// The queued block a worker found no buffer for, and since when (one count per block).
@@ -98,6 +100,7 @@ impl State {
             recorded: Vec::new(),
             seen: vec![false; blocks],
             stats,
+            stagings: Stagings::default(),
             stop: false,
             workers_alive: 0,
             buffer_wait: None,

@@ -159,3 +159,99 @@ fn a_held_lease_makes_the_worker_wait_for_a_buffer() {
     assert!(lease.was_hit());
     assert!(e.stats().buffer_wait_seconds > 0.0);
 }
+
+#[test]
+fn stagings_record_what_the_workers_staged() {
+    let (n, passes) = (6, 3);
+    let opts = EngineOptions {
+        lookahead: 2,
+        workers: 2,
+        ..EngineOptions::default()
+    };
+    let before = crate::profile::clock_seconds();
+    let e = engine(n, Duration::from_millis(2), None, opts);
+    e.set_order((0..n).collect()).unwrap();
+    for _ in 0..passes {
+        for b in 0..n {
+            let lease = e.acquire(b).unwrap();
+            std::thread::sleep(Duration::from_millis(3));
+            e.release(lease);
+        }
+    }
+    assert!(e.wait_idle(Duration::from_secs(5)));
+    let after = crate::profile::clock_seconds();
+    let (stats, stagings) = (e.stats(), e.stagings());
+    assert_eq!(
+        stagings.len() as u64,
+        stats.blocks.iter().map(|b| b.stagings).sum::<u64>()
+    );
+    for (b, s) in stats.blocks.iter().enumerate() {
+        let of_b: Vec<_> = stagings.iter().filter(|x| x.block == b).collect();
+        assert_eq!(of_b.len() as u64, s.stagings, "block {b}");
+        assert!(of_b.len() >= passes, "block {b}: {of_b:?}");
+        assert_eq!(
+            of_b.iter().map(|x| x.bytes).sum::<u64>(),
+            s.bytes,
+            "block {b}"
+        );
+    }
+    for s in &stagings {
+        assert!(
+            before <= s.start && s.start <= s.end && s.end <= after,
+            "{s:?}"
+        );
+        assert!(s.worker < 2, "{s:?}");
+        assert_eq!(s.source, StagingSource::Disk);
+    }
+    // One worker stages one block at a time.
+    for w in 0..2 {
+        let mut mine: Vec<_> = stagings.iter().filter(|s| s.worker == w).collect();
+        mine.sort_by(|a, b| a.start.total_cmp(&b.start));
+        assert!(
+            mine.windows(2).all(|p| p[0].end <= p[1].start),
+            "worker {w}"
+        );
+    }
+    // A reset starts new counters but keeps the timeline.
+    e.reset_stats();
+    assert_eq!(e.stagings().len(), stagings.len());
+}
+
+#[test]
+fn stagings_keep_only_the_most_recent() {
+    // One buffer and no lookahead: every acquire of another block stages it once.
+    let opts = EngineOptions {
+        lookahead: 0,
+        workers: 1,
+        ..EngineOptions::default()
+    };
+    let e = engine(3, Duration::ZERO, None, opts);
+    let total = MAX_STAGINGS + 100;
+    for i in 0..total {
+        drop(e.acquire(i % 3).unwrap());
+    }
+    let stagings = e.stagings();
+    assert_eq!(
+        e.stats().blocks.iter().map(|b| b.stagings).sum::<u64>(),
+        total as u64
+    );
+    assert_eq!(stagings.len(), MAX_STAGINGS);
+    let blocks: Vec<usize> = stagings.iter().map(|s| s.block).collect();
+    let want: Vec<usize> = (total - MAX_STAGINGS..total).map(|i| i % 3).collect();
+    assert_eq!(blocks, want);
+    assert!(stagings.windows(2).all(|p| p[0].end <= p[1].start));
+}
+
+#[test]
+fn staging_source_names_the_tier_and_whether_it_was_cold() {
+    assert_eq!(StagingSource::of(SourceTier::Disk, 0), StagingSource::Disk);
+    assert_eq!(
+        StagingSource::of(SourceTier::Ram, 0),
+        StagingSource::RamWarm
+    );
+    assert_eq!(
+        StagingSource::of(SourceTier::Ram, 1),
+        StagingSource::RamCold
+    );
+    assert_eq!(StagingSource::RamCold.name(), "ram_cold");
+}

@@ -8,7 +8,9 @@ use std::thread::JoinHandle;
 
 use super::pool::SlotState;
 use super::source::Source;
+use super::stagings::{Staging, StagingSource};
 use super::{Shared, StreamError};
+use crate::profile::clock_seconds;
 
 /// Starts `count` workers; if one cannot start, stops and joins those that did.
 pub(crate) fn spawn(
@@ -22,7 +24,7 @@ pub(crate) fn spawn(
         shared.lock().workers_alive += 1;
         let spawned = std::thread::Builder::new()
             .name(format!("tp-stage-{i}"))
-            .spawn(move || run(&sh, &*src));
+            .spawn(move || run(&sh, &*src, i));
         match spawned {
             Ok(h) => handles.push(h),
             Err(e) => {
@@ -64,7 +66,7 @@ impl Drop for Alive<'_> {
     }
 }
 
-fn run(shared: &Shared, source: &dyn Source) {
+fn run(shared: &Shared, source: &dyn Source, worker: usize) {
     let _alive = Alive(shared);
     let mut st = shared.lock();
     loop {
@@ -97,11 +99,12 @@ fn run(shared: &Shared, source: &dyn Source) {
         st.stats.reclaimed_unused += u64::from(reclaimed_unused);
         drop(st);
 
-        let started = std::time::Instant::now();
+        let start = clock_seconds();
         let result = catch_unwind(AssertUnwindSafe(|| {
             source.fill(block, &mut buf, &shared.stop)
         }));
-        let seconds = started.elapsed().as_secs_f64();
+        let end = clock_seconds();
+        let seconds = end - start;
 
         st = shared.lock();
         let stamp = st.tick();
@@ -109,6 +112,15 @@ fn run(shared: &Shared, source: &dyn Source) {
             Ok(Ok(filled)) => {
                 st.stats
                     .staged(block, filled.bytes, filled.cold_bytes, seconds);
+                let tier = st.stats.blocks[block].tier;
+                st.stagings.push(Staging {
+                    block,
+                    worker,
+                    start,
+                    end,
+                    bytes: filled.bytes,
+                    source: StagingSource::of(tier, filled.cold_bytes),
+                });
                 SlotState::Ready(block)
             }
             Ok(Err(e)) => {
