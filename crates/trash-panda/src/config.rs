@@ -77,8 +77,8 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         name: "ram_threads",
         kind: Kind::Count,
-        default: "2",
-        doc: "threads that read the RAM tier when ram_in_memory is on",
+        default: "4",
+        doc: "requests in flight for the reads made up front: resident blocks, the weights outside the blocks, and the RAM tier when ram_in_memory is on",
     },
     Setting {
         name: "profile",

@@ -175,6 +175,26 @@ def _block_prefixes(model: nn.Module, plan: Plan) -> list[str]:
     return found
 
 
+# Resident blocks are read this many bytes at a time: one call keeps the drive's queue full from
+# its first request to its last, and a call per block would let it drain between blocks (2 GB of
+# 67 MB blocks, cold: 1.23 GB/s block by block, 1.58 GB/s in batches, 1.63 GB/s for one bare read
+# of the same tensors); the progress bar still moves between calls.
+READ_BATCH_BYTES = 512 << 20
+
+
+def _batches(blocks: list[BlockState]) -> list[list[BlockState]]:
+    """Consecutive blocks grouped into reads of about READ_BATCH_BYTES."""
+    out: list[list[BlockState]] = []
+    size = READ_BATCH_BYTES
+    for block in blocks:
+        if size >= READ_BATCH_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(block)
+        size += sum(spec.info.nbytes for spec in block.tensors)
+    return out
+
+
 def _stream_load(
     model: nn.Module, ckpt: Checkpoint, req: LoadRequest, deferred: list[BlockState] | None = None
 ) -> LoadReport:
@@ -209,9 +229,10 @@ def _stream_load(
     if deferred is not None:  # read later by the caller's loader
         deferred.extend(now)
         now = []
-    for block in now:  # one batched read per block, so the progress bar moves block by block
-        materialize_all(block.tensors, device, storage=storage, threads=threads, expand=False)
-        done = sum(spec.info.nbytes for spec in block.tensors)
+    for batch in _batches(now):
+        specs = [spec for block in batch for spec in block.tensors]
+        materialize_all(specs, device, storage=storage, threads=threads, expand=False)
+        done = sum(spec.info.nbytes for spec in specs)
         report.device_tier.bytes += done
         bar.advance(done)
     report.device_tier.blocks += len(now)

@@ -104,10 +104,10 @@ pub enum ColdRead {
 }
 
 impl ColdRead {
-    /// The reader measured fastest on a cold RAM tier here (BENCHMARK.md, "Cold RAM tier").
-    /// Each worker keeps one request in flight (two workers: two streams), and the kernel's
-    /// read-ahead runs ahead of it.
-    pub const DEFAULT: ColdRead = ColdRead::Pread { in_flight: 1 };
+    /// The reader measured fastest on a cold RAM tier here (BENCHMARK.md, "Cold RAM tier"):
+    /// buffered reads want about four requests in flight on this drive, so each of the two
+    /// workers keeps two, with the kernel's read-ahead ahead of each.
+    pub const DEFAULT: ColdRead = ColdRead::Pread { in_flight: 2 };
 }
 
 /// Settings of an [`Engine`].
