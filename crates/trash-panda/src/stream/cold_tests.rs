@@ -108,6 +108,7 @@ fn a_block_read_cold_and_warm_gives_the_same_bytes() {
         ColdRead::Map,
         ColdRead::Populate,
         ColdRead::Pread { in_flight: 1 },
+        ColdRead::DEFAULT,
         ColdRead::Pread { in_flight: 3 },
     ];
     let all: u64 = blocks
