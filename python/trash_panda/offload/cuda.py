@@ -86,26 +86,33 @@ def register_pinned(cudart: Any, engine: _core.Engine, ram_tier: bool = False) -
 
 
 def _expand_into(out: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, kind: str) -> None:
-    """``out = (w.float() * scale).to(out.dtype)``, computed in place in ``out``: the stored
-    values convert exactly into the compute dtype (fp8, or a narrower float), then the scale,
-    broadcast through a view, multiplies them in float32 with one rounding, as the reference."""
+    """``out = (w.float() * scale).to(out.dtype)``, computed in ``out`` with no other memory: the
+    scale, broadcast through a view, multiplies in float32 and the result is rounded once into
+    ``out``, as the reference."""
     import torch
 
-    exact = w.dtype.itemsize < out.dtype.itemsize or w.dtype == out.dtype or w.dtype.itemsize == 1
     if scale is None:
         out.copy_(w.reshape(out.shape))
         return
     s = scale if scale.dtype == torch.float32 else scale.to(torch.float32)
-    # Where the stored values do not convert exactly into the compute dtype (f32 computing in
-    # bf16, say), they are scaled in a float32 copy first, so the result is rounded once.
-    target = out if exact else torch.empty(out.shape, dtype=torch.float32, device=out.device)
-    target.copy_(w.reshape(out.shape))
+    src = w.reshape(out.shape)
+    exact = w.dtype.itemsize < out.dtype.itemsize or w.dtype == out.dtype or w.dtype.itemsize == 1
+    if exact:
+        # The stored values convert exactly (fp8 has no arithmetic of its own): convert in place,
+        # then multiply in place; a float32 scale makes torch compute in float32.
+        out.copy_(src)
+        src = out
+    # Otherwise (f32 stored, bf16 compute, say) torch reads the stored values, computes in
+    # float32 and writes the compute dtype once: no float32 copy of the tensor, which the plan
+    # would have to count.
     if kind == "block":
-        _mul_blocks(target.reshape(target.shape[0], -1) if target.dim() > 1 else target.reshape(1, -1), s)
+        _mul_blocks(_as_2d(out), s, _as_2d(src))
     else:
-        target.mul_(s.reshape(_broadcast(s, target, kind)))
-    if target is not out:
-        out.copy_(target)
+        torch.mul(src, s.reshape(_broadcast(s, out, kind)), out=out)
+
+
+def _as_2d(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(t.shape[0], -1) if t.dim() > 1 else t.reshape(1, -1)
 
 
 def _broadcast(scale: torch.Tensor, w: torch.Tensor, kind: str) -> list[int]:
@@ -114,20 +121,27 @@ def _broadcast(scale: torch.Tensor, w: torch.Tensor, kind: str) -> list[int]:
     return [1] * max(w.dim(), 1)
 
 
-def _mul_blocks(out: torch.Tensor, s: torch.Tensor, block: int = 128) -> None:
-    """Multiplies a [rows, cols] tensor by one scale per 128x128 tile, through views: whole tiles
-    at once, then the partial edge strips."""
+def _mul_blocks(out: torch.Tensor, s: torch.Tensor, src: torch.Tensor, block: int = 128) -> None:
+    """``out = src * s`` for a [rows, cols] tensor with one scale per 128x128 tile, through
+    views: whole tiles at once, then the partial edge strips (``src`` may be ``out``)."""
+    import torch
+
     rows, cols = out.shape
     rf, cf = rows // block * block, cols // block * block
     a, b = rf // block, cf // block
     if a and b:
-        out[:rf, :cf].unflatten(0, (a, block)).unflatten(2, (b, block)).mul_(s[:a, :b].reshape(a, 1, b, 1))
+        tiles = (slice(0, rf), slice(0, cf))
+        shaped = [t[tiles].unflatten(0, (a, block)).unflatten(2, (b, block)) for t in (out, src)]
+        torch.mul(shaped[1], s[:a, :b].reshape(a, 1, b, 1), out=shaped[0])
     if rf < rows and b:
-        out[rf:, :cf].unflatten(1, (b, block)).mul_(s[a, :b].reshape(1, b, 1))
+        edge = (slice(rf, rows), slice(0, cf))
+        torch.mul(src[edge].unflatten(1, (b, block)), s[a, :b].reshape(1, b, 1), out=out[edge].unflatten(1, (b, block)))
     if cf < cols and a:
-        out[:rf, cf:].unflatten(0, (a, block)).mul_(s[:a, b].reshape(a, 1, 1))
+        edge = (slice(0, rf), slice(cf, cols))
+        torch.mul(src[edge].unflatten(0, (a, block)), s[:a, b].reshape(a, 1, 1), out=out[edge].unflatten(0, (a, block)))
     if rf < rows and cf < cols:
-        out[rf:, cf:].mul_(s[a, b])
+        # A 1x1 tensor, not a 0-d one: a 0-d float32 would not lift a float16 product to float32.
+        torch.mul(src[rf:, cf:], s[a, b].reshape(1, 1), out=out[rf:, cf:])
 
 
 def _typed(dev: torch.Tensor, offset: int, length: int, header: str, shape: tuple[int, ...]) -> torch.Tensor:
