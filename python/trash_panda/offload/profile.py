@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from .. import _core, config
 from ..errors import ReadError
 
-# Enough to get past the drive's first burst, little enough to keep the report quick (~0.3 s).
+# Enough to get past the drive's first burst; the core stops after a second on a slow drive.
 DRIVE_BYTES = 512 << 20
 
 if TYPE_CHECKING:

@@ -16,6 +16,9 @@ pub const DRIVE_IN_FLIGHT: usize = 4;
 const DRIVE_CHUNK: usize = 8 << 20;
 /// The bytes read into one buffer before it is reused: memory held while measuring.
 const DRIVE_PIECE: usize = 64 << 20;
+/// A slow drive (a disk with heads, a network share) stops being read after this long: the rate
+/// is known by then, and a profile should not keep a user waiting.
+const DRIVE_SECONDS: f64 = 1.0;
 
 /// What [`measure_drive`] read, and how fast.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -36,7 +39,7 @@ impl DriveRate {
 }
 
 /// Reads up to `max_bytes` from the start of `files` (in order) with unbuffered reads,
-/// [`DRIVE_IN_FLIGHT`] requests in flight. `Ok(None)` when a file system refuses unbuffered
+/// [`DRIVE_IN_FLIGHT`] requests in flight, stopping early once a second has passed. `Ok(None)` when a file system refuses unbuffered
 /// reads (a RAM-backed one, say): a buffered read could be served from memory and would be no
 /// measure of the drive.
 pub fn measure_drive(files: &[PathBuf], max_bytes: u64) -> Result<Option<DriveRate>, IoError> {
@@ -63,15 +66,17 @@ pub fn measure_drive(files: &[PathBuf], max_bytes: u64) -> Result<Option<DriveRa
         // Whole aligned reads only: the tail of a file shorter than the alignment is skipped.
         let mut offset = 0u64;
         let end = r.len().min(offset + left) / align * align;
-        while offset < end {
+        let mut late = false;
+        while offset < end && !late {
             let n = ((end - offset) as usize).min(buf.len());
             let mut req = [ReadRequest::new(offset, &mut buf[..n])];
             read_ranges_with(r, &mut req, &opts)?;
             offset += n as u64;
+            late = started.elapsed().as_secs_f64() >= DRIVE_SECONDS;
         }
         bytes += offset;
         left -= offset;
-        if left == 0 {
+        if left == 0 || late {
             break;
         }
     }
