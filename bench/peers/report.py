@@ -114,8 +114,8 @@ def targets(data: dict, floors: dict[str, float], ours: str = "trash-panda") -> 
         line(tp["written"] == 0, f"the load writes nothing: {tp['written']} bytes"),
         line(
             all(tp["load_s"] < r["load_s"] for r in peers),
-            f"load faster than every peer: {tp['load_s']:.1f} s against "
-            + ", ".join(f"{r['system']} {r['load_s']:.1f} s" for r in peers),
+            f"load faster than every peer: {tp['load_s']:.2f} s against "
+            + ", ".join(f"{r['system']} {r['load_s']:.2f} s" for r in peers),
         ),
         line(
             all(tp["peak_rss"] <= r["peak_rss"] for r in peers),
