@@ -42,12 +42,14 @@ def config(vocab: int) -> dict[str, object]:
     }
 
 
-def train_tokenizer(folder: Path, vocab: int = 4000) -> int:
-    """A byte-level BPE tokenizer trained on the repository's documents; returns its size."""
+def train_tokenizer(folder: Path, vocab: int = 4000, text: list[str] | None = None) -> int:
+    """A byte-level BPE tokenizer of at most ``vocab`` tokens, trained on ``text`` (by default
+    the repository's documents) and saved as a fast tokenizer; returns its size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    text = [line for name in TEXT_FILES for line in (ROOT / name).read_text(encoding="utf-8").splitlines() if line]
+    if text is None:
+        text = [line for name in TEXT_FILES for line in (ROOT / name).read_text(encoding="utf-8").splitlines() if line]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -3,38 +3,21 @@ save_pretrained, and a byte-level BPE tokenizer trained with the tokenizers libr
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from demo_model import train_tokenizer  # the demo's trainer, given this text
+
 TEXT = [
     "the raccoon streams weights from the disk to the device block by block",
     "a plan says which block lives on the device, in ram or on the disk",
     "tokens come one by one while the next block is read ahead of the compute",
 ] * 20
-
-
-def train_tokenizer(folder: Path, vocab: int) -> None:
-    """A byte-level BPE tokenizer of at most ``vocab`` tokens, saved as a fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(TEXT, trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
-    )
-    fast.save_pretrained(folder)
 
 
 def randomize(model: nn.Module, seed: int = 1) -> None:
@@ -80,7 +63,7 @@ def make_llama(folder: Path, layers: int) -> Path:
     model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16).eval()
     randomize(model)
     save_sharded(model, folder)
-    train_tokenizer(folder, 300)
+    train_tokenizer(folder, 300, TEXT)
     return folder
 
 

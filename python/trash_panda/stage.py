@@ -109,7 +109,7 @@ def _stage(
     from .offload import install_offload, release, stream_load
     from .offload.loader import load_deferred
     from .offload.order import choose_order, write_order
-    from .offload.overlap import ResidentLoader, start_loader
+    from .offload.overlap import start_loader
     from .offload.state import get_state
 
     model = build_fn()
@@ -123,7 +123,6 @@ def _stage(
     shared = {k: options[k] for k in _SHARED if k in options}
     device = resolve_device(shared.get("device"))
     handle: OffloadHandle | None = None
-    loader: ResidentLoader | None = None
     choice = None
     try:
         ckpt = Checkpoint(path)
@@ -138,15 +137,13 @@ def _stage(
         choice = choose_order(path, blocks, order, destination)
         handle = install_offload(model, order=choice.first)
         if overlap:
-            loader = start_loader(handle, state, deferred, choice.first)
+            start_loader(handle, state, deferred, choice.first)  # stopped when the hooks come off
         with _measure(device) as peak:
             yield model, p, handle
         if not overlap:  # with overlap the load falls inside the measured part
             with _PEAKS_LOCK:
                 _PEAKS[key] = peak[0]
     finally:
-        if loader is not None:
-            loader.close()
         if choice is not None and handle is not None:
             write_order(choice, handle.ran)
         release(model, handle)

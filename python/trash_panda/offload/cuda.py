@@ -96,15 +96,13 @@ def _expand_into(out: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
         return
     s = scale if scale.dtype == torch.float32 else scale.to(torch.float32)
     src = w.reshape(out.shape)
-    exact = w.dtype.itemsize < out.dtype.itemsize or w.dtype == out.dtype or w.dtype.itemsize == 1
-    if exact:
-        # The stored values convert exactly (fp8 has no arithmetic of its own): convert in place,
-        # then multiply in place; a float32 scale makes torch compute in float32.
+    if w.dtype.itemsize == 1:
+        # fp8 has no arithmetic of its own; it converts exactly into every compute dtype, so it
+        # is converted in place first and multiplied there.
         out.copy_(src)
         src = out
-    # Otherwise (f32 stored, bf16 compute, say) torch reads the stored values, computes in
-    # float32 and writes the compute dtype once: no float32 copy of the tensor, which the plan
-    # would have to count.
+    # torch reads the values, computes in float32 (the scale's dtype) and writes the compute
+    # dtype once: no float32 copy of the tensor, which the plan would have to count.
     if kind == "block":
         _mul_blocks(_as_2d(out), s, _as_2d(src))
     else:

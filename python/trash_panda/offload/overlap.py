@@ -90,9 +90,7 @@ class ResidentLoader:
             self._thread.join()
 
 
-def start_loader(
-    handle: OffloadHandle, state: ModelState, deferred: list[BlockState], first: list[str] | None
-) -> ResidentLoader:
+def start_loader(handle: OffloadHandle, state: ModelState, deferred: list[BlockState], first: list[str] | None) -> None:
     """Starts reading the ``deferred`` resident blocks in run order (``first``, the order given
     to install_offload, then model order); the hooks wait for a block not read yet, and taking
     them off stops the thread."""
@@ -102,6 +100,5 @@ def start_loader(
     by_index = {b.index: b for b in deferred}
     loader = ResidentLoader([by_index[i] for i in run_order if i in by_index], state.device, state.config.storage_dtype)
     handle._waiter = loader.wait
-    handle._loader = loader  # the profile's loader-thread line
+    handle._loader = loader  # the profile's loader-thread line; closed by the handle's removal
     loader.start()
-    return loader

@@ -39,9 +39,9 @@ impl DriveRate {
 }
 
 /// Reads up to `max_bytes` from the start of `files` (in order) with unbuffered reads,
-/// [`DRIVE_IN_FLIGHT`] requests in flight, stopping early once a second has passed. `Ok(None)` when a file system refuses unbuffered
-/// reads (a RAM-backed one, say): a buffered read could be served from memory and would be no
-/// measure of the drive.
+/// [`DRIVE_IN_FLIGHT`] requests in flight, stopping early once a second has passed. `Ok(None)`
+/// when a file system refuses unbuffered reads (a RAM-backed one, say): a buffered read could be
+/// served from memory and would be no measure of the drive.
 pub fn measure_drive(files: &[PathBuf], max_bytes: u64) -> Result<Option<DriveRate>, IoError> {
     let mut readers = Vec::new();
     for path in files {
