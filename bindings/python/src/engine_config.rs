@@ -73,6 +73,12 @@ impl PyEngineConfig {
         self.inner.held.expansion_bytes
     }
 
+    /// The checkpoint pages a disk-tier block used in place maps while it runs.
+    #[getter]
+    fn mapped_window_bytes(&self) -> u64 {
+        self.inner.held.mapped_window_bytes
+    }
+
     /// "direct" or "buffered".
     #[getter]
     fn disk_mode(&self) -> &'static str {

@@ -370,6 +370,12 @@ impl PyBudgets {
     fn expansion(&self) -> u64 {
         self.inner.expansion
     }
+    /// The checkpoint pages a disk-tier block used in place maps while it runs (the CPU on
+    /// Linux), 0 when none is.
+    #[getter]
+    fn mapped_window(&self) -> u64 {
+        self.inner.mapped_window
+    }
     #[getter]
     fn outside(&self) -> u64 {
         self.inner.outside
@@ -403,13 +409,14 @@ impl PyBudgets {
         self.inner.disk_bytes
     }
     /// Everything the runtime holds beside the weights on the device: device slots and the
-    /// expansion buffer (on the CPU, the host staging pool and the expansion buffer).
+    /// expansion buffer (on the CPU, the host staging pool, the mapped window and the expansion
+    /// buffer).
     #[getter]
     fn held_on_device(&self) -> u64 {
         let slots = if self.inner.gpu {
             self.inner.device_slot_bytes
         } else {
-            self.inner.host_staging
+            self.inner.host_staging + self.inner.mapped_window
         };
         slots + self.inner.expansion
     }

@@ -310,19 +310,22 @@ impl ByteOwner for ImageBytes {
 #[derive(Debug)]
 struct LeaseCell(Lease);
 
-/// A tensor's bytes inside a leased staging buffer.
+/// A tensor's bytes inside a leased staging buffer, or, for a block used in place, inside the
+/// private map of its file.
 struct LeaseSlice {
-    cell: Arc<LeaseCell>,
-    offset: usize,
+    /// Kept for its lease, which keeps the memory alive.
+    _cell: Arc<LeaseCell>,
+    /// The first byte's address: the lease (in `cell`) keeps the staging buffer and the maps it
+    /// points into alive and unmoved while this slice lives.
+    start: usize,
     len: usize,
 }
 
 impl ByteOwner for LeaseSlice {
     fn raw_parts(&self) -> (*mut u8, usize) {
-        // The Python layer only reads these views (they are copy or expansion sources).
-        let base = self.cell.0.bytes().as_ptr().cast_mut();
-        // SAFETY: `offset + len` lies inside the lease's bytes (checked in `PyLease::view`).
-        (unsafe { base.add(self.offset) }, self.len)
+        // Copy and expansion sources, or (on the CPU) the weights themselves; a write through
+        // them lands in the staging buffer or in this process's copy of a privately mapped page.
+        (self.start as *mut u8, self.len)
     }
 }
 
@@ -374,23 +377,36 @@ impl PyLease {
     /// The whole staged block as bytes (a zero-copy view for torch.from_dlpack).
     fn block_bytes(&self) -> PyResult<PyTensorBytes> {
         let cell = self.cell()?;
-        let len = cell.0.bytes().len();
+        let bytes = cell.0.bytes();
+        let (start, len) = (bytes.as_ptr() as usize, bytes.len());
         Ok(PyTensorBytes::from_owner(Arc::new(LeaseSlice {
-            cell,
-            offset: 0,
+            _cell: cell,
+            start,
             len,
         })))
+    }
+
+    /// True when the block is used in place from the map of its files (the views are the
+    /// file's pages, and ``block_bytes`` is empty).
+    #[getter]
+    fn in_place(&self) -> PyResult<bool> {
+        Ok(self.cell()?.0.in_place())
+    }
+
+    /// Gives back the pages of one tensor of a block used in place once its views are no
+    /// longer read (a later read maps them again); nothing for a staged block.
+    fn forget_tensor(&self, tensor: usize) -> PyResult<()> {
+        self.cell()?.0.forget_tensor(tensor).map_err(ToPyErr::to_py)
     }
 
     /// One tensor's staged bytes, by index in the block's layout.
     fn view(&self, tensor: usize) -> PyResult<PyTensorBytes> {
         let cell = self.cell()?;
         let bytes = cell.0.tensor(tensor).map_err(ToPyErr::to_py)?;
-        let offset = bytes.as_ptr() as usize - cell.0.bytes().as_ptr() as usize;
-        let len = bytes.len();
+        let (start, len) = (bytes.as_ptr() as usize, bytes.len());
         Ok(PyTensorBytes::from_owner(Arc::new(LeaseSlice {
-            cell,
-            offset,
+            _cell: cell,
+            start,
             len,
         })))
     }

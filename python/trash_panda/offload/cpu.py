@@ -82,6 +82,14 @@ class CpuBackend:
             kernels.expand(spec.resident, spec.target, scale, out=out)
             swap(spec, out)
 
+    def forget_used(self, block: BlockState, indices: list[int]) -> None:
+        """Unmaps tensors of a block used in place whose module has run (see hooks.py)."""
+        lease = self.leases.get(block.index)
+        if lease is None or not lease.in_place:
+            return
+        for i in indices:
+            lease.forget_tensor(i)
+
     def done(self, block: BlockState) -> None:
         changed = self.shared.modified(block)
         for spec in block.work:

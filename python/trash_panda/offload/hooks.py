@@ -13,7 +13,7 @@ from .. import _core, config
 from ..errors import ArgumentError, StreamError
 from .cpu import CpuBackend
 from .cuda import CudaBackend, DeviceBackend
-from .state import BlockState, ModelState, get_state
+from .state import BlockState, ModelState, TensorSpec, get_state
 from .work import Timing
 
 # What makes a block runnable on its device: the CPU's, or a device with its own memory.
@@ -39,6 +39,9 @@ class HookRegistry:
 
     def around(self, module: nn.Module, before: Callable[[], None], after: Callable[[], None]) -> None:
         self._handles.append(module.register_forward_pre_hook(lambda _m, _args: before()))
+        self._handles.append(module.register_forward_hook(lambda _m, _args, _out: after(), always_call=True))
+
+    def after(self, module: nn.Module, after: Callable[[], None]) -> None:
         self._handles.append(module.register_forward_hook(lambda _m, _args, _out: after(), always_call=True))
 
     def remove(self) -> None:
@@ -251,8 +254,31 @@ def _install(
                 handle._final.after(block)
 
         registry.around(block.module, before, after)
+        if isinstance(backend, CpuBackend) and block.engine_index is not None:
+            _forget_as_used(registry, backend, block)
     state.handle = handle
     return handle
+
+
+def _forget_as_used(registry: HookRegistry, backend: CpuBackend, block: BlockState) -> None:
+    """A block used in place from the checkpoint's map gives each module's weights back to the
+    page cache as soon as that module has run, not at the end of the block: the process then
+    maps one module's weights at a time, not the whole block's. A later use in the same run
+    maps them again."""
+    by_module: dict[int, tuple[nn.Module, list[TensorSpec]]] = {}
+    for spec in block.work:
+        if spec.staged_index is not None and spec.module is not block.module:
+            by_module.setdefault(id(spec.module), (spec.module, []))[1].append(spec)
+    for module, specs in by_module.values():
+        indices = [s.staged_index for s in specs if s.staged_index is not None]
+        registry.after(module, _forgetter(backend, block, indices))
+
+
+def _forgetter(backend: CpuBackend, block: BlockState, indices: list[int]) -> Callable[[], None]:
+    def forget() -> None:
+        backend.forget_used(block, indices)
+
+    return forget
 
 
 def offload_blocks(

@@ -103,17 +103,22 @@ pub struct BlockFigures {
     pub staging: ByTier,
     /// Expansion-buffer bytes the block needs in each tier.
     pub expansion: ByTier,
+    /// Bytes of the checkpoint's pages the block maps while it runs in place from the disk tier
+    /// (see [`crate::stream::in_place_eligible`]); 0 when it is staged.
+    pub mapped: u64,
 }
 
 /// The figures of a block of `tensors` (a checkpoint's, scale tensors included) for an engine
-/// with these dtypes and alignment. Tensors without a location are taken as lying one after
-/// the other, from offset 0, in the first file.
+/// with these dtypes and alignment, that uses disk-tier blocks in place if `in_place` (see
+/// [`super::maps_disk_tier`]). Tensors without a location are taken as lying one after the
+/// other, from offset 0, in the first file.
 pub fn block_figures(
     name: &str,
     tensors: &[TensorSizes],
     compute: DType,
     storage: Option<DType>,
     align: usize,
+    in_place: bool,
 ) -> BlockFigures {
     let names = || tensors.iter().map(|t| t.name.as_str());
     let weights: Vec<&TensorSizes> = tensors.iter().filter(|t| !t.is_scale()).collect();
@@ -132,18 +137,21 @@ pub fn block_figures(
         expansion_layout(&inputs, compute, align).1
     };
     let stored = expansion(&|t| stored_form(t, storage));
-    let staging = |tier: SourceTier| {
+    let layout = |tier: SourceTier| {
         let block = stream_block(name, tier, tensors);
         let files = block.tensors.iter().map(|t| t.file + 1).max().unwrap_or(1);
         // Sizes were checked against dtype and shape when the tensors were read; a block the
         // layout refuses cannot be streamed, and the engine reports why when it is made.
-        StagedLayout::build(&[block], files, storage, align).map_or(0, |l| l.block_len(0) as u64)
+        StagedLayout::build(&[block], files, storage, align, in_place).ok()
     };
+    let staging = |l: &Option<StagedLayout>| l.as_ref().map_or(0, |l| l.block_len(0) as u64);
+    let disk = layout(SourceTier::Disk);
     BlockFigures {
+        mapped: disk.as_ref().map_or(0, |l| l.mapped_bytes(0)),
         staging: ByTier {
             device: 0,
-            ram: staging(SourceTier::Ram),
-            disk: staging(SourceTier::Disk),
+            ram: staging(&layout(SourceTier::Ram)),
+            disk: staging(&disk),
         },
         expansion: ByTier {
             device: stored,

@@ -33,6 +33,14 @@ pub const fn tensor_align(gpu: bool) -> usize {
     }
 }
 
+/// Whether disk-tier blocks are used in place from maps of the checkpoint (where
+/// [`crate::stream::in_place_eligible`] allows): on the CPU, on Linux, whose `MADV_DONTNEED`
+/// hands a block's pages back as soon as it has run. A GPU copies every block anyway, and
+/// elsewhere a map's pages would stay in the process until the system trims them.
+pub const fn maps_disk_tier(gpu: bool) -> bool {
+    !gpu && cfg!(target_os = "linux")
+}
+
 /// What the runtime holds beside the weights, as a plan counts it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Held {
@@ -47,6 +55,10 @@ pub struct Held {
     pub device_slots: usize,
     /// The expansion buffer: the largest expansion any hooked block needs in its tier.
     pub expansion_bytes: u64,
+    /// The checkpoint pages a disk-tier block used in place maps while it runs: the largest
+    /// such block's, runs rounded out to [`crate::stream::MAP_GRAIN`] (0 when none is).
+    #[serde(default)]
+    pub mapped_window_bytes: u64,
 }
 
 impl Held {
@@ -60,6 +72,15 @@ impl Held {
             staging_buffer_bytes: largest_staged.map_or(0, |b| buffer_len(b as usize) as u64),
             device_slots: if gpu { buffers } else { 0 },
             expansion_bytes: expansion,
+            mapped_window_bytes: 0,
+        }
+    }
+
+    /// The same figures with a mapped window of `bytes`.
+    pub fn with_mapped_window(self, bytes: u64) -> Held {
+        Held {
+            mapped_window_bytes: bytes,
+            ..self
         }
     }
 
@@ -75,12 +96,23 @@ impl Held {
             .map(|b| b.expansion.get(b.tier))
             .max()
             .unwrap_or(0);
-        Held::new(largest, expansion, options.buffers(), gpu)
+        let mapped = blocks
+            .iter()
+            .filter(|b| b.tier == Tier::Disk)
+            .map(|b| b.mapped)
+            .max()
+            .unwrap_or(0);
+        Held::new(largest, expansion, options.buffers(), gpu).with_mapped_window(mapped)
     }
 
     /// Bytes of the host staging pool.
     pub fn host_staging(&self) -> u64 {
         self.staging_buffers as u64 * self.staging_buffer_bytes
+    }
+
+    /// Host RAM the streaming takes beside the weights: the staging pool and the mapped window.
+    pub fn host_ram(&self) -> u64 {
+        self.host_staging() + self.mapped_window_bytes
     }
 
     /// Bytes of the device slots.
@@ -161,6 +193,7 @@ impl EngineConfig {
             buffer_len: Some(self.held.staging_buffer_bytes as usize),
             direct_ram: self.gpu && self.pin_ram_tier,
             buffers: Some(self.held.staging_buffers),
+            in_place: maps_disk_tier(self.gpu),
             ..EngineOptions::default()
         }
     }

@@ -141,6 +141,30 @@ impl MappedFile {
         })
     }
 
+    /// Asks for the map's pages to be mapped as huge pages where the page cache holds them so
+    /// (`MADV_HUGEPAGE`): the pages it reads in are then read into 2 MiB folios, each mapped by
+    /// one page-table entry. An error where the platform has no such advice (it is only a hint).
+    pub fn advise_huge(&self) -> Result<(), IoError> {
+        platform::advise_huge(self.bytes()).map_err(|(op, source)| IoError::Cache {
+            path: self.path.clone(),
+            op,
+            source,
+        })
+    }
+
+    /// Gives back this process's pages of `range` and keeps the page cache's: the next read maps
+    /// them again (from the cache when still there). On a private map, what this process wrote
+    /// there is dropped and the file's bytes come back. An error where the platform cannot
+    /// (Windows).
+    pub fn forget(&self, range: Range<usize>) -> Result<(), IoError> {
+        let range = self.check(range.start, range.end)?;
+        platform::forget_pages(&self.bytes()[range]).map_err(|(op, source)| IoError::Cache {
+            path: self.path.clone(),
+            op,
+            source,
+        })
+    }
+
     /// Whether every page holding `range` is in memory now (`mincore`); an error where the system
     /// cannot tell (Windows).
     pub fn resident(&self, range: Range<usize>) -> Result<bool, IoError> {
@@ -171,6 +195,39 @@ impl MappedFile {
             at += n;
         }
         Ok(true)
+    }
+
+    /// Whether `range` looks resident, judged from one page every `stride` bytes and its last
+    /// page: enough for a page cache of large folios, which is cached or evicted a folio at a
+    /// time, at a hundredth of the cost of asking for every page. An error where the system
+    /// cannot tell (Windows).
+    pub fn resident_sampled(&self, range: Range<usize>, stride: usize) -> Result<bool, IoError> {
+        let range = self.check(range.start, range.end)?;
+        if range.is_empty() {
+            return Ok(true);
+        }
+        let page = platform::page_size();
+        let stride = stride.max(page);
+        let mut out = [0u8; 1];
+        let last = range.end - 1;
+        let mut at = range.start;
+        loop {
+            let first = at - at % page;
+            platform::page_residency(&self.bytes()[first..first + 1], &mut out).map_err(
+                |(op, source)| IoError::Cache {
+                    path: self.path.clone(),
+                    op,
+                    source,
+                },
+            )?;
+            if out[0] & 1 == 0 {
+                return Ok(false);
+            }
+            if at == last {
+                return Ok(true);
+            }
+            at = (at + stride).min(last);
+        }
     }
 
     fn check(&self, start: usize, end: usize) -> Result<Range<usize>, IoError> {

@@ -89,8 +89,10 @@ pub fn plan(
     // the final assignment are exact (`recompute`).
     let mut streamed_staging = vec![None; n + 1];
     let mut streamed_expansion = vec![0u64; n + 1];
+    let mut streamed_mapped = vec![0u64; n + 1];
     for k in (0..n).rev() {
         let b = &blocks[k];
+        streamed_mapped[k] = streamed_mapped[k + 1].max(b.mapped);
         streamed_staging[k] = Some(
             streamed_staging[k + 1]
                 .unwrap_or(0)
@@ -107,6 +109,7 @@ pub fn plan(
     let held = |k: usize| {
         let expansion = resident_expansion[k].max(streamed_expansion[k]);
         Held::new(streamed_staging[k], expansion, options.buffers(), gpu)
+            .with_mapped_window(streamed_mapped[k])
     };
     // What the runtime holds shrinks as more blocks become resident, so the fit is not
     // monotonic in k: check every k and keep the largest that fits.

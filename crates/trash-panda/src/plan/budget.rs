@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::blocks::TensorSizes;
 use super::options::{Figures, PlanOptions};
 use super::{BlockPlan, OutsidePlan, Tier};
-use crate::engine_config::{block_figures, tensor_align, Held};
+use crate::engine_config::{block_figures, maps_disk_tier, tensor_align, Held};
 use crate::DType;
 
 /// The smallest 2-D weight `storage_dtype="fp8"` quantizes (1 Mi elements, e.g. 1024 x 1024):
@@ -88,6 +88,7 @@ pub(crate) fn block_plan(
         compute,
         options.storage_dtype,
         tensor_align(gpu),
+        maps_disk_tier(gpu),
     );
     BlockPlan {
         name: name.to_string(),
@@ -98,6 +99,7 @@ pub(crate) fn block_plan(
         expanded_bytes: sum(&|t| expanded_bytes(t, compute)),
         staging: figures.staging,
         expansion: figures.expansion,
+        mapped: figures.mapped,
         tensors: tensors.len(),
     }
 }
@@ -148,6 +150,10 @@ pub struct Budgets {
     pub device_slot_bytes: u64,
     /// The expansion buffer: the largest expansion a hooked block needs.
     pub expansion: u64,
+    /// The checkpoint pages a disk-tier block used in place maps while it runs (see
+    /// [`Held::mapped_window_bytes`]).
+    #[serde(default)]
+    pub mapped_window: u64,
     /// The outside weights in the compute dtype (on the device; in RAM without a GPU).
     pub outside: u64,
     /// What resident blocks may take on the device. Negative results clamp to 0.
@@ -168,6 +174,7 @@ impl Budgets {
             staging_buffer_bytes: self.staging_buffer_bytes,
             device_slots: self.device_slots,
             expansion_bytes: self.expansion,
+            mapped_window_bytes: self.mapped_window,
         }
     }
 }
@@ -200,6 +207,7 @@ pub(crate) fn compute(
         device_slots: held.device_slots,
         device_slot_bytes: held.device_slot_bytes(),
         expansion: held.expansion_bytes,
+        mapped_window: held.mapped_window_bytes,
         outside: outside.expanded_bytes,
         device_budget: shape.device_budget(&held),
         device_used,
@@ -241,11 +249,11 @@ impl Shape {
         }
     }
 
-    /// RAM left after the reserve and the host staging pool.
+    /// RAM left after the reserve, the host staging pool and the mapped window.
     fn ram_pool(&self, held: &Held) -> u64 {
         self.usable_ram
             .saturating_sub(self.min_free_ram)
-            .saturating_sub(held.host_staging())
+            .saturating_sub(held.host_ram())
     }
 
     pub fn device_limit(&self, held: &Held) -> u64 {

@@ -170,6 +170,7 @@ impl Plan {
                 expanded_bytes: 0,
                 staging: Default::default(),
                 expansion: Default::default(),
+                mapped: 0,
                 tensors: 0,
             });
         }

@@ -94,6 +94,10 @@ pub struct BlockPlan {
     /// place.
     #[serde(default)]
     pub expansion: ByTier,
+    /// Bytes of the checkpoint's pages the block maps while it runs in place from the disk tier
+    /// (on the CPU); 0 when it is staged there.
+    #[serde(default)]
+    pub mapped: u64,
     pub tensors: usize,
 }
 

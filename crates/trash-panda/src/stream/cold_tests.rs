@@ -54,7 +54,7 @@ fn engine(path: &Path, blocks: &[StreamBlock], cold_read: ColdRead, refusals: Re
         chunk_size: 64 << 10,
         ..EngineOptions::default()
     };
-    let layout = StagedLayout::build(blocks, 1, None, options.align).unwrap();
+    let layout = StagedLayout::build(blocks, 1, None, options.align, false).unwrap();
     let source = CheckpointSource::open(
         blocks.to_vec(),
         vec![path.to_owned()],

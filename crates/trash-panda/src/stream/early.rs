@@ -31,6 +31,7 @@ impl Engine {
         drop(st);
         Ok(Some(Lease {
             shared: self.shared.clone(),
+            source: self.source.clone(),
             block,
             slot,
             len: self.shared.layout.block_len(block),

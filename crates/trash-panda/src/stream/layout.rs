@@ -103,6 +103,10 @@ pub(crate) struct BlockLayout {
     pub file_starts: Vec<u64>,
     /// Sum of the tensors' (and scales') lengths: the bytes a staging of this block moves.
     pub payload: u64,
+    /// Used in place from a private map of its files (see [`in_place_eligible`]): its tensors
+    /// are not copied into the staging buffer, which only takes the cold reads that bring their
+    /// pages into the page cache.
+    pub in_place: bool,
 }
 
 /// The staging layout of every streamed block, computed once when the engine is created.
@@ -145,18 +149,20 @@ impl StagedLayout {
         file_count: usize,
         storage: Option<DType>,
     ) -> Result<Self, StreamError> {
-        Self::build(blocks, file_count, storage, TENSOR_ALIGN)
+        Self::build(blocks, file_count, storage, TENSOR_ALIGN, false)
     }
 
     /// Lays out `blocks` for an engine with storage dtype `storage`, every tensor at an `align`
     /// offset ([`TENSOR_ALIGN`] or [`DEVICE_TENSOR_ALIGN`]): RAM-tier blocks packed in their
-    /// converted form, disk-tier blocks as stored. Errors on a storage dtype the engine does not
-    /// convert to, or an alignment that is not a power of two from 64 to a page.
+    /// converted form, disk-tier blocks as stored, or, with `in_place`, used from the map where
+    /// [`in_place_eligible`] allows. Errors on a storage dtype the engine does not convert to, or
+    /// an alignment that is not a power of two from 64 to a page.
     pub fn build(
         blocks: &[StreamBlock],
         file_count: usize,
         storage: Option<DType>,
         align: usize,
+        in_place: bool,
     ) -> Result<Self, StreamError> {
         check_storage(storage)?;
         if !align.is_power_of_two() || !(TENSOR_ALIGN..=DIRECT_ALIGN).contains(&align) {
@@ -169,6 +175,7 @@ impl StagedLayout {
                 check_tensors(i, b, file_count)?;
                 Ok(match storage {
                     Some(dtype) if b.tier == SourceTier::Ram => pack(b, dtype, align),
+                    _ if in_place && in_place_eligible(b, align) => lay_out_in_place(b),
                     _ => lay_out(b, align),
                 })
             })
@@ -212,6 +219,24 @@ impl StagedLayout {
     /// `block_len(block)`, so inside every staging buffer.
     pub fn read_area(&self, block: usize) -> Range<usize> {
         self.blocks[block].read_area.clone()
+    }
+
+    /// Whether `block` is used in place from the map of its files (see [`in_place_eligible`]).
+    pub fn is_in_place(&self, block: usize) -> bool {
+        self.blocks[block].in_place
+    }
+
+    /// The bytes of `block`'s pages a process maps while the block runs in place: each run
+    /// rounded out to [`MAP_GRAIN`] (0 for a staged block).
+    pub fn mapped_bytes(&self, block: usize) -> u64 {
+        let b = &self.blocks[block];
+        if !b.in_place {
+            return 0;
+        }
+        b.runs
+            .iter()
+            .map(|r| r.end.next_multiple_of(MAP_GRAIN) - (r.start - r.start % MAP_GRAIN))
+            .sum()
     }
 
     /// Whether `block` is staged from a converted image (packed layout).
@@ -317,23 +342,15 @@ fn pack(block: &StreamBlock, storage: DType, align: usize) -> BlockLayout {
         len: at,
         file_starts: block.tensors.iter().map(|t| t.start).collect(),
         payload,
+        in_place: false,
     }
 }
 
-/// The as-stored layout: tensors packed at `align` offsets in file order; for the disk tier, runs
-/// read into a page-congruent read area that [`BlockLayout::settle`] empties.
-fn lay_out(block: &StreamBlock, align: usize) -> BlockLayout {
-    let mut order: Vec<usize> = (0..block.tensors.len()).collect();
-    order.sort_by_key(|&i| {
-        (
-            block.tensors[i].file,
-            block.tensors[i].start,
-            block.tensors[i].end,
-        )
-    });
-
+/// The block's tensors (indices in `order`, file order) grouped into runs: tensors of one file
+/// at most [`MERGE_GAP`] apart.
+fn runs_of(block: &StreamBlock, order: &[usize]) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
-    for &i in &order {
+    for &i in order {
         let t = &block.tensors[i];
         match runs.last_mut() {
             Some(r) if r.file == t.file && t.start <= r.end.saturating_add(MERGE_GAP) => {
@@ -349,6 +366,69 @@ fn lay_out(block: &StreamBlock, align: usize) -> BlockLayout {
             }),
         }
     }
+    runs
+}
+
+/// The largest page the page cache maps at once (a PMD on x86-64 and arm64): what a block run in
+/// place may map beyond its own bytes, at each end of each run.
+pub const MAP_GRAIN: u64 = 2 << 20;
+
+/// Whether a disk-tier block can be used in place, as views of its file's pages, on the CPU:
+/// every tensor is a 16-bit float, or lies at an `align` offset in its file. Other tensors at the
+/// file's own 8-byte alignment would change results: an fp32 Linear rounds differently on a
+/// weight that is not 64-byte aligned (measured; bf16 and f16 Linears round the same at any
+/// even offset, which the tests hold against plain models).
+pub fn in_place_eligible(block: &StreamBlock, align: usize) -> bool {
+    block.tier == SourceTier::Disk
+        && !block.tensors.is_empty()
+        && block.tensors.iter().all(|t| {
+            matches!(t.dtype, DType::BF16 | DType::F16) || t.start.is_multiple_of(align as u64)
+        })
+}
+
+/// The layout of a block used in place: its runs, and no staging bytes (a staging buffer's slot
+/// only paces the workers' look-ahead).
+fn lay_out_in_place(block: &StreamBlock) -> BlockLayout {
+    let mut order: Vec<usize> = (0..block.tensors.len()).collect();
+    order.sort_by_key(|&i| (block.tensors[i].file, block.tensors[i].start));
+    let runs = runs_of(block, &order);
+    let payload: u64 = block.tensors.iter().map(|t| t.end - t.start).sum();
+    BlockLayout {
+        tensors: block
+            .tensors
+            .iter()
+            .map(|t| StagedTensor {
+                name: t.name.clone(),
+                offset: 0,
+                len: (t.end - t.start) as usize,
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                scale: None,
+            })
+            .collect(),
+        runs,
+        converted: false,
+        read_area: 0..0,
+        len: 0,
+        file_starts: block.tensors.iter().map(|t| t.start).collect(),
+        payload,
+        in_place: true,
+    }
+}
+
+/// The as-stored layout: tensors packed at `align` offsets in file order; for the disk tier, runs
+/// read into a page-congruent read area that [`BlockLayout::settle`] empties.
+fn lay_out(block: &StreamBlock, align: usize) -> BlockLayout {
+    let mut order: Vec<usize> = (0..block.tensors.len()).collect();
+    order.sort_by_key(|&i| {
+        (
+            block.tensors[i].file,
+            block.tensors[i].start,
+            block.tensors[i].end,
+        )
+    });
+
+    let mut runs = runs_of(block, &order);
 
     let mut tensors: Vec<StagedTensor> = block
         .tensors
@@ -381,6 +461,7 @@ fn lay_out(block: &StreamBlock, align: usize) -> BlockLayout {
             len: packed_end,
             file_starts,
             payload,
+            in_place: false,
         };
     }
 
@@ -424,6 +505,7 @@ fn lay_out(block: &StreamBlock, align: usize) -> BlockLayout {
         read_area,
         file_starts,
         payload,
+        in_place: false,
     }
 }
 

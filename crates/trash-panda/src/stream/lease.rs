@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::pool::SlotState;
+use super::source::Source;
 use super::{Shared, StagedTensor, StreamError};
 use crate::io::AlignedBuf;
 
@@ -38,6 +39,8 @@ impl<'a> From<&'a String> for TensorKey<'a> {
 #[derive(Debug)]
 pub struct Lease {
     pub(super) shared: Arc<Shared>,
+    /// Holds the maps a block used in place points into, for as long as the lease lives.
+    pub(super) source: Arc<dyn Source>,
     pub(super) block: usize,
     pub(super) slot: usize,
     pub(super) len: usize,
@@ -62,14 +65,52 @@ impl Lease {
 
     /// The block's staged bytes: every tensor at its (64-byte aligned) layout offset, with padding
     /// between them; past the last tensor of a disk-tier block, what is left of its read area.
+    /// A block used in place has no staged bytes (see [`tensor`](Self::tensor)).
     pub fn bytes(&self) -> &[u8] {
+        if self.in_place() {
+            return &[];
+        }
         &self.buf.as_ref().expect("a live lease holds its buffer")[..self.len]
     }
 
-    /// The bytes of one tensor of the block, in the dtype its layout entry names.
+    /// Whether the block is used in place from the map of its files: its tensors are views of
+    /// the file's pages, and [`bytes`](Self::bytes) is empty.
+    pub fn in_place(&self) -> bool {
+        self.shared.layout.is_in_place(self.block)
+    }
+
+    /// The bytes of one tensor of the block, in the dtype its layout entry names: in the staging
+    /// buffer, or, for a block used in place, in the file's map (private: a write stays in this
+    /// process and is undone when the lease goes).
     pub fn tensor<'k>(&self, key: impl Into<TensorKey<'k>>) -> Result<&[u8], StreamError> {
-        let t = self.staged(key.into())?;
+        let key = key.into();
+        let t = self.staged(key)?;
+        if self.in_place() {
+            let index = self.index_of(key, t);
+            return self.source.in_place(self.block, index);
+        }
         Ok(&self.bytes()[t.offset..t.offset + t.len])
+    }
+
+    /// Gives back the pages of one tensor of a block used in place, once the caller is done with
+    /// its views (they would fault the pages back in); does nothing for a staged block.
+    pub fn forget_tensor<'k>(&self, key: impl Into<TensorKey<'k>>) -> Result<(), StreamError> {
+        let key = key.into();
+        let t = self.staged(key)?;
+        if self.in_place() {
+            self.source.forget_tensor(self.block, self.index_of(key, t));
+        }
+        Ok(())
+    }
+
+    fn index_of(&self, key: TensorKey<'_>, t: &StagedTensor) -> usize {
+        match key {
+            TensorKey::Index(i) => i,
+            TensorKey::Name(_) => {
+                let all = self.shared.layout.layout(self.block);
+                all.iter().position(|x| std::ptr::eq(x, t)).unwrap_or(0)
+            }
+        }
     }
 
     /// The per-row f32 scales (little-endian) of a tensor the engine quantized to fp8; `None` for
@@ -120,6 +161,10 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         let Some(buf) = self.buf.take() else { return };
+        if self.in_place() {
+            // Nothing of ours points into the pages now (the views went before the lease).
+            self.source.forget(self.block);
+        }
         let mut st = self.shared.lock();
         let stamp = st.tick();
         let s = &mut st.slots[self.slot];

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 pub use convert::STORAGE_DTYPES;
 pub use error::StreamError;
 pub use layout::{
-    buffer_len, StagedLayout, StagedScale, StagedTensor, DEVICE_TENSOR_ALIGN, MERGE_GAP,
-    TENSOR_ALIGN,
+    buffer_len, in_place_eligible, StagedLayout, StagedScale, StagedTensor, DEVICE_TENSOR_ALIGN,
+    MAP_GRAIN, MERGE_GAP, TENSOR_ALIGN,
 };
 pub use lease::{Lease, TensorKey};
 pub use stagings::{Staging, StagingSource, MAX_STAGINGS};
@@ -145,6 +145,11 @@ pub struct EngineOptions {
     pub buffer_len: Option<usize>,
     /// Staging buffers, as the plan counted them; `None`: `lookahead + 1`. At least one.
     pub buffers: Option<usize>,
+    /// Disk-tier blocks that [`in_place_eligible`] allows are used in place from private maps of
+    /// their files (the CPU computes from the page cache's pages) instead of being copied into a
+    /// staging buffer. After a block runs its pages are unmapped, and with `disk_mode: Direct`
+    /// also dropped from the page cache, so the pass does not evict what the RAM tier keeps there.
+    pub in_place: bool,
 }
 
 impl Default for EngineOptions {
@@ -162,6 +167,7 @@ impl Default for EngineOptions {
             copy_threads: 0,
             buffer_len: None,
             buffers: None,
+            in_place: false,
         }
     }
 }
@@ -216,7 +222,13 @@ impl Engine {
         files: Vec<PathBuf>,
         options: EngineOptions,
     ) -> Result<Engine, StreamError> {
-        let layout = StagedLayout::build(&blocks, files.len(), options.storage, options.align)?;
+        let layout = StagedLayout::build(
+            &blocks,
+            files.len(),
+            options.storage,
+            options.align,
+            options.in_place,
+        )?;
         let meta = blocks.iter().map(|b| (b.name.clone(), b.tier)).collect();
         let source = CheckpointSource::open(blocks, files, Arc::new(layout.clone()), &options)?;
         Engine::with_source(meta, layout, Arc::new(source), options)
@@ -450,6 +462,7 @@ impl Engine {
         let (slot, buf) = outcome?;
         Ok(Lease {
             shared: self.shared.clone(),
+            source: self.source.clone(),
             block,
             slot,
             len: self.shared.layout.block_len(block),

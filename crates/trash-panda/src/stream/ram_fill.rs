@@ -7,7 +7,7 @@ use super::super::copy::copy_pairs;
 use super::super::layout::Run;
 use super::super::{ColdRead, StreamError};
 use super::{CheckpointSource, PAGES_READ, PAGES_UNREAD};
-use crate::io::{read_ranges_until, IoError, MappedFile, ReadOptions, ReadRequest};
+use crate::io::{read_ranges_until, MappedFile, ReadOptions, ReadRequest};
 
 impl CheckpointSource {
     /// Whether `run` of `block` has pages that are not in memory: `mincore` where the system has
@@ -81,25 +81,7 @@ impl CheckpointSource {
             let (map, file) = self.mapped[run.file]
                 .as_ref()
                 .expect("mapped for RAM blocks");
-            let path = &self.files[run.file];
-            let now = file.metadata().map_err(|source| {
-                let e = IoError::Read {
-                    path: path.clone(),
-                    offset: run.start,
-                    len: run.len() as u64,
-                    source,
-                };
-                self.read_error(block, run, e)
-            })?;
-            if now.len() < run.end {
-                let e = IoError::UnexpectedEof {
-                    path: path.clone(),
-                    offset: run.start,
-                    len: run.len() as u64,
-                    got_to: now.len().max(run.start),
-                };
-                return Err(self.read_error(block, run, e));
-            }
+            self.check_size(block, run, file)?;
             let range = run.start as usize..run.end as usize;
             if self.run_is_cold(block, map, run) {
                 cold_bytes += run

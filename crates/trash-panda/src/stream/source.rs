@@ -16,8 +16,12 @@ use crate::io::{
     ReadRequest, ReadStats, DIRECT_ALIGN,
 };
 
+#[path = "in_place.rs"]
+mod in_place;
 #[path = "ram_fill.rs"]
 mod ram_fill;
+
+pub(crate) use in_place::InPlaceFile;
 
 /// What one [`Source::fill`] moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +81,23 @@ pub(crate) trait Source: Send + Sync {
     fn disk_mode(&self) -> Option<ReadMode> {
         None
     }
+
+    /// The bytes of tensor `tensor` of `block`, a block used in place, in the map of its file.
+    fn in_place(&self, block: usize, tensor: usize) -> Result<&[u8], StreamError> {
+        let _ = tensor;
+        Err(StreamError::InvalidBlock {
+            block,
+            name: String::new(),
+            reason: "this source maps no file".into(),
+        })
+    }
+
+    /// Gives back the pages a block used in place mapped while it ran (and, when the disk tier
+    /// is read with O_DIRECT, drops them from the page cache too).
+    fn forget(&self, _block: usize) {}
+
+    /// As [`forget`](Self::forget) for one tensor of the block, while the others still run.
+    fn forget_tensor(&self, _block: usize, _tensor: usize) {}
 }
 
 /// Per-block private copies of the RAM tier, in staged layout (so staging is one memcpy).
@@ -127,6 +148,8 @@ pub(crate) struct CheckpointSource {
     readers: Vec<Option<FileReader>>,
     /// Buffered readers of the mapped files, for cold RAM-tier blocks under `ColdRead::Pread`.
     cold_readers: Vec<Option<FileReader>>,
+    /// For files holding disk-tier blocks used in place: their private map and buffered reader.
+    in_place: Vec<Option<InPlaceFile>>,
     cold_read: ColdRead,
     /// Per block: `PAGES_READ` once a cold read brought it into the page cache.
     pages: Vec<AtomicU8>,
@@ -161,10 +184,12 @@ impl CheckpointSource {
         };
         let mut needs_map = vec![false; files.len()];
         let mut needs_reader = vec![false; files.len()];
-        for b in &blocks {
+        let mut needs_in_place = vec![false; files.len()];
+        for (i, b) in blocks.iter().enumerate() {
             for t in &b.tensors {
                 match b.tier {
                     SourceTier::Ram => needs_map[t.file] |= ram_threads.is_none(),
+                    SourceTier::Disk if layout.is_in_place(i) => needs_in_place[t.file] = true,
                     SourceTier::Disk => needs_reader[t.file] = true,
                 }
             }
@@ -205,8 +230,14 @@ impl CheckpointSource {
         let mut mapped = Vec::with_capacity(files.len());
         let mut readers = Vec::with_capacity(files.len());
         let mut cold_readers = Vec::with_capacity(files.len());
+        let mut in_place = Vec::with_capacity(files.len());
         let pread = matches!(options.cold_read, ColdRead::Pread { .. });
         for (f, path) in files.iter().enumerate() {
+            in_place.push(if needs_in_place[f] {
+                Some(InPlaceFile::open(path).map_err(open_err(f))?)
+            } else {
+                None
+            });
             cold_readers.push(if needs_map[f] && pread {
                 Some(FileReader::open(path, ReadMode::Buffered).map_err(open_err(f))?)
             } else {
@@ -238,6 +269,7 @@ impl CheckpointSource {
             mapped,
             readers,
             cold_readers,
+            in_place,
             cold_read: options.cold_read,
             pages,
             populate_refused: AtomicBool::new(false),
@@ -470,6 +502,9 @@ impl CheckpointSource {
 impl Source for CheckpointSource {
     fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<Filled, StreamError> {
         let cold_bytes = match (self.blocks[block].tier, self.ram_threads) {
+            (SourceTier::Disk, _) if self.layout.is_in_place(block) => {
+                self.fill_in_place(block, stop)?
+            }
             (SourceTier::Disk, _) => {
                 self.fill_disk(block, dst, stop)?;
                 0
@@ -548,7 +583,23 @@ impl Source for CheckpointSource {
         self.convert_stats.get().copied()
     }
 
+    fn in_place(&self, block: usize, tensor: usize) -> Result<&[u8], StreamError> {
+        self.in_place_tensor(block, tensor)
+    }
+
+    fn forget(&self, block: usize) {
+        self.forget_in_place(block, None);
+    }
+
+    fn forget_tensor(&self, block: usize, tensor: usize) {
+        self.forget_in_place(block, Some(tensor));
+    }
+
     fn disk_mode(&self) -> Option<ReadMode> {
+        if self.readers.iter().all(Option::is_none) && self.in_place.iter().any(Option::is_some) {
+            // Blocks used in place are read through the page cache whatever the mode.
+            return Some(ReadMode::Buffered);
+        }
         let mut modes = self.readers.iter().flatten().map(|r| r.effective_mode());
         let first = modes.next()?;
         Some(if modes.all(|m| m == first) {

@@ -72,3 +72,13 @@ fn fadvise(file: &File, offset: u64, len: u64, advice: libc::c_int) -> io::Resul
     }
     Ok(())
 }
+
+/// Drops this process's pages of a mapped range (`madvise(DONTNEED)`); the page cache keeps them.
+pub(crate) fn forget_pages(bytes: &[u8]) -> Result<(), OpError> {
+    super::unix::forget(bytes).map_err(|e| ("madvise(DONTNEED)", e))
+}
+
+/// `madvise(MADV_HUGEPAGE)` over a mapped range: a hint that changes no content.
+pub(crate) fn advise_huge(bytes: &[u8]) -> Result<(), OpError> {
+    super::unix::advise(bytes, libc::MADV_HUGEPAGE).map_err(|e| ("madvise(HUGEPAGE)", e))
+}

@@ -89,3 +89,16 @@ fn fcntl(file: &File, cmd: libc::c_int, value: libc::c_int) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Drops this process's pages of a mapped range (`madvise(DONTNEED)`); the page cache keeps them.
+pub(crate) fn forget_pages(bytes: &[u8]) -> Result<(), OpError> {
+    super::unix::forget(bytes).map_err(|e| ("madvise(DONTNEED)", e))
+}
+
+/// No huge-page advice for file maps here.
+pub(crate) fn advise_huge(_bytes: &[u8]) -> Result<(), OpError> {
+    Err((
+        "madvise(HUGEPAGE) (not available here)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
+}

@@ -14,6 +14,8 @@
 //! - `prefetch(bytes)`: start reading a mapped range ahead of its use;
 //! - `release_range(bytes, file, offset)`: give back a mapped range's memory (the process's
 //!   pages, and the cache's where the platform allows);
+//! - `advise_huge(bytes)`: ask for a mapped range to be mapped with huge pages (a hint);
+//! - `forget_pages(bytes)`: give back the process's pages of a mapped range, leaving the cache's;
 //! - `populate(bytes)`: read a mapped range in now (returns when it is in memory), or say why not;
 //! - `advise_read(file, offset, len)`: start reading a file range ahead into the cache;
 //! - `page_size()`.

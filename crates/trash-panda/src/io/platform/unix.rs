@@ -43,7 +43,7 @@ pub(crate) fn prefetch(bytes: &[u8]) -> Result<(), super::OpError> {
 }
 
 /// `madvise(advice)` over the pages that hold `bytes` (part of a live map). Only for advice that
-/// reads (WILLNEED, POPULATE_READ): none of them changes what the pages hold.
+/// reads or hints (WILLNEED, POPULATE_READ, HUGEPAGE): none of them changes what the pages hold.
 pub(crate) fn advise(bytes: &[u8], advice: libc::c_int) -> io::Result<()> {
     let Some((aligned, len)) = page_span(bytes) else {
         return Ok(());
@@ -64,17 +64,19 @@ pub(crate) fn advise(bytes: &[u8], advice: libc::c_int) -> io::Result<()> {
     }
 }
 
-/// Drops this process's pages of `bytes`, part of a shared, read-only map of a file
-/// (`MADV_DONTNEED`): the next access reads them from the file (or its cache) again, with the same
-/// content, so nothing is lost; the memory stops counting against the process meanwhile.
+/// Drops this process's pages of `bytes`, part of a map of a file (`MADV_DONTNEED`): the next
+/// access reads them from the file (or its cache) again. A shared read-only map loses nothing; a
+/// private one also loses what this process wrote to those pages, and reads the file's bytes again
+/// (which is what its callers want: weights used in place go back to the checkpoint's values).
 pub(crate) fn forget(bytes: &[u8]) -> io::Result<()> {
     let Some((aligned, len)) = page_span(bytes) else {
         return Ok(());
     };
-    // SAFETY: the range lies within the pages of a live, shared, read-only file map (maps start
-    // on a page). MADV_DONTNEED on such a map only drops page-table entries: a later read,
-    // concurrent or not, faults the same bytes back in from the file, and no Rust reference can
-    // observe anything but the file's content.
+    // SAFETY: the range lies within the pages of a live file map (maps start on a page).
+    // MADV_DONTNEED on a file map only drops page-table entries (and, for a private map, the
+    // copies of pages this process wrote): a later access, concurrent or not, faults the file's
+    // bytes back in. Memory stays mapped, so no reference into it dangles; callers drop pages
+    // only when no Rust code reads them expecting the values written through the map.
     let rc = unsafe { libc::madvise(aligned as *mut c_void, len, libc::MADV_DONTNEED) };
     if rc == 0 {
         Ok(())

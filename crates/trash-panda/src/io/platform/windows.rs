@@ -145,3 +145,20 @@ pub(crate) fn page_size() -> usize {
         .filter(|&p| p > 0)
         .unwrap_or(4096)
 }
+
+/// A view's pages stay in the working set until Windows trims it (blocks are not used in place
+/// from maps here).
+pub(crate) fn forget_pages(_bytes: &[u8]) -> Result<(), OpError> {
+    Err((
+        "giving back a view's pages (not available on Windows)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
+}
+
+/// No huge-page advice for file maps here.
+pub(crate) fn advise_huge(_bytes: &[u8]) -> Result<(), OpError> {
+    Err((
+        "madvise(HUGEPAGE) (not available here)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
+}

@@ -1,0 +1,219 @@
+//! Disk-tier blocks used in place on the CPU: the compute reads the weights straight from the page
+//! cache's pages, through a private map of the checkpoint, instead of from a copy.
+//!
+//! A warm pass then costs no copy at all (a staged block costs one memcpy of its bytes, which on
+//! a machine of few cores competes with the compute), and the process holds a block's pages only
+//! while the block runs: a worker brings a cold block's pages into the page cache ahead of the
+//! compute (`MADV_POPULATE_READ` a chunk at a time, each chunk unmapped again at once), and the
+//! lease, or the hooks module by module, unmap them once used. The map asks for huge pages, so
+//! the page cache those reads fill is made of 2 MiB folios: mapping a block and unmapping it
+//! again then takes one page-table entry per 2 MiB, not one per 4 KiB page (measured: 0.6 ms/GB
+//! to map again, against 60 ms/GB for page cache filled by plain reads).
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::super::layout::{Run, MAP_GRAIN};
+use super::super::StreamError;
+use super::{CheckpointSource, PAGES_READ};
+use crate::io::{IoError, MappedFile, ReadMode};
+
+/// A checkpoint file whose blocks are used in place.
+pub(crate) struct InPlaceFile {
+    /// Private, so a model that writes to a weight changes its own copy of the page, never the
+    /// file; the copy is dropped when the block's lease goes.
+    map: MappedFile,
+    /// To check the file's size before its pages are handed out (a page past a truncated end
+    /// raises SIGBUS when touched) and to drop its pages from the page cache.
+    file: File,
+}
+
+impl InPlaceFile {
+    pub fn open(path: &Path) -> Result<Self, IoError> {
+        let map = MappedFile::open_private(path)?;
+        // Only a hint: without it the blocks still work, with more page-table work per pass.
+        let _ = map.advise_huge();
+        Ok(InPlaceFile {
+            map,
+            file: File::open(path).map_err(|source| IoError::Open {
+                path: path.to_owned(),
+                source,
+            })?,
+        })
+    }
+}
+
+impl CheckpointSource {
+    fn in_place_file(&self, file: usize) -> &InPlaceFile {
+        self.in_place[file]
+            .as_ref()
+            .expect("opened for blocks used in place")
+    }
+
+    /// Brings the pages of `block` (used in place) into the page cache, for runs with pages
+    /// missing. Returns the bytes read from the drive.
+    pub(super) fn fill_in_place(
+        &self,
+        block: usize,
+        stop: &AtomicBool,
+    ) -> Result<u64, StreamError> {
+        let layout = &self.layout.blocks[block];
+        let mut cold_bytes = 0u64;
+        for run in &layout.runs {
+            let f = self.in_place_file(run.file);
+            self.check_size(block, run, &f.file)?;
+            if !self.in_place_run_is_cold(block, f, run) {
+                continue;
+            }
+            cold_bytes += run
+                .tensors
+                .iter()
+                .map(|&i| layout.tensors[i].len as u64)
+                .sum::<u64>();
+            self.read_through(block, run, f, stop)?;
+        }
+        self.pages[block].store(PAGES_READ, Ordering::Relaxed);
+        Ok(cold_bytes)
+    }
+
+    /// Whether `run` has pages out of the page cache. The reads that bring them in fill huge
+    /// folios, so one page per [`MAP_GRAIN`] tells: asking for every page of a 200 MB block
+    /// costs milliseconds of a worker that, on a machine of two cores, the compute waits for.
+    fn in_place_run_is_cold(&self, block: usize, f: &InPlaceFile, run: &Run) -> bool {
+        let range = run.start as usize..run.end as usize;
+        match f.map.resident_sampled(range, MAP_GRAIN as usize) {
+            Ok(resident) => !resident,
+            Err(_) => self.run_is_cold(block, &f.map, run),
+        }
+    }
+
+    /// Reads `run` into the page cache a chunk at a time: populated (read with the kernel's
+    /// read-ahead, into huge folios) and unmapped again, so the process never holds more than a
+    /// chunk of it. Where the system refuses to populate (kernels before 5.14), the chunk is
+    /// faulted in page by page after `MADV_WILLNEED`.
+    fn read_through(
+        &self,
+        block: usize,
+        run: &Run,
+        f: &InPlaceFile,
+        stop: &AtomicBool,
+    ) -> Result<(), StreamError> {
+        let mut at = run.start as usize;
+        let end = run.end as usize;
+        while at < end {
+            if stop.load(Ordering::Relaxed) {
+                return Err(self.stopped(block));
+            }
+            let n = (MAP_GRAIN as usize).min(end - at);
+            let range = at..at + n;
+            let populated = !self.populate_refused.load(Ordering::Relaxed)
+                && !self.refusals.populate
+                && f.map.populate(range.clone()).is_ok();
+            if !populated {
+                self.populate_refused.store(true, Ordering::Relaxed);
+                let _ = f.map.advise_willneed(range.clone());
+                let bytes = f
+                    .map
+                    .slice(range.start, range.end)
+                    .map_err(|e| self.read_error(block, run, e))?;
+                touch_pages(bytes);
+            }
+            let _ = f.map.forget(range);
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// An error naming the tensor if `file` no longer holds `run` (truncated since it was opened).
+    pub(super) fn check_size(
+        &self,
+        block: usize,
+        run: &Run,
+        file: &File,
+    ) -> Result<(), StreamError> {
+        let path = &self.files[run.file];
+        let now = file.metadata().map_err(|source| {
+            let e = IoError::Read {
+                path: path.clone(),
+                offset: run.start,
+                len: run.len() as u64,
+                source,
+            };
+            self.read_error(block, run, e)
+        })?;
+        if now.len() < run.end {
+            let e = IoError::UnexpectedEof {
+                path: path.clone(),
+                offset: run.start,
+                len: run.len() as u64,
+                got_to: now.len().max(run.start),
+            };
+            return Err(self.read_error(block, run, e));
+        }
+        Ok(())
+    }
+
+    /// Tensor `tensor` of `block` (used in place) in its file's map.
+    pub(super) fn in_place_tensor(
+        &self,
+        block: usize,
+        tensor: usize,
+    ) -> Result<&[u8], StreamError> {
+        let b = &self.blocks[block];
+        let t = b
+            .tensors
+            .get(tensor)
+            .ok_or_else(|| StreamError::UnknownTensor {
+                block,
+                name: b.name.clone(),
+                tensor: format!("#{tensor}"),
+            })?;
+        self.in_place_file(t.file)
+            .map
+            .slice(t.start as usize, t.end as usize)
+            .map_err(|e| StreamError::read(block, b, t, &self.files, e))
+    }
+
+    /// Unmaps the pages of `block` (or of one of its tensors); with the disk tier read O_DIRECT,
+    /// also drops them from the page cache, which the plan keeps for the RAM tier. Failures only
+    /// leave pages mapped or cached a little longer, so they are not errors.
+    pub(super) fn forget_in_place(&self, block: usize, tensor: Option<usize>) {
+        if !self.layout.is_in_place(block) {
+            return;
+        }
+        let b = &self.blocks[block];
+        let ranges: Vec<(usize, u64, u64)> = match tensor {
+            Some(i) => b
+                .tensors
+                .get(i)
+                .map(|t| (t.file, t.start, t.end))
+                .into_iter()
+                .collect(),
+            None => self.layout.blocks[block]
+                .runs
+                .iter()
+                .map(|r| (r.file, r.start, r.end))
+                .collect(),
+        };
+        for (file, start, end) in ranges {
+            let f = self.in_place_file(file);
+            let range = start as usize..end as usize;
+            let _ = if self.disk_mode == ReadMode::Direct {
+                f.map.release(range, &f.file)
+            } else {
+                f.map.forget(range)
+            };
+        }
+    }
+}
+
+/// Reads one byte of every page of `bytes`, so each page is faulted in.
+fn touch_pages(bytes: &[u8]) {
+    let page = crate::io::page_size();
+    let mut sum = 0u8;
+    for i in (0..bytes.len()).step_by(page) {
+        sum = sum.wrapping_add(bytes[i]);
+    }
+    std::hint::black_box(sum);
+}

@@ -1,0 +1,193 @@
+//! Disk-tier blocks used in place from the checkpoint's map: which blocks qualify, that their
+//! tensors are the file's bytes, that the pool stages nothing for them, that a truncated file is
+//! an error and not a crash, and that with O_DIRECT reads the pages leave the page cache after
+//! use.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{Dir, Rng};
+use trash_panda::io::{cached_bytes, can_drop_cache, drop_cache, ReadMode};
+use trash_panda::stream::{
+    in_place_eligible, Engine, EngineOptions, SourceTier, StreamBlock, StreamTensor, TENSOR_ALIGN,
+};
+use trash_panda::DType;
+
+/// One file per block: `(dtype, first offset)` each, three tensors of `len` elements one after
+/// the other from that offset.
+fn checkpoint(dir: &Dir, specs: &[(DType, u64)], len: usize) -> (Vec<PathBuf>, Vec<StreamBlock>) {
+    let mut rng = Rng(0x5eed);
+    let mut files = Vec::new();
+    let mut blocks = Vec::new();
+    for (b, &(dtype, first)) in specs.iter().enumerate() {
+        let nbytes = (len * dtype.size()) as u64;
+        let size = first + 3 * nbytes + 4096;
+        let bytes: Vec<u8> = (0..size).map(|_| rng.next() as u8).collect();
+        let path = dir.0.join(format!("block{b}.safetensors"));
+        std::fs::write(&path, &bytes).unwrap();
+        files.push(path);
+        let tensors = (0..3u64)
+            .map(|t| StreamTensor {
+                name: format!("blocks.{b}.w{t}"),
+                file: b,
+                start: first + t * nbytes,
+                end: first + (t + 1) * nbytes,
+                dtype,
+                shape: vec![len],
+            })
+            .collect();
+        blocks.push(StreamBlock {
+            name: format!("blocks.{b}."),
+            tier: SourceTier::Disk,
+            tensors,
+        });
+    }
+    (files, blocks)
+}
+
+fn options(disk_mode: ReadMode) -> EngineOptions {
+    EngineOptions {
+        in_place: true,
+        lookahead: 1,
+        disk_mode,
+        ..EngineOptions::default()
+    }
+}
+
+#[test]
+fn sixteen_bit_floats_and_aligned_tensors_are_used_in_place() {
+    let dir = Dir::new("in_place_rule");
+    // bf16 at the file's 8-byte alignment; f32 at 8 bytes (would round differently); f32 at 64.
+    let (_files, blocks) = checkpoint(
+        &dir,
+        &[(DType::BF16, 8), (DType::F32, 8), (DType::F32, 64)],
+        4096,
+    );
+    let eligible: Vec<bool> = blocks
+        .iter()
+        .map(|b| in_place_eligible(b, TENSOR_ALIGN))
+        .collect();
+    assert_eq!(eligible, [true, false, true]);
+    let ram = StreamBlock {
+        tier: SourceTier::Ram,
+        ..blocks[0].clone()
+    };
+    assert!(!in_place_eligible(&ram, TENSOR_ALIGN), "only the disk tier");
+}
+
+#[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "blocks are used in place on Linux only"
+)]
+fn tensors_are_the_files_bytes_and_the_pool_stages_nothing() {
+    let dir = Dir::new("in_place_bytes");
+    let (files, blocks) = checkpoint(
+        &dir,
+        &[(DType::BF16, 8), (DType::F16, 24), (DType::F32, 8)],
+        300_000,
+    );
+    let data: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    for f in &files {
+        let _ = drop_cache(f);
+    }
+    let e = Engine::new(blocks.clone(), files.clone(), options(ReadMode::Buffered)).unwrap();
+    assert!(e.staged_layout().is_in_place(0) && e.staged_layout().is_in_place(1));
+    assert!(
+        !e.staged_layout().is_in_place(2),
+        "f32 at 8 bytes is staged, 64-byte aligned"
+    );
+    // The pool is sized by the staged block alone.
+    assert_eq!(
+        e.staging_bytes(),
+        2 * e.staged_layout().block_len(2).next_multiple_of(4096)
+    );
+    for _pass in 0..2 {
+        for (b, block) in blocks.iter().enumerate() {
+            let lease = e.acquire(b).unwrap();
+            assert_eq!(lease.in_place(), b < 2);
+            for (i, t) in block.tensors.iter().enumerate() {
+                let got = lease.tensor(i).unwrap();
+                assert_eq!(
+                    got,
+                    &data[b][t.start as usize..t.end as usize],
+                    "{}",
+                    t.name
+                );
+                lease.forget_tensor(i).unwrap();
+                // Forgotten pages read back the same.
+                assert_eq!(lease.tensor(i).unwrap(), got);
+            }
+            if b < 2 {
+                assert!(lease.bytes().is_empty());
+                let placed = lease.tensor(0).unwrap().as_ptr() as usize;
+                assert_eq!(
+                    placed % 4096,
+                    (block.tensors[0].start % 4096) as usize,
+                    "a view of the map"
+                );
+            }
+        }
+    }
+    let stats = e.stats();
+    assert_eq!(stats.acquires, 6);
+}
+
+#[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "blocks are used in place on Linux only"
+)]
+fn a_truncated_file_is_an_error_naming_it() {
+    let dir = Dir::new("in_place_truncated");
+    let (files, blocks) = checkpoint(&dir, &[(DType::BF16, 8)], 100_000);
+    let opts = EngineOptions {
+        lookahead: 0,
+        ..options(ReadMode::Buffered)
+    };
+    let e = Engine::new(blocks, files.clone(), opts).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&files[0])
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    let err = e.acquire(0).unwrap_err().to_string();
+    assert!(
+        err.contains("block0.safetensors") && err.contains("blocks.0."),
+        "{err}"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "blocks are used in place on Linux only"
+)]
+fn with_direct_reads_the_pages_leave_the_page_cache_after_use() {
+    if !can_drop_cache() || !cfg!(target_os = "linux") {
+        return; // the page cache is only given back per file range on Linux
+    }
+    let dir = Dir::new("in_place_direct");
+    let (files, blocks) = checkpoint(&dir, &[(DType::BF16, 8), (DType::BF16, 8)], 2_000_000);
+    for f in &files {
+        drop_cache(f).unwrap();
+    }
+    let e = Engine::new(blocks, files.clone(), options(ReadMode::Direct)).unwrap();
+    let lease = e.acquire(0).unwrap();
+    assert!(lease.in_place());
+    let sum: u64 = lease.tensor(0).unwrap().iter().map(|&x| u64::from(x)).sum();
+    assert!(sum > 0);
+    assert!(
+        cached_bytes(&files[0]).unwrap() >= 3 * 4_000_000 - 8192,
+        "read before it ran"
+    );
+    drop(lease);
+    // Whole folios only: those reaching past the block's ends (2 MiB each at most) may stay.
+    assert!(
+        cached_bytes(&files[0]).unwrap() <= 2 * (2 << 20),
+        "still cached: {}",
+        cached_bytes(&files[0]).unwrap()
+    );
+}

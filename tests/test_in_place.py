@@ -1,0 +1,87 @@
+"""Disk-tier blocks used in place on the CPU (Linux): the weights are the checkpoint's pages."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import trash_panda as tp
+from models import Tiny, save
+from trash_panda import Plan
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="blocks are used in place on Linux only")
+
+
+def _load(tmp_path: Path, dtype: torch.dtype) -> tuple[Tiny, Tiny, Any]:
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        ref = Tiny(dim=64, layers=4, vocab=50).to(dtype).eval()
+    path = save(ref, tmp_path / "m.safetensors", dtype)
+    with torch.device("meta"):
+        model = Tiny(dim=64, layers=4, vocab=50).to(dtype).eval()
+    plan = Plan.manual(resident=["blocks.0."], streamed=["blocks.1.", "blocks.2.", "blocks.3."], streamed_tier="disk")
+    tp.stream_load(model, path, plan=plan, device="cpu")
+    return ref, model, tp.install_offload(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sixteen_bit_blocks_run_from_the_map_and_equal_the_plain_model(tmp_path: Path, dtype: torch.dtype) -> None:
+    ref, model, handle = _load(tmp_path, dtype)
+    state = model._trash_panda_state
+    budgets = state.plan.budgets
+    assert budgets is not None and budgets.mapped_window > 0
+    # Nothing is staged for blocks used in place: one page per buffer paces the look-ahead.
+    assert state.config.staging_buffer_bytes == 4096
+    seen: list[bool] = []
+    engine = state.engine
+    acquire = engine.acquire
+
+    def spy(index: int) -> Any:
+        lease = acquire(index)
+        seen.append(lease.in_place)
+        return lease
+
+    state.engine = _Spy(engine, spy)
+    x = torch.randint(0, 50, (2, 5))
+    with torch.no_grad():
+        want = ref(x)
+        for _ in range(3):
+            assert torch.equal(model(x), want)
+    state.engine = engine
+    assert seen and all(seen)
+    tp.release(model, handle)
+
+
+def test_a_write_to_a_weight_used_in_place_is_an_error_and_undone(tmp_path: Path) -> None:
+    ref, model, handle = _load(tmp_path, torch.bfloat16)
+    x = torch.randint(0, 50, (1, 3))
+    with torch.no_grad():
+        want = ref(x)
+        assert torch.equal(model(x), want)
+
+        def write(m: torch.nn.Module, _args: Any) -> None:
+            m.weight.mul_(2)
+
+        hook = model.blocks[2].up.register_forward_pre_hook(write)
+        with pytest.raises(tp.StreamError, match=r"blocks\.2\.up\.weight.*modified in place"):
+            model(x)
+        hook.remove()
+        # The write went to this process's copy of the page, dropped with the lease: the file's
+        # values come back.
+        assert torch.equal(model(x), want)
+    tp.release(model, handle)
+
+
+class _Spy:
+    """The engine, with acquire() replaced."""
+
+    def __init__(self, engine: Any, acquire: Any) -> None:
+        self._engine = engine
+        self.acquire = acquire
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
