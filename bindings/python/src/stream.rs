@@ -229,6 +229,12 @@ impl PyEngine {
         Ok(self.engine()?.staging_bytes())
     }
 
+    /// True when `block` is used in place from the map of its files (its leases are views of
+    /// the file's pages).
+    fn in_place(&self, block: usize) -> PyResult<bool> {
+        self.engine()?.in_place(block).map_err(ToPyErr::to_py)
+    }
+
     /// The mode disk reads really use ("direct", or "buffered" after a refused O_DIRECT).
     fn disk_read_mode(&self) -> PyResult<Option<&'static str>> {
         Ok(self.engine()?.disk_read_mode().map(ReadMode::as_str))

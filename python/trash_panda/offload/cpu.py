@@ -85,7 +85,7 @@ class CpuBackend:
     def forget_used(self, block: BlockState, indices: list[int]) -> None:
         """Unmaps tensors of a block used in place whose module has run (see hooks.py)."""
         lease = self.leases.get(block.index)
-        if lease is None or not lease.in_place:
+        if lease is None:
             return
         for i in indices:
             lease.forget_tensor(i)

@@ -254,7 +254,8 @@ def _install(
                 handle._final.after(block)
 
         registry.around(block.module, before, after)
-        if isinstance(backend, CpuBackend) and block.engine_index is not None:
+        index, engine = block.engine_index, state.engine
+        if isinstance(backend, CpuBackend) and index is not None and engine is not None and engine.in_place(index):
             _forget_as_used(registry, backend, block)
     state.handle = handle
     return handle

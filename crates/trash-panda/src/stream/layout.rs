@@ -386,6 +386,22 @@ pub fn in_place_eligible(block: &StreamBlock, align: usize) -> bool {
         })
 }
 
+/// The block's tensors as the file holds them, at offset 0 until placed.
+fn as_stored(block: &StreamBlock) -> Vec<StagedTensor> {
+    block
+        .tensors
+        .iter()
+        .map(|t| StagedTensor {
+            name: t.name.clone(),
+            offset: 0,
+            len: (t.end - t.start) as usize,
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            scale: None,
+        })
+        .collect()
+}
+
 /// The layout of a block used in place: its runs, and no staging bytes (a staging buffer's slot
 /// only paces the workers' look-ahead).
 fn lay_out_in_place(block: &StreamBlock) -> BlockLayout {
@@ -394,18 +410,7 @@ fn lay_out_in_place(block: &StreamBlock) -> BlockLayout {
     let runs = runs_of(block, &order);
     let payload: u64 = block.tensors.iter().map(|t| t.end - t.start).sum();
     BlockLayout {
-        tensors: block
-            .tensors
-            .iter()
-            .map(|t| StagedTensor {
-                name: t.name.clone(),
-                offset: 0,
-                len: (t.end - t.start) as usize,
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                scale: None,
-            })
-            .collect(),
+        tensors: as_stored(block),
         runs,
         converted: false,
         read_area: 0..0,
@@ -430,18 +435,7 @@ fn lay_out(block: &StreamBlock, align: usize) -> BlockLayout {
 
     let mut runs = runs_of(block, &order);
 
-    let mut tensors: Vec<StagedTensor> = block
-        .tensors
-        .iter()
-        .map(|t| StagedTensor {
-            name: t.name.clone(),
-            offset: 0,
-            len: (t.end - t.start) as usize,
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            scale: None,
-        })
-        .collect();
+    let mut tensors = as_stored(block);
     // Packed in file order (the order runs hold them), so the packed offsets grow with the
     // read-area offsets and `settle` can move the tensors one after the other.
     let mut packed_end = 0usize;

@@ -83,10 +83,8 @@ impl Lease {
     /// buffer, or, for a block used in place, in the file's map (private: a write stays in this
     /// process and is undone when the lease goes).
     pub fn tensor<'k>(&self, key: impl Into<TensorKey<'k>>) -> Result<&[u8], StreamError> {
-        let key = key.into();
-        let t = self.staged(key)?;
+        let (index, t) = self.staged(key.into())?;
         if self.in_place() {
-            let index = self.index_of(key, t);
             return self.source.in_place(self.block, index);
         }
         Ok(&self.bytes()[t.offset..t.offset + t.len])
@@ -95,28 +93,17 @@ impl Lease {
     /// Gives back the pages of one tensor of a block used in place, once the caller is done with
     /// its views (they would fault the pages back in); does nothing for a staged block.
     pub fn forget_tensor<'k>(&self, key: impl Into<TensorKey<'k>>) -> Result<(), StreamError> {
-        let key = key.into();
-        let t = self.staged(key)?;
+        let (index, _) = self.staged(key.into())?;
         if self.in_place() {
-            self.source.forget_tensor(self.block, self.index_of(key, t));
+            self.source.forget_tensor(self.block, index);
         }
         Ok(())
-    }
-
-    fn index_of(&self, key: TensorKey<'_>, t: &StagedTensor) -> usize {
-        match key {
-            TensorKey::Index(i) => i,
-            TensorKey::Name(_) => {
-                let all = self.shared.layout.layout(self.block);
-                all.iter().position(|x| std::ptr::eq(x, t)).unwrap_or(0)
-            }
-        }
     }
 
     /// The per-row f32 scales (little-endian) of a tensor the engine quantized to fp8; `None` for
     /// every other tensor.
     pub fn scale<'k>(&self, key: impl Into<TensorKey<'k>>) -> Result<Option<&[u8]>, StreamError> {
-        let t = self.staged(key.into())?;
+        let (_, t) = self.staged(key.into())?;
         Ok(t.scale.map(|s| &self.bytes()[s.offset..s.offset + s.len]))
     }
 
@@ -125,11 +112,12 @@ impl Lease {
         self.shared.layout.layout(self.block)
     }
 
-    fn staged(&self, key: TensorKey<'_>) -> Result<&StagedTensor, StreamError> {
+    /// The tensor `key` names, with its index in the block's layout.
+    fn staged(&self, key: TensorKey<'_>) -> Result<(usize, &StagedTensor), StreamError> {
         let tensors = self.shared.layout.layout(self.block);
         let found = match key {
-            TensorKey::Index(i) => tensors.get(i),
-            TensorKey::Name(n) => tensors.iter().find(|t| t.name == n),
+            TensorKey::Index(i) => tensors.get(i).map(|t| (i, t)),
+            TensorKey::Name(n) => tensors.iter().enumerate().find(|(_, t)| t.name == n),
         };
         found.ok_or_else(|| StreamError::UnknownTensor {
             block: self.block,

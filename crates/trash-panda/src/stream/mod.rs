@@ -325,6 +325,13 @@ impl Engine {
         Ok(self.shared.layout.layout(block))
     }
 
+    /// Whether `block` is used in place from the map of its files (see
+    /// [`EngineOptions::in_place`]): its leases point into the file's pages, not a buffer.
+    pub fn in_place(&self, block: usize) -> Result<bool, StreamError> {
+        self.check(block)?;
+        Ok(self.shared.layout.is_in_place(block))
+    }
+
     /// `(address, length)` of every staging buffer, by buffer index. They live as long as the
     /// engine and any lease, never move, and are the only memory leases point into, so the CUDA
     /// layer can register them as pinned once.

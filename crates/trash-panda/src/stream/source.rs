@@ -16,6 +16,8 @@ use crate::io::{
     ReadRequest, ReadStats, DIRECT_ALIGN,
 };
 
+#[path = "disk_fill.rs"]
+mod disk_fill;
 #[path = "in_place.rs"]
 mod in_place;
 #[path = "ram_fill.rs"]
@@ -148,7 +150,7 @@ pub(crate) struct CheckpointSource {
     readers: Vec<Option<FileReader>>,
     /// Buffered readers of the mapped files, for cold RAM-tier blocks under `ColdRead::Pread`.
     cold_readers: Vec<Option<FileReader>>,
-    /// For files holding disk-tier blocks used in place: their private map and buffered reader.
+    /// For files holding disk-tier blocks used in place: their private map.
     in_place: Vec<Option<InPlaceFile>>,
     cold_read: ColdRead,
     /// Per block: `PAGES_READ` once a cold read brought it into the page cache.
@@ -315,71 +317,6 @@ impl CheckpointSource {
             block,
             name: self.blocks[block].name.clone(),
         }
-    }
-
-    fn fill_disk(
-        &self,
-        block: usize,
-        dst: &mut [u8],
-        stop: &AtomicBool,
-    ) -> Result<(), StreamError> {
-        // Only a run's unaligned first and last page pass through this.
-        let mut bounce =
-            AlignedBuf::new(2 * DIRECT_ALIGN).map_err(|source| StreamError::Alloc {
-                what: "a bounce buffer".into(),
-                source: Box::new(source),
-            })?;
-        let layout = &self.layout.blocks[block];
-        for run in &layout.runs {
-            let reader = self.readers[run.file]
-                .as_ref()
-                .expect("opened for disk blocks");
-            if reader.effective_mode() == ReadMode::Buffered {
-                // No alignment to keep: each tensor goes straight to its place.
-                for &i in &run.tensors {
-                    let t = &layout.tensors[i];
-                    let at = layout.file_starts[i];
-                    let dst = &mut dst[t.offset..t.offset + t.len];
-                    self.read_chunked(block, run, at, dst, &mut bounce, stop)?;
-                }
-                continue;
-            }
-            let area = &mut dst[run.buf_range()];
-            self.read_chunked(block, run, run.start, area, &mut bounce, stop)?;
-            // Realigned here, on the worker: the compute thread gets every tensor 64-byte aligned.
-            layout.settle(run, dst);
-        }
-        Ok(())
-    }
-
-    /// Reads `dst.len()` bytes at file offset `at` in requests that end on multiples of the chunk
-    /// size (so every middle request is aligned), checking `stop` between them.
-    fn read_chunked(
-        &self,
-        block: usize,
-        run: &Run,
-        mut at: u64,
-        mut rest: &mut [u8],
-        bounce: &mut AlignedBuf,
-        stop: &AtomicBool,
-    ) -> Result<(), StreamError> {
-        let reader = self.readers[run.file]
-            .as_ref()
-            .expect("opened for disk blocks");
-        while !rest.is_empty() {
-            if stop.load(Ordering::Relaxed) {
-                return Err(self.stopped(block));
-            }
-            let to_boundary = self.chunk_size - (at % self.chunk_size as u64) as usize;
-            let n = to_boundary.min(rest.len());
-            let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
-            reader
-                .read_into(at, part, bounce)
-                .map_err(|e| self.read_error(block, run, e))?;
-            at += n as u64;
-            rest = tail;
-        }
-        Ok(())
     }
 
     /// Pretends the given methods are refused (tests).
