@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::aligned::{AlignedBuf, DIRECT_ALIGN};
-use super::{FileReader, IoError, ReadStats};
+use super::{FileReader, IoError, ReadMode, ReadStats};
 
 /// The default chunk: large enough that O_DIRECT reaches the drive's sequential speed, small
 /// enough that two threads share a 100 MB tensor evenly.
@@ -162,7 +162,11 @@ fn worker<'a>(
         };
         let head = (DIRECT_ALIGN - (offset % DIRECT_ALIGN as u64) as usize) % DIRECT_ALIGN;
         let lines_up = (dst.as_ptr() as usize + head).is_multiple_of(DIRECT_ALIGN);
-        let bounce = if lines_up || dst.len() <= DIRECT_ALIGN {
+        // A buffered reader reads straight into `dst`. A chunk-sized bounce buffer would go
+        // unused, yet it is zeroed when made, and once freed its pages stay resident in this
+        // thread's heap (measured: about 5 MiB per reader thread of a resident load).
+        let buffered = reader.effective_mode() == ReadMode::Buffered;
+        let bounce = if buffered || lines_up || dst.len() <= DIRECT_ALIGN {
             bounce_of(&mut small, 2 * DIRECT_ALIGN)?
         } else {
             bounce_of(&mut big, chunk_size.min(dst.len()) + 2 * DIRECT_ALIGN)?

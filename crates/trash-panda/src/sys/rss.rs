@@ -239,8 +239,13 @@ mod tests {
         std::thread::sleep(Duration::from_millis(10));
         drop(block);
         let stats = sampler.stop();
-        assert!(stats.rise() >= (190 << 20), "{stats:?}");
-        assert!(stats.end + (150 << 20) < stats.peak, "freed: {stats:?}");
+        // Tests of this crate run in parallel in one process and allocate and free meanwhile
+        // (tens of MB), so the bounds keep that much room.
+        assert!(stats.rise() >= (SIZE * 3 / 4) as u64, "{stats:?}");
+        assert!(
+            stats.end + ((SIZE / 2) as u64) < stats.peak,
+            "freed: {stats:?}"
+        );
         assert!(stats.peak >= stats.end && stats.peak >= stats.start);
         assert!(stats.samples >= 3, "{stats:?}");
     }
