@@ -37,6 +37,16 @@ pub(crate) struct PyTensorInfo {
 }
 
 impl PyTensorInfo {
+    /// The dtype as written in the header.
+    pub(crate) fn dtype(&self) -> &str {
+        &self.dtype
+    }
+
+    /// Offset of the first byte in its file.
+    pub(crate) fn start(&self) -> u64 {
+        self.start
+    }
+
     /// What the planner needs of this tensor, under the model's name `name`.
     pub(crate) fn sizes(&self, name: String) -> PyResult<trash_panda::plan::TensorSizes> {
         let dtype = DType::from_safetensors_name(&self.dtype).ok_or_else(|| {

@@ -2,10 +2,13 @@
 
 use pyo3::prelude::*;
 
-use trash_panda::engine_config::{expansion_layout, EngineConfig, EngineSettings, ExpansionInput};
+use trash_panda::engine_config::{
+    expansion_layout, maps_lookup_table, EngineConfig, EngineSettings, ExpansionInput,
+};
 use trash_panda::stream::RamSource;
 use trash_panda::DType;
 
+use crate::checkpoint::PyTensorInfo;
 use crate::dtype::parse_dtype;
 use crate::errors::{raise, Kind, ToPyErr};
 use crate::plan::PyPlan;
@@ -108,6 +111,16 @@ impl PyEngineConfig {
     #[getter]
     fn pin_ram_tier(&self) -> bool {
         self.inner.gpu && self.inner.pin_ram_tier
+    }
+
+    /// Whether `info`, a tensor the model only reads by rows (an embedding table), is left in a
+    /// private map of its file rather than read into memory.
+    fn maps_lookup_table(&self, info: PyRef<'_, PyTensorInfo>) -> PyResult<bool> {
+        Ok(maps_lookup_table(
+            self.inner.gpu,
+            parse_dtype(info.dtype())?,
+            info.start(),
+        ))
     }
 
     /// Where each tensor of a resident block goes in the expansion buffer (None: used as it is

@@ -1,7 +1,7 @@
 //! Disk-tier blocks used in place from the checkpoint's map: which blocks qualify, that their
 //! tensors are the file's bytes, that the pool stages nothing for them, that a truncated file is
-//! an error and not a crash, and that with O_DIRECT reads the pages leave the page cache after
-//! use.
+//! an error and not a crash, that with O_DIRECT reads the pages leave the page cache after
+//! use, and that the process never maps more of the checkpoint than the plan's window.
 
 mod common;
 
@@ -190,4 +190,85 @@ fn with_direct_reads_the_pages_leave_the_page_cache_after_use() {
         "still cached: {}",
         cached_bytes(&files[0]).unwrap()
     );
+}
+
+/// Bytes of `files` this process has mapped (the Rss of their maps in /proc/self/smaps).
+fn mapped_rss(files: &[PathBuf]) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut ours = false;
+    let mut total = 0;
+    for line in smaps.lines() {
+        let mut parts = line.split_whitespace();
+        let first = parts.next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            let path = parts.nth(4).map(PathBuf::from);
+            ours = path.is_some_and(|p| files.contains(&p));
+        } else if ours && first == "Rss:" {
+            total += parts.next().unwrap().parse::<u64>().unwrap() * 1024;
+        }
+    }
+    total
+}
+
+#[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "blocks are used in place on Linux only"
+)]
+fn the_process_maps_no_more_than_the_plans_window() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use trash_panda::engine_config::Held;
+
+    let dir = Dir::new("in_place_window");
+    let (files, blocks) = checkpoint(&dir, &[(DType::BF16, 8); 5], 2_000_000);
+    let files: Vec<PathBuf> = files.iter().map(|f| f.canonicalize().unwrap()).collect();
+    for f in &files {
+        let _ = drop_cache(f);
+    }
+    let opts = EngineOptions {
+        lookahead: 2,
+        workers: 2,
+        ..options(ReadMode::Buffered)
+    };
+    let e = Engine::new(blocks.clone(), files.clone(), opts).unwrap();
+    let largest = (0..blocks.len())
+        .map(|b| e.staged_layout().mapped_bytes(b))
+        .max()
+        .unwrap();
+    let window = Held::default()
+        .with_mapped_window(largest, 2)
+        .mapped_window_bytes;
+    let (stop, peak) = (AtomicBool::new(false), AtomicU64::new(0));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(mapped_rss(&files), Ordering::Relaxed);
+            }
+        });
+        for b in 0..blocks.len() {
+            let lease = e.acquire(b).unwrap();
+            let sum: u64 = (0..3)
+                .map(|i| {
+                    lease
+                        .tensor(i)
+                        .unwrap()
+                        .iter()
+                        .map(|&x| u64::from(x))
+                        .sum::<u64>()
+                })
+                .sum();
+            assert!(sum > 0);
+            peak.fetch_max(mapped_rss(&files), Ordering::Relaxed);
+            drop(lease);
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let peak = peak.into_inner();
+    // A whole block was mapped at once (no hooks give modules back here).
+    assert!(peak >= 3 * 4_000_000, "peak {peak}");
+    assert!(
+        peak <= window,
+        "mapped {peak} bytes, the plan's window is {window}"
+    );
+    assert_eq!(mapped_rss(&files), 0, "every lease unmapped its block");
 }

@@ -20,7 +20,7 @@ from ..plan import Plan, Tier, _dtype_name, _free_vram, planning_inputs
 from ..plan import plan as make_plan
 from ..progress import Progress
 from .matching import match
-from .reading import load_buffers, materialize_all, placeholder, unload
+from .reading import load_buffers, map_lookup_tables, materialize_all, placeholder, unload
 from .report import LoadReport
 from .state import STATE_ATTR, BlockState, ModelState, get_state, register_model
 
@@ -214,9 +214,11 @@ def _stream_load(
     here = [b for b in blocks if b.tier == Tier.DEVICE and deferred is None]  # the resident blocks read here
     to_read = sum(s.info.nbytes for s in outside) + sum(s.info.nbytes for b in here for s in b.tensors)
     bar = Progress(f"loading {os.path.basename(where)}", to_read)
-    # Outside weights: read, expanded to the compute dtype once, kept on the device.
+    # Outside weights: read, expanded to the compute dtype once, kept on the device (embedding
+    # tables on the CPU: left in the checkpoint's map).
     t0 = time.perf_counter()
-    materialize_all(outside, device, storage=None, threads=threads, expand=True)
+    outside_read, report.mapped_bytes = map_lookup_tables(outside, ckpt, config, device, storage=None, expand=True)
+    materialize_all(outside_read, device, storage=None, threads=threads, expand=True)
     report.outside.tensors += len(outside)
     report.outside.bytes += sum(spec.info.nbytes for spec in outside)
     bar.advance(report.outside.bytes)
@@ -231,7 +233,9 @@ def _stream_load(
         now = []
     for batch in _batches(now):
         specs = [spec for block in batch for spec in block.tensors]
-        materialize_all(specs, device, storage=storage, threads=threads, expand=False)
+        unmapped, mapped = map_lookup_tables(specs, ckpt, config, device, storage=storage, expand=False)
+        report.mapped_bytes += mapped
+        materialize_all(unmapped, device, storage=storage, threads=threads, expand=False)
         done = sum(spec.info.nbytes for spec in specs)
         report.device_tier.bytes += done
         bar.advance(done)

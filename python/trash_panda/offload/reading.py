@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from ..checkpoint import Checkpoint
+
 
 def placeholder(spec: TensorSpec) -> Any:
     import torch
@@ -101,6 +103,50 @@ def materialize_all(
             param = nn.Parameter(t, requires_grad=False)
             for m, a in spec.owners:
                 m._parameters[a] = param
+
+
+def _read_by_rows(spec: TensorSpec) -> bool:
+    """Whether the model only looks rows of this tensor up: every module holding it is an
+    embedding, under its ``weight``."""
+    from torch import nn
+
+    return bool(spec.owners) and all(
+        isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and a == "weight" for m, a in spec.owners
+    )
+
+
+def map_lookup_tables(
+    specs: list[TensorSpec],
+    ckpt: Checkpoint,
+    config: _core.EngineConfig,
+    device: torch.device,
+    *,
+    storage: str | None,
+    expand: bool,
+) -> tuple[list[TensorSpec], int]:
+    """Leaves the embedding tables among ``specs`` in a private map of the checkpoint, where the
+    core allows it (``EngineConfig.maps_lookup_table``): a pass brings in the pages of the rows
+    it looks up, and the rows no token uses cost no RAM. Returns the other specs, and the bytes
+    left mapped."""
+    from torch import nn
+
+    rest: list[TensorSpec] = []
+    mapped = 0
+    for spec in specs:
+        if not (
+            device.type == "cpu"
+            and spec.info.nbytes
+            and _final_as_read(spec, storage, expand)
+            and _read_by_rows(spec)
+            and config.maps_lookup_table(spec.info)
+        ):
+            rest.append(spec)
+            continue
+        param = nn.Parameter(ckpt.read(spec.info.name), requires_grad=False)
+        for m, a in spec.owners:
+            m._parameters[a] = param
+        mapped += spec.info.nbytes
+    return rest, mapped
 
 
 def _scale_arg(scale: torch.Tensor, spec: TensorSpec) -> torch.Tensor:

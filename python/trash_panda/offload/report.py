@@ -33,6 +33,7 @@ class LoadReport:
     disk_mode: str | None = None
     disk_mode_reason: str = ""
     staging_bytes: int = 0
+    mapped_bytes: int = 0  # embedding tables left in the checkpoint's map (within outside/device)
     kept_buffers: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
 
@@ -48,6 +49,8 @@ class LoadReport:
             speed = f", {t.bytes / t.seconds / 1e9:.2f} GB/s" if t.seconds > 0 else ""
             count = f"{t.blocks} blocks" if name != "outside" else f"{t.tensors} tensors"
             lines.append(f"  {name:<8}{count:>12}  {_gb(t.bytes):>10}  {t.seconds:6.2f} s{speed}  {how}")
+        if self.mapped_bytes:
+            lines.append(f"  embedding tables {_gb(self.mapped_bytes)} mapped, rows read as looked up")
         if self.staging_bytes:
             lines.append(f"  staging pool {_gb(self.staging_bytes)}")
         if self.disk_mode_reason:

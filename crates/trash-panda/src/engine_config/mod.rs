@@ -20,7 +20,10 @@ pub use settings::{DiskModeChoice, EngineSettings};
 use crate::config::ConfigError;
 use crate::io::ReadMode;
 use crate::plan::{BlockPlan, Budgets, Plan, PlanOptions, Tier};
-use crate::stream::{buffer_len, EngineOptions, RamSource, DEVICE_TENSOR_ALIGN, TENSOR_ALIGN};
+use crate::stream::{
+    buffer_len, tensor_in_place_eligible, EngineOptions, RamSource, DEVICE_TENSOR_ALIGN, MAP_GRAIN,
+    TENSOR_ALIGN,
+};
 use crate::DType;
 
 /// The offset alignment of staged and expanded tensors: the CPU allocator's, or the CUDA
@@ -41,6 +44,16 @@ pub const fn maps_disk_tier(gpu: bool) -> bool {
     !gpu && cfg!(target_os = "linux")
 }
 
+/// Whether a tensor that the model only reads by rows (an embedding table) stays in a private
+/// map of the checkpoint instead of being read into memory: a pass then brings in the pages of
+/// the rows it looks up and no others, and the rest of the table costs no RAM. Where the disk
+/// tier is used in place ([`maps_disk_tier`]), for a tensor that could be
+/// ([`crate::stream::tensor_in_place_eligible`]: the same results as from its own memory, should
+/// the model also multiply by it). The plan still counts the whole table as resident.
+pub fn maps_lookup_table(gpu: bool, dtype: DType, start: u64) -> bool {
+    maps_disk_tier(gpu) && tensor_in_place_eligible(dtype, start, tensor_align(gpu))
+}
+
 /// What the runtime holds beside the weights, as a plan counts it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Held {
@@ -55,8 +68,9 @@ pub struct Held {
     pub device_slots: usize,
     /// The expansion buffer: the largest expansion any hooked block needs in its tier.
     pub expansion_bytes: u64,
-    /// The checkpoint pages a disk-tier block used in place maps while it runs: the largest
-    /// such block's, runs rounded out to [`crate::stream::MAP_GRAIN`] (0 when none is).
+    /// The checkpoint pages the process maps for disk-tier blocks used in place: the largest
+    /// such block's, runs rounded out to [`MAP_GRAIN`], and one [`MAP_GRAIN`] per look-ahead
+    /// block being read in (0 when none is used in place).
     #[serde(default)]
     pub mapped_window_bytes: u64,
 }
@@ -76,10 +90,17 @@ impl Held {
         }
     }
 
-    /// The same figures with a mapped window of `bytes`.
-    pub fn with_mapped_window(self, bytes: u64) -> Held {
+    /// The same figures with the mapped window of a plan whose largest block used in place maps
+    /// `largest_mapped` bytes: that block, and one huge page for each of the `lookahead` blocks
+    /// the workers bring into the page cache meanwhile (a chunk at a time, each unmapped at once).
+    pub fn with_mapped_window(self, largest_mapped: u64, lookahead: usize) -> Held {
+        let ahead = if largest_mapped > 0 {
+            lookahead as u64 * MAP_GRAIN
+        } else {
+            0
+        };
         Held {
-            mapped_window_bytes: bytes,
+            mapped_window_bytes: largest_mapped + ahead,
             ..self
         }
     }
@@ -102,7 +123,8 @@ impl Held {
             .map(|b| b.mapped)
             .max()
             .unwrap_or(0);
-        Held::new(largest, expansion, options.buffers(), gpu).with_mapped_window(mapped)
+        Held::new(largest, expansion, options.buffers(), gpu)
+            .with_mapped_window(mapped, options.lookahead)
     }
 
     /// Bytes of the host staging pool.

@@ -105,8 +105,11 @@ impl CheckpointSource {
             if stop.load(Ordering::Relaxed) {
                 return Err(self.stopped(block));
             }
-            let n = (MAP_GRAIN as usize).min(end - at);
-            let range = at..at + n;
+            // Chunks end on MAP_GRAIN boundaries of the file (the map starts on one), so each
+            // populates one huge folio: a chunk across two would map both.
+            let grain = MAP_GRAIN as usize;
+            let range = at..end.min((at / grain + 1) * grain);
+            let n = range.len();
             let populated = !self.populate_refused.load(Ordering::Relaxed)
                 && !self.refusals.populate
                 && f.map.populate(range.clone()).is_ok();
@@ -176,34 +179,41 @@ impl CheckpointSource {
     }
 
     /// Unmaps the pages of `block` (or of one of its tensors); with the disk tier read O_DIRECT,
-    /// also drops them from the page cache, which the plan keeps for the RAM tier. Failures only
-    /// leave pages mapped or cached a little longer, so they are not errors.
+    /// also drops them from the page cache, which the plan keeps for the RAM tier. The whole
+    /// block is unmapped out to [`MAP_GRAIN`]: a huge folio at a run's end was mapped whole, the
+    /// bytes past the run with it. Failures only leave pages mapped or cached a little longer,
+    /// so they are not errors.
     pub(super) fn forget_in_place(&self, block: usize, tensor: Option<usize>) {
         if !self.layout.is_in_place(block) {
             return;
         }
         let b = &self.blocks[block];
-        let ranges: Vec<(usize, u64, u64)> = match tensor {
+        let ranges: Vec<(usize, u64, u64, u64, u64)> = match tensor {
             Some(i) => b
                 .tensors
                 .get(i)
-                .map(|t| (t.file, t.start, t.end))
+                .map(|t| (t.file, t.start, t.end, t.start, t.end))
                 .into_iter()
                 .collect(),
             None => self.layout.blocks[block]
                 .runs
                 .iter()
-                .map(|r| (r.file, r.start, r.end))
+                .map(|r| {
+                    let (lo, hi) = (
+                        r.start - r.start % MAP_GRAIN,
+                        r.end.next_multiple_of(MAP_GRAIN),
+                    );
+                    (r.file, r.start, r.end, lo, hi)
+                })
                 .collect(),
         };
-        for (file, start, end) in ranges {
+        for (file, start, end, lo, hi) in ranges {
             let f = self.in_place_file(file);
-            let range = start as usize..end as usize;
-            let _ = if self.disk_mode == ReadMode::Direct {
-                f.map.release(range, &f.file)
-            } else {
-                f.map.forget(range)
-            };
+            if self.disk_mode == ReadMode::Direct {
+                let _ = f.map.release(start as usize..end as usize, &f.file);
+            }
+            let hi = (hi as usize).min(f.map.len());
+            let _ = f.map.forget(lo as usize..hi.max(lo as usize));
         }
     }
 }

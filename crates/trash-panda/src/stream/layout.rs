@@ -381,9 +381,16 @@ pub const MAP_GRAIN: u64 = 2 << 20;
 pub fn in_place_eligible(block: &StreamBlock, align: usize) -> bool {
     block.tier == SourceTier::Disk
         && !block.tensors.is_empty()
-        && block.tensors.iter().all(|t| {
-            matches!(t.dtype, DType::BF16 | DType::F16) || t.start.is_multiple_of(align as u64)
-        })
+        && block
+            .tensors
+            .iter()
+            .all(|t| tensor_in_place_eligible(t.dtype, t.start, align))
+}
+
+/// The per-tensor half of [`in_place_eligible`]: a 16-bit float anywhere, or any dtype at an
+/// `align` offset of its file.
+pub fn tensor_in_place_eligible(dtype: DType, start: u64, align: usize) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16) || start.is_multiple_of(align as u64)
 }
 
 /// The block's tensors as the file holds them, at offset 0 until placed.

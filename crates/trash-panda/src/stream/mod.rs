@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 pub use convert::STORAGE_DTYPES;
 pub use error::StreamError;
 pub use layout::{
-    buffer_len, in_place_eligible, StagedLayout, StagedScale, StagedTensor, DEVICE_TENSOR_ALIGN,
-    MAP_GRAIN, MERGE_GAP, TENSOR_ALIGN,
+    buffer_len, in_place_eligible, tensor_in_place_eligible, StagedLayout, StagedScale,
+    StagedTensor, DEVICE_TENSOR_ALIGN, MAP_GRAIN, MERGE_GAP, TENSOR_ALIGN,
 };
 pub use lease::{Lease, TensorKey};
 pub use stagings::{Staging, StagingSource, MAX_STAGINGS};
