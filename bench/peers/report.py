@@ -53,7 +53,7 @@ def table(data: dict) -> tuple[str, dict[str, float]]:
                 f"{r['cold'][0] / physical:.2f}",
                 f"{warm:.2f}",
                 f"{warm / compute:.2f}",
-                f"{r['peak_rss'] / 1e9:.2f}",
+                f"{r['peak_rss'] / 1e9:.3f}",
                 f"{max(r['cached_at_cold_start']) / 1e6:.0f}",
                 "yes" if r["equal"] else f"no (max diff {r.get('max_diff', '?'):.3g})",
             ]
@@ -119,8 +119,8 @@ def targets(data: dict, floors: dict[str, float], ours: str = "trash-panda") -> 
         ),
         line(
             all(tp["peak_rss"] <= r["peak_rss"] for r in peers),
-            f"peak RSS no more than any peer: {tp['peak_rss'] / 1e9:.2f} GB against "
-            + ", ".join(f"{r['system']} {r['peak_rss'] / 1e9:.2f} GB" for r in peers),
+            f"peak RSS no more than any peer: {tp['peak_rss'] / 1e9:.3f} GB against "
+            + ", ".join(f"{r['system']} {r['peak_rss'] / 1e9:.3f} GB" for r in peers),
         ),
     ]
 
