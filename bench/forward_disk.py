@@ -74,11 +74,12 @@ class BlockClock:
             self.handles.append(b.register_forward_hook(lambda _m, _a, _o, i=i: self._post(i)))
         self._t = 0.0
 
+    # The clock the offload hooks time their runs with (handle.runs), so marks and runs compare.
     def _pre(self, i: int) -> None:
-        self._t = time.perf_counter()
+        self._t = _core.clock()
 
     def _post(self, i: int) -> None:
-        self.marks.append((i, self._t, time.perf_counter()))
+        self.marks.append((i, self._t, _core.clock()))
 
     def remove(self) -> None:
         for h in self.handles:
@@ -323,7 +324,8 @@ def main() -> None:
         f"- date: {mach['date']}",
         f"- machine: nproc {mach['nproc']} ({mach['cpu']}), {mach['ram']} RAM, kernel {mach['kernel']}, "
         f"{mach['fs']}, torch {mach['torch']} ({mach['torch_threads']} threads); load average at the start of each "
-        f"pass {min(r['load'] for r in results)} .. {max(r['load'] for r in results)} (other builds share the machine)",
+        f"pass {min(r['load'] for r in results)} .. {max(r['load'] for r in results)} "
+        "(the benchmark's own threads included)",
         f"- model: {N_BLOCKS} blocks of LayerNorm + Linear({D},{F}) + GELU + Linear({F},{D}), bf16, "
         f"{block_bytes / 1e6:.0f} MB a block, {size / 1e9:.2f} GB file; CPU compute, input {args.tokens} tokens x {D}",
         f"- plan: `Plan.manual(resident=blocks 0-{RESIDENT - 1} ({RESIDENT * block_bytes / 1e9:.2f} GB), "

@@ -41,7 +41,7 @@ def _loaded(tmp_path: Path, lookahead: int) -> tuple[Tiny, Tiny]:
     return model, ref
 
 
-def _run(model: Tiny, ref: Tiny, sim: SimulatedDevice, passes: int = 3) -> list[bool]:
+def _run(model: Tiny, ref: Tiny, sim: SimulatedDevice, passes: int = 3, inference: bool = False) -> list[bool]:
     state = get_state(model)
     assert state is not None
 
@@ -51,7 +51,7 @@ def _run(model: Tiny, ref: Tiny, sim: SimulatedDevice, passes: int = 3) -> list[
     handle = _install(model, state, state.blocks, None, backend)
     x = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(3))
     same = []
-    with torch.no_grad():
+    with torch.inference_mode() if inference else torch.no_grad():
         want = ref(x)
         for _ in range(passes):
             same.append(torch.equal(model(x), want))
@@ -64,6 +64,11 @@ def test_copies_in_flight_give_the_reference(tmp_path: Path, sim: SimulatedDevic
     model, ref = _loaded(tmp_path, lookahead)
     assert _run(model, ref, sim) == [True] * 3
     assert sim.copied >= 3 * (LAYERS - 1)
+
+
+def test_under_inference_mode(tmp_path: Path, sim: SimulatedDevice) -> None:
+    model, ref = _loaded(tmp_path, 2)
+    assert all(_run(model, ref, sim, inference=True))
 
 
 def test_returning_a_lease_before_its_copy_completed_is_caught(

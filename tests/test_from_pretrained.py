@@ -68,6 +68,8 @@ def test_causal_lm_generate_and_pipeline_equal_plain(llama_folder: Path, device:
         got = model.generate(**inputs, **greedy)
         assert want.shape[1] == inputs["input_ids"].shape[1] + NEW
         assert torch.equal(got, want)
+        with torch.inference_mode():  # as many users run it
+            assert torch.equal(model.generate(**inputs, **greedy), want)
 
         sampled = {"max_new_tokens": NEW, "do_sample": True, "top_k": 50, "temperature": 1.3, "use_cache": True}
         torch.manual_seed(7)

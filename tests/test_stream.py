@@ -413,3 +413,34 @@ def test_error_inside_a_block_leaves_the_model_runnable(tmp_path: Path) -> None:
     with torch.no_grad():
         assert torch.equal(model(ids()), ref(ids()))
     tp.release(model, handle)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("storage", [None, "fp8"])
+def test_under_inference_mode(tmp_path: Path, dtype: torch.dtype, storage: str | None) -> None:
+    """Users run models under torch.inference_mode(): every tier gives the plain model's output
+    there too, and a write to a streamed weight is still caught."""
+    ref = reference(dtype)
+    path = save(ref, tmp_path / "m.safetensors", dtype)
+    model = on_meta(Tiny)
+    tp.stream_load(model, path, plan=every_tier(), device="cpu", storage_dtype=storage)
+    handle = tp.install_offload(model)
+    with torch.inference_mode():
+        want = ref(ids())
+        for _ in range(3):
+            got = model(ids())
+            if storage is None:
+                assert torch.equal(got, want)
+            else:  # resident and RAM-tier weights held as fp8: close, not equal
+                assert torch.allclose(got.float(), want.float(), rtol=0.2, atol=0.2)
+
+        def write(m: torch.nn.Module, _args: object) -> None:
+            m.weight.mul_(2)
+
+        hook = model.blocks[4].up.register_forward_pre_hook(write)
+        with pytest.raises(tp.StreamError, match=r"blocks\.4\.up\.weight.*modified in place"):
+            model(ids())
+        hook.remove()
+        if storage is None:
+            assert torch.equal(model(ids()), want)
+    tp.release(model, handle)

@@ -34,7 +34,7 @@ class CpuBackend:
         return found
 
     def bring(self, block: BlockState) -> Timing:
-        from torch.utils.dlpack import from_dlpack
+        import torch
 
         timing = Timing()
         if block.engine_index is None:
@@ -45,17 +45,11 @@ class CpuBackend:
         lease = self.state.engine.acquire(block.engine_index)
         timing.staged_wait = lease.waited
         try:
-            items = []
-            for spec in block.work:
-                assert spec.staged_index is not None
-                staged = layout[spec.staged_index]
-                if staged.expand_at is None:
-                    raw = from_dlpack(lease.view(spec.staged_index))
-                    self.shared.hand(block, spec, raw.view(spec.target).reshape(spec.shape))
-                else:
-                    out = self.expansion.view(staged.expand_at, spec.shape, spec.target)
-                    items.append((spec.staged_index, out.reshape(-1)))
-                    swap(spec, out)
+            items: list[Any] = []
+            # Made as normal tensors even under the caller's inference_mode: inference tensors
+            # keep no version counter, which is how a write to a shared weight is caught.
+            with torch.inference_mode(False):
+                self._hand_views(block, lease, layout, items)
             if items:
                 lease.expand_into(items, core_name(self.state.compute_dtype))
         except BaseException:
@@ -70,6 +64,25 @@ class CpuBackend:
         else:
             lease.release()
         return timing
+
+    def _hand_views(
+        self, block: BlockState, lease: _core.Lease, layout: list[_core.StagedTensor], items: list[Any]
+    ) -> None:
+        """Puts each streamed weight of ``block`` under its modules: a view of the lease where
+        it is used as staged, else its place in the expansion buffer (added to ``items``, what
+        the lease expands into)."""
+        from torch.utils.dlpack import from_dlpack
+
+        for spec in block.work:
+            assert spec.staged_index is not None
+            staged = layout[spec.staged_index]
+            if staged.expand_at is None:
+                raw = from_dlpack(lease.view(spec.staged_index))
+                self.shared.hand(block, spec, raw.view(spec.target).reshape(spec.shape))
+            else:
+                out = self.expansion.view(staged.expand_at, spec.shape, spec.target)
+                items.append((spec.staged_index, out.reshape(-1)))
+                swap(spec, out)
 
     def _expand_resident(self, block: BlockState) -> None:
         from .. import dtype as kernels
