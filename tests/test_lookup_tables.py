@@ -120,3 +120,23 @@ def test_a_pass_holds_the_rows_it_looks_up_not_the_table(tmp_path: Path) -> None
     # activations: a few MiB. Reading the table would have taken all 64 MiB.
     assert grown < table_bytes / 4, f"RSS grew {grown / 2**20:.1f} MiB for a 64 MiB table"
     tp.release(model)
+
+
+def test_a_table_whose_file_was_cut_short_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    ref = Tiny(dim=64, layers=3, vocab=300).to(torch.bfloat16).eval()
+    path = save(ref, tmp_path / "m.safetensors", torch.bfloat16)
+    with torch.device("meta"):
+        model = Tiny(dim=64, layers=3, vocab=300).to(torch.bfloat16).eval()
+    tp.stream_load(model, path, plan=PLAN, device="cpu")
+    handle = tp.install_offload(model)
+    x = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.equal(model(x), ref(x))
+        # Saved again over the same path: the file is cut to nothing first.
+        with open(path, "r+b") as f:
+            f.truncate(100)
+        with pytest.raises(tp.CheckpointError, match=r"m\.safetensors: tensor \"embed\.weight\" ends at byte"):
+            model(torch.tensor([[299]]))
+    tp.release(model, handle)
+    assert not model.embed._forward_pre_hooks, "release removes the check"

@@ -251,6 +251,13 @@ impl PyCheckpoint {
         })
     }
 
+    /// Raises CheckpointError if the file holding tensor `name` no longer reaches its end
+    /// (truncated or rewritten since it was opened): reading a view of it would crash.
+    fn check_holds(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let t = self.lookup(name)?;
+        without_gil(py, || self.inner.check_holds(t)).map_err(ToPyErr::to_py)
+    }
+
     /// Drops the maps made by `view`; views already given to torch keep theirs alive.
     fn close(&self) -> PyResult<()> {
         self.maps

@@ -20,7 +20,7 @@ from ..plan import Plan, Tier, _dtype_name, _free_vram, planning_inputs
 from ..plan import plan as make_plan
 from ..progress import Progress
 from .matching import match
-from .reading import load_buffers, map_lookup_tables, materialize_all, placeholder, unload
+from .reading import guard_lookup_tables, load_buffers, map_lookup_tables, materialize_all, placeholder, unload
 from .report import LoadReport
 from .state import STATE_ATTR, BlockState, ModelState, get_state, register_model
 
@@ -217,7 +217,7 @@ def _stream_load(
     # Outside weights: read, expanded to the compute dtype once, kept on the device (embedding
     # tables on the CPU: left in the checkpoint's map).
     t0 = time.perf_counter()
-    outside_read, report.mapped_bytes = map_lookup_tables(outside, ckpt, config, device, storage=None, expand=True)
+    outside_read, tables = map_lookup_tables(outside, ckpt, config, device, storage=None, expand=True)
     materialize_all(outside_read, device, storage=None, threads=threads, expand=True)
     report.outside.tensors += len(outside)
     report.outside.bytes += sum(spec.info.nbytes for spec in outside)
@@ -234,7 +234,7 @@ def _stream_load(
     for batch in _batches(now):
         specs = [spec for block in batch for spec in block.tensors]
         unmapped, mapped = map_lookup_tables(specs, ckpt, config, device, storage=storage, expand=False)
-        report.mapped_bytes += mapped
+        tables += mapped
         materialize_all(unmapped, device, storage=storage, threads=threads, expand=False)
         done = sum(spec.info.nbytes for spec in specs)
         report.device_tier.bytes += done
@@ -253,6 +253,7 @@ def _stream_load(
             m._parameters[a] = param
 
     report.kept_buffers = load_buffers(model, named, device)
+    report.mapped_bytes = sum(spec.info.nbytes for spec in tables)
     state = ModelState(
         checkpoint=ckpt,
         plan=plan,
@@ -262,6 +263,7 @@ def _stream_load(
         blocks=blocks,
         engine=engine,
         report=report,
+        guards=guard_lookup_tables(tables, ckpt),
     )
     setattr(model, STATE_ATTR, state)
     register_model(model)

@@ -123,15 +123,15 @@ def map_lookup_tables(
     *,
     storage: str | None,
     expand: bool,
-) -> tuple[list[TensorSpec], int]:
+) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Leaves the embedding tables among ``specs`` in a private map of the checkpoint, where the
     core allows it (``EngineConfig.maps_lookup_table``): a pass brings in the pages of the rows
-    it looks up, and the rows no token uses cost no RAM. Returns the other specs, and the bytes
-    left mapped."""
+    it looks up, and the rows no token uses cost no RAM. Returns the other specs and the mapped
+    ones; :func:`guard_lookup_tables` then makes each lookup check the file first."""
     from torch import nn
 
     rest: list[TensorSpec] = []
-    mapped = 0
+    mapped: list[TensorSpec] = []
     for spec in specs:
         if not (
             device.type == "cpu"
@@ -145,8 +145,21 @@ def map_lookup_tables(
         param = nn.Parameter(ckpt.read(spec.info.name), requires_grad=False)
         for m, a in spec.owners:
             m._parameters[a] = param
-        mapped += spec.info.nbytes
+        mapped.append(spec)
     return rest, mapped
+
+
+def guard_lookup_tables(tables: list[TensorSpec], ckpt: Checkpoint) -> list[Any]:
+    """Before each lookup in a table left in the checkpoint's map, checks that its file still
+    holds it: a file truncated since the load (saved again over the same path, say) would
+    otherwise crash the process when a row past its new end is read. Returns the hooks'
+    handles, which the model's release removes."""
+    handles = []
+    for spec in tables:
+        for module, _attr in spec.owners:
+            check = ckpt._core.check_holds
+            handles.append(module.register_forward_pre_hook(lambda _m, _a, n=spec.info.name, c=check: c(n)))
+    return handles
 
 
 def _scale_arg(scale: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
@@ -203,6 +216,7 @@ def unload(model: nn.Module) -> None:
 
     state = get_state(model)
     if state is not None:
+        state.remove_guards()
         if state.engine is not None:
             state.engine.close()
         state.checkpoint.close()

@@ -81,6 +81,12 @@ class ModelState:
     engine: _core.Engine | None
     report: Any = None
     handle: Any = None  # the OffloadHandle while hooks are installed
+    guards: list[Any] = field(default_factory=list)  # hooks that check mapped tables' files
+
+    def remove_guards(self) -> None:
+        for h in self.guards:
+            h.remove()
+        self.guards = []
 
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -251,6 +251,18 @@ pub enum CheckpointError {
         tensor: String,
         first: PathBuf,
     },
+
+    #[error(
+        "{}: tensor {tensor:?} ends at byte {end} but the file now has {len} bytes: it was \
+         truncated or rewritten after it was opened; load the model again",
+        path.display()
+    )]
+    Truncated {
+        path: PathBuf,
+        tensor: String,
+        end: u64,
+        len: u64,
+    },
 }
 
 impl CheckpointError {
@@ -272,7 +284,8 @@ impl CheckpointError {
             | CheckpointError::MissingShard { path, .. }
             | CheckpointError::TensorNotInShard { path, .. }
             | CheckpointError::TensorNotInIndex { path, .. }
-            | CheckpointError::DuplicateTensor { path, .. } => path,
+            | CheckpointError::DuplicateTensor { path, .. }
+            | CheckpointError::Truncated { path, .. } => path,
         }
     }
 }

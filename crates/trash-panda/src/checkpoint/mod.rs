@@ -72,6 +72,29 @@ impl Checkpoint {
             .map_or(Path::new(""), PathBuf::as_path)
     }
 
+    /// Checks that the file holding `tensor` still reaches the tensor's end. A map of a file
+    /// truncated after it was opened faults (SIGBUS) on the pages past the new end, so code that
+    /// reads a tensor through a map asks this first.
+    pub fn check_holds(&self, tensor: &TensorInfo) -> Result<(), CheckpointError> {
+        let path = self.file_of(tensor);
+        let len = std::fs::metadata(path)
+            .map_err(|source| CheckpointError::Io {
+                path: path.to_owned(),
+                action: "read its size",
+                source,
+            })?
+            .len();
+        if len < tensor.end {
+            return Err(CheckpointError::Truncated {
+                path: path.to_owned(),
+                tensor: tensor.name.clone(),
+                end: tensor.end,
+                len,
+            });
+        }
+        Ok(())
+    }
+
     /// The `__metadata__` map of a file (empty if the file has none, or the index is out of
     /// range).
     pub fn metadata(&self, file_idx: usize) -> &BTreeMap<String, String> {

@@ -71,6 +71,35 @@ fn single_file() {
 }
 
 #[test]
+fn check_holds_names_a_tensor_its_file_no_longer_reaches() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.safetensors");
+    write_u8s(&p, &[("b", 3), ("a", 5)], None);
+    let ck = Checkpoint::open(&p).unwrap();
+    let (a, b) = (ck.get("a").unwrap(), ck.get("b").unwrap());
+    ck.check_holds(a).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(a.start + 2)
+        .unwrap();
+    ck.check_holds(b).unwrap();
+    let err = ck.check_holds(a).unwrap_err();
+    assert!(
+        matches!(&err, CheckpointError::Truncated { tensor, end, .. }
+        if tensor == "a" && *end == a.end)
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("m.safetensors") && msg.contains("truncated"),
+        "{msg}"
+    );
+    fs::remove_file(&p).unwrap();
+    assert!(matches!(ck.check_holds(b), Err(CheckpointError::Io { .. })));
+}
+
+#[test]
 fn index_and_folder_with_index() {
     let dir = tempfile::tempdir().unwrap();
     write_u8s(&dir.path().join("s2.safetensors"), &[("c", 2)], None);
