@@ -54,6 +54,25 @@ class TwoLists(nn.Module):
         return self.final(x)
 
 
+def assert_writes_are_caught(model: Tiny, block: int, x: torch.Tensor, want: torch.Tensor | None) -> None:
+    """A module that writes to its streamed weight in place (a buggy in-place update) makes the
+    pass raise an error naming the weight; the next pass, without the write, gives ``want``
+    again (the spoiled copy was dropped). ``want`` None: only the error is checked."""
+    import pytest
+
+    import trash_panda as tp
+
+    def write(m: nn.Module, _args: object) -> None:
+        m.weight.mul_(2)
+
+    hook = model.blocks[block].up.register_forward_pre_hook(write)
+    with pytest.raises(tp.StreamError, match=rf"blocks\.{block}\.up\.weight.*modified in place"):
+        model(x)
+    hook.remove()
+    if want is not None:
+        assert torch.equal(model(x), want)
+
+
 def save(model: nn.Module, path: Path, dtype: torch.dtype = torch.float32) -> Path:
     save_file({k: v.to(dtype).contiguous() for k, v in model.state_dict().items()}, str(path))
     return path

@@ -54,7 +54,9 @@ class OffloadHandle:
     """What install_offload() returns: ``remove()`` takes the hooks off and restores the blocks
     (their weights stay loaded; :func:`release` frees them)."""
 
-    def __init__(self, model: nn.Module, state: ModelState, backend: Backend, registry: HookRegistry) -> None:
+    def __init__(
+        self, model: nn.Module, state: ModelState, backend: Backend, registry: HookRegistry, installed: float
+    ) -> None:
         self.model = model
         self._state = state
         self._backend = backend
@@ -62,7 +64,7 @@ class OffloadHandle:
         # (block, start, end, timing), times on _core.clock(): the engine's workers time their
         # stagings on it, so the profile's trace draws both on one timeline.
         self.runs: list[tuple[int, float, float, Timing]] = []
-        self.installed = _core.clock()  # the profile draws the engine's stagings from here on
+        self.installed = installed  # the profile draws the engine's stagings from here on
         self.removed = False
         self._order_checks = 2  # streamed runs still to check against the order given
         # Every block that ran, resident ones too, in the order of their first run: the order
@@ -201,8 +203,7 @@ def _install(
     by_engine = {b.engine_index: b.prefix for b in state.blocks if b.engine_index is not None}
     backend = (backend_for or make_backend)(state)
     registry = HookRegistry()
-    handle = OffloadHandle(model, state, backend, registry)
-    handle.installed = installed
+    handle = OffloadHandle(model, state, backend, registry, installed)
 
     for block in blocks:
 

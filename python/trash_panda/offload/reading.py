@@ -154,12 +154,12 @@ def guard_lookup_tables(tables: list[TensorSpec], ckpt: Checkpoint) -> list[Any]
     holds it: a file truncated since the load (saved again over the same path, say) would
     otherwise crash the process when a row past its new end is read. Returns the hooks'
     handles, which the model's release removes."""
-    handles = []
-    for spec in tables:
-        for module, _attr in spec.owners:
-            check = ckpt._core.check_holds
-            handles.append(module.register_forward_pre_hook(lambda _m, _a, n=spec.info.name, c=check: c(n)))
-    return handles
+    check = ckpt._core.check_holds
+    return [
+        module.register_forward_pre_hook(lambda _m, _a, n=spec.info.name: check(n))
+        for spec in tables
+        for module, _attr in spec.owners
+    ]
 
 
 def _scale_arg(scale: torch.Tensor, spec: TensorSpec) -> torch.Tensor:

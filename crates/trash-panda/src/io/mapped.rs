@@ -107,11 +107,7 @@ impl MappedFile {
     /// Windows); it returns at once.
     pub fn advise_willneed(&self, range: Range<usize>) -> Result<(), IoError> {
         let range = self.check(range.start, range.end)?;
-        platform::prefetch(&self.bytes()[range]).map_err(|(op, source)| IoError::Cache {
-            path: self.path.clone(),
-            op,
-            source,
-        })
+        platform::prefetch(&self.bytes()[range]).map_err(self.cache_error())
     }
 
     /// Reads `range` into memory now (`MADV_POPULATE_READ`): returns once its pages are in, read
@@ -119,11 +115,7 @@ impl MappedFile {
     /// has no such call (kernels before 5.14, macOS, Windows): copy through the map instead.
     pub fn populate(&self, range: Range<usize>) -> Result<(), IoError> {
         let range = self.check(range.start, range.end)?;
-        platform::populate(&self.bytes()[range]).map_err(|(op, source)| IoError::Cache {
-            path: self.path.clone(),
-            op,
-            source,
-        })
+        platform::populate(&self.bytes()[range]).map_err(self.cache_error())
     }
 
     /// Gives back the memory of `range` (which `file` holds at the same offsets): this process's
@@ -132,24 +124,14 @@ impl MappedFile {
     pub fn release(&self, range: Range<usize>, file: &std::fs::File) -> Result<(), IoError> {
         let range = self.check(range.start, range.end)?;
         let offset = range.start as u64;
-        platform::release_range(&self.bytes()[range], file, offset).map_err(|(op, source)| {
-            IoError::Cache {
-                path: self.path.clone(),
-                op,
-                source,
-            }
-        })
+        platform::release_range(&self.bytes()[range], file, offset).map_err(self.cache_error())
     }
 
     /// Asks for the map's pages to be mapped as huge pages where the page cache holds them so
     /// (`MADV_HUGEPAGE`): the pages it reads in are then read into 2 MiB folios, each mapped by
     /// one page-table entry. An error where the platform has no such advice (it is only a hint).
     pub fn advise_huge(&self) -> Result<(), IoError> {
-        platform::advise_huge(self.bytes()).map_err(|(op, source)| IoError::Cache {
-            path: self.path.clone(),
-            op,
-            source,
-        })
+        platform::advise_huge(self.bytes()).map_err(self.cache_error())
     }
 
     /// Gives back this process's pages of `range` and keeps the page cache's: the next read maps
@@ -158,11 +140,7 @@ impl MappedFile {
     /// (Windows).
     pub fn forget(&self, range: Range<usize>) -> Result<(), IoError> {
         let range = self.check(range.start, range.end)?;
-        platform::forget_pages(&self.bytes()[range]).map_err(|(op, source)| IoError::Cache {
-            path: self.path.clone(),
-            op,
-            source,
-        })
+        platform::forget_pages(&self.bytes()[range]).map_err(self.cache_error())
     }
 
     /// Whether every page holding `range` is in memory now (`mincore`); an error where the system
@@ -174,11 +152,6 @@ impl MappedFile {
         }
         let page = platform::page_size();
         let first = range.start - range.start % page;
-        let fail = |(op, source)| IoError::Cache {
-            path: self.path.clone(),
-            op,
-            source,
-        };
         // Windows of 64 MiB keep the residency vector small.
         let window = page * 16_384;
         let mut vec = vec![0u8; window / page];
@@ -188,7 +161,8 @@ impl MappedFile {
             let pages = n.div_ceil(page);
             // `at` is a multiple of the page size from the map's start, so the window starts on
             // a page.
-            platform::page_residency(&self.bytes()[at..at + n], &mut vec[..pages]).map_err(fail)?;
+            platform::page_residency(&self.bytes()[at..at + n], &mut vec[..pages])
+                .map_err(self.cache_error())?;
             if vec[..pages].iter().any(|&v| v & 1 == 0) {
                 return Ok(false);
             }
@@ -213,13 +187,8 @@ impl MappedFile {
         let mut at = range.start;
         loop {
             let first = at - at % page;
-            platform::page_residency(&self.bytes()[first..first + 1], &mut out).map_err(
-                |(op, source)| IoError::Cache {
-                    path: self.path.clone(),
-                    op,
-                    source,
-                },
-            )?;
+            platform::page_residency(&self.bytes()[first..first + 1], &mut out)
+                .map_err(self.cache_error())?;
             if out[0] & 1 == 0 {
                 return Ok(false);
             }
@@ -227,6 +196,15 @@ impl MappedFile {
                 return Ok(true);
             }
             at = (at + stride).min(last);
+        }
+    }
+
+    /// Turns a platform call's failure into an error naming this map's file.
+    fn cache_error(&self) -> impl Fn(platform::OpError) -> IoError + '_ {
+        |(op, source)| IoError::Cache {
+            path: self.path.clone(),
+            op,
+            source,
         }
     }
 

@@ -66,11 +66,7 @@ impl CheckpointSource {
             if !self.in_place_run_is_cold(block, f, run) {
                 continue;
             }
-            cold_bytes += run
-                .tensors
-                .iter()
-                .map(|&i| layout.tensors[i].len as u64)
-                .sum::<u64>();
+            cold_bytes += layout.run_bytes(run);
             self.read_through(block, run, f, stop)?;
         }
         self.pages[block].store(PAGES_READ, Ordering::Relaxed);
@@ -110,12 +106,7 @@ impl CheckpointSource {
             let grain = MAP_GRAIN as usize;
             let range = at..end.min((at / grain + 1) * grain);
             let n = range.len();
-            let populated = !self.populate_refused.load(Ordering::Relaxed)
-                && !self.refusals.populate
-                && f.map.populate(range.clone()).is_ok();
-            if !populated {
-                self.populate_refused.store(true, Ordering::Relaxed);
-                let _ = f.map.advise_willneed(range.clone());
+            if !self.populate_or_advise(&f.map, range.clone()) {
                 let bytes = f
                     .map
                     .slice(range.start, range.end)
@@ -124,35 +115,6 @@ impl CheckpointSource {
             }
             let _ = f.map.forget(range);
             at += n;
-        }
-        Ok(())
-    }
-
-    /// An error naming the tensor if `file` no longer holds `run` (truncated since it was opened).
-    pub(super) fn check_size(
-        &self,
-        block: usize,
-        run: &Run,
-        file: &File,
-    ) -> Result<(), StreamError> {
-        let path = &self.files[run.file];
-        let now = file.metadata().map_err(|source| {
-            let e = IoError::Read {
-                path: path.clone(),
-                offset: run.start,
-                len: run.len() as u64,
-                source,
-            };
-            self.read_error(block, run, e)
-        })?;
-        if now.len() < run.end {
-            let e = IoError::UnexpectedEof {
-                path: path.clone(),
-                offset: run.start,
-                len: run.len() as u64,
-                got_to: now.len().max(run.start),
-            };
-            return Err(self.read_error(block, run, e));
         }
         Ok(())
     }

@@ -117,6 +117,14 @@ pub struct StagedLayout {
 }
 
 impl BlockLayout {
+    /// Bytes of the tensors of `run` (the run's range less the gaps between them).
+    pub fn run_bytes(&self, run: &Run) -> u64 {
+        run.tensors
+            .iter()
+            .map(|&i| self.tensors[i].len as u64)
+            .sum()
+    }
+
     /// Moves the tensors of `run` (read into `buf` at `run.buf_range()`) to their packed,
     /// 64-byte aligned places. Call it for each run in order, after the run is read: the read
     /// area is placed so that a tensor's new place never overlaps the bytes of a later tensor,

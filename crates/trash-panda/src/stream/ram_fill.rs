@@ -84,28 +84,15 @@ impl CheckpointSource {
             self.check_size(block, run, file)?;
             let range = run.start as usize..run.end as usize;
             if self.run_is_cold(block, map, run) {
-                cold_bytes += run
-                    .tensors
-                    .iter()
-                    .map(|&i| layout.tensors[i].len as u64)
-                    .sum::<u64>();
+                cold_bytes += layout.run_bytes(run);
                 match self.cold_read {
                     ColdRead::Pread { in_flight } => {
                         self.read_cold_run(block, run, dst, in_flight, stop)?;
                         continue;
                     }
                     ColdRead::Populate if !self.populate_refused.load(Ordering::Relaxed) => {
-                        let populated = if self.refusals.populate {
-                            Err(())
-                        } else {
-                            map.populate(range.clone()).map_err(|_| ())
-                        };
-                        if populated.is_err() {
-                            // Refused (an older kernel, or no such call here): from now on the
-                            // kernel's read-ahead under the copy does the work.
-                            self.populate_refused.store(true, Ordering::Relaxed);
-                            let _ = map.advise_willneed(range);
-                        }
+                        // Where refused, the kernel's read-ahead under the copy does the work.
+                        self.populate_or_advise(map, range);
                     }
                     ColdRead::Populate | ColdRead::Map => {
                         // Start the kernel's read-ahead of the whole run: a cold map is

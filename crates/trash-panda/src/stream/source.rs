@@ -312,6 +312,53 @@ impl CheckpointSource {
         StreamError::read(block, &self.blocks[block], t, &self.files, source)
     }
 
+    /// An error naming the tensor if `file` no longer holds `run` (truncated since it was opened).
+    pub(super) fn check_size(
+        &self,
+        block: usize,
+        run: &Run,
+        file: &File,
+    ) -> Result<(), StreamError> {
+        let path = &self.files[run.file];
+        let now = file.metadata().map_err(|source| {
+            let e = IoError::Read {
+                path: path.clone(),
+                offset: run.start,
+                len: run.len() as u64,
+                source,
+            };
+            self.read_error(block, run, e)
+        })?;
+        if now.len() < run.end {
+            let e = IoError::UnexpectedEof {
+                path: path.clone(),
+                offset: run.start,
+                len: run.len() as u64,
+                got_to: now.len().max(run.start),
+            };
+            return Err(self.read_error(block, run, e));
+        }
+        Ok(())
+    }
+
+    /// Populates `range` of `map` (`MADV_POPULATE_READ`). Where the system refuses (kernels
+    /// before 5.14, or a test's refusal), that is remembered for every later call, the kernel's
+    /// read-ahead is started instead, and false is returned: the caller's reads fault the pages in.
+    pub(super) fn populate_or_advise(
+        &self,
+        map: &MappedFile,
+        range: std::ops::Range<usize>,
+    ) -> bool {
+        let populated = !self.populate_refused.load(Ordering::Relaxed)
+            && !self.refusals.populate
+            && map.populate(range.clone()).is_ok();
+        if !populated {
+            self.populate_refused.store(true, Ordering::Relaxed);
+            let _ = map.advise_willneed(range);
+        }
+        populated
+    }
+
     fn stopped(&self, block: usize) -> StreamError {
         StreamError::ShuttingDown {
             block,
