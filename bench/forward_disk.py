@@ -205,7 +205,8 @@ def main() -> None:
                         out, secs = timed(lambda model=model: model(x))
                         device = device_read_bytes(path) - dev0
                         s1 = h.stats()
-                        runs = h.runs[r0:]
+                        # The streamed blocks' runs (the resident ones are recorded too).
+                        runs = [r for r in h.runs[r0:] if r[0] >= RESIDENT]
                         marks = clock.marks[m0:]
                         c_res = sum(e - a for i, a, e in marks if i < RESIDENT)
                         c_str = sum(e - a for i, a, e in marks if i >= RESIDENT)

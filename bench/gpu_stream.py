@@ -117,7 +117,8 @@ def main() -> None:
                     assert torch.equal(got, want), "offloaded output differs from the resident model's"
                     steady = timed(lambda model=model: model(x))
                 stats = handle.stats()
-                waited = sum(t.gpu_wait for _i, _s, _e, t in handle.runs[-len(streamed) :])
+                last_pass = handle.runs[-args.blocks :]  # resident blocks' runs are recorded too
+                waited = sum(t.gpu_wait for i, _s, _e, t in last_pass if i >= args.resident)
                 tp.release(model, handle)
                 achieved = ram_bytes / steady
                 rows.append(

@@ -325,7 +325,7 @@ def test_unet_defined_order_warns_naming_the_expected_block(tmp_path: Path) -> N
         assert names[:4] == ["down_blocks.0.", "down_blocks.1.", "up_blocks.0.", "up_blocks.1."]
         assert messages == [
             "block mid_block.resnets.0. ran before the order given (up_blocks.0. ...): "
-            "pass order= so the first blocks are staged in the order forward() runs them"
+            "pass order= so blocks are staged (and with overlap=True loaded) in the order forward() runs them"
         ]
         assert handle.recorded_order == _RUN_ORDER["unet"][1:]
     finally:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,8 +50,14 @@ def test_write_then_read_round_trip(tmp_path: Path) -> None:
     assert read.blocks == ran
     assert read.indices == [3, 2, 0]
     assert read.reason is None and read.detail is None and read.warning() is None
-    assert not _core.should_write_order(read, ran)
-    assert _core.should_write_order(read, ran[::-1])
+    assert _core.order_to_write(read, ran, BLOCKS) is None
+    # A partial pass in another order takes the places of the blocks it ran; the others stay.
+    assert _core.order_to_write(read, ran[::-1], BLOCKS) == [
+        "double_blocks.0.",
+        "single_blocks.0.",
+        "single_blocks.1.",
+        "double_blocks.1.",
+    ]
     assert _core.full_order(read.blocks, BLOCKS) == [3, 2, 0, 1]
 
 
@@ -58,8 +67,8 @@ def test_an_absent_file_says_nothing(tmp_path: Path) -> None:
     assert read.blocks is None and read.indices is None
     assert read.reason == "absent"
     assert read.warning() is None
-    assert _core.should_write_order(read, ["double_blocks.1"])
-    assert not _core.should_write_order(read, [])
+    assert _core.order_to_write(read, ["double_blocks.1"], BLOCKS) == BLOCKS  # a partial pass, in model order
+    assert _core.order_to_write(read, [], BLOCKS) is None
 
 
 def test_a_torn_file_is_treated_as_absent(tmp_path: Path) -> None:
@@ -73,7 +82,7 @@ def test_a_torn_file_is_treated_as_absent(tmp_path: Path) -> None:
     assert read.reason == "torn"
     warning = read.warning()
     assert warning is not None and str(path) in warning and "replaced" in warning
-    assert _core.should_write_order(read, ["double_blocks.1"])
+    assert _core.order_to_write(read, ["double_blocks.1"], BLOCKS) == BLOCKS
 
 
 @pytest.mark.parametrize(
@@ -112,14 +121,38 @@ def test_an_unwritable_folder_raises_one_typed_error(tmp_path: Path) -> None:
         assert isinstance(caught.value, TrashPandaError)
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes anywhere")
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
 def test_a_read_only_folder_raises_the_same_error(tmp_path: Path) -> None:
     folder = tmp_path / "ro"
     folder.mkdir()
     folder.chmod(0o555)
     try:
-        with pytest.raises(StreamError):
-            _core.write_order_file(folder / "m_order.json", "m.safetensors", ["a"])
+        if os.geteuid() != 0:
+            with pytest.raises(StreamError):
+                _core.write_order_file(folder / "m_order.json", "m.safetensors", ["a"])
+            return
+        # Root writes anywhere by its capabilities: the write runs in a child without them.
+        setpriv = shutil.which("setpriv")
+        assert setpriv is not None, "setpriv (util-linux) drops root's file capabilities for this test"
+        script = (
+            "import sys\n"
+            "from trash_panda import _core\n"
+            "from trash_panda.errors import StreamError\n"
+            "try:\n"
+            "    _core.write_order_file(sys.argv[1], 'm.safetensors', ['a'])\n"
+            "except StreamError as e:\n"
+            "    print('StreamError', e)\n"
+        )
+        caps = "-dac_override,-dac_read_search,-fowner"
+        child = subprocess.run(
+            [setpriv, f"--bounding-set={caps}", sys.executable, "-c", script, str(folder / "m_order.json")],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        assert child.stdout.startswith("StreamError") and "m_order.json" in child.stdout, child
+        assert not (folder / "m_order.json").exists()
     finally:
         folder.chmod(0o755)
 

@@ -207,3 +207,46 @@ def test_a_sharded_folder_works_like_one_file(tmp_path: Path) -> None:
     assert file_blocks(folder / "transformer_order.json") == REAL
     assert file_blocks(folder / "diffusion_pytorch_model_order.json") == REAL
     assert sorted(os.listdir(folder))[-1] == "transformer_order.json"
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
+def test_a_stopped_run_leaves_a_good_file_alone(ckpt: tuple[Path, nn.Module], stop: type[BaseException]) -> None:
+    path, ref = ckpt
+    order_file = path.parent / "model_order.json"
+    run_stage(path, ref)  # writes the real order
+    good = order_file.read_bytes()
+
+    def interrupt(*_: object) -> None:
+        raise stop("stopped after three blocks")
+
+    with pytest.raises(stop), tp.stage(build, path, device="cpu", resident_blocks=2) as (model, _p, _h):
+        model.blocks[0].register_forward_pre_hook(interrupt)  # the fourth block to run
+        with torch.no_grad():
+            model(X)
+    assert order_file.read_bytes() == good
+    # A stopped run without a file writes none either: it knows only the blocks it reached.
+    order_file.unlink()
+    with pytest.raises(stop), tp.stage(build, path, device="cpu", resident_blocks=2) as (model, _p, _h):
+        model.blocks[0].register_forward_pre_hook(interrupt)
+        with torch.no_grad():
+            model(X)
+    assert not order_file.exists()
+
+
+def test_a_partial_pass_is_merged_into_the_file(ckpt: tuple[Path, nn.Module]) -> None:
+    path, ref = ckpt
+    order_file = path.parent / "model_order.json"
+    run_stage(path, ref)
+    good = order_file.read_bytes()
+    # A block that calls a part of the model only: what ran agrees with the file.
+    with tp.stage(build, path, device="cpu", resident_blocks=2) as (model, _p, _h), torch.no_grad():
+        model.blocks[4](model.blocks[3](X))
+    assert order_file.read_bytes() == good
+    # Two blocks run the other way round: they swap places, the others keep theirs.
+    with (
+        pytest.warns(UserWarning, match=r"blocks\.4\. ran before the order given"),
+        tp.stage(build, path, device="cpu", resident_blocks=2) as (model, _p, _h),
+        torch.no_grad(),
+    ):
+        model.blocks[3](model.blocks[4](X))
+    assert file_blocks(order_file) == ["blocks.4", "blocks.3", "blocks.5", "blocks.0", "blocks.1", "blocks.2"]

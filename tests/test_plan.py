@@ -131,3 +131,27 @@ def test_lookahead_from_environment(tiny_ckpt: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("TRASH_PANDA_LOOKAHEAD", "lots")
     with pytest.raises(ArgumentError, match="TRASH_PANDA_LOOKAHEAD"):
         plan(on_meta(Tiny), tiny_ckpt, vram="1GB", ram="1GB")
+
+
+def test_the_table_names_the_device_that_computes(tiny_ckpt: Path) -> None:
+    from trash_panda import _core
+    from trash_panda.plan import planning_inputs
+
+    model = on_meta(Tiny)
+    cpu = plan(model, tiny_ckpt, device="cpu", ram="8GB")
+    assert str(cpu).startswith("automatic plan: 6 blocks, device cpu (no GPU), "), str(cpu)
+    # `make demo`'s plan: the CPU computes, with a device tier sized as a 2 GB GPU's.
+    simulated = plan(model, tiny_ckpt, device="cpu", vram="2GB", ram="8GB")
+    text = str(simulated)
+    assert text.startswith("automatic plan: 6 blocks, device cpu (device tier planned as a GPU with 2.00 GB), "), text
+    assert "device gpu" not in text and "free VRAM" not in text and " = vram 2.00 GB - " in text, text
+    budgets = simulated.budgets
+    assert budgets is not None and budgets.gpu and budgets.device_limit == 2_000_000_000
+    assert '"device": "cpu"' in simulated.to_json()
+    assert Plan.from_json(simulated.to_json()) == simulated
+    # A plan made for a GPU (what plan() asks for on a CUDA device) says so.
+    tensors, prefixes = planning_inputs(model, tiny_ckpt, None, None, None)
+    gpu = Plan(_core.make_plan(tensors, prefixes, 2_000_000_000, True, ram=8_000_000_000))
+    assert str(gpu).startswith("automatic plan: 6 blocks, device gpu, "), str(gpu)
+    assert " = free VRAM 2.00 GB - " in str(gpu)
+    assert '"device": "cpu"' not in gpu.to_json()

@@ -4,6 +4,7 @@ hooks time block runs with, so reads can be seen next to the compute they overla
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -116,3 +117,106 @@ def test_profile_report_maps_engine_blocks_and_rejects_unknown_ones(tmp_path: Pa
     with pytest.raises(ArgumentError, match="engine_blocks"):
         _core.profile_report(blocks, [], stagings=stagings, engine_blocks=[2])
     tp.release(model, handle)
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(0, 100, (2, 5), generator=torch.Generator().manual_seed(3))
+
+
+def test_resident_blocks_with_nothing_to_stage_are_in_the_passes(tmp_path: Path) -> None:
+    from trash_panda.offload.profile import build
+
+    torch.manual_seed(0)
+    path = save(Tiny().eval(), tmp_path / "m.safetensors")
+    model = on_meta(Tiny)
+    tp.stream_load(model, path, plan=PLAN, device="cpu")
+    handle = tp.install_offload(model)
+    assert not handle._state.blocks[0].work  # f32 stored, f32 computed: nothing to bring
+    # The first block's first run is the slow one (the warm-up the profile has to show).
+    slow = model.blocks[0].register_forward_pre_hook(lambda _m, _a: time.sleep(0.3))
+    with torch.no_grad():
+        model(_ids())
+        slow.remove()
+        model(_ids())
+    report, _trace, line = build(handle)
+    tp.release(model, handle)
+
+    assert [p["blocks"] for p in json.loads(line)["passes"]] == [6, 6]
+    assert json.loads(line)["passes"][0]["seconds"] >= 0.3
+    first = report.split("first pass, main thread time by block:\n")[1].splitlines()[0]
+    assert re.fullmatch(
+        r"  blocks\.0 \(device\): 0\.[3-9]\d s = staged 0\.00 s \+ gpu 0\.00 s \+ rest 0\.\d+ s", first
+    ), report
+
+
+def test_storage_dtype_reports_the_ram_tier_read_into_memory(tmp_path: Path) -> None:
+    from trash_panda.offload.profile import build
+
+    torch.manual_seed(0)
+    path = save(Tiny().eval(), tmp_path / "m.safetensors")
+    model = on_meta(Tiny)
+    report = tp.stream_load(model, path, plan=PLAN, device="cpu", storage_dtype="bf16", compute_dtype="f32")
+    handle = tp.install_offload(model)
+    threads = handle._state.config.ram_in_memory_threads
+    with torch.no_grad():
+        model(_ids())
+    text, _trace, line = build(handle)
+    tp.release(model, handle)
+
+    assert threads is not None and threads >= 1
+    load = json.loads(line)["load"]
+    assert load["ram"] == {"bytes": 0, "seconds": 0.0}  # not a mapped RAM tier
+    read = load["ram_in_memory"]
+    assert read["bytes"] == report.ram.bytes > 0 and read["seconds"] == report.ram.seconds
+    assert read["threads"] == threads and read["storage"] == "BF16"
+    assert " ram " not in text.splitlines()[0 if text.startswith("stream_load") else 1]
+    assert re.search(
+        rf"read 0\.\d\d GB of streamed-block tensors into memory as bf16 in \d+\.\d\d s "
+        rf"\(\d+\.\d\d GB/s, {threads} threads?\)",
+        text,
+    ), text
+
+
+def test_memory_points_name_the_runtime_s_own_tensors(tmp_path: Path) -> None:
+    from trash_panda.offload.profile import memory_point
+
+    torch.manual_seed(0)
+    path = save(Tiny(dim=512), tmp_path / "m.safetensors")
+    model = on_meta(Tiny, dim=512)
+    # f32 weights computing in bf16: the resident block keeps its stored form and expands it
+    # into the expansion buffer on each run.
+    tp.stream_load(model, path, plan=PLAN, device="cpu", compute_dtype="bf16")
+    handle = tp.install_offload(model)
+    names = [str(t["name"]) for t in memory_point("hooks on")["large_tensors"]]  # type: ignore[union-attr]
+    tp.release(model, handle)
+
+    assert "resident stored form of Tiny.blocks.0.up.weight float32[2048, 512]" in names, names
+    assert any(re.fullmatch(r"expansion buffer of Tiny uint8\[\d+\]", n) for n in names), names
+
+
+def test_memory_points_name_a_device_backend_s_slots(tmp_path: Path) -> None:
+    from simdevice import SimulatedDevice
+    from trash_panda.offload.cuda import DeviceBackend
+    from trash_panda.offload.hooks import _install
+    from trash_panda.offload.profile import memory_point
+    from trash_panda.offload.state import get_state
+
+    torch.manual_seed(0)
+    path = save(Tiny(dim=512), tmp_path / "m.safetensors", torch.bfloat16)
+    model = on_meta(Tiny, dim=512)
+    # A GPU plan on the CPU, its device memory simulated there: the slots are CPU tensors.
+    p = tp.plan(model, path, device="cpu", vram="1TB", ram="1TB", resident_blocks=2, compute_dtype="bf16")
+    tp.stream_load(model, path, plan=p, device="cpu")
+    state = get_state(model)
+    assert state is not None
+    sim = SimulatedDevice(seed=1)
+    try:
+        handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim, torch.device("cpu")))
+        with torch.no_grad():
+            model(_ids())
+        names = [str(t["name"]) for t in memory_point("hooks on")["large_tensors"]]  # type: ignore[union-attr]
+        tp.release(model, handle)
+    finally:
+        sim.stop()
+    assert any(re.fullmatch(r"device slot 0 of Tiny uint8\[\d+\]", n) for n in names), names
+    assert "Tiny.blocks.0.up.weight bfloat16[2048, 512]" in names, names

@@ -257,8 +257,16 @@ def test_order_and_warning(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="order"), torch.no_grad():
         assert torch.equal(model(ids()), ref(ids()))
     assert handle.recorded_order == [f"blocks.{i}." for i in range(5, 1, -1)]
+    assert handle.ran == [f"blocks.{i}." for i in range(5, -1, -1)]  # resident blocks too
+    ran = handle.ran
     handle.remove()
+    # The streamed blocks' order alone: the resident blocks then run against the order given
+    # (which drives an overlap load's reads), and that is warned about too.
     handle = tp.install_offload(model, order=handle.recorded_order)
+    with pytest.warns(UserWarning, match=r"blocks\.1\. ran before the order given \(blocks\.0\."), torch.no_grad():
+        model(ids())
+    handle.remove()
+    handle = tp.install_offload(model, order=ran)
     import warnings
 
     with warnings.catch_warnings():

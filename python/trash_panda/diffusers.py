@@ -22,8 +22,7 @@ from .checkpoint import Checkpoint
 from .errors import ArgumentError
 from .hf import _checkpoint_dtype, _guard_to, build_empty, checkpoint_of
 from .offload import empty_weights
-from .offload.release import _RELEASED_HOOK
-from .offload.state import get_state
+from .offload.state import clear_released, get_state
 
 if TYPE_CHECKING:
     import torch
@@ -41,9 +40,6 @@ class _Component:
     name: str
     model: nn.Module
     path: Path  # its checkpoint, opened again for each load (release() closes it)
-    # The buffers as built (rotary tables, position ids): release() puts every buffer on meta,
-    # and a chained component is loaded again on its next call.
-    buffers: dict[str, torch.Tensor]
     stage: contextlib.AbstractContextManager[Any] | None = None  # the stage() it is loaded in
 
 
@@ -125,8 +121,7 @@ def _load_pipeline(
             library, class_name = index[name]
             cls = getattr(importlib.import_module(library), class_name)
             model, path = _build(cls, library, root / name, dtype)
-            buffers = {n: b.clone() for n, b in model.named_buffers() if not b.is_meta}
-            streamed.components.append(_Component(name, model, path, buffers))
+            streamed.components.append(_Component(name, model, path))
             if not chain:
                 _begin_stage(streamed, streamed.components[-1])
         pipe = pipeline_cls.from_pretrained(root, **{c.name: c.model for c in streamed.components})
@@ -166,10 +161,6 @@ def _begin_stage(streamed: _Streamed, c: _Component) -> None:
     one released first): its order file and its remembered activation memory come with it."""
     if streamed.loaded is not None and streamed.loaded is not c:
         _end_stage(streamed, streamed.loaded)
-    if any(c.model.get_buffer(n).is_meta for n in c.buffers):
-        for name, value in c.buffers.items():  # released before: its buffers as built
-            owner, _, attr = name.rpartition(".")
-            c.model.get_submodule(owner)._buffers[attr] = value.clone()
     from .stage import stage
 
     kwargs = {"compute_dtype": c.model._trash_panda_compute, "device": streamed.device, **streamed.plan_kwargs}
@@ -185,12 +176,10 @@ def _end_stage(streamed: _Streamed, c: _Component, *, final: bool = False) -> No
     if c.stage is not None:
         cm, c.stage = c.stage, None
         cm.__exit__(None, None, None)  # releases the model (and writes its order file if need be)
-        marker = getattr(c.model, _RELEASED_HOOK, None)
-        if not final and marker is not None:
-            # release() marks a model so a stale reference cannot run on empty weights; a chained
-            # component is loaded again on purpose, by its hook, before it next runs.
-            marker.remove()
-            delattr(c.model, _RELEASED_HOOK)
+        if not final:
+            # release() makes a model refuse to run on empty weights; a chained component is
+            # loaded again on purpose, by its chain hook, which runs before that refusal would.
+            clear_released(c.model)
     if streamed.loaded is c:
         streamed.loaded = None
 

@@ -13,7 +13,7 @@ from .checkpoint import Checkpoint
 from .config import setting
 from .device import resolve_device
 from .errors import ArgumentError
-from .names import SCALE_SUFFIXES, KeyMap, model_tensors, weight_of_scale
+from .names import SCALE_SUFFIXES, KeyMap, check_prefixes, model_tensors, weight_of_scale
 
 if TYPE_CHECKING:
     import torch
@@ -171,7 +171,9 @@ def planning_inputs(
         for name, info in model_tensors(ckpt, key_map, skip_prefixes).items()
         if name in expected or (name.endswith(_WEIGHT_SCALES) and weight_of_scale(name) in expected)
     ]
-    prefixes = [b.prefix for b in find_blocks(model, blocks)]
+    skip = check_prefixes(skip_prefixes)
+    # Blocks in a skipped part (a vision tower's layers, say) are neither loaded nor counted.
+    prefixes = [b.prefix for b in find_blocks(model, blocks) if not (skip and b.prefix.startswith(skip))]
     if not prefixes:
         raise ArgumentError(
             f"found no blocks in {type(model).__name__}: no nn.ModuleList of two or more modules "
@@ -205,18 +207,19 @@ def plan(
     Sizes are bytes or strings such as ``"9GB"``, ``"500MB"`` or ``"1.5GiB"``. ``compute_dtype``
     defaults to the dtype most of the checkpoint's float weights have (bf16 for fp8 checkpoints).
     ``ram`` and ``vram`` replace the measured available RAM and free VRAM (for tests and for
-    planning another machine). ``pinned_buffers`` is the number of staging buffers (pinned on
-    CUDA) when a block streams: by default ``TRASH_PANDA_PINNED_BUFFERS``, else ``lookahead + 1``.
+    planning another machine); on the CPU, ``vram`` sizes the device tier as a GPU with that much
+    free memory would get it (the plan's table says the CPU computes). ``pinned_buffers`` is the
+    number of staging buffers (pinned on CUDA) when a block streams: by default
+    ``TRASH_PANDA_PINNED_BUFFERS``, else ``lookahead + 1``.
     """
     dev = resolve_device(device)
     tensors, prefixes = planning_inputs(model, checkpoint, blocks, key_map, skip_prefixes)
-    has_gpu = dev.type == "cuda" or vram is not None
     free = _core.parse_size(vram, "vram") if vram is not None else _free_vram(dev)
     core = _core.make_plan(
         tensors,
         prefixes,
         free,
-        has_gpu,
+        dev.type == "cuda",
         ram=None if ram is None else _core.parse_size(ram, "ram"),
         resident_blocks=resident_blocks,
         max_vram=max_vram,

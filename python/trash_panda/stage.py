@@ -10,20 +10,20 @@ import contextlib
 import inspect
 import os
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import _core
 from .checkpoint import Checkpoint
 from .errors import ArgumentError
 from .plan import Plan
 from .plan import plan as make_plan
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
     from .offload.hooks import OffloadHandle
+    from .offload.order import OrderChoice
 
 __all__ = ["remembered_activation", "stage"]
 
@@ -63,12 +63,15 @@ def stage(
 
     ``kwargs`` go to :func:`trash_panda.plan`; ``key_map``, ``skip_prefixes`` and ``device`` go
     to :func:`trash_panda.stream_load` too. The peak memory of the block (device memory on CUDA,
-    the growth of the resident set on the CPU) is remembered under ``key`` (default: the
+    the growth of private memory on the CPU) is remembered under ``key`` (default: the
     checkpoint path) and is the ``activation_vram`` of the next plan of that key in this process,
-    unless that plan is given one. ``order`` names the blocks that run first (the order file is
-    then neither read nor written); without it ``<checkpoint name>_order.json``, next to the
+    unless that plan is given one. Loads and releases of other models while the block runs are
+    not counted in it. ``order`` names the blocks that run first (the order file is then
+    neither read nor written); without it ``<checkpoint name>_order.json``, next to the
     checkpoint or in ``order_file_destination``, gives the first call's order and is written on
-    release when it was missing or wrong. ``overlap=True`` loads the resident blocks on a worker
+    release when it was missing or wrong, after a block that ended normally (a block that
+    raised, Ctrl-C included, leaves the file as it was; one that ran only some blocks is merged
+    into the order the file knew). ``overlap=True`` loads the resident blocks on a worker
     thread while the model starts (and the peak is then not remembered).
     """
     if not callable(build_fn):
@@ -106,9 +109,10 @@ def _stage(
     from torch import nn
 
     from .device import resolve_device
-    from .offload import install_offload, release, stream_load
+    from .offload import install_offload, stream_load
     from .offload.loader import load_deferred
-    from .offload.order import choose_order, write_order
+    from .offload.meter import measured
+    from .offload.order import choose_order
     from .offload.overlap import start_loader
     from .offload.state import get_state
 
@@ -124,6 +128,7 @@ def _stage(
     device = resolve_device(shared.get("device"))
     handle: OffloadHandle | None = None
     choice = None
+    failure: BaseException | None = None
     try:
         ckpt = Checkpoint(path)
         p = make_plan(model, ckpt, **options)
@@ -138,35 +143,37 @@ def _stage(
         handle = install_offload(model, order=choice.first)
         if overlap:
             start_loader(handle, state, deferred, choice.first)  # stopped when the hooks come off
-        with _measure(device) as peak:
+        # The block's own peak: other stages opened meanwhile (their loads and releases) are
+        # not counted in it, nor pages of the checkpoint's map the CPU reads.
+        with measured(device) as peak:
             yield model, p, handle
         if not overlap:  # with overlap the load falls inside the measured part
             with _PEAKS_LOCK:
                 _PEAKS[key] = peak[0]
+    except BaseException as e:
+        failure = e
+        raise
     finally:
-        if choice is not None and handle is not None:
-            write_order(choice, handle.ran)
-        release(model, handle)
+        _end(model, handle, choice, failure)
 
 
-@contextlib.contextmanager
-def _measure(device: torch.device) -> Iterator[list[int]]:
-    """The peak memory of the block beyond what was held at its start, in ``[0]`` once it ends
-    without raising: device memory on CUDA, the resident set on the CPU."""
-    import torch
+def _end(
+    model: nn.Module, handle: OffloadHandle | None, choice: OrderChoice | None, failure: BaseException | None
+) -> None:
+    """Writes the order file after a block that ended normally (a stopped run knows only the
+    blocks it reached) and releases the model, whatever happens on the way. A failure of the
+    block stays the error raised; one of these steps is raised when the block went well."""
+    from .offload import release
+    from .offload.cleanup import Cleanup
+    from .offload.order import write_order
 
-    peak = [0]
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        yield peak
-        torch.cuda.synchronize(device)
-        peak[0] = max(0, torch.cuda.max_memory_allocated(device) - base)
-        return
-    sampler = _core.RssSampler(1)
-    try:
-        yield peak
-    finally:
-        start, top, _end = sampler.stop()
-    peak[0] = max(0, top - start)
+    steps = Cleanup()
+    if failure is None and choice is not None and handle is not None:
+        steps.run(write_order, choice, handle.ran)
+    steps.run(release, model, handle)
+    if failure is None:
+        steps.done()
+    elif steps.error is not None:
+        warnings.warn(
+            f"releasing the stage's model after the error in its block also failed: {steps.error!r}", stacklevel=4
+        )

@@ -158,13 +158,20 @@ struct PyRssSampler {
 
 #[pymethods]
 impl PyRssSampler {
+    /// `private`: the private resident memory (see `private_memory`) instead of the resident
+    /// set, so pages of a mapped file touched meanwhile do not count.
     #[new]
-    #[pyo3(signature = (interval_ms=1))]
-    fn new(interval_ms: u64) -> PyResult<Self> {
-        let inner = trash_panda::sys::RssSampler::start(std::time::Duration::from_millis(
-            interval_ms.max(1),
-        ))
-        .map_err(ToPyErr::to_py)?;
+    #[pyo3(signature = (interval_ms=1, private=false))]
+    fn new(interval_ms: u64, private: bool) -> PyResult<Self> {
+        use trash_panda::sys::RssMeasure;
+        let measure = if private {
+            RssMeasure::Private
+        } else {
+            RssMeasure::Resident
+        };
+        let interval = std::time::Duration::from_millis(interval_ms.max(1));
+        let inner = trash_panda::sys::RssSampler::start_measuring(interval, measure)
+            .map_err(ToPyErr::to_py)?;
         Ok(PyRssSampler { inner: Some(inner) })
     }
 

@@ -102,10 +102,15 @@ fn write_order_file(
     without_gil(py, || order::write_order_file(&path, &checkpoint, &blocks)).map_err(ToPyErr::to_py)
 }
 
-/// Whether the order recorded during the run should go to the file.
+/// The order to write to the file after a run (every block that ran, in the order of their
+/// first run, merged into the known order when only some ran), or None to leave the file.
 #[pyfunction]
-fn should_write_order(read: PyRef<'_, PyOrderRead>, recorded: Vec<String>) -> bool {
-    order::should_write_order(&read.inner, &recorded)
+fn order_to_write(
+    read: PyRef<'_, PyOrderRead>,
+    recorded: Vec<String>,
+    blocks: Vec<String>,
+) -> PyResult<Option<Vec<String>>> {
+    order::order_to_write(&read.inner, &recorded, &blocks).map_err(ToPyErr::to_py)
 }
 
 /// The full run order as positions in `blocks`: the blocks `first` names, then the others in
@@ -123,6 +128,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(order_file_path, m)?)?;
     m.add_function(wrap_pyfunction!(read_order_file, m)?)?;
     m.add_function(wrap_pyfunction!(write_order_file, m)?)?;
-    m.add_function(wrap_pyfunction!(should_write_order, m)?)?;
+    m.add_function(wrap_pyfunction!(order_to_write, m)?)?;
     m.add_function(wrap_pyfunction!(full_order, m)?)
 }

@@ -104,13 +104,15 @@ fn options_from(kwargs: &Bound<'_, PyDict>, base: PlanOptions) -> PyResult<PlanO
 }
 
 /// The machine's memory, with either figure replaced when given (tests and docs inject them).
+/// `has_gpu` says whether a GPU computes; without one, a `free_vram` given sizes a device tier
+/// that the CPU's RAM holds, as a GPU of that memory would get it (a simulated device).
 fn figures_from(free_vram: Option<u64>, has_gpu: bool, ram: Option<u64>) -> PyResult<Figures> {
     let mut figures = match ram {
         Some(ram) => Figures::injected(ram, None),
         None => Figures::probe().map_err(ToPyErr::to_py)?,
     };
-    figures.free_vram = if has_gpu { free_vram } else { None };
-    Ok(figures)
+    figures.free_vram = free_vram;
+    Ok(if has_gpu { figures } else { figures.on_cpu() })
 }
 
 fn model_from(

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use pyo3::prelude::*;
 
@@ -184,6 +185,33 @@ impl PyEngine {
     /// Counts a run of `block` leased with `try_lease`, and stages the blocks after it.
     fn advance(&self, block: usize) -> PyResult<()> {
         self.engine()?.advance(block).map_err(ToPyErr::to_py)
+    }
+
+    /// Marks the pass under way as the last (True): nothing past the end of the order is staged,
+    /// and queued blocks past it are dropped. False wraps into the next pass again.
+    fn set_last_pass(&self, py: Python<'_>, last: bool) -> PyResult<()> {
+        let engine = self.engine()?;
+        without_gil(py, || engine.set_last_pass(last));
+        Ok(())
+    }
+
+    /// The blocks staged ahead once `block` runs, nearest first (none past the end of the order
+    /// in a last pass): what a device copying ahead copies.
+    fn next_blocks(&self, block: usize) -> PyResult<Vec<usize>> {
+        self.engine()?.next_blocks(block).map_err(ToPyErr::to_py)
+    }
+
+    /// Waits (without the GIL) until the workers have nothing queued or in hand, or `timeout`
+    /// seconds pass; whether they are idle.
+    fn wait_idle(&self, py: Python<'_>, timeout: f64) -> PyResult<bool> {
+        let engine = self.engine()?;
+        let timeout = Duration::try_from_secs_f64(timeout).map_err(|e| {
+            raise(
+                Kind::Argument,
+                format!("timeout: expected seconds >= 0, got {timeout} ({e})"),
+            )
+        })?;
+        Ok(without_gil(py, || engine.wait_idle(timeout)))
     }
 
     /// Reads the RAM tier into private memory now (only with ram_in_memory); (bytes, seconds).

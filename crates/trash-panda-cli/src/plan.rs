@@ -99,7 +99,11 @@ impl PlanArgs {
             Some(v) => Some(v),
             None => trash_panda::sys::nvml::probe().free_vram(0),
         };
-        Ok(Figures { memory, free_vram })
+        Ok(Figures {
+            memory,
+            free_vram,
+            device: None,
+        })
     }
 }
 

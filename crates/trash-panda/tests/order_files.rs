@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 use trash_panda::order::{
-    full_order, order_file_path, read_order_file, should_write_order, write_order_file, Ignored,
+    full_order, order_file_path, order_to_write, read_order_file, write_order_file, Ignored,
     OrderError, OrderFile, OrderRead, MAX_ORDER_FILE_BYTES, ORDER_FORMAT, ORDER_VERSION,
 };
 
@@ -430,49 +430,105 @@ fn a_read_only_folder_is_a_typed_error() {
 
 // ---- deciding to write ----
 
+const DOUBLE: [&str; 3] = ["double_blocks.0.", "double_blocks.1.", "double_blocks.2."];
+
+fn to_write(read: &OrderRead, ran: &[&str]) -> Option<Vec<String>> {
+    order_to_write(read, ran, &DOUBLE).unwrap()
+}
+
 #[test]
 fn the_file_is_written_when_there_was_none_or_it_was_wrong() {
     let dir = tempfile::tempdir().unwrap();
-    let ran = ["double_blocks.1.", "double_blocks.0."];
-    assert!(should_write_order(
-        &OrderRead::Ignored(Ignored::Absent),
-        &ran
-    ));
+    let all = ["double_blocks.1.", "double_blocks.0.", "double_blocks.2."];
+    let want: Vec<String> = all.iter().map(|s| s.to_string()).collect();
+    assert_eq!(
+        to_write(&OrderRead::Ignored(Ignored::Absent), &all),
+        Some(want.clone())
+    );
     let bad = read_text(dir.path(), &order_json(&["nope.0"]));
-    assert!(should_write_order(&bad, &ran));
+    assert_eq!(to_write(&bad, &all), Some(want.clone()));
 
     let good = read_text(
         dir.path(),
-        &order_json(&["double_blocks.1", "double_blocks.0"]),
+        &order_json(&["double_blocks.1", "double_blocks.0", "double_blocks.2"]),
     );
-    assert!(!should_write_order(&good, &ran));
-    assert!(!should_write_order(
-        &good,
-        &["double_blocks.1", "double_blocks.0"]
-    ));
+    assert_eq!(to_write(&good, &all), None);
+    assert_eq!(
+        to_write(
+            &good,
+            &["double_blocks.1", "double_blocks.0", "double_blocks.2"]
+        ),
+        None
+    );
     // A block that ran twice is recorded at its first place, as the file would hold it.
-    assert!(!should_write_order(
-        &good,
-        &["double_blocks.1", "double_blocks.0", "double_blocks.1"]
-    ));
-    assert!(should_write_order(
-        &good,
-        &["double_blocks.0", "double_blocks.1"]
-    ));
-    assert!(should_write_order(&good, &["double_blocks.1"]));
-    assert!(should_write_order(
-        &good,
-        &["double_blocks.1", "double_blocks.0", "double_blocks.2"]
-    ));
+    assert_eq!(
+        to_write(
+            &good,
+            &[
+                "double_blocks.1",
+                "double_blocks.0",
+                "double_blocks.1",
+                "double_blocks.2"
+            ]
+        ),
+        None
+    );
+    assert_eq!(
+        to_write(
+            &good,
+            &["double_blocks.0", "double_blocks.1", "double_blocks.2"]
+        ),
+        Some(DOUBLE.iter().map(|s| s.to_string()).collect())
+    );
+    // A file that names only the first blocks is read as that order, then the model's.
+    let short = read_text(dir.path(), &order_json(&["double_blocks.1"]));
+    assert_eq!(to_write(&short, &all), None);
+}
+
+#[test]
+fn a_partial_pass_is_merged_into_the_known_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = read_text(
+        dir.path(),
+        &order_json(&["double_blocks.2", "double_blocks.1", "double_blocks.0"]),
+    );
+    // A run stopped after its first blocks ran in the file's order leaves the file alone.
+    assert_eq!(to_write(&good, &["double_blocks.2"]), None);
+    assert_eq!(
+        to_write(&good, &["double_blocks.2", "double_blocks.1"]),
+        None
+    );
+    // A call of the last blocks alone changes nothing either.
+    assert_eq!(
+        to_write(&good, &["double_blocks.1", "double_blocks.0"]),
+        None
+    );
+    // Blocks that ran the other way round swap places; the rest keep theirs.
+    assert_eq!(
+        to_write(&good, &["double_blocks.0", "double_blocks.2"]),
+        Some(vec![
+            "double_blocks.0.".to_string(),
+            "double_blocks.1.".to_string(),
+            "double_blocks.2.".to_string()
+        ])
+    );
+    // Without a file, the model's order takes the partial pass.
+    assert_eq!(
+        to_write(&OrderRead::Ignored(Ignored::Absent), &["double_blocks.2"]),
+        Some(vec![
+            "double_blocks.0.".to_string(),
+            "double_blocks.1.".to_string(),
+            "double_blocks.2.".to_string()
+        ])
+    );
+    let err = order_to_write(&good, &["nope.3"], &DOUBLE).unwrap_err();
+    assert!(matches!(err, OrderError::UnknownBlock { .. }), "{err}");
 }
 
 #[test]
 fn nothing_is_written_when_nothing_ran() {
     let none: [&str; 0] = [];
-    assert!(!should_write_order(
-        &OrderRead::Ignored(Ignored::Absent),
-        &none
-    ));
+    assert_eq!(to_write(&OrderRead::Ignored(Ignored::Absent), &none), None);
 }
 
 // ---- the run order ----
@@ -542,7 +598,7 @@ proptest! {
         let read = read_order_file(&path, &model).unwrap();
         let known = read.order().expect("a written file is usable");
         prop_assert_eq!(&known.blocks, &ran);
-        prop_assert!(!should_write_order(&read, &ran));
+        prop_assert_eq!(order_to_write(&read, &ran, &model).unwrap(), None);
         let full = known.full(model.len());
         let mut sorted = full.clone();
         sorted.sort_unstable();

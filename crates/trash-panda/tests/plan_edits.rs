@@ -180,3 +180,61 @@ fn table_shape() {
     assert!(t.contains("headroom_vram 1.50 GB (not measured)"), "{t}");
     assert!(t.contains("warnings:"), "{t}");
 }
+
+#[test]
+fn the_table_names_the_device_that_computes() {
+    let m = decoder(10, DType::BF16);
+    let first_line = |f: &Figures| plan(&m, f, &opts()).unwrap().to_string();
+    let gpu = Figures::injected(1_000_000_000, Some(3_700_000_000));
+    let t = first_line(&gpu);
+    assert!(
+        t.starts_with("automatic plan: 10 blocks, device gpu, "),
+        "{t}"
+    );
+    assert!(t.contains(" = free VRAM 3.70 GB - "), "{t}");
+    let t = first_line(&Figures::injected(8_000_000_000, None));
+    assert!(
+        t.starts_with("automatic plan: 10 blocks, device cpu (no GPU), "),
+        "{t}"
+    );
+    assert!(t.contains(" = RAM pool "), "{t}");
+    // The CPU with a device tier sized as a GPU's (`plan(device="cpu", vram=...)`): the same
+    // tiers and budgets as on that GPU, but the CPU computes, and the line says so.
+    let simulated = gpu.clone().on_cpu();
+    let p = plan(&m, &simulated, &opts()).unwrap();
+    assert_eq!(
+        (tiers(&p), &p.budgets),
+        (
+            tiers(&plan(&m, &gpu, &opts()).unwrap()),
+            &plan(&m, &gpu, &opts()).unwrap().budgets
+        )
+    );
+    let t = p.to_string();
+    assert!(
+        t.starts_with(
+            "automatic plan: 10 blocks, device cpu (device tier planned as a GPU with 3.70 GB), "
+        ),
+        "{t}"
+    );
+    assert!(
+        t.contains(" = vram 3.70 GB - ") && !t.contains("free VRAM"),
+        "{t}"
+    );
+    // JSON: only the simulated device writes the field, and it reads back; a file without it
+    // (every plan written before) reads as the device `free_vram` implies.
+    let figures = |text: &str| {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        v["figures"].as_object().unwrap().clone()
+    };
+    let text = p.to_json();
+    assert_eq!(figures(&text)["device"], "cpu");
+    assert_eq!(Plan::from_json(&text).unwrap(), p);
+    let gpu_text = plan(&m, &gpu, &opts()).unwrap().to_json();
+    assert!(!figures(&gpu_text).contains_key("device"), "{gpu_text}");
+    let older = text.replace(",\n    \"device\": \"cpu\"", "");
+    assert!(!figures(&older).contains_key("device"), "{older}");
+    assert!(Plan::from_json(&older)
+        .unwrap()
+        .to_string()
+        .contains("device gpu, "));
+}

@@ -386,6 +386,7 @@ fn cgroup_limit_from_a_fake_tree() {
     let figures = Figures {
         memory,
         free_vram: Some(1_000_000_000),
+        device: None,
     };
     let p = plan(&decoder(4, DType::BF16), &figures, &opts()).unwrap();
     assert_eq!(

@@ -18,6 +18,7 @@ fn figures(available_ram: u64, commit: Option<CommitCharge>, vram: Option<u64>) 
     Figures {
         memory,
         free_vram: vram,
+        device: None,
     }
 }
 

@@ -28,6 +28,7 @@ fn full_stage() -> Profile {
             bytes: 7_290_000_000,
             seconds: 21.0,
             threads: 2,
+            storage: None,
         }),
         loader: Some(LoaderRun {
             blocks: 12,
@@ -139,6 +140,34 @@ memory while releasing:
     assert_eq!(full_stage().report(), expected);
     // Same events, same text.
     assert_eq!(full_stage().report(), full_stage().report());
+}
+
+#[test]
+fn a_storage_dtype_read_is_reported_as_a_read_into_memory() {
+    // A storage dtype converts the RAM tier on its way into memory: nothing of it is mapped.
+    let mut p = stage();
+    p.set_load(LoadSummary {
+        seconds: 3.0,
+        ram_in_memory: Some(RamRead {
+            bytes: 2_000_000_000,
+            seconds: 2.5,
+            threads: 2,
+            storage: Some(trash_panda::DType::BF16),
+        }),
+        ..LoadSummary::default()
+    })
+    .unwrap();
+    let report = p.report();
+    let mut lines = report.lines();
+    assert_eq!(lines.next(), Some("stream_load took 3.00 s"));
+    assert_eq!(
+        lines.next(),
+        Some("read 2.00 GB of streamed-block tensors into memory as bf16 in 2.50 s (0.80 GB/s, 2 threads)")
+    );
+    // Log lines written before the field read back as kept as stored.
+    let old: RamRead =
+        serde_json::from_str(r#"{"bytes": 1, "seconds": 1.0, "threads": 4}"#).unwrap();
+    assert_eq!(old.storage, None);
 }
 
 #[test]

@@ -272,6 +272,8 @@ class CopyPipeline:
         return next((i for i, h in enumerate(self.holder) if h is None), None)
 
     def _drop_farthest(self, block: int) -> int:
+        # Distance forward from `block`, around the end of the order: a queued block behind it
+        # runs in the next pass (or, in a last pass, not again), so it is the first to go.
         far = max(self.queued, key=lambda b: (self.pos[b] - self.pos[block]) % len(self.order))
         copy = self.queued.pop(far)
         # Its lease goes back once its copy completed, as every lease does; the next copy into
@@ -294,10 +296,9 @@ class CopyPipeline:
         return copy
 
     def _prefetch(self, block: int) -> None:
-        n = len(self.order)
-        at = self.pos[block]
-        for k in range(1, min(self.lookahead, n - 1) + 1):
-            nxt = self.order[(at + k) % n]
+        # The engine's window, not one of our own: it stops where the engine stops staging (at
+        # the end of a last pass, whose first blocks have given their memory back).
+        for nxt in self.engine.next_blocks(block)[: self.lookahead]:
             if nxt in self.queued or nxt in self.running:
                 continue
             slot = self._free_slot()

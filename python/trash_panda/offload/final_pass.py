@@ -122,7 +122,18 @@ def final_pass(handle: OffloadHandle, keep_prefixes: list[str] | None = None) ->
         raise ArgumentError("handle: a final_pass() is already open")
     fp = FinalPass(handle, tuple(keep_prefixes or ()))
     handle._final = fp
+    engine = handle._state.engine
+    _last_pass(engine, True)
     try:
         yield fp
     finally:
         fp.active = False  # kept on the handle: the freed blocks still refuse to run
+        # Kept blocks that run again are staged as usual from their next run on.
+        _last_pass(engine, False)
+
+
+def _last_pass(engine: _core.Engine | None, last: bool) -> None:
+    """In the final pass the engine stages nothing past the last block: its look-ahead would
+    wrap into the first blocks and read again the pages they just gave back."""
+    if engine is not None and not engine.closed:
+        engine.set_last_pass(last)

@@ -29,6 +29,8 @@ __all__ = ["OffloadHandle", "install_offload", "offload_blocks"]
 
 # Block runs kept for the profile; a server that runs for days must not grow without bound.
 MAX_RUNS = 200_000
+# The timing of every run that brings nothing; shared, since no one writes to it.
+NOTHING_BROUGHT = Timing()
 
 
 class HookRegistry:
@@ -55,7 +57,13 @@ class OffloadHandle:
     (their weights stay loaded; :func:`release` frees them)."""
 
     def __init__(
-        self, model: nn.Module, state: ModelState, backend: Backend, registry: HookRegistry, installed: float
+        self,
+        model: nn.Module,
+        state: ModelState,
+        backend: Backend,
+        registry: HookRegistry,
+        installed: float,
+        expected: list[str] | None = None,
     ) -> None:
         self.model = model
         self._state = state
@@ -66,7 +74,8 @@ class OffloadHandle:
         self.runs: list[tuple[int, float, float, Timing]] = []
         self.installed = installed  # the profile draws the engine's stagings from here on
         self.removed = False
-        self._order_checks = 2  # streamed runs still to check against the order given
+        self._expected = expected or []  # the first runs' order given (then the model's)
+        self._order_warned = False
         # Every block that ran, resident ones too, in the order of their first run: the order
         # file holds it.
         self.ran: list[str] = []
@@ -75,6 +84,21 @@ class OffloadHandle:
         self._waiter: Callable[[BlockState], None] | None = None  # stage(overlap=True)
         self._loader: Any = None  # stage(overlap=True)'s ResidentLoader, for the profile
         self._final: Any = None  # the FinalPass while handle.final_pass() is open
+
+    def _first_run(self, block: BlockState) -> None:
+        """Records a block's first run, and warns once when it is not the one the order given
+        says comes next."""
+        at = len(self.ran)
+        self._seen.add(block.index)
+        self.ran.append(block.prefix)
+        if self._order_warned or at >= len(self._expected) or self._expected[at] == block.prefix:
+            return
+        self._order_warned = True
+        warnings.warn(
+            f"block {block.prefix} ran before the order given ({self._expected[at]} ...): pass order= so "
+            "blocks are staged (and with overlap=True loaded) in the order forward() runs them",
+            stacklevel=5,
+        )
 
     @property
     def recorded_order(self) -> list[str]:
@@ -112,37 +136,41 @@ class OffloadHandle:
 
     def _remove(self, profile: bool, restore: bool = False) -> Any:
         """Takes the hooks off (restoring the blocks when asked); returns the profile's snapshot
-        when asked (None otherwise)."""
+        when asked (None otherwise). Every step runs; the first error is raised after them."""
         if self.removed:
             return None
+        from .cleanup import Cleanup
+
+        steps = Cleanup()
         snap = None
         if profile:
             from .profile import snapshot
 
-            snap = snapshot(self)
+            snap = steps.run(snapshot, self)
         self.removed = True
         if self._loader is not None:
             # overlap=True: the loader thread writes into resident blocks; it stops first.
-            self._loader.close()
-        self._registry.remove()
-        self._backend.close()
+            steps.run(self._loader.close)
+        steps.run(self._registry.remove)
+        steps.run(self._backend.close)
         self._state.handle = None
         if restore:
             from .restore import restore_blocks
 
-            restore_blocks(self._state)
+            steps.run(restore_blocks, self._state)
+        steps.done()
         return snap
 
 
-def _set_order(state: ModelState, order: list[str] | None) -> list[int]:
-    """Gives the engine its run order (engine indices) and returns it."""
-    if state.engine is None:
-        return []
+def _set_order(state: ModelState, order: list[str] | None) -> None:
+    """Gives the engine its run order (engine indices); a name that is no block is an error."""
+    if state.engine is None and order is None:
+        return
     streamed = [b for b in state.blocks if b.engine_index is not None]
     if order is None:
-        default = [b.engine_index for b in streamed if b.engine_index is not None]
-        state.engine.set_order(default)
-        return default
+        assert state.engine is not None
+        state.engine.set_order([b.engine_index for b in streamed if b.engine_index is not None])
+        return
     by_name = {b.prefix.rstrip("."): b for b in state.blocks}
     first: list[int] = []
     for name in order:
@@ -153,9 +181,9 @@ def _set_order(state: ModelState, order: list[str] | None) -> list[int]:
             )
         if b.engine_index is not None and b.engine_index not in first:
             first.append(b.engine_index)
-    rest = [b.engine_index for b in streamed if b.engine_index is not None and b.engine_index not in first]
-    state.engine.set_order(first + rest)
-    return first + rest
+    if state.engine is not None:
+        rest = [b.engine_index for b in streamed if b.engine_index is not None and b.engine_index not in first]
+        state.engine.set_order(first + rest)
 
 
 def install_offload(model: nn.Module, *, order: list[str] | None = None) -> OffloadHandle:
@@ -199,47 +227,44 @@ def _install(
     if state.engine is not None:
         # Hooks installed again after remove() check and record their own runs.
         state.engine.clear_recorded_order()
-    expected = _set_order(state, order)  # the order given, which the first runs are checked against
-    by_engine = {b.engine_index: b.prefix for b in state.blocks if b.engine_index is not None}
+    _set_order(state, order)
+    blocks = list(blocks)
+    names = [b.prefix for b in blocks]
+    # Every first run is checked against the order given (then the model's): it drives the
+    # stagings of streamed blocks and, with overlap, the loader of the resident ones.
+    keys = {n.rstrip(".") for n in names}
+    first = [n for n in order or [] if n.rstrip(".") in keys]
+    expected = [names[i] for i in _core.full_order(first, names)]
     backend = (backend_for or make_backend)(state)
     registry = HookRegistry()
-    handle = OffloadHandle(model, state, backend, registry, installed)
+    handle = OffloadHandle(model, state, backend, registry, installed, expected)
 
     for block in blocks:
 
         def before(block: BlockState = block) -> None:
             if handle.removed:
                 raise StreamError("the offload hooks were removed")
-            if block.index not in handle._seen:
-                handle._seen.add(block.index)
-                handle.ran.append(block.prefix)
             if handle._final is not None:
                 handle._final.check(block)
             if handle._waiter is not None:
                 handle._waiter(block)
             handle._started.add(block.index)
-            if not block.work:  # resident in the compute dtype: nothing to bring
-                return
-            start = _core.clock()
-            # Only the first two streamed runs are checked: that is where a wrong order costs.
-            if block.engine_index is not None and handle._order_checks and state.engine is not None:
-                ran = len(state.engine.recorded_order())
-                handle._order_checks = 0 if ran >= 2 else handle._order_checks - 1
-                if ran < len(expected) and expected[ran] != block.engine_index:
-                    handle._order_checks = 0
-                    warnings.warn(
-                        f"block {block.prefix} ran before the order given ({by_engine[expected[ran]]} ...): "
-                        "pass order= so the first blocks are staged in the order forward() runs them",
-                        stacklevel=4,
-                    )
-            try:
-                timing = backend.bring(block)
-            except BaseException:
-                handle._started.discard(block.index)
-                raise
             if len(handle.runs) >= MAX_RUNS:  # a long generation: keep the recent half
                 del handle.runs[: MAX_RUNS // 2]
-            handle.runs.append((block.index, start, _core.clock(), timing))
+            start = brought = _core.clock()
+            # Resident in the compute dtype: nothing to bring, but its run still counts in the
+            # pass (a first block's warm-up shows there); the after-hook ends it.
+            timing = NOTHING_BROUGHT
+            if block.work:
+                try:
+                    timing = backend.bring(block)
+                except BaseException:
+                    handle._started.discard(block.index)
+                    raise
+                brought = _core.clock()
+            if block.index not in handle._seen:  # only now that it has its weights: it runs
+                handle._first_run(block)
+            handle.runs.append((block.index, start, brought, timing))
 
         def after(block: BlockState = block) -> None:
             if block.index not in handle._started:  # its before-hook raised: nothing to undo
@@ -247,10 +272,9 @@ def _install(
             handle._started.discard(block.index)
             if block.work:
                 backend.done(block)
-                if handle.runs and handle.runs[-1][0] == block.index:
-                    idx, start, brought, timing = handle.runs[-1]
-                    handle.runs[-1] = (idx, start, _core.clock(), timing)
-                    del brought
+            if handle.runs and handle.runs[-1][0] == block.index:
+                idx, start, _brought, timing = handle.runs[-1]
+                handle.runs[-1] = (idx, start, _core.clock(), timing)
             if handle._final is not None:
                 handle._final.after(block)
 

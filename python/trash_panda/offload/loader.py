@@ -15,14 +15,15 @@ from ..config import setting
 from ..device import resolve_device
 from ..errors import ArgumentError
 from ..log import log_report
-from ..names import KeyMap, model_tensors
+from ..names import KeyMap, check_prefixes, model_tensors
 from ..plan import Plan, Tier, _dtype_name, _free_vram, planning_inputs
 from ..plan import plan as make_plan
 from ..progress import Progress
 from .matching import match
+from .meter import paused
 from .reading import guard_lookup_tables, load_buffers, map_lookup_tables, materialize_all, placeholder, unload
 from .report import LoadReport
-from .state import STATE_ATTR, BlockState, ModelState, get_state, register_model
+from .state import STATE_ATTR, BlockState, ModelState, clear_released, get_state, register_model
 
 if TYPE_CHECKING:
     import torch
@@ -92,10 +93,13 @@ def stream_load(
         resolve_device(device),
     )
     try:
-        return _stream_load(model, ckpt, request)
+        with paused():  # another model's load is not an open measurement's activation memory
+            report = _stream_load(model, ckpt, request)
     except BaseException:
         unload(model)
         raise
+    clear_released(model)
+    return report
 
 
 def load_deferred(
@@ -123,10 +127,13 @@ def load_deferred(
     )
     deferred: list[BlockState] = []
     try:
-        return _stream_load(model, ckpt, request, deferred), deferred
+        with paused():
+            report = _stream_load(model, ckpt, request, deferred)
     except BaseException:
         unload(model)
         raise
+    clear_released(model)
+    return report, deferred
 
 
 def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
@@ -149,7 +156,8 @@ def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
     assert plan is not None
     if plan.resolved and compute_dtype is None and storage_dtype is None:
         return plan
-    tensors, prefixes = planning_inputs(model, ckpt, _block_prefixes(model, plan), req.key_map, req.skip_prefixes)
+    blocks = _block_prefixes(model, plan, check_prefixes(req.skip_prefixes))
+    tensors, prefixes = planning_inputs(model, ckpt, blocks, req.key_map, req.skip_prefixes)
     # A resolved plan keeps its options; a manual one takes the settings' lookahead, and the core
     # infers the compute dtype when none is given.
     options: dict[str, Any] = {
@@ -164,11 +172,11 @@ def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
     return Plan(core)
 
 
-def _block_prefixes(model: nn.Module, plan: Plan) -> list[str]:
-    """The model's blocks a plan is matched against: the ones block discovery finds, plus any
-    module the plan names that discovery does not reach. A plan entry naming a whole list
-    ("single_blocks.") then covers each block of that list."""
-    found = [b.prefix for b in find_blocks(model)]
+def _block_prefixes(model: nn.Module, plan: Plan, skip: tuple[str, ...] = ()) -> list[str]:
+    """The model's blocks a plan is matched against: the ones block discovery finds (outside
+    the skipped parts), plus any module the plan names that discovery does not reach. A plan
+    entry naming a whole list ("single_blocks.") then covers each block of that list."""
+    found = [b.prefix for b in find_blocks(model) if not (skip and b.prefix.startswith(skip))]
     for entry in (b.name for b in plan.blocks):
         if not any(f.startswith(entry) or entry.startswith(f) for f in found):
             found += [b.prefix for b in find_blocks(model, [entry])]
@@ -208,7 +216,8 @@ def _stream_load(
     files = ckpt.files
     where = files[0] if len(files) == 1 else os.path.dirname(files[0])
     report = LoadReport(checkpoint=where, device=str(device), compute_dtype=str(compute).removeprefix("torch."))
-    blocks, outside, report.unexpected = match(model, named, plan, compute, where)
+    skip = check_prefixes(req.skip_prefixes)
+    blocks, outside, report.unexpected = match(model, named, plan, compute, where, skip)
 
     threads = max(1, int(setting("ram_threads")))
     here = [b for b in blocks if b.tier == Tier.DEVICE and deferred is None]  # the resident blocks read here
@@ -252,7 +261,7 @@ def _stream_load(
         for m, a in spec.owners:
             m._parameters[a] = param
 
-    report.kept_buffers = load_buffers(model, named, device)
+    report.kept_buffers = load_buffers(model, named, device, skip)
     report.mapped_bytes = sum(spec.info.nbytes for spec in tables)
     state = ModelState(
         checkpoint=ckpt,

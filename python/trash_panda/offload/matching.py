@@ -42,10 +42,12 @@ def match(
     plan: Plan,
     compute: torch.dtype,
     where: str,
+    skip: tuple[str, ...] = (),
 ) -> tuple[list[BlockState], list[TensorSpec], list[str]]:
     """Every parameter of ``model`` paired with its checkpoint tensor (and scale), sorted into the
     plan's blocks or the weights outside them. Returns (blocks, outside, unexpected tensor names).
-    ``where`` names the checkpoint in errors."""
+    ``where`` names the checkpoint in errors. Parameters whose every name starts with one of
+    ``skip`` are not loaded: they stay as the model was built."""
     # Every parameter once (tied ones share an entry), with the names it goes by.
     params: dict[int, tuple[list[tuple[nn.Module, str, str]], Any]] = {}
     for mod_name, module in model.named_modules(remove_duplicate=False):
@@ -68,6 +70,8 @@ def match(
     outside: list[TensorSpec] = []
     used: set[str] = set()
     for owners, p in params.values():
+        if skip and all(n.startswith(skip) for _m, _a, n in owners):
+            continue
         found = next((n for _m, _a, n in owners if n in named), None)
         if found is None:
             missing.append(owners[0][2])

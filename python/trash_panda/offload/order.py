@@ -25,6 +25,7 @@ class OrderChoice:
     path: os.PathLike[str] | None  # the order file; None: neither read nor written
     read: _core.OrderRead | None  # what reading it gave (None: not read)
     checkpoint: str
+    blocks: list[str]  # the model's blocks in plan order
 
 
 def choose_order(
@@ -38,26 +39,31 @@ def choose_order(
     where = os.fspath(checkpoint)
     if order is not None:
         _core.full_order(list(order), blocks)  # an unknown or repeated name is the caller's error
-        return OrderChoice(list(order), None, None, where)
+        return OrderChoice(list(order), None, None, where, blocks)
     path = _core.order_file_path(where, None if destination is None else os.fspath(destination))
     try:
         read = _core.read_order_file(path, blocks)
     except ReadError as e:
         warnings.warn(f"{e}; running in the model's order, and the file is left as it is", stacklevel=4)
-        return OrderChoice(None, None, None, where)
+        return OrderChoice(None, None, None, where, blocks)
     line = read.warning()
     if line is not None:
         warnings.warn(line, stacklevel=4)
-    return OrderChoice(read.blocks if read.usable else None, path, read, where)
+    return OrderChoice(read.blocks if read.usable else None, path, read, where, blocks)
 
 
 def write_order(choice: OrderChoice, ran: list[str]) -> bool:
-    """Writes the order the blocks ran in when the core says so (no usable file, or a wrong
-    one); a folder that cannot be written gives one warning. Returns whether it wrote."""
-    if choice.path is None or choice.read is None or not _core.should_write_order(choice.read, ran):
+    """Writes the order the blocks ran in (merged into the known one when only some ran) when
+    the core says so: no usable file, or a wrong one. Call it only after a pass that ended
+    normally: a stopped one says nothing about the blocks it never reached. A folder that cannot
+    be written gives one warning. Returns whether it wrote."""
+    if choice.path is None or choice.read is None:
+        return False
+    blocks = _core.order_to_write(choice.read, ran, choice.blocks)
+    if blocks is None:
         return False
     try:
-        _core.write_order_file(choice.path, choice.checkpoint, ran)
+        _core.write_order_file(choice.path, choice.checkpoint, blocks)
     except StreamError as e:
         warnings.warn(f"the order file was not written: {e}", stacklevel=4)
         return False

@@ -14,7 +14,10 @@ from ..errors import ReadError
 DRIVE_BYTES = 512 << 20
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from .hooks import OffloadHandle
+    from .state import ModelState
 
 
 @dataclass
@@ -83,14 +86,47 @@ def memory_point(label: str) -> dict[str, object]:
 
 def _holders() -> dict[int, str]:
     """Who holds a tensor, by its id: the module path of a parameter or buffer of a loaded
-    model, so a profile names ``Model.blocks.3.up.weight`` and not only a dtype and shape."""
-    from .state import live_models
+    model, so a profile names ``Model.blocks.3.up.weight`` and not only a dtype and shape, and
+    the tensors the runtime keeps for a model (resident stored forms, the expansion buffer,
+    device slots, views of the RAM tier and of staging buffers)."""
+    from .state import get_state, live_models
 
     names: dict[int, str] = {}
     for model in live_models():
+        owner = type(model).__name__
         for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers()]:
-            names.setdefault(id(t), f"{type(model).__name__}.{name}")
+            names.setdefault(id(t), f"{owner}.{name}")
+        state = get_state(model)
+        if state is not None:
+            for kept, what in _runtime_tensors(state):
+                names.setdefault(id(kept), what.format(owner=owner))
     return names
+
+
+def _runtime_tensors(state: ModelState) -> Iterator[tuple[object, str]]:
+    """(tensor, what holds it) for what the runtime keeps of one model beside its parameters;
+    ``{owner}`` in the text stands for the model's class."""
+    for block in state.blocks:
+        for spec in block.tensors:
+            if spec.resident is not None:
+                yield spec.resident, f"resident stored form of {{owner}}.{spec.name}"
+            if spec.resident_scale is not None:
+                yield spec.resident_scale, f"resident scale of {{owner}}.{spec.name}"
+    backend = getattr(state.handle, "_backend", None)
+    expansion = getattr(backend, "expansion", None)
+    if expansion is not None:
+        yield expansion.raw, "expansion buffer of {owner}"
+    pipeline = getattr(backend, "pipeline", None)
+    if pipeline is None:
+        return
+    prefix = {b.engine_index: b.prefix.rstrip(".") for b in state.blocks if b.engine_index is not None}
+    for i, slot in enumerate(pipeline.slots):
+        yield slot, f"device slot {i} of {{owner}}"
+    for b, image in pipeline.images.items():
+        yield image, f"in-memory RAM tier of {{owner}}.{prefix.get(b, b)}"
+    for copy in [*pipeline.queued.values(), *pipeline.returning]:
+        if copy.lease is not None:
+            yield copy.host, f"staging buffer of {{owner}}.{prefix.get(copy.block, copy.block)}"
 
 
 def snapshot(handle: OffloadHandle) -> Snapshot:
@@ -106,6 +142,11 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
     r = state.report
     load = None
     if r is not None:
+        # The RAM tier is read into memory with TRASH_PANDA_RAM_IN_MEMORY and with any storage
+        # dtype (converted on load); the engine's configuration says which, and with how many
+        # readers. Otherwise it is mapped, and read during the passes.
+        threads = state.config.ram_in_memory_threads
+        in_memory = threads is not None and r.ram.blocks > 0
         load = json.dumps(
             {
                 "seconds": r.seconds,
@@ -113,11 +154,16 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
                     "bytes": r.device_tier.bytes + r.outside.bytes,
                     "seconds": r.device_tier.seconds + r.outside.seconds,
                 },
-                "ram": {"bytes": 0 if r.ram_source == "in memory" else r.ram.bytes, "seconds": 0.0},
+                "ram": {"bytes": 0 if in_memory else r.ram.bytes, "seconds": 0.0},
                 "disk": {"bytes": 0, "seconds": 0.0},
                 "ram_in_memory": (
-                    {"bytes": r.ram.bytes, "seconds": r.ram.seconds, "threads": int(config.setting("ram_threads"))}
-                    if r.ram_source == "in memory" and r.ram.blocks
+                    {
+                        "bytes": r.ram.bytes,
+                        "seconds": r.ram.seconds,
+                        "threads": threads,
+                        "storage": state.config.storage_dtype,
+                    }
+                    if in_memory
                     else None
                 ),
                 "loader": _loader(handle),

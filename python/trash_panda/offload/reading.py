@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _core
 from .._dtypes import torch_dtype
 from ..errors import CheckpointError
-from .state import STATE_ATTR, TensorSpec, get_state
+from .state import KEPT_BUFFERS_ATTR, STATE_ATTR, TensorSpec, get_state
 
 if TYPE_CHECKING:
     import torch
@@ -186,17 +186,26 @@ def _convert_storage(stored: torch.Tensor, storage: str, spec: TensorSpec) -> tu
     return stored, None
 
 
-def load_buffers(model: nn.Module, named: dict[str, _core.TensorInfo], device: torch.device) -> list[str]:
+def load_buffers(
+    model: nn.Module, named: dict[str, _core.TensorInfo], device: torch.device, skip: tuple[str, ...] = ()
+) -> list[str]:
     """Buffers come from the checkpoint when it has them; otherwise the values the model made
-    at construction are kept. Returns the names of the kept ones."""
+    at construction are kept (those a release of the same model kept aside, if it was loaded
+    before). Buffers under ``skip`` are left as they are. Returns the names of the kept ones."""
     kept = []
+    aside: dict[str, torch.Tensor] = getattr(model, KEPT_BUFFERS_ATTR, None) or {}
     for mod_name, module in model.named_modules():
         for attr, b in module._buffers.items():
             if b is None:
                 continue
             name = f"{mod_name}.{attr}" if mod_name else attr
+            if skip and name.startswith(skip):
+                continue
             if name in named:
                 module._buffers[attr] = read_tensor(named[name], 2).to(device=device, dtype=b.dtype)
+            elif b.is_meta and name in aside:
+                module._buffers[attr] = aside[name].to(device)
+                kept.append(name)
             elif b.is_meta:
                 raise CheckpointError(
                     f"buffer {name} is not in the checkpoint and was made on the meta device, so it has no "
@@ -215,6 +224,11 @@ def unload(model: nn.Module) -> None:
     from torch import nn
 
     state = get_state(model)
+    if state is not None and state.report is not None and state.report.kept_buffers:
+        # The model's own values (no checkpoint has them): kept aside for a load of it again.
+        buffers = dict(model.named_buffers())
+        aside = {n: buffers[n].detach().to("cpu", copy=True) for n in state.report.kept_buffers if n in buffers}
+        setattr(model, KEPT_BUFFERS_ATTR, aside)
     if state is not None:
         state.remove_guards()
         if state.engine is not None:
@@ -227,10 +241,16 @@ def unload(model: nn.Module) -> None:
                 spec.resident = spec.resident_scale = spec.placeholder = None
         state.blocks = []
         state.engine = None
+    # One meta parameter for each parameter, so weights tied together stay tied (a model loaded
+    # again must look as it was built).
+    emptied: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for attr, p in list(module._parameters.items()):
             if p is not None and not p.is_meta:
-                module._parameters[attr] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)
+                empty = emptied.get(id(p))
+                if empty is None:
+                    empty = emptied[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)
+                module._parameters[attr] = empty
         for attr, b in list(module._buffers.items()):
             if b is not None and not b.is_meta:
                 module._buffers[attr] = torch.empty_like(b, device="meta")

@@ -7,10 +7,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
-from ..errors import ArgumentError, TrashPandaError
+from ..errors import ArgumentError
+from .cleanup import Cleanup
 from .hooks import OffloadHandle
+from .meter import measured, paused
 from .reading import unload
-from .state import get_state
+from .state import get_state, mark_released
 
 if TYPE_CHECKING:
     import torch
@@ -20,20 +22,16 @@ if TYPE_CHECKING:
 
 __all__ = ["measure_activation_vram", "release"]
 
-_RELEASED_HOOK = "_trash_panda_released"
-
-
-def _refuse_released(module: nn.Module, _args: Any) -> None:
-    raise TrashPandaError(
-        f"{type(module).__name__} was released by trash_panda.release() and cannot run; "
-        "load it again with stream_load()"
-    )
-
 
 def release(model: nn.Module, handle: OffloadHandle | None = None) -> None:
     """Frees a model: removes the hooks, puts every weight on the meta device, closes the file
     maps and the staging pool, and empties torch's GPU and pinned-memory caches. The model
-    cannot run afterwards (it raises instead of computing on empty weights)."""
+    cannot run afterwards (it raises instead of computing on empty weights) until it is loaded
+    again with :func:`stream_load`.
+
+    The hooks live on the model are removed whichever handle is passed (one that was removed
+    and replaced by a new install_offload() too). Every step runs even when one fails, so the
+    model is never left half-loaded; the first error is raised at the end."""
     from torch import nn
 
     if not isinstance(model, nn.Module):
@@ -42,42 +40,54 @@ def release(model: nn.Module, handle: OffloadHandle | None = None) -> None:
         raise ArgumentError(f"handle: expected what install_offload() returned, got {type(handle).__name__}")
     if handle is not None and handle.model is not model:
         raise ArgumentError("handle: it belongs to another model")
-    _release(model, handle)
+    with paused():
+        _release(model, handle)
 
 
-def _release(model: nn.Module, handle: OffloadHandle | None) -> None:
+def _release(model: nn.Module, _handle: OffloadHandle | None) -> None:
+    """``_handle`` is only checked by release(): the hooks that go are those live on the model
+    (every installed handle is its model's live one, so a handle that is not was removed)."""
     import torch
 
     from .. import config
     from .profile import memory_point, print_report
 
+    steps = Cleanup()
     profile = bool(config.setting("profile"))
-    points = [memory_point("before release")] if profile else []
+    points: list[dict[str, object]] = []
+
+    def point(label: str) -> None:
+        if profile:
+            points.append(memory_point(label))
+
+    steps.run(point, "before release")
     state = get_state(model)
-    active = handle or (state.handle if state is not None else None)
-    snap = active._remove(profile) if active is not None else None
-    if profile:
-        points.append(memory_point("hooks removed"))
-    unload(model)
-    if not getattr(model, _RELEASED_HOOK, None):
-        setattr(model, _RELEASED_HOOK, model.register_forward_pre_hook(_refuse_released))
-    if profile:
-        points.append(memory_point("weights on the meta device"))
+    live = state.handle if state is not None else None
+    snap = steps.run(live._remove, profile) if live is not None else None
+    steps.run(point, "hooks removed")
+    steps.run(unload, model)
+    mark_released(model)
+    steps.run(point, "weights on the meta device")
     gc.collect()
-    if profile:
-        points.append(memory_point("after garbage collection"))
+    steps.run(point, "after garbage collection")
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        host_empty = getattr(torch._C, "_host_emptyCache", None)
-        if host_empty is not None:
-            host_empty()
+        steps.run(_empty_cuda_caches)
     _core.trim_heap()
-    if profile:
-        points.append(memory_point("after release"))
-        if snap is not None:
-            snap.memory = points
-            print_report(snap)
+    steps.run(point, "after release")
+    if profile and snap is not None:
+        snap.memory = points
+        steps.run(print_report, snap)
+    steps.done()
+
+
+def _empty_cuda_caches() -> None:
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    host_empty = getattr(torch._C, "_host_emptyCache", None)
+    if host_empty is not None:
+        host_empty()
 
 
 def measure_activation_vram(
@@ -89,12 +99,12 @@ def measure_activation_vram(
     Everything the runtime holds for streaming (device slots, the expansion buffer) is allocated
     when the hooks are installed, so it is in that baseline and is not taken off again; the
     rest is the activations (and whatever else the call allocates). On the CPU: the growth of
-    the process's peak resident memory during the call. Pass the result as ``activation_vram=``
-    to the next plan for the same model and input size. ``plan`` is accepted for symmetry with
-    that call and checked, not used.
+    the process's peak private memory during the call (pages of a mapped checkpoint it reads
+    are the page cache's, not the call's). What a model loaded or released meanwhile adds or
+    frees is left out, and other measurements open at the same time do not disturb this one.
+    Pass the result as ``activation_vram=`` to the next plan for the same model and input size.
+    ``plan`` is accepted for symmetry with that call and checked, not used.
     """
-    import torch
-
     from ..device import resolve_device
     from ..plan import Plan
 
@@ -102,17 +112,6 @@ def measure_activation_vram(
         raise ArgumentError(f"fn: expected a callable, got {type(fn).__name__}")
     if plan is not None and not isinstance(plan, Plan):
         raise ArgumentError(f"plan: expected a trash_panda.Plan, got {type(plan).__name__}")
-    dev = resolve_device(device)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        base = torch.cuda.memory_allocated(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
+    with measured(resolve_device(device)) as peak:
         fn()
-        torch.cuda.synchronize(dev)
-        return max(0, torch.cuda.max_memory_allocated(dev) - base)
-    sampler = _core.RssSampler(1)
-    try:
-        fn()
-    finally:
-        start, peak, _end = sampler.stop()
-    return max(0, peak - start)
+    return peak[0]

@@ -3,8 +3,10 @@ model runs plainly (at its full memory cost) until it is released or hooked agai
 
 Streamed blocks get their weights from the checkpoint's map: on the CPU a tensor already in the
 compute dtype is a view of the mapped file (no copy; pages are read when first touched), the
-others are expanded once. Resident blocks that were expanded on each run are expanded once. The
-placeholders stay in the block state, so a new install_offload() streams the blocks again.
+others are expanded once. Resident blocks that were expanded on each run are expanded once.
+Resident weights that are gone (freed by a final pass, or not read yet by the loader of
+``stage(overlap=True)``) come from the checkpoint as streamed ones do. The placeholders stay in
+the block state, so a new install_offload() streams the blocks again.
 """
 
 from __future__ import annotations
@@ -22,18 +24,28 @@ __all__ = ["restore_blocks"]
 
 
 def restore_blocks(state: ModelState) -> None:
-    """Puts the weights of every hooked block of ``state`` back into its modules."""
+    """Puts the weights of every block of ``state`` back into its modules."""
     for block in state.blocks:
-        for spec in block.work:
-            swap(spec, _weight(state, spec, streamed=block.engine_index is not None))
+        streamed = block.engine_index is not None
+        for spec in block.tensors:
+            if spec.needs_work:
+                swap(spec, _weight(state, spec, from_file=streamed or spec.resident is None))
+            elif _gone(spec):
+                swap(spec, _weight(state, spec, from_file=True))
 
 
-def _weight(state: ModelState, spec: TensorSpec, *, streamed: bool) -> torch.Tensor:
+def _gone(spec: TensorSpec) -> bool:
+    module, attr = spec.owners[0]
+    param = module._parameters.get(attr)
+    return param is None or param.is_meta
+
+
+def _weight(state: ModelState, spec: TensorSpec, *, from_file: bool) -> torch.Tensor:
     import torch
 
     from .. import dtype as kernels
 
-    if streamed:
+    if from_file:
         stored = state.checkpoint.read(spec.info.name)
         scale = state.checkpoint.read(spec.scale.name) if spec.scale is not None else None
     else:

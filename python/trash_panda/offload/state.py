@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from ..plan import Plan, Tier
 
 STATE_ATTR = "_trash_panda_state"
+# The forward pre-hook that refuses to run a released model, until it is loaded again.
+RELEASED_ATTR = "_trash_panda_released"
+# Buffers the model made itself (none in the checkpoint), kept on the CPU by a release so that
+# loading the same model again has their values.
+KEPT_BUFFERS_ATTR = "_trash_panda_kept_buffers"
 
 
 @dataclass
@@ -104,3 +109,26 @@ def live_models() -> list[nn.Module]:
 def get_state(model: nn.Module) -> ModelState | None:
     state: ModelState | None = getattr(model, STATE_ATTR, None)
     return state
+
+
+def _refuse_released(module: nn.Module, _args: Any) -> None:
+    from ..errors import TrashPandaError
+
+    raise TrashPandaError(
+        f"{type(module).__name__} was released by trash_panda.release() and cannot run; "
+        "load it again with stream_load()"
+    )
+
+
+def mark_released(model: nn.Module) -> None:
+    """Makes the model refuse to run (its weights are gone) until :func:`clear_released`."""
+    if getattr(model, RELEASED_ATTR, None) is None:
+        setattr(model, RELEASED_ATTR, model.register_forward_pre_hook(_refuse_released))
+
+
+def clear_released(model: nn.Module) -> None:
+    """Lets a model released before run again: it was loaded again."""
+    mark = getattr(model, RELEASED_ATTR, None)
+    if mark is not None:
+        mark.remove()
+        delattr(model, RELEASED_ATTR)

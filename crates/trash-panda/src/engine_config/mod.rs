@@ -18,7 +18,7 @@ pub use block::{
 pub use settings::{DiskModeChoice, EngineSettings};
 
 use crate::config::ConfigError;
-use crate::io::ReadMode;
+use crate::io::{ReadMode, ReadOptions};
 use crate::plan::{BlockPlan, Budgets, Plan, PlanOptions, Tier};
 use crate::stream::{
     buffer_len, tensor_in_place_eligible, EngineOptions, RamSource, DEVICE_TENSOR_ALIGN, MAP_GRAIN,
@@ -192,12 +192,16 @@ impl EngineConfig {
             disk_mode,
             disk_mode_reason,
             workers: settings.workers.max(1),
-            ram_source: if settings.ram_in_memory {
-                RamSource::InMemory {
+            ram_source: match (settings.ram_in_memory, options.storage_dtype) {
+                (true, _) => RamSource::InMemory {
                     threads: settings.ram_threads.max(1),
-                }
-            } else {
-                RamSource::Mapped
+                },
+                // A converted RAM tier cannot be mapped: the engine reads it into memory with
+                // its default readers, and saying so here lets the runtime report them.
+                (false, Some(_)) => RamSource::InMemory {
+                    threads: ReadOptions::default().threads,
+                },
+                (false, None) => RamSource::Mapped,
             },
             pin_ram_tier: settings.pin_ram_tier,
         })

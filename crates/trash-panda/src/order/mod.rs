@@ -2,8 +2,8 @@
 //! can prefetch in that order from its first call.
 //!
 //! The rules live here, and the Python layer only asks: [`order_file_path`] names the file,
-//! [`read_order_file`] gives the order or why there is none ([`Ignored`]), [`should_write_order`]
-//! decides whether the order recorded during the run goes back to the file, [`write_order_file`]
+//! [`read_order_file`] gives the order or why there is none ([`Ignored`]), [`order_to_write`]
+//! decides what of the order recorded during the run goes back to the file, [`write_order_file`]
 //! writes it atomically, and [`full_order`] turns the names that run first (from the file or
 //! from `order=`) into the whole run order. A bad file is never an error: the run falls back to
 //! the model's order and replaces the file. Errors are for what the caller has to report once
@@ -144,23 +144,66 @@ fn match_order<S: AsRef<str>>(bytes: &[u8], model_blocks: &[S], index: &BlockInd
     }
 }
 
-/// Whether the order `recorded` during the run goes to the file: when there was no usable file,
-/// or the file's order differs from what ran (compared as the file would hold it: a block that
-/// ran twice counts at its first place). A run where no block ran records nothing, and nothing
-/// is written then (it would wipe a good file).
-pub fn should_write_order<S: AsRef<str>>(read: &OrderRead, recorded: &[S]) -> bool {
-    if recorded.is_empty() {
-        return false;
-    }
-    let OrderRead::Usable(known) = read else {
-        return true;
-    };
+/// The order to write to the file after a run, or `None` when the file should stay as it is.
+///
+/// `recorded` is every block that ran, in the order of their first run (a block that ran twice
+/// counts at its first place); `model_blocks` the model's blocks in plan order. A pass that ran
+/// every block gives its own order. A pass that ran only some (a call of one part of the model,
+/// or a run stopped early) is merged into the order known before it (the file's, else the
+/// model's): the blocks that ran take the places those blocks held there, in the order they
+/// ran, and the others keep theirs, so a partial pass never drops what the file knew. The
+/// result is written when there was no usable file, or when it differs from the file's whole
+/// order. Nothing ran: nothing is written (it would wipe a good file).
+pub fn order_to_write<S: AsRef<str>, B: AsRef<str>>(
+    read: &OrderRead,
+    recorded: &[S],
+    model_blocks: &[B],
+) -> Result<Option<Vec<String>>, OrderError> {
+    let index = BlockIndex::new(model_blocks)?;
     let mut seen = HashSet::with_capacity(recorded.len());
-    let ran = recorded
+    let ran: Vec<&str> = recorded
         .iter()
         .map(|b| block_key(b.as_ref()))
-        .filter(|k| seen.insert(*k));
-    !ran.eq(known.blocks.iter().map(|b| block_key(b)))
+        .filter(|k| seen.insert(*k))
+        .collect();
+    if ran.is_empty() {
+        return Ok(None);
+    }
+    let ran = index.resolve(&ran).map_err(|m| match m {
+        Mismatch::Unknown(name) => OrderError::UnknownBlock {
+            name,
+            blocks: model_blocks
+                .iter()
+                .map(|b| b.as_ref().to_string())
+                .collect(),
+        },
+        Mismatch::Duplicate(name) => OrderError::DuplicateBlock { name },
+    })?;
+    let count = model_blocks.len();
+    let known = read.order().map(|k| k.full(count));
+    let merged = if ran.len() == count {
+        ran
+    } else {
+        let mut order = known.clone().unwrap_or_else(|| (0..count).collect());
+        let mut ran_here = vec![false; count];
+        for &i in &ran {
+            ran_here[i] = true;
+        }
+        let mut next = ran.iter();
+        for slot in order.iter_mut().filter(|b| ran_here[**b]) {
+            *slot = *next.next().expect("one place per block that ran");
+        }
+        order
+    };
+    if known.as_ref() == Some(&merged) {
+        return Ok(None);
+    }
+    Ok(Some(
+        merged
+            .into_iter()
+            .map(|i| model_blocks[i].as_ref().to_string())
+            .collect(),
+    ))
 }
 
 /// Writes `blocks` (the order they ran in) as the order file at `path`, for `checkpoint`,

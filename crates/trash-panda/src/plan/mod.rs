@@ -22,7 +22,7 @@ pub use blocks::{BlockTensors, ModelBlocks, TensorLocation, TensorSizes, SCALE_S
 pub use budget::{storage_conversion, Budgets, Conversion, FP8_MIN_ELEMENTS};
 pub use edit::Selector;
 pub use json::{PLAN_FORMAT, PLAN_VERSION};
-pub use options::{Figures, MinFreeRam, PlanOptions};
+pub use options::{ComputeDevice, Figures, MinFreeRam, PlanOptions};
 pub use warnings::{Warning, WarningKind};
 
 use crate::checkpoint::CheckpointError;

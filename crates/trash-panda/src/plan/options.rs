@@ -101,6 +101,15 @@ impl Default for PlanOptions {
     }
 }
 
+/// What computes the blocks of a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeDevice {
+    Gpu,
+    /// The CPU, whose RAM then holds the device tier too.
+    Cpu,
+}
+
 /// The memory the plan is made for. Tests and `--vram`/`--ram` fill it by hand;
 /// [`Figures::probe`] fills it from the machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -108,6 +117,12 @@ pub struct Figures {
     pub memory: MemoryFigures,
     /// Free memory of the GPU; `None` when there is no GPU and the CPU computes.
     pub free_vram: Option<u64>,
+    /// `Some(Cpu)` when the CPU computes although `free_vram` is given: the device tier is then
+    /// sized as a GPU's of that much memory but lives in RAM (a simulated device, as `make demo`
+    /// plans). `None`: the device `free_vram` implies. Only this case is written, so the plans of
+    /// real machines read as they always did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<ComputeDevice>,
 }
 
 impl Figures {
@@ -116,6 +131,7 @@ impl Figures {
         Ok(Figures {
             memory: MemoryFigures::probe()?,
             free_vram: crate::sys::nvml::probe().free_vram(0),
+            device: None,
         })
     }
 
@@ -124,12 +140,31 @@ impl Figures {
         Figures {
             memory: MemoryFigures::with_ram(ram),
             free_vram: vram,
+            device: None,
         }
     }
 
-    /// Replaces the GPU part from an existing probe.
+    /// Replaces the GPU part from an existing probe: a GPU found computes.
     pub fn with_gpu(mut self, gpus: &GpuProbe) -> Figures {
         self.free_vram = gpus.free_vram(0);
+        self.device = None;
         self
+    }
+
+    /// These figures for a plan the CPU runs: a `free_vram` given sizes a device tier that the
+    /// CPU's RAM holds (the budgets stay a GPU's, so the plan is the one such a GPU would get).
+    pub fn on_cpu(mut self) -> Figures {
+        self.device = self.free_vram.map(|_| ComputeDevice::Cpu);
+        self
+    }
+
+    /// What computes: the CPU without `free_vram`, else the GPU unless [`Figures::on_cpu`] said
+    /// the CPU.
+    pub fn device(&self) -> ComputeDevice {
+        match (self.free_vram, self.device) {
+            (None, _) => ComputeDevice::Cpu,
+            (Some(_), Some(device)) => device,
+            (Some(_), None) => ComputeDevice::Gpu,
+        }
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::options::MinFreeRam;
-use super::{Plan, Tier};
+use super::{ComputeDevice, Plan, Tier};
 use crate::units::{format_bytes, format_gb};
 
 /// `model.layers.12.` -> `("model.layers", 12)`; names without a trailing index stay whole.
@@ -66,10 +66,22 @@ impl fmt::Display for Plan {
         let storage = o
             .storage_dtype
             .map_or("as stored".to_string(), |d| d.to_string());
-        let device = match self.figures.as_ref().map(|fg| fg.free_vram.is_some()) {
-            Some(true) => "gpu",
-            Some(false) => "cpu (no GPU)",
-            None => "not resolved",
+        // A device tier sized as a GPU's but held in the CPU's RAM (a simulated device) is
+        // still the CPU's: the line says what computes, the budgets say how it was sized.
+        let on_cpu = self.figures.as_ref().and_then(|fg| match fg.device() {
+            ComputeDevice::Cpu => Some(fg.free_vram),
+            ComputeDevice::Gpu => None,
+        });
+        let device = match (&self.figures, on_cpu) {
+            (None, _) => "not resolved".to_string(),
+            (Some(_), None) => "gpu".to_string(),
+            (Some(_), Some(None)) => "cpu (no GPU)".to_string(),
+            (Some(_), Some(Some(vram))) => {
+                format!(
+                    "cpu (device tier planned as a GPU with {})",
+                    format_bytes(vram)
+                )
+            }
         };
         writeln!(
             f,
@@ -118,10 +130,15 @@ impl fmt::Display for Plan {
             } else {
                 format!("headroom_vram {} (not measured)", format_bytes(b.reserve))
             };
+            let vram = if on_cpu.is_some() {
+                "vram"
+            } else {
+                "free VRAM"
+            };
             let limit = match (b.gpu, o.max_vram) {
-                (true, Some(_)) => "min(free VRAM, max_vram)",
-                (true, None) => "free VRAM",
-                (false, _) => "RAM pool",
+                (true, Some(_)) => format!("min({vram}, max_vram)"),
+                (true, None) => vram.to_string(),
+                (false, _) => "RAM pool".to_string(),
             };
             writeln!(
                 f,

@@ -72,12 +72,16 @@ pub struct TierLoad {
     pub seconds: f64,
 }
 
-/// The read of the RAM tier into private memory (`TRASH_PANDA_RAM_IN_MEMORY`).
+/// The read of the RAM tier into private memory (`TRASH_PANDA_RAM_IN_MEMORY`, or a storage dtype,
+/// which converts it on the way in).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RamRead {
     pub bytes: u64,
     pub seconds: f64,
     pub threads: u32,
+    /// The storage dtype it was converted to; `None`: kept as stored.
+    #[serde(default)]
+    pub storage: Option<crate::DType>,
 }
 
 /// What `stream_load` did, by tier.

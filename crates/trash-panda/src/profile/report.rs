@@ -161,9 +161,10 @@ fn load_lines(out: &mut String, load: &LoadSummary, drive: Option<f64>) {
     }
     out.push('\n');
     if let Some(read) = load.ram_in_memory {
+        let storage = read.storage.map_or(String::new(), |d| format!(" as {d}"));
         let _ = writeln!(
             out,
-            "read {} GB of streamed-block tensors into memory in {:.2} s ({:.2} GB/s, {})",
+            "read {} GB of streamed-block tensors into memory{storage} in {:.2} s ({:.2} GB/s, {})",
             gb(read.bytes),
             read.seconds,
             gbps(read.bytes, read.seconds),

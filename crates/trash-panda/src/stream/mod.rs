@@ -23,6 +23,7 @@ mod pool;
 mod source;
 mod stagings;
 mod stats;
+mod window;
 mod worker;
 
 use std::path::PathBuf;
@@ -349,12 +350,7 @@ impl Engine {
     pub fn set_order(&self, order: Vec<usize>) -> Result<(), StreamError> {
         let mut st = self.shared.lock();
         st.set_order(order)?;
-        if self.options.lookahead > 0 && !st.order.is_empty() {
-            let first = st.order[0];
-            let last = st.order[st.order.len() - 1];
-            // The window after the last block is the first `lookahead` of the order.
-            st.plan(last, first == last, self.options.lookahead);
-        }
+        st.plan_start(self.options.lookahead);
         drop(st);
         self.shared.cv.notify_all();
         Ok(())

@@ -70,6 +70,9 @@ pub(crate) struct State {
     seen: Vec<bool>,
     pub stats: EngineStats,
     pub stagings: Stagings,
+    /// The pass under way is the last: nothing past the end of the order is staged (see
+    /// [`Engine::set_last_pass`](super::Engine::set_last_pass)).
+    pub last_pass: bool,
     pub stop: bool,
     pub workers_alive: usize,
     /// The queued block a worker found no buffer for, and since when (one count per block).
@@ -101,6 +104,7 @@ impl State {
             seen: vec![false; blocks],
             stats,
             stagings: Stagings::default(),
+            last_pass: false,
             stop: false,
             workers_alive: 0,
             buffer_wait: None,
@@ -168,11 +172,33 @@ impl State {
         self.last = Some(block);
     }
 
-    /// The `lookahead` blocks after `block` in the run order, wrapping into the next pass.
-    fn next_after(&self, block: usize, lookahead: usize) -> impl Iterator<Item = usize> + '_ {
+    /// The `lookahead` blocks after `block` in the run order, wrapping into the next pass; in a
+    /// last pass, only those left before the end of the order (there is no next pass to stage
+    /// for, and the blocks at its start may have given their memory back).
+    pub fn next_after(&self, block: usize, lookahead: usize) -> impl Iterator<Item = usize> + '_ {
         let n = self.order.len();
         let at = self.pos[block];
-        (1..=lookahead.min(n.saturating_sub(1))).map(move |k| self.order[(at + k) % n])
+        let left = if self.last_pass {
+            n - 1 - at
+        } else {
+            n.saturating_sub(1)
+        };
+        (1..=lookahead.min(left)).map(move |k| self.order[(at + k) % n])
+    }
+
+    /// Plans the window of a pass about to start: the first `lookahead` blocks of the order, as
+    /// the block before them, the order's last, would have had them. Even in a last pass: they
+    /// are its own first blocks.
+    pub fn plan_start(&mut self, lookahead: usize) {
+        let (Some(&first), Some(&last)) = (self.order.first(), self.order.last()) else {
+            return;
+        };
+        if lookahead == 0 {
+            return;
+        }
+        let last_pass = std::mem::replace(&mut self.last_pass, false);
+        self.plan(last, first == last, lookahead);
+        self.last_pass = last_pass;
     }
 
     /// Makes `window` the blocks to keep staged (`first` and the `lookahead` after it; `first`
@@ -297,6 +323,22 @@ mod tests {
         assert!(s.set_order(vec![5]).is_err());
         assert_eq!(s.next_after(4, 2).collect::<Vec<_>>(), [3, 1]);
         assert_eq!(s.next_after(4, 9).count(), 4);
+    }
+
+    #[test]
+    fn a_last_pass_stops_at_the_end_of_the_order() {
+        let mut s = state(3, 5);
+        s.set_order(vec![3, 1]).unwrap(); // [3, 1, 0, 2, 4]
+        s.last_pass = true;
+        assert_eq!(s.next_after(0, 2).collect::<Vec<_>>(), [2, 4]);
+        assert_eq!(s.next_after(2, 2).collect::<Vec<_>>(), [4]);
+        assert_eq!(s.next_after(4, 2).count(), 0);
+        s.plan(4, true, 2);
+        assert_eq!((&s.window[..], s.queue.len()), (&[4][..], 1));
+        // The start of the pass is still planned: it is the last pass's own beginning.
+        s.plan_start(2);
+        assert_eq!(s.window, [3, 1]);
+        assert!(s.last_pass);
     }
 
     #[test]

@@ -255,3 +255,101 @@ fn staging_source_names_the_tier_and_whether_it_was_cold() {
     );
     assert_eq!(StagingSource::RamCold.name(), "ram_cold");
 }
+
+/// Blocks staged after the first `skip` stagings, in the order they were staged.
+fn staged_since(e: &Engine, skip: usize) -> Vec<usize> {
+    e.stagings()[skip..].iter().map(|s| s.block).collect()
+}
+
+/// Leases `b` with `acquire` once the workers are idle, and gives it back.
+fn run_one(e: &Engine, b: usize) {
+    assert!(e.wait_idle(Duration::from_secs(5)));
+    drop(e.acquire(b).unwrap());
+}
+
+/// A pass over `n` blocks ending with `n - 1`, each leased as the CPU does (`acquire`) or, with
+/// `early`, as a device copying ahead does (`try_lease` of a staged block, then `advance`).
+fn pass(e: &Engine, n: usize, early: bool) {
+    for b in 0..n {
+        if !early {
+            run_one(e, b);
+            continue;
+        }
+        assert!(e.wait_idle(Duration::from_secs(5)));
+        let lease = e
+            .try_lease(b)
+            .unwrap()
+            .expect("staged by the window before it");
+        e.advance(b).unwrap();
+        assert_eq!(lease.bytes()[0], b as u8);
+    }
+    assert!(e.wait_idle(Duration::from_secs(5)));
+}
+
+#[test]
+fn a_last_pass_stages_nothing_past_its_last_block() {
+    let n = 6;
+    for early in [false, true] {
+        let opts = EngineOptions {
+            lookahead: 2,
+            workers: 2,
+            ..EngineOptions::default()
+        };
+        let e = engine(n, Duration::from_millis(1), None, opts);
+        assert_eq!(e.staging_buffers().len(), 3);
+        e.set_order((0..n).collect()).unwrap();
+        pass(&e, n, early);
+        // A pass that is not the last stages the next one's first blocks after its end.
+        assert_eq!(e.next_blocks(n - 1).unwrap(), [0, 1]);
+        let skip = e.stagings().len();
+        e.set_last_pass(true);
+        assert!(e.wait_idle(Duration::from_secs(5)));
+        assert!(staged_since(&e, skip).is_empty(), "0 and 1 are staged");
+        pass(&e, n, early);
+        // 0 and 1 were staged by the pass before: only the others are, once each.
+        assert_eq!(staged_since(&e, skip), [2, 3, 4, 5], "early: {early}");
+        assert_eq!(e.next_blocks(3).unwrap(), [4, 5]);
+        assert!(e.next_blocks(n - 1).unwrap().is_empty());
+
+        // Wrapping again stages nothing by itself, and the next pass wraps at its end.
+        let skip = e.stagings().len();
+        e.set_last_pass(false);
+        assert!(e.wait_idle(Duration::from_secs(5)));
+        assert!(staged_since(&e, skip).is_empty());
+        assert_eq!(e.next_blocks(n - 1).unwrap(), [0, 1]);
+        pass(&e, n, false);
+        let mut staged = staged_since(&e, skip);
+        staged.sort_unstable();
+        assert_eq!(staged, [0, 0, 1, 1, 2, 3, 4, 5]);
+    }
+}
+
+#[test]
+fn a_last_pass_set_mid_pass_drops_the_queued_blocks_past_its_end() {
+    let opts = EngineOptions {
+        lookahead: 2,
+        workers: 1,
+        ..EngineOptions::default()
+    };
+    let e = engine(6, Duration::ZERO, None, opts);
+    e.set_order((0..6).collect()).unwrap();
+    for b in 0..3 {
+        run_one(&e, b);
+    }
+    // Window [4, 5, 0]: 3 and 4 hold two buffers, 5 the third, so 0 waits in the queue.
+    let l3 = e.acquire(3).unwrap();
+    let l4 = e.acquire(4).unwrap();
+    assert!(e.wait_idle(Duration::from_secs(5)));
+    let skip = e.stagings().len();
+    e.set_last_pass(true);
+    // Buffers come back, outside the window: a queued 0 would take one now.
+    drop(l3);
+    drop(l4);
+    run_one(&e, 5);
+    assert!(e.wait_idle(Duration::from_secs(5)));
+    assert!(
+        staged_since(&e, skip).is_empty(),
+        "{:?}",
+        staged_since(&e, skip)
+    );
+}

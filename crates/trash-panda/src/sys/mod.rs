@@ -22,7 +22,7 @@ pub use doctor::DoctorReport;
 pub use heap::trim_heap;
 pub use meminfo::{CommitCharge, MemoryFigures};
 pub use nvml::{GpuDevice, GpuProbe};
-pub use rss::{current_rss, private_memory, RssSampler, RssStats};
+pub use rss::{current_rss, private_memory, RssMeasure, RssSampler, RssStats};
 
 /// Errors of the sys module.
 #[derive(Debug, thiserror::Error)]

@@ -55,20 +55,30 @@ pub fn parse_status_kb(text: &str, field: &'static str, path: &Path) -> Result<u
 
 /// Resident bytes from the text of a statm file (`size resident shared ...`, in pages).
 pub fn parse_statm(text: &str, path: &Path) -> Result<u64, SysError> {
-    let field = "resident";
+    statm_pages(text, path, 1, "resident").map(|pages| pages.saturating_mul(page_size()))
+}
+
+/// Private resident bytes from the text of a statm file: `resident` less `shared` (the pages a
+/// file or shared memory backs), which is `RssAnon`, read as cheaply as the resident set.
+pub fn parse_statm_private(text: &str, path: &Path) -> Result<u64, SysError> {
+    let resident = statm_pages(text, path, 1, "resident")?;
+    let shared = statm_pages(text, path, 2, "shared")?;
+    Ok(resident.saturating_sub(shared).saturating_mul(page_size()))
+}
+
+fn statm_pages(text: &str, path: &Path, at: usize, field: &'static str) -> Result<u64, SysError> {
     let value = text
         .split_ascii_whitespace()
-        .nth(1)
+        .nth(at)
         .ok_or_else(|| SysError::MissingField {
             path: path.to_path_buf(),
             field,
         })?;
-    let pages: u64 = value.parse().map_err(|_| SysError::Parse {
+    value.parse().map_err(|_| SysError::Parse {
         path: path.to_path_buf(),
         field,
         value: value.to_owned(),
-    })?;
-    Ok(pages.saturating_mul(page_size()))
+    })
 }
 
 fn page_size() -> u64 {
@@ -96,8 +106,18 @@ impl RssStats {
     }
 }
 
-/// Samples the resident set size on its own thread and keeps the peak. Dropping it stops and
-/// joins the thread.
+/// What an [`RssSampler`] samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RssMeasure {
+    /// The resident set: everything the process has in RAM, mapped files' pages included.
+    Resident,
+    /// The private resident memory (see [`private_memory`]): what the process allocated, not
+    /// the pages of a mapped checkpoint it touched, which the system can drop at any time.
+    Private,
+}
+
+/// Samples the resident set size (or the private memory) on its own thread and keeps the peak.
+/// Dropping it stops and joins the thread.
 #[derive(Debug)]
 pub struct RssSampler {
     shared: Arc<Sampled>,
@@ -111,11 +131,19 @@ struct Sampled {
     peak: AtomicU64,
     samples: AtomicU64,
     source: RssSource,
+    measure: RssMeasure,
 }
 
 impl Sampled {
+    fn read(&self) -> Result<u64, SysError> {
+        match self.measure {
+            RssMeasure::Resident => self.source.read(),
+            RssMeasure::Private => self.source.read_private(),
+        }
+    }
+
     fn sample(&self) -> Option<u64> {
-        let rss = self.source.read().ok()?;
+        let rss = self.read().ok()?;
         self.peak.fetch_max(rss, Ordering::Relaxed);
         self.samples.fetch_add(1, Ordering::Relaxed);
         Some(rss)
@@ -123,16 +151,27 @@ impl Sampled {
 }
 
 impl RssSampler {
-    /// Takes a first sample and starts sampling every `interval` (at least a microsecond).
+    /// Takes a first sample of the resident set and starts sampling every `interval` (at least
+    /// a microsecond).
     pub fn start(interval: Duration) -> Result<RssSampler, SysError> {
-        let source = RssSource::open()?;
-        let start = source.read()?;
-        let shared = Arc::new(Sampled {
+        RssSampler::start_measuring(interval, RssMeasure::Resident)
+    }
+
+    /// As [`start`](Self::start), sampling `measure`.
+    pub fn start_measuring(
+        interval: Duration,
+        measure: RssMeasure,
+    ) -> Result<RssSampler, SysError> {
+        let mut shared = Sampled {
             stop: AtomicBool::new(false),
-            peak: AtomicU64::new(start),
+            peak: AtomicU64::new(0),
             samples: AtomicU64::new(1),
-            source,
-        });
+            source: RssSource::open()?,
+            measure,
+        };
+        let start = shared.read()?;
+        shared.peak = AtomicU64::new(start);
+        let shared = Arc::new(shared);
         let interval = interval.max(Duration::from_micros(1));
         let s = shared.clone();
         let handle = std::thread::Builder::new()
@@ -166,11 +205,7 @@ impl RssSampler {
     /// Stops sampling, takes a last sample, and returns what was seen.
     pub fn stop(mut self) -> RssStats {
         self.join();
-        let end = self
-            .shared
-            .sample()
-            .or_else(|| current_rss().ok())
-            .unwrap_or(self.start);
+        let end = self.shared.sample().unwrap_or(self.start);
         let peak = self.shared.peak.load(Ordering::Relaxed).max(end);
         RssStats {
             start: self.start,
@@ -226,6 +261,12 @@ mod tests {
         assert!(e.contains("/x/statm") && e.contains("resident"), "{e}");
         let e = parse_statm("10 x3", p).unwrap_err().to_string();
         assert!(e.contains("/x/statm") && e.contains("x3"), "{e}");
+        assert_eq!(
+            parse_statm_private("10 7 3 0 0 0 0\n", p).unwrap(),
+            4 * page_size()
+        );
+        let e = parse_statm_private("10 7", p).unwrap_err().to_string();
+        assert!(e.contains("/x/statm") && e.contains("shared"), "{e}");
     }
 
     #[test]

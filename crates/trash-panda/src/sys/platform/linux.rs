@@ -44,6 +44,16 @@ impl RssSource {
         let text = String::from_utf8_lossy(&buf[..n]);
         rss::parse_statm(&text, path)
     }
+
+    pub(crate) fn read_private(&self) -> Result<u64, SysError> {
+        let path = Path::new(rss::STATM);
+        let mut buf = [0u8; 256];
+        let n = FileExt::read_at(&self.statm, &mut buf, 0).map_err(|source| SysError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        rss::parse_statm_private(&String::from_utf8_lossy(&buf[..n]), path)
+    }
 }
 
 /// `RssAnon` of `/proc/self/status`: the resident pages no file backs (heap, anonymous maps,

@@ -117,6 +117,10 @@ impl RssSource {
         Ok(RssSource)
     }
 
+    pub(crate) fn read_private(&self) -> Result<u64, SysError> {
+        private_bytes()
+    }
+
     #[allow(deprecated)] // libc points to the mach2 crate for these; the calls are the same.
     pub(crate) fn read(&self) -> Result<u64, SysError> {
         // SAFETY: mach_task_basic_info is plain old data, so all zeroes is a valid value.

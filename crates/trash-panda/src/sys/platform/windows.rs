@@ -87,6 +87,10 @@ impl RssSource {
         Ok(RssSource)
     }
 
+    pub(crate) fn read_private(&self) -> Result<u64, SysError> {
+        private_bytes()
+    }
+
     pub(crate) fn read(&self) -> Result<u64, SysError> {
         let mut counters = PROCESS_MEMORY_COUNTERS {
             cb: std::mem::size_of::<PROCESS_MEMORY_COUNTERS>() as u32,

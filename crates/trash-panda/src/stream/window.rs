@@ -1,0 +1,41 @@
+//! The far edge of the staging window: which blocks are staged ahead of a block, and the last
+//! pass, after whose end nothing is.
+//!
+//! Between passes the window wraps: the blocks after the order's last are the next pass's first,
+//! so a model that runs again finds them staged. A final pass frees each block after it runs
+//! (its pages of the RAM tier go back to the system); wrapping there would read the first
+//! blocks again, into memory the next model is meant to take.
+
+use super::{Engine, StreamError};
+
+impl Engine {
+    /// Marks the pass under way (or about to start) as the last (`true`): no block past the end
+    /// of the order is staged from now on, and queued prefetches of such blocks not yet staged
+    /// are dropped (blocks already staged keep their buffers until they are needed). Called
+    /// between passes, the first blocks of the order stay queued: they start the last pass.
+    /// `false` wraps into the next pass again from the next [`acquire`](Self::acquire) or
+    /// [`advance`](Self::advance) on, staging nothing now.
+    pub fn set_last_pass(&self, last: bool) {
+        let mut st = self.shared.lock();
+        st.last_pass = last;
+        let Some(at) = st.last else { return };
+        let mid_pass = st.pos[at] + 1 < st.order.len();
+        if last && mid_pass {
+            // The window was planned wrapping; plan it again as the last pass has it.
+            let include_first = st.window.first() == Some(&at);
+            st.plan(at, include_first, self.options.lookahead);
+            drop(st);
+            self.shared.cv.notify_all();
+        }
+    }
+
+    /// The blocks staged ahead once `block` runs, nearest first: the `lookahead` after it in the
+    /// run order, wrapping into the next pass unless this pass is the last. Blocks the caller
+    /// copies from the in-memory RAM tier itself are listed too, though the engine does not
+    /// stage them. A device that copies ahead follows this, so it stops where the engine does.
+    pub fn next_blocks(&self, block: usize) -> Result<Vec<usize>, StreamError> {
+        self.check(block)?;
+        let st = self.shared.lock();
+        Ok(st.next_after(block, self.options.lookahead).collect())
+    }
+}

@@ -1,0 +1,197 @@
+"""The peak memory of windows that may overlap: a stage's block, a measure_activation_vram() call.
+
+torch's peak counter is one per device, and the private memory of the CPU is one per process,
+so two windows open at once (``load_pipeline(chain=False)`` opens every component's stage) would
+reset each other's peak, and each would count what the other's load added. One meter per device
+instead folds the peak so far into every open window at each event (a window opening or closing,
+a load or release starting or ending), and a load or a release moves the baseline of every open
+window by what it left behind: another model's weights are not this one's activations.
+
+On the CPU the meter reads private memory (anonymous pages), not the resident set: the pages of a
+mapped checkpoint that a pass touches for the first time are the page cache's, which the system
+takes back when it needs them, not memory the activations need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from .. import _core
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Meter", "Window", "meter_for", "paused"]
+
+
+class Gauge(Protocol):
+    """One device's memory counter."""
+
+    def current(self) -> int:
+        """Bytes held now."""
+
+    def peak(self) -> int:
+        """The most bytes held since the last :meth:`reset`, now included."""
+
+    def reset(self) -> None:
+        """Starts a new peak from now."""
+
+    def close(self) -> None:
+        """Stops watching (no window is open)."""
+
+
+class CudaGauge:
+    """Memory allocated through torch's caching allocator on one GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def current(self) -> int:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+        return int(torch.cuda.memory_allocated(self.device))
+
+    def peak(self) -> int:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+    def reset(self) -> None:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def close(self) -> None:
+        pass
+
+
+class PrivateGauge:
+    """The private memory of the process, sampled every millisecond on the core's thread."""
+
+    def __init__(self) -> None:
+        self.sampler: _core.RssSampler | None = None
+
+    def current(self) -> int:
+        return _core.private_memory()
+
+    def peak(self) -> int:
+        return self.sampler.peak() if self.sampler is not None else self.current()
+
+    def reset(self) -> None:
+        self.close()
+        self.sampler = _core.RssSampler(1, private=True)
+
+    def close(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler = None
+
+
+@dataclass
+class Window:
+    """One measured window: ``top`` is the most it needed above ``base`` so far."""
+
+    base: int
+    top: int = 0
+
+
+class Meter:
+    """The windows open on one device; see the module."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self.gauge = gauge
+        self.windows: list[Window] = []
+        self._lock = threading.RLock()
+        self._pauses = 0
+        self._paused_at = 0
+
+    def start(self) -> Window:
+        with self._lock:
+            self._fold()
+            window = Window(self.gauge.current())
+            self.windows.append(window)
+            self.gauge.reset()
+            return window
+
+    def stop(self, window: Window) -> int:
+        """Closes ``window``; returns the most memory it needed above its baseline."""
+        with self._lock:
+            self._fold()
+            self.windows.remove(window)
+            if self.windows:
+                self.gauge.reset()
+            else:
+                self.gauge.close()
+            return window.top
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Around a load or a release: what it allocates or frees is nobody's activation memory."""
+        with self._lock:
+            if self._pauses == 0 and self.windows:
+                self._fold()
+                self._paused_at = self.gauge.current()
+            self._pauses += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._pauses -= 1
+                if self._pauses == 0 and self.windows:
+                    moved = self.gauge.current() - self._paused_at
+                    for w in self.windows:
+                        w.base += moved
+                    self.gauge.reset()
+
+    def _fold(self) -> None:
+        if not self.windows or self._pauses:
+            return
+        peak = self.gauge.peak()
+        for w in self.windows:
+            w.top = max(w.top, peak - w.base)
+
+
+_METERS: dict[str, Meter] = {}
+_METERS_LOCK = threading.Lock()
+
+
+def meter_for(device: torch.device) -> Meter:
+    """The one meter of ``device`` (each GPU its own; the CPU one for the process)."""
+    import torch
+
+    key = "cpu" if device.type != "cuda" else str(torch.device("cuda", device.index or 0))
+    with _METERS_LOCK:
+        meter = _METERS.get(key)
+        if meter is None:
+            gauge: Gauge = PrivateGauge() if key == "cpu" else CudaGauge(torch.device(key))
+            meter = _METERS[key] = Meter(gauge)
+        return meter
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Pauses every device's meter (a load or release touches host and device memory both)."""
+    with _METERS_LOCK:
+        meters = list(_METERS.values())
+    with contextlib.ExitStack() as stack:
+        for meter in meters:
+            stack.enter_context(meter.paused())
+        yield
+
+
+@contextlib.contextmanager
+def measured(device: torch.device) -> Iterator[list[int]]:
+    """A window on ``device``: its peak above the start, in ``[0]`` once it closes."""
+    meter = meter_for(device)
+    window = meter.start()
+    out = [0]
+    try:
+        yield out
+    finally:
+        out[0] = meter.stop(window)

@@ -1,0 +1,103 @@
+"""The activation memory a stage remembers is its own: other stages' loads and releases while it
+runs are not in it (the device's peak counter is one for everybody), nor, on the CPU, the pages
+of the checkpoint's map that its blocks touch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import trash_panda as tp
+from models import Tiny, on_meta, save
+from trash_panda import _core
+from trash_panda.offload.meter import Meter
+from trash_panda.stage import remembered_activation
+
+IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(6))
+
+
+class FakeGauge:
+    """A device's memory counter as torch's: one peak for the whole device, reset by anyone."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.top = 0
+
+    def set(self, n: int) -> None:
+        self.now = n
+        self.top = max(self.top, n)
+
+    def current(self) -> int:
+        return self.now
+
+    def peak(self) -> int:
+        return self.top
+
+    def reset(self) -> None:
+        self.top = self.now
+
+    def close(self) -> None:
+        pass
+
+
+def test_overlapping_windows_keep_their_own_peaks() -> None:
+    gauge = FakeGauge()
+    meter = Meter(gauge)
+    gauge.set(1000)  # stage A's weights
+    a = meter.start()
+    gauge.set(1500)  # A computes
+    gauge.set(1000)
+    with meter.paused():  # stage B loads its weights
+        gauge.set(9000)
+        gauge.set(5000)
+    b = meter.start()  # B's window resets the device's peak: A's 500 must survive it
+    gauge.set(5200)  # B computes
+    gauge.set(5000)
+    gauge.set(5300)  # A computes again, with B loaded
+    gauge.set(5000)
+    with meter.paused():  # B is released
+        gauge.set(1000)
+    gauge.set(1100)
+    assert meter.stop(b) == 300
+    assert meter.stop(a) == 500
+
+
+@pytest.fixture
+def big(tmp_path: Path) -> tuple[Path, Tiny]:
+    torch.manual_seed(0)
+    ref = Tiny(dim=512, layers=6).eval()  # 8 MB of fp32 weights a block
+    return save(ref, tmp_path / "big.safetensors"), ref
+
+
+def build_big() -> Tiny:
+    return on_meta(Tiny, dim=512, layers=6)  # type: ignore[return-value]
+
+
+def test_a_stage_does_not_count_another_stages_load(big: tuple[Path, Tiny], tmp_path: Path) -> None:
+    path, ref = big
+    torch.manual_seed(1)
+    small = save(Tiny().eval(), tmp_path / "small.safetensors")
+    with tp.stage(lambda: on_meta(Tiny), small, device="cpu", key="small") as (a, _pa, _ha), torch.no_grad():
+        a(IDS)
+        # A second model opened inside the first's block, as load_pipeline(chain=False) does:
+        # its 32 MB of resident weights are loaded and released while the first's window is open.
+        with tp.stage(build_big, path, device="cpu", resident_blocks=4, key="big") as (b, _pb, _hb):
+            assert torch.equal(b(IDS), ref(IDS))
+        a(IDS)
+    first = remembered_activation("small")
+    assert first is not None and first < 8 << 20, first
+
+
+def test_mapped_pages_are_not_activation_memory(big: tuple[Path, Tiny]) -> None:
+    path, ref = big
+    resident = _core.RssSampler(1)
+    with tp.stage(build_big, path, device="cpu", resident_blocks=0, key="mapped") as (m, p, _h), torch.no_grad():
+        assert p.blocks_in("ram") == [f"blocks.{i}." for i in range(6)]
+        assert torch.equal(m(IDS), ref(IDS))
+    start, top, _end = resident.stop()
+    # The pass did touch the checkpoint's map: the resident set rose by the blocks' pages.
+    assert top - start > 24 << 20, (start, top)
+    got = remembered_activation("mapped")
+    assert got is not None and got < 8 << 20, got
