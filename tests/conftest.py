@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
+
+from simdevice import SimulatedDevice
 
 
 def _tensors(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -70,3 +73,11 @@ def sharded(tmp_path: Path, tensors: dict[str, torch.Tensor]) -> Path:
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The raw bits of a tensor, for bit-for-bit comparisons (NaN compares equal to itself)."""
     return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+@pytest.fixture
+def sim() -> Iterator[SimulatedDevice]:
+    """The simulated asynchronous device of the CPU test suite (see simdevice.py)."""
+    dev = SimulatedDevice(seed=1)
+    yield dev
+    dev.stop()

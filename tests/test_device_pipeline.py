@@ -4,7 +4,6 @@ waits the bookkeeping relies on makes them differ."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,6 @@ from trash_panda.offload.hooks import _install
 from trash_panda.offload.state import ModelState, get_state
 
 LAYERS = 8
-
-
-@pytest.fixture
-def sim() -> Iterator[SimulatedDevice]:
-    dev = SimulatedDevice(seed=1)
-    yield dev
-    dev.stop()
 
 
 def _loaded(tmp_path: Path, lookahead: int) -> tuple[Tiny, Tiny]:

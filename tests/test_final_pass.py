@@ -5,7 +5,6 @@ pass has just given back."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,6 @@ from trash_panda.offload.state import ModelState, get_state
 
 LAYERS = 8  # block 0 resident, 7 streamed through 3 staging buffers
 IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(3))
-
-
-@pytest.fixture
-def sim() -> Iterator[SimulatedDevice]:
-    dev = SimulatedDevice(seed=1)
-    yield dev
-    dev.stop()
 
 
 def _loaded(tmp_path: Path, gpu: bool) -> tuple[Tiny, Tiny]:

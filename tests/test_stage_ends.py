@@ -66,7 +66,9 @@ def test_a_failing_profile_snapshot_does_not_stop_the_release(path: Path, monkey
     assert_released(model)
 
 
-def test_a_failing_backend_close_does_not_stop_the_release(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def broken_close(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU backend's close does its work, then raises."""
     real = cpu.CpuBackend.close
 
     def broken(self: cpu.CpuBackend) -> None:
@@ -74,6 +76,10 @@ def test_a_failing_backend_close_does_not_stop_the_release(path: Path, monkeypat
         raise OSError("close broke")
 
     monkeypatch.setattr(cpu.CpuBackend, "close", broken)
+
+
+@pytest.mark.usefixtures("broken_close")
+def test_a_failing_backend_close_does_not_stop_the_release(path: Path) -> None:
     model = build()
     tp.stream_load(model, path, offload_prefixes=["blocks."], device="cpu")
     tp.install_offload(model)
@@ -82,14 +88,8 @@ def test_a_failing_backend_close_does_not_stop_the_release(path: Path, monkeypat
     assert_released(model)
 
 
-def test_the_blocks_error_wins_over_a_failing_release(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = cpu.CpuBackend.close
-
-    def broken(self: cpu.CpuBackend) -> None:
-        real(self)
-        raise OSError("close broke")
-
-    monkeypatch.setattr(cpu.CpuBackend, "close", broken)
+@pytest.mark.usefixtures("broken_close")
+def test_the_blocks_error_wins_over_a_failing_release(path: Path) -> None:
     with (
         pytest.warns(UserWarning, match="close broke"),
         pytest.raises(ValueError, match="the block's own error"),

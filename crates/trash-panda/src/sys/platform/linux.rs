@@ -35,24 +35,22 @@ impl RssSource {
     }
 
     pub(crate) fn read(&self) -> Result<u64, SysError> {
-        let path = Path::new(rss::STATM);
-        let mut buf = [0u8; 256];
-        let n = FileExt::read_at(&self.statm, &mut buf, 0).map_err(|source| SysError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let text = String::from_utf8_lossy(&buf[..n]);
-        rss::parse_statm(&text, path)
+        self.with_statm(rss::parse_statm)
     }
 
     pub(crate) fn read_private(&self) -> Result<u64, SysError> {
+        self.with_statm(rss::parse_statm_private)
+    }
+
+    /// Reads statm again (one short line, from the start) and hands its text to `parse`.
+    fn with_statm(&self, parse: fn(&str, &Path) -> Result<u64, SysError>) -> Result<u64, SysError> {
         let path = Path::new(rss::STATM);
         let mut buf = [0u8; 256];
         let n = FileExt::read_at(&self.statm, &mut buf, 0).map_err(|source| SysError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        rss::parse_statm_private(&String::from_utf8_lossy(&buf[..n]), path)
+        parse(&String::from_utf8_lossy(&buf[..n]), path)
     }
 }
 
