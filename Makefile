@@ -22,7 +22,8 @@ venv:
 # (`pip install .` builds the same crate through maturin, for users.)
 build: venv
 	$(CARGO) build --release -p trash-panda-python
-	cp target/release/lib_core.so $(EXT)
+	@# A new file, not one written over: a process that has the old one loaded keeps it intact.
+	cp target/release/lib_core.so $(EXT).tmp && mv -f $(EXT).tmp $(EXT)
 	@$(PY) -c "import trash_panda; print('trash_panda', trash_panda.__version__, 'from', trash_panda.__file__)"
 
 # The main job on an embedded 6 GB model (made once under target/), or ARGS="--model FOLDER ...".
