@@ -1,33 +1,53 @@
-"""GPU streaming benchmark: a pass with most blocks in the RAM tier against its floor, over a
-sweep of worker threads and lookahead.
+"""GPU streaming benchmark: passes with most blocks in the RAM tier, each against what bounds it,
+measured in the same run, and against the virtual-time model of the device bookkeeping.
 
-The floor is max(compute of one pass with every block resident, RAM-tier bytes / the pinned
-host-to-device copy speed), both measured in the same run. For each setting it prints the
-steady pass against the floor, the copy GB/s the pass achieved and its share of the pinned
-bandwidth, the compute stream's wait for copies and the engine's counters, and appends a
-markdown table to --out (default bench/results/gpu.md). Its files are removed at the end.
+For each setting (RAM-tier form x worker threads x lookahead) it loads the model, measures
+torch's own pinned host-to-device copy rate for one block right beside it (the link), and runs
+``--passes`` passes. Each pass gets a row: its time, the RAM tier's bytes over that time, the copy
+engine's own rate (device-timed copies), both as a share of the link, the compute stream's wait
+for copies, and the model's pass for the same block size, per-block compute time (measured with
+every block resident), lookahead and link: ``predict_step`` of tests/vtdevice.py ("n/a" when
+that is missing). Device-timed figures are read only after the backend has settled. The
+markdown is appended to --out (default bench/results/gpu.md; $OUT/gpu.md when OUT is set). Its
+files are removed at the end.
 
-    PYTHONPATH=python python3 bench/gpu_stream.py --blocks 32 --resident 8
+    PYTHONPATH=python:tests python3 bench/gpu_stream.py --blocks 32 --resident 8
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import inspect
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 from torch import nn
 
 import trash_panda as tp
+from trash_panda import _core
+from trash_panda.offload.device import CudaDevice
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+try:
+    from vtdevice import predict_step
+
+    MODEL_ERROR = ""
+except Exception as e:  # the model is optional: the measurements stand without it
+    predict_step = None
+    MODEL_ERROR = f"{type(e).__name__}: {e}"
 
 DIM = 4096
+FORMS = {"mapped": "0", "in-memory": "1"}  # TRASH_PANDA_RAM_IN_MEMORY
 
 
 class Block(nn.Module):
@@ -51,7 +71,7 @@ class Stack(nn.Module):
         return x
 
 
-def timed(fn, repeat: int = 3) -> float:  # type: ignore[no-untyped-def]
+def timed(fn: Callable[[], Any], repeat: int = 3) -> float:
     best = float("inf")
     for _ in range(repeat):
         torch.cuda.synchronize()
@@ -62,93 +82,177 @@ def timed(fn, repeat: int = 3) -> float:  # type: ignore[no-untyped-def]
     return best
 
 
+def model_pass(
+    block_bytes: int, compute_s: float, lookahead: int, link: float, fill: float | None, workers: int, args: Any
+) -> tuple[float, float] | str:
+    """The model's steady pass: the resident blocks' compute plus one predicted step per
+    streamed block, and the share of the time the link is busy; or why there is none.
+    ``fill`` None: the RAM tier is copied directly from pinned memory."""
+    if predict_step is None:
+        return MODEL_ERROR
+    streamed = args.blocks - args.resident
+    options: dict[str, Any] = {"blocks": streamed}
+    if "workers" in inspect.signature(predict_step).parameters:
+        options["workers"] = workers
+    try:
+        r = predict_step(block_bytes, compute_s, lookahead, link, fill, **options)
+        return args.resident * compute_s + streamed * float(r["step_s"]), float(r["link_busy"])
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def fill_rate(handle: Any, since: float) -> float | None:
+    """Bytes per second of one worker's warm RAM-tier staging (copies from the page cache into
+    a pinned buffer), from the engine's own record; None when nothing was staged."""
+    state = handle._state
+    if state.engine is None:
+        return None
+    done = [s for s in state.engine.stagings() if s.start >= since and s.source == "ram_warm" and s.end > s.start]
+    if not done:
+        return None
+    return sum(s.bytes for s in done) / sum(s.end - s.start for s in done)
+
+
+def run_setting(
+    form: str, workers: int, lookahead: int, path: Path, x: torch.Tensor, want: torch.Tensor, env: dict[str, Any]
+) -> list[str]:
+    args = env["args"]
+    os.environ["TRASH_PANDA_WORKERS"] = str(workers)
+    os.environ["TRASH_PANDA_LOOKAHEAD"] = str(lookahead)
+    os.environ["TRASH_PANDA_RAM_IN_MEMORY"] = FORMS[form]
+    with torch.device("meta"):
+        model = Stack(args.blocks)
+    streamed = [f"blocks.{i}." for i in range(args.resident, args.blocks)]
+    p = tp.Plan.manual(resident=[f"blocks.{i}." for i in range(args.resident)], streamed=streamed)
+    tp.stream_load(model, path, plan=p, device=x.device)
+    # torch's own pinned copy of one block, right beside the passes it bounds.
+    link = CudaDevice(x.device).link_bandwidth(env["block_bytes"])
+    handle = tp.install_offload(model)
+    backend = handle._backend
+    direct = bool(getattr(backend.pipeline, "images", None))
+    walls = []
+    with torch.no_grad():
+        for i in range(args.passes):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            got = model(x)
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t0)
+            if i == 0:
+                assert torch.equal(got, want), "offloaded output differs from the resident model's"
+    backend.settle()  # every copy and wait event has happened: the device-timed figures are final
+    stats = handle.stats()
+    fill = None if direct else fill_rate(handle, handle.installed)
+    per_block = env["compute"] / args.blocks
+    if direct or fill is not None:
+        predicted = model_pass(env["block_bytes"], per_block, lookahead, link, fill, workers, args)
+    else:
+        predicted = "the engine recorded no warm RAM-tier staging to take a fill rate from"
+    runs = handle.runs[-args.passes * args.blocks :]  # resident blocks' runs are recorded too
+    tp.release(model, handle)
+    rows = []
+    ram_bytes = len(streamed) * env["block_bytes"]
+    for i, wall in enumerate(walls):
+        timings = [t for b, _s, _e, t in runs[i * args.blocks : (i + 1) * args.blocks] if b >= args.resident]
+        engine_s = sum(t.copy_seconds for t in timings)
+        waited = sum(t.gpu_wait for t in timings)
+        rate = ram_bytes / wall
+        engine = sum(t.bytes for t in timings) / engine_s if engine_s > 0 else 0.0
+        if isinstance(predicted, tuple):
+            model_ms, busy = f"{predicted[0] * 1e3:.1f}", f"{predicted[1]:.0%}"
+        else:
+            model_ms, busy = "n/a", "n/a"
+        rows.append(
+            f"| {form}{'' if direct or form == 'mapped' else ' (not pinned)'} | {workers} | {lookahead} | {i + 1} "
+            f"| {wall * 1e3:.1f} | {wall / env['floor']:.2f}x | {rate / 1e9:.2f} | {engine / 1e9:.2f} "
+            f"| {link / 1e9:.2f} | {rate / link:.0%} | {waited * 1e3:.1f} | {model_ms} | {busy} "
+            f"| {'-' if fill is None else f'{fill / 1e9:.1f}'} "
+            f"| {stats.hits if stats else 0}/{stats.acquires if stats else 0} |"
+        )
+        print(rows[-1], flush=True)
+    if isinstance(predicted, str):
+        print(f"model: n/a ({predicted})", flush=True)
+    print(
+        f"{form} x{workers} lookahead {lookahead}: best pass {min(walls) * 1e3:.1f} ms, "
+        f"{ram_bytes / min(walls) / 1e9:.2f} GB/s of the {link / 1e9:.2f} GB/s link",
+        flush=True,
+    )
+    return rows
+
+
+def reference(blocks: int, path: Path, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Writes the checkpoint; returns the output and the best time of a pass with every block on
+    the GPU."""
+    torch.manual_seed(0)
+    with torch.device(x.device):  # initialized on the GPU: seconds, not minutes of CPU init
+        ref = Stack(blocks).to(torch.bfloat16).eval()
+    save_file({k: v.contiguous().cpu() for k, v in ref.state_dict().items()}, str(path))
+    with torch.no_grad():
+        return ref(x), timed(lambda: ref(x))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--blocks", type=int, default=32)
     ap.add_argument("--resident", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--lookahead", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--passes", type=int, default=4)
+    ap.add_argument("--forms", nargs="+", choices=list(FORMS), default=list(FORMS))
+    ap.add_argument("--workers", type=int, nargs="+", default=[2])
+    ap.add_argument("--lookahead", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--out", default="bench/results/gpu.md")
     args = ap.parse_args()
     dev = torch.device("cuda")
     workdir = Path(tempfile.mkdtemp(prefix="tp-gpu-"))
     path = workdir / "stack.safetensors"
-    torch.manual_seed(0)
-    ref = Stack(args.blocks).to(torch.bfloat16)
-    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(path))
     block_bytes = 2 * DIM * 2 * DIM * 2
     x = torch.randn(args.tokens, DIM, dtype=torch.bfloat16, device=dev)
-
-    # Reference 1: pinned host-to-device copy speed.
-    host = torch.empty(block_bytes * 4, dtype=torch.uint8).pin_memory()
-    devbuf = torch.empty_like(host, device=dev)
-    h2d = host.numel() / timed(lambda: devbuf.copy_(host, non_blocking=True))
-    host = devbuf = None  # freed before the passes
-
-    # Reference 2: one pass with every block on the GPU.
-    ref = ref.to(dev)
-    with torch.no_grad():
-        want = ref(x)
-        compute = timed(lambda: ref(x))
-    ref = ref.cpu()
-    ref = None
+    want, compute = reference(args.blocks, path, x)
     torch.cuda.empty_cache()
-
-    streamed = [f"blocks.{i}." for i in range(args.resident, args.blocks)]
-    ram_bytes = len(streamed) * block_bytes
-    floor = max(compute, ram_bytes / h2d)
-    rows = []
+    free, total = torch.cuda.mem_get_info(dev)
+    outside = total - free - torch.cuda.memory_reserved(dev)
+    link0 = CudaDevice(dev).link_bandwidth(block_bytes)
+    ram_bytes = (args.blocks - args.resident) * block_bytes
+    floor = max(compute, ram_bytes / link0)
+    env = {"args": args, "block_bytes": block_bytes, "compute": compute, "floor": floor}
+    rows: list[str] = []
     try:
-        for workers in args.workers:
-            for lookahead in args.lookahead:
-                os.environ["TRASH_PANDA_WORKERS"] = str(workers)
-                os.environ["TRASH_PANDA_LOOKAHEAD"] = str(lookahead)
-                with torch.device("meta"):
-                    model = Stack(args.blocks)
-                p = tp.Plan.manual(resident=[f"blocks.{i}." for i in range(args.resident)], streamed=streamed)
-                tp.stream_load(model, path, plan=p, device=dev)
-                handle = tp.install_offload(model)
-                with torch.no_grad():
-                    t0 = time.perf_counter()
-                    got = model(x)
-                    torch.cuda.synchronize()
-                    first = time.perf_counter() - t0
-                    assert torch.equal(got, want), "offloaded output differs from the resident model's"
-                    steady = timed(lambda model=model: model(x))
-                stats = handle.stats()
-                last_pass = handle.runs[-args.blocks :]  # resident blocks' runs are recorded too
-                waited = sum(t.gpu_wait for i, _s, _e, t in last_pass if i >= args.resident)
-                tp.release(model, handle)
-                achieved = ram_bytes / steady
-                rows.append(
-                    f"| {workers} | {lookahead} | {first * 1e3:.1f} | {steady * 1e3:.1f} | {steady / floor:.2f}x "
-                    f"| {achieved / 1e9:.2f} | {achieved / h2d:.0%} | {waited * 1e3:.1f} "
-                    f"| {stats.hits if stats else 0}/{stats.acquires if stats else 0} "
-                    f"| {stats.buffer_waits if stats else 0} |"
-                )
-                print(rows[-1], flush=True)
+        for form in args.forms:
+            for workers in args.workers if form == "mapped" else args.workers[:1]:
+                for lookahead in args.lookahead:
+                    rows += run_setting(form, workers, lookahead, path, x, want, env)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    model_line = (
+        "the virtual-time model (tests/vtdevice.py predict_step) for the same block size, per-block compute "
+        "(resident pass / blocks), lookahead, link and, for the mapped form, the engine's own warm fill rate"
+        if predict_step is not None
+        else f"model: n/a ({MODEL_ERROR})"
+    )
     lines = [
         f"- {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {torch.cuda.get_device_name(dev)}, "
         f"torch {torch.__version__}, {platform.node()}",
         f"- model: {args.blocks} blocks of {block_bytes / 1e6:.0f} MB bf16, {args.resident} resident, "
-        f"{len(streamed)} in the RAM tier ({ram_bytes / 1e9:.2f} GB); input {args.tokens} x {DIM}",
-        f"- pinned host-to-device copy (reference, same run): {h2d / 1e9:.2f} GB/s; a pass with every block "
-        f"resident: {compute * 1e3:.1f} ms; floor max(compute, RAM tier / copy speed): {floor * 1e3:.1f} ms",
-        "- steady = best of 3 passes; copy GB/s = RAM-tier bytes / steady pass; waited = the compute stream's "
-        "wait for copies (events) in the last pass; hits/acquires and buffer waits from the engine",
+        f"{args.blocks - args.resident} in the RAM tier ({ram_bytes / 1e9:.2f} GB); input {args.tokens} x {DIM}",
+        f"- a pass with every block resident: {compute * 1e3:.1f} ms; pinned copy of one block (torch, before the "
+        f"settings): {link0 / 1e9:.2f} GB/s; floor max(compute, RAM tier / link): {floor * 1e3:.1f} ms",
+        f"- GPU memory outside torch (context, kernels, libraries): {outside / 1e6:.0f} MB; the plans keep "
+        f"{_core.CUDA_CONTEXT_FLOOR / 1e6:.0f} MB for it",
+        "- per pass: ms (wall, synchronized) and against the floor; copy GB/s = RAM-tier bytes / pass; engine "
+        "GB/s = bytes / the copy engine's time (events); link = torch's pinned copy of one block measured right "
+        "before the setting; waited = the compute stream's wait for copies (events, read after settling); model = "
+        + model_line
+        + "; fill = warm staging GB/s of one worker (mapped form); hits/acquires from the engine",
         "",
-        "| workers | lookahead | first ms | steady ms | steady / floor | copy GB/s | of link | waited ms "
-        "| hits/acquires | buffer waits |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| RAM tier | workers | lookahead | pass | ms | / floor | copy GB/s | engine GB/s | link GB/s | of link "
+        "| waited ms | model ms | model link busy | fill GB/s | hits/acquires |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
     ]
     text = "\n".join(lines)
     print(text)
-    out = Path(os.environ.get("OUT", "")) / "gpu.md" if os.environ.get("OUT") else Path(args.out)
+    out = Path(os.environ["OUT"]) / "gpu.md" if os.environ.get("OUT") else Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "a", encoding="utf-8") as f:
         f.write(text + "\n")

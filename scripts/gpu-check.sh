@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# The checks that need an NVIDIA GPU, for a bare GPU machine (no network, maybe no Rust):
-#   1. the `cuda` tests;
-#   2. the same tests under TORCH_CUDA_SANITIZER=1 (torch's stream-race checker);
-#   3. bench/gpu_stream.py.
-# It uses what it finds: the python3 that has torch (or PYTHON=..., or a virtualenv given as
-# the first argument), and the extension built elsewhere and carried along
-# (python/trash_panda/_core.abi3.so). What is missing is said in one line and it stops in
-# seconds. Each check has its own time limit; all of them fit in 8 minutes. One summary line
-# per check at the end.
+# The checks that need an NVIDIA GPU, for a bare GPU machine (no network, no Rust, no make):
+#   1. the extension imports (built elsewhere and carried: python/trash_panda/_core.abi3.so);
+#   2. the `cuda` tests;
+#   3. the same tests under TORCH_CUDA_SANITIZER=1 (torch's stream-race checker);
+#   4. bench/gpu_stream.py (copy rates against torch's own pinned copy and the model's).
+# It uses the python3 that has torch (or PYTHON=..., or a virtualenv given as an argument).
+# What is missing, an extension that does not import, or no GPU is said in one line, and it
+# stops in seconds. Each check has its own time limit, and all of them together fit in
+# 8 minutes on one H200; one summary line per check at the end; non-zero exit when any failed.
 #
-#   scripts/gpu-check.sh [VENV]        run the checks
+#   scripts/gpu-check.sh [VENV]            run the checks
 #   scripts/gpu-check.sh --dry-run [VENV]  say what would run and whether this machine can
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 root=$PWD
 dry=0
 for arg in "$@"; do
@@ -24,13 +24,24 @@ done
 PY=${PYTHON:-python3}
 export PYTHONPATH="$root/python:$root/tests" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
-LIMIT_TESTS=${LIMIT_TESTS:-150}
-LIMIT_SANITIZER=${LIMIT_SANITIZER:-150}
+# Seconds; the sum stays under 8 minutes with room for starting up.
+LIMIT_IMPORT=${LIMIT_IMPORT:-30}
+LIMIT_TESTS=${LIMIT_TESTS:-120}
+LIMIT_SANITIZER=${LIMIT_SANITIZER:-160}
 LIMIT_BENCH=${LIMIT_BENCH:-150}
+EXT=python/trash_panda/_core.abi3.so
 summary=()
 missing=()
+started=$SECONDS
 
 say() { echo "gpu-check: $*"; }
+
+plan() {
+  say "1. import:          $PY -c 'import trash_panda._core'                (limit ${LIMIT_IMPORT}s)"
+  say "2. cuda tests:      $PY -m pytest -q -m cuda tests/test_cuda.py     (limit ${LIMIT_TESTS}s)"
+  say "3. with sanitizer:  TORCH_CUDA_SANITIZER=1, the same tests            (limit ${LIMIT_SANITIZER}s)"
+  say "4. benchmark:       $PY bench/gpu_stream.py                           (limit ${LIMIT_BENCH}s)"
+}
 
 # What is needed, checked in seconds.
 command -v "$PY" >/dev/null 2>&1 || missing+=("python ($PY not found; pass a virtualenv or PYTHON=)")
@@ -39,41 +50,43 @@ if [ ${#missing[@]} -eq 0 ]; then
     "$PY" -c "import $mod" >/dev/null 2>&1 || missing+=("the Python package $mod (for $PY)")
   done
 fi
-[ -f python/trash_panda/_core.abi3.so ] || missing+=(
-  "the extension python/trash_panda/_core.abi3.so (build it with 'make build' where Rust is, and carry it)")
-gpu=0
-if [ ${#missing[@]} -eq 0 ] && "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  gpu=1
-fi
-
-plan() {
-  say "1. cuda tests:       $PY -m pytest -q -m cuda tests/test_cuda.py   (limit ${LIMIT_TESTS}s)"
-  say "2. with sanitizer:   TORCH_CUDA_SANITIZER=1, the same tests          (limit ${LIMIT_SANITIZER}s)"
-  say "3. benchmark:        $PY bench/gpu_stream.py                         (limit ${LIMIT_BENCH}s)"
-}
-
-if [ $dry -eq 1 ]; then
-  plan
-  if [ ${#missing[@]} -gt 0 ]; then
-    for m in "${missing[@]}"; do say "missing: $m"; done
-  elif [ $gpu -eq 0 ]; then
-    say "no CUDA device here: nothing would run"
-  else
-    say "ready to run"
-  fi
-  exit 0
-fi
+[ -f "$EXT" ] || missing+=("the extension $EXT (build it with 'make build' where Rust is, and carry it)")
 
 if [ ${#missing[@]} -gt 0 ]; then
+  [ $dry -eq 1 ] && plan
   for m in "${missing[@]}"; do say "missing: $m"; done
   exit 2
 fi
-if [ $gpu -eq 0 ]; then
-  say "no CUDA device visible to torch ($("$PY" -c 'import torch; print(torch.__version__)' 2>&1))"
+
+# 1. The extension first: an ABI or glibc mismatch would otherwise show as a traceback in
+# every check after it.
+start=$SECONDS
+if ! err=$(timeout "$LIMIT_IMPORT" "$PY" -c "import trash_panda._core" 2>&1); then
+  say "FAIL  import: $EXT does not import with $PY: $(printf '%s\n' "$err" | grep -v '^[[:space:]]*$' | tail -n 1)"
   exit 2
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
-"$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+summary+=("PASS  import of the extension ($((SECONDS - start))s)")
+
+gpu_out=$("$PY" -c "
+import torch
+if not torch.cuda.is_available():
+    print('no CUDA device visible to torch', torch.__version__, '(CUDA build:', str(torch.version.cuda) + ')')
+    raise SystemExit(1)
+print(torch.cuda.get_device_name(), '| torch', torch.__version__, '| CUDA', torch.version.cuda)
+" 2>&1)
+gpu=$?
+gpu_line=$(printf '%s\n' "$gpu_out" | tail -n 1)
+if [ $dry -eq 1 ]; then
+  plan
+  if [ $gpu -ne 0 ]; then say "$gpu_line: nothing would run"; else say "ready to run on $gpu_line"; fi
+  exit 0
+fi
+if [ $gpu -ne 0 ]; then
+  say "$gpu_line: nothing to check here"
+  exit 2
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader 2>/dev/null || true
+say "$gpu_line"
 plan
 
 run() {  # name limit command...
@@ -81,22 +94,24 @@ run() {  # name limit command...
   shift 2
   local start=$SECONDS
   say "== $name"
-  timeout "$limit" "$@"
+  timeout --kill-after=10 "$limit" "$@"
   local rc=$?
   local took=$((SECONDS - start))
   case $rc in
     0) summary+=("PASS  $name (${took}s)") ;;
-    124) summary+=("TIMEOUT $name (limit ${limit}s)") ;;
+    124 | 137) summary+=("TIMEOUT $name (limit ${limit}s)") ;;
     *) summary+=("FAIL  $name (exit $rc, ${took}s)") ;;
   esac
 }
 
-run "cuda tests" "$LIMIT_TESTS" "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py
-run "cuda tests under TORCH_CUDA_SANITIZER" "$LIMIT_SANITIZER" \
-  env TORCH_CUDA_SANITIZER=1 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py
-run "gpu_stream benchmark" "$LIMIT_BENCH" "$PY" bench/gpu_stream.py --blocks 32 --resident 8 --workers 1 2 4 --lookahead 1 2
+tests=(-m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py)
+run "cuda tests" "$LIMIT_TESTS" "$PY" "${tests[@]}"
+run "cuda tests under TORCH_CUDA_SANITIZER" "$LIMIT_SANITIZER" env TORCH_CUDA_SANITIZER=1 "$PY" "${tests[@]}"
+run "gpu_stream benchmark" "$LIMIT_BENCH" \
+  "$PY" bench/gpu_stream.py --blocks 32 --resident 8 --passes 4 --workers 2 --lookahead 1 2
 
 echo
 for line in "${summary[@]}"; do say "$line"; done
-case "${summary[*]}" in *FAIL*|*TIMEOUT*) exit 1 ;; esac
+say "all checks took $((SECONDS - started))s"
+case "${summary[*]}" in *FAIL* | *TIMEOUT*) exit 1 ;; esac
 exit 0

@@ -40,6 +40,9 @@ class SimulatedDevice:
             time.sleep(delay)
             dst.copy_(src)
             self.copied += 1
+            # A view of a staging buffer held here, past its lease's release, would keep the
+            # buffer from the engine until the next copy came (never, with a single buffer).
+            del item, dst, src
             done.set()
 
     def empty(self, nbytes: int) -> torch.Tensor:

@@ -1,6 +1,8 @@
-"""The device bookkeeping (slots, copies in flight, leases) proven on a simulated asynchronous
-device: outputs equal the reference with several copies in flight, and removing any one of the
-waits the bookkeeping relies on makes them differ."""
+"""The device bookkeeping (slots, copies in flight, leases) proven on the simulated devices with
+the real engine: on the threaded one, outputs equal the reference with several copies in flight,
+and removing any one of the waits the bookkeeping relies on makes them differ; on the one that
+runs ahead in virtual time as CUDA does (vtdevice.py), outputs equal the reference and no rule is
+broken at any virtual moment. The schedule's timing is tests/test_schedule.py's."""
 
 from __future__ import annotations
 
@@ -17,18 +19,19 @@ from trash_panda.offload import device as device_mod
 from trash_panda.offload.cuda import DeviceBackend
 from trash_panda.offload.hooks import _install
 from trash_panda.offload.state import ModelState, get_state
+from vtdevice import VirtualDevice
 
 LAYERS = 8
 
 
-def _loaded(tmp_path: Path, lookahead: int) -> tuple[Tiny, Tiny]:
+def _loaded(tmp_path: Path, lookahead: int, resident: int = 1, disk: tuple[int, ...] = (5, 6, 7)) -> tuple[Tiny, Tiny]:
     torch.manual_seed(0)
     ref = Tiny(dim=64, layers=LAYERS).to(torch.bfloat16).eval()
     path = save(ref, tmp_path / "m.safetensors", torch.bfloat16)
     model = on_meta(Tiny, dim=64, layers=LAYERS)
     # A GPU plan (device slots, 512-byte alignment), computed on the CPU through the simulation.
-    p = tp.plan(model, path, vram="1TB", ram="1TB", resident_blocks=1, lookahead=lookahead)
-    p.assign(Tier.DISK, indices=[5, 6, 7])
+    p = tp.plan(model, path, vram="1TB", ram="1TB", resident_blocks=resident, lookahead=lookahead)
+    p.assign(Tier.DISK, indices=list(disk))
     tp.stream_load(model, path, plan=p, device="cpu")
     return model, ref
 
@@ -131,3 +134,89 @@ def test_an_in_memory_ram_tier_is_copied_to_the_device_directly(
     assert stats.ram_bytes == 0, "a RAM-tier block went through a staging buffer"
     assert stats.disk_bytes > 0 and stats.acquires >= 3 * (LAYERS - 1)
     tp.release(model, handle)
+
+
+def _run_ahead(model: Tiny, ref: Tiny, dev: VirtualDevice, passes: int = 3) -> list[bool]:
+    """Passes on the device that runs ahead: each streamed block's kernels are queued on its
+    compute stream once its weights are in their slot (a pre-hook added after the offload's runs
+    after it), and the host goes on at once."""
+    state = get_state(model)
+    assert state is not None
+
+    def backend(s: ModelState) -> DeviceBackend:
+        return DeviceBackend(s, dev, torch.device("cpu"))
+
+    def kernels(module: torch.nn.Module, _args: object) -> None:
+        dev.run_compute(0.004, reads=next(module.parameters()))
+
+    handle = _install(model, state, state.blocks, None, backend)
+    queued = [b.module.register_forward_pre_hook(kernels) for b in state.blocks if b.engine_index is not None]
+    x = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(3))
+    same = []
+    with torch.no_grad():
+        want = ref(x)
+        for _ in range(passes):
+            same.append(torch.equal(model(x), want))
+    for q in queued:
+        q.remove()
+    tp.release(model, handle)
+    return same
+
+
+def _virtual() -> VirtualDevice:
+    # The tiny blocks stand for blocks of about 1 GB on a 50 GB/s link.
+    return VirtualDevice(link_bps=50e9, scale=15_000.0)
+
+
+@pytest.mark.parametrize(
+    ("lookahead", "resident", "disk", "in_memory"),
+    [
+        (1, 1, (5, 6, 7), False),
+        (2, 1, (5, 6, 7), False),
+        (3, 1, (5, 6, 7), False),
+        (2, 1, (5, 6, 7), True),  # the RAM tier copied to the device from pinned memory
+        (3, 6, (6, 7), False),  # fewer streamed blocks than staging buffers
+    ],
+)
+def test_the_real_engine_on_a_device_that_runs_ahead(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    lookahead: int,
+    resident: int,
+    disk: tuple[int, ...],
+    in_memory: bool,
+) -> None:
+    if in_memory:
+        monkeypatch.setenv("TRASH_PANDA_RAM_IN_MEMORY", "1")
+    model, ref = _loaded(tmp_path, lookahead, resident, disk)
+    dev = _virtual()
+    assert _run_ahead(model, ref, dev) == [True] * 3
+    assert dev.violations == []
+    assert len(dev.computes) == 3 * (LAYERS - resident)
+    assert dev.now > 3 * (LAYERS - resident) * 0.004  # the host waited for the device at the end
+
+
+@pytest.mark.parametrize(
+    ("broken", "symptom"),
+    [
+        ("_may_return", "returned to the engine while a copy reads it"),
+        ("compute_waits", "the copy into it lands at"),
+        # The device cannot tell which block a real engine staged: a later copy is what it sees.
+        ("_free_slot", "the copy into it lands at"),
+    ],
+)
+def test_breaking_a_rule_on_the_device_that_runs_ahead_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str, symptom: str
+) -> None:
+    model, ref = _loaded(tmp_path, 2)
+    if broken == "_may_return":
+        monkeypatch.setattr(device_mod.CopyPipeline, "_may_return", lambda self, copy: True)
+    elif broken == "compute_waits":
+        monkeypatch.setattr(VirtualDevice, "compute_waits", lambda self, event: None)
+    else:
+        monkeypatch.setattr(device_mod.CopyPipeline, "_free_slot", lambda self: 0)
+    dev = _virtual()
+    same = _run_ahead(model, ref, dev)
+    assert any(symptom in v for v in dev.violations), dev.violations[:3]
+    if broken == "_free_slot":  # the bytes were overwritten before the block ran
+        assert not all(same)

@@ -99,7 +99,9 @@ def _auto_plan(model: nn.Module, path: Path, device: str) -> Plan:
     budgets = probe.budgets
     assert budgets is not None and budgets.staging_buffers == 3
     block = max(b.stored_bytes for b in probe.blocks)
-    vram = budgets.device_slot_bytes + budgets.expansion + budgets.outside + 2 * block + block // 2
+    # The floor kept for the CUDA context (0 when the CPU computes) comes off the free VRAM too.
+    floor = budgets.cuda_floor
+    vram = floor + budgets.device_slot_bytes + budgets.expansion + budgets.outside + 2 * block + block // 2
     ram = budgets.host_staging + 2 * block + block // 2
     p = trash_panda.plan(model, path, vram=vram, ram=ram, **fixed)
     assert [b.tier for b in p.blocks] == [Tier.DEVICE] * 2 + [Tier.RAM] * 2 + [Tier.DISK] * 2, str(p)

@@ -348,6 +348,11 @@ impl PyBudgets {
     fn reserve_measured(&self) -> bool {
         self.inner.reserve_measured
     }
+    /// `CUDA_CONTEXT_FLOOR` when a GPU computes, else 0.
+    #[getter]
+    fn cuda_floor(&self) -> u64 {
+        self.inner.cuda_floor
+    }
     #[getter]
     fn staging_buffers(&self) -> usize {
         self.inner.staging_buffers
@@ -491,6 +496,7 @@ fn parse_size(value: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FP8_MIN_ELEMENTS", plan::FP8_MIN_ELEMENTS)?;
+    m.add("CUDA_CONTEXT_FLOOR", plan::CUDA_CONTEXT_FLOOR)?;
     m.add("SCALE_SUFFIXES", plan::SCALE_SUFFIXES.to_vec())?;
     m.add_class::<PyPlan>()?;
     m.add_class::<PyBlockPlan>()?;

@@ -195,6 +195,12 @@ impl PyEngine {
         Ok(())
     }
 
+    /// Stages the RAM tier ahead like the other tiers from now on (it was held back to be copied
+    /// straight from memory, which its failed pinning rules out); whether anything changed.
+    fn stage_ram_tier_ahead(&self) -> PyResult<bool> {
+        Ok(self.engine()?.stage_ram_tier_ahead())
+    }
+
     /// The blocks staged ahead once `block` runs, nearest first (none past the end of the order
     /// in a last pass): what a device copying ahead copies.
     fn next_blocks(&self, block: usize) -> PyResult<Vec<usize>> {

@@ -3,7 +3,7 @@
 mod common;
 
 use common::plan_model::{decoder, kinds, opts, tiers};
-use trash_panda::plan::{plan, Figures, Plan, PlanError, Selector, Tier};
+use trash_panda::plan::{plan, Figures, Plan, PlanError, Selector, Tier, CUDA_CONTEXT_FLOOR};
 use trash_panda::DType;
 
 #[test]
@@ -11,7 +11,7 @@ fn edits_recompute_and_reject_bad_names() {
     let m = decoder(10, DType::BF16);
     let mut p = plan(
         &m,
-        &Figures::injected(1_000_000_000, Some(3_700_000_000)),
+        &Figures::injected(1_000_000_000, Some(3_700_000_000 + CUDA_CONTEXT_FLOOR)),
         &opts(),
     )
     .unwrap();
@@ -168,7 +168,7 @@ fn table_shape() {
     let m = decoder(10, DType::BF16);
     let p = plan(
         &m,
-        &Figures::injected(1_000_000_000, Some(3_700_000_000)),
+        &Figures::injected(1_000_000_000, Some(3_700_000_000 + CUDA_CONTEXT_FLOOR)),
         &opts(),
     )
     .unwrap();
@@ -178,6 +178,10 @@ fn table_shape() {
     assert!(t.contains("model.layers.7-9"), "{t}");
     assert!(t.contains("staging 600.07 MB (3 x 200.02 MB)"), "{t}");
     assert!(t.contains("headroom_vram 1.50 GB (not measured)"), "{t}");
+    assert!(
+        t.contains(" = free VRAM 4.70 GB - CUDA floor 1.00 GB - headroom_vram "),
+        "{t}"
+    );
     assert!(t.contains("warnings:"), "{t}");
 }
 
@@ -198,16 +202,19 @@ fn the_table_names_the_device_that_computes() {
         "{t}"
     );
     assert!(t.contains(" = RAM pool "), "{t}");
-    // The CPU with a device tier sized as a GPU's (`plan(device="cpu", vram=...)`): the same
-    // tiers and budgets as on that GPU, but the CPU computes, and the line says so.
+    // The CPU with a device tier sized as a GPU's (`plan(device="cpu", vram=...)`): the tiers
+    // and budgets of a GPU with that much free beside the CUDA floor, which a CPU process has no
+    // runtime to take; the CPU computes, and the line says so.
     let simulated = gpu.clone().on_cpu();
     let p = plan(&m, &simulated, &opts()).unwrap();
+    let with_floor = Figures::injected(1_000_000_000, Some(3_700_000_000 + CUDA_CONTEXT_FLOOR));
+    let on_gpu = plan(&m, &with_floor, &opts()).unwrap();
+    let mut want = on_gpu.budgets.clone().unwrap();
+    want.device_limit -= CUDA_CONTEXT_FLOOR;
+    want.cuda_floor = 0;
     assert_eq!(
-        (tiers(&p), &p.budgets),
-        (
-            tiers(&plan(&m, &gpu, &opts()).unwrap()),
-            &plan(&m, &gpu, &opts()).unwrap().budgets
-        )
+        (tiers(&p), p.budgets.clone().unwrap()),
+        (tiers(&on_gpu), want)
     );
     let t = p.to_string();
     assert!(
@@ -217,7 +224,7 @@ fn the_table_names_the_device_that_computes() {
         "{t}"
     );
     assert!(
-        t.contains(" = vram 3.70 GB - ") && !t.contains("free VRAM"),
+        t.contains(" = vram 3.70 GB - ") && !t.contains("free VRAM") && !t.contains("CUDA floor"),
         "{t}"
     );
     // JSON: only the simulated device writes the field, and it reads back; a file without it

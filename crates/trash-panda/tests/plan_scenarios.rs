@@ -1,4 +1,7 @@
 //! Plans pinned for whole models with injected memory figures.
+//!
+//! A GPU's free VRAM is written `x + CUDA_CONTEXT_FLOOR` where a scenario is about the `x` the
+//! plan has for itself once the CUDA runtime's floor is set aside.
 
 mod common;
 
@@ -6,6 +9,7 @@ use common::plan_model::{decoder, kinds, opts, tiers, SIDE};
 use trash_panda::engine_config::maps_disk_tier;
 use trash_panda::plan::{
     plan, Figures, MinFreeRam, ModelBlocks, PlanError, PlanOptions, TensorSizes, Tier, WarningKind,
+    CUDA_CONTEXT_FLOOR,
 };
 use trash_panda::sys::{CgroupMemory, MemoryFigures, SysRoots};
 use trash_panda::DType;
@@ -18,18 +22,15 @@ fn bf16_fill_order_and_budgets() {
     let block = 200_020_000;
     // A staging buffer holds the block at aligned offsets, rounded to whole pages.
     let buffer = 200_024_064;
-    // 3.7 GB - 1.5 headroom - 3 x 0.2 device slots - 0.2 outside leaves 1.4 GB less a little:
-    // six blocks (bf16 blocks computing in bf16 are used in place: no expansion). All ten would
-    // free the slots but need 3.7002 GB. One fits in RAM after the 3-buffer staging pool, three
-    // go to disk.
-    let p = plan(
-        &m,
-        &Figures::injected(1_000_000_000, Some(3_700_000_000)),
-        &opts(),
-    )
-    .unwrap();
+    // 4.7 GB - 1.0 CUDA floor - 1.5 headroom - 3 x 0.2 device slots - 0.2 outside leaves 1.4 GB
+    // less a little: six blocks (bf16 blocks computing in bf16 are used in place: no expansion).
+    // All ten would free the slots but need 3.7002 GB beside the floor. One fits in RAM after
+    // the 3-buffer staging pool, three go to disk.
+    let vram = 3_700_000_000 + CUDA_CONTEXT_FLOOR;
+    let p = plan(&m, &Figures::injected(1_000_000_000, Some(vram)), &opts()).unwrap();
     assert_eq!(tiers(&p), "DDDDDDRKKK");
     let b = p.budgets.as_ref().unwrap();
+    assert_eq!((b.device_limit, b.cuda_floor), (vram, CUDA_CONTEXT_FLOOR));
     assert_eq!((b.staging_buffers, b.staging_buffer_bytes), (3, buffer));
     assert_eq!((b.device_slots, b.device_slot_bytes), (3, 3 * buffer));
     assert_eq!(b.host_staging, 3 * buffer);
@@ -37,13 +38,24 @@ fn bf16_fill_order_and_budgets() {
     assert_eq!(b.outside, 200_020_000);
     assert_eq!(
         b.device_budget,
-        3_700_000_000 - 1_500_000_000 - 3 * buffer - 200_020_000
+        vram - CUDA_CONTEXT_FLOOR - 1_500_000_000 - 3 * buffer - 200_020_000
     );
     assert_eq!(b.device_used, 6 * block);
     assert_eq!(b.ram_budget, 1_000_000_000 - 3 * buffer);
     assert_eq!((b.ram_used, b.disk_bytes), (block, 3 * block));
     assert_eq!(kinds(&p), ["spills", "headroom"]);
     assert!(p.warnings[0].message.contains("3 block(s) (600.06 MB)"));
+    // The floor is the CUDA runtime's: 3.7 GB free leaves 0.4 GB for resident blocks, one.
+    let p = plan(
+        &m,
+        &Figures::injected(1_000_000_000, Some(3_700_000_000)),
+        &opts(),
+    )
+    .unwrap();
+    assert_eq!(tiers(&p), "DRKKKKKKKK");
+    // Without a GPU there is no CUDA runtime, and no floor.
+    let cpu = plan(&m, &Figures::injected(8_000_000_000, None), &opts()).unwrap();
+    assert_eq!(cpu.budgets.unwrap().cuda_floor, 0);
 }
 
 #[test]
@@ -53,7 +65,7 @@ fn everything_resident_frees_the_staging() {
     let m = decoder(10, DType::BF16);
     let p = plan(
         &m,
-        &Figures::injected(1_000_000_000, Some(4_000_000_000)),
+        &Figures::injected(1_000_000_000, Some(4_000_000_000 + CUDA_CONTEXT_FLOOR)),
         &opts(),
     )
     .unwrap();
@@ -70,7 +82,7 @@ fn fp32_checkpoint_expands_to_bf16() {
     let m = decoder(4, DType::F32);
     let p = plan(
         &m,
-        &Figures::injected(10_000_000_000, Some(3_000_000_000)),
+        &Figures::injected(10_000_000_000, Some(3_000_000_000 + CUDA_CONTEXT_FLOOR)),
         &opts(),
     )
     .unwrap();
@@ -79,7 +91,7 @@ fn fp32_checkpoint_expands_to_bf16() {
         (b0.file_bytes, b0.expanded_bytes),
         (400_040_000, 200_020_000)
     );
-    // 3.0 - 1.5 - 0.8 staging - 0.2 expanded - 0.2 outside = 0.3 GB: nothing fits; all in RAM.
+    // 3.0 (beside the floor) - 1.5 - 0.8 staging - 0.2 expanded - 0.2 outside = 0.3 GB: nothing fits; all in RAM.
     assert_eq!(tiers(&p), "RRRR");
     assert_eq!(kinds(&p), ["nothing_fits", "headroom"]);
     // compute_dtype f32 doubles the expansion.
@@ -89,7 +101,7 @@ fn fp32_checkpoint_expands_to_bf16() {
     };
     let p = plan(
         &m,
-        &Figures::injected(10_000_000_000, Some(3_000_000_000)),
+        &Figures::injected(10_000_000_000, Some(3_000_000_000 + CUDA_CONTEXT_FLOOR)),
         &f32_opts,
     )
     .unwrap();
@@ -104,7 +116,7 @@ fn fp8_with_scales_counts_fp8_and_expands_to_bf16() {
     let stored = 100_000_000 + 40_000 + 4 + 20_000;
     let p = plan(
         &m,
-        &Figures::injected(500_000_000, Some(2_500_000_000)),
+        &Figures::injected(500_000_000, Some(2_500_000_000 + CUDA_CONTEXT_FLOOR)),
         &opts(),
     )
     .unwrap();
@@ -117,7 +129,7 @@ fn fp8_with_scales_counts_fp8_and_expands_to_bf16() {
         200_000_000 + 20_000,
         "scales dropped, bf16"
     );
-    // 2.5 - 1.5 - 3 x 0.1 slots - 0.2 expansion - 0.2 outside = 0.3 GB less a little: two
+    // 2.5 (beside the floor) - 1.5 - 3 x 0.1 slots - 0.2 expansion - 0.2 outside = 0.3 GB less a little: two
     // blocks of 0.1 GB (three would need 0.30018 GB; all six, with no slots, 0.60036); RAM
     // (0.5 - 0.3 staging) holds one more.
     assert_eq!(tiers(&p), "DDRKKK");
@@ -238,26 +250,28 @@ fn resident_blocks_forces_and_warns() {
 fn max_vram_headroom_and_activation_vram() {
     let m = decoder(10, DType::BF16);
     let f = Figures::injected(10_000_000_000, Some(40_000_000_000));
+    // The cap is on what the process takes on the GPU: the CUDA floor comes out of it too.
+    let cap = 3_700_000_000 + CUDA_CONTEXT_FLOOR;
     let capped = plan(
         &m,
         &f,
         &PlanOptions {
-            max_vram: Some(3_700_000_000),
+            max_vram: Some(cap),
             ..opts()
         },
     )
     .unwrap();
     assert_eq!(tiers(&capped), "DDDDDDRRRR");
-    assert_eq!(capped.budgets.unwrap().device_limit, 3_700_000_000);
+    assert_eq!(capped.budgets.unwrap().device_limit, cap);
     let small_headroom = PlanOptions {
-        max_vram: Some(3_700_000_000),
+        max_vram: Some(cap),
         headroom_vram: 1_300_000_000,
         ..opts()
     };
     let p = plan(&m, &f, &small_headroom).unwrap();
     assert_eq!(tiers(&p), "DDDDDDDDDD");
     let measured = PlanOptions {
-        max_vram: Some(3_700_000_000),
+        max_vram: Some(cap),
         headroom_vram: 0,
         activation_vram: Some(1_600_000_000),
         ..opts()
@@ -315,7 +329,7 @@ fn min_free_ram_auto_and_explicit() {
 #[test]
 fn lookahead_sizes_the_staging() {
     let m = decoder(10, DType::BF16);
-    let f = Figures::injected(10_000_000_000, Some(3_500_000_000));
+    let f = Figures::injected(10_000_000_000, Some(3_500_000_000 + CUDA_CONTEXT_FLOOR));
     let p = plan(
         &m,
         &f,
@@ -353,7 +367,8 @@ fn block_larger_than_the_device() {
         &opts(),
     )
     .unwrap();
-    // 2.0 - 1.5 - 0.2 outside = 0.3 GB, but one slot plus the expansion needs 0.4 GB.
+    // 2.0 - 1.0 CUDA floor - 1.5 - 0.2 outside leaves nothing; one slot plus the expansion
+    // needs 0.4 GB.
     assert_eq!(kinds(&p), ["nothing_fits", "block_too_large", "headroom"]);
     let w = &p.warnings[1];
     assert!(
@@ -481,14 +496,14 @@ fn diffusion_model_with_two_block_lists() {
     assert_eq!(m.outside.len(), 4, "a lone time_in.0. is not a block list");
     let p = plan(
         &m,
-        &Figures::injected(2_000_000_000, Some(4_000_000_000)),
+        &Figures::injected(2_000_000_000, Some(4_000_000_000 + CUDA_CONTEXT_FLOOR)),
         &opts(),
     )
     .unwrap();
     // With a double block streamed the slots are 3 x 0.4 GB and only one fits; once all three
     // double blocks are resident only single blocks stream, the slots halve, and three single
-    // blocks fit too: 4.0 - 1.5 - 3 x 0.2 slots - 0.03 outside >= 1.8 GB (bf16 blocks need no
-    // expansion).
+    // blocks fit too: 4.0 (beside the floor) - 1.5 - 3 x 0.2 slots - 0.03 outside >= 1.8 GB
+    // (bf16 blocks need no expansion).
     assert_eq!(tiers(&p), "DDDDDDRRRRRRKKK");
     let table = p.to_string();
     assert!(

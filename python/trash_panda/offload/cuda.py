@@ -10,6 +10,8 @@ run on the compute stream, so one expansion buffer serves every block in turn.
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -25,29 +27,86 @@ if TYPE_CHECKING:
     from .state import BlockState, ModelState
 
 
-def _clear_cuda_error() -> None:
-    """Resets the CUDA runtime's last error after a failed registration, so the next kernel
-    launch that torch checks does not report it. Best effort: torch does not expose
-    cudaGetLastError, so it is called from the runtime library torch loaded."""
-    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so", "cudart64_12.dll"):
+# cudaErrorCudartUnloading: the runtime is shutting down with the process, and the memory with it.
+_CUDART_UNLOADING = 4
+
+
+def _code(err: Any) -> int:
+    return int(getattr(err, "value", err))
+
+
+@functools.cache
+def _runtime() -> ctypes.CDLL | None:
+    """The CUDA runtime library torch loaded. Its last error is per instance of the library, so
+    it is found among the libraries mapped into the process (a wheel may ship it under another
+    name) before any is loaded by name."""
+    names: list[str] = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                if os.path.basename(path).startswith("libcudart") and path not in names:
+                    names.append(path)
+    except OSError:
+        pass
+    names += ["libcudart.so.13", "libcudart.so.12", "libcudart.so", "cudart64_13.dll", "cudart64_12.dll"]
+    for name in names:
         try:
-            ctypes.CDLL(name).cudaGetLastError()
-            return
-        except (OSError, AttributeError):
+            lib = ctypes.CDLL(name)
+        except OSError:
             continue
+        if hasattr(lib, "cudaGetLastError"):
+            return lib
+    return None
+
+
+def _clear_cuda_error(cudart: Any) -> None:
+    """Resets the CUDA runtime's last error after a call that was allowed to fail, so the next
+    kernel launch that torch checks does not report it as its own. torch's ``cudart()`` has no
+    cudaGetLastError, so the runtime library torch loaded is asked (``cudart``'s own when it has
+    one: the fakes of the tests)."""
+    own = getattr(cudart, "cudaGetLastError", None)
+    if own is not None:
+        own()
+        return
+    lib = _runtime()
+    if lib is not None:
+        lib.cudaGetLastError()
+
+
+def _describe(cudart: Any, err: Any) -> str:
+    name = getattr(err, "name", str(_code(err)))
+    try:
+        message = cudart.cudaGetErrorString(err)
+    except Exception:
+        message = "no message"
+    return f"{name}: {message}"
 
 
 def _unregister(cudart: Any, addresses: list[int], _engine: Any) -> None:
     # `_engine` is held until here so the buffers outlive their registration.
+    failed = []
     for addr in addresses:
-        cudart.cudaHostUnregister(addr)
+        err = cudart.cudaHostUnregister(addr)
+        if _code(err) != 0:
+            failed.append(err)
+            _clear_cuda_error(cudart)
     addresses.clear()
+    failed = [e for e in failed if _code(e) != _CUDART_UNLOADING]
+    if failed:
+        # A close must complete: the memory stays pinned until the process ends, which costs
+        # RAM the system cannot page out, not correctness.
+        warnings.warn(
+            f"could not unregister {len(failed)} pinned host range(s) ({_describe(cudart, failed[0])}); "
+            "they stay pinned until the process ends",
+            stacklevel=2,
+        )
 
 
 class PinnedRegistration:
-    """The staging buffers registered as pinned memory. Unregistered by :meth:`close`, or when
-    this object is collected (a model dropped without release()), never before the engine that
-    owns the buffers, which the finalizer keeps alive until then."""
+    """Host ranges registered as pinned memory. Unregistered by :meth:`close`, or when this
+    object is collected (a model dropped without release()), never before the engine that owns
+    the memory, which the finalizer keeps alive until then."""
 
     def __init__(self, cudart: Any, engine: _core.Engine, addresses: list[int]) -> None:
         self.addresses = addresses
@@ -57,32 +116,53 @@ class PinnedRegistration:
         self._finalizer()
 
 
-def register_pinned(cudart: Any, engine: _core.Engine, ram_tier: bool = False) -> PinnedRegistration | None:
-    """Registers every staging buffer as pinned, and with ``ram_tier`` the in-memory RAM tier's
-    blocks too. When one registration fails, the ones done are undone, the CUDA error is
-    cleared, and a warning names the error: copies then go from pageable memory (slower, same
-    results). Returns None in that case."""
+def _register(
+    cudart: Any, engine: _core.Engine, ranges: list[tuple[int, int]], fallback: str
+) -> PinnedRegistration | None:
+    """Registers every range or none: when one fails, the ones done are undone, every error is
+    cleared where it happens, and a warning names the error and ``fallback``."""
     done: list[int] = []
-    ranges = engine.staging_buffers() + (engine.ram_image_buffers() if ram_tier else [])
     for addr, size in ranges:
         err = cudart.cudaHostRegister(addr, size, 0)
-        if int(getattr(err, "value", err)) != 0:
-            for a in done:
-                cudart.cudaHostUnregister(a)
-            _clear_cuda_error()
-            name = getattr(err, "name", str(err))
-            try:
-                message = cudart.cudaGetErrorString(err)
-            except Exception:
-                message = "no message"
-            warnings.warn(
-                f"could not pin {size} bytes of host memory ({name}: {message}); streamed blocks "
-                "are copied from pageable memory, which is slower",
-                stacklevel=4,
-            )
-            return None
-        done.append(addr)
+        if _code(err) == 0:
+            done.append(addr)
+            continue
+        _clear_cuda_error(cudart)
+        for a in done:
+            if _code(cudart.cudaHostUnregister(a)) != 0:
+                _clear_cuda_error(cudart)
+        warnings.warn(
+            f"could not pin {size} bytes of host memory ({_describe(cudart, err)}); {fallback}",
+            stacklevel=4,
+        )
+        return None
     return PinnedRegistration(cudart, engine, done)
+
+
+def register_pinned(cudart: Any, engine: _core.Engine) -> PinnedRegistration | None:
+    """Registers every staging buffer as pinned; None (and a warning) when that fails: copies
+    then go from pageable memory, which CUDA runs synchronously (slower, same results)."""
+    return _register(
+        cudart,
+        engine,
+        engine.staging_buffers(),
+        "streamed blocks are copied from pageable memory, which is slower and does not overlap the compute",
+    )
+
+
+def register_ram_tier(cudart: Any, engine: _core.Engine) -> PinnedRegistration | None:
+    """Registers the in-memory RAM tier's blocks as pinned, so they are copied to the device
+    straight from there; None when there are none, or (with a warning) when that fails: its
+    blocks then go through the staging buffers."""
+    ranges = engine.ram_image_buffers()
+    if not ranges:
+        return None
+    return _register(
+        cudart,
+        engine,
+        ranges,
+        "RAM-tier blocks go through the pinned staging buffers instead, staged ahead as the disk tier's are",
+    )
 
 
 def _expand_into(out: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, kind: str) -> None:
@@ -151,7 +231,12 @@ class DeviceBackend:
     device slot by a :class:`CopyPipeline` (several copies in flight), then used in place there or
     expanded into the expansion buffer on the compute stream."""
 
-    def __init__(self, state: ModelState, device: Device, expansion_device: torch.device) -> None:
+    def __init__(
+        self, state: ModelState, device: Device, expansion_device: torch.device, direct: bool | None = None
+    ) -> None:
+        """``direct``: RAM-tier blocks in private memory are copied to the device from there,
+        which only overlaps the compute from pinned memory (default: the configuration's
+        ``pin_ram_tier``; the CUDA backend passes whether pinning them worked)."""
         self.state = state
         self.device = device
         self.layouts: dict[int, list[_core.StagedTensor]] = {}
@@ -167,7 +252,7 @@ class DeviceBackend:
                 config.staging_buffer_bytes,
                 config.staging_buffers,
                 config.lookahead,
-                direct=config.pin_ram_tier,
+                direct=config.pin_ram_tier if direct is None else direct,
             )
 
     def bring(self, block: BlockState) -> Timing:
@@ -182,6 +267,19 @@ class DeviceBackend:
         layout = self.layouts.get(block.engine_index)
         if layout is None:
             layout = self.layouts[block.engine_index] = self.state.engine.layout(block.engine_index)
+        try:
+            self._bring_streamed(block, layout, timing)
+        except BaseException:
+            # The after-hook does not run for a block whose before-hook raised: its slot is given
+            # back here, after whatever was queued on it, and its modules hold no view of it.
+            for spec in block.work:
+                swap(spec, None)
+            self.pipeline.finish(block.engine_index)
+            raise
+        return timing
+
+    def _bring_streamed(self, block: BlockState, layout: list[_core.StagedTensor], timing: Timing) -> None:
+        assert block.engine_index is not None and self.pipeline is not None
         taken = self.pipeline.take(block.engine_index)
         timing.staged_wait = taken.staged_wait
         timing.bytes = taken.nbytes
@@ -204,7 +302,6 @@ class DeviceBackend:
             out = self.expansion.view(st.expand_at, spec.shape, spec.target)
             _expand_into(out, w, scale, st.scale_layout or "none")
             swap(spec, out)
-        return timing
 
     def done(self, block: BlockState) -> None:
         for spec in block.work:
@@ -229,6 +326,11 @@ class DeviceBackend:
         self.device.synchronize()
         self._resolve_waits(block_until_done=True)
 
+    def device_bytes(self) -> int:
+        """The device memory the slots and the expansion buffer hold, which :meth:`close` frees."""
+        slots = sum(s.numel() for s in self.pipeline.slots) if self.pipeline is not None else 0
+        return slots + self.expansion.raw.numel()
+
     def close(self) -> None:
         if self.pipeline is not None:
             self.pipeline.close()  # synchronizes the device first
@@ -237,19 +339,30 @@ class DeviceBackend:
 
 
 class CudaBackend(DeviceBackend):
-    """A CUDA GPU: the staging buffers are registered as pinned memory once, copies go on a side
-    stream (:class:`CudaDevice`)."""
+    """A CUDA GPU: the staging buffers (and with ``pin_ram_tier`` the in-memory RAM tier) are
+    registered as pinned memory once, each on its own, so one failing leaves the other pinned;
+    copies go on a side stream (:class:`CudaDevice`)."""
 
     def __init__(self, state: ModelState) -> None:
         import torch
 
         from .. import config
 
-        self.pinned: PinnedRegistration | None = None
+        self.pinned: list[PinnedRegistration] = []
+        ram_tier = None
         if state.engine is not None:
-            self.pinned = register_pinned(torch.cuda.cudart(), state.engine, state.config.pin_ram_tier)
+            cudart = torch.cuda.cudart()
+            staging = register_pinned(cudart, state.engine)
+            ram_tier = register_ram_tier(cudart, state.engine) if state.config.pin_ram_tier else None
+            self.pinned = [r for r in (staging, ram_tier) if r is not None]
+            if state.config.pin_ram_tier and ram_tier is None:
+                # Not pinned, so not copied from where it is: the workers stage it ahead as
+                # they do the disk tier, into the pinned staging buffers.
+                state.engine.stage_ram_tier_ahead()
         cuda = CudaDevice(state.device)
-        super().__init__(state, cuda, state.device)
+        # A copy from pageable memory holds the host until it completes: RAM-tier blocks are
+        # copied from where they are only when they are pinned.
+        super().__init__(state, cuda, state.device, direct=ram_tier is not None)
         # The profile reports each pass's copy rate as a share of the link, measured here once.
         self.link: float | None = None
         if state.engine is not None and bool(config.setting("profile")):
@@ -257,5 +370,5 @@ class CudaBackend(DeviceBackend):
 
     def close(self) -> None:
         super().close()
-        if self.pinned is not None:
-            self.pinned.close()
+        for registration in self.pinned:
+            registration.close()

@@ -3,8 +3,8 @@ buffer or a slot may be used again.
 
 A block's staged bytes go to a device slot in one copy on the copy stream. The copies of the
 next ``lookahead`` blocks are queued as soon as the engine has staged them, so the copy engine
-stays busy while the current block computes. Two rules make this safe, and the simulated device
-of the test suite poisons memory the moment either is broken:
+stays busy while the current block computes. Two rules make this safe, and the simulated devices
+of the test suite catch the moment either is broken:
 
 - a staging buffer goes back to the engine only once the copy reading it has completed
   (polled, never waited for on the compute thread);
@@ -12,7 +12,15 @@ of the test suite poisons memory the moment either is broken:
   waits for an event recorded when that block's kernels were queued), and never while its
   block is running or its copy waits to be used.
 
-The CUDA backend drives a :class:`CudaDevice`; tests drive a simulated one through the same
+Two more keep copies and compute overlapping when the host runs ahead of the device, as it does
+on CUDA (proven in virtual time by tests/test_schedule.py):
+
+- a copy goes to the free slot freed longest ago, whose compute ends first, not to the one the
+  previous block has just left (its copy would wait for that block's compute to end);
+- at most ``buffers - 1`` copies in flight hold staging buffers, so the engine always has one to
+  stage the next block in while the link copies.
+
+The CUDA backend drives a :class:`CudaDevice`; tests drive simulated ones through the same
 :class:`CopyPipeline`.
 """
 
@@ -22,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import _core
+from ..errors import StreamError
 
 if TYPE_CHECKING:
     import torch
@@ -198,10 +207,17 @@ class CopyPipeline:
         self.order = engine.order()
         self.pos = {b: i for i, b in enumerate(self.order)}
         self.free_after: list[Any] = [None] * slots  # per slot: the compute that last read it
+        # Per slot: the count of finish() calls when it was last freed. The compute stream runs
+        # in order, so the lowest is the free slot whose compute ends first.
+        self.freed: list[int] = [0] * slots
+        self.finished = 0
         self.holder: list[int | None] = [None] * slots  # the engine block a slot holds
         self.queued: dict[int, _Copy] = {}  # copies not yet used by their block
         self.running: dict[int, int] = {}  # engine block -> its slot while it runs
         self.returning: list[_Copy] = []  # copies whose leases go back once they completed
+        # Copies in flight that may hold staging buffers: one buffer stays with the engine, which
+        # stages the next block in it while the link copies (with one buffer, none is spare).
+        self.in_flight = max(1, buffers - 1)
 
     def take(self, block: int) -> Taken:
         """The block's bytes in a slot, the compute stream waiting for their copy; queues the
@@ -211,16 +227,22 @@ class CopyPipeline:
         staged_wait = 0.0
         if copy is None and block not in self.images:
             t0 = _core.clock()  # a part of the run the hooks time on this clock
-            self._make_room()
+            self._make_room(block)
+            slot = self._slot_for(block)  # before the lease: a failure here holds nothing
             lease = self.engine.acquire(block)
             staged_wait = _core.clock() - t0
-            copy = self._queue(block, lease, self._slot_for(block))
+            try:
+                copy = self._queue(block, lease, slot)
+            except BaseException:
+                lease.release()
+                raise
         else:
             if copy is None:  # straight from the in-memory RAM tier
                 copy = self._queue(block, None, self._slot_for(block))
             self.engine.advance(block)
-        mark = self.device.compute_waits(copy.event)
+        # Running from here on, so that finish() frees the slot whatever fails next.
         self.running[block] = copy.slot
+        mark = self.device.compute_waits(copy.event)
         self._prefetch(block)
         return Taken(self.slots[copy.slot], staged_wait, copy.event, mark, copy.host.numel())
 
@@ -230,6 +252,8 @@ class CopyPipeline:
         if slot is None:
             return
         self.free_after[slot] = self.device.compute_done()
+        self.finished += 1
+        self.freed[slot] = self.finished
         self.holder[slot] = None
         self._return_leases()
 
@@ -261,17 +285,27 @@ class CopyPipeline:
             slot = self._drop_farthest(block)
         return slot
 
-    def _make_room(self) -> None:
-        """Waits (on the host) for the oldest copy while every staging buffer is held by a copy
-        in flight: the engine needs one to stage the block asked for."""
-        while len(self.returning) >= self.buffers:
+    def _make_room(self, block: int) -> None:
+        """Waits (on the host) for the oldest copies until fewer than ``in_flight`` hold staging
+        buffers, and until none still reads ``block`` from an earlier run (the engine leases a
+        block once at a time; with few blocks the host can come round to one before its last copy
+        ended)."""
+        while self.returning and (
+            len(self.returning) >= self.in_flight or any(c.block == block for c in self.returning)
+        ):
             self.device.wait(self.returning[0].event)
             self._return_leases()
 
     def _free_slot(self) -> int | None:
-        return next((i for i, h in enumerate(self.holder) if h is None), None)
+        free = [i for i, h in enumerate(self.holder) if h is None]
+        return min(free, key=lambda i: self.freed[i]) if free else None
 
     def _drop_farthest(self, block: int) -> int:
+        if not self.queued:
+            raise StreamError(
+                f"every one of the {len(self.slots)} device slots holds a block that is running: blocks "
+                "that run inside one another need as many slots (plan a larger lookahead)"
+            )
         # Distance forward from `block`, around the end of the order: a queued block behind it
         # runs in the next pass (or, in a last pass, not again), so it is the first to go.
         far = max(self.queued, key=lambda b: (self.pos[b] - self.pos[block]) % len(self.order))
@@ -304,6 +338,8 @@ class CopyPipeline:
             slot = self._free_slot()
             if slot is None:
                 return
+            if nxt not in self.images and len(self.returning) >= self.in_flight:
+                return  # the engine keeps its buffer for the block after
             lease = None if nxt in self.images else self.engine.try_lease(nxt)
             if lease is None and nxt not in self.images:  # not staged yet: its run will wait
                 return

@@ -84,18 +84,30 @@ def _free(block: BlockState, engine: _core.Engine | None) -> int:
     freed = 0
     for spec in block.tensors:
         if spec.resident is not None:  # stored form, expanded on each run
-            freed += spec.resident.nbytes + (spec.resident_scale.nbytes if spec.resident_scale is not None else 0)
+            freed += _retire(spec.resident) + (_retire(spec.resident_scale) if spec.resident_scale is not None else 0)
             spec.resident = spec.resident_scale = None
             continue
         module, attr = spec.owners[0]
         param = module._parameters.get(attr)
         if param is None or param.is_meta:
             continue
-        freed += param.nbytes
+        freed += _retire(param)
         empty = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False)
         for m, a in spec.owners:
             m._parameters[a] = empty
     return freed
+
+
+def _retire(t: torch.Tensor) -> int:
+    """A tensor about to be dropped; returns its bytes. On CUDA the kernels just queued that read
+    it may still be waiting to run: the caching allocator keeps its memory from every other
+    allocation until the work queued now on the current stream has run. On the stream it was
+    allocated on that order holds anyway; a forward run on another stream needs this."""
+    import torch
+
+    if t.is_cuda:
+        t.record_stream(torch.cuda.current_stream(t.device))
+    return int(t.nbytes)
 
 
 def _event(handle: OffloadHandle) -> Any:

@@ -141,6 +141,12 @@ class OffloadHandle:
             return None
         from .cleanup import Cleanup
 
+        if restore:
+            from .restore import check_restore_fits
+
+            # Before anything changes: a restore that cannot fit leaves the hooks as they are.
+            held = self._backend.device_bytes() if isinstance(self._backend, DeviceBackend) else 0
+            check_restore_fits(self._state, held)
         steps = Cleanup()
         snap = None
         if profile:

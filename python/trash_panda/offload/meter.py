@@ -10,6 +10,10 @@ window by what it left behind: another model's weights are not this one's activa
 On the CPU the meter reads private memory (anonymous pages), not the resident set: the pages of a
 mapped checkpoint that a pass touches for the first time are the page cache's, which the system
 takes back when it needs them, not memory the activations need.
+
+On a GPU it reads torch's caching allocator, and counts what the allocator reserves as well as
+what it hands out: the activations' segments are rounded up, and fragmentation can make it
+reserve more than the allocated peak, memory the plan must leave free all the same.
 """
 
 from __future__ import annotations
@@ -45,10 +49,18 @@ class Gauge(Protocol):
 
 
 class CudaGauge:
-    """Memory allocated through torch's caching allocator on one GPU."""
+    """Memory of torch's caching allocator on one GPU.
+
+    ``current`` is what is allocated: a load or a release moves the windows' baselines by the
+    tensors it left, exactly. ``peak`` is the larger of the allocated peak and what was
+    allocated at the last reset plus the growth of reserved memory since: memory the allocator
+    had cached at the reset and the window reused is in the allocated peak, and what it had to
+    reserve on top (segments rounded up, fragments it could not reuse) in the growth."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self._allocated_at_reset = 0
+        self._reserved_at_reset = 0
 
     def current(self) -> int:
         import torch
@@ -60,12 +72,16 @@ class CudaGauge:
         import torch
 
         torch.cuda.synchronize(self.device)
-        return int(torch.cuda.max_memory_allocated(self.device))
+        grown = int(torch.cuda.max_memory_reserved(self.device)) - self._reserved_at_reset
+        return max(int(torch.cuda.max_memory_allocated(self.device)), self._allocated_at_reset + grown)
 
     def reset(self) -> None:
         import torch
 
+        torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
+        self._allocated_at_reset = int(torch.cuda.memory_allocated(self.device))
+        self._reserved_at_reset = int(torch.cuda.memory_reserved(self.device))
 
     def close(self) -> None:
         pass

@@ -95,10 +95,16 @@ def measure_activation_vram(
 ) -> int:
     """The peak memory a call needs beyond what was held before it, in bytes.
 
-    On CUDA: the peak allocated device memory during ``fn()`` minus what was allocated before.
-    Everything the runtime holds for streaming (device slots, the expansion buffer) is allocated
-    when the hooks are installed, so it is in that baseline and is not taken off again; the
-    rest is the activations (and whatever else the call allocates). On the CPU: the growth of
+    On CUDA: what torch's caching allocator needed during ``fn()`` beyond what was allocated
+    before: the allocated peak, or, when larger, what was allocated before plus the growth of
+    the memory it reserved (segments are rounded up, and fragments it cannot reuse stay
+    reserved). The cache of unused memory is emptied first, so the call's segments show as
+    growth rather than hide in memory earlier work left cached. Everything the runtime holds for
+    streaming (device slots, the expansion buffer) is allocated when the hooks are installed, so
+    it is in that baseline and is not taken off again; the rest is the activations (and whatever
+    else the call allocates). What the CUDA runtime holds outside torch (its context, the kernels
+    it loads, library handles) is not in it: a plan for a GPU keeps a fixed floor for that,
+    ``CUDA_CONTEXT_FLOOR`` (docs/plan-format.md). On the CPU: the growth of
     the process's peak private memory during the call (pages of a mapped checkpoint it reads
     are the page cache's, not the call's). What a model loaded or released meanwhile adds or
     frees is left out, and other measurements open at the same time do not disturb this one.
@@ -112,6 +118,11 @@ def measure_activation_vram(
         raise ArgumentError(f"fn: expected a callable, got {type(fn).__name__}")
     if plan is not None and not isinstance(plan, Plan):
         raise ArgumentError(f"plan: expected a trash_panda.Plan, got {type(plan).__name__}")
-    with measured(resolve_device(device)) as peak:
+    where = resolve_device(device)
+    if where.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+    with measured(where) as peak:
         fn()
     return peak[0]

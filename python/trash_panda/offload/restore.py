@@ -7,12 +7,17 @@ others are expanded once. Resident blocks that were expanded on each run are exp
 Resident weights that are gone (freed by a final pass, or not read yet by the loader of
 ``stage(overlap=True)``) come from the checkpoint as streamed ones do. The placeholders stay in
 the block state, so a new install_offload() streams the blocks again.
+
+On CUDA every one of those weights lands on the GPU, which a model that needed streaming rarely
+has room for: :func:`check_restore_fits` refuses before anything changes, with the numbers.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
+from ..errors import StreamError
 from .work import swap
 
 if TYPE_CHECKING:
@@ -20,7 +25,64 @@ if TYPE_CHECKING:
 
     from .state import ModelState, TensorSpec
 
-__all__ = ["restore_blocks"]
+__all__ = ["check_restore_fits", "restore_blocks", "restore_bytes"]
+
+
+def restore_bytes(state: ModelState) -> int:
+    """The bytes :func:`restore_blocks` puts on the model's device: every weight it expands or
+    reads, in the compute dtype. Weights a resident block uses as they are stay where they are,
+    and so do the stored copies of those it expands."""
+    return sum(
+        math.prod(spec.shape) * spec.target.itemsize
+        for block in state.blocks
+        for spec in block.tensors
+        if spec.needs_work or _gone(spec)
+    )
+
+
+def refusal(needed: int, free: int, held: int) -> str | None:
+    """Why restoring ``needed`` bytes cannot work with ``free`` bytes free on the device and
+    ``held`` bytes that closing the hooks gives back (device slots, the expansion buffer); None
+    when it fits."""
+    if needed <= free + held:
+        return None
+    gb = 1e9
+    return (
+        f"remove() would put {needed / gb:.2f} GB of streamed weights on the GPU, which has "
+        f"{free / gb:.2f} GB free and {held / gb:.2f} GB more once the hooks' device slots and expansion "
+        f"buffer are freed ({(needed - free - held) / gb:.2f} GB short); the hooks stay installed. "
+        "release(model) frees the model; to run it without hooks, load it with a plan that keeps every block resident"
+    )
+
+
+def check_restore_fits(state: ModelState, held: int) -> None:
+    """Raises :class:`StreamError` before anything changes when restoring the blocks on a GPU
+    would not fit in its free memory plus ``held`` (what closing the hooks frees). Nothing to
+    check on the CPU."""
+    free = _free_on(state)
+    if free is None:
+        return
+    why = refusal(restore_bytes(state), free, held)
+    if why is not None:
+        raise StreamError(why)
+
+
+def _free_on(state: ModelState) -> int | None:
+    """Free bytes on the model's GPU: the driver's, and the unused whole segments torch's caching
+    allocator keeps (it gives those back when an allocation needs them; free pieces of segments
+    in use it cannot). None on the CPU."""
+    import torch
+
+    if state.device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(state.device)
+    stats = torch.cuda.memory_stats(state.device)
+    cached = (
+        stats.get("reserved_bytes.all.current", 0)
+        - stats.get("allocated_bytes.all.current", 0)
+        - stats.get("inactive_split_bytes.all.current", 0)
+    )
+    return int(free) + max(0, int(cached))
 
 
 def restore_blocks(state: ModelState) -> None:

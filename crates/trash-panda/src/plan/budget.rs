@@ -17,7 +17,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::blocks::TensorSizes;
-use super::options::{Figures, PlanOptions};
+use super::options::{ComputeDevice, Figures, PlanOptions};
 use super::{BlockPlan, OutsidePlan, Tier};
 use crate::engine_config::{block_figures, maps_disk_tier, tensor_align, Held};
 use crate::DType;
@@ -25,6 +25,17 @@ use crate::DType;
 /// The smallest 2-D weight `storage_dtype="fp8"` quantizes (1 Mi elements, e.g. 1024 x 1024):
 /// below that the per-row scales and the precision loss buy little.
 pub const FP8_MIN_ELEMENTS: u64 = 1 << 20;
+
+/// Device memory a plan for a GPU leaves to what lives outside torch's caching allocator, so no
+/// budget counts it otherwise: the CUDA context (about 300 MB with CUDA's lazy module loading, the
+/// default since CUDA 12.2, and 670 MB without it, by the figures in pytorch/pytorch#86509; a
+/// free VRAM taken from NVML, as the command line does, still includes it, torch's
+/// `mem_get_info` no longer does), the kernels loaded lazily during the first passes (torch's own,
+/// cuBLAS and cuBLASLt's) and those libraries' handles. 1 GB covers both ways of measuring free
+/// VRAM with room for the kernels; `scripts/gpu-check.sh` compares it with what a pass leaves
+/// outside torch on the GPU it runs on. Counted only when a GPU computes: a CPU process that
+/// plans a device tier as a GPU's has no CUDA runtime.
+pub const CUDA_CONTEXT_FLOOR: u64 = 1_000_000_000;
 
 /// What `storage_dtype` does to one tensor on load. The planner counts by it, the engine and the
 /// Python loader convert by it: one rule for all three.
@@ -118,9 +129,10 @@ pub(crate) fn outside_plan(tensors: &[TensorSizes], options: &PlanOptions) -> Ou
 
 /// The budgets of a plan, all in bytes.
 ///
-/// With a GPU: `device_budget = device_limit - reserve - device_slot_bytes - expansion -
-/// outside`, where `device_limit = min(free_vram, max_vram)` and `reserve` is `activation_vram`
-/// or else `headroom_vram`. `ram_budget = usable_ram - min_free_ram - host_staging`.
+/// With a GPU: `device_budget = device_limit - cuda_floor - reserve - device_slot_bytes -
+/// expansion - outside`, where `device_limit = min(free_vram, max_vram)`, `cuda_floor` is
+/// [`CUDA_CONTEXT_FLOOR`] and `reserve` is `activation_vram` or else `headroom_vram`.
+/// `ram_budget = usable_ram - min_free_ram - host_staging`.
 ///
 /// Without a GPU the CPU is the device and RAM is its memory: there is no VRAM headroom (the
 /// activations come out of `min_free_ram` unless `activation_vram` is given), no device slots,
@@ -138,6 +150,9 @@ pub struct Budgets {
     /// `activation_vram` if given, else `headroom_vram` (0 on the CPU).
     pub reserve: u64,
     pub reserve_measured: bool,
+    /// [`CUDA_CONTEXT_FLOOR`] when a GPU computes, else 0 (absent in older files: 0).
+    #[serde(default)]
+    pub cuda_floor: u64,
     /// Host staging buffers when a block streams, else 0 (see [`Held::staging_buffers`]).
     pub staging_buffers: usize,
     /// Bytes of each staging buffer (and device slot): the largest streamed block as staged.
@@ -201,6 +216,7 @@ pub(crate) fn compute(
         device_limit: shape.device_limit(&held),
         reserve: shape.reserve,
         reserve_measured: options.activation_vram.is_some(),
+        cuda_floor: shape.floor,
         staging_buffers: held.staging_buffers,
         staging_buffer_bytes: held.staging_buffer_bytes,
         host_staging: held.host_staging(),
@@ -225,6 +241,8 @@ pub(crate) struct Shape {
     pub free_vram: u64,
     pub max_vram: Option<u64>,
     pub reserve: u64,
+    /// [`CUDA_CONTEXT_FLOOR`] when a GPU computes, else 0.
+    pub floor: u64,
     pub outside: u64,
     pub usable_ram: u64,
     pub min_free_ram: u64,
@@ -243,6 +261,10 @@ impl Shape {
             free_vram: figures.free_vram.unwrap_or(0),
             max_vram: options.max_vram,
             reserve,
+            floor: match figures.device() {
+                ComputeDevice::Gpu => CUDA_CONTEXT_FLOOR,
+                ComputeDevice::Cpu => 0,
+            },
             outside: outside.expanded_bytes,
             usable_ram: figures.memory.usable_ram(),
             min_free_ram: options.min_free_ram.resolve(figures.memory.total_ram),
@@ -267,6 +289,7 @@ impl Shape {
 
     pub fn device_budget(&self, held: &Held) -> u64 {
         self.device_limit(held)
+            .saturating_sub(self.floor)
             .saturating_sub(self.reserve)
             .saturating_sub(held.device_slot_bytes())
             .saturating_sub(held.expansion_bytes)

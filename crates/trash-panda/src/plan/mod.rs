@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 pub use assign::{infer_compute_dtype, plan};
 pub use blocks::{BlockTensors, ModelBlocks, TensorLocation, TensorSizes, SCALE_SUFFIXES};
-pub use budget::{storage_conversion, Budgets, Conversion, FP8_MIN_ELEMENTS};
+pub use budget::{storage_conversion, Budgets, Conversion, CUDA_CONTEXT_FLOOR, FP8_MIN_ELEMENTS};
 pub use edit::Selector;
 pub use json::{PLAN_FORMAT, PLAN_VERSION};
 pub use options::{ComputeDevice, Figures, MinFreeRam, PlanOptions};

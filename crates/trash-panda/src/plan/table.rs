@@ -140,10 +140,16 @@ impl fmt::Display for Plan {
                 (true, None) => vram.to_string(),
                 (false, _) => "RAM pool".to_string(),
             };
+            // The CUDA runtime's own memory, only where a GPU computes (see CUDA_CONTEXT_FLOOR).
+            let floor = if b.cuda_floor > 0 {
+                format!(" - CUDA floor {}", format_bytes(b.cuda_floor))
+            } else {
+                String::new()
+            };
             writeln!(
                 f,
-                "device budget {} = {limit} {} - {reserve} - device slots {} - expansion {} - \
-                 outside {}; used {}",
+                "device budget {} = {limit} {}{floor} - {reserve} - device slots {} - expansion {} \
+                 - outside {}; used {}",
                 format_bytes(b.device_budget),
                 format_bytes(b.device_limit),
                 format_bytes(b.device_slot_bytes),

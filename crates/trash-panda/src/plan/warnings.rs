@@ -25,7 +25,7 @@ pub enum WarningKind {
     /// A cgroup limit below the machine's RAM decides what the process may use.
     CgroupBelowRam { limit: u64, total_ram: u64 },
     /// Streaming this block (one slot plus its expansion) needs more than the device has left
-    /// after the reserve and the outside weights: running the model will fail.
+    /// after the CUDA floor, the reserve and the outside weights: running the model will fail.
     BlockLargerThanDevice {
         block: String,
         needed: u64,
@@ -92,7 +92,7 @@ fn message(kind: &WarningKind) -> String {
             available,
         } => format!(
             "block {block} needs {} on the device to run (stored copy plus expansion) but only {} \
-             is left after the reserve and the outside weights",
+             is left after the CUDA floor, the reserve and the outside weights",
             b(needed),
             b(available)
         ),
@@ -116,8 +116,11 @@ fn message(kind: &WarningKind) -> String {
 /// What the plan leaves free on the GPU, when that is less than the activation reserve: the free
 /// VRAM (not `max_vram`, which only caps the plan) minus everything the plan puts there.
 fn shared_memory_shortfall(free_vram: u64, budgets: &Budgets) -> Option<u64> {
-    let taken =
-        budgets.device_used + budgets.device_slot_bytes + budgets.expansion + budgets.outside;
+    let taken = budgets.cuda_floor
+        + budgets.device_used
+        + budgets.device_slot_bytes
+        + budgets.expansion
+        + budgets.outside;
     let free = free_vram.saturating_sub(taken);
     (free < budgets.reserve).then_some(free)
 }
@@ -162,6 +165,7 @@ pub(crate) fn collect(plan: &Plan, budgets: &Budgets, figures: &Figures) -> Vec<
     }
     let available = budgets
         .device_limit
+        .saturating_sub(budgets.cuda_floor)
         .saturating_sub(budgets.reserve)
         .saturating_sub(budgets.outside);
     // On a GPU a streamed block needs one device slot besides its expansion; on the CPU the

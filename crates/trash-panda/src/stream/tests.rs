@@ -33,10 +33,20 @@ impl Source for Fake {
 }
 
 fn engine(n: usize, delay: Duration, panic_on: Option<usize>, opts: EngineOptions) -> Engine {
+    engine_of(SourceTier::Disk, n, delay, panic_on, opts)
+}
+
+fn engine_of(
+    tier: SourceTier,
+    n: usize,
+    delay: Duration,
+    panic_on: Option<usize>,
+    opts: EngineOptions,
+) -> Engine {
     let blocks: Vec<StreamBlock> = (0..n)
         .map(|i| StreamBlock {
             name: format!("blocks.{i}"),
-            tier: SourceTier::Disk,
+            tier,
             tensors: vec![StreamTensor {
                 name: "w".into(),
                 file: 0,
@@ -322,6 +332,33 @@ fn a_last_pass_stages_nothing_past_its_last_block() {
         staged.sort_unstable();
         assert_eq!(staged, [0, 0, 1, 1, 2, 3, 4, 5]);
     }
+}
+
+#[test]
+fn a_ram_tier_held_for_direct_copies_is_staged_ahead_once_told() {
+    let opts = EngineOptions {
+        lookahead: 2,
+        workers: 1,
+        ram_source: RamSource::InMemory { threads: 1 },
+        direct_ram: true,
+        ..EngineOptions::default()
+    };
+    let e = engine_of(SourceTier::Ram, 5, Duration::ZERO, None, opts);
+    e.set_order((0..5).collect()).unwrap();
+    assert!(e.wait_idle(Duration::from_secs(5)));
+    // Held back for the caller to copy from memory: nothing is staged ahead.
+    assert!(e.stagings().is_empty());
+    assert!(e.stage_ram_tier_ahead());
+    assert!(e.wait_idle(Duration::from_secs(5)));
+    assert_eq!(
+        staged_since(&e, 0),
+        [0, 1],
+        "the first blocks of the pass, as any tier's"
+    );
+    drop(e.acquire(0).unwrap());
+    assert!(e.wait_idle(Duration::from_secs(5)));
+    assert_eq!(staged_since(&e, 0), [0, 1, 2]);
+    assert!(!e.stage_ram_tier_ahead(), "a second call changes nothing");
 }
 
 #[test]

@@ -38,4 +38,24 @@ impl Engine {
         let st = self.shared.lock();
         Ok(st.next_after(block, self.options.lookahead).collect())
     }
+
+    /// Stages the RAM tier ahead like any other tier from now on, when it was held back for the
+    /// caller to copy straight from memory (`EngineOptions::direct_ram`) and the caller cannot
+    /// (its pinning failed: a copy from pageable memory would hold the host). Returns whether
+    /// anything changed.
+    pub fn stage_ram_tier_ahead(&self) -> bool {
+        let mut st = self.shared.lock();
+        if !st.direct.iter().any(|&d| d) {
+            return false;
+        }
+        st.direct.fill(false);
+        if let Some(at) = st.last {
+            st.plan(at, false, self.options.lookahead);
+        } else {
+            st.plan_start(self.options.lookahead);
+        }
+        drop(st);
+        self.shared.cv.notify_all();
+        true
+    }
 }
