@@ -138,7 +138,7 @@ def test_a_ram_tier_that_cannot_be_pinned_leaves_the_staging_pinned(
     # A kernel launch checks the runtime's last error: a stale one would be raised here.
     torch.ones(8, device="cuda").add_(1)
     torch.cuda.synchronize()
-    backend = handle._backend
+    backend = handle.backend
     assert isinstance(backend, CudaBackend) and backend.pipeline is not None
     assert backend.pipeline.images == {}, "RAM-tier blocks are copied from memory that is not pinned"
     for i in ram:

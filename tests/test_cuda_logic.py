@@ -142,7 +142,7 @@ def test_ram_tier_blocks_are_copied_from_it_only_when_it_is_pinned(
         else:
             stack.enter_context(pytest.warns(UserWarning, match="could not pin"))
         handle = _install(model, state, state.blocks, None, _cuda_backend(monkeypatch, fake, sim))
-    backend = handle._backend
+    backend = handle.backend
     assert isinstance(backend, CudaBackend) and backend.pipeline is not None
     assert bool(backend.pipeline.images) == ram_pins
     assert len(fake.registered) == staging + (4 if ram_pins else 0)
@@ -168,7 +168,7 @@ def test_a_block_whose_bring_failed_gives_its_slot_back(
     model, ref = in_memory
     state = _state(model)
     handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim, torch.device("cpu")))
-    backend = handle._backend
+    backend = handle.backend
     assert isinstance(backend, DeviceBackend) and backend.pipeline is not None
     real = cuda_mod._typed
     calls = [0]
@@ -198,7 +198,7 @@ def test_a_block_whose_wait_for_its_copy_failed_gives_its_slot_back(
     model, ref = in_memory
     state = _state(model)
     handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim, torch.device("cpu")))
-    backend = handle._backend
+    backend = handle.backend
     assert isinstance(backend, DeviceBackend) and backend.pipeline is not None
     real = type(sim).compute_waits
     calls = [0]
@@ -294,7 +294,7 @@ def test_remove_refuses_up_front_when_the_weights_cannot_fit(
     assert why is not None and "3.00 GB" in why and "1.00 GB free" in why and "0.50 GB more" in why
     assert "1.50 GB short" in why
     handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim, torch.device("cpu")))
-    held = handle._backend.device_bytes()  # type: ignore[union-attr]
+    held = handle.backend.device_bytes()  # type: ignore[union-attr]
     assert held > 0
     # As a GPU with too little free memory: the CPU model takes the CUDA path's decision.
     monkeypatch.setattr(restore_mod, "_free_on", lambda _state: streamed - held - 1)

@@ -250,7 +250,7 @@ def test_overlap_returns_before_the_resident_blocks_are_read(
 
     gate.clear()
     model = trash_panda.from_pretrained(AutoModelForCausalLM, llama_folder, device="cpu", plan=plan, overlap=True)
-    loader = trash_panda.offload.state.get_state(model).handle._loader  # type: ignore[union-attr]
+    loader = trash_panda.offload.state.get_state(model).handle.hooks.get("overlap_wait").loader  # type: ignore[union-attr]
     gate.set()
     trash_panda.release(model)  # while the loader may still be reading
     assert not loader._thread.is_alive()

@@ -114,7 +114,7 @@ def test_release_with_a_stale_handle_releases_the_live_hooks(scaled: tuple[Path,
     with torch.no_grad():
         assert torch.equal(model(IDS), ref(IDS))
     assert hooked_modules(model)
-    expansion = live._backend.expansion
+    expansion = live.backend.expansion
     tp.release(model, old)
     assert live.removed
     assert hooked_modules(model) == [""]  # only the refusal of a released model

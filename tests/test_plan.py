@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from models import Tiny, TwoLists, on_meta, save
-from trash_panda import ArgumentError, Plan, PlanError, Tier, plan
+from trash_panda import ArgumentError, Plan, PlanError, Tier, _core, plan
 from trash_panda.blocks import find_blocks
 
 # One block of Tiny(dim=64) in fp32: norm 2*64 + up 64*256+256 + down 256*64+64 floats.
@@ -155,3 +155,95 @@ def test_the_table_names_the_device_that_computes(tiny_ckpt: Path) -> None:
     assert str(gpu).startswith("automatic plan: 6 blocks, device gpu, "), str(gpu)
     assert " = free VRAM 2.00 GB - " in str(gpu)
     assert '"device": "cpu"' not in gpu.to_json()
+
+
+# Checkpoints on which hf.py's old copy of the compute-dtype rule (bytes, f64 ignored, f32 when no
+# float) and the core's (elements) answered differently, and fp8 with f32 scales, on which the
+# core's old rule (scales voting) picked f32.
+COMPUTE_CASES = {
+    # more f32 bytes (24 against 20) but more bf16 elements (10 against 6)
+    "bytes_against_elements": ({"a": (torch.bfloat16, 10), "b": (torch.float32, 6)}, torch.bfloat16),
+    "f64_only": ({"a": (torch.float64, 4)}, torch.float32),
+    "f64_beside_bf16": ({"a": (torch.float64, 10), "b": (torch.bfloat16, 9)}, torch.float32),
+    "no_float": ({"ids": (torch.int64, 9)}, torch.bfloat16),
+    "empty": ({}, torch.bfloat16),
+    "fp8_with_f32_scales": (
+        {
+            "l.0.w.weight": (torch.float8_e4m3fn, 64),
+            "l.0.w.weight_scale": (torch.float32, 32),
+            "l.0.norm.weight": (torch.bfloat16, 8),
+            "l.0.router.weight": (torch.float32, 16),
+        },
+        torch.bfloat16,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COMPUTE_CASES))
+def test_compute_dtype_is_the_cores(tmp_path: Path, case: str) -> None:
+    """from_pretrained and the diffusers path (hf._checkpoint_dtype) ask the core, and answer
+    what the planner infers for the same tensors."""
+    from safetensors.torch import save_file
+
+    from trash_panda._dtypes import torch_dtype
+    from trash_panda.checkpoint import Checkpoint
+    from trash_panda.hf import _checkpoint_dtype
+
+    tensors, want = COMPUTE_CASES[case]
+    path = tmp_path / "m.safetensors"
+    save_file({k: torch.zeros(n).to(d) for k, (d, n) in tensors.items()}, str(path))
+    ckpt = Checkpoint(path)
+    assert _checkpoint_dtype(ckpt) == want
+    assert torch_dtype(_core.infer_compute_dtype(ckpt.tensors())) == want
+    if tensors:
+        planned = _core.make_plan([(t.name, t) for t in ckpt.tensors()], None, None, False, ram=1 << 30)
+        assert torch_dtype(planned.compute_dtype) == want
+
+
+def test_tier_names_are_the_cores(tiny_ckpt: Path) -> None:
+    """Every name the core accepts works in the plan edits; a bad one gets the core's error."""
+    p = plan(on_meta(Tiny), tiny_ckpt, vram="8GB", ram="8GB")
+    for name, tier in [("gpu", Tier.DEVICE), ("CUDA", Tier.DEVICE), ("vram", Tier.DEVICE), ("cpu", Tier.RAM)]:
+        p.assign(name, indices=[2])
+        assert p.tier_of("blocks.2.") == tier
+    p.assign("memory", prefixes=["blocks.4."])
+    assert p.tier_of("blocks.4.") == Tier.RAM
+    assert "blocks.4." in p.blocks_in("cpu")
+    assert Plan.manual(["blocks.0."], ["blocks.1."], streamed_tier="disk").blocks_in("disk") == ["blocks.1."]
+    assert Plan.manual(["blocks.0."], ["blocks.1."], streamed_tier="memory").blocks_in(Tier.RAM) == ["blocks.1."]
+    before = p.to_json()
+    with pytest.raises(PlanError, match=r"unknown tier \"tape\": expected device, ram or disk"):
+        p.assign("tape", indices=[0])
+    with pytest.raises(PlanError, match="unknown tier"):
+        Plan.manual(["blocks.0."], ["blocks.1."], streamed_tier="tape")
+    with pytest.raises(ArgumentError, match="tier"):
+        p.assign(3, indices=[0])  # type: ignore[arg-type]
+    assert p.to_json() == before
+    assert {_core.tier_name(t.value) for t in Tier} == {t.value for t in Tier}
+
+
+def test_float_dtypes_and_scale_pairing_are_the_cores(tmp_path: Path) -> None:
+    """matching.py and planning_inputs ask the core which dtypes are floats and which scale
+    tensor a weight pairs with; the planner counts exactly the scale the loader reads."""
+    from safetensors.torch import save_file
+
+    from trash_panda._dtypes import _HEADER_TO_TORCH
+    from trash_panda.plan import planning_inputs
+
+    for header, attr in _HEADER_TO_TORCH.items():
+        if hasattr(torch, attr):
+            assert _core.is_float_dtype(header) == getattr(torch, attr).is_floating_point, header
+    names = {"l.weight_scale_inv": 1, "l.scale_weight": 2, "l.input_scale": 3}
+    assert _core.paired_scale("l.weight", names) == "l.scale_weight"  # first in the core's order
+    assert _core.paired_scale("l.weight", {"l.input_scale"}) is None  # scales activations only
+    assert _core.paired_scale("l.bias", {"l.bias_scale", "l.weight_scale"}) is None
+    # A block whose weight has two scale tensors: the planner counts the one the loader pairs.
+    model = on_meta(Tiny)
+    sd = {k: torch.zeros(v.shape) for k, v in model.state_dict().items()}
+    sd["blocks.0.up.weight_scale"] = torch.ones(1)
+    sd["blocks.0.up.weight_scale_inv"] = torch.ones(1)
+    sd["blocks.0.up.input_scale"] = torch.ones(1)
+    save_file(sd, str(tmp_path / "m.safetensors"))
+    tensors, _prefixes = planning_inputs(model, tmp_path / "m.safetensors", None, None, None)
+    got = {n for n, _info in tensors if n.startswith("blocks.0.up.")}
+    assert got == {"blocks.0.up.weight", "blocks.0.up.bias", "blocks.0.up.weight_scale"}

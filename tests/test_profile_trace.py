@@ -58,7 +58,7 @@ def test_trace_draws_each_staging_on_a_worker_lane_beside_the_runs(
     # Compute that takes long enough for the look-ahead's reads to happen while a block runs.
     for b in model.blocks:
         b.register_forward_pre_hook(lambda _m, _a: time.sleep(0.03))
-    engine = handle._state.engine
+    engine = handle.state.engine
     assert engine is not None
     with torch.no_grad():
         for _ in range(2):
@@ -105,7 +105,7 @@ def test_profile_report_maps_engine_blocks_and_rejects_unknown_ones(tmp_path: Pa
     before = _core.clock()
     with torch.no_grad():
         model(torch.randint(0, 100, (2, 5)))
-    engine = handle._state.engine
+    engine = handle.state.engine
     assert engine is not None
     stagings = settled(engine)
     assert stagings and all(s.end <= _core.clock() for s in stagings)
@@ -131,7 +131,7 @@ def test_resident_blocks_with_nothing_to_stage_are_in_the_passes(tmp_path: Path)
     model = on_meta(Tiny)
     tp.stream_load(model, path, plan=PLAN, device="cpu")
     handle = tp.install_offload(model)
-    assert not handle._state.blocks[0].work  # f32 stored, f32 computed: nothing to bring
+    assert not handle.state.blocks[0].work  # f32 stored, f32 computed: nothing to bring
     # The first block's first run is the slow one (the warm-up the profile has to show).
     slow = model.blocks[0].register_forward_pre_hook(lambda _m, _a: time.sleep(0.3))
     with torch.no_grad():
@@ -157,7 +157,7 @@ def test_storage_dtype_reports_the_ram_tier_read_into_memory(tmp_path: Path) -> 
     model = on_meta(Tiny)
     report = tp.stream_load(model, path, plan=PLAN, device="cpu", storage_dtype="bf16", compute_dtype="f32")
     handle = tp.install_offload(model)
-    threads = handle._state.config.ram_in_memory_threads
+    threads = handle.state.config.ram_in_memory_threads
     with torch.no_grad():
         model(_ids())
     text, _trace, line = build(handle)

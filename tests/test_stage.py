@@ -60,6 +60,24 @@ def test_stage_checks_its_arguments(tiny: tuple[Path, Tiny]) -> None:
         pass
 
 
+def test_install_offload_refuses_a_block_named_twice_as_stage_does(tiny: tuple[Path, Tiny]) -> None:
+    path, _ = tiny
+    twice = ["blocks.1", "blocks.1."]
+    with (
+        pytest.raises(ArgumentError, match="twice") as staged,
+        tp.stage(build, path, device="cpu", resident_blocks=2, order=twice),
+    ):
+        pass
+    model = build()
+    tp.stream_load(model, path, device="cpu")
+    with pytest.raises(ArgumentError, match="twice") as installed:
+        tp.install_offload(model, order=twice)
+    assert str(installed.value) == str(staged.value)
+    state = get_state(model)
+    assert state is not None and state.handle is None  # nothing was installed
+    tp.release(model)
+
+
 @pytest.mark.slow
 def test_stage_releases_when_the_block_raises(tmp_path: Path) -> None:
     torch.manual_seed(0)
@@ -139,7 +157,7 @@ def test_overlap_waits_for_a_slow_read(tiny: tuple[Path, Tiny], monkeypatch: pyt
         gate.set()
         with torch.no_grad():
             assert torch.equal(model(IDS), ref(IDS))
-        assert h._waiter is not None
+        assert h.hooks.get("overlap_wait") is not None
     assert order == ["blocks.2.", "blocks.0.", "blocks.1."]  # one at a time, in run order
     assert loaded_on == {"trash-panda-loader"}
 

@@ -1,6 +1,6 @@
 """Type stubs of the compiled core (checked against the module by mypy.stubtest in `make test`)."""
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from os import PathLike
 from pathlib import Path
 from typing import Any, Literal, final
@@ -37,7 +37,10 @@ __all__ = [
     "measure_drive",
     "dtype_header_name",
     "expand",
+    "infer_compute_dtype",
+    "is_float_dtype",
     "make_plan",
+    "paired_scale",
     "parse_size",
     "profile_report",
     "quantize_fp8",
@@ -45,6 +48,7 @@ __all__ = [
     "setting",
     "settings",
     "storage_conversion",
+    "tier_name",
     "trim_heap",
 ]
 
@@ -278,6 +282,10 @@ def make_plan(
 ) -> Plan: ...
 def parse_size(value: int | str, what: str = "size") -> int: ...
 def storage_conversion(name: str, dtype: str, shape: list[int], storage: str) -> str: ...
+def infer_compute_dtype(tensors: Sequence[TensorInfo]) -> Literal["BF16", "F16", "F32"]: ...
+def tier_name(name: str) -> Literal["device", "ram", "disk"]: ...
+def paired_scale(name: str, names: Container[str]) -> str | None: ...
+def is_float_dtype(name: str) -> bool: ...
 def setting(name: str, argument: object = None) -> bool | int | str: ...
 def settings() -> list[dict[str, str]]: ...
 

@@ -185,19 +185,11 @@ def _config_dtype(config: Any) -> torch.dtype | None:
 
 
 def _checkpoint_dtype(ckpt: Checkpoint) -> torch.dtype:
-    """The float dtype that holds most of the checkpoint's bytes (fp8 computes in bf16)."""
-    import torch
-
+    """The dtype the checkpoint's weights compute in, by the core's rule (the planner's)."""
+    from . import _core
     from ._dtypes import torch_dtype
 
-    totals: dict[str, int] = {}
-    for t in ckpt.tensors():
-        totals[t.dtype] = totals.get(t.dtype, 0) + t.nbytes
-    floats = {k: v for k, v in totals.items() if k in ("F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")}
-    if not floats:
-        return torch.float32
-    top = max(floats, key=lambda k: floats[k])
-    return torch.bfloat16 if top.startswith("F8") else torch_dtype(top)
+    return torch_dtype(_core.infer_compute_dtype(ckpt.tensors()))
 
 
 def _guard_to(model: nn.Module) -> None:

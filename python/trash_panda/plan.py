@@ -13,7 +13,7 @@ from .checkpoint import Checkpoint
 from .config import setting
 from .device import resolve_device
 from .errors import ArgumentError
-from .names import SCALE_SUFFIXES, KeyMap, check_prefixes, model_tensors, weight_of_scale
+from .names import KeyMap, check_prefixes, model_tensors
 
 if TYPE_CHECKING:
     import torch
@@ -25,12 +25,21 @@ Size = int | str
 
 
 class Tier(str, Enum):
-    """Where a block's weights live between uses."""
+    """Where a block's weights live between uses (the core's canonical names; :func:`_tier`
+    reads any name the core accepts)."""
 
     DEVICE = "device"
     GPU = "device"  # alias: the device is the GPU when there is one
     RAM = "ram"
     DISK = "disk"
+
+
+def _tier(tier: Tier | str) -> Tier:
+    """The tier named ``tier``, parsed by the core: "device", "ram", "disk" and the aliases it
+    accepts ("gpu", "cuda", "vram", "cpu", "memory"); a PlanError naming them otherwise."""
+    if not isinstance(tier, str):
+        raise ArgumentError(f'tier: expected a Tier or a tier name such as "ram", got {type(tier).__name__}')
+    return Tier(_core.tier_name(tier))
 
 
 @dataclass(frozen=True)
@@ -57,7 +66,7 @@ class Plan:
     @classmethod
     def manual(cls, resident: list[str], streamed: list[str], streamed_tier: Tier | str = Tier.RAM) -> Plan:
         """A plan written by hand from block prefixes; every block must be named once."""
-        return cls(_core.Plan.manual(list(resident), list(streamed), Tier(streamed_tier).value))
+        return cls(_core.Plan.manual(list(resident), list(streamed), _tier(streamed_tier).value))
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -82,7 +91,7 @@ class Plan:
         :class:`PlanError` and leaves the plan as it was.
         """
         self._core.assign(
-            Tier(tier).value,
+            _tier(tier).value,
             indices=None if indices is None else [int(i) for i in indices],
             prefixes=None if prefixes is None else list(prefixes),
         )
@@ -127,7 +136,7 @@ class Plan:
         return next((b.tier for b in self.blocks if b.name == block), None)
 
     def blocks_in(self, tier: Tier | str) -> list[str]:
-        t = Tier(tier)
+        t = _tier(tier)
         return [b.name for b in self.blocks if b.tier == t]
 
     def __str__(self) -> str:
@@ -151,10 +160,6 @@ def _free_vram(device: torch.device) -> int | None:
     return int(free)
 
 
-# The scale tensors applied to weights; `input_scale` (activations) is neither loaded nor counted.
-_WEIGHT_SCALES = SCALE_SUFFIXES[:3]
-
-
 def planning_inputs(
     model: nn.Module,
     checkpoint: str | os.PathLike[str] | Checkpoint,
@@ -166,11 +171,11 @@ def planning_inputs(
     reads), and the model's block prefixes."""
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
     expected = set(model.state_dict(keep_vars=True).keys())
-    tensors = [
-        (name, info)
-        for name, info in model_tensors(ckpt, key_map, skip_prefixes).items()
-        if name in expected or (name.endswith(_WEIGHT_SCALES) and weight_of_scale(name) in expected)
-    ]
+    named = model_tensors(ckpt, key_map, skip_prefixes)
+    # The scale tensor the core pairs with each weight (what stream_load reads with it);
+    # `input_scale` (activations) is neither loaded nor counted.
+    scales = {s for name in expected if (s := _core.paired_scale(name, named)) is not None}
+    tensors = [(name, info) for name, info in named.items() if name in expected or name in scales]
     skip = check_prefixes(skip_prefixes)
     # Blocks in a skipped part (a vision tower's layers, say) are neither loaded nor counted.
     prefixes = [b.prefix for b in find_blocks(model, blocks) if not (skip and b.prefix.startswith(skip))]

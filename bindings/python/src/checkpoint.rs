@@ -37,6 +37,11 @@ pub(crate) struct PyTensorInfo {
 }
 
 impl PyTensorInfo {
+    /// The tensor's name in the checkpoint.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The dtype as written in the header.
     pub(crate) fn dtype(&self) -> &str {
         &self.dtype

@@ -34,6 +34,13 @@ fn dtype_header_name(name: &str) -> PyResult<&'static str> {
     Ok(parse_dtype(name)?.safetensors_name())
 }
 
+/// Whether a dtype (a header name such as "F8_E4M3", or a name such as "bf16") is a float:
+/// f64, f32, f16, bf16 and the two fp8 kinds (the core's one rule).
+#[pyfunction]
+fn is_float_dtype(name: &str) -> PyResult<bool> {
+    Ok(parse_dtype(name)?.is_float())
+}
+
 /// The core's scale from its kind ("none", "tensor", "row", "block") and values. Pure, so it
 /// can run without the GIL; the error is the message.
 pub(crate) fn scale_of<'v>(
@@ -185,6 +192,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scale_layout, m)?)?;
     m.add_function(wrap_pyfunction!(rows_cols, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_header_name, m)?)?;
+    m.add_function(wrap_pyfunction!(is_float_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(expand, m)?)?;
     m.add_function(wrap_pyfunction!(cast, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_fp8, m)?)?;

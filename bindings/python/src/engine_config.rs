@@ -2,9 +2,8 @@
 
 use pyo3::prelude::*;
 
-use trash_panda::engine_config::{
-    expansion_layout, maps_lookup_table, EngineConfig, EngineSettings, ExpansionInput,
-};
+use trash_panda::engine_config::{EngineConfig, EngineSettings};
+use trash_panda::rules::{expansion_layout, maps_lookup_table, ExpansionInput};
 use trash_panda::stream::RamSource;
 use trash_panda::DType;
 

@@ -481,6 +481,42 @@ fn storage_conversion(
     )
 }
 
+/// The dtype a model computes in when nothing says (the core's one rule): "BF16", "F16" or
+/// "F32", from the checkpoint's tensors by element count (see `rules::infer_compute_dtype`).
+#[pyfunction]
+fn infer_compute_dtype(tensors: Vec<PyRef<'_, PyTensorInfo>>) -> PyResult<&'static str> {
+    let sizes = tensors
+        .iter()
+        .map(|info| info.sizes(info.name().to_owned()))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(plan::infer_compute_dtype(&sizes).safetensors_name())
+}
+
+/// The scale tensor applied to weight `name`, among `names` (any container of names: a dict
+/// or a set): `<layer>.weight_scale`, `<layer>.scale_weight` or `<layer>.weight_scale_inv`,
+/// first found; None for no scale or a name not ending in `.weight` (the core's one rule).
+#[pyfunction]
+fn paired_scale(name: &str, names: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    let mut error = None;
+    let found = trash_panda::rules::paired_scale_where(name, |c| {
+        names.contains(c).unwrap_or_else(|e| {
+            error.get_or_insert(e);
+            false
+        })
+    });
+    match error {
+        Some(e) => Err(e),
+        None => Ok(found),
+    }
+}
+
+/// The canonical name of a tier ("device", "ram" or "disk") from any name the core accepts
+/// ("gpu", "cuda", "vram", "cpu", "memory" too); a PlanError naming the accepted ones else.
+#[pyfunction]
+fn tier_name(name: &str) -> PyResult<&'static str> {
+    Ok(tier_arg(name)?.name())
+}
+
 fn dtype_arg_str(value: &str, what: &str) -> PyResult<DType> {
     value
         .parse::<DType>()
@@ -504,5 +540,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(make_plan, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(storage_conversion, m)?)?;
+    m.add_function(wrap_pyfunction!(infer_compute_dtype, m)?)?;
+    m.add_function(wrap_pyfunction!(tier_name, m)?)?;
+    m.add_function(wrap_pyfunction!(paired_scale, m)?)?;
     Ok(())
 }

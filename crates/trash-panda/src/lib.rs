@@ -12,6 +12,7 @@ pub mod io;
 pub mod order;
 pub mod plan;
 pub mod profile;
+pub mod rules;
 pub mod stream;
 pub mod sys;
 pub mod units;

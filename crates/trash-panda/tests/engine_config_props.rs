@@ -7,12 +7,11 @@ mod common;
 
 use proptest::prelude::*;
 
-use trash_panda::engine_config::{
-    expansion_layout, paired_scale, EngineConfig, EngineSettings, ExpansionInput,
-};
-use trash_panda::plan::{
-    plan, storage_conversion, Conversion, Figures, MinFreeRam, ModelBlocks, PlanOptions, Selector,
-    TensorSizes, Tier,
+use trash_panda::engine_config::{EngineConfig, EngineSettings};
+use trash_panda::plan::{plan, Figures, MinFreeRam, ModelBlocks, PlanOptions, Selector};
+use trash_panda::rules::{
+    expansion_layout, paired_scale, storage_conversion, Conversion, ExpansionInput, TensorSizes,
+    Tier,
 };
 use trash_panda::stream::{Engine, SourceTier, StreamBlock, StreamTensor};
 use trash_panda::DType;

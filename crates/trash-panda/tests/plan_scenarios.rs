@@ -6,11 +6,11 @@
 mod common;
 
 use common::plan_model::{decoder, kinds, opts, tiers, SIDE};
-use trash_panda::engine_config::maps_disk_tier;
 use trash_panda::plan::{
     plan, Figures, MinFreeRam, ModelBlocks, PlanError, PlanOptions, TensorSizes, Tier, WarningKind,
     CUDA_CONTEXT_FLOOR,
 };
+use trash_panda::rules::maps_disk_tier;
 use trash_panda::sys::{CgroupMemory, MemoryFigures, SysRoots};
 use trash_panda::DType;
 

@@ -217,7 +217,7 @@ fn mapped_rss(files: &[PathBuf]) -> u64 {
 )]
 fn the_process_maps_no_more_than_the_plans_window() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use trash_panda::engine_config::Held;
+    use trash_panda::rules::Held;
 
     let dir = Dir::new("in_place_window");
     let (files, blocks) = checkpoint(&dir, &[(DType::BF16, 8); 5], 2_000_000);

@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from ..errors import ArgumentError, StreamError
+from .registry import BlockHook
 
 if TYPE_CHECKING:
     import torch
 
     from .hooks import OffloadHandle
-    from .state import BlockState
+    from .state import BlockState, ModelState
 
 __all__ = ["FinalPass", "FreedBlock", "final_pass"]
 
@@ -41,17 +42,28 @@ class FreedBlock:
     event: torch.cuda.Event | None  # on CUDA: recorded after the block's work; reuse after it
 
 
-class FinalPass:
+class FinalPass(BlockHook):
     """What ``with handle.final_pass() as fp:`` gives: ``fp.events``, the queue of freed blocks,
-    and ``fp.freed``, the prefixes freed so far."""
+    and ``fp.freed``, the prefixes freed so far. It is the model's ``final_pass`` block hook:
+    it frees each block after its run while the pass is open, and refuses, open or closed, to
+    run a block it freed."""
 
-    def __init__(self, handle: OffloadHandle, keep_prefixes: tuple[str, ...]) -> None:
+    name = "final_pass"
+    gate = True
+
+    def __init__(self, state: ModelState, keep_prefixes: tuple[str, ...]) -> None:
         self.events: queue.SimpleQueue[FreedBlock] = queue.SimpleQueue()
         self.freed: list[str] = []
         self.active = True
-        self._handle = handle
+        self._state = state
         self._keep = keep_prefixes
         self._freed: set[int] = set()
+
+    def pre_forward(self, block: BlockState) -> None:
+        self.check(block)
+
+    def post_forward(self, block: BlockState) -> None:
+        self.after(block)
 
     def check(self, block: BlockState) -> None:
         """Refuses to run a block this pass freed (its weights are gone)."""
@@ -65,13 +77,13 @@ class FinalPass:
         if not self.active or block.index in self._freed or block.prefix.startswith(self._keep):
             return
         self._freed.add(block.index)
-        freed = _free(block, self._handle._state.engine)
-        if freed and self._handle._state.device.type == "cpu":
+        freed = _free(block, self._state.engine)
+        if freed and self._state.device.type == "cpu":
             # glibc keeps freed chunks below its (growing) mmap threshold in the heap: hand the
             # block's pages back now, not at the release.
             _core.trim_heap()
         self.freed.append(block.prefix)
-        self.events.put_nowait(FreedBlock(block.prefix, freed, block.tier.value, _event(self._handle)))
+        self.events.put_nowait(FreedBlock(block.prefix, freed, block.tier.value, _event(self._state.device)))
 
 
 def _free(block: BlockState, engine: _core.Engine | None) -> int:
@@ -110,10 +122,9 @@ def _retire(t: torch.Tensor) -> int:
     return int(t.nbytes)
 
 
-def _event(handle: OffloadHandle) -> Any:
+def _event(device: torch.device) -> Any:
     import torch
 
-    device = handle._state.device
     if device.type != "cuda":
         return None
     event = torch.cuda.Event()
@@ -130,16 +141,22 @@ def final_pass(handle: OffloadHandle, keep_prefixes: list[str] | None = None) ->
         raise ArgumentError("keep_prefixes: expected a list of block name prefixes")
     if handle.removed:
         raise ArgumentError("handle: its hooks were removed; final_pass() needs installed hooks")
-    if handle._final is not None and handle._final.active:
+    from .hooks import TIMING
+
+    current = handle.hooks.get(FinalPass.name)
+    if isinstance(current, FinalPass) and current.active:
         raise ArgumentError("handle: a final_pass() is already open")
-    fp = FinalPass(handle, tuple(keep_prefixes or ()))
-    handle._final = fp
-    engine = handle._state.engine
+    fp = FinalPass(handle.state, tuple(keep_prefixes or ()))
+    # A closed pass's hook is replaced by this one; both decide whether a block runs, so they
+    # come before the run is timed.
+    handle.hooks.remove(FinalPass.name)
+    handle.hooks.add(fp, before=TIMING)
+    engine = handle.state.engine
     _last_pass(engine, True)
     try:
         yield fp
     finally:
-        fp.active = False  # kept on the handle: the freed blocks still refuse to run
+        fp.active = False  # kept in the registry: the freed blocks still refuse to run
         # Kept blocks that run again are staged as usual from their next run on.
         _last_pass(engine, False)
 

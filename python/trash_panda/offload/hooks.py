@@ -1,6 +1,21 @@
 """install_offload and offload_blocks: hooks that make each block runnable just before it runs.
 
-Every hook goes through one registry, and the handle it returns removes them all.
+Every concern is a named block hook in the model's one :class:`~.registry.HookRegistry`, in this
+order (``pre_forward`` top to bottom, ``post_forward`` bottom to top):
+
+- ``release_guard``: refuses a block once the hooks were removed;
+- ``final_pass``: while ``handle.final_pass()`` is open, frees each block after it runs, and refuses
+  a block it freed (added by :mod:`.final_pass`, before ``timing``);
+- ``overlap_wait``: ``stage(overlap=True)`` waits for the loader to read the block (added by
+  :mod:`.overlap`, before ``timing``);
+- ``timing``: each run's start, end and what staging waited for (``handle.runs``, the profile's);
+- ``staging``: the backend brings the block's weights and gives them back after the run, and
+  blocks used in place from the checkpoint's map forget each module's weights once it ran;
+- ``order``: records each block's first run once it has its weights (``handle.ran``), and warns
+  once when the order given was not the one forward() runs.
+
+The gates are ``release_guard``, ``final_pass``, ``overlap_wait`` and ``staging``: a block whose
+gate raised did not start, and none of its post hooks run. The handle it returns removes them all.
 """
 
 from __future__ import annotations
@@ -13,6 +28,7 @@ from .. import _core, config
 from ..errors import ArgumentError, StreamError
 from .cpu import CpuBackend
 from .cuda import CudaBackend, DeviceBackend
+from .registry import BlockHook, HookRegistry
 from .state import BlockState, ModelState, TensorSpec, get_state
 from .work import Timing
 
@@ -22,7 +38,6 @@ Backend = CpuBackend | DeviceBackend
 if TYPE_CHECKING:
     import torch
     from torch import nn
-    from torch.utils.hooks import RemovableHandle
 
 __all__ = ["OffloadHandle", "install_offload", "offload_blocks"]
 
@@ -31,87 +46,177 @@ __all__ = ["OffloadHandle", "install_offload", "offload_blocks"]
 MAX_RUNS = 200_000
 # The timing of every run that brings nothing; shared, since no one writes to it.
 NOTHING_BROUGHT = Timing()
+# Hooks that decide whether a block can run (a final pass, an overlap load) go before this one.
+TIMING = "timing"
 
 
-class HookRegistry:
-    """The hooks of one model: installed together, removed together."""
+class ReleaseGuard(BlockHook):
+    """Refuses to run a block once the handle's hooks were removed."""
 
-    def __init__(self) -> None:
-        self._handles: list[RemovableHandle] = []
+    name = "release_guard"
+    gate = True
 
-    def around(self, module: nn.Module, before: Callable[[], None], after: Callable[[], None]) -> None:
-        self._handles.append(module.register_forward_pre_hook(lambda _m, _args: before()))
-        self._handles.append(module.register_forward_hook(lambda _m, _args, _out: after(), always_call=True))
+    def __init__(self, handle: OffloadHandle) -> None:
+        self.handle = handle
 
-    def after(self, module: nn.Module, after: Callable[[], None]) -> None:
-        self._handles.append(module.register_forward_hook(lambda _m, _args, _out: after(), always_call=True))
+    def pre_forward(self, block: BlockState) -> None:
+        if self.handle.removed:
+            raise StreamError("the offload hooks were removed")
 
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+
+class Staging(BlockHook):
+    """Brings a block's weights before its run and gives them back after it."""
+
+    name = "staging"
+    gate = True
+
+    def __init__(self, backend: Backend, blocks: list[BlockState], engine: _core.Engine | None) -> None:
+        self.backend = backend
+        self.blocks = blocks
+        self.engine = engine
+        self._timings: dict[int, Timing] = {}
+
+    def timing(self, block: BlockState) -> Timing:
+        """What the last bring of ``block`` waited for (nothing, for a block with nothing to
+        bring)."""
+        return self._timings.get(block.index, NOTHING_BROUGHT)
+
+    def pre_forward(self, block: BlockState) -> None:
+        # Resident in the compute dtype: nothing to bring, but its run still counts in the pass
+        # (a first block's warm-up shows there).
+        if block.work:
+            self._timings[block.index] = self.backend.bring(block)
+
+    def post_forward(self, block: BlockState) -> None:
+        if block.work:
+            self.backend.done(block)
+
+    def attach(self, registry: HookRegistry) -> None:
+        backend, engine = self.backend, self.engine
+        if not isinstance(backend, CpuBackend) or engine is None:
+            return
+        for block in self.blocks:
+            if block.engine_index is not None and engine.in_place(block.engine_index):
+                self._forget_as_used(registry, backend, block)
+
+    def _forget_as_used(self, registry: HookRegistry, backend: CpuBackend, block: BlockState) -> None:
+        """A block used in place from the checkpoint's map gives each module's weights back to
+        the page cache as soon as that module has run, not at the end of the block: the process
+        then maps one module's weights at a time, not the whole block's. A later use in the same
+        run maps them again."""
+        by_module: dict[int, tuple[nn.Module, list[TensorSpec]]] = {}
+        for spec in block.work:
+            if spec.staged_index is not None and spec.module is not block.module:
+                by_module.setdefault(id(spec.module), (spec.module, []))[1].append(spec)
+        for module, specs in by_module.values():
+            indices = [s.staged_index for s in specs if s.staged_index is not None]
+            registry.on_module_end(self, module, _forgetter(backend, block, indices))
+
+
+def _forgetter(backend: CpuBackend, block: BlockState, indices: list[int]) -> Callable[[], None]:
+    def forget() -> None:
+        backend.forget_used(block, indices)
+
+    return forget
+
+
+class RunTiming(BlockHook):
+    """Each run of a block: ``runs`` holds (block, start, end, timing), times on
+    ``_core.clock()`` (the engine's workers time their stagings on it, so the profile's trace
+    draws both on one timeline); ``timing`` is what staging waited for."""
+
+    name = TIMING
+
+    def __init__(self, staging: Staging) -> None:
+        self.staging = staging
+        self.runs: list[tuple[int, float, float, Timing]] = []
+        self._start: dict[int, float] = {}
+
+    def pre_forward(self, block: BlockState) -> None:
+        self._start[block.index] = _core.clock()
+
+    def post_forward(self, block: BlockState) -> None:
+        runs = self.runs
+        if len(runs) >= MAX_RUNS:  # a long generation: keep the recent half
+            del runs[: MAX_RUNS // 2]
+        runs.append((block.index, self._start[block.index], _core.clock(), self.staging.timing(block)))
+
+
+class RunOrder(BlockHook):
+    """Every block that ran, resident ones too, in the order of their first run (the order file
+    holds it); warns once when one is not the block the order given says comes next."""
+
+    name = "order"
+
+    def __init__(self, expected: list[str]) -> None:
+        self.expected = expected  # the first runs' order given (then the model's)
+        self.ran: list[str] = []
+        self._seen: set[int] = set()
+        self._warned = False
+
+    def pre_forward(self, block: BlockState) -> None:
+        # After staging: a block is recorded only once it has its weights, as it then runs.
+        if block.index in self._seen:
+            return
+        at = len(self.ran)
+        self._seen.add(block.index)
+        self.ran.append(block.prefix)
+        if self._warned or at >= len(self.expected) or self.expected[at] == block.prefix:
+            return
+        self._warned = True
+        warnings.warn(
+            f"block {block.prefix} ran before the order given ({self.expected[at]} ...): pass order= so "
+            "blocks are staged (and with overlap=True loaded) in the order forward() runs them",
+            stacklevel=5,
+        )
 
 
 class OffloadHandle:
     """What install_offload() returns: ``remove()`` takes the hooks off and restores the blocks
-    (their weights stay loaded; :func:`release` frees them)."""
+    (their weights stay loaded; :func:`release` frees them). ``hooks`` is the model's
+    :class:`~.registry.HookRegistry`, where features add their block hooks."""
 
     def __init__(
         self,
         model: nn.Module,
         state: ModelState,
         backend: Backend,
-        registry: HookRegistry,
+        hooks: HookRegistry,
         installed: float,
-        expected: list[str] | None = None,
+        timing: RunTiming,
+        order: RunOrder,
     ) -> None:
         self.model = model
-        self._state = state
-        self._backend = backend
-        self._registry = registry
-        # (block, start, end, timing), times on _core.clock(): the engine's workers time their
-        # stagings on it, so the profile's trace draws both on one timeline.
-        self.runs: list[tuple[int, float, float, Timing]] = []
+        self.state = state
+        self.backend = backend
+        self.hooks = hooks
         self.installed = installed  # the profile draws the engine's stagings from here on
         self.removed = False
-        self._expected = expected or []  # the first runs' order given (then the model's)
-        self._order_warned = False
-        # Every block that ran, resident ones too, in the order of their first run: the order
-        # file holds it.
-        self.ran: list[str] = []
-        self._seen: set[int] = set()
-        self._started: set[int] = set()  # blocks whose before-hook completed (for after)
-        self._waiter: Callable[[BlockState], None] | None = None  # stage(overlap=True)
-        self._loader: Any = None  # stage(overlap=True)'s ResidentLoader, for the profile
-        self._final: Any = None  # the FinalPass while handle.final_pass() is open
+        self._timing = timing
+        self._order = order
 
-    def _first_run(self, block: BlockState) -> None:
-        """Records a block's first run, and warns once when it is not the one the order given
-        says comes next."""
-        at = len(self.ran)
-        self._seen.add(block.index)
-        self.ran.append(block.prefix)
-        if self._order_warned or at >= len(self._expected) or self._expected[at] == block.prefix:
-            return
-        self._order_warned = True
-        warnings.warn(
-            f"block {block.prefix} ran before the order given ({self._expected[at]} ...): pass order= so "
-            "blocks are staged (and with overlap=True loaded) in the order forward() runs them",
-            stacklevel=5,
-        )
+    @property
+    def runs(self) -> list[tuple[int, float, float, Timing]]:
+        """(block, start, end, timing) of each run, kept for the profile (see :class:`RunTiming`)."""
+        return self._timing.runs
+
+    @property
+    def ran(self) -> list[str]:
+        """Every block that ran, resident ones too, in the order of their first run."""
+        return self._order.ran
 
     @property
     def recorded_order(self) -> list[str]:
         """The streamed blocks in the order they first ran."""
-        engine = self._state.engine
+        engine = self.state.engine
         if engine is None or engine.closed:
             return []
-        by_engine = {b.engine_index: b.prefix for b in self._state.blocks if b.engine_index is not None}
+        by_engine = {b.engine_index: b.prefix for b in self.state.blocks if b.engine_index is not None}
         return [by_engine[i] for i in engine.recorded_order()]
 
     def stats(self) -> _core.EngineStats | None:
         """The prefetch engine's counters (None without streamed blocks or once removed)."""
-        engine = self._state.engine
+        engine = self.state.engine
         if engine is None or engine.closed:
             return None
         return engine.stats()
@@ -145,8 +250,8 @@ class OffloadHandle:
             from .restore import check_restore_fits
 
             # Before anything changes: a restore that cannot fit leaves the hooks as they are.
-            held = self._backend.device_bytes() if isinstance(self._backend, DeviceBackend) else 0
-            check_restore_fits(self._state, held)
+            held = self.backend.device_bytes() if isinstance(self.backend, DeviceBackend) else 0
+            check_restore_fits(self.state, held)
         steps = Cleanup()
         snap = None
         if profile:
@@ -154,42 +259,28 @@ class OffloadHandle:
 
             snap = steps.run(snapshot, self)
         self.removed = True
-        if self._loader is not None:
-            # overlap=True: the loader thread writes into resident blocks; it stops first.
-            steps.run(self._loader.close)
-        steps.run(self._registry.remove)
-        steps.run(self._backend.close)
-        self._state.handle = None
+        # Each hook closes (an overlap load's thread writes into resident blocks: it stops),
+        # then the torch hooks go, then the backend.
+        steps.run(self.hooks.remove_all)
+        steps.run(self.backend.close)
+        self.state.handle = None
         if restore:
             from .restore import restore_blocks
 
-            steps.run(restore_blocks, self._state)
+            steps.run(restore_blocks, self.state)
         steps.done()
         return snap
 
 
 def _set_order(state: ModelState, order: list[str] | None) -> None:
-    """Gives the engine its run order (engine indices); a name that is no block is an error."""
+    """Gives the engine its run order (engine indices): the core's ``full_order`` raises for a
+    name that is no block, or one named twice."""
     if state.engine is None and order is None:
         return
-    streamed = [b for b in state.blocks if b.engine_index is not None]
-    if order is None:
-        assert state.engine is not None
-        state.engine.set_order([b.engine_index for b in streamed if b.engine_index is not None])
-        return
-    by_name = {b.prefix.rstrip("."): b for b in state.blocks}
-    first: list[int] = []
-    for name in order:
-        b = by_name.get(name.rstrip("."))
-        if b is None:
-            raise ArgumentError(
-                f"order names {name!r}, which is not a block of the model (blocks: {', '.join(list(by_name)[:4])}, ...)"
-            )
-        if b.engine_index is not None and b.engine_index not in first:
-            first.append(b.engine_index)
+    run = _core.full_order(order or [], [b.prefix for b in state.blocks])
     if state.engine is not None:
-        rest = [b.engine_index for b in streamed if b.engine_index is not None and b.engine_index not in first]
-        state.engine.set_order(first + rest)
+        streamed = [state.blocks[i].engine_index for i in run]
+        state.engine.set_order([i for i in streamed if i is not None])
 
 
 def install_offload(model: nn.Module, *, order: list[str] | None = None) -> OffloadHandle:
@@ -242,75 +333,14 @@ def _install(
     first = [n for n in order or [] if n.rstrip(".") in keys]
     expected = [names[i] for i in _core.full_order(first, names)]
     backend = (backend_for or make_backend)(state)
-    registry = HookRegistry()
-    handle = OffloadHandle(model, state, backend, registry, installed, expected)
-
-    for block in blocks:
-
-        def before(block: BlockState = block) -> None:
-            if handle.removed:
-                raise StreamError("the offload hooks were removed")
-            if handle._final is not None:
-                handle._final.check(block)
-            if handle._waiter is not None:
-                handle._waiter(block)
-            handle._started.add(block.index)
-            if len(handle.runs) >= MAX_RUNS:  # a long generation: keep the recent half
-                del handle.runs[: MAX_RUNS // 2]
-            start = brought = _core.clock()
-            # Resident in the compute dtype: nothing to bring, but its run still counts in the
-            # pass (a first block's warm-up shows there); the after-hook ends it.
-            timing = NOTHING_BROUGHT
-            if block.work:
-                try:
-                    timing = backend.bring(block)
-                except BaseException:
-                    handle._started.discard(block.index)
-                    raise
-                brought = _core.clock()
-            if block.index not in handle._seen:  # only now that it has its weights: it runs
-                handle._first_run(block)
-            handle.runs.append((block.index, start, brought, timing))
-
-        def after(block: BlockState = block) -> None:
-            if block.index not in handle._started:  # its before-hook raised: nothing to undo
-                return
-            handle._started.discard(block.index)
-            if block.work:
-                backend.done(block)
-            if handle.runs and handle.runs[-1][0] == block.index:
-                idx, start, _brought, timing = handle.runs[-1]
-                handle.runs[-1] = (idx, start, _core.clock(), timing)
-            if handle._final is not None:
-                handle._final.after(block)
-
-        registry.around(block.module, before, after)
-        index, engine = block.engine_index, state.engine
-        if isinstance(backend, CpuBackend) and index is not None and engine is not None and engine.in_place(index):
-            _forget_as_used(registry, backend, block)
+    hooks = HookRegistry(blocks)
+    staging = Staging(backend, blocks, state.engine)
+    timing, run_order = RunTiming(staging), RunOrder(expected)
+    handle = OffloadHandle(model, state, backend, hooks, installed, timing, run_order)
+    for hook in (ReleaseGuard(handle), timing, staging, run_order):
+        hooks.add(hook)
     state.handle = handle
     return handle
-
-
-def _forget_as_used(registry: HookRegistry, backend: CpuBackend, block: BlockState) -> None:
-    """A block used in place from the checkpoint's map gives each module's weights back to the
-    page cache as soon as that module has run, not at the end of the block: the process then
-    maps one module's weights at a time, not the whole block's. A later use in the same run
-    maps them again."""
-    by_module: dict[int, tuple[nn.Module, list[TensorSpec]]] = {}
-    for spec in block.work:
-        if spec.staged_index is not None and spec.module is not block.module:
-            by_module.setdefault(id(spec.module), (spec.module, []))[1].append(spec)
-    for module, specs in by_module.values():
-        indices = [s.staged_index for s in specs if s.staged_index is not None]
-        registry.after(module, _forgetter(backend, block, indices))
-
-
-def _forgetter(backend: CpuBackend, block: BlockState, indices: list[int]) -> Callable[[], None]:
-    def forget() -> None:
-        backend.forget_used(block, indices)
-
-    return forget
 
 
 def offload_blocks(

@@ -5,9 +5,10 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING, Any
 
+from .. import _core
 from .._dtypes import torch_dtype
 from ..errors import ArgumentError, CheckpointError, DtypeError
-from ..names import SCALE_SUFFIXES, is_scale, weight_of_scale
+from ..names import is_scale, weight_of_scale
 from ..plan import Plan
 from .state import BlockState, TensorSpec
 
@@ -15,16 +16,10 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from .. import _core
-
-_FLOAT_HEADERS = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
-
 
 def _scale_kind(weight: tuple[int, ...], scale: list[int], name: str) -> str:
     """How a scale tensor of shape ``scale`` applies to a weight of shape ``weight`` (the core's
     classification)."""
-    from .. import _core
-
     try:
         return _core.scale_layout(name, list(weight), scale)
     except DtypeError as e:
@@ -83,17 +78,14 @@ def match(
                 f"{where}: tensor {info.name!r} has shape "
                 f"{list(info.shape)} but the model's {found} has shape {list(shape)}"
             )
-        if (info.dtype in _FLOAT_HEADERS) != p.dtype.is_floating_point:
+        if _core.is_float_dtype(info.dtype) != p.dtype.is_floating_point:
             raise CheckpointError(f"{where}: tensor {info.name!r} is {info.dtype} but the model's {found} is {p.dtype}")
-        scale = scale_name = None
-        if found.endswith(".weight"):
-            for suffix in SCALE_SUFFIXES[:3]:  # input_scale is never applied to a weight
-                cand = found[: -len(".weight")] + suffix
-                if cand in named:
-                    scale, scale_name = named[cand], cand
-                    used.add(cand)
-                    break
-        kind = "none" if scale is None else _scale_kind(shape, list(scale.shape), scale_name or "")
+        scale, kind = None, "none"
+        scale_name = _core.paired_scale(found, named)  # input_scale is never applied to a weight
+        if scale_name is not None:
+            scale = named[scale_name]
+            used.add(scale_name)
+            kind = _scale_kind(shape, list(scale.shape), scale_name)
         target = compute if p.dtype.is_floating_point else torch_dtype(info.dtype)
         module, attr, _ = owners[0]
         spec = TensorSpec(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ..config import setting
 from ..errors import StreamError
 from .reading import materialize
+from .registry import BlockHook
 
 if TYPE_CHECKING:
     import torch
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from .hooks import OffloadHandle
     from .state import BlockState, ModelState
 
-__all__ = ["ResidentLoader", "load_block", "start_loader"]
+__all__ = ["OverlapWait", "ResidentLoader", "load_block", "start_loader"]
 
 
 def load_block(block: BlockState, device: torch.device, storage: str | None, threads: int) -> None:
@@ -59,7 +60,7 @@ class ResidentLoader:
                     raise StreamError("the stage ended before it was loaded")
                 load_block(block, self.device, self.storage, self.threads)
                 # `work` is fixed by the load (resident weights to expand each run, or none).
-                block.__dict__.pop("work", None)
+                block.refresh_work()
                 self.loaded_bytes += sum(s.info.nbytes for s in block.tensors)
             except BaseException as e:  # reported in the call that needs the block
                 self.errors[block.index] = e
@@ -90,6 +91,23 @@ class ResidentLoader:
             self._thread.join()
 
 
+class OverlapWait(BlockHook):
+    """The ``overlap_wait`` block hook: a block waits for the loader to read it before it runs;
+    removing the hook stops the loader."""
+
+    name = "overlap_wait"
+    gate = True
+
+    def __init__(self, loader: ResidentLoader) -> None:
+        self.loader = loader  # public: the profile's loader-thread line reads it
+
+    def pre_forward(self, block: BlockState) -> None:
+        self.loader.wait(block)
+
+    def close(self) -> None:
+        self.loader.close()
+
+
 def start_loader(handle: OffloadHandle, state: ModelState, deferred: list[BlockState], first: list[str] | None) -> None:
     """Starts reading the ``deferred`` resident blocks in run order (``first``, the order given
     to install_offload, then model order); the hooks wait for a block not read yet, and taking
@@ -99,6 +117,9 @@ def start_loader(handle: OffloadHandle, state: ModelState, deferred: list[BlockS
     run_order = _core.full_order(first or [], [b.prefix for b in state.blocks])
     by_index = {b.index: b for b in deferred}
     loader = ResidentLoader([by_index[i] for i in run_order if i in by_index], state.device, state.config.storage_dtype)
-    handle._waiter = loader.wait
-    handle._loader = loader  # the profile's loader-thread line; closed by the handle's removal
+    from .hooks import TIMING
+
+    # It decides whether a block can run, so it comes before the run is timed; the handle's
+    # removal closes it (the thread stops before the hooks go).
+    handle.hooks.add(OverlapWait(loader), before=TIMING)
     loader.start()

@@ -112,7 +112,7 @@ def _runtime_tensors(state: ModelState) -> Iterator[tuple[object, str]]:
                 yield spec.resident, f"resident stored form of {{owner}}.{spec.name}"
             if spec.resident_scale is not None:
                 yield spec.resident_scale, f"resident scale of {{owner}}.{spec.name}"
-    backend = getattr(state.handle, "_backend", None)
+    backend = getattr(state.handle, "backend", None)
     expansion = getattr(backend, "expansion", None)
     if expansion is not None:
         yield expansion.raw, "expansion buffer of {owner}"
@@ -131,9 +131,9 @@ def _runtime_tensors(state: ModelState) -> Iterator[tuple[object, str]]:
 
 def snapshot(handle: OffloadHandle) -> Snapshot:
     """The profile's inputs for what ran under ``handle``."""
-    state = handle._state
+    state = handle.state
     blocks = [(b.prefix.rstrip("."), b.tier.value) for b in state.blocks]
-    handle._backend.settle()
+    handle.backend.settle()
     runs = [
         (i, start, end, t.staged_wait, t.gpu_wait, t.bytes, state.blocks[i].tier.value)
         for i, start, end, t in handle.runs
@@ -183,7 +183,7 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
         load,
         engine,
         device_copies=copies,
-        link=getattr(handle._backend, "link", None),
+        link=getattr(handle.backend, "link", None),
         stagings=stagings,
         engine_blocks=engine_blocks,
         drive=_drive(state.checkpoint.files),
@@ -203,9 +203,12 @@ def _drive(files: list[str]) -> _core.DriveRate | None:
 
 def _loader(handle: OffloadHandle) -> dict[str, object] | None:
     """stage(overlap=True)'s loader thread: what it read, in how long, and the blocks' waits."""
-    loader = handle._loader
-    if loader is None:
+    from .overlap import OverlapWait
+
+    wait = handle.hooks.get(OverlapWait.name)
+    if not isinstance(wait, OverlapWait):
         return None
+    loader = wait.loader
     return {
         "blocks": len(loader.blocks) - len(loader.errors),
         "bytes": loader.loaded_bytes,

@@ -69,6 +69,11 @@ class BlockState:
         ask for it on every run)."""
         return [t for t in self.tensors if t.needs_work]
 
+    def refresh_work(self) -> None:
+        """Computes :attr:`work` again on its next use: the block's weights were loaded after
+        the hooks were installed (stage(overlap=True)'s loader)."""
+        self.__dict__.pop("work", None)
+
     @property
     def needs_hooks(self) -> bool:
         """Streamed blocks, and resident blocks with weights to expand each run."""

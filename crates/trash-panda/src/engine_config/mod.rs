@@ -2,146 +2,26 @@
 //! many buffers, how large), the device slots, the expansion buffer, the alignment of staged
 //! tensors, the dtypes and the disk read mode.
 //!
-//! The planner computes its budgets with [`Held::new`] and [`block_figures`], and the runtime
-//! sizes what it allocates from [`EngineConfig::from_plan`], which reads the same figures back:
-//! a plan and the process it describes agree by construction, not by a second calculation.
+//! The planner computes its budgets with [`Held::new`](crate::rules::Held::new) and
+//! [`block_figures`](crate::stream::block_figures), by the rules of [`crate::rules`], and the
+//! runtime sizes what it allocates from [`EngineConfig::from_plan`], which reads the same figures
+//! back: a plan and the process it describes agree by construction, not by a second calculation.
+//! This module sits above `plan` and `stream` and only turns a plan into the engine's settings.
 
 mod block;
 mod settings;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-pub use block::{
-    block_figures, expansion_layout, needs_expansion, paired_scale, scale_layout, staged_work,
-    BlockFigures, ByTier, ExpansionInput, ScaleSource, TensorWork,
-};
+pub use block::{scale_layout, staged_work, ScaleSource, TensorWork};
 pub use settings::{DiskModeChoice, EngineSettings};
 
 use crate::config::ConfigError;
 use crate::io::{ReadMode, ReadOptions};
-use crate::plan::{BlockPlan, Budgets, Plan, PlanOptions, Tier};
-use crate::stream::{
-    buffer_len, tensor_in_place_eligible, EngineOptions, RamSource, DEVICE_TENSOR_ALIGN, MAP_GRAIN,
-    TENSOR_ALIGN,
-};
+use crate::plan::{Budgets, Plan};
+use crate::rules::{maps_disk_tier, tensor_align, Held};
+use crate::stream::{EngineOptions, RamSource};
 use crate::DType;
-
-/// The offset alignment of staged and expanded tensors: the CPU allocator's, or the CUDA
-/// caching allocator's when a GPU computes.
-pub const fn tensor_align(gpu: bool) -> usize {
-    if gpu {
-        DEVICE_TENSOR_ALIGN
-    } else {
-        TENSOR_ALIGN
-    }
-}
-
-/// Whether disk-tier blocks are used in place from maps of the checkpoint (where
-/// [`crate::stream::in_place_eligible`] allows): on the CPU, on Linux, whose `MADV_DONTNEED`
-/// hands a block's pages back as soon as it has run. A GPU copies every block anyway, and
-/// elsewhere a map's pages would stay in the process until the system trims them.
-pub const fn maps_disk_tier(gpu: bool) -> bool {
-    !gpu && cfg!(target_os = "linux")
-}
-
-/// Whether a tensor that the model only reads by rows (an embedding table) stays in a private
-/// map of the checkpoint instead of being read into memory: a pass then brings in the pages of
-/// the rows it looks up and no others, and the rest of the table costs no RAM. Where the disk
-/// tier is used in place ([`maps_disk_tier`]), for a tensor that could be
-/// ([`crate::stream::tensor_in_place_eligible`]: the same results as from its own memory, should
-/// the model also multiply by it). The plan still counts the whole table as resident.
-pub fn maps_lookup_table(gpu: bool, dtype: DType, start: u64) -> bool {
-    maps_disk_tier(gpu) && tensor_in_place_eligible(dtype, start, tensor_align(gpu))
-}
-
-/// What the runtime holds beside the weights, as a plan counts it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Held {
-    /// Host staging buffers (pinned on CUDA) when a block streams, else 0: the plan's
-    /// `staging_buffers` option (`TRASH_PANDA_PINNED_BUFFERS`), by default `lookahead + 1`.
-    pub staging_buffers: usize,
-    /// Bytes of each: the largest streamed block's staged bytes in its tier (tensors at aligned
-    /// offsets, the disk tier's read area included), rounded up to whole pages.
-    pub staging_buffer_bytes: u64,
-    /// Device slots a staged block is copied into: one per staging buffer on a GPU, none on the
-    /// CPU (the CPU computes from the staging buffers themselves).
-    pub device_slots: usize,
-    /// The expansion buffer: the largest expansion any hooked block needs in its tier.
-    pub expansion_bytes: u64,
-    /// The checkpoint pages the process maps for disk-tier blocks used in place: the largest
-    /// such block's, runs rounded out to [`MAP_GRAIN`], and one [`MAP_GRAIN`] per look-ahead
-    /// block being read in (0 when none is used in place).
-    #[serde(default)]
-    pub mapped_window_bytes: u64,
-}
-
-impl Held {
-    /// The figures for a largest streamed block of `largest_staged` bytes (`None`: nothing
-    /// streams), a largest expansion of `expansion` bytes and `buffers` staging buffers
-    /// ([`PlanOptions::buffers`]; at least one is kept when a block streams).
-    pub fn new(largest_staged: Option<u64>, expansion: u64, buffers: usize, gpu: bool) -> Held {
-        let buffers = largest_staged.map_or(0, |_| buffers.max(1));
-        Held {
-            staging_buffers: buffers,
-            staging_buffer_bytes: largest_staged.map_or(0, |b| buffer_len(b as usize) as u64),
-            device_slots: if gpu { buffers } else { 0 },
-            expansion_bytes: expansion,
-            mapped_window_bytes: 0,
-        }
-    }
-
-    /// The same figures with the mapped window of a plan whose largest block used in place maps
-    /// `largest_mapped` bytes: that block, and one huge page for each of the `lookahead` blocks
-    /// the workers bring into the page cache meanwhile (a chunk at a time, each unmapped at once).
-    pub fn with_mapped_window(self, largest_mapped: u64, lookahead: usize) -> Held {
-        let ahead = if largest_mapped > 0 {
-            lookahead as u64 * MAP_GRAIN
-        } else {
-            0
-        };
-        Held {
-            mapped_window_bytes: largest_mapped + ahead,
-            ..self
-        }
-    }
-
-    /// The figures for `blocks` in their tiers.
-    pub fn for_blocks(blocks: &[BlockPlan], options: &PlanOptions, gpu: bool) -> Held {
-        let largest = blocks
-            .iter()
-            .filter(|b| b.tier != Tier::Device)
-            .map(|b| b.staging.get(b.tier))
-            .max();
-        let expansion = blocks
-            .iter()
-            .map(|b| b.expansion.get(b.tier))
-            .max()
-            .unwrap_or(0);
-        let mapped = blocks
-            .iter()
-            .filter(|b| b.tier == Tier::Disk)
-            .map(|b| b.mapped)
-            .max()
-            .unwrap_or(0);
-        Held::new(largest, expansion, options.buffers(), gpu)
-            .with_mapped_window(mapped, options.lookahead)
-    }
-
-    /// Bytes of the host staging pool.
-    pub fn host_staging(&self) -> u64 {
-        self.staging_buffers as u64 * self.staging_buffer_bytes
-    }
-
-    /// Host RAM the streaming takes beside the weights: the staging pool and the mapped window.
-    pub fn host_ram(&self) -> u64 {
-        self.host_staging() + self.mapped_window_bytes
-    }
-
-    /// Bytes of the device slots.
-    pub fn device_slot_bytes(&self) -> u64 {
-        self.device_slots as u64 * self.staging_buffer_bytes
-    }
-}
 
 /// Errors of the engine configuration.
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,7 @@
 use super::*;
 use crate::dtype::{classify_scale, DtypeError, ScaleLayout};
-use crate::plan::{infer_compute_dtype, plan, Figures, MinFreeRam, ModelBlocks, TensorSizes};
+use crate::plan::{plan, Figures, MinFreeRam, ModelBlocks, PlanOptions};
+use crate::rules::{expansion_layout, infer_compute_dtype, ExpansionInput, TensorSizes, Tier};
 
 fn model() -> ModelBlocks {
     let mut ts = vec![TensorSizes::new("embed.weight", DType::BF16, &[64, 64])];

@@ -1,39 +1,11 @@
 //! The automatic assignment: device first, then RAM, then disk.
 
-use super::blocks::{ModelBlocks, TensorSizes};
+use super::blocks::ModelBlocks;
 use super::budget::{self, Shape};
 use super::options::{Figures, PlanOptions};
 use super::{Plan, PlanError, Tier};
-use crate::engine_config::Held;
+use crate::rules::{infer_compute_dtype, Held};
 use crate::DType;
-
-/// The float dtype most of the weights are stored in (by elements), which the blocks then
-/// compute in: f32, f16 or bf16 (f64 checkpoints compute in f32). Checkpoints of fp8 (or no
-/// float) weights compute in bf16.
-pub fn infer_compute_dtype<'a>(tensors: impl IntoIterator<Item = &'a TensorSizes>) -> DType {
-    let mut elements = [(DType::BF16, 0u64), (DType::F16, 0), (DType::F32, 0)];
-    for t in tensors {
-        let dtype = if t.dtype == DType::F64 {
-            DType::F32
-        } else {
-            t.dtype
-        };
-        if let Some(e) = elements.iter_mut().find(|(d, _)| *d == dtype) {
-            e.1 += t.numel();
-        }
-    }
-    // Ties go to the narrower dtype, the first in the list.
-    let (dtype, count) =
-        elements.iter().fold(
-            (DType::BF16, 0),
-            |best, &(d, n)| if n > best.1 { (d, n) } else { best },
-        );
-    if count == 0 {
-        DType::BF16
-    } else {
-        dtype
-    }
-}
 
 /// Checks `options` and fills in what they leave to the model (the compute dtype).
 pub(crate) fn resolve_options(
@@ -162,5 +134,43 @@ impl Plan {
         let budgets = budget::compute(&self.blocks, &self.outside, figures, &self.options);
         self.warnings = super::warnings::collect(self, &budgets, figures);
         self.budgets = Some(budgets);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::TensorSizes;
+
+    fn t(name: &str, dtype: DType, n: usize) -> TensorSizes {
+        TensorSizes::new(name, dtype, &[n])
+    }
+
+    /// The cases where the Python copy of this rule (bytes, f64 ignored, f32 when no float)
+    /// answered differently; Python now asks this function.
+    #[test]
+    fn compute_dtype_counts_elements_and_votes_for_the_compute_dtype() {
+        // More f32 bytes (24) than bf16 bytes (20), more bf16 elements (10 against 6).
+        let mixed = [t("a", DType::BF16, 10), t("b", DType::F32, 6)];
+        assert_eq!(infer_compute_dtype(&mixed), DType::BF16);
+        // f64 weights compute in f32, alone or beside fewer bf16 elements.
+        assert_eq!(infer_compute_dtype(&[t("a", DType::F64, 4)]), DType::F32);
+        let f64_bf16 = [t("a", DType::F64, 10), t("b", DType::BF16, 9)];
+        assert_eq!(infer_compute_dtype(&f64_bf16), DType::F32);
+        // No float weights (none at all, or integers only): bf16.
+        assert_eq!(infer_compute_dtype(&[]), DType::BF16);
+        assert_eq!(infer_compute_dtype(&[t("ids", DType::I64, 9)]), DType::BF16);
+        // fp8 weights with f32 scales (per row, here more elements than the bf16 norms) and
+        // f32 weights fewer than the fp8 ones: bf16.
+        let fp8 = [
+            t("l.0.w.weight", DType::F8E4M3, 64),
+            t("l.0.w.weight_scale", DType::F32, 32),
+            t("l.0.w.weight_scale_inv", DType::F32, 32),
+            t("l.0.norm.weight", DType::BF16, 8),
+            t("l.0.router.weight", DType::F32, 16),
+        ];
+        assert_eq!(infer_compute_dtype(&fp8), DType::BF16);
+        let e5m2 = [t("w", DType::F8E5M2, 64), t("v", DType::F16, 63)];
+        assert_eq!(infer_compute_dtype(&e5m2), DType::BF16);
     }
 }

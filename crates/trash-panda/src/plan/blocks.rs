@@ -14,85 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::edit::{near_names, normalize_prefix};
 use super::PlanError;
 use crate::checkpoint::TensorInfo;
-use crate::DType;
-
-/// Suffixes of the scale tensors that travel with an fp8 weight: `<layer>.weight_scale` (per
-/// tensor or per output channel), `<layer>.scale_weight` (scaled-fp8 files of diffusion UIs),
-/// `<layer>.weight_scale_inv` (128x128 blocks), and last `<layer>.input_scale`, which belongs to
-/// activation quantization: carried along, never applied to weights.
-pub const SCALE_SUFFIXES: [&str; 4] = [
-    ".weight_scale",
-    ".scale_weight",
-    ".weight_scale_inv",
-    ".input_scale",
-];
-
-/// Where a tensor's bytes start: the staging layout of a streamed block depends on it (tensors
-/// of one file read together, O_DIRECT reads landing at their in-page offset).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TensorLocation {
-    /// Index into the checkpoint's files.
-    pub file: usize,
-    /// Offset of the first byte in that file.
-    pub start: u64,
-}
-
-/// What the planner needs of one tensor.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TensorSizes {
-    pub name: String,
-    pub dtype: DType,
-    pub shape: Vec<usize>,
-    /// Bytes in the checkpoint file.
-    pub file_bytes: u64,
-    /// `None` for sizes made by hand: the tensors of a block are then taken to lie one after
-    /// the other.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub location: Option<TensorLocation>,
-}
-
-impl TensorSizes {
-    pub fn new(name: impl Into<String>, dtype: DType, shape: &[usize]) -> Self {
-        let numel: usize = shape.iter().product();
-        TensorSizes {
-            name: name.into(),
-            dtype,
-            shape: shape.to_vec(),
-            file_bytes: (numel * dtype.size()) as u64,
-            location: None,
-        }
-    }
-
-    /// The same tensor at `start` of file `file`.
-    pub fn at(mut self, file: usize, start: u64) -> Self {
-        self.location = Some(TensorLocation { file, start });
-        self
-    }
-
-    pub fn numel(&self) -> u64 {
-        self.shape.iter().product::<usize>() as u64
-    }
-
-    /// Scale tensors of fp8 weights: they live with their weight and vanish on expansion.
-    pub fn is_scale(&self) -> bool {
-        SCALE_SUFFIXES.iter().any(|s| self.name.ends_with(s))
-    }
-}
-
-impl From<&TensorInfo> for TensorSizes {
-    fn from(t: &TensorInfo) -> Self {
-        TensorSizes {
-            name: t.name.clone(),
-            dtype: t.dtype,
-            shape: t.shape.clone(),
-            file_bytes: t.nbytes(),
-            location: Some(TensorLocation {
-                file: t.file,
-                start: t.start,
-            }),
-        }
-    }
-}
+use crate::rules::TensorSizes;
 
 /// One block: a name prefix and its tensors in checkpoint order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -233,6 +155,7 @@ impl ModelBlocks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::DType;
 
     fn t(name: &str) -> TensorSizes {
         TensorSizes::new(name, DType::BF16, &[4, 4])

@@ -6,25 +6,23 @@
 //!   block is read, and the largest streamed block may be on disk).
 //! - storage: what a loaded (device or RAM tier) tensor takes with `storage_dtype`. `bf16`
 //!   counts float tensors wider than 2 bytes at 2 bytes; `fp8` counts float 2-D weights of at
-//!   least [`FP8_MIN_ELEMENTS`] elements at 1 byte plus one f32 scale per row, and leaves
+//!   least [`FP8_MIN_ELEMENTS`](crate::rules::FP8_MIN_ELEMENTS) elements at 1 byte plus one f32 scale per row, and leaves
 //!   smaller tensors (norms, biases) alone. Scale tensors and fp8 tensors keep their size.
 //! - expanded: the block ready to run: float tensors in the compute dtype, scale tensors gone,
 //!   integer tensors as they are.
-//! - staged and expansion (see [`crate::engine_config`]): what the runtime really holds for a
+//! - staged and expansion (see [`crate::stream::block_figures`]): what the runtime holds for a
 //!   streamed or hooked block: its staging-buffer bytes, and the part of it that is expanded
 //!   rather than used in place.
 
 use serde::{Deserialize, Serialize};
 
-use super::blocks::TensorSizes;
 use super::options::{ComputeDevice, Figures, PlanOptions};
-use super::{BlockPlan, OutsidePlan, Tier};
-use crate::engine_config::{block_figures, maps_disk_tier, tensor_align, Held};
+use super::{BlockPlan, OutsidePlan};
+use crate::rules::{
+    maps_disk_tier, storage_conversion, tensor_align, Conversion, Held, TensorSizes, Tier,
+};
+use crate::stream::block_figures;
 use crate::DType;
-
-/// The smallest 2-D weight `storage_dtype="fp8"` quantizes (1 Mi elements, e.g. 1024 x 1024):
-/// below that the per-row scales and the precision loss buy little.
-pub const FP8_MIN_ELEMENTS: u64 = 1 << 20;
 
 /// Device memory a plan for a GPU leaves to what lives outside torch's caching allocator, so no
 /// budget counts it otherwise: the CUDA context (about 300 MB with CUDA's lazy module loading, the
@@ -36,35 +34,6 @@ pub const FP8_MIN_ELEMENTS: u64 = 1 << 20;
 /// outside torch on the GPU it runs on. Counted only when a GPU computes: a CPU process that
 /// plans a device tier as a GPU's has no CUDA runtime.
 pub const CUDA_CONTEXT_FLOOR: u64 = 1_000_000_000;
-
-/// What `storage_dtype` does to one tensor on load. The planner counts by it, the engine and the
-/// Python loader convert by it: one rule for all three.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Conversion {
-    Keep,
-    /// Cast to bf16, rounding to nearest even.
-    ToBf16,
-    /// Quantized to e4m3fn with one f32 scale per row.
-    ToFp8 {
-        rows: usize,
-        cols: usize,
-    },
-}
-
-/// Float tensors wider than the storage dtype are converted, never a checkpoint's scale tensors;
-/// for fp8, only 2-D weights of at least [`FP8_MIN_ELEMENTS`].
-pub fn storage_conversion(t: &TensorSizes, storage: DType) -> Conversion {
-    if !t.dtype.is_float() || t.is_scale() || t.dtype.size() <= storage.size() {
-        return Conversion::Keep;
-    }
-    if storage.is_fp8() {
-        return match t.shape[..] {
-            [rows, cols] if t.numel() >= FP8_MIN_ELEMENTS => Conversion::ToFp8 { rows, cols },
-            _ => Conversion::Keep,
-        };
-    }
-    Conversion::ToBf16
-}
 
 pub(crate) fn storage_bytes(t: &TensorSizes, storage: Option<DType>) -> u64 {
     match storage.map(|target| (target, storage_conversion(t, target))) {
@@ -209,7 +178,7 @@ pub(crate) fn compute(
             .sum::<u64>()
     };
     let shape = Shape::new(figures, options, outside);
-    let held = Held::for_blocks(blocks, options, shape.gpu);
+    let held = held_for_blocks(blocks, options, shape.gpu);
     let device_used = used(Tier::Device);
     Budgets {
         gpu: shape.gpu,
@@ -309,4 +278,27 @@ impl Shape {
                 .saturating_sub(self.outside)
         }
     }
+}
+
+/// What the runtime holds for `blocks` in their tiers: the staging pool sized for the largest
+/// streamed block, the largest expansion, and the mapped window of the disk tier used in place.
+pub(crate) fn held_for_blocks(blocks: &[BlockPlan], options: &PlanOptions, gpu: bool) -> Held {
+    let largest = blocks
+        .iter()
+        .filter(|b| b.tier != Tier::Device)
+        .map(|b| b.staging.get(b.tier))
+        .max();
+    let expansion = blocks
+        .iter()
+        .map(|b| b.expansion.get(b.tier))
+        .max()
+        .unwrap_or(0);
+    let mapped = blocks
+        .iter()
+        .filter(|b| b.tier == Tier::Disk)
+        .map(|b| b.mapped)
+        .max()
+        .unwrap_or(0);
+    Held::new(largest, expansion, options.buffers(), gpu)
+        .with_mapped_window(mapped, options.lookahead)
 }

@@ -17,56 +17,29 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use assign::{infer_compute_dtype, plan};
-pub use blocks::{BlockTensors, ModelBlocks, TensorLocation, TensorSizes, SCALE_SUFFIXES};
-pub use budget::{storage_conversion, Budgets, Conversion, CUDA_CONTEXT_FLOOR, FP8_MIN_ELEMENTS};
+pub use assign::plan;
+pub use blocks::{BlockTensors, ModelBlocks};
+pub use budget::{Budgets, CUDA_CONTEXT_FLOOR};
 pub use edit::Selector;
 pub use json::{PLAN_FORMAT, PLAN_VERSION};
 pub use options::{ComputeDevice, Figures, MinFreeRam, PlanOptions};
 pub use warnings::{Warning, WarningKind};
 
+// The shared rules a plan is made by, at the paths the planner's users know them by.
+pub use crate::rules::{
+    infer_compute_dtype, storage_conversion, Conversion, TensorLocation, TensorSizes, Tier,
+    FP8_MIN_ELEMENTS, SCALE_SUFFIXES,
+};
+
 use crate::checkpoint::CheckpointError;
-use crate::engine_config::ByTier;
-
-/// Where a block's weights live between uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    /// Resident on the compute device (the GPU, or the CPU's RAM when there is no GPU).
-    Device,
-    /// Kept in host RAM and copied to the device ahead of use.
-    Ram,
-    /// Read from the checkpoint file ahead of use.
-    Disk,
-}
-
-impl Tier {
-    pub const fn name(self) -> &'static str {
-        match self {
-            Tier::Device => "device",
-            Tier::Ram => "ram",
-            Tier::Disk => "disk",
-        }
-    }
-}
+use crate::rules::ByTier;
 
 impl std::str::FromStr for Tier {
     type Err = PlanError;
     fn from_str(s: &str) -> Result<Self, PlanError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "device" | "gpu" | "cuda" | "vram" => Ok(Tier::Device),
-            "ram" | "cpu" | "memory" => Ok(Tier::Ram),
-            "disk" => Ok(Tier::Disk),
-            _ => Err(PlanError::UnknownTier {
-                name: s.to_string(),
-            }),
-        }
-    }
-}
-
-impl std::fmt::Display for Tier {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        Tier::parse(s).ok_or_else(|| PlanError::UnknownTier {
+            name: s.to_string(),
+        })
     }
 }
 

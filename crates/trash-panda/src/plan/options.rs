@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::rules;
 use crate::sys::{GpuProbe, MemoryFigures, SysError};
 use crate::units::{parse_bytes, UnitsError};
 use crate::DType;
@@ -58,7 +59,7 @@ pub struct PlanOptions {
     /// Measured peak activation memory; replaces `headroom_vram`.
     pub activation_vram: Option<u64>,
     /// `None`: the dtype most of the checkpoint's float weights have (see
-    /// [`super::infer_compute_dtype`]); a made plan always holds the dtype it chose.
+    /// [`crate::rules::infer_compute_dtype`]); a made plan always holds the dtype it chose.
     pub compute_dtype: Option<DType>,
     /// `None`: weights kept as stored; `bf16` or `fp8` (e4m3fn): see [`super::Budgets`].
     pub storage_dtype: Option<DType>,
@@ -70,8 +71,8 @@ pub struct PlanOptions {
 }
 
 impl PlanOptions {
-    pub const DEFAULT_HEADROOM_VRAM: u64 = 1_500_000_000;
-    pub const DEFAULT_LOOKAHEAD: usize = 2;
+    pub const DEFAULT_HEADROOM_VRAM: u64 = rules::DEFAULT_HEADROOM_VRAM;
+    pub const DEFAULT_LOOKAHEAD: usize = rules::DEFAULT_LOOKAHEAD;
 
     /// The compute dtype (bf16 until one is chosen or inferred).
     pub fn compute(&self) -> DType {
@@ -81,7 +82,7 @@ impl PlanOptions {
     /// The staging buffers a plan with a streamed block counts: the figure asked for, else one
     /// per block staged ahead plus the one that runs; at least one.
     pub fn buffers(&self) -> usize {
-        self.staging_buffers.unwrap_or(self.lookahead + 1).max(1)
+        rules::staging_buffers(self.staging_buffers, self.lookahead)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::plan::Tier;
+pub use crate::rules::Tier;
 
 /// One run of one block, hook to hook, on the main thread. Times are seconds on one monotonic
 /// clock chosen by the caller; only differences matter.

@@ -1,7 +1,7 @@
 //! Where each tensor of a block sits inside its staging buffer.
 //!
 //! Every staged tensor starts at an aligned offset ([`TENSOR_ALIGN`], 64 bytes, for the CPU;
-//! [`DEVICE_TENSOR_ALIGN`], 512, for a GPU), so the Python layer can use it in place: kernels take
+//! [`DEVICE_TENSOR_ALIGN`](crate::rules::DEVICE_TENSOR_ALIGN), 512, for a GPU), so the Python layer can use it in place: kernels take
 //! different (and differently rounding) paths for weights that are not aligned like the
 //! allocator's own blocks, and safetensors data is only 8-byte aligned in its file.
 //!
@@ -19,20 +19,11 @@
 
 use std::ops::Range;
 
-use super::convert::{check_storage, conversion};
+use super::storage::{check_storage, conversion};
 use super::{SourceTier, StreamBlock, StreamError};
 use crate::io::DIRECT_ALIGN;
-use crate::plan::Conversion;
+use crate::rules::{buffer_len, tensor_in_place_eligible, Conversion, MAP_GRAIN, TENSOR_ALIGN};
 use crate::DType;
-
-/// Offset alignment of staged tensors (and scales) for the CPU: a cache line, the alignment of
-/// torch's own CPU allocations, and enough for any element type.
-pub const TENSOR_ALIGN: usize = 64;
-
-/// Offset alignment of staged tensors for a GPU: the alignment of the CUDA caching allocator's
-/// blocks, so a tensor copied with its block into a device slot can be used there in place
-/// (cuBLAS picks kernels, and so roundings, by alignment).
-pub const DEVICE_TENSOR_ALIGN: usize = 512;
 
 /// Tensors of one file closer than this are read in one request, gap included: a gap this small
 /// costs less drive time than a second request.
@@ -161,7 +152,7 @@ impl StagedLayout {
     }
 
     /// Lays out `blocks` for an engine with storage dtype `storage`, every tensor at an `align`
-    /// offset ([`TENSOR_ALIGN`] or [`DEVICE_TENSOR_ALIGN`]): RAM-tier blocks packed in their
+    /// offset ([`TENSOR_ALIGN`] or [`DEVICE_TENSOR_ALIGN`](crate::rules::DEVICE_TENSOR_ALIGN)): RAM-tier blocks packed in their
     /// converted form, disk-tier blocks as stored, or, with `in_place`, used from the map where
     /// [`in_place_eligible`] allows. Errors on a storage dtype the engine does not convert to, or
     /// an alignment that is not a power of two from 64 to a page.
@@ -256,12 +247,6 @@ impl StagedLayout {
     pub fn max_block_len(&self) -> usize {
         buffer_len(self.blocks.iter().map(|b| b.len).max().unwrap_or(0))
     }
-}
-
-/// The staging buffer a block of `len` bytes needs: whole pages (O_DIRECT reads land in it), at
-/// least one.
-pub fn buffer_len(len: usize) -> usize {
-    len.next_multiple_of(DIRECT_ALIGN).max(DIRECT_ALIGN)
 }
 
 /// Checks every tensor's file, range, and that its range holds exactly its shape of its dtype.
@@ -377,10 +362,6 @@ fn runs_of(block: &StreamBlock, order: &[usize]) -> Vec<Run> {
     runs
 }
 
-/// The largest page the page cache maps at once (a PMD on x86-64 and arm64): what a block run in
-/// place may map beyond its own bytes, at each end of each run.
-pub const MAP_GRAIN: u64 = 2 << 20;
-
 /// Whether a disk-tier block can be used in place, as views of its file's pages, on the CPU:
 /// every tensor is a 16-bit float, or lies at an `align` offset in its file. Other tensors at the
 /// file's own 8-byte alignment would change results: an fp32 Linear rounds differently on a
@@ -393,12 +374,6 @@ pub fn in_place_eligible(block: &StreamBlock, align: usize) -> bool {
             .tensors
             .iter()
             .all(|t| tensor_in_place_eligible(t.dtype, t.start, align))
-}
-
-/// The per-tensor half of [`in_place_eligible`]: a 16-bit float anywhere, or any dtype at an
-/// `align` offset of its file.
-pub fn tensor_in_place_eligible(dtype: DType, start: u64, align: usize) -> bool {
-    matches!(dtype, DType::BF16 | DType::F16) || start.is_multiple_of(align as u64)
 }
 
 /// The block's tensors as the file holds them, at offset 0 until placed.

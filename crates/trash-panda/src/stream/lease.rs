@@ -58,7 +58,7 @@ impl Lease {
         self.block
     }
 
-    /// The index of the staging buffer (into [`Engine::staging_buffers`]).
+    /// The index of the staging buffer (into [`Engine::staging_buffers`](super::Engine::staging_buffers)).
     pub fn buffer_index(&self) -> usize {
         self.slot
     }

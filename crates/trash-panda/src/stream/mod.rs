@@ -4,8 +4,12 @@
 //! The caller (the Python hooks) calls [`Engine::acquire`] before a streamed block runs, copies the
 //! block out of the [`Lease`]'s buffer, and releases the lease (or drops it). Blocks come from the
 //! RAM tier (a memory map, or a private copy read up front) or from the disk tier (O_DIRECT or
-//! buffered reads straight into the staging buffer). See DESIGN.md, "The data path of one streamed
-//! block".
+//! buffered reads straight into the staging buffer); the binding then copies a staging buffer to
+//! a device slot (README.md, "On a GPU"), or the CPU computes from it.
+//!
+//! Where each tensor sits in a staging buffer is the [`StagedLayout`]'s, by the alignment and
+//! staging rules of [`crate::rules`]; [`block_figures`] gives the planner the same figures for a
+//! block before any engine exists.
 //!
 //! With a storage dtype ([`EngineOptions::storage`]) the RAM tier is converted once, on load,
 //! into private memory, and its blocks are staged in that form; the staged layout says what each
@@ -17,12 +21,14 @@ mod convert;
 mod copy;
 mod early;
 mod error;
+mod figures;
 mod layout;
 mod lease;
 mod pool;
 mod source;
 mod stagings;
 mod stats;
+mod storage;
 mod window;
 mod worker;
 
@@ -32,17 +38,18 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use convert::STORAGE_DTYPES;
 pub use error::StreamError;
-pub use layout::{
-    buffer_len, in_place_eligible, tensor_in_place_eligible, StagedLayout, StagedScale,
-    StagedTensor, DEVICE_TENSOR_ALIGN, MAP_GRAIN, MERGE_GAP, TENSOR_ALIGN,
-};
+pub use figures::{block_figures, BlockFigures};
+pub use layout::{in_place_eligible, StagedLayout, StagedScale, StagedTensor, MERGE_GAP};
 pub use lease::{Lease, TensorKey};
 pub use stagings::{Staging, StagingSource, MAX_STAGINGS};
 pub use stats::{BlockStats, EngineStats};
+pub use storage::STORAGE_DTYPES;
 
 use crate::io::{AlignedBuf, ReadMode, ReadStats, DEFAULT_CHUNK_SIZE};
+pub use crate::rules::{
+    buffer_len, tensor_in_place_eligible, DEVICE_TENSOR_ALIGN, MAP_GRAIN, TENSOR_ALIGN,
+};
 use crate::DType;
 use pool::{SlotState, State};
 pub use source::RamImage;

@@ -1,0 +1,90 @@
+//! What `storage_dtype` does to a tensor on load, and which tensors are expanded to the compute
+//! dtype before their block runs. The planner counts by these rules, the engine converts by them
+//! and the CPU and CUDA backends expand by them: one rule for all.
+
+use super::tensor::TensorSizes;
+use crate::DType;
+
+/// The smallest 2-D weight `storage_dtype="fp8"` quantizes (1 Mi elements, e.g. 1024 x 1024):
+/// below that the per-row scales and the precision loss buy little.
+pub const FP8_MIN_ELEMENTS: u64 = 1 << 20;
+
+/// What `storage_dtype` does to one tensor on load. The planner counts by it, the engine and the
+/// Python loader convert by it: one rule for all three.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conversion {
+    Keep,
+    /// Cast to bf16, rounding to nearest even.
+    ToBf16,
+    /// Quantized to e4m3fn with one f32 scale per row.
+    ToFp8 {
+        rows: usize,
+        cols: usize,
+    },
+}
+
+/// Float tensors wider than the storage dtype are converted, never a checkpoint's scale tensors;
+/// for fp8, only 2-D weights of at least [`FP8_MIN_ELEMENTS`].
+pub fn storage_conversion(t: &TensorSizes, storage: DType) -> Conversion {
+    if !t.dtype.is_float() || t.is_scale() || t.dtype.size() <= storage.size() {
+        return Conversion::Keep;
+    }
+    if storage.is_fp8() {
+        return match t.shape[..] {
+            [rows, cols] if t.numel() >= FP8_MIN_ELEMENTS => Conversion::ToFp8 { rows, cols },
+            _ => Conversion::Keep,
+        };
+    }
+    Conversion::ToBf16
+}
+
+/// The dtype a tensor is held in on the device and in RAM after `storage_dtype`, and whether the
+/// conversion gave it per-row scales.
+pub fn stored_form(t: &TensorSizes, storage: Option<DType>) -> (DType, bool) {
+    match storage.map(|s| storage_conversion(t, s)) {
+        None | Some(Conversion::Keep) => (t.dtype, false),
+        Some(Conversion::ToBf16) => (DType::BF16, false),
+        Some(Conversion::ToFp8 { .. }) => (DType::F8E4M3, true),
+    }
+}
+
+/// Whether a weight held as `held` (its dtype in the tier) is expanded into the expansion buffer
+/// before its block runs, rather than used in place: a float tensor in another dtype than the
+/// compute dtype, or one with a scale to apply. The CPU and CUDA backends follow this rule and
+/// the planner counts by it.
+pub fn needs_expansion(held: DType, compute: DType, scaled: bool) -> bool {
+    held.is_float() && (held != compute || scaled)
+}
+
+/// One tensor as the expansion layout sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpansionInput {
+    /// The dtype the tensor is held in (file, or storage dtype).
+    pub held: DType,
+    pub elements: u64,
+    /// Whether a scale applies (a checkpoint scale tensor, or per-row scales from a storage
+    /// conversion to fp8).
+    pub scaled: bool,
+}
+
+/// Where each expanded tensor of a block goes in the expansion buffer (`None`: used in place),
+/// and the bytes the block needs: tensors in the compute dtype, one after the other, each taking
+/// whole `align` units so that the total does not depend on the order of the tensors.
+pub fn expansion_layout(
+    tensors: &[ExpansionInput],
+    compute: DType,
+    align: usize,
+) -> (Vec<Option<u64>>, u64) {
+    let mut end = 0u64;
+    let offsets = tensors
+        .iter()
+        .map(|t| {
+            needs_expansion(t.held, compute, t.scaled).then(|| {
+                let at = end;
+                end += (t.elements * compute.size() as u64).next_multiple_of(align as u64);
+                at
+            })
+        })
+        .collect();
+    (offsets, end)
+}

@@ -1,0 +1,168 @@
+//! The staging rules: where staged tensors may start, how large a staging buffer is, what the
+//! runtime holds beside the weights ([`Held`]), and the defaults of the figures that size it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::io::DIRECT_ALIGN;
+use crate::DType;
+
+/// Offset alignment of staged tensors (and scales) for the CPU: a cache line, the alignment of
+/// torch's own CPU allocations, and enough for any element type.
+pub const TENSOR_ALIGN: usize = 64;
+
+/// Offset alignment of staged tensors for a GPU: the alignment of the CUDA caching allocator's
+/// blocks, so a tensor copied with its block into a device slot can be used there in place
+/// (cuBLAS picks kernels, and so roundings, by alignment).
+pub const DEVICE_TENSOR_ALIGN: usize = 512;
+
+/// The largest page the page cache maps at once (a PMD on x86-64 and arm64): what a block run in
+/// place may map beyond its own bytes, at each end of each run.
+pub const MAP_GRAIN: u64 = 2 << 20;
+
+/// Streamed blocks staged ahead of the one that runs, unless a plan says otherwise.
+pub const DEFAULT_LOOKAHEAD: usize = 2;
+
+/// Device memory kept free for activations when no measured figure is given (1.5 GB).
+pub const DEFAULT_HEADROOM_VRAM: u64 = 1_500_000_000;
+
+/// The offset alignment of staged and expanded tensors: the CPU allocator's, or the CUDA
+/// caching allocator's when a GPU computes.
+pub const fn tensor_align(gpu: bool) -> usize {
+    if gpu {
+        DEVICE_TENSOR_ALIGN
+    } else {
+        TENSOR_ALIGN
+    }
+}
+
+/// Whether disk-tier blocks are used in place from maps of the checkpoint (where
+/// [`crate::stream::in_place_eligible`] allows): on the CPU, on Linux, whose `MADV_DONTNEED`
+/// hands a block's pages back as soon as it has run. A GPU copies every block anyway, and
+/// elsewhere a map's pages would stay in the process until the system trims them.
+pub const fn maps_disk_tier(gpu: bool) -> bool {
+    !gpu && cfg!(target_os = "linux")
+}
+
+/// The per-tensor half of [`crate::stream::in_place_eligible`]: a 16-bit float anywhere, or any
+/// dtype at an `align` offset of its file.
+pub fn tensor_in_place_eligible(dtype: DType, start: u64, align: usize) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16) || start.is_multiple_of(align as u64)
+}
+
+/// Whether a tensor that the model only reads by rows (an embedding table) stays in a private
+/// map of the checkpoint instead of being read into memory: a pass then brings in the pages of
+/// the rows it looks up and no others, and the rest of the table costs no RAM. Where the disk
+/// tier is used in place ([`maps_disk_tier`]), for a tensor that could be
+/// ([`tensor_in_place_eligible`]: the same results as from its own memory, should
+/// the model also multiply by it). The plan still counts the whole table as resident.
+pub fn maps_lookup_table(gpu: bool, dtype: DType, start: u64) -> bool {
+    maps_disk_tier(gpu) && tensor_in_place_eligible(dtype, start, tensor_align(gpu))
+}
+
+/// The staging buffer a block of `len` bytes needs: whole pages (O_DIRECT reads land in it), at
+/// least one.
+pub fn buffer_len(len: usize) -> usize {
+    len.next_multiple_of(DIRECT_ALIGN).max(DIRECT_ALIGN)
+}
+
+/// The staging buffers a plan with a streamed block counts: the figure asked for
+/// (`TRASH_PANDA_PINNED_BUFFERS`), else one per block staged ahead plus the one that runs; at
+/// least one.
+pub fn staging_buffers(asked: Option<usize>, lookahead: usize) -> usize {
+    asked.unwrap_or(lookahead + 1).max(1)
+}
+
+/// What the runtime holds beside the weights, as a plan counts it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    /// Host staging buffers (pinned on CUDA) when a block streams, else 0: the plan's
+    /// `staging_buffers` option (`TRASH_PANDA_PINNED_BUFFERS`), by default `lookahead + 1`.
+    pub staging_buffers: usize,
+    /// Bytes of each: the largest streamed block's staged bytes in its tier (tensors at aligned
+    /// offsets, the disk tier's read area included), rounded up to whole pages.
+    pub staging_buffer_bytes: u64,
+    /// Device slots a staged block is copied into: one per staging buffer on a GPU, none on the
+    /// CPU (the CPU computes from the staging buffers themselves).
+    pub device_slots: usize,
+    /// The expansion buffer: the largest expansion any hooked block needs in its tier.
+    pub expansion_bytes: u64,
+    /// The checkpoint pages the process maps for disk-tier blocks used in place: the largest
+    /// such block's, runs rounded out to [`MAP_GRAIN`], and one [`MAP_GRAIN`] per look-ahead
+    /// block being read in (0 when none is used in place).
+    #[serde(default)]
+    pub mapped_window_bytes: u64,
+}
+
+impl Held {
+    /// The figures for a largest streamed block of `largest_staged` bytes (`None`: nothing
+    /// streams), a largest expansion of `expansion` bytes and `buffers` staging buffers
+    /// ([`staging_buffers`]; at least one is kept when a block streams).
+    pub fn new(largest_staged: Option<u64>, expansion: u64, buffers: usize, gpu: bool) -> Held {
+        let buffers = largest_staged.map_or(0, |_| buffers.max(1));
+        Held {
+            staging_buffers: buffers,
+            staging_buffer_bytes: largest_staged.map_or(0, |b| buffer_len(b as usize) as u64),
+            device_slots: if gpu { buffers } else { 0 },
+            expansion_bytes: expansion,
+            mapped_window_bytes: 0,
+        }
+    }
+
+    /// The same figures with the mapped window of a plan whose largest block used in place maps
+    /// `largest_mapped` bytes: that block, and one huge page for each of the `lookahead` blocks
+    /// the workers bring into the page cache meanwhile (a chunk at a time, each unmapped at once).
+    pub fn with_mapped_window(self, largest_mapped: u64, lookahead: usize) -> Held {
+        let ahead = if largest_mapped > 0 {
+            lookahead as u64 * MAP_GRAIN
+        } else {
+            0
+        };
+        Held {
+            mapped_window_bytes: largest_mapped + ahead,
+            ..self
+        }
+    }
+
+    /// Bytes of the host staging pool.
+    pub fn host_staging(&self) -> u64 {
+        self.staging_buffers as u64 * self.staging_buffer_bytes
+    }
+
+    /// Host RAM the streaming takes beside the weights: the staging pool and the mapped window.
+    pub fn host_ram(&self) -> u64 {
+        self.host_staging() + self.mapped_window_bytes
+    }
+
+    /// Bytes of the device slots.
+    pub fn device_slot_bytes(&self) -> u64 {
+        self.device_slots as u64 * self.staging_buffer_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SETTINGS;
+
+    #[test]
+    fn the_settings_table_states_the_same_defaults() {
+        let default = |name: &str| SETTINGS.iter().find(|s| s.name == name).unwrap().default;
+        assert_eq!(default("lookahead"), DEFAULT_LOOKAHEAD.to_string());
+        // `pinned_buffers = 0` leaves the count to the look-ahead: one more than it.
+        assert_eq!(default("pinned_buffers"), "0");
+        assert_eq!(
+            staging_buffers(None, DEFAULT_LOOKAHEAD),
+            DEFAULT_LOOKAHEAD + 1
+        );
+        assert_eq!(staging_buffers(Some(0), 0), 1);
+        assert_eq!(staging_buffers(Some(5), 2), 5);
+    }
+
+    #[test]
+    fn staged_tensors_align_to_their_allocator() {
+        assert_eq!(tensor_align(false), TENSOR_ALIGN);
+        assert_eq!(tensor_align(true), DEVICE_TENSOR_ALIGN);
+        assert_eq!(buffer_len(0), DIRECT_ALIGN);
+        assert_eq!(buffer_len(DIRECT_ALIGN + 1), 2 * DIRECT_ALIGN);
+    }
+}
