@@ -23,7 +23,7 @@ from trash_panda.errors import StreamError
 from trash_panda.offload import cuda as cuda_mod
 from trash_panda.offload import restore as restore_mod
 from trash_panda.offload.cuda import CudaBackend, DeviceBackend, register_pinned, register_ram_tier
-from trash_panda.offload.hooks import _install
+from trash_panda.offload.hooks import OffloadHandle, _install
 from trash_panda.offload.meter import CudaGauge, Meter
 from trash_panda.offload.state import ModelState, get_state
 
@@ -162,14 +162,21 @@ def test_ram_tier_blocks_are_copied_from_it_only_when_it_is_pinned(
     assert fake.registered == set() and fake.last_error == 0
 
 
-def test_a_block_whose_bring_failed_gives_its_slot_back(
-    in_memory: tuple[Tiny, Tiny], sim: SimulatedDevice, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    model, ref = in_memory
+def _on_the_simulated_device(model: Tiny, sim: SimulatedDevice) -> tuple[ModelState, OffloadHandle, DeviceBackend]:
+    """The model's hooks with a device backend on the simulated device."""
     state = _state(model)
     handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim, torch.device("cpu")))
     backend = handle.backend
     assert isinstance(backend, DeviceBackend) and backend.pipeline is not None
+    return state, handle, backend
+
+
+def test_a_block_whose_bring_failed_gives_its_slot_back(
+    in_memory: tuple[Tiny, Tiny], sim: SimulatedDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, ref = in_memory
+    state, handle, backend = _on_the_simulated_device(model, sim)
+    assert backend.pipeline is not None
     real = cuda_mod._typed
     calls = [0]
 
@@ -196,10 +203,8 @@ def test_a_block_whose_wait_for_its_copy_failed_gives_its_slot_back(
     in_memory: tuple[Tiny, Tiny], sim: SimulatedDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, ref = in_memory
-    state = _state(model)
-    handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim, torch.device("cpu")))
-    backend = handle.backend
-    assert isinstance(backend, DeviceBackend) and backend.pipeline is not None
+    _, handle, backend = _on_the_simulated_device(model, sim)
+    assert backend.pipeline is not None
     real = type(sim).compute_waits
     calls = [0]
 

@@ -1,5 +1,4 @@
-//! Order files: naming, reading every kind of bad file, atomic writes, the decision to write, and
-//! the run order built from the names that run first.
+//! Order files: naming, reading every kind of bad file, atomic writes, and the run order built from the names that run first.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -7,33 +6,11 @@ use std::path::{Path, PathBuf};
 use proptest::prelude::*;
 use trash_panda::order::{
     full_order, order_file_path, order_to_write, read_order_file, write_order_file, Ignored,
-    OrderError, OrderFile, OrderRead, MAX_ORDER_FILE_BYTES, ORDER_FORMAT, ORDER_VERSION,
+    OrderError, OrderFile, OrderRead, MAX_ORDER_FILE_BYTES, ORDER_FORMAT,
 };
 
-/// A Flux-like model: 3 double blocks then 2 single blocks, spelt as the planner does.
-const MODEL: [&str; 5] = [
-    "double_blocks.0.",
-    "double_blocks.1.",
-    "double_blocks.2.",
-    "single_blocks.0.",
-    "single_blocks.1.",
-];
-
-fn order_json(blocks: &[&str]) -> String {
-    serde_json::json!({
-        "format": ORDER_FORMAT,
-        "version": ORDER_VERSION,
-        "checkpoint": "model.safetensors",
-        "blocks": blocks,
-    })
-    .to_string()
-}
-
-fn read_text(dir: &Path, text: &str) -> OrderRead {
-    let path = dir.join("model_order.json");
-    fs::write(&path, text).unwrap();
-    read_order_file(&path, &MODEL).unwrap()
-}
+mod order_common;
+use order_common::{order_json, read_text, MODEL};
 
 fn ignored(read: &OrderRead) -> &Ignored {
     read.ignored()
@@ -426,109 +403,6 @@ fn a_read_only_folder_is_a_typed_error() {
         assert!(matches!(err, OrderError::Write { .. }), "{err}");
     }
     fs::set_permissions(&folder, fs::Permissions::from_mode(0o755)).unwrap();
-}
-
-// ---- deciding to write ----
-
-const DOUBLE: [&str; 3] = ["double_blocks.0.", "double_blocks.1.", "double_blocks.2."];
-
-fn to_write(read: &OrderRead, ran: &[&str]) -> Option<Vec<String>> {
-    order_to_write(read, ran, &DOUBLE).unwrap()
-}
-
-#[test]
-fn the_file_is_written_when_there_was_none_or_it_was_wrong() {
-    let dir = tempfile::tempdir().unwrap();
-    let all = ["double_blocks.1.", "double_blocks.0.", "double_blocks.2."];
-    let want: Vec<String> = all.iter().map(|s| s.to_string()).collect();
-    assert_eq!(
-        to_write(&OrderRead::Ignored(Ignored::Absent), &all),
-        Some(want.clone())
-    );
-    let bad = read_text(dir.path(), &order_json(&["nope.0"]));
-    assert_eq!(to_write(&bad, &all), Some(want.clone()));
-
-    let good = read_text(
-        dir.path(),
-        &order_json(&["double_blocks.1", "double_blocks.0", "double_blocks.2"]),
-    );
-    assert_eq!(to_write(&good, &all), None);
-    assert_eq!(
-        to_write(
-            &good,
-            &["double_blocks.1", "double_blocks.0", "double_blocks.2"]
-        ),
-        None
-    );
-    // A block that ran twice is recorded at its first place, as the file would hold it.
-    assert_eq!(
-        to_write(
-            &good,
-            &[
-                "double_blocks.1",
-                "double_blocks.0",
-                "double_blocks.1",
-                "double_blocks.2"
-            ]
-        ),
-        None
-    );
-    assert_eq!(
-        to_write(
-            &good,
-            &["double_blocks.0", "double_blocks.1", "double_blocks.2"]
-        ),
-        Some(DOUBLE.iter().map(|s| s.to_string()).collect())
-    );
-    // A file that names only the first blocks is read as that order, then the model's.
-    let short = read_text(dir.path(), &order_json(&["double_blocks.1"]));
-    assert_eq!(to_write(&short, &all), None);
-}
-
-#[test]
-fn a_partial_pass_is_merged_into_the_known_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let good = read_text(
-        dir.path(),
-        &order_json(&["double_blocks.2", "double_blocks.1", "double_blocks.0"]),
-    );
-    // A run stopped after its first blocks ran in the file's order leaves the file alone.
-    assert_eq!(to_write(&good, &["double_blocks.2"]), None);
-    assert_eq!(
-        to_write(&good, &["double_blocks.2", "double_blocks.1"]),
-        None
-    );
-    // A call of the last blocks alone changes nothing either.
-    assert_eq!(
-        to_write(&good, &["double_blocks.1", "double_blocks.0"]),
-        None
-    );
-    // Blocks that ran the other way round swap places; the rest keep theirs.
-    assert_eq!(
-        to_write(&good, &["double_blocks.0", "double_blocks.2"]),
-        Some(vec![
-            "double_blocks.0.".to_string(),
-            "double_blocks.1.".to_string(),
-            "double_blocks.2.".to_string()
-        ])
-    );
-    // Without a file, the model's order takes the partial pass.
-    assert_eq!(
-        to_write(&OrderRead::Ignored(Ignored::Absent), &["double_blocks.2"]),
-        Some(vec![
-            "double_blocks.0.".to_string(),
-            "double_blocks.1.".to_string(),
-            "double_blocks.2.".to_string()
-        ])
-    );
-    let err = order_to_write(&good, &["nope.3"], &DOUBLE).unwrap_err();
-    assert!(matches!(err, OrderError::UnknownBlock { .. }), "{err}");
-}
-
-#[test]
-fn nothing_is_written_when_nothing_ran() {
-    let none: [&str; 0] = [];
-    assert_eq!(to_write(&OrderRead::Ignored(Ignored::Absent), &none), None);
 }
 
 // ---- the run order ----
