@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -171,22 +171,27 @@ def _on_the_simulated_device(model: Tiny, sim: SimulatedDevice) -> tuple[ModelSt
     return state, handle, backend
 
 
+def _failing_on_call(n: int, real: Callable[..., Any]) -> Callable[..., Any]:
+    """``real``, except that its ``n``-th call raises RuntimeError("injected")."""
+    calls = [0]
+
+    def failing(*args: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == n:
+            raise RuntimeError("injected")
+        return real(*args)
+
+    return failing
+
+
 def test_a_block_whose_bring_failed_gives_its_slot_back(
     in_memory: tuple[Tiny, Tiny], sim: SimulatedDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, ref = in_memory
     state, handle, backend = _on_the_simulated_device(model, sim)
     assert backend.pipeline is not None
-    real = cuda_mod._typed
-    calls = [0]
-
-    def failing(*args: Any) -> torch.Tensor:
-        calls[0] += 1
-        if calls[0] == 3:  # a tensor of the first streamed block, after its slot was taken
-            raise RuntimeError("injected")
-        return real(*args)
-
-    monkeypatch.setattr(cuda_mod, "_typed", failing)
+    # The third tensor: one of the first streamed block's, after its slot was taken.
+    monkeypatch.setattr(cuda_mod, "_typed", _failing_on_call(3, cuda_mod._typed))
     with torch.no_grad():
         want = ref(IDS)
         with pytest.raises(RuntimeError, match="injected"):
@@ -205,16 +210,8 @@ def test_a_block_whose_wait_for_its_copy_failed_gives_its_slot_back(
     model, ref = in_memory
     _, handle, backend = _on_the_simulated_device(model, sim)
     assert backend.pipeline is not None
-    real = type(sim).compute_waits
-    calls = [0]
-
-    def failing(self: SimulatedDevice, event: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == 2:  # inside take(), once the copy was queued into its slot
-            raise RuntimeError("injected")
-        return real(self, event)
-
-    monkeypatch.setattr(type(sim), "compute_waits", failing)
+    # The second wait: inside take(), once the copy was queued into its slot.
+    monkeypatch.setattr(type(sim), "compute_waits", _failing_on_call(2, type(sim).compute_waits))
     with torch.no_grad():
         want = ref(IDS)
         with pytest.raises(RuntimeError, match="injected"):

@@ -29,7 +29,7 @@ from .. import _core
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Meter", "Window", "meter_for", "paused"]
+__all__ = ["Meter", "Window", "measured", "meter_for", "paused"]
 
 
 class Gauge(Protocol):

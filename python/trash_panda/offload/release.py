@@ -41,12 +41,12 @@ def release(model: nn.Module, handle: OffloadHandle | None = None) -> None:
     if handle is not None and handle.model is not model:
         raise ArgumentError("handle: it belongs to another model")
     with paused():
-        _release(model, handle)
+        _release(model)
 
 
-def _release(model: nn.Module, _handle: OffloadHandle | None) -> None:
-    """``_handle`` is only checked by release(): the hooks that go are those live on the model
-    (every installed handle is its model's live one, so a handle that is not was removed)."""
+def _release(model: nn.Module) -> None:
+    """The hooks that go are those live on the model: every installed handle is its model's live
+    one, so a handle release() was given that is not was removed already."""
     import torch
 
     from .. import config
