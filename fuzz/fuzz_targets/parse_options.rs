@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use trash_panda::config;
 use trash_panda::plan::Plan;
+use trash_panda::settings;
 use trash_panda::units::parse_bytes;
 use trash_panda::DType;
 
@@ -14,8 +14,8 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(parse_bytes(&n.to_string()).ok(), Some(n));
     }
     let _ = text.parse::<DType>();
-    for s in config::SETTINGS {
-        let _ = config::parse(s, text, config::Source::Argument);
+    for s in settings::SETTINGS {
+        let _ = settings::parse(s, text, settings::Source::Argument);
     }
     if let Ok(plan) = Plan::from_json(text) {
         let again = Plan::from_json(&plan.to_json()).expect("a plan's own JSON reads back");

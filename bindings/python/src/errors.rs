@@ -10,13 +10,13 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 use trash_panda::checkpoint::CheckpointError;
-use trash_panda::config::ConfigError;
 use trash_panda::dtype::DtypeError;
 use trash_panda::engine_config::EngineConfigError;
 use trash_panda::io::IoError;
 use trash_panda::order::OrderError;
 use trash_panda::plan::PlanError;
 use trash_panda::profile::ProfileError;
+use trash_panda::settings::SettingsError;
 use trash_panda::stream::StreamError;
 use trash_panda::sys::SysError;
 
@@ -124,7 +124,7 @@ impl ToPyErr for StreamError {
     }
 }
 
-impl ToPyErr for ConfigError {
+impl ToPyErr for SettingsError {
     fn to_py(self) -> PyErr {
         raise(Kind::Argument, self.to_string())
     }

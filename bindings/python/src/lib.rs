@@ -6,7 +6,6 @@ use pyo3::prelude::*;
 
 mod checkpoint;
 mod cli;
-mod config;
 mod dlpack;
 mod dtype;
 mod engine_config;
@@ -17,6 +16,7 @@ mod io;
 mod order;
 mod plan;
 mod profile;
+mod settings;
 mod stream;
 
 #[pymodule]
@@ -30,7 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     plan::register(m)?;
     profile::register(m)?;
     stream::register(m)?;
-    config::register(m)?;
+    settings::register(m)?;
     cli::register(m)?;
     order::register(m)?;
     Ok(())

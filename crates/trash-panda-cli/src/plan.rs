@@ -62,17 +62,17 @@ pub struct PlanArgs {
 }
 
 impl PlanArgs {
-    pub fn options(&self) -> Result<PlanOptions, trash_panda::config::ConfigError> {
+    pub fn options(&self) -> Result<PlanOptions, trash_panda::settings::SettingsError> {
         let lookahead = match self.lookahead {
             Some(n) => n,
-            None => match trash_panda::config::get("lookahead", None)? {
-                trash_panda::config::Value::Count(n) => n as usize,
+            None => match trash_panda::settings::get("lookahead", None)? {
+                trash_panda::settings::Value::Count(n) => n as usize,
                 _ => PlanOptions::DEFAULT_LOOKAHEAD,
             },
         };
         // TRASH_PANDA_PINNED_BUFFERS, as the library's plan() counts it (0: the default).
-        let staging_buffers = match trash_panda::config::get("pinned_buffers", None)? {
-            trash_panda::config::Value::Count(n) if n > 0 => Some(n as usize),
+        let staging_buffers = match trash_panda::settings::get("pinned_buffers", None)? {
+            trash_panda::settings::Value::Count(n) if n > 0 => Some(n as usize),
             _ => None,
         };
         Ok(PlanOptions {

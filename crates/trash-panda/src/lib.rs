@@ -5,7 +5,6 @@
 //! Every module has one job and one error enum.
 
 pub mod checkpoint;
-pub mod config;
 pub mod dtype;
 pub mod engine_config;
 pub mod io;
@@ -13,6 +12,7 @@ pub mod order;
 pub mod plan;
 pub mod profile;
 pub mod rules;
+pub mod settings;
 pub mod stream;
 pub mod sys;
 pub mod units;

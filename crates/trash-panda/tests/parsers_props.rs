@@ -1,8 +1,8 @@
 //! Property tests of the parsers of what users type: sizes, dtype names, settings, plan JSON.
 
 use proptest::prelude::*;
-use trash_panda::config::{self, Source, SETTINGS};
 use trash_panda::plan::Plan;
+use trash_panda::settings::{self, Source, SETTINGS};
 use trash_panda::units::parse_bytes;
 use trash_panda::DType;
 
@@ -14,7 +14,7 @@ proptest! {
         let _ = parse_bytes(&text);
         let _ = text.parse::<DType>();
         for s in SETTINGS {
-            let _ = config::parse(s, &text, Source::Environment);
+            let _ = settings::parse(s, &text, Source::Environment);
         }
         let _ = Plan::from_json(&text);
     }
@@ -49,11 +49,11 @@ proptest! {
 
     #[test]
     fn counts_and_switches(n in any::<u64>(), on in any::<bool>()) {
-        let count = config::find("lookahead").unwrap();
-        prop_assert_eq!(config::parse(count, &n.to_string(), Source::Argument).unwrap(), config::Value::Count(n));
-        let switch = config::find("profile").unwrap();
+        let count = settings::find("lookahead").unwrap();
+        prop_assert_eq!(settings::parse(count, &n.to_string(), Source::Argument).unwrap(), settings::Value::Count(n));
+        let switch = settings::find("profile").unwrap();
         let word = if on { "YES" } else { "off" };
-        prop_assert_eq!(config::parse(switch, word, Source::Argument).unwrap(), config::Value::Switch(on));
+        prop_assert_eq!(settings::parse(switch, word, Source::Argument).unwrap(), settings::Value::Switch(on));
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! the engine's staged layout.
 
 use crate::dtype::{classify_scale, DType, DtypeError, ScaleLayout, SCALE_BLOCK};
+use crate::rules::StagedTensor;
 use crate::rules::{expansion_layout, is_scale_name, paired_scale, ExpansionInput};
-use crate::stream::StagedTensor;
 
 /// The scale layout of weight `weight` (of shape `shape`) scaled by tensor `scale` (of shape
 /// `scale_shape`), for the 128x128 tiles checkpoints use.

@@ -3,23 +3,24 @@
 //! tensors, the dtypes and the disk read mode.
 //!
 //! The planner computes its budgets with [`Held::new`](crate::rules::Held::new) and
-//! [`block_figures`](crate::stream::block_figures), by the rules of [`crate::rules`], and the
+//! [`block_figures`](crate::rules::block_figures), by the rules of [`crate::rules`], and the
 //! runtime sizes what it allocates from [`EngineConfig::from_plan`], which reads the same figures
 //! back: a plan and the process it describes agree by construction, not by a second calculation.
-//! This module sits above `plan` and `stream` and only turns a plan into the engine's settings.
+//! This module sits above `plan` and `stream` and only turns a plan into the engine's
+//! configuration.
 
 mod block;
-mod settings;
+mod choices;
 
 use serde::Serialize;
 
 pub use block::{scale_layout, staged_work, ScaleSource, TensorWork};
-pub use settings::{DiskModeChoice, EngineSettings};
+pub use choices::{DiskModeChoice, EngineSettings};
 
-use crate::config::ConfigError;
 use crate::io::{ReadMode, ReadOptions};
 use crate::plan::{Budgets, Plan};
 use crate::rules::{maps_disk_tier, tensor_align, Held};
+use crate::settings::SettingsError;
 use crate::stream::{EngineOptions, RamSource};
 use crate::DType;
 
@@ -29,7 +30,7 @@ pub enum EngineConfigError {
     #[error("the plan has not been matched against a model, so it has no sizes: resolve it first")]
     Unresolved,
     #[error(transparent)]
-    Setting(#[from] ConfigError),
+    Setting(#[from] SettingsError),
 }
 
 /// Every figure the runtime of one model holds, derived from its plan and the settings.

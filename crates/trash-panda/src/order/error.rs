@@ -31,7 +31,7 @@ pub enum OrderError {
     /// An order names a block the model does not have.
     #[error(
         "order names {name}, which is not a block of the model (blocks: {})",
-        super::compose::list_blocks(.blocks)
+        crate::rules::run_order::list_blocks(.blocks)
     )]
     UnknownBlock { name: String, blocks: Vec<String> },
 

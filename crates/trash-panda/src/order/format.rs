@@ -16,8 +16,8 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use super::compose::block_key;
 use super::OrderError;
+use crate::rules::run_order::block_key;
 
 /// The `format` field of every order file.
 pub const ORDER_FORMAT: &str = "trash-panda-order";

@@ -1,7 +1,8 @@
 //! Order files: the order a model's blocks ran in, kept next to its checkpoint so the next run
 //! can prefetch in that order from its first call.
 //!
-//! The rules live here, and the Python layer only asks: [`order_file_path`] names the file,
+//! The order files' rules live here (how names become a run order is
+//! [`crate::rules::run_order`]'s), and the Python layer only asks: [`order_file_path`] names the file,
 //! [`read_order_file`] gives the order or why there is none ([`Ignored`]), [`order_to_write`]
 //! decides what of the order recorded during the run goes back to the file, [`write_order_file`]
 //! writes it atomically, and [`full_order`] turns the names that run first (from the file or
@@ -11,7 +12,6 @@
 //! format is described in docs/order-format.md.
 
 mod atomic;
-mod compose;
 mod error;
 mod format;
 mod path;
@@ -19,7 +19,7 @@ mod path;
 #[cfg(test)]
 mod tests;
 
-pub use compose::{block_key, full_order};
+pub use crate::rules::run_order::block_key;
 pub use error::OrderError;
 pub use format::{Ignored, OrderFile, MAX_ORDER_FILE_BYTES, ORDER_FORMAT, ORDER_VERSION};
 pub use path::{order_file_path, ORDER_SUFFIX};
@@ -29,7 +29,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
 
-use compose::{complete, BlockIndex, Mismatch};
+use crate::rules::run_order::{complete, BlockIndex, Mismatch};
 
 /// An order file's names, matched against the model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +86,40 @@ impl OrderRead {
     }
 }
 
+/// The full run order, as positions in `blocks` (the model's blocks in plan order): the blocks
+/// `first` names, in that order, then every other block in plan order (the rule of
+/// [`crate::rules::run_order`]). This is what `order=` and a usable order file both turn into.
+pub fn full_order<A: AsRef<str>, B: AsRef<str>>(
+    first: &[A],
+    blocks: &[B],
+) -> Result<Vec<usize>, OrderError> {
+    let index = model_index(blocks)?;
+    let named = index
+        .resolve(first)
+        .map_err(|m| order_mismatch(m, blocks))?;
+    Ok(complete(named, blocks.len()))
+}
+
+/// The index of the model's blocks; a block the model's list names twice is the caller's error.
+fn model_index<S: AsRef<str>>(blocks: &[S]) -> Result<BlockIndex<'_>, OrderError> {
+    BlockIndex::new(blocks).map_err(|m| match m {
+        Mismatch::Duplicate(name) | Mismatch::Unknown(name) => {
+            OrderError::DuplicateModelBlock { name }
+        }
+    })
+}
+
+/// The error for names (of an order, not the model's list) that do not fit the model's `blocks`.
+fn order_mismatch<S: AsRef<str>>(m: Mismatch, blocks: &[S]) -> OrderError {
+    match m {
+        Mismatch::Unknown(name) => OrderError::UnknownBlock {
+            name,
+            blocks: blocks.iter().map(|b| b.as_ref().to_string()).collect(),
+        },
+        Mismatch::Duplicate(name) => OrderError::DuplicateBlock { name },
+    }
+}
+
 /// Reads the order file at `path` and matches it against `model_blocks` (the model's block
 /// names in plan order, with or without trailing dots).
 ///
@@ -96,7 +130,7 @@ pub fn read_order_file<S: AsRef<str>>(
     path: &Path,
     model_blocks: &[S],
 ) -> Result<OrderRead, OrderError> {
-    let index = BlockIndex::new(model_blocks)?;
+    let index = model_index(model_blocks)?;
     let bytes = match read_capped(path) {
         Ok(Some(bytes)) => bytes,
         Ok(None) => {
@@ -159,7 +193,7 @@ pub fn order_to_write<S: AsRef<str>, B: AsRef<str>>(
     recorded: &[S],
     model_blocks: &[B],
 ) -> Result<Option<Vec<String>>, OrderError> {
-    let index = BlockIndex::new(model_blocks)?;
+    let index = model_index(model_blocks)?;
     let mut seen = HashSet::with_capacity(recorded.len());
     let ran: Vec<&str> = recorded
         .iter()
@@ -169,16 +203,9 @@ pub fn order_to_write<S: AsRef<str>, B: AsRef<str>>(
     if ran.is_empty() {
         return Ok(None);
     }
-    let ran = index.resolve(&ran).map_err(|m| match m {
-        Mismatch::Unknown(name) => OrderError::UnknownBlock {
-            name,
-            blocks: model_blocks
-                .iter()
-                .map(|b| b.as_ref().to_string())
-                .collect(),
-        },
-        Mismatch::Duplicate(name) => OrderError::DuplicateBlock { name },
-    })?;
+    let ran = index
+        .resolve(&ran)
+        .map_err(|m| order_mismatch(m, model_blocks))?;
     let count = model_blocks.len();
     let known = read.order().map(|k| k.full(count));
     let merged = if ran.len() == count {

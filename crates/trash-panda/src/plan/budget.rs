@@ -6,11 +6,11 @@
 //!   block is read, and the largest streamed block may be on disk).
 //! - storage: what a loaded (device or RAM tier) tensor takes with `storage_dtype`. `bf16`
 //!   counts float tensors wider than 2 bytes at 2 bytes; `fp8` counts float 2-D weights of at
-//!   least [`FP8_MIN_ELEMENTS`](crate::rules::FP8_MIN_ELEMENTS) elements at 1 byte plus one f32 scale per row, and leaves
-//!   smaller tensors (norms, biases) alone. Scale tensors and fp8 tensors keep their size.
+//!   least [`FP8_MIN_ELEMENTS`](crate::rules::FP8_MIN_ELEMENTS) elements at 1 byte plus one f32
+//!   scale per row, and leaves smaller tensors (norms, biases) alone. Scale tensors and fp8 tensors keep their size.
 //! - expanded: the block ready to run: float tensors in the compute dtype, scale tensors gone,
 //!   integer tensors as they are.
-//! - staged and expansion (see [`crate::stream::block_figures`]): what the runtime holds for a
+//! - staged and expansion (see [`crate::rules::block_figures`]): what the runtime holds for a
 //!   streamed or hooked block: its staging-buffer bytes, and the part of it that is expanded
 //!   rather than used in place.
 
@@ -19,9 +19,9 @@ use serde::{Deserialize, Serialize};
 use super::options::{ComputeDevice, Figures, PlanOptions};
 use super::{BlockPlan, OutsidePlan};
 use crate::rules::{
-    maps_disk_tier, storage_conversion, tensor_align, Conversion, Held, TensorSizes, Tier,
+    block_figures, maps_disk_tier, storage_conversion, tensor_align, Conversion, Held, TensorSizes,
+    Tier,
 };
-use crate::stream::block_figures;
 use crate::DType;
 
 /// Device memory a plan for a GPU leaves to what lives outside torch's caching allocator, so no

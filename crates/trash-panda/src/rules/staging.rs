@@ -36,14 +36,14 @@ pub const fn tensor_align(gpu: bool) -> usize {
 }
 
 /// Whether disk-tier blocks are used in place from maps of the checkpoint (where
-/// [`crate::stream::in_place_eligible`] allows): on the CPU, on Linux, whose `MADV_DONTNEED`
+/// [`crate::rules::in_place_eligible`] allows): on the CPU, on Linux, whose `MADV_DONTNEED`
 /// hands a block's pages back as soon as it has run. A GPU copies every block anyway, and
 /// elsewhere a map's pages would stay in the process until the system trims them.
 pub const fn maps_disk_tier(gpu: bool) -> bool {
     !gpu && cfg!(target_os = "linux")
 }
 
-/// The per-tensor half of [`crate::stream::in_place_eligible`]: a 16-bit float anywhere, or any
+/// The per-tensor half of [`crate::rules::in_place_eligible`]: a 16-bit float anywhere, or any
 /// dtype at an `align` offset of its file.
 pub fn tensor_in_place_eligible(dtype: DType, start: u64, align: usize) -> bool {
     matches!(dtype, DType::BF16 | DType::F16) || start.is_multiple_of(align as u64)
@@ -142,7 +142,7 @@ impl Held {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::SETTINGS;
+    use crate::settings::SETTINGS;
 
     #[test]
     fn the_settings_table_states_the_same_defaults() {

@@ -1,5 +1,5 @@
 //! The storage conversion of the RAM tier: the load that reads the tensors that change (by the
-//! planner's rule, see [`super::storage`], so the RAM the plan counts is the RAM the engine takes)
+//! planner's rule, see [`crate::rules::conversion`], so the RAM the plan counts is the RAM the engine takes)
 //! and converts them into the blocks' private images.
 //!
 //! The load reads the tensors that stay as stored straight into their images, then each tensor
@@ -9,15 +9,15 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use super::layout::StagedLayout;
-use super::storage::conversion;
 use super::{StreamBlock, StreamError};
 use crate::dtype::{cast, quantize_fp8, QuantGranularity};
 use crate::io::{
     read_ranges_with, AlignedBuf, FileReader, IoError, ReadMode, ReadOptions, ReadRequest,
     ReadStats, DIRECT_ALIGN,
 };
+use crate::rules::conversion::tensor_conversion;
 use crate::rules::Conversion;
+use crate::rules::StagedLayout;
 use crate::DType;
 
 /// What the conversion load changed.
@@ -72,7 +72,7 @@ impl Load<'_> {
             by_offset.sort_by_key(|&i| staged[i].offset);
             for i in by_offset {
                 let (t, s) = (&self.blocks[b].tensors[i], &staged[i]);
-                if conversion(t, self.storage) != Conversion::Keep {
+                if tensor_conversion(t, self.storage) != Conversion::Keep {
                     changing.push((b, i));
                     continue;
                 }
@@ -137,7 +137,7 @@ impl Load<'_> {
             let dst = &mut image[s.offset..s.offset + s.len];
             let t0 = Instant::now();
             let threads = self.opts.threads;
-            let done = match conversion(t, self.storage) {
+            let done = match tensor_conversion(t, self.storage) {
                 Conversion::ToBf16 => cast(src, t.dtype, dst, DType::BF16, threads),
                 Conversion::ToFp8 { rows, cols } => {
                     scales.clear();

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use crate::dtype::DtypeError;
 use crate::io::IoError;
+use crate::rules::RuleError;
 use crate::DType;
 
 /// Everything the prefetch engine can report. Each variant names the block (index and name) it is
@@ -163,6 +164,33 @@ impl StreamError {
             start: tensor.start,
             end: tensor.end,
             source: Box::new(source),
+        }
+    }
+}
+
+/// The layout's refusals, as the engine's variants of the same name and message.
+impl From<RuleError> for StreamError {
+    fn from(e: RuleError) -> Self {
+        match e {
+            RuleError::InvalidOptions {
+                option,
+                value,
+                expected,
+            } => StreamError::InvalidOptions {
+                option,
+                value,
+                expected,
+            },
+            RuleError::Alignment { align } => StreamError::Alignment { align },
+            RuleError::InvalidBlock {
+                block,
+                name,
+                reason,
+            } => StreamError::InvalidBlock {
+                block,
+                name,
+                reason,
+            },
         }
     }
 }

@@ -7,9 +7,11 @@
 //! buffered reads straight into the staging buffer); the binding then copies a staging buffer to
 //! a device slot (README.md, "On a GPU"), or the CPU computes from it.
 //!
-//! Where each tensor sits in a staging buffer is the [`StagedLayout`]'s, by the alignment and
-//! staging rules of [`crate::rules`]; [`block_figures`] gives the planner the same figures for a
-//! block before any engine exists.
+//! Where each tensor sits in a staging buffer is the [`StagedLayout`]'s, and the blocks the engine
+//! is given ([`StreamBlock`]) are described there too: both belong to [`crate::rules`] (the
+//! planner counts a block by [`block_figures`], from the same layout, before any engine exists),
+//! and are re-exported here for the binding and the tools. What this module adds is the runtime:
+//! the pool, the workers, the reads and copies, the leases.
 //!
 //! With a storage dtype ([`EngineOptions::storage`]) the RAM tier is converted once, on load,
 //! into private memory, and its blocks are staged in that form; the staged layout says what each
@@ -21,14 +23,11 @@ mod convert;
 mod copy;
 mod early;
 mod error;
-mod figures;
-mod layout;
 mod lease;
 mod pool;
 mod source;
 mod stagings;
 mod stats;
-mod storage;
 mod window;
 mod worker;
 
@@ -39,50 +38,20 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use error::StreamError;
-pub use figures::{block_figures, BlockFigures};
-pub use layout::{in_place_eligible, StagedLayout, StagedScale, StagedTensor, MERGE_GAP};
 pub use lease::{Lease, TensorKey};
 pub use stagings::{Staging, StagingSource, MAX_STAGINGS};
 pub use stats::{BlockStats, EngineStats};
-pub use storage::STORAGE_DTYPES;
 
 use crate::io::{AlignedBuf, ReadMode, ReadStats, DEFAULT_CHUNK_SIZE};
 pub use crate::rules::{
-    buffer_len, tensor_in_place_eligible, DEVICE_TENSOR_ALIGN, MAP_GRAIN, TENSOR_ALIGN,
+    block_figures, buffer_len, in_place_eligible, tensor_in_place_eligible, BlockFigures,
+    SourceTier, StagedLayout, StagedScale, StagedTensor, StreamBlock, StreamTensor,
+    DEVICE_TENSOR_ALIGN, MAP_GRAIN, MERGE_GAP, STORAGE_DTYPES, TENSOR_ALIGN,
 };
 use crate::DType;
 use pool::{SlotState, State};
 pub use source::RamImage;
 use source::{CheckpointSource, Source};
-
-/// Where a streamed block waits between passes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SourceTier {
-    Ram,
-    Disk,
-}
-
-/// One tensor of a streamed block: bytes `start..end` of file `file` (an index into the engine's
-/// files), holding `shape` elements of `dtype` (checked against the range when the engine is
-/// made; the storage conversion needs both).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamTensor {
-    pub name: String,
-    pub file: usize,
-    pub start: u64,
-    pub end: u64,
-    pub dtype: DType,
-    pub shape: Vec<usize>,
-}
-
-/// A block whose weights are staged before it runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamBlock {
-    pub name: String,
-    pub tier: SourceTier,
-    pub tensors: Vec<StreamTensor>,
-}
 
 /// How the RAM tier is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

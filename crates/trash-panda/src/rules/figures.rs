@@ -2,10 +2,11 @@
 //! its expansion buffer, from the same layout code the engine stages it with. The planner counts
 //! a block by these figures and the engine configuration sizes the runtime from the plan's.
 
-use super::{SourceTier, StagedLayout, StreamBlock, StreamTensor};
-use crate::rules::{
-    expansion_layout, paired_scale, stored_form, ByTier, ExpansionInput, TensorSizes,
-};
+use super::block::{SourceTier, StreamBlock, StreamTensor};
+use super::conversion::{expansion_layout, stored_form, ExpansionInput};
+use super::layout::StagedLayout;
+use super::tensor::{paired_scale, TensorSizes};
+use super::tier::ByTier;
 use crate::DType;
 
 /// The staging and expansion figures of one block.

@@ -4,7 +4,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict};
 use pyo3::IntoPyObjectExt;
 
-use trash_panda::config::{self, Kind, Value, SETTINGS};
+use trash_panda::settings::{env_var, get, Kind, Value, SETTINGS};
 
 /// The value of a setting: `argument` if not None, else `TRASH_PANDA_<NAME>`, else the default.
 #[pyfunction]
@@ -19,7 +19,7 @@ fn setting(py: Python<'_>, name: &str, argument: Option<&Bound<'_, PyAny>>) -> P
         }
         Some(a) => Some(a.str()?.to_string()),
     };
-    let value = config::get(name, raw.as_deref()).map_err(crate::errors::ToPyErr::to_py)?;
+    let value = get(name, raw.as_deref()).map_err(crate::errors::ToPyErr::to_py)?;
     match value {
         Value::Switch(b) => b.into_py_any(py),
         Value::Count(n) => n.into_py_any(py),
@@ -35,7 +35,7 @@ fn settings(py: Python<'_>) -> PyResult<Vec<Py<PyDict>>> {
         .map(|s| {
             let d = PyDict::new(py);
             d.set_item("name", s.name)?;
-            d.set_item("variable", config::env_var(s.name))?;
+            d.set_item("variable", env_var(s.name))?;
             let kind = match s.kind {
                 Kind::Switch => "switch".to_string(),
                 Kind::Count => "count".to_string(),

@@ -1,9 +1,14 @@
 //! Where each tensor of a block sits inside its staging buffer.
 //!
 //! Every staged tensor starts at an aligned offset ([`TENSOR_ALIGN`], 64 bytes, for the CPU;
-//! [`DEVICE_TENSOR_ALIGN`](crate::rules::DEVICE_TENSOR_ALIGN), 512, for a GPU), so the Python layer can use it in place: kernels take
-//! different (and differently rounding) paths for weights that are not aligned like the
-//! allocator's own blocks, and safetensors data is only 8-byte aligned in its file.
+//! [`DEVICE_TENSOR_ALIGN`](super::DEVICE_TENSOR_ALIGN), 512, for a GPU), so the Python layer can
+//! use it in place: kernels take different (and differently rounding) paths for weights that are
+//! not aligned like the allocator's own blocks, and safetensors data is only 8-byte aligned in
+//! its file.
+//!
+//! This is the pure computation: offsets, runs, read areas, and moving a run's bytes to their
+//! packed places in a buffer (`BlockLayout::settle`). Reading runs from files, the staging
+//! buffers and the leases are the engine's (`stream`).
 //!
 //! - Converted blocks (a storage dtype, RAM tier) are packed in file order, each tensor's per-row
 //!   scales (if it was quantized) right after it; the load writes them into private images.
@@ -13,16 +18,17 @@
 //!   place. The disk tier reads each run with large requests into a *read area* of the same
 //!   buffer, at a buffer offset congruent to the run's file offset modulo [`DIRECT_ALIGN`], so an
 //!   O_DIRECT read lands there with no bounce copy; the worker then moves each tensor down to its
-//!   packed place (see [`BlockLayout::settle`]). The read area starts at a page boundary far enough
+//!   packed place (see `BlockLayout::settle`). The read area starts at a page boundary far enough
 //!   in (usually 0, at most a few pages) that moving the tensors in file order never overwrites
 //!   bytes not yet moved, so it overlaps the packed area instead of doubling the buffer.
 
 use std::ops::Range;
 
-use super::storage::{check_storage, conversion};
-use super::{SourceTier, StreamBlock, StreamError};
+use super::block::{SourceTier, StreamBlock};
+use super::conversion::{check_storage, tensor_conversion, Conversion};
+use super::error::RuleError;
+use super::staging::{buffer_len, tensor_in_place_eligible, MAP_GRAIN, TENSOR_ALIGN};
 use crate::io::DIRECT_ALIGN;
-use crate::rules::{buffer_len, tensor_in_place_eligible, Conversion, MAP_GRAIN, TENSOR_ALIGN};
 use crate::DType;
 
 /// Tensors of one file closer than this are read in one request, gap included: a gap this small
@@ -138,7 +144,7 @@ impl BlockLayout {
 
 impl StagedLayout {
     /// Lays out `blocks`, whose tensors name files `0..file_count`, as stored, for the CPU.
-    pub fn new(blocks: &[StreamBlock], file_count: usize) -> Result<Self, StreamError> {
+    pub fn new(blocks: &[StreamBlock], file_count: usize) -> Result<Self, RuleError> {
         Self::with_storage(blocks, file_count, None)
     }
 
@@ -147,14 +153,14 @@ impl StagedLayout {
         blocks: &[StreamBlock],
         file_count: usize,
         storage: Option<DType>,
-    ) -> Result<Self, StreamError> {
+    ) -> Result<Self, RuleError> {
         Self::build(blocks, file_count, storage, TENSOR_ALIGN, false)
     }
 
     /// Lays out `blocks` for an engine with storage dtype `storage`, every tensor at an `align`
-    /// offset ([`TENSOR_ALIGN`] or [`DEVICE_TENSOR_ALIGN`](crate::rules::DEVICE_TENSOR_ALIGN)): RAM-tier blocks packed in their
-    /// converted form, disk-tier blocks as stored, or, with `in_place`, used from the map where
-    /// [`in_place_eligible`] allows. Errors on a storage dtype the engine does not convert to, or
+    /// offset ([`TENSOR_ALIGN`] or [`DEVICE_TENSOR_ALIGN`](super::DEVICE_TENSOR_ALIGN)):
+    /// RAM-tier blocks packed in their converted form, disk-tier blocks as stored, or, with
+    /// `in_place`, used from the map where [`in_place_eligible`] allows. Errors on a storage dtype the engine does not convert to, or
     /// an alignment that is not a power of two from 64 to a page.
     pub fn build(
         blocks: &[StreamBlock],
@@ -162,10 +168,10 @@ impl StagedLayout {
         storage: Option<DType>,
         align: usize,
         in_place: bool,
-    ) -> Result<Self, StreamError> {
+    ) -> Result<Self, RuleError> {
         check_storage(storage)?;
         if !align.is_power_of_two() || !(TENSOR_ALIGN..=DIRECT_ALIGN).contains(&align) {
-            return Err(StreamError::Alignment { align });
+            return Err(RuleError::Alignment { align });
         }
         let blocks = blocks
             .iter()
@@ -178,7 +184,7 @@ impl StagedLayout {
                     _ => lay_out(b, align),
                 })
             })
-            .collect::<Result<_, StreamError>>()?;
+            .collect::<Result<_, RuleError>>()?;
         Ok(StagedLayout { blocks, align })
     }
 
@@ -250,8 +256,8 @@ impl StagedLayout {
 }
 
 /// Checks every tensor's file, range, and that its range holds exactly its shape of its dtype.
-fn check_tensors(index: usize, block: &StreamBlock, file_count: usize) -> Result<(), StreamError> {
-    let invalid = |reason: String| StreamError::InvalidBlock {
+fn check_tensors(index: usize, block: &StreamBlock, file_count: usize) -> Result<(), RuleError> {
+    let invalid = |reason: String| RuleError::InvalidBlock {
         block: index,
         name: block.name.clone(),
         reason,
@@ -300,7 +306,7 @@ fn pack(block: &StreamBlock, storage: DType, align: usize) -> BlockLayout {
     let mut tensors: Vec<Option<StagedTensor>> = vec![None; block.tensors.len()];
     for i in order {
         let t = &block.tensors[i];
-        let (dtype, rows) = match conversion(t, storage) {
+        let (dtype, rows) = match tensor_conversion(t, storage) {
             Conversion::Keep => (t.dtype, None),
             Conversion::ToBf16 => (DType::BF16, None),
             Conversion::ToFp8 { rows, .. } => (DType::F8E4M3, Some(rows)),
@@ -494,5 +500,4 @@ fn lay_out(block: &StreamBlock, align: usize) -> BlockLayout {
 }
 
 #[cfg(test)]
-#[path = "layout_tests.rs"]
 mod tests;

@@ -1,11 +1,12 @@
-//! Matching an order's names against the model's blocks, and the full run order built from them.
+//! How a run order is composed from names: matching names against the model's blocks, and the
+//! full run order they give (the named blocks first, then the others in plan order).
 //!
 //! Names are compared without their trailing dot: the planner spells a block `layers.3.` (a
 //! prefix of its tensor names), people and order files write `layers.3`, and both mean the same.
+//! What a name that does not fit means (an error, or an order file to ignore) is the caller's:
+//! these rules say only which name and why (`Mismatch`).
 
 use std::collections::HashMap;
-
-use super::OrderError;
 
 /// How many block names an error message lists before it cuts the list short.
 const LISTED: usize = 12;
@@ -30,7 +31,9 @@ pub(crate) fn list_blocks(blocks: &[String]) -> String {
 /// Why a list of names does not fit the model, before it becomes an error or an ignored file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Mismatch {
+    /// A name that is no block of the model.
     Unknown(String),
+    /// A block the list names twice (with or without its trailing dot).
     Duplicate(String),
 }
 
@@ -41,13 +44,13 @@ pub(crate) struct BlockIndex<'a> {
 }
 
 impl<'a> BlockIndex<'a> {
-    pub(crate) fn new<S: AsRef<str>>(blocks: &'a [S]) -> Result<Self, OrderError> {
+    /// The index of the model's `blocks`; [`Mismatch::Duplicate`] when the list names a block
+    /// twice.
+    pub(crate) fn new<S: AsRef<str>>(blocks: &'a [S]) -> Result<Self, Mismatch> {
         let mut by_key = HashMap::with_capacity(blocks.len());
         for (i, b) in blocks.iter().enumerate() {
             if by_key.insert(block_key(b.as_ref()), i).is_some() {
-                return Err(OrderError::DuplicateModelBlock {
-                    name: b.as_ref().to_string(),
-                });
+                return Err(Mismatch::Duplicate(b.as_ref().to_string()));
             }
         }
         Ok(BlockIndex {
@@ -75,25 +78,8 @@ impl<'a> BlockIndex<'a> {
     }
 }
 
-/// The full run order, as positions in `blocks` (the model's blocks in plan order): the blocks
-/// `first` names, in that order, then every other block in plan order. This is what `order=`
-/// and a usable order file both turn into.
-pub fn full_order<A: AsRef<str>, B: AsRef<str>>(
-    first: &[A],
-    blocks: &[B],
-) -> Result<Vec<usize>, OrderError> {
-    let index = BlockIndex::new(blocks)?;
-    let named = index.resolve(first).map_err(|m| match m {
-        Mismatch::Unknown(name) => OrderError::UnknownBlock {
-            name,
-            blocks: blocks.iter().map(|b| b.as_ref().to_string()).collect(),
-        },
-        Mismatch::Duplicate(name) => OrderError::DuplicateBlock { name },
-    })?;
-    Ok(complete(named, blocks.len()))
-}
-
-/// `named` followed by every position below `count` it lacks, in increasing order.
+/// The full run order from the positions of the blocks that run first: `named` followed by every
+/// position below `count` it lacks, in increasing order (plan order).
 pub(crate) fn complete(mut named: Vec<usize>, count: usize) -> Vec<usize> {
     let mut taken = vec![false; count];
     for &i in &named {

@@ -1,6 +1,6 @@
 //! The staging layout: alignment, the read area, settling runs, converted blocks.
 use super::*;
-use crate::stream::{SourceTier, StreamTensor};
+use crate::rules::{SourceTier, StreamTensor};
 
 fn t(name: &str, file: usize, start: u64, end: u64) -> StreamTensor {
     StreamTensor {

@@ -4,10 +4,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::super::layout::Run;
 use super::super::StreamError;
 use super::CheckpointSource;
 use crate::io::{AlignedBuf, ReadMode, DIRECT_ALIGN};
+use crate::rules::layout::Run;
 
 impl CheckpointSource {
     /// Reads a staged disk-tier block into `dst` at its layout's places.

@@ -4,10 +4,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::super::copy::copy_pairs;
-use super::super::layout::Run;
 use super::super::{ColdRead, StreamError};
 use super::{CheckpointSource, PAGES_READ, PAGES_UNREAD};
 use crate::io::{read_ranges_until, MappedFile, ReadOptions, ReadRequest};
+use crate::rules::layout::Run;
 
 impl CheckpointSource {
     /// Whether `run` of `block` has pages that are not in memory: `mincore` where the system has

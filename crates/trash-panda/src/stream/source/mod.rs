@@ -9,18 +9,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::convert::{failed_at, ConvertStats, Load};
 use super::copy::{copy_pairs, copy_threads};
-use super::layout::{Run, StagedLayout};
 use super::{ColdRead, EngineOptions, RamSource, SourceTier, StreamBlock, StreamError};
 use crate::io::{
     read_ranges_with, AlignedBuf, FileReader, IoError, MappedFile, ReadMode, ReadOptions,
     ReadRequest, ReadStats, DIRECT_ALIGN,
 };
+use crate::rules::layout::{Run, StagedLayout};
 
-#[path = "disk_fill.rs"]
 mod disk_fill;
-#[path = "in_place.rs"]
 mod in_place;
-#[path = "ram_fill.rs"]
 mod ram_fill;
 
 pub(crate) use in_place::InPlaceFile;

@@ -128,7 +128,7 @@ pub enum Source {
 
 /// Errors of the settings.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub enum SettingsError {
     #[error("unknown setting {name:?}: the settings are {}", names())]
     Unknown { name: String },
     #[error("{}: {value:?} is not valid: expected {accepted}", origin(name, from))]
@@ -161,11 +161,11 @@ pub fn env_var(name: &str) -> String {
 }
 
 /// The table entry of a setting.
-pub fn find(name: &str) -> Result<&'static Setting, ConfigError> {
+pub fn find(name: &str) -> Result<&'static Setting, SettingsError> {
     SETTINGS
         .iter()
         .find(|s| s.name == name)
-        .ok_or_else(|| ConfigError::Unknown {
+        .ok_or_else(|| SettingsError::Unknown {
             name: name.to_string(),
         })
 }
@@ -180,7 +180,7 @@ fn accepted(kind: Kind) -> String {
 }
 
 /// Parses `raw` as a value of `setting`.
-pub fn parse(setting: &'static Setting, raw: &str, source: Source) -> Result<Value, ConfigError> {
+pub fn parse(setting: &'static Setting, raw: &str, source: Source) -> Result<Value, SettingsError> {
     let s = raw.trim();
     let lower = s.to_ascii_lowercase();
     let value = match setting.kind {
@@ -196,7 +196,7 @@ pub fn parse(setting: &'static Setting, raw: &str, source: Source) -> Result<Val
             .map(|w| Value::Text((*w).to_string())),
         Kind::Text => Some(Value::Text(s.to_string())),
     };
-    value.ok_or_else(|| ConfigError::BadValue {
+    value.ok_or_else(|| SettingsError::BadValue {
         name: setting.name,
         from: source,
         value: raw.to_string(),
@@ -210,7 +210,7 @@ pub fn resolve(
     name: &str,
     argument: Option<&str>,
     env: impl Fn(&str) -> Option<String>,
-) -> Result<Value, ConfigError> {
+) -> Result<Value, SettingsError> {
     let setting = find(name)?;
     if let Some(raw) = argument {
         return parse(setting, raw, Source::Argument);
@@ -222,7 +222,7 @@ pub fn resolve(
 }
 
 /// [`resolve`] against the process environment.
-pub fn get(name: &str, argument: Option<&str>) -> Result<Value, ConfigError> {
+pub fn get(name: &str, argument: Option<&str>) -> Result<Value, SettingsError> {
     resolve(name, argument, |var| std::env::var(var).ok())
 }
 

@@ -1,9 +1,11 @@
-//! The runtime settings an engine configuration reads (TRASH_PANDA_* over the defaults).
+//! The runtime's choices that are not part of a plan (workers, the disk read mode, how the RAM
+//! tier is read and whether it is pinned), as the engine configuration reads them from the
+//! settings table ([`crate::settings`]: `TRASH_PANDA_*` over the defaults).
 
 use serde::Serialize;
 
-use crate::config::{self, ConfigError, Value};
 use crate::io::ReadMode;
+use crate::settings::{self, SettingsError, Value};
 
 /// `TRASH_PANDA_DISK_MODE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -39,13 +41,13 @@ pub struct EngineSettings {
 
 impl EngineSettings {
     /// The settings from the process environment over the defaults.
-    pub fn from_env() -> Result<EngineSettings, ConfigError> {
+    pub fn from_env() -> Result<EngineSettings, SettingsError> {
         Self::resolve(|var| std::env::var(var).ok())
     }
 
     /// The settings with `env` looking variables up (a map in tests).
-    pub fn resolve(env: impl Fn(&str) -> Option<String>) -> Result<EngineSettings, ConfigError> {
-        let get = |name| config::resolve(name, None, &env);
+    pub fn resolve(env: impl Fn(&str) -> Option<String>) -> Result<EngineSettings, SettingsError> {
+        let get = |name| settings::resolve(name, None, &env);
         let count = |name| {
             get(name).map(|v| match v {
                 Value::Count(n) => n as usize,

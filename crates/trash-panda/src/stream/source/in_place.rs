@@ -14,10 +14,10 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::super::layout::Run;
 use super::super::StreamError;
 use super::{CheckpointSource, PAGES_READ};
 use crate::io::{IoError, MappedFile, ReadMode};
+use crate::rules::layout::Run;
 use crate::rules::MAP_GRAIN;
 
 /// A checkpoint file whose blocks are used in place.

@@ -1,0 +1,28 @@
+//! The one error type of the `rules` module.
+
+/// What the rules refuse: a staged layout they cannot make. The engine reports each as the
+/// `StreamError` variant of the same name, with the same message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    /// An engine option has a value the rules do not support (a storage dtype with no
+    /// conversion).
+    #[error("invalid engine option {option} = {value}: expected {expected}")]
+    InvalidOptions {
+        option: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+
+    /// A staging alignment the layout cannot keep.
+    #[error("staging alignment {align} is not supported: expected a power of two from 64 to 4096")]
+    Alignment { align: usize },
+
+    /// The description of a block does not fit its files (bad file index, a range that does not
+    /// hold the tensor's shape).
+    #[error("block {block} ({name}): {reason}")]
+    InvalidBlock {
+        block: usize,
+        name: String,
+        reason: String,
+    },
+}
