@@ -35,7 +35,7 @@ from torch import nn
 
 import trash_panda as tp
 from trash_panda import _core
-from trash_panda.offload.device import CudaDevice
+from trash_panda.offload.copy_pipeline import CudaDevice
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 try:

@@ -255,7 +255,7 @@ def test_staging_views_are_pinned_and_copies_do_not_block(tmp_path: Path) -> Non
 def test_large_blocks_with_a_slow_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow: str) -> None:
     """64 MB blocks streamed with either side forced slow (a spin kernel queued on its stream):
     with copies in flight, any missing wait between the streams would show in the output."""
-    from trash_panda.offload import device as device_mod
+    from trash_panda.offload import copy_pipeline as device_mod
 
     torch.manual_seed(0)
     ref = Tiny(dim=2048, layers=8, vocab=64).to(torch.bfloat16).eval()  # 64 MB a block

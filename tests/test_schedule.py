@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from trash_panda.offload.device import CopyPipeline
+from trash_panda.offload.copy_pipeline import CopyPipeline
 from vtdevice import VEvent, VirtualDevice, predict_step
 
 LINK = 50e9  # bytes/s: pinned host-to-device copies on PCIe 5 x16 (an H100 or H200 host)

@@ -18,7 +18,7 @@ import torch
 
 import trash_panda as tp
 from models import Tiny, on_meta, save
-from trash_panda import _core, config
+from trash_panda import _core, settings
 from trash_panda.errors import ArgumentError, StreamError
 from trash_panda.offload import overlap
 from trash_panda.offload.state import get_state
@@ -237,7 +237,7 @@ def test_pinned_buffers_argument_beats_environment_beats_default(
     monkeypatch.setenv("TRASH_PANDA_PINNED_BUFFERS", "5")
     assert buffers() == 5
     assert buffers(pinned_buffers=1) == 1
-    assert config.DEFAULTS["pinned_buffers"] == "0"  # in the settings table (0: lookahead + 1)
+    assert settings.DEFAULTS["pinned_buffers"] == "0"  # in the settings table (0: lookahead + 1)
     # The engine allocates exactly the plan's figure, and one buffer still runs every tier.
     p = tp.plan(model, path, device="cpu", resident_blocks=1, pinned_buffers=1)
     tp.stream_load(model, path, plan=p, device="cpu")

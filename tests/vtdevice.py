@@ -1,5 +1,5 @@
 """A device with CUDA's semantics in virtual time, for proving the schedule of
-:mod:`trash_panda.offload.device` without a GPU (DESIGN.md, "Testing").
+:mod:`trash_panda.offload.copy_pipeline` without a GPU (docs/architecture.md).
 
 The host queues copies and compute and returns at once, as on CUDA: only ``wait`` (an event's
 ``synchronize``), ``synchronize`` and a blocking ``acquire`` hold it, besides small fixed costs
@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from trash_panda.offload.device import CopyPipeline
+from trash_panda.offload.copy_pipeline import CopyPipeline
 
 POISON = 0xFF  # all-ones bytes: NaN in every float dtype
 EPS = 1e-12  # seconds: float noise in sums of virtual times
@@ -85,7 +85,7 @@ class Compute:
 
 
 class VirtualDevice:
-    """Implements the ``Device`` protocol of :mod:`trash_panda.offload.device` in virtual time.
+    """Implements the ``Device`` protocol of :mod:`trash_panda.offload.copy_pipeline` in virtual time.
 
     ``scale``: virtual bytes per real byte, so that tiny real tensors stand for blocks of
     gigabytes. ``launch_s``: the host's time to queue one block's compute (:meth:`run_compute`);

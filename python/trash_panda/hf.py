@@ -138,7 +138,7 @@ def load_stage(
     is guarded. With ``overlap`` the resident blocks are read by a worker thread after this
     returns. On an error the model is left unloaded."""
     from .offload import release
-    from .offload.loader import load_deferred
+    from .offload.load import load_deferred
     from .offload.overlap import start_loader
     from .offload.state import get_state
 

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 from . import _core
 from .blocks import find_blocks
 from .checkpoint import Checkpoint
-from .config import setting
+from .checkpoint_names import KeyMap, check_prefixes, model_tensors
 from .device import resolve_device
 from .errors import ArgumentError
-from .names import KeyMap, check_prefixes, model_tensors
+from .settings import setting
 
 if TYPE_CHECKING:
     import torch

@@ -11,7 +11,7 @@ import time
 from types import TracebackType
 from typing import TextIO
 
-from .config import setting
+from .settings import setting
 
 __all__ = ["Progress"]
 

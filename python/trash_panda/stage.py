@@ -110,7 +110,7 @@ def _stage(
 
     from .device import resolve_device
     from .offload import install_offload, stream_load
-    from .offload.loader import load_deferred
+    from .offload.load import load_deferred
     from .offload.meter import measured
     from .offload.order import choose_order
     from .offload.overlap import start_loader

@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._dtypes import core_name
-from .work import ExpansionBuffer, SharedViews, Timing, modified_error, swap
+from .expansion import ExpansionBuffer
+from .swap import SharedViews, modified_error, swap
+from .timing import Timing
 
 if TYPE_CHECKING:
     from .. import _core

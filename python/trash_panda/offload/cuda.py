@@ -17,8 +17,10 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from .._dtypes import torch_dtype
-from .device import CopyPipeline, CudaDevice, Device
-from .work import ExpansionBuffer, Timing, swap
+from .copy_pipeline import CopyPipeline, CudaDevice, Device
+from .expansion import ExpansionBuffer
+from .swap import swap
+from .timing import Timing
 
 if TYPE_CHECKING:
     import torch
@@ -346,7 +348,7 @@ class CudaBackend(DeviceBackend):
     def __init__(self, state: ModelState) -> None:
         import torch
 
-        from .. import config
+        from .. import settings
 
         self.pinned: list[PinnedRegistration] = []
         ram_tier = None
@@ -365,7 +367,7 @@ class CudaBackend(DeviceBackend):
         super().__init__(state, cuda, state.device, direct=ram_tier is not None)
         # The profile reports each pass's copy rate as a share of the link, measured here once.
         self.link: float | None = None
-        if state.engine is not None and bool(config.setting("profile")):
+        if state.engine is not None and bool(settings.setting("profile")):
             self.link = cuda.link_bandwidth()
 
     def close(self) -> None:

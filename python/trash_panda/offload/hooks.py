@@ -24,13 +24,13 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .. import _core, config
+from .. import _core, settings
 from ..errors import ArgumentError, StreamError
 from .cpu import CpuBackend
 from .cuda import CudaBackend, DeviceBackend
 from .registry import BlockHook, HookRegistry
 from .state import BlockState, ModelState, TensorSpec, get_state
-from .work import Timing
+from .timing import Timing
 
 # What makes a block runnable on its device: the CPU's, or a device with its own memory.
 Backend = CpuBackend | DeviceBackend
@@ -225,7 +225,7 @@ class OffloadHandle:
         """Takes the hooks off and restores the blocks, so the model runs plainly again (streamed
         blocks' weights become views of the mapped checkpoint on the CPU); with
         TRASH_PANDA_PROFILE=1 prints the profile of what ran."""
-        snap = self._remove(profile=bool(config.setting("profile")), restore=True)
+        snap = self._remove(profile=bool(settings.setting("profile")), restore=True)
         if snap is not None:
             from .profile import print_report
 

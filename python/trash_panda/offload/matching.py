@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from .._dtypes import torch_dtype
+from ..checkpoint_names import is_scale, weight_of_scale
 from ..errors import ArgumentError, CheckpointError, DtypeError
-from ..names import is_scale, weight_of_scale
 from ..plan import Plan
 from .state import BlockState, TensorSpec
 

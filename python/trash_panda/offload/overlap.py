@@ -12,9 +12,9 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..config import setting
 from ..errors import StreamError
-from .reading import materialize
+from ..settings import setting
+from .materialize import materialize
 from .registry import BlockHook
 
 if TYPE_CHECKING:

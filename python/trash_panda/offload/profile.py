@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .. import _core, config
+from .. import _core, settings
 from ..errors import ReadError
 
 # Enough to get past the drive's first burst; the core stops after a second on a slow drive.
@@ -225,7 +225,7 @@ def build(handle: OffloadHandle) -> tuple[str, str, str]:
 def print_report(snap: Snapshot) -> None:
     report, trace, line = snap.render()
     print(report, file=sys.stderr)
-    log = str(config.setting("log"))
+    log = str(settings.setting("log"))
     if log:
         with open(log, "a", encoding="utf-8") as f:
             f.write(line + "\n")

@@ -10,8 +10,8 @@ from .. import _core
 from ..errors import ArgumentError
 from .cleanup import Cleanup
 from .hooks import OffloadHandle
+from .materialize import unload
 from .meter import measured, paused
-from .reading import unload
 from .state import get_state, mark_released
 
 if TYPE_CHECKING:
@@ -49,11 +49,11 @@ def _release(model: nn.Module) -> None:
     one, so a handle release() was given that is not was removed already."""
     import torch
 
-    from .. import config
+    from .. import settings
     from .profile import memory_point, print_report
 
     steps = Cleanup()
-    profile = bool(config.setting("profile"))
+    profile = bool(settings.setting("profile"))
     points: list[dict[str, object]] = []
 
     def point(label: str) -> None:

@@ -18,7 +18,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..errors import StreamError
-from .work import swap
+from .swap import swap
 
 if TYPE_CHECKING:
     import torch

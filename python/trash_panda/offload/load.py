@@ -11,17 +11,17 @@ from .. import _core
 from .._dtypes import torch_dtype
 from ..blocks import find_blocks
 from ..checkpoint import Checkpoint
-from ..config import setting
+from ..checkpoint_names import KeyMap, check_prefixes, model_tensors
 from ..device import resolve_device
 from ..errors import ArgumentError
 from ..log import log_report
-from ..names import KeyMap, check_prefixes, model_tensors
 from ..plan import Plan, Tier, _dtype_name, _free_vram, planning_inputs
 from ..plan import plan as make_plan
 from ..progress import Progress
+from ..settings import setting
 from .matching import match
+from .materialize import guard_lookup_tables, load_buffers, map_lookup_tables, materialize_all, placeholder, unload
 from .meter import paused
-from .reading import guard_lookup_tables, load_buffers, map_lookup_tables, materialize_all, placeholder, unload
 from .report import LoadReport
 from .state import STATE_ATTR, BlockState, ModelState, clear_released, get_state, register_model
 
