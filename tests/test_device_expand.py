@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trash_panda.offload.cuda import _expand_into
+from trash_panda.offload.cuda import expand_into
 
 STORED = [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16, torch.float32]
 COMPUTE = [torch.bfloat16, torch.float16, torch.float32]
@@ -29,7 +29,7 @@ def test_expansion_equals_the_reference(stored: torch.dtype, compute: torch.dtyp
     }
     s = scales[kind]
     out = torch.full((rows, cols), float("nan"), dtype=compute)
-    _expand_into(out, w, s, kind)
+    expand_into(out, w, s, kind)
     if s is None:
         want = w.to(torch.float32).to(compute)
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,9 @@ from torch import nn
 
 import trash_panda as tp
 from models import Tiny, on_meta, save
-from trash_panda.offload.registry import BlockHook, HookRegistry
-from trash_panda.offload.state import BlockState
+from trash_panda.offload.materialize import LOOKUP_GUARDS
+from trash_panda.offload.registry import BlockHook, HookRegistry, model_hooks
+from trash_panda.offload.state import RELEASED, BlockState
 from trash_panda.plan import Tier
 
 
@@ -113,3 +115,137 @@ def test_the_handle_s_hooks_and_where_a_final_pass_goes(tmp_path: Path) -> None:
         assert handle.hooks.get("final_pass") is fp
     tp.release(model, handle)
     assert handle.hooks.names == []
+
+
+class Probe(BlockHook):
+    """Records, around each block, whether its first weight is the meta placeholder."""
+
+    def __init__(self, name: str, log: list[tuple[str, str, bool]]) -> None:
+        self.name, self.log = name, log
+        self.closed = False
+
+    def pre_forward(self, block: BlockState) -> None:
+        self.log.append((f"pre {self.name}", block.prefix, block.module.up.weight.is_meta))
+
+    def post_forward(self, block: BlockState) -> None:
+        self.log.append((f"post {self.name}", block.prefix, block.module.up.weight.is_meta))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_new_block_hook_runs_around_each_block_with_the_others(tmp_path: Path) -> None:
+    """A feature is a hook added to a live handle's registry: one placed before ``staging`` sees
+    a streamed block on its placeholder, before the bring and after the give-back; one added last
+    sees its weights; both run around every block, in the order forward() runs them. Staging is
+    not edited for it."""
+    torch.manual_seed(0)
+    ref = Tiny().eval()
+    path = save(ref, tmp_path / "m.safetensors")
+    model = on_meta(Tiny)
+    streamed = [f"blocks.{i}." for i in range(2, 6)]
+    tp.stream_load(model, path, tp.Plan.manual(resident=["blocks.0.", "blocks.1."], streamed=streamed), device="cpu")
+    handle = tp.install_offload(model)
+    log: list[tuple[str, str, bool]] = []
+    before, after = Probe("before", log), Probe("after", log)
+    handle.hooks.add(before, before="staging")
+    handle.hooks.add(after)
+    assert handle.hooks.names == ["release_guard", "timing", "before", "staging", "order", "after"]
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.allclose(model(ids), ref(ids), atol=1e-5)
+    want = []
+    for i in range(6):
+        prefix, meta = f"blocks.{i}.", f"blocks.{i}." in streamed
+        want += [
+            ("pre before", prefix, meta),
+            ("pre after", prefix, False),
+            ("post after", prefix, False),
+            ("post before", prefix, meta),
+        ]
+    assert log == want
+    assert handle.ran == [f"blocks.{i}." for i in range(6)]  # the order hook still records
+    assert [run[0] for run in handle.runs] == list(range(6))  # and the timing hook still times
+    assert handle.hooks.remove("after") is after and after.closed
+    log.clear()
+    with torch.no_grad():
+        model(ids)
+    assert [e[0] for e in log[:2]] == ["pre before", "post before"]
+    tp.release(model, handle)
+    assert before.closed and handle.hooks.names == []
+
+
+def test_module_hooks_named_on_their_own_outlive_the_block_hooks() -> None:
+    log: list[str] = []
+    block = _block()
+    outer = nn.Sequential(block.module)
+    hooks = model_hooks(outer)
+    assert model_hooks(outer) is hooks  # one registry per model
+    hooks.on_module_start("refuse", outer, lambda: log.append("refuse"))
+    hooks.on_module_start("first", outer, lambda: log.append("first"), prepend=True)
+    hooks.wrap([block])
+    hooks.add(Recorder("rec", log))
+    assert "refuse" in hooks and "rec" in hooks and "nothing" not in hooks
+    with pytest.raises(ValueError, match="already registered"):
+        hooks.add(Recorder("refuse", log))
+    outer(torch.ones(1, 2))
+    assert log == ["first", "refuse", "pre rec", "post rec"]
+    hooks.unwrap()  # what an offload handle's removal does
+    log.clear()
+    outer(torch.ones(1, 2))
+    assert log == ["first", "refuse"] and hooks.names == []
+    assert hooks.remove("refuse") is None and "refuse" not in hooks
+    log.clear()
+    outer(torch.ones(1, 2))
+    assert log == ["first"]
+    hooks.remove_all()
+    assert not outer._forward_pre_hooks and not block.module._forward_pre_hooks
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="tables are mapped on Linux only")
+def test_a_release_leaves_its_refusal_in_the_model_s_registry(tmp_path: Path) -> None:
+    """The refusal to run a released model, and the lookup tables' checks, are named hooks of
+    the model's registry: a release removes the checks and leaves the refusal; a load lifts it."""
+    torch.manual_seed(0)
+    path = save(Tiny(vocab=300).to(torch.bfloat16).eval(), tmp_path / "m.safetensors", torch.bfloat16)
+    plan = tp.Plan.manual(resident=["blocks.0."], streamed=[f"blocks.{i}." for i in range(1, 6)])
+
+    def build() -> Tiny:
+        with torch.device("meta"):
+            return Tiny(vocab=300).to(torch.bfloat16).eval()
+
+    model = build()
+    tp.stream_load(model, path, plan=plan, device="cpu")
+    hooks = model_hooks(model)
+    assert LOOKUP_GUARDS in hooks  # the embedding is left in the checkpoint's map on the CPU
+    assert model.embed._forward_pre_hooks
+    handle = tp.install_offload(model)
+    assert handle.hooks is hooks
+    handle.remove()  # the offload hooks go; the model's own checks stay
+    assert LOOKUP_GUARDS in hooks and hooks.names == []
+    handle = tp.install_offload(model)
+    tp.release(model, handle)
+    assert RELEASED in hooks and LOOKUP_GUARDS not in hooks
+    assert [n for n, m in model.named_modules() if m._forward_pre_hooks or m._forward_hooks] == [""]
+    with pytest.raises(tp.TrashPandaError, match="Tiny was released"):
+        model(torch.tensor([[1]]))
+    tp.stream_load(model, path, plan=plan, device="cpu")
+    assert RELEASED not in hooks and LOOKUP_GUARDS in hooks and model_hooks(model) is hooks
+    tp.release(model)
+
+
+def test_the_hook_layer_imports_no_feature() -> None:
+    """Features depend on the hook layer, never the reverse: the registry imports nothing of the
+    package but its cleanup helper (and, for types only, the block's state)."""
+    import ast
+
+    import trash_panda.offload.registry as registry
+
+    tree = ast.parse(Path(registry.__file__).read_text(encoding="utf-8"))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            imported.add(node.module)
+    assert imported <= {"cleanup", "state"}, imported
+    runtime = [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.level > 0 and n.module != "cleanup"]
+    assert runtime == [], "the block state is imported for types only"

@@ -181,19 +181,19 @@ COMPUTE_CASES = {
 
 @pytest.mark.parametrize("case", sorted(COMPUTE_CASES))
 def test_compute_dtype_is_the_cores(tmp_path: Path, case: str) -> None:
-    """from_pretrained and the diffusers path (hf._checkpoint_dtype) ask the core, and answer
+    """from_pretrained and the diffusers path (hf.checkpoint_dtype) ask the core, and answer
     what the planner infers for the same tensors."""
     from safetensors.torch import save_file
 
     from trash_panda._dtypes import torch_dtype
     from trash_panda.checkpoint import Checkpoint
-    from trash_panda.hf import _checkpoint_dtype
+    from trash_panda.hf import checkpoint_dtype
 
     tensors, want = COMPUTE_CASES[case]
     path = tmp_path / "m.safetensors"
     save_file({k: torch.zeros(n).to(d) for k, (d, n) in tensors.items()}, str(path))
     ckpt = Checkpoint(path)
-    assert _checkpoint_dtype(ckpt) == want
+    assert checkpoint_dtype(ckpt) == want
     assert torch_dtype(_core.infer_compute_dtype(ckpt.tensors())) == want
     if tensors:
         planned = _core.make_plan([(t.name, t) for t in ckpt.tensors()], None, None, False, ram=1 << 30)

@@ -63,6 +63,11 @@ class Checkpoint:
         raw = from_dlpack(self._core.view(name))
         return raw.view(torch_dtype(info.dtype)).reshape(info.shape)
 
+    def check_holds(self, name: str) -> None:
+        """Raises :class:`CheckpointError` when the file holding tensor ``name`` no longer reaches
+        its end (truncated or rewritten since it was opened): reading a view of it would crash."""
+        self._core.check_holds(name)
+
     def close(self) -> None:
         """Drops the file maps; tensors already read keep theirs alive until they are freed."""
         self._core.close()

@@ -14,25 +14,27 @@ import importlib
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .checkpoint import Checkpoint
 from .errors import ArgumentError
-from .hf import _checkpoint_dtype, _guard_to, build_empty, checkpoint_of
+from .hf import build_empty, checkpoint_dtype, checkpoint_of, guard_to
 from .offload import empty_weights
+from .offload.registry import model_hooks
 from .offload.state import clear_released, get_state
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-    from torch.utils.hooks import RemovableHandle
 
 __all__ = ["load_pipeline", "release_pipeline"]
 
 _ATTR = "_trash_panda_pipeline"
 _LIBRARIES = ("diffusers", "transformers")
+# The name, in each chained component's hook registry, of the pre-hooks that load it.
+CHAIN = "pipeline_chain"
 
 
 @dataclass
@@ -57,7 +59,6 @@ class _Streamed:
     plan_kwargs: dict[str, Any]
     chain: bool
     loaded: _Component | None = None
-    hooks: list[RemovableHandle] = field(default_factory=list)
 
 
 def load_pipeline(
@@ -147,7 +148,7 @@ def _build(cls: Any, library: str, folder: Path, dtype: str | torch.dtype | None
         model, compute = build_empty(cls, folder, Checkpoint(path), dtype)
     else:
         path = checkpoint_of(folder, "diffusion_pytorch_model")
-        compute = resolve(dtype) if dtype is not None else _checkpoint_dtype(Checkpoint(path))
+        compute = resolve(dtype) if dtype is not None else checkpoint_dtype(Checkpoint(path))
         with empty_weights():
             model = cls.from_config(cls.load_config(folder)).eval()
         if model.dtype != compute:
@@ -167,7 +168,7 @@ def _begin_stage(streamed: _Streamed, c: _Component) -> None:
     cm = stage(lambda: c.model, c.path, **kwargs)
     cm.__enter__()  # entered here and left in _end_stage: the pipeline, not a with block, says when
     c.stage = cm
-    _guard_to(c.model)
+    guard_to(c.model)
     if streamed.chain:
         streamed.loaded = c
 
@@ -188,13 +189,15 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
     """Hooks that start the component's stage before it, or any of its direct children, runs:
     a pipeline may call ``vae.decode`` rather than the VAE's forward."""
 
-    def before(_module: nn.Module, _args: Any) -> None:
+    def before() -> None:
         if get_state(c.model) is None:
             _begin_stage(streamed, c)
 
+    hooks = model_hooks(c.model)
     modules = [c.model, *(m for m in c.model.children() if any(True for _ in m.parameters()))]
     for m in modules:
-        streamed.hooks.append(m.register_forward_pre_hook(before, prepend=True))
+        # Before the refusal a released component puts on itself: loading it lifts that.
+        hooks.on_module_start(CHAIN, m, before, prepend=True)
     # Until it is loaded the component is on meta, and a pipeline takes its execution device
     # from its first component; this is where it looks for an offloaded one's (accelerate's name).
     c.model._hf_hook = _ExecutionDevice(streamed.device)  # type: ignore[assignment]
@@ -211,9 +214,8 @@ def release_pipeline(pipe: Any) -> None:
 
 
 def _release_all(streamed: _Streamed) -> None:
-    for h in streamed.hooks:
-        h.remove()
-    streamed.hooks.clear()
+    for c in streamed.components:
+        model_hooks(c.model).remove(CHAIN)
     for c in streamed.components:
         _end_stage(streamed, c, final=True)
         c.model.__dict__.pop("_hf_hook", None)

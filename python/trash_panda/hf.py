@@ -117,7 +117,7 @@ def build_empty(cls: Any, folder: Path, ckpt: Checkpoint, dtype: str | torch.dty
 
     config = AutoConfig.from_pretrained(folder)
     concrete = _concrete_class(cls, config)
-    compute = resolve(dtype) if dtype is not None else _config_dtype(config) or _checkpoint_dtype(ckpt)
+    compute = resolve(dtype) if dtype is not None else _config_dtype(config) or checkpoint_dtype(ckpt)
     with empty_weights():
         model = concrete._from_config(config, dtype=compute).eval()
     if (folder / "generation_config.json").is_file():
@@ -158,7 +158,7 @@ def load_stage(
     except BaseException:
         release(model)
         raise
-    _guard_to(model)
+    guard_to(model)
 
 
 def _concrete_class(cls: Any, config: Any) -> Any:
@@ -184,7 +184,7 @@ def _config_dtype(config: Any) -> torch.dtype | None:
     return value if isinstance(value, torch.dtype) and value.is_floating_point else None
 
 
-def _checkpoint_dtype(ckpt: Checkpoint) -> torch.dtype:
+def checkpoint_dtype(ckpt: Checkpoint) -> torch.dtype:
     """The dtype the checkpoint's weights compute in, by the core's rule (the planner's)."""
     from . import _core
     from ._dtypes import torch_dtype
@@ -192,7 +192,7 @@ def _checkpoint_dtype(ckpt: Checkpoint) -> torch.dtype:
     return torch_dtype(_core.infer_compute_dtype(ckpt.tensors()))
 
 
-def _guard_to(model: nn.Module) -> None:
+def guard_to(model: nn.Module) -> None:
     """``model.to(...)``, ``.cuda()``, ``.cpu()``, ``.half()`` ... that would move or cast the
     weights stream_load placed: a no-op when they already match, a clear error otherwise (the
     streamed blocks live in the engine, not in the module, so moving the module cannot move them)."""

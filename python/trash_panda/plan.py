@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import _core
 from .blocks import find_blocks
@@ -139,6 +139,23 @@ class Plan:
         t = _tier(tier)
         return [b.name for b in self.blocks if b.tier == t]
 
+    def resolved_for(
+        self,
+        tensors: list[tuple[str, _core.TensorInfo]],
+        prefixes: list[str],
+        free: int | None,
+        has_gpu: bool,
+        **options: Any,
+    ) -> Plan:
+        """This plan resolved for a model's tensors and blocks (see :func:`planning_inputs`) and
+        the device's free memory (``free``, bytes; None off a GPU): a new plan. ``options`` are
+        the core's (``compute_dtype``, ``storage_dtype``, ``lookahead``, ``pinned_buffers``)."""
+        return Plan(self._core.resolve(tensors, prefixes, free, has_gpu, **options))
+
+    def engine_config(self) -> _core.EngineConfig:
+        """Every figure the runtime holds, from this (resolved) plan."""
+        return _core.EngineConfig(self._core)
+
     def __str__(self) -> str:
         return str(self._core)
 
@@ -151,7 +168,9 @@ class Plan:
     __hash__ = None  # type: ignore[assignment]
 
 
-def _free_vram(device: torch.device) -> int | None:
+def free_vram(device: torch.device) -> int | None:
+    """The device's free memory in bytes, as CUDA reports it (None for a device that is not a
+    GPU)."""
     import torch
 
     if device.type != "cuda":
@@ -219,7 +238,7 @@ def plan(
     """
     dev = resolve_device(device)
     tensors, prefixes = planning_inputs(model, checkpoint, blocks, key_map, skip_prefixes)
-    free = _core.parse_size(vram, "vram") if vram is not None else _free_vram(dev)
+    free = _core.parse_size(vram, "vram") if vram is not None else free_vram(dev)
     core = _core.make_plan(
         tensors,
         prefixes,
@@ -231,8 +250,8 @@ def plan(
         min_free_ram=min_free_ram,
         headroom_vram=headroom_vram,
         activation_vram=activation_vram,
-        compute_dtype=None if compute_dtype is None else _dtype_name(compute_dtype),
-        storage_dtype=None if storage_dtype is None else _dtype_name(storage_dtype),
+        compute_dtype=None if compute_dtype is None else dtype_name(compute_dtype),
+        storage_dtype=None if storage_dtype is None else dtype_name(storage_dtype),
         lookahead=lookahead if lookahead is not None else setting("lookahead"),
         pinned_buffers=setting("pinned_buffers", pinned_buffers),
     )
@@ -244,5 +263,6 @@ def plan(
     return result
 
 
-def _dtype_name(dtype: str | torch.dtype) -> str:
+def dtype_name(dtype: str | torch.dtype) -> str:
+    """A dtype as the core reads it: a name is passed as it is, a torch dtype by its name."""
     return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")

@@ -167,7 +167,7 @@ def register_ram_tier(cudart: Any, engine: _core.Engine) -> PinnedRegistration |
     )
 
 
-def _expand_into(out: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, kind: str) -> None:
+def expand_into(out: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, kind: str) -> None:
     """``out = (w.float() * scale).to(out.dtype)``, computed in ``out`` with no other memory: the
     scale, broadcast through a view, multiplies in float32 and the result is rounded once into
     ``out``, as the reference."""
@@ -262,7 +262,7 @@ class DeviceBackend:
         if block.engine_index is None:
             for spec, out in self.expansion.resident(block):
                 assert spec.resident is not None
-                _expand_into(out, spec.resident, spec.resident_scale, spec.scale_kind)
+                expand_into(out, spec.resident, spec.resident_scale, spec.scale_kind)
                 swap(spec, out)
             return timing
         assert self.state.engine is not None and self.pipeline is not None
@@ -302,7 +302,7 @@ class DeviceBackend:
                 sc = layout[st.scale_index]
                 scale = _typed(dev, sc.offset, sc.length, sc.dtype, tuple(sc.shape))
             out = self.expansion.view(st.expand_at, spec.shape, spec.target)
-            _expand_into(out, w, scale, st.scale_layout or "none")
+            expand_into(out, w, scale, st.scale_layout or "none")
             swap(spec, out)
 
     def done(self, block: BlockState) -> None:

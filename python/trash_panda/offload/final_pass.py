@@ -97,16 +97,13 @@ def _free(block: BlockState, engine: _core.Engine | None) -> int:
     for spec in block.tensors:
         if spec.resident is not None:  # stored form, expanded on each run
             freed += _retire(spec.resident) + (_retire(spec.resident_scale) if spec.resident_scale is not None else 0)
-            spec.resident = spec.resident_scale = None
+            spec.drop_stored()
             continue
-        module, attr = spec.owners[0]
-        param = module._parameters.get(attr)
+        param = spec.held()
         if param is None or param.is_meta:
             continue
         freed += _retire(param)
-        empty = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False)
-        for m, a in spec.owners:
-            m._parameters[a] = empty
+        spec.put(nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False))
     return freed
 
 

@@ -15,7 +15,8 @@ order (``pre_forward`` top to bottom, ``post_forward`` bottom to top):
   once when the order given was not the one forward() runs.
 
 The gates are ``release_guard``, ``final_pass``, ``overlap_wait`` and ``staging``: a block whose
-gate raised did not start, and none of its post hooks run. The handle it returns removes them all.
+gate raised did not start, and none of its post hooks run. The handle it returns removes them all
+(the registry stays on the model, with the hooks named on their own: see :mod:`.registry`).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core, settings
 from ..errors import ArgumentError, StreamError
+from .cleanup import Cleanup
 from .cpu import CpuBackend
 from .cuda import CudaBackend, DeviceBackend
-from .registry import BlockHook, HookRegistry
+from .registry import BlockHook, HookRegistry, model_hooks
 from .state import BlockState, ModelState, TensorSpec, get_state
 from .timing import Timing
 
@@ -174,7 +176,8 @@ class RunOrder(BlockHook):
 class OffloadHandle:
     """What install_offload() returns: ``remove()`` takes the hooks off and restores the blocks
     (their weights stay loaded; :func:`release` frees them). ``hooks`` is the model's
-    :class:`~.registry.HookRegistry`, where features add their block hooks."""
+    :class:`~.registry.HookRegistry` (:func:`~.registry.model_hooks`), where features add
+    their block hooks."""
 
     def __init__(
         self,
@@ -225,7 +228,7 @@ class OffloadHandle:
         """Takes the hooks off and restores the blocks, so the model runs plainly again (streamed
         blocks' weights become views of the mapped checkpoint on the CPU); with
         TRASH_PANDA_PROFILE=1 prints the profile of what ran."""
-        snap = self._remove(profile=bool(settings.setting("profile")), restore=True)
+        snap = self.remove_hooks(profile=bool(settings.setting("profile")), restore=True)
         if snap is not None:
             from .profile import print_report
 
@@ -239,13 +242,12 @@ class OffloadHandle:
 
         return final_pass(self, keep_prefixes)
 
-    def _remove(self, profile: bool, restore: bool = False) -> Any:
-        """Takes the hooks off (restoring the blocks when asked); returns the profile's snapshot
-        when asked (None otherwise). Every step runs; the first error is raised after them."""
+    def remove_hooks(self, profile: bool, restore: bool = False) -> Any:
+        """Takes the hooks off (restoring the blocks when asked), printing nothing: what
+        :meth:`remove` and :func:`~.release.release` do. Returns the profile's snapshot when
+        asked (None otherwise). Every step runs; the first error is raised after them."""
         if self.removed:
             return None
-        from .cleanup import Cleanup
-
         if restore:
             from .restore import check_restore_fits
 
@@ -260,10 +262,11 @@ class OffloadHandle:
             snap = steps.run(snapshot, self)
         self.removed = True
         # Each hook closes (an overlap load's thread writes into resident blocks: it stops),
-        # then the torch hooks go, then the backend.
-        steps.run(self.hooks.remove_all)
+        # then the torch hooks on the blocks go, then the backend. The model's hooks named on
+        # their own (the lookup tables' checks, a pipeline's) stay in its registry.
+        steps.run(self.hooks.unwrap)
         steps.run(self.backend.close)
-        self.state.handle = None
+        self.state.uninstalled()
         if restore:
             from .restore import restore_blocks
 
@@ -333,13 +336,19 @@ def _install(
     first = [n for n in order or [] if n.rstrip(".") in keys]
     expected = [names[i] for i in _core.full_order(first, names)]
     backend = (backend_for or make_backend)(state)
-    hooks = HookRegistry(blocks)
+    hooks = model_hooks(model)
+    hooks.wrap(blocks)
     staging = Staging(backend, blocks, state.engine)
     timing, run_order = RunTiming(staging), RunOrder(expected)
     handle = OffloadHandle(model, state, backend, hooks, installed, timing, run_order)
-    for hook in (ReleaseGuard(handle), timing, staging, run_order):
-        hooks.add(hook)
-    state.handle = handle
+    try:
+        for hook in (ReleaseGuard(handle), timing, staging, run_order):
+            hooks.add(hook)
+    except BaseException:
+        # The registry outlives this install: one that failed leaves nothing on the blocks.
+        Cleanup().run(hooks.unwrap)
+        raise
+    state.installed(handle)
     return handle
 
 

@@ -15,7 +15,7 @@ from ..checkpoint_names import KeyMap, check_prefixes, model_tensors
 from ..device import resolve_device
 from ..errors import ArgumentError
 from ..log import log_report
-from ..plan import Plan, Tier, _dtype_name, _free_vram, planning_inputs
+from ..plan import Plan, Tier, dtype_name, free_vram, planning_inputs
 from ..plan import plan as make_plan
 from ..progress import Progress
 from ..settings import setting
@@ -165,11 +165,10 @@ def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
         "pinned_buffers": None if plan.resolved else setting("pinned_buffers"),
     }
     if compute_dtype is not None:
-        options["compute_dtype"] = _dtype_name(compute_dtype)
+        options["compute_dtype"] = dtype_name(compute_dtype)
     if storage_dtype is not None:
-        options["storage_dtype"] = _dtype_name(storage_dtype)
-    core = plan._core.resolve(tensors, prefixes, _free_vram(req.device), req.device.type == "cuda", **options)
-    return Plan(core)
+        options["storage_dtype"] = dtype_name(storage_dtype)
+    return plan.resolved_for(tensors, prefixes, free_vram(req.device), req.device.type == "cuda", **options)
 
 
 def _block_prefixes(model: nn.Module, plan: Plan, skip: tuple[str, ...] = ()) -> list[str]:
@@ -209,7 +208,7 @@ def _stream_load(
     t_start = time.perf_counter()
     device = req.device
     plan = _resolve_plan(model, ckpt, req)
-    config = _core.EngineConfig(plan._core)
+    config = plan.engine_config()
     compute = torch_dtype(config.compute_dtype)
     storage = config.storage_dtype
     named = model_tensors(ckpt, req.key_map, req.skip_prefixes)
@@ -257,9 +256,7 @@ def _stream_load(
 
     # Parameters: real tensors where they are final, placeholders where hooks will fill them.
     for spec in [*outside, *(s for b in blocks for s in b.tensors)]:
-        param = spec.placeholder if spec.placeholder is not None else spec.module._parameters[spec.attr]
-        for m, a in spec.owners:
-            m._parameters[a] = param
+        spec.put(spec.placeholder if spec.placeholder is not None else spec.module._parameters[spec.attr])
 
     report.kept_buffers = load_buffers(model, named, device, skip)
     report.mapped_bytes = sum(spec.info.nbytes for spec in tables)
@@ -272,8 +269,8 @@ def _stream_load(
         blocks=blocks,
         engine=engine,
         report=report,
-        guards=guard_lookup_tables(tables, ckpt),
     )
+    guard_lookup_tables(model, tables, ckpt)
     setattr(model, STATE_ATTR, state)
     register_model(model)
     report.seconds = time.perf_counter() - t_start
@@ -289,15 +286,16 @@ def _engine_for(
     file_index = {f: i for i, f in enumerate(files)}
     described = []
     for e, sb in enumerate(streamed):
-        sb.engine_index = e
+        sb.stream_as(e)
         entries: list[tuple[str, int, int, int, str, list[int]]] = []
         for spec in sb.tensors:
-            spec.staged_index = len(entries)
+            staged = len(entries)
             entries.append(_entry(spec.info, file_index))
+            scale = None
             if spec.scale is not None:
-                spec.scale_index = len(entries)
+                scale = len(entries)
                 entries.append(_entry(spec.scale, file_index))
-            spec.placeholder = placeholder(spec)
+            spec.stream_at(staged, scale, placeholder(spec))
         tier = "ram" if sb.tier == Tier.RAM else "disk"
         described.append((sb.prefix, tier, entries))
         load = report.ram if tier == "ram" else report.disk

@@ -89,10 +89,17 @@ def match(
         target = compute if p.dtype.is_floating_point else torch_dtype(info.dtype)
         module, attr, _ = owners[0]
         spec = TensorSpec(
-            name=found, module=module, attr=attr, info=info, scale=scale, scale_kind=kind, target=target, shape=shape
+            name=found,
+            module=module,
+            attr=attr,
+            info=info,
+            scale=scale,
+            scale_kind=kind,
+            target=target,
+            shape=shape,
+            owners=[(m, a) for m, a, _ in owners],
         )
         used.add(found)
-        spec.owners = [(m, a) for m, a, _ in owners]
         prefix = next((q for q in prefixes if found.startswith(q)), None)
         if prefix is None:
             outside.append(spec)
@@ -103,7 +110,7 @@ def match(
                     f"{found} is tied to {others[0]}, outside its block {prefix}: "
                     "tied weights must live outside the blocks"
                 )
-            blocks[prefix].tensors.append(spec)
+            blocks[prefix].add(spec)
     if missing:
         listed = "; ".join(m + _near(m, list(named)) for m in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""

@@ -4,11 +4,13 @@ and putting a model back on the meta device."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from .._dtypes import torch_dtype
 from ..errors import CheckpointError
+from .registry import HOOKS_ATTR
 from .state import KEPT_BUFFERS_ATTR, STATE_ATTR, TensorSpec, get_state
 
 if TYPE_CHECKING:
@@ -53,13 +55,9 @@ def materialize(spec: TensorSpec, device: torch.device, *, storage: str | None, 
     elif expand:
         final = kernels.expand(stored, target, None if scale is None else _scale_arg(scale, spec))
     if final is not None:
-        param = nn.Parameter(final.to(device), requires_grad=False)
-        for m, a in spec.owners:
-            m._parameters[a] = param
+        spec.put(nn.Parameter(final.to(device), requires_grad=False))
         return
-    spec.resident = stored.to(device)
-    spec.resident_scale = None if scale is None else scale.to(device)
-    spec.placeholder = placeholder(spec)
+    spec.keep_stored(stored.to(device), None if scale is None else scale.to(device), placeholder(spec))
 
 
 def _final_as_read(spec: TensorSpec, storage: str | None, expand: bool) -> bool:
@@ -100,9 +98,7 @@ def materialize_all(
         if requests:
             _core.read_tensors(path, requests, threads=threads)
         for spec, t in items:
-            param = nn.Parameter(t, requires_grad=False)
-            for m, a in spec.owners:
-                m._parameters[a] = param
+            spec.put(nn.Parameter(t, requires_grad=False))
 
 
 def _read_by_rows(spec: TensorSpec) -> bool:
@@ -142,24 +138,33 @@ def map_lookup_tables(
         ):
             rest.append(spec)
             continue
-        param = nn.Parameter(ckpt.read(spec.info.name), requires_grad=False)
-        for m, a in spec.owners:
-            m._parameters[a] = param
+        spec.put(nn.Parameter(ckpt.read(spec.info.name), requires_grad=False))
         mapped.append(spec)
     return rest, mapped
 
 
-def guard_lookup_tables(tables: list[TensorSpec], ckpt: Checkpoint) -> list[Any]:
+# The name, in the model's hook registry, of the checks before each lookup in a mapped table.
+LOOKUP_GUARDS = "lookup_table_guards"
+
+
+def guard_lookup_tables(model: nn.Module, tables: list[TensorSpec], ckpt: Checkpoint) -> None:
     """Before each lookup in a table left in the checkpoint's map, checks that its file still
     holds it: a file truncated since the load (saved again over the same path, say) would
-    otherwise crash the process when a row past its new end is read. Returns the hooks'
-    handles, which the model's release removes."""
-    check = ckpt._core.check_holds
-    return [
-        module.register_forward_pre_hook(lambda _m, _a, n=spec.info.name: check(n))
-        for spec in tables
-        for module, _attr in spec.owners
-    ]
+    otherwise crash the process when a row past its new end is read. The pre-hooks go in the
+    model's registry under :data:`LOOKUP_GUARDS`, which the model's unload removes."""
+    from .registry import model_hooks
+
+    hooks = model_hooks(model)
+    for spec in tables:
+        for module, _attr in spec.owners:
+            hooks.on_module_start(LOOKUP_GUARDS, module, _checker(ckpt, spec.info.name))
+
+
+def _checker(ckpt: Checkpoint, name: str) -> Callable[[], None]:
+    def check() -> None:
+        ckpt.check_holds(name)
+
+    return check
 
 
 def _scale_arg(scale: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
@@ -181,7 +186,7 @@ def _convert_storage(stored: torch.Tensor, storage: str, spec: TensorSpec) -> tu
         return kernels.cast(stored.float() if stored.dtype == torch.float64 else stored, torch.bfloat16), None
     if how == "fp8":
         q, s = kernels.quantize_fp8(stored, per_row=True)
-        spec.scale_kind = "row"
+        spec.scale_by_rows()
         return q, s
     return stored, None
 
@@ -229,18 +234,11 @@ def unload(model: nn.Module) -> None:
         buffers = dict(model.named_buffers())
         aside = {n: buffers[n].detach().to("cpu", copy=True) for n in state.report.kept_buffers if n in buffers}
         setattr(model, KEPT_BUFFERS_ATTR, aside)
+    hooks = getattr(model, HOOKS_ATTR, None)
+    if hooks is not None:
+        hooks.remove(LOOKUP_GUARDS)
     if state is not None:
-        state.remove_guards()
-        if state.engine is not None:
-            state.engine.close()
-        state.checkpoint.close()
-        # A handle the caller still holds points at this state: drop what it holds, so the
-        # memory goes now and not when the handle does.
-        for block in state.blocks:
-            for spec in block.tensors:
-                spec.resident = spec.resident_scale = spec.placeholder = None
-        state.blocks = []
-        state.engine = None
+        state.drop()
     # One meta parameter for each parameter, so weights tied together stay tied (a model loaded
     # again must look as it was built).
     emptied: dict[int, nn.Parameter] = {}

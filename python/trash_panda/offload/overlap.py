@@ -60,7 +60,7 @@ class ResidentLoader:
                     raise StreamError("the stage ended before it was loaded")
                 load_block(block, self.device, self.storage, self.threads)
                 # `work` is fixed by the load (resident weights to expand each run, or none).
-                block.refresh_work()
+                block.mark_loaded()
                 self.loaded_bytes += sum(s.info.nbytes for s in block.tensors)
             except BaseException as e:  # reported in the call that needs the block
                 self.errors[block.index] = e

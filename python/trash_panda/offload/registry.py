@@ -13,6 +13,14 @@ cannot run: ``gate = True``) has completed. The post hooks run only for a block 
 gate that raises undoes its own work, and nothing after it runs. A pre hook after the last gate
 that raises still leaves the block started, so its post hooks give back what the gates took.
 A post hook that raises stops the ones after it (the error is the block's).
+
+The registry also holds plain module hooks by name (:meth:`HookRegistry.on_module_start`,
+:meth:`HookRegistry.on_module_end`): one named for a block hook goes with it; one named on its
+own (a released model's refusal to run, the checks of mapped lookup tables, a pipeline's hooks
+that load a component on its first call) stays until removed by that name. A model's registry
+(:func:`model_hooks`) lives on the model and outlives each install of the offload hooks: those
+wrap its blocks (:meth:`HookRegistry.wrap`) and go with :meth:`HookRegistry.unwrap`, and the
+hooks named on their own stay.
 """
 
 from __future__ import annotations
@@ -28,7 +36,10 @@ if TYPE_CHECKING:
 
     from .state import BlockState
 
-__all__ = ["BlockHook", "HookRegistry"]
+__all__ = ["HOOKS_ATTR", "BlockHook", "HookRegistry", "model_hooks"]
+
+# Where a model keeps its registry (see :func:`model_hooks`).
+HOOKS_ATTR = "_trash_panda_hooks"
 
 
 class BlockHook:
@@ -47,7 +58,8 @@ class BlockHook:
 
     def attach(self, registry: HookRegistry) -> None:
         """Called when added: a hook that needs torch hooks on other modules adds them with
-        :meth:`HookRegistry.on_module_end`, and they go when the hook is removed."""
+        :meth:`HookRegistry.on_module_start` or :meth:`HookRegistry.on_module_end`, and they
+        go when the hook is removed."""
 
     def close(self) -> None:
         """Called when removed (``remove`` or ``remove_all``)."""
@@ -58,17 +70,22 @@ def _overrides(hook: BlockHook, method: str) -> bool:
 
 
 class HookRegistry:
-    """The block hooks of one model: installed on its blocks together, removed together."""
+    """The hooks of one model: the block hooks, called around each block it wraps, and module
+    hooks by name."""
 
-    def __init__(self, blocks: Iterable[BlockState]) -> None:
+    def __init__(self, blocks: Iterable[BlockState] = ()) -> None:
         self._hooks: list[BlockHook] = []
-        self._torch: list[RemovableHandle] = []  # the registry's own, one pair per block
-        self._owned: dict[str, list[RemovableHandle]] = {}  # module hooks a block hook added
+        self._torch: list[RemovableHandle] = []  # the registry's own, one pair per wrapped block
+        self._owned: dict[str, list[RemovableHandle]] = {}  # module hooks, by the name they go with
         self._started: set[int] = set()  # blocks whose gates completed (for the post hooks)
         # The hot path: bound methods, rebuilt on each add/remove.
         self._gates: tuple[Callable[[BlockState], None], ...] = ()
         self._rest: tuple[Callable[[BlockState], None], ...] = ()
         self._post: tuple[Callable[[BlockState], None], ...] = ()
+        self.wrap(blocks)
+
+    def wrap(self, blocks: Iterable[BlockState]) -> None:
+        """Calls the block hooks around each of ``blocks`` from now on (until :meth:`unwrap`)."""
         for block in blocks:
             self._wrap(block)
 
@@ -104,6 +121,10 @@ class HookRegistry:
         """The hooks' names, in the order their ``pre_forward`` runs."""
         return [h.name for h in self._hooks]
 
+    def __contains__(self, name: object) -> bool:
+        """Whether a block hook, or module hooks, are registered under ``name``."""
+        return isinstance(name, str) and (self.get(name) is not None or name in self._owned)
+
     def get(self, name: str) -> BlockHook | None:
         for h in self._hooks:
             if h.name == name:
@@ -115,8 +136,8 @@ class HookRegistry:
         none by that name)."""
         if not hook.name:
             raise ValueError(f"{type(hook).__name__}: a block hook needs a name")
-        if self.get(hook.name) is not None:
-            raise ValueError(f"a block hook named {hook.name!r} is already registered")
+        if hook.name in self:
+            raise ValueError(f"a hook named {hook.name!r} is already registered")
         at = len(self._hooks)
         if before is not None:
             at = next((i for i, h in enumerate(self._hooks) if h.name == before), at)
@@ -124,29 +145,41 @@ class HookRegistry:
         self._rebuild()
         hook.attach(self)
 
-    def on_module_end(self, owner: BlockHook, module: nn.Module, fn: Callable[[], None]) -> None:
-        """A torch post-hook on ``module`` (inside a block), removed with the hook ``owner``."""
+    def on_module_start(
+        self, owner: BlockHook | str, module: nn.Module, fn: Callable[[], None], *, prepend: bool = False
+    ) -> None:
+        """A torch pre-hook on ``module`` that calls ``fn()``, removed with the hook ``owner``,
+        or, for a name, by ``remove(name)`` (the model's other hooks may come and go meanwhile).
+        ``prepend``: before the module's other pre-hooks."""
+        handle = module.register_forward_pre_hook(lambda _m, _args: fn(), prepend=prepend)
+        self._owned.setdefault(_owner_name(owner), []).append(handle)
+
+    def on_module_end(self, owner: BlockHook | str, module: nn.Module, fn: Callable[[], None]) -> None:
+        """A torch post-hook on ``module`` (also when it raised), removed as
+        :meth:`on_module_start`'s."""
         handle = module.register_forward_hook(lambda _m, _args, _out: fn(), always_call=True)
-        self._owned.setdefault(owner.name, []).append(handle)
+        self._owned.setdefault(_owner_name(owner), []).append(handle)
 
     def remove(self, name: str) -> BlockHook | None:
-        """Takes the hook named ``name`` out and closes it; returns it (None when there is
-        none). Its module hooks go, and the close runs, even when one step raises."""
+        """Takes out the block hook named ``name`` and closes it, and removes the module hooks
+        registered under that name; returns the block hook (None when there is none). Every
+        step runs, even when one raises."""
         hook = self.get(name)
-        if hook is None:
-            return None
         steps = Cleanup()
-        self._hooks.remove(hook)
-        self._rebuild()
+        if hook is not None:
+            self._hooks.remove(hook)
+            self._rebuild()
         for h in self._owned.pop(name, []):
             steps.run(h.remove)
-        steps.run(hook.close)
+        if hook is not None:
+            steps.run(hook.close)
         steps.done()
         return hook
 
-    def remove_all(self) -> None:
-        """Removes every hook, the last added first, and the registry's torch hooks; every step
-        runs, and the first error is raised after them."""
+    def unwrap(self) -> None:
+        """Removes every block hook, the last added first, and the torch hooks on the blocks;
+        module hooks registered under a name of their own stay. Every step runs, and the first
+        error is raised after them."""
         steps = Cleanup()
         for hook in reversed(list(self._hooks)):
             steps.run(self.remove, hook.name)
@@ -155,3 +188,30 @@ class HookRegistry:
         self._torch.clear()
         self._started.clear()
         steps.done()
+
+    def remove_all(self) -> None:
+        """:meth:`unwrap`, then every module hook left; every step runs, and the first error is
+        raised after them."""
+        steps = Cleanup()
+        steps.run(self.unwrap)
+        for name in list(self._owned):
+            steps.run(self.remove, name)
+        steps.done()
+
+
+def _owner_name(owner: BlockHook | str) -> str:
+    name = owner if isinstance(owner, str) else owner.name
+    if not name:
+        raise ValueError("a module hook needs a name, or a block hook with one")
+    return name
+
+
+def model_hooks(model: nn.Module) -> HookRegistry:
+    """The model's registry, made on first use; it stays on the model (a released model keeps
+    its refusal to run in it)."""
+    found = getattr(model, HOOKS_ATTR, None)
+    if isinstance(found, HookRegistry):
+        return found
+    registry = HookRegistry()
+    setattr(model, HOOKS_ATTR, registry)
+    return registry

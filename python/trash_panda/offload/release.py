@@ -63,7 +63,7 @@ def _release(model: nn.Module) -> None:
     steps.run(point, "before release")
     state = get_state(model)
     live = state.handle if state is not None else None
-    snap = steps.run(live._remove, profile) if live is not None else None
+    snap = steps.run(live.remove_hooks, profile) if live is not None else None
     steps.run(point, "hooks removed")
     steps.run(unload, model)
     mark_released(model)

@@ -97,8 +97,7 @@ def restore_blocks(state: ModelState) -> None:
 
 
 def _gone(spec: TensorSpec) -> bool:
-    module, attr = spec.owners[0]
-    param = module._parameters.get(attr)
+    param = spec.held()
     return param is None or param.is_meta
 
 
@@ -116,10 +115,10 @@ def _weight(state: ModelState, spec: TensorSpec, *, from_file: bool) -> torch.Te
     if stored.dtype == spec.target and scale is None:
         out = stored.reshape(spec.shape)
     elif stored.device.type == "cuda":
-        from .cuda import _expand_into
+        from .cuda import expand_into
 
         out = torch.empty(spec.shape, dtype=spec.target, device=stored.device)
-        _expand_into(out, stored, scale, spec.scale_kind)
+        expand_into(out, stored, scale, spec.scale_kind)
     else:
         if scale is not None:
             scale = scale.to(dtype=torch.float32)

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
     from ..plan import Plan, Tier
 
 STATE_ATTR = "_trash_panda_state"
-# The forward pre-hook that refuses to run a released model, until it is loaded again.
-RELEASED_ATTR = "_trash_panda_released"
+# The name, in the model's hook registry, of the pre-hook that refuses to run a released model
+# until it is loaded again.
+RELEASED = "released"
 # Buffers the model made itself (none in the checkpoint), kept on the CPU by a release so that
 # loading the same model again has their values.
 KEPT_BUFFERS_ATTR = "_trash_panda_kept_buffers"
@@ -41,6 +42,39 @@ class TensorSpec:
     resident_scale: torch.Tensor | None = None
     placeholder: Any = None  # the meta parameter the module holds between runs
     owners: list[tuple[nn.Module, str]] = field(default_factory=list)  # every (module, attr) it is under
+
+    def put(self, param: Any) -> None:
+        """Puts ``param`` under every (module, attr) the parameter is under (weights tied
+        together stay tied)."""
+        for module, attr in self.owners:
+            module._parameters[attr] = param
+
+    def held(self) -> Any:
+        """The parameter its modules hold now (None when there is none)."""
+        module, attr = self.owners[0]
+        return module._parameters.get(attr)
+
+    def keep_stored(self, stored: torch.Tensor, scale: torch.Tensor | None, placeholder: Any) -> None:
+        """Keeps the weights in their stored form (``stored``, ``scale``, on the device) for the
+        hooks to expand before each run; the module holds ``placeholder`` between runs."""
+        self.resident, self.resident_scale, self.placeholder = stored, scale, placeholder
+
+    def stream_at(self, staged_index: int, scale_index: int | None, placeholder: Any) -> None:
+        """Its place in the engine's layout of its block (and its scale's): the engine stages
+        it, and the module holds ``placeholder`` between runs."""
+        self.staged_index, self.scale_index, self.placeholder = staged_index, scale_index, placeholder
+
+    def scale_by_rows(self) -> None:
+        """Its stored form was quantized with one scale per row (the storage dtype's rule)."""
+        self.scale_kind = "row"
+
+    def drop_stored(self) -> None:
+        """Gives back the stored form kept for the hooks (a final pass freed the block)."""
+        self.resident = self.resident_scale = None
+
+    def forget(self) -> None:
+        """Drops everything it holds (its model was unloaded)."""
+        self.resident = self.resident_scale = self.placeholder = None
 
     @property
     def needs_work(self) -> bool:
@@ -69,9 +103,18 @@ class BlockState:
         ask for it on every run)."""
         return [t for t in self.tensors if t.needs_work]
 
-    def refresh_work(self) -> None:
-        """Computes :attr:`work` again on its next use: the block's weights were loaded after
-        the hooks were installed (stage(overlap=True)'s loader)."""
+    def add(self, spec: TensorSpec) -> None:
+        """One more of its parameters (while the load matches the model to the checkpoint)."""
+        self.tensors.append(spec)
+        self.__dict__.pop("work", None)
+
+    def stream_as(self, engine_index: int) -> None:
+        """The block is streamed: the engine knows it as ``engine_index``."""
+        self.engine_index = engine_index
+
+    def mark_loaded(self) -> None:
+        """Its weights were loaded after the hooks were installed (stage(overlap=True)'s
+        loader): :attr:`work` is computed again on its next use."""
         self.__dict__.pop("work", None)
 
     @property
@@ -91,12 +134,27 @@ class ModelState:
     engine: _core.Engine | None
     report: Any = None
     handle: Any = None  # the OffloadHandle while hooks are installed
-    guards: list[Any] = field(default_factory=list)  # hooks that check mapped tables' files
 
-    def remove_guards(self) -> None:
-        for h in self.guards:
-            h.remove()
-        self.guards = []
+    def installed(self, handle: Any) -> None:
+        """The offload hooks are installed: ``handle`` is the live one."""
+        self.handle = handle
+
+    def uninstalled(self) -> None:
+        """The live handle's hooks were removed."""
+        self.handle = None
+
+    def drop(self) -> None:
+        """Forgets the load: closes the engine and the checkpoint, and drops every weight the
+        blocks hold (a handle the caller still holds points at this state: the memory goes now,
+        not when the handle does)."""
+        if self.engine is not None:
+            self.engine.close()
+        self.checkpoint.close()
+        for block in self.blocks:
+            for spec in block.tensors:
+                spec.forget()
+        self.blocks = []
+        self.engine = None
 
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -116,24 +174,30 @@ def get_state(model: nn.Module) -> ModelState | None:
     return state
 
 
-def _refuse_released(module: nn.Module, _args: Any) -> None:
-    from ..errors import TrashPandaError
-
-    raise TrashPandaError(
-        f"{type(module).__name__} was released by trash_panda.release() and cannot run; "
-        "load it again with stream_load()"
-    )
-
-
 def mark_released(model: nn.Module) -> None:
-    """Makes the model refuse to run (its weights are gone) until :func:`clear_released`."""
-    if getattr(model, RELEASED_ATTR, None) is None:
-        setattr(model, RELEASED_ATTR, model.register_forward_pre_hook(_refuse_released))
+    """Makes the model refuse to run (its weights are gone) until :func:`clear_released`: a
+    pre-hook named :data:`RELEASED` in the model's registry, which outlives its offload hooks."""
+    from .registry import model_hooks
+
+    hooks = model_hooks(model)
+    if RELEASED in hooks:
+        return
+    name = type(model).__name__
+
+    def refuse() -> None:
+        from ..errors import TrashPandaError
+
+        raise TrashPandaError(
+            f"{name} was released by trash_panda.release() and cannot run; load it again with stream_load()"
+        )
+
+    hooks.on_module_start(RELEASED, model, refuse)
 
 
 def clear_released(model: nn.Module) -> None:
     """Lets a model released before run again: it was loaded again."""
-    mark = getattr(model, RELEASED_ATTR, None)
-    if mark is not None:
-        mark.remove()
-        delattr(model, RELEASED_ATTR)
+    from .registry import HOOKS_ATTR
+
+    hooks = getattr(model, HOOKS_ATTR, None)
+    if hooks is not None:
+        hooks.remove(RELEASED)

@@ -17,9 +17,7 @@ def swap(spec: TensorSpec, tensor: torch.Tensor | None) -> None:
     """Puts ``tensor`` (or the meta placeholder, for None) under every name of ``spec``."""
     from torch import nn
 
-    param = spec.placeholder if tensor is None else nn.Parameter(tensor, requires_grad=False)
-    for module, attr in spec.owners:
-        module._parameters[attr] = param
+    spec.put(spec.placeholder if tensor is None else nn.Parameter(tensor, requires_grad=False))
 
 
 class SharedViews:
