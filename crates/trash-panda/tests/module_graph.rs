@@ -256,3 +256,46 @@ fn the_graph_reader_sees_imports() {
     edges.insert(("b".into(), "c".into()), vec![]);
     assert_eq!(circles(&modules, &edges), vec![vec!["a", "b"]]);
 }
+
+/// The modules of the core table in `docs/architecture.md`, in the order it lists them.
+fn documented_layers() -> Vec<String> {
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/architecture.md");
+    let text = std::fs::read_to_string(&doc)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", doc.display()));
+    let section = text
+        .split("## The core")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("docs/architecture.md has a section `## The core`");
+    section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once('`'))
+        .map(|(name, _)| name.to_owned())
+        .collect()
+}
+
+/// The layout page lists the core's modules from the bottom up: it names every module, and a
+/// module only imports modules listed above it, so the page cannot drift from the code.
+#[test]
+fn the_layout_page_lists_the_modules_bottom_up() {
+    let (modules, edges) = module_edges();
+    let listed = documented_layers();
+    let listed_set: BTreeSet<String> = listed.iter().cloned().collect();
+    assert_eq!(
+        listed_set, modules,
+        "docs/architecture.md's table of the core does not name exactly the modules under src/"
+    );
+    let place = |m: &str| listed.iter().position(|l| l == m).expect("listed");
+    let mut wrong = Vec::new();
+    for ((from, to), lines) in &edges {
+        if place(to) > place(from) {
+            wrong.push(format!("{from} imports {to}, listed below it: {}", lines[0]));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "docs/architecture.md lists these modules in the wrong order:\n{}",
+        wrong.join("\n")
+    );
+}
