@@ -13,7 +13,9 @@ mod settings;
 
 use serde::Serialize;
 
-pub use block::{scale_layout, staged_work, ScaleSource, TensorWork};
+pub use block::{
+    leased_scale, scale_layout, staged_work, ScaleReadError, ScaleSource, ScaleValues, TensorWork,
+};
 pub use settings::{DiskModeChoice, EngineSettings};
 
 use crate::config::ConfigError;
