@@ -39,6 +39,16 @@ __all__ = [
     "expand",
     "infer_compute_dtype",
     "is_float_dtype",
+    "is_scale_name",
+    "weight_of_scale",
+    "needs_expansion",
+    "check_block_prefixes",
+    "asked_staging_buffers",
+    "staging_buffers",
+    "DEFAULT_HEADROOM_VRAM",
+    "DEFAULT_LOOKAHEAD",
+    "LoadReport",
+    "TierLoad",
     "make_plan",
     "paired_scale",
     "parse_size",
@@ -286,12 +296,61 @@ def infer_compute_dtype(tensors: Sequence[TensorInfo]) -> Literal["BF16", "F16",
 def tier_name(name: str) -> Literal["device", "ram", "disk"]: ...
 def paired_scale(name: str, names: Container[str]) -> str | None: ...
 def is_float_dtype(name: str) -> bool: ...
+def is_scale_name(name: str) -> bool: ...
+def weight_of_scale(name: str) -> str | None: ...
+def needs_expansion(held: str, compute: str, scaled: bool) -> bool: ...
+def check_block_prefixes(prefixes: Sequence[str]) -> list[str]: ...
+def asked_staging_buffers(setting: int) -> int | None: ...
+def staging_buffers(asked: int | None, lookahead: int) -> int: ...
 def setting(name: str, argument: object = None) -> bool | int | str: ...
 def settings() -> list[dict[str, str]]: ...
 
 FP8_MIN_ELEMENTS: int
 CUDA_CONTEXT_FLOOR: int
 SCALE_SUFFIXES: list[str]
+DEFAULT_HEADROOM_VRAM: int
+DEFAULT_LOOKAHEAD: int
+
+@final
+class TierLoad:
+    def __new__(cls, blocks: int = 0, tensors: int = 0, bytes: int = 0, seconds: float = 0.0) -> TierLoad: ...
+    @property
+    def blocks(self) -> int: ...
+    @property
+    def tensors(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def seconds(self) -> float: ...
+    def __eq__(self, other: object, /) -> bool: ...
+
+@final
+class LoadReport:
+    def __new__(cls, checkpoint: str, device: str, compute_dtype: str) -> LoadReport: ...
+    @property
+    def checkpoint(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def compute_dtype(self) -> str: ...
+    seconds: float
+    outside: TierLoad
+    device_tier: TierLoad
+    ram: TierLoad
+    disk: TierLoad
+    ram_source: str
+    disk_mode: str | None
+    disk_mode_reason: str
+    staging_bytes: int
+    mapped_bytes: int
+    kept_buffers: list[str]
+    unexpected: list[str]
+    def summary(
+        self,
+        ram_in_memory_threads: int | None = None,
+        storage: str | None = None,
+        loader: tuple[int, int, float, float] | None = None,
+    ) -> str: ...
 
 def read_tensors(
     path: str | PathLike[str], requests: list[tuple[int, Any]], threads: int = 2, direct: bool = False

@@ -48,6 +48,19 @@ def core_name(dtype: torch.dtype) -> str:
     raise DtypeError(f"dtype {dtype} is not supported; expected one of {', '.join(_HEADER_TO_TORCH.values())}")
 
 
+def needs_expansion(held: torch.dtype | str, compute: torch.dtype | str, scaled: bool) -> bool:
+    """Whether a weight held as ``held`` (a torch dtype or the core's name of one) is expanded to
+    ``compute`` before its block runs, rather than used as it is: the core's one rule (a float in
+    another dtype, or one with a scale to apply)."""
+    from . import _core
+
+    return _core.needs_expansion(
+        held if isinstance(held, str) else core_name(held),
+        compute if isinstance(compute, str) else core_name(compute),
+        scaled,
+    )
+
+
 def resolve(dtype: torch.dtype | str) -> torch.dtype:
     """A torch dtype from a torch dtype or a name such as "bf16", "fp8" or "float32"."""
     import torch

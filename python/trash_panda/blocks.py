@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from . import _core
 from .errors import ArgumentError
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ def find_blocks(model: nn.Module, prefixes: list[str] | None = None) -> list[Blo
                 found.extend(Block(f"{key}.{i}.", child) for i, child in enumerate(module))
             else:
                 found.append(Block(key + ".", module))
-        _no_duplicates(found)
+        # The planner's check: none named twice, none inside another (a PlanError).
+        _core.check_block_prefixes([b.prefix for b in found])
         return found
 
     lists: list[str] = []
@@ -69,14 +71,3 @@ def find_blocks(model: nn.Module, prefixes: list[str] | None = None) -> list[Blo
         for i, child in enumerate(modules[name])
         if _numel(child) > 0
     ]
-
-
-def _no_duplicates(blocks: list[Block]) -> None:
-    seen: set[str] = set()
-    for b in blocks:
-        if b.prefix in seen:
-            raise ArgumentError(f"block {b.prefix!r} is named twice")
-        for other in seen:
-            if b.prefix.startswith(other) or other.startswith(b.prefix):
-                raise ArgumentError(f"blocks {other!r} and {b.prefix!r} overlap")
-        seen.add(b.prefix)

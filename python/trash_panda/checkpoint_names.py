@@ -1,11 +1,11 @@
-"""Matching a checkpoint's tensor names to a model's: key_map, skip_prefixes, scale tensors."""
+"""Matching a checkpoint's tensor names to a model's: key_map, skip_prefixes (scale tensors are
+the core's: ``_core.is_scale_name``, ``_core.weight_of_scale``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from . import _core
 from .errors import ArgumentError
 
 if TYPE_CHECKING:
@@ -13,22 +13,6 @@ if TYPE_CHECKING:
     from .checkpoint import Checkpoint
 
 KeyMap = Mapping[str, str] | Callable[[str], str | None] | None
-
-# The core's suffixes of scale tensors (weight_scale, scale_weight, weight_scale_inv, and last
-# input_scale, which is carried along but never applied to weights).
-SCALE_SUFFIXES: tuple[str, ...] = tuple(_core.SCALE_SUFFIXES)
-
-
-def is_scale(name: str) -> bool:
-    return name.endswith(SCALE_SUFFIXES)
-
-
-def weight_of_scale(name: str) -> str:
-    """The weight a scale tensor scales: `a.b.weight_scale` -> `a.b.weight`."""
-    for suffix in SCALE_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)] + ".weight"
-    return name
 
 
 def mapper(key_map: KeyMap) -> Callable[[str], str | None]:

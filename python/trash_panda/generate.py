@@ -24,6 +24,8 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import _core
+
     p = argparse.ArgumentParser(
         prog="trash-panda generate",
         description="Generate text with a transformers causal LM whose weights are streamed from FOLDER.",
@@ -34,7 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-vram", help='cap on the device memory the plan uses, e.g. "2GB"')
     p.add_argument("--vram", help="free device memory to plan for instead of probing")
     p.add_argument("--ram", help="available RAM to plan for instead of probing (what does not fit goes to disk)")
-    p.add_argument("--headroom-vram", help='device memory kept free for activations (default "1.5GB")')
+    p.add_argument(
+        "--headroom-vram",
+        help=f'device memory kept free for activations (default "{_core.DEFAULT_HEADROOM_VRAM / 1e9:g}GB")',
+    )
     p.add_argument("--resident-blocks", type=int, help="exactly this many blocks resident on the device")
     p.add_argument("--plan", type=Path, help="a plan as JSON (Plan.save / trash-panda plan --json) instead of planning")
     p.add_argument("--device", help="cpu or cuda (default: cuda when torch sees a GPU)")

@@ -8,7 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .offload.report import LoadReport
+    from ._core import LoadReport
     from .plan import Plan
 
 __all__ = ["log_plan", "log_report", "logger"]

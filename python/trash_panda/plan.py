@@ -213,7 +213,7 @@ def plan(
     resident_blocks: int | None = None,
     max_vram: Size | None = None,
     min_free_ram: Size = "auto",
-    headroom_vram: Size = "1.5GB",
+    headroom_vram: Size | None = None,
     activation_vram: Size | None = None,
     compute_dtype: str | torch.dtype | None = None,
     storage_dtype: str | torch.dtype | None = None,
@@ -234,7 +234,8 @@ def plan(
     planning another machine); on the CPU, ``vram`` sizes the device tier as a GPU with that much
     free memory would get it (the plan's table says the CPU computes). ``pinned_buffers`` is the
     number of staging buffers (pinned on CUDA) when a block streams: by default
-    ``TRASH_PANDA_PINNED_BUFFERS``, else ``lookahead + 1``.
+    ``TRASH_PANDA_PINNED_BUFFERS``, else ``lookahead + 1``. ``headroom_vram`` defaults to the
+    planner's (``_core.DEFAULT_HEADROOM_VRAM``, 1.5 GB).
     """
     dev = resolve_device(device)
     tensors, prefixes = planning_inputs(model, checkpoint, blocks, key_map, skip_prefixes)

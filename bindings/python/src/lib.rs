@@ -13,9 +13,11 @@ mod engine_stats;
 mod errors;
 mod gil;
 mod io;
+mod load_report;
 mod order;
 mod plan;
 mod profile;
+mod rules;
 mod settings;
 mod stream;
 
@@ -27,8 +29,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     engine_config::register(m)?;
     engine_stats::register(m)?;
     io::register(m)?;
+    load_report::register(m)?;
     plan::register(m)?;
     profile::register(m)?;
+    rules::register(m)?;
     stream::register(m)?;
     settings::register(m)?;
     cli::register(m)?;

@@ -88,8 +88,7 @@ fn options_from(kwargs: &Bound<'_, PyDict>, base: PlanOptions) -> PyResult<PlanO
                 let n: usize = value.extract().map_err(|_| {
                     raise(Kind::Argument, format!("pinned_buffers: expected a count of 0 or more, got {value}"))
                 })?;
-                // 0 keeps the default, as TRASH_PANDA_PINNED_BUFFERS=0 does.
-                o.staging_buffers = (n > 0).then_some(n);
+                o.staging_buffers = trash_panda::rules::asked_staging_buffers(n);
             }
             other => {
                 return Err(raise(Kind::Argument, format!(
@@ -420,12 +419,7 @@ impl PyBudgets {
     /// buffer).
     #[getter]
     fn held_on_device(&self) -> u64 {
-        let slots = if self.inner.gpu {
-            self.inner.device_slot_bytes
-        } else {
-            self.inner.host_staging + self.inner.mapped_window
-        };
-        slots + self.inner.expansion
+        self.inner.held_on_device()
     }
     fn __repr__(&self) -> String {
         format!("{:?}", self.inner)

@@ -9,14 +9,13 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use trash_panda::dtype::{self, rows_cols, DType, Scale, SCALE_BLOCK};
-use trash_panda::engine_config::{staged_work, EngineConfig, ScaleSource};
+use trash_panda::dtype::{self, rows_cols, DType};
+use trash_panda::engine_config::{leased_scale, staged_work, EngineConfig, ScaleSource};
 use trash_panda::io::ReadMode;
 use trash_panda::stream::{Engine, Lease, RamImage, SourceTier, StreamBlock, StreamTensor};
 
 use crate::checkpoint::PyTensorBytes;
 use crate::dlpack::{Borrowed, ByteOwner};
-use crate::dtype::f32_values;
 use crate::engine_config::PyEngineConfig;
 use crate::engine_stats::{PyEngineStats, PyStaging};
 use crate::errors::{raise, Kind, ToPyErr};
@@ -386,15 +385,6 @@ impl PyLease {
     }
 }
 
-fn scale_values(bytes: &[u8], dtype: DType) -> Result<Vec<f32>, dtype::DtypeError> {
-    if dtype == DType::F32 {
-        return Ok(f32_values(bytes));
-    }
-    let mut out = vec![0u8; bytes.len() / dtype.size() * 4];
-    dtype::cast(bytes, dtype, &mut out, DType::F32, 1)?;
-    Ok(f32_values(&out))
-}
-
 #[pymethods]
 impl PyLease {
     #[getter]
@@ -524,27 +514,7 @@ impl PyLease {
         without_gil(py, || {
             for (idx, dst) in jobs {
                 let fail = |m: String| format!("tensor {}: {m}", layout[idx].name);
-                let values = match work[idx].scale {
-                    Some((ScaleSource::Own, _)) => {
-                        f32_values(lease.scale(idx).map_err(|e| e.to_string())?.unwrap_or(&[]))
-                    }
-                    Some((ScaleSource::Tensor(i), _)) => {
-                        let bytes = lease.tensor(i).map_err(|e| e.to_string())?;
-                        scale_values(bytes, layout[i].dtype).map_err(|e| fail(e.to_string()))?
-                    }
-                    None => Vec::new(),
-                };
-                let scale = match work[idx].scale.map(|s| s.1) {
-                    None => Scale::None,
-                    Some(dtype::ScaleLayout::Tensor) => {
-                        Scale::PerTensor(values.first().copied().unwrap_or(1.0))
-                    }
-                    Some(dtype::ScaleLayout::Row) => Scale::PerRow(&values),
-                    Some(dtype::ScaleLayout::Block) => Scale::Block {
-                        scales: &values,
-                        block: SCALE_BLOCK,
-                    },
-                };
+                let scale = leased_scale(lease, &work, idx).map_err(|e| e.to_string())?;
                 let src = lease.tensor(idx).map_err(|e| e.to_string())?;
                 dtype::expand(
                     src,
@@ -552,7 +522,7 @@ impl PyLease {
                     dst,
                     to,
                     rows_cols(&layout[idx].shape),
-                    &scale,
+                    &scale.scale(),
                     n,
                 )
                 .map_err(|e| fail(e.to_string()))?;

@@ -31,9 +31,10 @@ pub struct PlanArgs {
     /// RAM left to the rest of the machine: "auto" (8% of RAM, 1..4 GB) or a size.
     #[arg(long, value_parser = min_free, default_value = "auto")]
     pub min_free_ram: MinFreeRam,
-    /// GPU memory kept free for activations when --activation-vram is not given.
-    #[arg(long, value_parser = bytes, default_value = "1.5GB")]
-    pub headroom_vram: u64,
+    /// GPU memory kept free for activations when --activation-vram is not given [default: the
+    /// planner's, 1.5GB].
+    #[arg(long, value_parser = bytes)]
+    pub headroom_vram: Option<u64>,
     /// Measured peak activation memory; replaces --headroom-vram.
     #[arg(long, value_parser = bytes)]
     pub activation_vram: Option<u64>,
@@ -72,14 +73,18 @@ impl PlanArgs {
         };
         // TRASH_PANDA_PINNED_BUFFERS, as the library's plan() counts it (0: the default).
         let staging_buffers = match trash_panda::settings::get("pinned_buffers", None)? {
-            trash_panda::settings::Value::Count(n) if n > 0 => Some(n as usize),
+            trash_panda::settings::Value::Count(n) => {
+                trash_panda::rules::asked_staging_buffers(n as usize)
+            }
             _ => None,
         };
         Ok(PlanOptions {
             resident_blocks: self.resident_blocks,
             max_vram: self.max_vram,
             min_free_ram: self.min_free_ram,
-            headroom_vram: self.headroom_vram,
+            headroom_vram: self
+                .headroom_vram
+                .unwrap_or(PlanOptions::DEFAULT_HEADROOM_VRAM),
             activation_vram: self.activation_vram,
             compute_dtype: self.compute_dtype,
             storage_dtype: self.storage_dtype,

@@ -290,7 +290,10 @@ fn the_layout_page_lists_the_modules_bottom_up() {
     let mut wrong = Vec::new();
     for ((from, to), lines) in &edges {
         if place(to) > place(from) {
-            wrong.push(format!("{from} imports {to}, listed below it: {}", lines[0]));
+            wrong.push(format!(
+                "{from} imports {to}, listed below it: {}",
+                lines[0]
+            ));
         }
     }
     assert!(

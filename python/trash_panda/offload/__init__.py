@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from .. import _core
 from . import config
 from .empty import empty_weights
 from .hooks import OffloadHandle, install_offload, offload_blocks
 from .load import stream_load
 from .release import measure_activation_vram, release
-from .report import LoadReport
+
+# The report stream_load returns: the core's type, its table formatted by the core.
+LoadReport = _core.LoadReport
 
 __all__ = [
     "LoadReport",

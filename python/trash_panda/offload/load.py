@@ -22,7 +22,6 @@ from ..settings import setting
 from .matching import match
 from .materialize import guard_lookup_tables, load_buffers, map_lookup_tables, materialize_all, placeholder, unload
 from .meter import paused
-from .report import LoadReport
 from .state import STATE_ATTR, BlockState, ModelState, clear_released, get_state, register_model
 
 if TYPE_CHECKING:
@@ -58,7 +57,7 @@ def stream_load(
     key_map: KeyMap = None,
     skip_prefixes: list[str] | None = None,
     device: str | torch.device | None = None,
-) -> LoadReport:
+) -> _core.LoadReport:
     """Loads ``model`` (built on the meta device) from ``checkpoint`` into the tiers of ``plan``.
 
     The weights outside the blocks and the resident blocks go to the device; blocks in RAM stay in
@@ -112,7 +111,7 @@ def load_deferred(
     key_map: KeyMap = None,
     skip_prefixes: list[str] | None = None,
     device: str | torch.device | None = None,
-) -> tuple[LoadReport, list[BlockState]]:
+) -> tuple[_core.LoadReport, list[BlockState]]:
     """stream_load() that leaves the resident blocks unread (on the meta device) and returns
     them, for a loader that fills them while the model runs (``overlap=True``)."""
     from torch import nn
@@ -204,7 +203,7 @@ def _batches(blocks: list[BlockState]) -> list[list[BlockState]]:
 
 def _stream_load(
     model: nn.Module, ckpt: Checkpoint, req: LoadRequest, deferred: list[BlockState] | None = None
-) -> LoadReport:
+) -> _core.LoadReport:
     t_start = time.perf_counter()
     device = req.device
     plan = _resolve_plan(model, ckpt, req)
@@ -214,9 +213,10 @@ def _stream_load(
     named = model_tensors(ckpt, req.key_map, req.skip_prefixes)
     files = ckpt.files
     where = files[0] if len(files) == 1 else os.path.dirname(files[0])
-    report = LoadReport(checkpoint=where, device=str(device), compute_dtype=str(compute).removeprefix("torch."))
+    report = _core.LoadReport(where, str(device), str(compute).removeprefix("torch."))
     skip = check_prefixes(req.skip_prefixes)
-    blocks, outside, report.unexpected = match(model, named, plan, compute, where, skip)
+    blocks, outside, unexpected = match(model, named, plan, compute, where, skip)
+    report.unexpected = unexpected
 
     threads = max(1, int(setting("ram_threads")))
     here = [b for b in blocks if b.tier == Tier.DEVICE and deferred is None]  # the resident blocks read here
@@ -227,10 +227,9 @@ def _stream_load(
     t0 = time.perf_counter()
     outside_read, tables = map_lookup_tables(outside, ckpt, config, device, storage=None, expand=True)
     materialize_all(outside_read, device, storage=None, threads=threads, expand=True)
-    report.outside.tensors += len(outside)
-    report.outside.bytes += sum(spec.info.nbytes for spec in outside)
-    bar.advance(report.outside.bytes)
-    report.outside.seconds = time.perf_counter() - t0
+    outside_bytes = sum(spec.info.nbytes for spec in outside)
+    bar.advance(outside_bytes)
+    report.outside = _core.TierLoad(tensors=len(outside), bytes=outside_bytes, seconds=time.perf_counter() - t0)
 
     # Resident blocks: read to the device in their stored form (or the storage dtype).
     t0 = time.perf_counter()
@@ -239,17 +238,17 @@ def _stream_load(
     if deferred is not None:  # read later by the caller's loader
         deferred.extend(now)
         now = []
+    device_bytes = 0
     for batch in _batches(now):
         specs = [spec for block in batch for spec in block.tensors]
         unmapped, mapped = map_lookup_tables(specs, ckpt, config, device, storage=storage, expand=False)
         tables += mapped
         materialize_all(unmapped, device, storage=storage, threads=threads, expand=False)
         done = sum(spec.info.nbytes for spec in specs)
-        report.device_tier.bytes += done
+        device_bytes += done
         bar.advance(done)
-    report.device_tier.blocks += len(now)
     bar.close()
-    report.device_tier.seconds = time.perf_counter() - t0
+    report.device_tier = _core.TierLoad(blocks=len(now), bytes=device_bytes, seconds=time.perf_counter() - t0)
 
     # Streamed blocks: described to the engine, which stages them ahead of each run.
     engine = _engine_for(streamed, files, config, report) if streamed else None
@@ -279,12 +278,13 @@ def _stream_load(
 
 
 def _engine_for(
-    streamed: list[BlockState], files: list[str], config: _core.EngineConfig, report: LoadReport
+    streamed: list[BlockState], files: list[str], config: _core.EngineConfig, report: _core.LoadReport
 ) -> _core.Engine:
     """The prefetch engine of the streamed blocks, sized by the plan's configuration; fills in
     their staging indices, their placeholders and the report's RAM and disk lines."""
     file_index = {f: i for i, f in enumerate(files)}
     described = []
+    loads = {"ram": [0, 0], "disk": [0, 0]}  # blocks, bytes
     for e, sb in enumerate(streamed):
         sb.stream_as(e)
         entries: list[tuple[str, int, int, int, str, list[int]]] = []
@@ -298,9 +298,10 @@ def _engine_for(
             spec.stream_at(staged, scale, placeholder(spec))
         tier = "ram" if sb.tier == Tier.RAM else "disk"
         described.append((sb.prefix, tier, entries))
-        load = report.ram if tier == "ram" else report.disk
-        load.blocks += 1
-        load.bytes += sum(s.info.nbytes + (s.scale.nbytes if s.scale else 0) for s in sb.tensors)
+        loads[tier][0] += 1
+        loads[tier][1] += sum(s.info.nbytes + (s.scale.nbytes if s.scale else 0) for s in sb.tensors)
+    report.ram = _core.TierLoad(blocks=loads["ram"][0], bytes=loads["ram"][1])
+    report.disk = _core.TierLoad(blocks=loads["disk"][0], bytes=loads["disk"][1])
     engine = _core.Engine(described, files, config)
     report.staging_bytes = engine.staging_bytes()
     report.disk_mode_reason = config.disk_mode_reason
@@ -308,7 +309,8 @@ def _engine_for(
     storage = config.storage_dtype
     if (config.ram_in_memory_threads is not None or storage is not None) and report.ram.blocks:
         report.ram_source = "in memory" if storage is None else f"in memory as {storage}"
-        _bytes, report.ram.seconds = engine.load_ram_tier()
+        _bytes, seconds = engine.load_ram_tier()
+        report.ram = _core.TierLoad(blocks=report.ram.blocks, bytes=report.ram.bytes, seconds=seconds)
     engine.set_order(list(range(len(streamed))))
     return engine
 

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from .._dtypes import torch_dtype
-from ..checkpoint_names import is_scale, weight_of_scale
 from ..errors import ArgumentError, CheckpointError, DtypeError
 from ..plan import Plan
 from .state import BlockState, TensorSpec
@@ -116,7 +115,5 @@ def match(
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise CheckpointError(f"{len(missing)} parameter(s) of the model are not in the checkpoint: {listed}{more}")
     buffers = {name for name, _b in model.named_buffers()}
-    unexpected = sorted(
-        n for n in named if n not in used and n not in buffers and not (is_scale(n) and weight_of_scale(n) in used)
-    )
+    unexpected = sorted(n for n in named if n not in used and n not in buffers and _core.weight_of_scale(n) not in used)
     return list(blocks.values()), outside, unexpected

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
-from .._dtypes import torch_dtype
+from .._dtypes import needs_expansion, torch_dtype
 from ..errors import CheckpointError
 from .registry import HOOKS_ATTR
 from .state import KEPT_BUFFERS_ATTR, STATE_ATTR, TensorSpec, get_state
@@ -50,7 +50,7 @@ def materialize(spec: TensorSpec, device: torch.device, *, storage: str | None, 
     if not expand and storage is not None and scale is None and stored.dtype.is_floating_point:
         stored, scale = _convert_storage(stored, storage, spec)
     final: torch.Tensor | None = None
-    if not stored.dtype.is_floating_point or (stored.dtype == target and scale is None):
+    if not needs_expansion(stored.dtype, target, scale is not None):
         final = stored
     elif expand:
         final = kernels.expand(stored, target, None if scale is None else _scale_arg(scale, spec))
@@ -63,16 +63,9 @@ def materialize(spec: TensorSpec, device: torch.device, *, storage: str | None, 
 def _final_as_read(spec: TensorSpec, storage: str | None, expand: bool) -> bool:
     """Whether the tensor as stored in the file is already what the model keeps (no conversion,
     no expansion): such tensors are read straight into their final memory, many at once."""
-    from .._dtypes import torch_dtype
-
-    stored = torch_dtype(spec.info.dtype)
-    if spec.scale is not None:
-        return False
-    if not stored.is_floating_point:
-        return True
-    if not expand and storage is not None:
-        return False
-    return stored == spec.target
+    if not expand and storage is not None and _core.is_float_dtype(spec.info.dtype):
+        return False  # the storage dtype may convert it
+    return not needs_expansion(spec.info.dtype, spec.target, spec.scale is not None)
 
 
 def materialize_all(

@@ -145,30 +145,7 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
         # The RAM tier is read into memory with TRASH_PANDA_RAM_IN_MEMORY and with any storage
         # dtype (converted on load); the engine's configuration says which, and with how many
         # readers. Otherwise it is mapped, and read during the passes.
-        threads = state.config.ram_in_memory_threads
-        in_memory = threads is not None and r.ram.blocks > 0
-        load = json.dumps(
-            {
-                "seconds": r.seconds,
-                "device": {
-                    "bytes": r.device_tier.bytes + r.outside.bytes,
-                    "seconds": r.device_tier.seconds + r.outside.seconds,
-                },
-                "ram": {"bytes": 0 if in_memory else r.ram.bytes, "seconds": 0.0},
-                "disk": {"bytes": 0, "seconds": 0.0},
-                "ram_in_memory": (
-                    {
-                        "bytes": r.ram.bytes,
-                        "seconds": r.ram.seconds,
-                        "threads": threads,
-                        "storage": state.config.storage_dtype,
-                    }
-                    if in_memory
-                    else None
-                ),
-                "loader": _loader(handle),
-            }
-        )
+        load = r.summary(state.config.ram_in_memory_threads, state.config.storage_dtype, _loader(handle))
     engine = None
     stagings: list[_core.Staging] = []
     engine_blocks: list[int] = []
@@ -201,20 +178,16 @@ def _drive(files: list[str]) -> _core.DriveRate | None:
         return None
 
 
-def _loader(handle: OffloadHandle) -> dict[str, object] | None:
-    """stage(overlap=True)'s loader thread: what it read, in how long, and the blocks' waits."""
+def _loader(handle: OffloadHandle) -> tuple[int, int, float, float] | None:
+    """stage(overlap=True)'s loader thread: what it read, in how long, and the blocks' waits:
+    (blocks, bytes, seconds, waited seconds)."""
     from .overlap import OverlapWait
 
     wait = handle.hooks.get(OverlapWait.name)
     if not isinstance(wait, OverlapWait):
         return None
     loader = wait.loader
-    return {
-        "blocks": len(loader.blocks) - len(loader.errors),
-        "bytes": loader.loaded_bytes,
-        "seconds": loader.load_seconds,
-        "waited_seconds": loader.waited_seconds,
-    }
+    return (len(loader.blocks) - len(loader.errors), loader.loaded_bytes, loader.load_seconds, loader.waited_seconds)
 
 
 def build(handle: OffloadHandle) -> tuple[str, str, str]:

@@ -105,6 +105,7 @@ def _weight(state: ModelState, spec: TensorSpec, *, from_file: bool) -> torch.Te
     import torch
 
     from .. import dtype as kernels
+    from .._dtypes import needs_expansion
 
     if from_file:
         stored = state.checkpoint.read(spec.info.name)
@@ -112,7 +113,7 @@ def _weight(state: ModelState, spec: TensorSpec, *, from_file: bool) -> torch.Te
     else:
         assert spec.resident is not None
         stored, scale = spec.resident, spec.resident_scale
-    if stored.dtype == spec.target and scale is None:
+    if not needs_expansion(stored.dtype, spec.target, scale is not None):
         out = stored.reshape(spec.shape)
     elif stored.device.type == "cuda":
         from .cuda import expand_into

@@ -2,9 +2,9 @@
 //! how it is laid out, and where the tensor is expanded; the rules of [`crate::rules`] applied to
 //! the engine's staged layout.
 
-use crate::dtype::{classify_scale, DType, DtypeError, ScaleLayout, SCALE_BLOCK};
-use crate::rules::StagedTensor;
-use crate::rules::{expansion_layout, is_scale_name, paired_scale, ExpansionInput};
+use crate::dtype::{self, classify_scale, DType, DtypeError, Scale, ScaleLayout, SCALE_BLOCK};
+use crate::rules::{expansion_layout, is_scale_name, paired_scale, ExpansionInput, StagedTensor};
+use crate::stream::{Lease, StreamError};
 
 /// The scale layout of weight `weight` (of shape `shape`) scaled by tensor `scale` (of shape
 /// `scale_shape`), for the 128x128 tiles checkpoints use.
@@ -84,4 +84,92 @@ pub fn staged_work(
             is_scale: is_scale_name(&t.name),
         })
         .collect())
+}
+
+/// The scale a staged tensor is expanded with, read from its leased block: its values as f32
+/// and how they apply (no layout: no scale).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ScaleValues {
+    pub layout: Option<ScaleLayout>,
+    pub values: Vec<f32>,
+}
+
+impl ScaleValues {
+    /// The scale as the kernels take it: one value for the tensor (1 when none was staged), one
+    /// per row, or one per [`SCALE_BLOCK`] x [`SCALE_BLOCK`] tile.
+    pub fn scale(&self) -> Scale<'_> {
+        match self.layout {
+            None => Scale::None,
+            Some(ScaleLayout::Tensor) => {
+                Scale::PerTensor(self.values.first().copied().unwrap_or(1.0))
+            }
+            Some(ScaleLayout::Row) => Scale::PerRow(&self.values),
+            Some(ScaleLayout::Block) => Scale::Block {
+                scales: &self.values,
+                block: SCALE_BLOCK,
+            },
+        }
+    }
+}
+
+/// Why the scale of a staged tensor could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ScaleReadError {
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+    /// The checkpoint scale tensor's values could not be made f32.
+    #[error("tensor {tensor}: {source}")]
+    Dtype {
+        tensor: String,
+        #[source]
+        source: DtypeError,
+    },
+}
+
+/// The scale tensor `index` of a leased block is expanded with, by `work` (the block's
+/// [`staged_work`]): the per-row scales the engine made quantizing it on load
+/// ([`ScaleSource::Own`]), or the values of the block's checkpoint scale tensor
+/// ([`ScaleSource::Tensor`]) as f32, laid out per tensor, per row or per tile. `index` is a
+/// position in the block's layout (as `work` is).
+pub fn leased_scale(
+    lease: &Lease,
+    work: &[TensorWork],
+    index: usize,
+) -> Result<ScaleValues, ScaleReadError> {
+    let Some((source, layout)) = work[index].scale else {
+        return Ok(ScaleValues::default());
+    };
+    let values = match source {
+        ScaleSource::Own => f32_values(lease.scale(index)?.unwrap_or(&[])),
+        ScaleSource::Tensor(i) => {
+            let bytes = lease.tensor(i)?;
+            let dtype = lease.layout()[i].dtype;
+            as_f32(bytes, dtype).map_err(|source| ScaleReadError::Dtype {
+                tensor: lease.layout()[index].name.clone(),
+                source,
+            })?
+        }
+    };
+    Ok(ScaleValues {
+        layout: Some(layout),
+        values,
+    })
+}
+
+/// Little-endian f32 values of a byte slice (a partial trailing value is ignored).
+fn f32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Scale values stored as `dtype`, as f32.
+fn as_f32(bytes: &[u8], dtype: DType) -> Result<Vec<f32>, DtypeError> {
+    if dtype == DType::F32 {
+        return Ok(f32_values(bytes));
+    }
+    let mut out = vec![0u8; bytes.len() / dtype.size() * 4];
+    dtype::cast(bytes, dtype, &mut out, DType::F32, 1)?;
+    Ok(f32_values(&out))
 }

@@ -14,7 +14,9 @@ mod choices;
 
 use serde::Serialize;
 
-pub use block::{scale_layout, staged_work, ScaleSource, TensorWork};
+pub use block::{
+    leased_scale, scale_layout, staged_work, ScaleReadError, ScaleSource, ScaleValues, TensorWork,
+};
 pub use choices::{DiskModeChoice, EngineSettings};
 
 use crate::io::{ReadMode, ReadOptions};

@@ -112,20 +112,7 @@ impl ModelBlocks {
         tensors: Vec<TensorSizes>,
         prefixes: &[String],
     ) -> Result<Self, PlanError> {
-        let prefixes: Vec<String> = prefixes
-            .iter()
-            .map(|p| normalize_prefix(p))
-            .collect::<Result<_, _>>()?;
-        for (i, a) in prefixes.iter().enumerate() {
-            for b in &prefixes[i + 1..] {
-                if a.starts_with(b.as_str()) || b.starts_with(a.as_str()) {
-                    return Err(PlanError::OverlappingPrefixes {
-                        first: a.clone(),
-                        second: b.clone(),
-                    });
-                }
-            }
-        }
+        let prefixes = check_block_prefixes(prefixes)?;
         let mut blocks: Vec<BlockTensors> = prefixes
             .iter()
             .map(|p| BlockTensors {
@@ -150,6 +137,36 @@ impl ModelBlocks {
         }
         Ok(ModelBlocks { blocks, outside })
     }
+}
+
+/// Block prefixes as the user gave them, each with the trailing dot a module prefix needs (so
+/// `blocks.1` does not take `blocks.10.`), checked: none empty, none given twice, and none
+/// inside another (`blocks.` and `blocks.1.`), since a tensor belongs to one block. The one
+/// check of the planner and of Python's `find_blocks`.
+pub fn check_block_prefixes(prefixes: &[String]) -> Result<Vec<String>, PlanError> {
+    let mut checked: Vec<String> = Vec::with_capacity(prefixes.len());
+    for raw in prefixes {
+        let name = normalize_prefix(raw)?;
+        if let Some(other) = checked
+            .iter()
+            .find(|b| b.starts_with(name.as_str()) || name.starts_with(b.as_str()))
+        {
+            return Err(if *other == name {
+                PlanError::NamedTwice {
+                    block: name,
+                    first: other.clone(),
+                    second: raw.clone(),
+                }
+            } else {
+                PlanError::OverlappingPrefixes {
+                    first: other.clone(),
+                    second: name,
+                }
+            });
+        }
+        checked.push(name);
+    }
+    Ok(checked)
 }
 
 #[cfg(test)]
@@ -230,6 +247,26 @@ mod tests {
         assert!(matches!(err, PlanError::OverlappingPrefixes { .. }));
         let err = ModelBlocks::from_prefixes(ts, &["".into()]).unwrap_err();
         assert!(matches!(err, PlanError::EmptyPrefix));
+    }
+
+    #[test]
+    fn block_prefixes_are_checked_once() {
+        let p =
+            |v: &[&str]| check_block_prefixes(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            p(&["blocks.1", "blocks.10."]).unwrap(),
+            ["blocks.1.", "blocks.10."]
+        );
+        let err = p(&["blocks.0.", "blocks.0"]).unwrap_err();
+        assert!(matches!(err, PlanError::NamedTwice { .. }), "{err}");
+        assert!(err.to_string().contains("named twice"), "{err}");
+        let err = p(&["blocks.", "blocks.1."]).unwrap_err();
+        assert!(
+            matches!(err, PlanError::OverlappingPrefixes { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("overlap"), "{err}");
+        assert!(matches!(p(&[" "]), Err(PlanError::EmptyPrefix)));
     }
 
     #[test]

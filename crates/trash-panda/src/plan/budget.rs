@@ -161,6 +161,18 @@ impl Budgets {
             mapped_window_bytes: self.mapped_window,
         }
     }
+
+    /// Everything the runtime holds beside the weights in the memory the blocks compute in:
+    /// with a GPU, the device slots and the expansion buffer; on the CPU, the host staging pool,
+    /// the mapped window and the expansion buffer.
+    pub fn held_on_device(&self) -> u64 {
+        let slots = if self.gpu {
+            self.device_slot_bytes
+        } else {
+            self.host_staging + self.mapped_window
+        };
+        slots + self.expansion
+    }
 }
 
 /// The budgets for a given assignment of tiers (`blocks[i].tier`).

@@ -137,30 +137,14 @@ impl Plan {
         streamed: &[String],
         streamed_tier: Tier,
     ) -> Result<Plan, PlanError> {
-        let mut blocks: Vec<BlockPlan> = Vec::new();
-        let entries = resident
+        let given: Vec<String> = resident.iter().chain(streamed).cloned().collect();
+        let names = super::check_block_prefixes(&given)?;
+        let tiers = resident
             .iter()
-            .map(|p| (p, Tier::Device))
-            .chain(streamed.iter().map(|p| (p, streamed_tier)));
-        for (raw, tier) in entries {
-            let name = normalize_prefix(raw)?;
-            if let Some(other) = blocks
-                .iter()
-                .find(|b| b.name.starts_with(name.as_str()) || name.starts_with(b.name.as_str()))
-            {
-                return Err(if other.name == name {
-                    PlanError::NamedTwice {
-                        block: name.clone(),
-                        first: other.name.clone(),
-                        second: raw.clone(),
-                    }
-                } else {
-                    PlanError::OverlappingPrefixes {
-                        first: other.name.clone(),
-                        second: name,
-                    }
-                });
-            }
+            .map(|_| Tier::Device)
+            .chain(streamed.iter().map(|_| streamed_tier));
+        let mut blocks: Vec<BlockPlan> = Vec::new();
+        for (name, tier) in names.into_iter().zip(tiers) {
             blocks.push(BlockPlan {
                 name,
                 tier,

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use assign::plan;
-pub use blocks::{BlockTensors, ModelBlocks};
+pub use blocks::{check_block_prefixes, BlockTensors, ModelBlocks};
 pub use budget::{Budgets, CUDA_CONTEXT_FLOOR};
 pub use edit::Selector;
 pub use json::{PLAN_FORMAT, PLAN_VERSION};

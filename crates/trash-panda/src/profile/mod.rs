@@ -8,6 +8,7 @@
 mod clock;
 mod error;
 mod events;
+mod load;
 mod log;
 mod passes;
 mod report;
@@ -20,6 +21,7 @@ pub use events::{
     BlockRun, CopyRun, DeviceCopy, EngineSummary, LargeTensor, LoadSummary, LoaderRun, MemoryPoint,
     RamRead, Tier, TierLoad,
 };
+pub use load::{LoadReport, LoadedTier};
 pub use log::{BlockInfo, LogLine, LOG_FORMAT, LOG_VERSION};
 pub use passes::PassStats;
 

@@ -72,6 +72,13 @@ pub fn staging_buffers(asked: Option<usize>, lookahead: usize) -> usize {
     asked.unwrap_or(lookahead + 1).max(1)
 }
 
+/// The staging buffers a `pinned_buffers` setting or argument asks for
+/// (`TRASH_PANDA_PINNED_BUFFERS`): 0 asks for none in particular, leaving the count to the
+/// look-ahead ([`staging_buffers`]); the one place where that reading of 0 is made.
+pub fn asked_staging_buffers(setting: usize) -> Option<usize> {
+    (setting > 0).then_some(setting)
+}
+
 /// What the runtime holds beside the weights, as a plan counts it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Held {
@@ -156,6 +163,11 @@ mod tests {
         );
         assert_eq!(staging_buffers(Some(0), 0), 1);
         assert_eq!(staging_buffers(Some(5), 2), 5);
+        assert_eq!(
+            staging_buffers(asked_staging_buffers(0), DEFAULT_LOOKAHEAD),
+            DEFAULT_LOOKAHEAD + 1
+        );
+        assert_eq!(asked_staging_buffers(4), Some(4));
     }
 
     #[test]

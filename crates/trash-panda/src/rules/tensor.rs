@@ -89,6 +89,15 @@ pub fn is_scale_name(name: &str) -> bool {
     SCALE_SUFFIXES.iter().any(|s| name.ends_with(s))
 }
 
+/// The weight a scale tensor scales: `<layer>.weight_scale` (or any of [`SCALE_SUFFIXES`],
+/// `input_scale` too) -> `<layer>.weight`; `None` for a name that is not a scale tensor's.
+pub fn weight_of_scale(name: &str) -> Option<String> {
+    SCALE_SUFFIXES
+        .iter()
+        .find_map(|s| name.strip_suffix(s))
+        .map(|stem| format!("{stem}.weight"))
+}
+
 /// The scale tensor of weight `name` among `names`: `<layer>.weight` pairs with
 /// `<layer>.weight_scale`, `<layer>.scale_weight` or `<layer>.weight_scale_inv`, first found
 /// (`input_scale` scales activations and is never applied to a weight).
@@ -145,5 +154,37 @@ pub fn infer_compute_dtype<'a>(tensors: impl IntoIterator<Item = &'a TensorSizes
         DType::BF16
     } else {
         dtype
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scale_names_its_weight() {
+        assert!(is_scale_name("a.b.weight_scale_inv"));
+        assert!(!is_scale_name("a.b.weight"));
+        assert_eq!(
+            weight_of_scale("a.b.weight_scale").as_deref(),
+            Some("a.b.weight")
+        );
+        assert_eq!(
+            weight_of_scale("a.scale_weight").as_deref(),
+            Some("a.weight")
+        );
+        assert_eq!(
+            weight_of_scale("a.weight_scale_inv").as_deref(),
+            Some("a.weight")
+        );
+        assert_eq!(
+            weight_of_scale("a.input_scale").as_deref(),
+            Some("a.weight")
+        );
+        assert_eq!(weight_of_scale("a.weight"), None);
+        for s in SCALE_SUFFIXES {
+            let name = format!("x{s}");
+            assert_eq!(is_scale_name(&name), weight_of_scale(&name).is_some());
+        }
     }
 }

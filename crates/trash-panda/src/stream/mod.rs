@@ -133,7 +133,7 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             storage: None,
-            lookahead: 2,
+            lookahead: crate::rules::DEFAULT_LOOKAHEAD,
             workers: 2,
             disk_mode: ReadMode::Direct,
             ram_source: RamSource::Mapped,
@@ -232,7 +232,7 @@ impl Engine {
                 size
             }
         };
-        let count = options.buffers.unwrap_or(options.lookahead + 1).max(1);
+        let count = crate::rules::staging_buffers(options.buffers, options.lookahead);
         let mut bufs = Vec::with_capacity(count);
         for i in 0..count {
             let mut b = AlignedBuf::new(size).map_err(|source| StreamError::Alloc {
