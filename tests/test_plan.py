@@ -212,7 +212,10 @@ def test_tier_names_are_the_cores(tiny_ckpt: Path) -> None:
     assert Plan.manual(["blocks.0."], ["blocks.1."], streamed_tier="disk").blocks_in("disk") == ["blocks.1."]
     assert Plan.manual(["blocks.0."], ["blocks.1."], streamed_tier="memory").blocks_in(Tier.RAM) == ["blocks.1."]
     before = p.to_json()
-    with pytest.raises(PlanError, match=r"unknown tier \"tape\": expected device, ram or disk"):
+    with pytest.raises(
+        PlanError,
+        match=r"unknown tier \"tape\": expected device, ram or disk \(or an alias: gpu, cuda, vram, cpu, memory\)",
+    ):
         p.assign("tape", indices=[0])
     with pytest.raises(PlanError, match="unknown tier"):
         Plan.manual(["blocks.0."], ["blocks.1."], streamed_tier="tape")

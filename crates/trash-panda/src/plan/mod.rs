@@ -124,7 +124,10 @@ pub enum PlanError {
     EmptyPrefix,
     #[error("{count} block(s) are in no list of the manual plan: {}", names.join(", "))]
     Unassigned { count: usize, names: Vec<String> },
-    #[error("unknown tier {name:?}: expected device, ram or disk")]
+    #[error(
+        "unknown tier {name:?}: expected device, ram or disk (or an alias: {})",
+        crate::rules::tier_aliases()
+    )]
     UnknownTier { name: String },
     #[error("compute dtype {dtype} is not supported: expected f32, f16 or bf16")]
     ComputeDtype { dtype: crate::DType },

@@ -57,4 +57,4 @@ pub use tensor::{
     infer_compute_dtype, is_scale_name, paired_scale, paired_scale_where, weight_of_scale,
     TensorLocation, TensorSizes, SCALE_SUFFIXES,
 };
-pub use tier::{ByTier, Tier};
+pub use tier::{tier_aliases, ByTier, Tier, TIER_NAMES};

@@ -23,16 +23,37 @@ impl Tier {
         }
     }
 
-    /// The tier a name (or one of its aliases: `gpu`, `cuda`, `vram`; `cpu`, `memory`) stands
-    /// for, in any case; `None` for any other name.
+    /// The tier a name (or one of its [`TIER_NAMES`] aliases) stands for, in any case; `None` for
+    /// any other name.
     pub fn parse(s: &str) -> Option<Tier> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "device" | "gpu" | "cuda" | "vram" => Some(Tier::Device),
-            "ram" | "cpu" | "memory" => Some(Tier::Ram),
-            "disk" => Some(Tier::Disk),
-            _ => None,
-        }
+        let s = s.trim().to_ascii_lowercase();
+        TIER_NAMES
+            .iter()
+            .find(|(name, _)| *name == s)
+            .map(|(_, tier)| *tier)
     }
+}
+
+/// Every name a tier is accepted under: its own name first, then its aliases.
+pub const TIER_NAMES: [(&str, Tier); 8] = [
+    ("device", Tier::Device),
+    ("gpu", Tier::Device),
+    ("cuda", Tier::Device),
+    ("vram", Tier::Device),
+    ("ram", Tier::Ram),
+    ("cpu", Tier::Ram),
+    ("memory", Tier::Ram),
+    ("disk", Tier::Disk),
+];
+
+/// The aliases of the tiers, for error messages: `gpu, cuda, vram, cpu, memory`.
+pub fn tier_aliases() -> String {
+    TIER_NAMES
+        .iter()
+        .filter(|(name, tier)| *name != tier.name())
+        .map(|(name, _)| *name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl std::fmt::Display for Tier {
@@ -76,6 +97,7 @@ mod tests {
         assert_eq!(Tier::parse(" GPU "), Some(Tier::Device));
         assert_eq!(Tier::parse("memory"), Some(Tier::Ram));
         assert_eq!(Tier::parse("tape"), None);
+        assert_eq!(tier_aliases(), "gpu, cuda, vram, cpu, memory");
         let figures = ByTier {
             device: 1,
             ram: 2,
