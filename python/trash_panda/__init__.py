@@ -13,6 +13,7 @@ from .errors import (
     ReadError,
     StreamError,
     SystemProbeError,
+    TraceError,
     TrashPandaError,
 )
 from .hf import from_pretrained
@@ -28,6 +29,7 @@ from .offload import (
 )
 from .plan import Plan, Tier, plan
 from .stage import stage
+from .trace import trace_order
 
 __all__ = [
     "ArgumentError",
@@ -42,6 +44,7 @@ __all__ = [
     "StreamError",
     "SystemProbeError",
     "Tier",
+    "TraceError",
     "TrashPandaError",
     "__version__",
     "diffusers",
@@ -56,4 +59,5 @@ __all__ = [
     "release",
     "stage",
     "stream_load",
+    "trace_order",
 ]

@@ -40,6 +40,10 @@ class SystemProbeError(TrashPandaError, OSError):
     """The machine's memory figures could not be read."""
 
 
+class TraceError(TrashPandaError, RuntimeError):
+    """A model's forward cannot run on the meta device (``trace_order``): it needs tensor values."""
+
+
 __all__ = [
     "ArgumentError",
     "CheckpointError",
@@ -48,5 +52,6 @@ __all__ = [
     "ReadError",
     "StreamError",
     "SystemProbeError",
+    "TraceError",
     "TrashPandaError",
 ]

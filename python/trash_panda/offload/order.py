@@ -1,5 +1,5 @@
 """The order file of a stage: which order its first call prefetches in, and whether the order
-the blocks really ran in is written back when it is released.
+the blocks really ran in is written back when it is released (or, for a traced order, now).
 
 Every rule is the core's (docs/order-format.md); this module asks the binding and turns what it
 says into at most one warning per problem, never an error.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .. import _core
 from ..errors import ReadError, StreamError
 
-__all__ = ["OrderChoice", "choose_order", "write_order"]
+__all__ = ["OrderChoice", "choose_order", "write_order", "write_traced_order"]
 
 
 @dataclass
@@ -67,4 +67,25 @@ def write_order(choice: OrderChoice, ran: list[str]) -> bool:
     except StreamError as e:
         warnings.warn(f"the order file was not written: {e}", stacklevel=4)
         return False
+    return True
+
+
+def write_traced_order(
+    checkpoint: str | os.PathLike[str],
+    blocks: list[str],
+    ran: list[str],
+    destination: str | os.PathLike[str] | None,
+) -> bool:
+    """Writes the order file a stage of ``checkpoint`` would write on release after running
+    ``ran`` (``blocks``: the model's blocks in plan order), by the same rules: a right file is
+    left as it is, and a pass that ran only some blocks is merged into the order the file knew.
+    Asked for by the caller, so a file that cannot be read or written raises. Returns whether it
+    wrote."""
+    where = os.fspath(checkpoint)
+    path = _core.order_file_path(where, None if destination is None else os.fspath(destination))
+    read = _core.read_order_file(path, blocks)
+    order = _core.order_to_write(read, ran, blocks)
+    if order is None:
+        return False
+    _core.write_order_file(path, where, order)
     return True
