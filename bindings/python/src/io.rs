@@ -1,10 +1,16 @@
-//! `trash_panda._core` page-cache helpers, used by tests and benchmarks to make cold reads.
+//! `trash_panda._core` reads into tensors (one file, or a whole block through the read queue),
+//! the read queue, and page-cache helpers used by tests and benchmarks to make cold reads.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use pyo3::prelude::*;
 
-use trash_panda::io::{read_ranges_with, FileReader, ReadMode, ReadOptions, ReadRequest};
+use trash_panda::io::{
+    read_ranges_queued, read_ranges_with, FileReader, Need, ReadMode, ReadOptions, ReadQueue,
+    ReadRequest, ReadStats, DRIVE_IN_FLIGHT,
+};
 
 use crate::dlpack::{disjoint, Borrowed};
 use crate::errors::ToPyErr;
@@ -48,6 +54,114 @@ fn read_tensors(
     let stats = without_gil(py, || {
         let reader = FileReader::open(&path, mode)?;
         read_ranges_with(&reader, &mut reqs, &options)
+    })
+    .map_err(ToPyErr::to_py)?;
+    Ok((stats.bytes, stats.seconds))
+}
+
+/// The read queue a model's reads share (see the core's `io::ReadQueue`): `depth` reads at the
+/// drive at once, the one needed soonest next; positions count in a run order of `blocks`.
+#[pyclass(name = "ReadQueue", module = "trash_panda._core", frozen)]
+#[derive(Debug)]
+pub(crate) struct PyReadQueue {
+    pub(crate) inner: Arc<ReadQueue>,
+}
+
+#[pymethods]
+impl PyReadQueue {
+    #[new]
+    #[pyo3(signature = (blocks, depth=None))]
+    fn new(blocks: usize, depth: Option<usize>) -> Self {
+        PyReadQueue {
+            inner: Arc::new(ReadQueue::new(depth.unwrap_or(DRIVE_IN_FLIGHT), blocks)),
+        }
+    }
+
+    /// Reads at the drive at once.
+    #[getter]
+    fn depth(&self) -> usize {
+        self.inner.depth()
+    }
+
+    /// The position of the block being run.
+    #[getter]
+    fn current(&self) -> usize {
+        self.inner.current()
+    }
+
+    /// The block at `position` of the run order runs now: waiting reads rank from it.
+    fn advance(&self, position: usize) {
+        self.inner.advance(position);
+    }
+
+    /// (grants, grants that waited, seconds waited in all).
+    fn stats(&self) -> (u64, u64, f64) {
+        let s = self.inner.stats();
+        (s.grants, s.waits, s.wait_seconds)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ReadQueue(depth={}, blocks={}, current={})",
+            self.inner.depth(),
+            self.inner.blocks(),
+            self.inner.current()
+        )
+    }
+}
+
+/// Reads byte ranges of several files into CPU tensors in one call without the GIL: `requests`
+/// is a list of (path, file offset, destination). Each file's ranges are read in file order by
+/// `threads` readers; with a `queue`, every read waits there for a place at the drive as the
+/// block at `position` of its run order (`None`: needed now). Returns (bytes, seconds).
+#[pyfunction]
+#[pyo3(signature = (requests, threads=2, queue=None, position=None))]
+fn read_block(
+    py: Python<'_>,
+    requests: Vec<(PathBuf, u64, Bound<'_, PyAny>)>,
+    threads: usize,
+    queue: Option<&PyReadQueue>,
+    position: Option<usize>,
+) -> PyResult<(u64, f64)> {
+    let borrowed = requests
+        .iter()
+        .map(|(path, offset, dst)| Ok((path, *offset, Borrowed::new(dst, "dst")?)))
+        .collect::<PyResult<Vec<_>>>()?;
+    for (i, (_, _, a)) in borrowed.iter().enumerate() {
+        for (_, _, b) in &borrowed[i + 1..] {
+            disjoint(a, b, "read_block")?;
+        }
+    }
+    // Grouped by file in the order files first appear, each group in file order.
+    let mut files: Vec<(&PathBuf, Vec<ReadRequest<'_>>)> = Vec::new();
+    for (path, offset, dst) in &borrowed {
+        // SAFETY: every pair of destinations was checked disjoint above, and nothing else of
+        // their memory is borrowed.
+        let req = ReadRequest::new(*offset, unsafe { dst.bytes_mut() });
+        match files.iter_mut().find(|(p, _)| p == path) {
+            Some((_, reqs)) => reqs.push(req),
+            None => files.push((path, vec![req])),
+        }
+    }
+    for (_, reqs) in &mut files {
+        reqs.sort_by_key(|r| r.offset);
+    }
+    let options = ReadOptions {
+        threads: threads.max(1),
+        ..ReadOptions::default()
+    };
+    let queue = queue.map(|q| q.inner.clone());
+    let need = position.map_or(Need::Now, Need::Block);
+    let stats = without_gil(py, || {
+        let never = AtomicBool::new(false);
+        let mut total = ReadStats::new(0, 0.0, ReadMode::Buffered);
+        for (path, reqs) in &mut files {
+            let reader = FileReader::open(path, ReadMode::Buffered)?;
+            let gate = queue.as_deref().map(|q| (q, need));
+            let read = read_ranges_queued(&reader, reqs, &options, &never, gate)?;
+            total += read.expect("never stopped");
+        }
+        Ok::<_, trash_panda::io::IoError>(total)
     })
     .map_err(ToPyErr::to_py)?;
     Ok((stats.bytes, stats.seconds))
@@ -195,6 +309,8 @@ impl PyRssSampler {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_tensors, m)?)?;
+    m.add_function(wrap_pyfunction!(read_block, m)?)?;
+    m.add_class::<PyReadQueue>()?;
     m.add_function(wrap_pyfunction!(trim_heap, m)?)?;
     m.add_function(wrap_pyfunction!(current_rss, m)?)?;
     m.add_function(wrap_pyfunction!(private_memory, m)?)?;

@@ -37,16 +37,49 @@ def read_tensor(info: _core.TensorInfo, threads: int) -> torch.Tensor:
     return t
 
 
+def read_many(
+    infos: list[_core.TensorInfo], threads: int, queue: _core.ReadQueue | None = None, position: int | None = None
+) -> list[torch.Tensor]:
+    """Tensors of the checkpoint, each read into private CPU memory in its stored dtype, by one
+    call of the core for them all (grouped by file, in file order, without the GIL); with a
+    ``queue``, the reads wait there as the block at ``position`` of the run order."""
+    import torch
+
+    out = [torch.empty(tuple(info.shape), dtype=torch_dtype(info.dtype)) for info in infos]
+    requests = [
+        (os.fspath(info.file), info.start, t.reshape(-1).view(torch.uint8))
+        for info, t in zip(infos, out, strict=True)
+        if info.nbytes
+    ]
+    if requests:
+        _core.read_block(requests, threads=threads, queue=queue, position=position)
+    return out
+
+
 def materialize(spec: TensorSpec, device: torch.device, *, storage: str | None, threads: int, expand: bool) -> None:
     """Reads one parameter. ``expand``: to its compute dtype now (outside weights); otherwise kept
     stored (resident blocks), and expanded by the hooks when it differs from the compute dtype."""
+    stored = read_tensor(spec.info, threads)
+    scale = read_tensor(spec.scale, threads) if spec.scale is not None else None
+    settle(spec, stored, scale, device, storage=storage, expand=expand)
+
+
+def settle(
+    spec: TensorSpec,
+    stored: torch.Tensor,
+    scale: torch.Tensor | None,
+    device: torch.device,
+    *,
+    storage: str | None,
+    expand: bool,
+) -> None:
+    """Puts a parameter read as stored (and its scale) in the model as :func:`materialize` does:
+    converted to the storage dtype, expanded, or kept stored for the hooks."""
     from torch import nn
 
     from .. import dtype as kernels
 
     target = spec.target
-    stored = read_tensor(spec.info, threads)
-    scale = read_tensor(spec.scale, threads) if spec.scale is not None else None
     if not expand and storage is not None and scale is None and stored.dtype.is_floating_point:
         stored, scale = _convert_storage(stored, storage, spec)
     final: torch.Tensor | None = None

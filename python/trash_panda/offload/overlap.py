@@ -1,9 +1,11 @@
 """stage(overlap=True): the resident blocks are read on a worker thread, one at a time in run
 order, while the model starts; a block that starts before its weights arrive waits for them.
 
-The reads go through the core (``_core.read_tensors``, via the same ``materialize`` that
-stream_load uses), never a plain seek-and-read. A block whose load failed raises, in the call
-that needs it, an error naming the block and the cause.
+Each block is read by one call of the core (``_core.read_block``: every tensor and scale of the
+block, grouped by file, without the GIL), then kept as stream_load's ``materialize`` keeps it.
+The reads wait in one read queue with the engine's (``_core.ReadQueue``), ranked by when their
+block runs: a block the model needs now is never read behind one it needs later. A block whose
+load failed raises, in the call that needs it, an error naming the block and the cause.
 """
 
 from __future__ import annotations
@@ -14,30 +16,53 @@ from typing import TYPE_CHECKING
 
 from ..errors import StreamError
 from ..settings import setting
-from .materialize import materialize
+from .materialize import read_many, settle
 from .registry import BlockHook
 
 if TYPE_CHECKING:
     import torch
 
+    from .. import _core
     from .hooks import OffloadHandle
     from .state import BlockState, ModelState
 
 __all__ = ["OverlapWait", "ResidentLoader", "load_block", "start_loader"]
 
 
-def load_block(block: BlockState, device: torch.device, storage: str | None, threads: int) -> None:
+def load_block(
+    block: BlockState,
+    device: torch.device,
+    storage: str | None,
+    threads: int,
+    queue: _core.ReadQueue | None = None,
+    position: int | None = None,
+) -> None:
     """Reads one resident block to the device in its stored form (or the storage dtype), as
-    stream_load does. Module-level so tests can slow it down or make it fail."""
-    for spec in block.tensors:
-        materialize(spec, device, storage=storage, threads=threads, expand=False)
+    stream_load does, in one read of the core through ``queue`` as the block at ``position`` of
+    the run order. Module-level so tests can slow it down or make it fail."""
+    specs = block.tensors
+    infos = [s.info for s in specs] + [s.scale for s in specs if s.scale is not None]
+    read = read_many(infos, threads, queue, position)
+    scales = iter(read[len(specs) :])
+    for spec, stored in zip(specs, read[: len(specs)], strict=True):
+        scale = next(scales) if spec.scale is not None else None
+        settle(spec, stored, scale, device, storage=storage, expand=False)
 
 
 class ResidentLoader:
     """The worker thread and one ready mark per block it loads."""
 
-    def __init__(self, blocks: list[BlockState], device: torch.device, storage: str | None) -> None:
+    def __init__(
+        self,
+        blocks: list[BlockState],
+        device: torch.device,
+        storage: str | None,
+        queue: _core.ReadQueue | None = None,
+        positions: dict[int, int] | None = None,
+    ) -> None:
         self.blocks = blocks
+        self.queue = queue  # shared with the engine: one order for the drive
+        self.positions = positions or {}  # a block's index -> its position in the run order
         self.device = device
         self.storage = storage
         self.threads = max(1, int(setting("ram_threads")))
@@ -58,7 +83,8 @@ class ResidentLoader:
             try:
                 if self.stopping.is_set():
                     raise StreamError("the stage ended before it was loaded")
-                load_block(block, self.device, self.storage, self.threads)
+                position = self.positions.get(block.index)
+                load_block(block, self.device, self.storage, self.threads, self.queue, position)
                 # `work` is fixed by the load (resident weights to expand each run, or none).
                 block.mark_loaded()
                 self.loaded_bytes += sum(s.info.nbytes for s in block.tensors)
@@ -67,6 +93,12 @@ class ResidentLoader:
             finally:
                 self.ready[block.index].set()
         self.load_seconds = time.perf_counter() - start
+
+    def advance(self, block: BlockState) -> None:
+        """``block`` runs now: the reads waiting in the queue rank from it."""
+        position = self.positions.get(block.index)
+        if self.queue is not None and position is not None:
+            self.queue.advance(position)
 
     def wait(self, block: BlockState) -> None:
         """Blocks the caller until ``block`` is loaded; raises if its load failed. Blocks the
@@ -102,6 +134,7 @@ class OverlapWait(BlockHook):
         self.loader = loader  # public: the profile's loader-thread line reads it
 
     def pre_forward(self, block: BlockState) -> None:
+        self.loader.advance(block)
         self.loader.wait(block)
 
     def close(self) -> None:
@@ -115,8 +148,17 @@ def start_loader(handle: OffloadHandle, state: ModelState, deferred: list[BlockS
     from .. import _core
 
     run_order = _core.full_order(first or [], [b.prefix for b in state.blocks])
+    positions = {index: at for at, index in enumerate(run_order)}
+    # One queue for the loader's reads and the engine's: the drive serves the block needed soonest.
+    queue = _core.ReadQueue(len(run_order))
+    engine = state.engine
+    if engine is not None and not engine.closed:
+        streamed = sorted((b.engine_index, positions[b.index]) for b in state.blocks if b.engine_index is not None)
+        engine.share_reads(queue, [at for _, at in streamed])
     by_index = {b.index: b for b in deferred}
-    loader = ResidentLoader([by_index[i] for i in run_order if i in by_index], state.device, state.config.storage_dtype)
+    loader = ResidentLoader(
+        [by_index[i] for i in run_order if i in by_index], state.device, state.config.storage_dtype, queue, positions
+    )
     from .hooks import TIMING
 
     # It decides whether a block can run, so it comes before the run is timed; the handle's

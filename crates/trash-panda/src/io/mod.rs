@@ -1,6 +1,7 @@
-//! Byte sources: memory maps, positional reads, unbuffered reads, parallel range reads, and page
-//! cache control for cold measurements. What differs between Linux, Windows and macOS lives in
-//! `platform`, one module per system behind the same functions.
+//! Byte sources: memory maps, positional reads, unbuffered reads, parallel range reads, the read
+//! queue that orders every read of a model by need (`schedule`), and page cache control for cold
+//! measurements. What differs between Linux, Windows and macOS lives in `platform`, one module
+//! per system behind the same functions.
 //!
 //! Everything here reports failures as [`IoError`], naming the file and the byte range.
 
@@ -12,6 +13,7 @@ mod mapped;
 mod parallel;
 mod platform;
 mod reader;
+mod schedule;
 mod stats;
 
 pub use aligned::{AlignedBuf, DIRECT_ALIGN};
@@ -20,9 +22,11 @@ pub use drive::{measure_drive, DriveRate, DRIVE_IN_FLIGHT};
 pub use error::IoError;
 pub use mapped::MappedFile;
 pub use parallel::{
-    read_ranges, read_ranges_until, read_ranges_with, ReadOptions, ReadRequest, DEFAULT_CHUNK_SIZE,
+    read_ranges, read_ranges_queued, read_ranges_until, read_ranges_with, ReadOptions, ReadRequest,
+    DEFAULT_CHUNK_SIZE,
 };
 pub(crate) use platform::page_size;
 pub use platform::read_exact_at;
 pub use reader::{FileReader, ReadMode};
+pub use schedule::{Need, Permit, QueueStats, ReadQueue};
 pub use stats::ReadStats;

@@ -5,6 +5,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::aligned::{AlignedBuf, DIRECT_ALIGN};
+use super::schedule::{Need, Permit, ReadQueue};
 use super::{FileReader, IoError, ReadMode, ReadStats};
 
 /// The default chunk: large enough that O_DIRECT reaches the drive's sequential speed, small
@@ -83,6 +84,18 @@ pub fn read_ranges_until(
     opts: &ReadOptions,
     stop: &AtomicBool,
 ) -> Result<Option<ReadStats>, IoError> {
+    read_ranges_queued(reader, requests, opts, stop, None)
+}
+
+/// [`read_ranges_until`] through a [`ReadQueue`]: each reader thread waits for a place at the
+/// drive before its first chunk, and between chunks gives it to a read needed sooner than `need`.
+pub fn read_ranges_queued(
+    reader: &FileReader,
+    requests: &mut [ReadRequest<'_>],
+    opts: &ReadOptions,
+    stop: &AtomicBool,
+    gate: Option<(&ReadQueue, Need)>,
+) -> Result<Option<ReadStats>, IoError> {
     let started = Instant::now();
     for r in requests.iter() {
         reader.check_range(r.offset, r.dst.len())?;
@@ -99,7 +112,7 @@ pub fn read_ranges_until(
     let failed = AtomicBool::new(false);
     let first_error = Mutex::new(None);
     let work = || {
-        if let Err(e) = worker(reader, &queue, &failed, stop, chunk_size) {
+        if let Err(e) = worker(reader, &queue, &failed, stop, chunk_size, gate) {
             failed.store(true, Ordering::Relaxed);
             let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
             slot.get_or_insert(e);
@@ -147,7 +160,11 @@ fn worker<'a>(
     failed: &AtomicBool,
     stop: &AtomicBool,
     chunk_size: usize,
+    gate: Option<(&ReadQueue, Need)>,
 ) -> Result<(), IoError> {
+    // The place at the drive, taken before the first chunk and held (unless a read needed sooner
+    // waits) until this thread runs out of chunks.
+    let mut place: Option<Permit<'_>> = None;
     // Bounce buffers are made on first need: the small one for unaligned heads and tails, the
     // big one only for destinations that do not line up with the file at all.
     let mut small: Option<AlignedBuf> = None;
@@ -160,6 +177,12 @@ fn worker<'a>(
         let Some((offset, dst)) = next else {
             return Ok(());
         };
+        if let Some((q, need)) = gate {
+            match &mut place {
+                Some(p) => p.yield_to_sooner(),
+                None => place = Some(q.acquire(need)),
+            }
+        }
         let head = (DIRECT_ALIGN - (offset % DIRECT_ALIGN as u64) as usize) % DIRECT_ALIGN;
         let lines_up = (dst.as_ptr() as usize + head).is_multiple_of(DIRECT_ALIGN);
         // A buffered reader reads straight into `dst`. A chunk-sized bounce buffer would go

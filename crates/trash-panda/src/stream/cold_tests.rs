@@ -55,16 +55,18 @@ fn engine(path: &Path, blocks: &[StreamBlock], cold_read: ColdRead, refusals: Re
         ..EngineOptions::default()
     };
     let layout = StagedLayout::build(blocks, 1, None, options.align, false).unwrap();
+    let reads = super::reads::Reads::own(4, blocks.len());
     let source = CheckpointSource::open(
         blocks.to_vec(),
         vec![path.to_owned()],
         Arc::new(layout.clone()),
         &options,
+        reads.clone(),
     )
     .unwrap()
     .with_refusals(refusals);
     let meta = blocks.iter().map(|b| (b.name.clone(), b.tier)).collect();
-    Engine::with_source(meta, layout, Arc::new(source), options).unwrap()
+    Engine::with_reads(meta, layout, Arc::new(source), options, reads).unwrap()
 }
 
 /// One pass: every tensor of every block equals the file's bytes; returns the stats.

@@ -65,6 +65,7 @@ impl Engine {
     /// after it.
     pub fn advance(&self, block: usize) -> Result<(), StreamError> {
         self.check(block)?;
+        self.reads.advance(block);
         let mut st = self.shared.lock();
         st.note_acquire(block);
         st.plan(block, false, self.options.lookahead);

@@ -25,6 +25,7 @@ mod early;
 mod error;
 mod lease;
 mod pool;
+mod reads;
 mod source;
 mod stagings;
 mod stats;
@@ -50,6 +51,7 @@ pub use crate::rules::{
 };
 use crate::DType;
 use pool::{SlotState, State};
+use reads::{own_depth, Reads};
 pub use source::RamImage;
 use source::{CheckpointSource, Source};
 
@@ -182,6 +184,8 @@ pub struct Engine {
     workers: Vec<JoinHandle<()>>,
     options: EngineOptions,
     buffers: Vec<(usize, usize)>,
+    /// The read queue the source's drive reads wait in; `acquire` moves its current block.
+    reads: Arc<Reads>,
 }
 
 impl std::fmt::Debug for dyn Source {
@@ -207,15 +211,34 @@ impl Engine {
             options.in_place,
         )?;
         let meta = blocks.iter().map(|b| (b.name.clone(), b.tier)).collect();
-        let source = CheckpointSource::open(blocks, files, Arc::new(layout.clone()), &options)?;
-        Engine::with_source(meta, layout, Arc::new(source), options)
+        let reads = Reads::own(own_depth(&options), blocks.len());
+        let source = CheckpointSource::open(
+            blocks,
+            files,
+            Arc::new(layout.clone()),
+            &options,
+            reads.clone(),
+        )?;
+        Engine::with_reads(meta, layout, Arc::new(source), options, reads)
     }
 
+    #[cfg(test)]
     pub(crate) fn with_source(
         blocks: Vec<(String, SourceTier)>,
         layout: StagedLayout,
         source: Arc<dyn Source>,
         options: EngineOptions,
+    ) -> Result<Engine, StreamError> {
+        let reads = Reads::own(own_depth(&options), blocks.len());
+        Engine::with_reads(blocks, layout, source, options, reads)
+    }
+
+    pub(crate) fn with_reads(
+        blocks: Vec<(String, SourceTier)>,
+        layout: StagedLayout,
+        source: Arc<dyn Source>,
+        options: EngineOptions,
+        reads: Arc<Reads>,
     ) -> Result<Engine, StreamError> {
         let size = match options.buffer_len {
             None => layout.max_block_len(),
@@ -273,6 +296,7 @@ impl Engine {
             workers,
             options,
             buffers,
+            reads,
         })
     }
 
@@ -326,6 +350,7 @@ impl Engine {
     pub fn set_order(&self, order: Vec<usize>) -> Result<(), StreamError> {
         let mut st = self.shared.lock();
         st.set_order(order)?;
+        self.reads.follow_order(&st.pos);
         st.plan_start(self.options.lookahead);
         drop(st);
         self.shared.cv.notify_all();
@@ -358,6 +383,8 @@ impl Engine {
     /// block's staging failed (the error names the tensor, file and range).
     pub fn acquire(&self, block: usize) -> Result<Lease, StreamError> {
         self.check(block)?;
+        // Reads of this block rank first now, ahead of every look-ahead read.
+        self.reads.advance(block);
         let started = Instant::now();
         let name = || self.shared.names[block].clone();
         let mut st = self.shared.lock();

@@ -6,8 +6,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::super::StreamError;
 use super::CheckpointSource;
-use crate::io::{AlignedBuf, ReadMode, DIRECT_ALIGN};
+use crate::io::{AlignedBuf, Permit, ReadMode, DIRECT_ALIGN};
 use crate::rules::layout::Run;
+
+/// What a block's reads carry from chunk to chunk.
+struct Reading<'q> {
+    /// Only a run's unaligned first and last page pass through this.
+    bounce: AlignedBuf,
+    /// The block's place at the drive, given up between chunks only to a read needed sooner
+    /// (the block an `acquire` waits for, when this one is a look-ahead).
+    place: Permit<'q>,
+}
 
 impl CheckpointSource {
     /// Reads a staged disk-tier block into `dst` at its layout's places.
@@ -17,13 +26,16 @@ impl CheckpointSource {
         dst: &mut [u8],
         stop: &AtomicBool,
     ) -> Result<(), StreamError> {
-        // Only a run's unaligned first and last page pass through this.
-        let mut bounce =
-            AlignedBuf::new(2 * DIRECT_ALIGN).map_err(|source| StreamError::Alloc {
-                what: "a bounce buffer".into(),
-                source: Box::new(source),
-            })?;
+        let bounce = AlignedBuf::new(2 * DIRECT_ALIGN).map_err(|source| StreamError::Alloc {
+            what: "a bounce buffer".into(),
+            source: Box::new(source),
+        })?;
         let layout = &self.layout.blocks[block];
+        let (queue, need) = self.reads.of(block);
+        let mut reading = Reading {
+            bounce,
+            place: queue.acquire(need),
+        };
         for run in &layout.runs {
             let reader = self.readers[run.file]
                 .as_ref()
@@ -34,12 +46,12 @@ impl CheckpointSource {
                     let t = &layout.tensors[i];
                     let at = layout.file_starts[i];
                     let dst = &mut dst[t.offset..t.offset + t.len];
-                    self.read_chunked(block, run, at, dst, &mut bounce, stop)?;
+                    self.read_chunked(block, run, at, dst, &mut reading, stop)?;
                 }
                 continue;
             }
             let area = &mut dst[run.buf_range()];
-            self.read_chunked(block, run, run.start, area, &mut bounce, stop)?;
+            self.read_chunked(block, run, run.start, area, &mut reading, stop)?;
             // Realigned here, on the worker: the compute thread gets every tensor 64-byte aligned.
             layout.settle(run, dst);
         }
@@ -47,14 +59,15 @@ impl CheckpointSource {
     }
 
     /// Reads `dst.len()` bytes at file offset `at` in requests that end on multiples of the chunk
-    /// size (so every middle request is aligned), checking `stop` between them.
+    /// size (so every middle request is aligned), checking `stop` between them and letting a read
+    /// needed sooner take the place at the drive before each.
     fn read_chunked(
         &self,
         block: usize,
         run: &Run,
         mut at: u64,
         mut rest: &mut [u8],
-        bounce: &mut AlignedBuf,
+        reading: &mut Reading<'_>,
         stop: &AtomicBool,
     ) -> Result<(), StreamError> {
         let reader = self.readers[run.file]
@@ -64,11 +77,12 @@ impl CheckpointSource {
             if stop.load(Ordering::Relaxed) {
                 return Err(self.stopped(block));
             }
+            reading.place.yield_to_sooner();
             let to_boundary = self.chunk_size - (at % self.chunk_size as u64) as usize;
             let n = to_boundary.min(rest.len());
             let (part, tail) = std::mem::take(&mut rest).split_at_mut(n);
             reader
-                .read_into(at, part, bounce)
+                .read_into(at, part, &mut reading.bounce)
                 .map_err(|e| self.read_error(block, run, e))?;
             at += n as u64;
             rest = tail;

@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::convert::{failed_at, ConvertStats, Load};
 use super::copy::{copy_pairs, copy_threads};
+use super::reads::Reads;
 use super::{ColdRead, EngineOptions, RamSource, SourceTier, StreamBlock, StreamError};
 use crate::io::{
-    read_ranges_with, AlignedBuf, FileReader, IoError, MappedFile, ReadMode, ReadOptions,
+    read_ranges_queued, AlignedBuf, FileReader, IoError, MappedFile, Need, ReadMode, ReadOptions,
     ReadRequest, ReadStats, DIRECT_ALIGN,
 };
 use crate::rules::layout::{Run, StagedLayout};
@@ -165,6 +166,8 @@ pub(crate) struct CheckpointSource {
     in_memory: Mutex<Option<RamImages>>,
     load_stats: OnceLock<ReadStats>,
     convert_stats: OnceLock<ConvertStats>,
+    /// The queue every drive read waits in, ranked by its block's need.
+    reads: Arc<Reads>,
 }
 
 impl CheckpointSource {
@@ -173,6 +176,7 @@ impl CheckpointSource {
         files: Vec<PathBuf>,
         layout: Arc<StagedLayout>,
         options: &EngineOptions,
+        reads: Arc<Reads>,
     ) -> Result<Self, StreamError> {
         let disk_mode = options.disk_mode;
         // A converted RAM tier cannot be mapped: its bytes are not the file's.
@@ -284,6 +288,7 @@ impl CheckpointSource {
             in_memory: Mutex::new(None),
             load_stats: OnceLock::new(),
             convert_stats: OnceLock::new(),
+            reads,
         })
     }
 
@@ -455,16 +460,22 @@ impl CheckpointSource {
                         file: self.files[f].clone(),
                         source: Box::new(source),
                     })?;
-                let read = read_ranges_with(&reader, reqs, &opts).map_err(|e| {
-                    let at = failed_at(&e);
-                    let (b, run) = owners[f]
-                        .iter()
-                        .find(|(_, r)| r.start <= at && at < r.end)
-                        .or(owners[f].first())
-                        .copied()
-                        .expect("a file with requests has owners");
-                    self.read_error(b, run, e)
-                })?;
+                // The run waits for this load: it is needed now, ahead of any look-ahead.
+                let queue = self.reads.queue();
+                let never = AtomicBool::new(false);
+                let gate = Some((&*queue, Need::Now));
+                let read = read_ranges_queued(&reader, reqs, &opts, &never, gate)
+                    .map(|s| s.expect("never stopped"))
+                    .map_err(|e| {
+                        let at = failed_at(&e);
+                        let (b, run) = owners[f]
+                            .iter()
+                            .find(|(_, r)| r.start <= at && at < r.end)
+                            .or(owners[f].first())
+                            .copied()
+                            .expect("a file with requests has owners");
+                        self.read_error(b, run, e)
+                    })?;
                 stats = Some(match stats {
                     Some(s) => s + read,
                     None => read,

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use super::super::copy::copy_pairs;
 use super::super::{ColdRead, StreamError};
 use super::{CheckpointSource, PAGES_READ, PAGES_UNREAD};
-use crate::io::{read_ranges_until, MappedFile, ReadOptions, ReadRequest};
+use crate::io::{read_ranges_queued, MappedFile, ReadOptions, ReadRequest};
 use crate::rules::layout::Run;
 
 impl CheckpointSource {
@@ -58,7 +58,8 @@ impl CheckpointSource {
             threads: in_flight.max(1),
             chunk_size: self.chunk_size,
         };
-        match read_ranges_until(reader, &mut requests, &opts, stop) {
+        let (queue, need) = self.reads.of(block);
+        match read_ranges_queued(reader, &mut requests, &opts, stop, Some((&*queue, need))) {
             Ok(Some(_)) => Ok(()),
             Ok(None) => Err(self.stopped(block)),
             Err(e) => Err(self.read_error(block, run, e)),
@@ -77,6 +78,10 @@ impl CheckpointSource {
         let mut cold_bytes = 0u64;
         // Tensors to copy from the map: (their place in the staging buffer, their bytes).
         let mut copies: Vec<(usize, usize, &[u8])> = Vec::new();
+        // Copies through a cold map fault the pages in from the drive: they hold a place in the
+        // read queue until the copy ends (`Pread` reads take their own places).
+        let (queue, need) = self.reads.of(block);
+        let mut place = None;
         for run in &layout.runs {
             let (map, file) = self.mapped[run.file]
                 .as_ref()
@@ -85,16 +90,17 @@ impl CheckpointSource {
             let range = run.start as usize..run.end as usize;
             if self.run_is_cold(block, map, run) {
                 cold_bytes += layout.run_bytes(run);
+                if let ColdRead::Pread { in_flight } = self.cold_read {
+                    self.read_cold_run(block, run, dst, in_flight, stop)?;
+                    continue;
+                }
+                place.get_or_insert_with(|| queue.acquire(need));
                 match self.cold_read {
-                    ColdRead::Pread { in_flight } => {
-                        self.read_cold_run(block, run, dst, in_flight, stop)?;
-                        continue;
-                    }
                     ColdRead::Populate if !self.populate_refused.load(Ordering::Relaxed) => {
                         // Where refused, the kernel's read-ahead under the copy does the work.
                         self.populate_or_advise(map, range);
                     }
-                    ColdRead::Populate | ColdRead::Map => {
+                    _ => {
                         // Start the kernel's read-ahead of the whole run: a cold map is
                         // otherwise faulted in a few pages at a time as the copy walks it.
                         let _ = map.advise_willneed(range);
@@ -118,6 +124,7 @@ impl CheckpointSource {
         ) {
             return Err(self.stopped(block));
         }
+        drop(place);
         self.pages[block].store(PAGES_READ, Ordering::Relaxed);
         Ok(cold_bytes)
     }

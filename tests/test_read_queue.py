@@ -1,0 +1,97 @@
+"""stage(overlap=True) reads each resident block by one call of the core, through the read queue
+it shares with the engine, and keeps the weights bit for bit as a load without overlap does."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import trash_panda as tp
+from models import Tiny, on_meta, save
+from test_stream import _fp8_checkpoint
+from trash_panda import _core
+from trash_panda.offload.overlap import OverlapWait
+from trash_panda.offload.state import get_state
+
+IDS = torch.randint(0, 100, (3, 11), generator=torch.Generator().manual_seed(7))
+
+
+def build() -> Tiny:
+    return on_meta(Tiny)  # type: ignore[return-value]
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> tuple[Path, Tiny]:
+    torch.manual_seed(0)
+    ref = Tiny().eval()
+    return save(ref, tmp_path / "tiny.safetensors"), ref
+
+
+def test_the_loader_reads_each_block_in_one_call_in_run_order(
+    tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, ref = tiny
+    real = _core.read_block
+    calls: list[tuple[str, int | None, int, bool]] = []
+
+    def counted(requests: list[Any], **kwargs: Any) -> tuple[int, float]:
+        queue = kwargs.get("queue")
+        calls.append((threading.current_thread().name, kwargs.get("position"), len(requests), queue is not None))
+        return real(requests, **kwargs)
+
+    monkeypatch.setattr(_core, "read_block", counted)
+    with (
+        pytest.warns(UserWarning, match=r"blocks\.0\. ran before the order given"),
+        tp.stage(build, path, device="cpu", resident_blocks=3, overlap=True, order=["blocks.2"]) as (model, _p, h),
+    ):
+        with torch.no_grad():
+            assert torch.equal(model(IDS), ref(IDS))
+        hook = h.hooks.get("overlap_wait")
+        assert isinstance(hook, OverlapWait)
+        queue = hook.loader.queue
+        assert queue is not None
+        # The hooks moved the queue's current block as the blocks ran: blocks.5 ran last.
+        assert queue.current == 5
+        grants, _waits, _seconds = queue.stats()
+        assert grants >= 3
+        state = get_state(model)
+        assert state is not None and state.engine is not None
+    tensors = len(list(ref.blocks[0].parameters()))
+    # Run order blocks.2, 0, 1, 3, ...: block 2 is at position 0, block 0 at 1, block 1 at 2.
+    assert calls == [
+        ("trash-panda-loader", 0, tensors, True),
+        ("trash-panda-loader", 1, tensors, True),
+        ("trash-panda-loader", 2, tensors, True),
+    ]
+
+
+@pytest.mark.parametrize("storage", [None, "bf16", "fp8"])
+def test_overlap_keeps_the_weights_bit_for_bit(tiny: tuple[Path, Tiny], storage: str | None) -> None:
+    path, _ref = tiny
+    outs = []
+    for overlap in (False, True):
+        with (
+            tp.stage(build, path, device="cpu", resident_blocks=4, overlap=overlap, storage_dtype=storage) as (
+                model,
+                _p,
+                _h,
+            ),
+            torch.no_grad(),
+        ):
+            outs.append(model(IDS))
+    assert outs[0].dtype == outs[1].dtype
+    assert torch.equal(outs[0].reshape(-1).view(torch.uint8), outs[1].reshape(-1).view(torch.uint8))
+
+
+def test_overlap_reads_fp8_weights_with_their_scales(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    expected = _fp8_checkpoint(Tiny().eval(), tmp_path / "fp8.safetensors")
+    with (
+        tp.stage(build, tmp_path / "fp8.safetensors", device="cpu", resident_blocks=3, overlap=True) as (model, _p, _h),
+        torch.no_grad(),
+    ):
+        assert torch.equal(model(IDS), expected(IDS))
