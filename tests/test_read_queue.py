@@ -95,3 +95,27 @@ def test_overlap_reads_fp8_weights_with_their_scales(tmp_path: Path) -> None:
         torch.no_grad(),
     ):
         assert torch.equal(model(IDS), expected(IDS))
+
+
+def test_reads_for_another_device_hold_at_most_the_largest_tensor_in_host_memory() -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from trash_panda.offload.overlap import _read_groups
+
+    mib = 1 << 20
+
+    def spec(n: int, scale: int | None = None) -> SimpleNamespace:
+        return SimpleNamespace(
+            info=SimpleNamespace(nbytes=n * mib), scale=None if scale is None else SimpleNamespace(nbytes=scale)
+        )
+
+    specs = [spec(30), spec(40), spec(100, 4096), spec(10), spec(90), spec(5)]
+    block = SimpleNamespace(tensors=specs)
+    assert _read_groups(block, torch.device("cpu")) == [specs]  # type: ignore[arg-type]
+    groups = _read_groups(block, torch.device("meta"))  # type: ignore[arg-type]
+    assert [s for g in groups for s in g] == specs  # every tensor once, in order
+    bound = 100 * mib + 4096  # the largest tensor with its scale
+    held = [sum(s.info.nbytes + (s.scale.nbytes if s.scale else 0) for s in g) for g in groups]
+    assert max(held) <= bound and len(groups) == 4, held  # 30+40, 100, 10+90, 5

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from .. import _core
     from .hooks import OffloadHandle
-    from .state import BlockState, ModelState
+    from .state import BlockState, ModelState, TensorSpec
 
 __all__ = ["OverlapWait", "ResidentLoader", "load_block", "start_loader"]
 
@@ -38,15 +38,39 @@ def load_block(
     position: int | None = None,
 ) -> None:
     """Reads one resident block to the device in its stored form (or the storage dtype), as
-    stream_load does, in one read of the core through ``queue`` as the block at ``position`` of
-    the run order. Module-level so tests can slow it down or make it fail."""
+    stream_load does, in large reads of the core through ``queue`` as the block at ``position``
+    of the run order. Module-level so tests can slow it down or make it fail.
+
+    On the CPU the tensors read are the block's weights: one read for the whole block. On
+    another device they pass through host memory on their way, so the reads are grouped to hold
+    at most the block's largest tensor (or 64 MiB) there at once, as tensor-by-tensor reads did."""
+    for group in _read_groups(block, device):
+        infos = [s.info for s in group] + [s.scale for s in group if s.scale is not None]
+        read = read_many(infos, threads, queue, position)
+        scales = iter(read[len(group) :])
+        for spec, stored in zip(group, read[: len(group)], strict=True):
+            scale = next(scales) if spec.scale is not None else None
+            settle(spec, stored, scale, device, storage=storage, expand=False)
+
+
+def _read_groups(block: BlockState, device: torch.device) -> list[list[TensorSpec]]:
     specs = block.tensors
-    infos = [s.info for s in specs] + [s.scale for s in specs if s.scale is not None]
-    read = read_many(infos, threads, queue, position)
-    scales = iter(read[len(specs) :])
-    for spec, stored in zip(specs, read[: len(specs)], strict=True):
-        scale = next(scales) if spec.scale is not None else None
-        settle(spec, stored, scale, device, storage=storage, expand=False)
+    if device.type == "cpu" or not specs:
+        return [specs] if specs else []
+
+    def size(spec: TensorSpec) -> int:
+        return spec.info.nbytes + (spec.scale.nbytes if spec.scale is not None else 0)
+
+    bound = max(max(size(s) for s in specs), 64 << 20)
+    groups: list[list[TensorSpec]] = [[]]
+    held = 0
+    for spec in specs:
+        if groups[-1] and held + size(spec) > bound:
+            groups.append([])
+            held = 0
+        groups[-1].append(spec)
+        held += size(spec)
+    return groups
 
 
 class ResidentLoader:
