@@ -1,6 +1,10 @@
 """stage(overlap=True): the resident blocks are read on a worker thread, one at a time in run
 order, while the model starts; a block that starts before its weights arrive waits for them.
 
+Each tensor is put on the device through the device's meter (:meth:`.meter.Meter.moved_in`):
+a stage's measured peak is its activations without the weights read meanwhile, and the next plan
+of its key uses it, as without overlap.
+
 The reads go through the core (``_core.read_tensors``, via the same ``materialize`` that
 stream_load uses), never a plain seek-and-read. A block whose load failed raises, in the call
 that needs it, an error naming the block and the cause.
@@ -8,6 +12,7 @@ that needs it, an error naming the block and the cause.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -15,22 +20,68 @@ from typing import TYPE_CHECKING
 from ..errors import StreamError
 from ..settings import setting
 from .materialize import materialize
+from .meter import meter_for
 from .registry import BlockHook
 
 if TYPE_CHECKING:
     import torch
 
     from .hooks import OffloadHandle
-    from .state import BlockState, ModelState
+    from .state import BlockState, ModelState, TensorSpec
 
-__all__ = ["OverlapWait", "ResidentLoader", "load_block", "start_loader"]
+__all__ = ["OverlapWait", "ResidentLoader", "held_bytes", "load_block", "start_loader"]
+
+# The caching allocator of CUDA hands out multiples of 512 bytes: what its counters see of a tensor.
+_CUDA_ROUNDING = 512
 
 
 def load_block(block: BlockState, device: torch.device, storage: str | None, threads: int) -> None:
     """Reads one resident block to the device in its stored form (or the storage dtype), as
-    stream_load does. Module-level so tests can slow it down or make it fail."""
+    stream_load does, a tensor at a time, each put on the device through its meter. Off the CPU
+    a tensor is read into host memory first: the meter's window around it is then only the
+    copy, for which the tensor is allocated at once. Module-level so tests can slow it down or
+    make it fail."""
+    import torch
+
+    meter = meter_for(device)
     for spec in block.tensors:
-        materialize(spec, device, storage=storage, threads=threads, expand=False)
+        if device.type == "cpu":
+            meter.moved_in(functools.partial(_read_in, spec, device, storage, threads))
+        else:
+            materialize(spec, torch.device("cpu"), storage=storage, threads=threads, expand=False)
+            meter.moved_in(functools.partial(_copy_to, spec, device))
+
+
+def _read_in(spec: TensorSpec, device: torch.device, storage: str | None, threads: int) -> int:
+    """Reads a tensor straight into the CPU's memory; returns what it holds there."""
+    materialize(spec, device, storage=storage, threads=threads, expand=False)
+    return held_bytes(spec, device)
+
+
+def _copy_to(spec: TensorSpec, device: torch.device) -> int:
+    """Moves a tensor :func:`materialize` read into host memory to ``device`` (the same bytes);
+    returns what it holds there."""
+    from torch import nn
+
+    if spec.resident is not None:
+        scale = None if spec.resident_scale is None else spec.resident_scale.to(device)
+        spec.keep_stored(spec.resident.to(device), scale, spec.placeholder)
+    else:
+        spec.put(nn.Parameter(spec.held().to(device), requires_grad=False))
+    return held_bytes(spec, device)
+
+
+def held_bytes(spec: TensorSpec, device: torch.device) -> int:
+    """The bytes a loaded tensor holds on ``device`` (with its scale), as the device's meter
+    counts them: each storage once, rounded up on CUDA as its allocator rounds."""
+    storages: dict[int, int] = {}
+    for t in (spec.resident, spec.resident_scale, spec.held()):
+        if t is not None and not t.is_meta:
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    if device.type != "cuda":
+        return sum(storages.values())
+    return sum(-(-n // _CUDA_ROUNDING) * _CUDA_ROUNDING for n in storages.values())
 
 
 class ResidentLoader:
