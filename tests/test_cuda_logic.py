@@ -284,6 +284,30 @@ def test_the_device_meter_leaves_out_other_models_loads(monkeypatch: pytest.Monk
     assert meter.stop(a) == 400
 
 
+def test_the_device_meter_reads_a_loaders_copies_without_waiting_for_the_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mem = FakeAllocator()
+    mem.install(monkeypatch)
+    meter = Meter(CudaGauge(torch.device("cuda", 0)))
+    mem.set(1000, 2048)
+    a = meter.start()
+    mem.set(1300, 2048)  # the model computes
+
+    def settles(_device: Any = None) -> None:
+        raise AssertionError("the loader's readings must not wait for the model's compute")
+
+    def copy() -> int:
+        mem.set(1300 + 1024, 2048 + 1024)  # a tensor of 1024 bytes arrives
+        return 1024
+
+    monkeypatch.setattr(torch.cuda, "synchronize", settles)
+    assert meter.moved_in(copy) == 1024
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda _device=None: None)
+    mem.set(1000 + 1024, 2048 + 1024)
+    assert meter.stop(a) == 300
+
+
 def test_remove_refuses_up_front_when_the_weights_cannot_fit(
     in_memory: tuple[Tiny, Tiny], sim: SimulatedDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:

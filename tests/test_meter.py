@@ -4,6 +4,7 @@ of the checkpoint's map that its blocks touch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,10 +33,10 @@ class FakeGauge:
     def current(self) -> int:
         return self.now
 
-    def peak(self) -> int:
+    def peak(self, settle: bool = True) -> int:
         return self.top
 
-    def reset(self) -> None:
+    def reset(self, settle: bool = True) -> None:
         self.top = self.now
 
     def close(self) -> None:
@@ -61,6 +62,32 @@ def test_overlapping_windows_keep_their_own_peaks() -> None:
         gauge.set(1000)
     gauge.set(1100)
     assert meter.stop(b) == 300
+    assert meter.stop(a) == 500
+
+
+def test_weights_moved_in_beside_the_windows_are_not_activations() -> None:
+    """stage(overlap=True)'s loader puts tensors on the device while the windows are open."""
+    gauge = FakeGauge()
+    meter = Meter(gauge)
+
+    def put(n: int) -> Callable[[], int]:
+        def go() -> int:
+            gauge.set(gauge.now + n)
+            return n
+
+        return go
+
+    assert meter.moved_in(put(1000)) == 1000  # no window open yet
+    a = meter.start()  # its baseline holds those 1000: they are not taken off again
+    gauge.set(1400)  # A computes: 400
+    meter.moved_in(put(2000))  # arrives while A's 400 are held
+    b = meter.start()  # B opens with the 2000 and A's 400 in its baseline
+    gauge.set(3100)
+    with meter.paused():  # another model loads 5000 while a tensor arrives: moved once
+        gauge.set(8100)
+        meter.moved_in(put(500))
+    gauge.set(9000)  # A and B compute 400 more
+    assert meter.stop(b) == 100
     assert meter.stop(a) == 500
 
 

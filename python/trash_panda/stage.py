@@ -72,7 +72,8 @@ def stage(
     release when it was missing or wrong, after a block that ended normally (a block that
     raised, Ctrl-C included, leaves the file as it was; one that ran only some blocks is merged
     into the order the file knew). ``overlap=True`` loads the resident blocks on a worker
-    thread while the model starts (and the peak is then not remembered).
+    thread while the model starts; the bytes it puts on the device while the block runs are
+    not counted in the peak, which is remembered as without it.
     """
     if not callable(build_fn):
         raise ArgumentError(f"build_fn: expected a callable that returns the model, got {type(build_fn).__name__}")
@@ -144,12 +145,14 @@ def _stage(
         if overlap:
             start_loader(handle, state, deferred, choice.first)  # stopped when the hooks come off
         # The block's own peak: other stages opened meanwhile (their loads and releases) are
-        # not counted in it, nor pages of the checkpoint's map the CPU reads.
+        # not counted in it, nor pages of the checkpoint's map the CPU reads. With overlap the
+        # loader's tensors arrive while it is open: each is subtracted from the readings after
+        # it arrived (those before the window opened are in its baseline), so the peak is the
+        # activations' as without overlap; Meter.moved_in says why not restart it instead.
         with measured(device) as peak:
             yield model, p, handle
-        if not overlap:  # with overlap the load falls inside the measured part
-            with _PEAKS_LOCK:
-                _PEAKS[key] = peak[0]
+        with _PEAKS_LOCK:
+            _PEAKS[key] = peak[0]
     except BaseException as e:
         failure = e
         raise

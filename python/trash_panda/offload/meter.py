@@ -5,7 +5,10 @@ so two windows open at once (``load_pipeline(chain=False)`` opens every componen
 reset each other's peak, and each would count what the other's load added. One meter per device
 instead folds the peak so far into every open window at each event (a window opening or closing,
 a load or release starting or ending), and a load or a release moves the baseline of every open
-window by what it left behind: another model's weights are not this one's activations.
+window by what it left behind: another model's weights are not this one's activations. A load
+made beside the windows, on another thread (``stage(overlap=True)``'s loader), cannot pause
+them, since the activations go on meanwhile: it puts each tensor on the device through
+:meth:`Meter.moved_in`, which moves the baselines by the tensor's bytes from then on.
 
 On the CPU the meter reads private memory (anonymous pages), not the resident set: the pages of a
 mapped checkpoint that a pass touches for the first time are the page cache's, which the system
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,10 +41,12 @@ class Gauge(Protocol):
     def current(self) -> int:
         """Bytes held now."""
 
-    def peak(self) -> int:
-        """The most bytes held since the last :meth:`reset`, now included."""
+    def peak(self, settle: bool = True) -> int:
+        """The most bytes held since the last :meth:`reset`, now included. ``settle``: after the
+        work queued on the device is done (a loader's readings do without: they must not wait
+        for the model's compute)."""
 
-    def reset(self) -> None:
+    def reset(self, settle: bool = True) -> None:
         """Starts a new peak from now."""
 
     def close(self) -> None:
@@ -68,17 +73,19 @@ class CudaGauge:
         torch.cuda.synchronize(self.device)
         return int(torch.cuda.memory_allocated(self.device))
 
-    def peak(self) -> int:
+    def peak(self, settle: bool = True) -> int:
         import torch
 
-        torch.cuda.synchronize(self.device)
+        if settle:
+            torch.cuda.synchronize(self.device)
         grown = int(torch.cuda.max_memory_reserved(self.device)) - self._reserved_at_reset
         return max(int(torch.cuda.max_memory_allocated(self.device)), self._allocated_at_reset + grown)
 
-    def reset(self) -> None:
+    def reset(self, settle: bool = True) -> None:
         import torch
 
-        torch.cuda.synchronize(self.device)
+        if settle:
+            torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         self._allocated_at_reset = int(torch.cuda.memory_allocated(self.device))
         self._reserved_at_reset = int(torch.cuda.memory_reserved(self.device))
@@ -96,10 +103,10 @@ class PrivateGauge:
     def current(self) -> int:
         return _core.private_memory()
 
-    def peak(self) -> int:
+    def peak(self, settle: bool = True) -> int:
         return self.sampler.peak() if self.sampler is not None else self.current()
 
-    def reset(self) -> None:
+    def reset(self, settle: bool = True) -> None:
         self.close()
         self.sampler = _core.RssSampler(1, private=True)
 
@@ -165,10 +172,41 @@ class Meter:
                         w.base += moved
                     self.gauge.reset()
 
-    def _fold(self) -> None:
+    def moved_in(self, put: Callable[[], int]) -> int:
+        """Runs ``put``, which puts weights on the device and returns their bytes, from a thread
+        that runs beside the open windows (``stage(overlap=True)``'s loader, one tensor at a
+        time): the windows' peaks leave those bytes out. Returns what ``put`` returned.
+
+        The bytes are subtracted, not the windows restarted once the loader is done: a restart
+        would lose the activations of everything that ran while blocks were still being read
+        (all of a model called once), and the next plan would keep too little memory free. They
+        are subtracted from the readings after they arrived only: the peak so far is read
+        first, then each window's baseline moves by them, and the peak of ``put``'s own time is
+        read against the moved baseline. Weights that arrived before a window opened are in
+        that window's baseline already and are not subtracted again. ``put`` runs under the
+        meter's lock, so a pause (another model's load or release) begins before it or ends
+        after it, and then moves the windows by what ``put`` added itself. The tensor counts
+        as there for all of ``put``: exact when it is allocated at once and then filled (a copy
+        to a GPU); where it arrives page by page (a read into the CPU's memory), activations
+        that peak during the read are under-counted by what had not arrived yet, one tensor's
+        bytes at most."""
+        with self._lock:
+            counting = bool(self.windows) and not self._pauses
+            if counting:
+                self._fold(settle=False)
+                self.gauge.reset(settle=False)
+            nbytes = put()
+            if counting:
+                for w in self.windows:
+                    w.base += nbytes
+                self._fold(settle=False)
+                self.gauge.reset(settle=False)
+            return nbytes
+
+    def _fold(self, settle: bool = True) -> None:
         if not self.windows or self._pauses:
             return
-        peak = self.gauge.peak()
+        peak = self.gauge.peak(settle)
         for w in self.windows:
             w.top = max(w.top, peak - w.base)
 

@@ -1,15 +1,20 @@
 """stage(overlap=True): the resident blocks are read on a worker thread, one at a time in run
 order, while the model starts; a block that starts before its weights arrive waits for them.
 
-Each block is read by one call of the core (``_core.read_block``: every tensor and scale of the
-block, grouped by file, without the GIL), then kept as stream_load's ``materialize`` keeps it.
+Each block is read by large calls of the core (``_core.read_block``: the block's tensors and
+scales, grouped by file, without the GIL), then kept as stream_load's ``materialize`` keeps it.
 The reads wait in one read queue with the engine's (``_core.ReadQueue``), ranked by when their
-block runs: a block the model needs now is never read behind one it needs later. A block whose
-load failed raises, in the call that needs it, an error naming the block and the cause.
+block runs: a block the model needs now is never read behind one it needs later.
+
+What is read is put on the device through the device's meter (:meth:`.meter.Meter.moved_in`):
+a stage's measured peak is its activations without the weights read meanwhile, and the next plan
+of its key uses it, as without overlap. A block whose load failed raises, in the call that needs
+it, an error naming the block and the cause.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -17,6 +22,7 @@ from typing import TYPE_CHECKING
 from ..errors import StreamError
 from ..settings import setting
 from .materialize import read_many, settle
+from .meter import meter_for
 from .registry import BlockHook
 
 if TYPE_CHECKING:
@@ -26,7 +32,10 @@ if TYPE_CHECKING:
     from .hooks import OffloadHandle
     from .state import BlockState, ModelState, TensorSpec
 
-__all__ = ["OverlapWait", "ResidentLoader", "load_block", "start_loader"]
+__all__ = ["OverlapWait", "ResidentLoader", "held_bytes", "load_block", "start_loader"]
+
+# The caching allocator of CUDA hands out multiples of 512 bytes: what its counters see of a tensor.
+_CUDA_ROUNDING = 512
 
 
 def load_block(
@@ -39,18 +48,43 @@ def load_block(
 ) -> None:
     """Reads one resident block to the device in its stored form (or the storage dtype), as
     stream_load does, in large reads of the core through ``queue`` as the block at ``position``
-    of the run order. Module-level so tests can slow it down or make it fail.
+    of the run order, each put on the device through its meter. Module-level so tests can slow
+    it down or make it fail.
 
-    On the CPU the tensors read are the block's weights: one read for the whole block. On
-    another device they pass through host memory on their way, so the reads are grouped to hold
-    at most the block's largest tensor (or 64 MiB) there at once, as tensor-by-tensor reads did."""
+    On the CPU the tensors read are the block's weights: one read for the whole block, inside
+    the meter's window. On another device they pass through host memory on their way, so the
+    reads are grouped to hold at most the block's largest tensor (or 64 MiB) there at once, as
+    tensor-by-tensor reads did, and the meter's window around each tensor is only its copy, for
+    which the tensor is allocated at once."""
+    import torch
+
+    meter = meter_for(device)
     for group in _read_groups(block, device):
-        infos = [s.info for s in group] + [s.scale for s in group if s.scale is not None]
-        read = read_many(infos, threads, queue, position)
-        scales = iter(read[len(group) :])
-        for spec, stored in zip(group, read[: len(group)], strict=True):
-            scale = next(scales) if spec.scale is not None else None
-            settle(spec, stored, scale, device, storage=storage, expand=False)
+        if device.type == "cpu":
+            meter.moved_in(functools.partial(_read_group, group, device, storage, threads, queue, position))
+        else:
+            _read_group(group, torch.device("cpu"), storage, threads, queue, position)
+            for spec in group:
+                meter.moved_in(functools.partial(_copy_to, spec, device))
+
+
+def _read_group(
+    group: list[TensorSpec],
+    device: torch.device,
+    storage: str | None,
+    threads: int,
+    queue: _core.ReadQueue | None,
+    position: int | None,
+) -> int:
+    """Reads tensors (and their scales) in one call and keeps them on ``device`` (the CPU);
+    returns what they hold there."""
+    infos = [s.info for s in group] + [s.scale for s in group if s.scale is not None]
+    read = read_many(infos, threads, queue, position)
+    scales = iter(read[len(group) :])
+    for spec, stored in zip(group, read[: len(group)], strict=True):
+        scale = next(scales) if spec.scale is not None else None
+        settle(spec, stored, scale, device, storage=storage, expand=False)
+    return sum(held_bytes(spec, device) for spec in group)
 
 
 def _read_groups(block: BlockState, device: torch.device) -> list[list[TensorSpec]]:
@@ -71,6 +105,32 @@ def _read_groups(block: BlockState, device: torch.device) -> list[list[TensorSpe
         groups[-1].append(spec)
         held += size(spec)
     return groups
+
+
+def _copy_to(spec: TensorSpec, device: torch.device) -> int:
+    """Moves a tensor read into host memory to ``device`` (the same bytes); returns what it
+    holds there."""
+    from torch import nn
+
+    if spec.resident is not None:
+        scale = None if spec.resident_scale is None else spec.resident_scale.to(device)
+        spec.keep_stored(spec.resident.to(device), scale, spec.placeholder)
+    else:
+        spec.put(nn.Parameter(spec.held().to(device), requires_grad=False))
+    return held_bytes(spec, device)
+
+
+def held_bytes(spec: TensorSpec, device: torch.device) -> int:
+    """The bytes a loaded tensor holds on ``device`` (with its scale), as the device's meter
+    counts them: each storage once, rounded up on CUDA as its allocator rounds."""
+    storages: dict[int, int] = {}
+    for t in (spec.resident, spec.resident_scale, spec.held()):
+        if t is not None and not t.is_meta:
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    if device.type != "cuda":
+        return sum(storages.values())
+    return sum(-(-n // _CUDA_ROUNDING) * _CUDA_ROUNDING for n in storages.values())
 
 
 class ResidentLoader:
