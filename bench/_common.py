@@ -221,6 +221,17 @@ def direct_read_speed(path: Path, start: int, length: int, threads: int = 4, pie
     return length / (time.perf_counter() - t) / 1e9
 
 
+def cold(path: Path) -> int:
+    """Drops ``path`` from the page cache and checks it is gone (under 1% still cached)."""
+    from trash_panda import _core
+
+    _core.drop_cache(path)
+    cached = _core.cached_bytes(path)
+    if cached > path.stat().st_size // 100:
+        raise SystemExit(f"{cached} bytes of {path} still cached after drop_cache")
+    return cached
+
+
 def md_table(header: list[str], rows: list[list[str]]) -> str:
     out = [
         "| " + " | ".join(header) + " |",

@@ -39,6 +39,7 @@ from _common import (
     RESULTS,
     Net,
     build_meta,
+    cold,
     dd_direct,
     dd_direct_parallel,
     device_read_bytes,
@@ -55,14 +56,6 @@ D, F = 2048, 8192
 FIRST = "(a) first pass, cold RAM tier"
 RESIDENT = "(b) stream_load, all resident"
 PLAIN = "(c) load_state_dict(load_file())"
-
-
-def cold(path: Path) -> int:
-    _core.drop_cache(path)
-    cached = _core.cached_bytes(path)
-    if cached > path.stat().st_size // 100:
-        raise SystemExit(f"{cached} bytes of {path} still cached after drop_cache")
-    return cached
 
 
 def pread_speed(path: Path, start: int, length: int, piece: int = 256 << 20) -> float:

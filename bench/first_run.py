@@ -44,6 +44,7 @@ from _common import (
     DATA,
     RESULTS,
     Block,
+    cold,
     dd_direct,
     device_read_bytes,
     direct_read_speed,
@@ -55,7 +56,6 @@ from _common import (
 from torch import nn
 
 import trash_panda as tp
-from trash_panda import _core
 
 D, F = 2048, 8192
 ORDERS = ("none", "traced", "file")
@@ -132,13 +132,6 @@ def llama(layers: int) -> Subject:
     write_checkpoint(path, shapes, torch.bfloat16)
     ids = torch.randint(0, 32000, (1, 64), generator=torch.Generator().manual_seed(0))
     return Subject("llama", lambda: LlamaForCausalLM(config), path, (ids,))
-
-
-def cold(path: Path) -> None:
-    _core.drop_cache(path)
-    cached = _core.cached_bytes(path)
-    if cached > path.stat().st_size // 100:
-        raise SystemExit(f"{cached} bytes of {path} still cached after drop_cache")
 
 
 def best_reader(path: Path) -> float:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from models import Tiny, save
 from simdevice import SimulatedDevice
 
 
@@ -81,3 +82,11 @@ def sim() -> Iterator[SimulatedDevice]:
     dev = SimulatedDevice(seed=1)
     yield dev
     dev.stop()
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> tuple[Path, Tiny]:
+    """A small causal LM of six blocks saved as safetensors, and the plain model it was saved from."""
+    torch.manual_seed(0)
+    ref = Tiny().eval()
+    return save(ref, tmp_path / "tiny.safetensors"), ref

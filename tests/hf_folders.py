@@ -19,6 +19,20 @@ TEXT = [
     "tokens come one by one while the next block is read ahead of the compute",
 ] * 20
 
+# A UNet of two levels with cross-attention, small enough to build in a test.
+TINY_UNET: dict[str, Any] = {
+    "block_out_channels": (16, 32),
+    "layers_per_block": 1,
+    "sample_size": 8,
+    "in_channels": 4,
+    "out_channels": 4,
+    "down_block_types": ("CrossAttnDownBlock2D", "DownBlock2D"),
+    "up_block_types": ("UpBlock2D", "CrossAttnUpBlock2D"),
+    "cross_attention_dim": 32,
+    "norm_num_groups": 8,
+    "attention_head_dim": 8,
+}
+
 
 def randomize(model: nn.Module, seed: int = 1) -> None:
     """Random weights of a useful size everywhere (norms too, so a norm loaded wrong shows)."""
@@ -99,18 +113,7 @@ def make_sd(out: Path) -> Path:
             pad_token_id=1,
         )
     ).eval()
-    unet = UNet2DConditionModel(
-        block_out_channels=(16, 32),
-        layers_per_block=1,
-        sample_size=8,
-        in_channels=4,
-        out_channels=4,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32,
-        norm_num_groups=8,
-        attention_head_dim=8,
-    ).eval()
+    unet = UNet2DConditionModel(**TINY_UNET).eval()
     vae = AutoencoderKL(
         block_out_channels=(16, 32),
         in_channels=3,

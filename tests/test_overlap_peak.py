@@ -67,13 +67,6 @@ def block_bytes(ref: Tiny) -> int:
 
 
 @pytest.fixture
-def tiny(tmp_path: Path) -> tuple[Path, Tiny]:
-    torch.manual_seed(0)
-    ref = Tiny().eval()
-    return save(ref, tmp_path / "tiny.safetensors"), ref
-
-
-@pytest.fixture
 def memory(monkeypatch: pytest.MonkeyPatch) -> DeviceMemory:
     """The CPU meter reads a DeviceMemory; the stage's peaks start empty."""
     mem = DeviceMemory()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, on_meta, save
+from models import Tiny, on_meta
 from test_stream import _fp8_checkpoint
 from trash_panda import _core
 from trash_panda.offload.overlap import OverlapWait
@@ -22,13 +22,6 @@ IDS = torch.randint(0, 100, (3, 11), generator=torch.Generator().manual_seed(7))
 
 def build() -> Tiny:
     return on_meta(Tiny)  # type: ignore[return-value]
-
-
-@pytest.fixture
-def tiny(tmp_path: Path) -> tuple[Path, Tiny]:
-    torch.manual_seed(0)
-    ref = Tiny().eval()
-    return save(ref, tmp_path / "tiny.safetensors"), ref
 
 
 def test_the_loader_reads_each_block_in_one_call_in_run_order(

@@ -30,13 +30,6 @@ def build() -> Tiny:
     return on_meta(Tiny)  # type: ignore[return-value]
 
 
-@pytest.fixture
-def tiny(tmp_path: Path) -> tuple[Path, Tiny]:
-    torch.manual_seed(0)
-    ref = Tiny().eval()
-    return save(ref, tmp_path / "tiny.safetensors"), ref
-
-
 def test_stage_runs_and_releases(tiny: tuple[Path, Tiny]) -> None:
     path, ref = tiny
     with tp.stage(build, path, device="cpu", resident_blocks=2) as (model, p, handle):

@@ -14,6 +14,7 @@ from safetensors.torch import save_model
 from torch import nn
 
 import trash_panda as tp
+from hf_folders import TINY_UNET
 from models import Block, Tiny, save
 from trash_panda.offload.state import get_state
 
@@ -189,18 +190,7 @@ def _unet() -> tuple[Callable[[], nn.Module], dict[str, torch.Tensor]]:
     from diffusers import UNet2DConditionModel
 
     def build() -> nn.Module:
-        model: nn.Module = UNet2DConditionModel(
-            block_out_channels=(16, 32),
-            layers_per_block=1,
-            sample_size=8,
-            in_channels=4,
-            out_channels=4,
-            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-            cross_attention_dim=32,
-            norm_num_groups=8,
-            attention_head_dim=8,
-        ).eval()
+        model: nn.Module = UNet2DConditionModel(**TINY_UNET).eval()
         return model
 
     g = torch.Generator().manual_seed(3)
