@@ -247,6 +247,34 @@ def test_pinned_buffers_argument_beats_environment_beats_default(
         buffers()
 
 
+def test_max_lookahead_is_counted_by_the_plan_and_the_run_stays_exact(
+    tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, ref = tiny
+    monkeypatch.delenv("TRASH_PANDA_PINNED_BUFFERS", raising=False)
+    monkeypatch.delenv("TRASH_PANDA_MAX_LOOKAHEAD", raising=False)
+    assert settings.DEFAULTS["max_lookahead"] == "0"  # 0: the look-ahead, a fixed depth
+    fixed = tp.plan(build(), path, device="cpu", resident_blocks=1).budgets
+    assert fixed is not None and fixed.staging_buffers == 3
+    monkeypatch.setenv("TRASH_PANDA_MAX_LOOKAHEAD", "4")
+    monkeypatch.setenv("TRASH_PANDA_PROFILE", "1")
+    with tp.stage(build, path, device="cpu", resident_blocks=1) as (model, p, _h), torch.no_grad():
+        b = p.budgets
+        assert b is not None and b.staging_buffers == 5  # staged 4 ahead, and the one that runs
+        assert b.staging_buffer_bytes == fixed.staging_buffer_bytes
+        assert b.host_staging == 5 * b.staging_buffer_bytes > fixed.host_staging
+        assert "lookahead 2 (grows to 4 where the compute waits)" in str(p)
+        state = get_state(model)
+        assert state is not None and state.engine is not None
+        assert len(state.engine.staging_buffers()) == 5  # what the plan counted, no more
+        for _ in range(3):
+            assert torch.equal(model(IDS), ref(IDS))
+    report = capsys.readouterr().err
+    depths = re.findall(r"staging depth, engine pass (\d+): (\d+)(?:\.\.(\d+))? blocks ahead", report)
+    assert [int(d[0]) for d in depths] == [1, 2, 3], report
+    assert all(2 <= int(d[1]) <= int(d[2] or d[1]) <= 4 for d in depths), report
+
+
 def rss_file() -> int:
     """The file-backed pages mapped in this process (RssFile)."""
     with open("/proc/self/status", encoding="ascii") as f:

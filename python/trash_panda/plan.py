@@ -149,7 +149,8 @@ class Plan:
     ) -> Plan:
         """This plan resolved for a model's tensors and blocks (see :func:`planning_inputs`) and
         the device's free memory (``free``, bytes; None off a GPU): a new plan. ``options`` are
-        the core's (``compute_dtype``, ``storage_dtype``, ``lookahead``, ``pinned_buffers``)."""
+        the core's (``compute_dtype``, ``storage_dtype``, ``lookahead``, ``pinned_buffers``,
+        ``max_lookahead``)."""
         return Plan(self._core.resolve(tensors, prefixes, free, has_gpu, **options))
 
     def engine_config(self) -> _core.EngineConfig:
@@ -234,7 +235,8 @@ def plan(
     planning another machine); on the CPU, ``vram`` sizes the device tier as a GPU with that much
     free memory would get it (the plan's table says the CPU computes). ``pinned_buffers`` is the
     number of staging buffers (pinned on CUDA) when a block streams: by default
-    ``TRASH_PANDA_PINNED_BUFFERS``, else ``lookahead + 1``. ``headroom_vram`` defaults to the
+    ``TRASH_PANDA_PINNED_BUFFERS``, else one more than the deepest the staging may grow:
+    ``lookahead``, or ``TRASH_PANDA_MAX_LOOKAHEAD`` where that is higher. ``headroom_vram`` defaults to the
     planner's (``_core.DEFAULT_HEADROOM_VRAM``, 1.5 GB).
     """
     dev = resolve_device(device)
@@ -255,6 +257,7 @@ def plan(
         storage_dtype=None if storage_dtype is None else dtype_name(storage_dtype),
         lookahead=lookahead if lookahead is not None else setting("lookahead"),
         pinned_buffers=setting("pinned_buffers", pinned_buffers),
+        max_lookahead=setting("max_lookahead"),
     )
     result = Plan(core)
     from .log import log_plan

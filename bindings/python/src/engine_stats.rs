@@ -28,6 +28,7 @@ impl PyEngineStats {
             ram_cold_blocks: s.ram_cold_blocks,
             ram_cold_seconds: s.ram_cold_seconds,
             workers: s.workers,
+            depth: s.depth.clone(),
         }
     }
 }

@@ -90,11 +90,17 @@ fn options_from(kwargs: &Bound<'_, PyDict>, base: PlanOptions) -> PyResult<PlanO
                 })?;
                 o.staging_buffers = trash_panda::rules::asked_staging_buffers(n);
             }
+            "max_lookahead" => {
+                let n: usize = value.extract().map_err(|_| {
+                    raise(Kind::Argument, format!("max_lookahead: expected a count of 0 or more, got {value}"))
+                })?;
+                o.max_lookahead = trash_panda::rules::asked_max_depth(n);
+            }
             other => {
                 return Err(raise(Kind::Argument, format!(
                     "unknown plan option {other:?}: expected resident_blocks, max_vram, min_free_ram, \
-                     headroom_vram, activation_vram, compute_dtype, storage_dtype, lookahead or \
-                     pinned_buffers"
+                     headroom_vram, activation_vram, compute_dtype, storage_dtype, lookahead, \
+                     pinned_buffers or max_lookahead"
                 )))
             }
         }

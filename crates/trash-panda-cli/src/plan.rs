@@ -78,6 +78,13 @@ impl PlanArgs {
             }
             _ => None,
         };
+        // TRASH_PANDA_MAX_LOOKAHEAD, as the library's plan() counts it (0: the look-ahead).
+        let max_lookahead = match trash_panda::settings::get("max_lookahead", None)? {
+            trash_panda::settings::Value::Count(n) => {
+                trash_panda::rules::asked_max_depth(n as usize)
+            }
+            _ => None,
+        };
         Ok(PlanOptions {
             resident_blocks: self.resident_blocks,
             max_vram: self.max_vram,
@@ -90,6 +97,7 @@ impl PlanArgs {
             storage_dtype: self.storage_dtype,
             lookahead,
             staging_buffers,
+            max_lookahead,
         })
     }
 

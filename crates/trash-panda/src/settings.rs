@@ -56,6 +56,13 @@ pub const SETTINGS: &[Setting] = &[
               (0: lookahead + 1)",
     },
     Setting {
+        name: "max_lookahead",
+        kind: Kind::Count,
+        default: "0",
+        doc: "the deepest the staging grows where the compute waits for blocks; the planner counts \
+              staging buffers for it (0: lookahead, a fixed depth)",
+    },
+    Setting {
         name: "workers",
         kind: Kind::Count,
         default: "2",

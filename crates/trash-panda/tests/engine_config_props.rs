@@ -138,6 +138,7 @@ proptest! {
         tiers in proptest::collection::vec(0u8..3, 5),
         lookahead in 0usize..=4,
         pinned in prop_oneof![Just(None), (1usize..=5).prop_map(Some)],
+        max_look in prop_oneof![Just(None), (1usize..=6).prop_map(Some)],
         storage in prop_oneof![Just(None), Just(Some(DType::BF16)), Just(Some(DType::F8E4M3))],
         compute in prop_oneof![Just(DType::BF16), Just(DType::F32)],
         gpu in any::<bool>(),
@@ -158,6 +159,7 @@ proptest! {
             storage_dtype: storage,
             lookahead,
             staging_buffers: pinned,
+            max_lookahead: max_look,
             ..PlanOptions::default()
         };
         let figures = Figures::injected(1 << 40, gpu.then_some(1 << 40));
@@ -212,11 +214,22 @@ proptest! {
         prop_assert_eq!(buffers.len(), budgets.staging_buffers);
         prop_assert!(buffers.iter().all(|b| b.1 as u64 == budgets.staging_buffer_bytes));
         prop_assert_eq!(engine.staging_bytes() as u64, budgets.host_staging);
-        // TRASH_PANDA_PINNED_BUFFERS when given, else one per block staged ahead plus the one that runs.
-        let want = pinned.unwrap_or(lookahead + 1);
+        // TRASH_PANDA_PINNED_BUFFERS when given, else one per block staged ahead at the deepest
+        // the staging may grow (TRASH_PANDA_MAX_LOOKAHEAD, never below the look-ahead) plus the
+        // one that runs.
+        let deepest = max_look.map_or(lookahead, |m| m.max(lookahead));
+        let want = pinned.unwrap_or(deepest + 1);
         prop_assert_eq!(buffers.len(), want);
         prop_assert_eq!(budgets.device_slots, if gpu { want } else { 0 });
         prop_assert_eq!(budgets.device_slot_bytes, budgets.device_slots as u64 * budgets.staging_buffer_bytes);
+        // The engine grows its depth only within those buffers (one runs, the rest stage ahead),
+        // never below the look-ahead, and not at all without a maximum.
+        let cap = engine.max_depth();
+        prop_assert!(cap <= deepest && cap >= lookahead);
+        prop_assert!(cap <= (want - 1).max(lookahead));
+        if max_look.is_none() {
+            prop_assert_eq!(cap, lookahead);
+        }
         // Each block is really staged within its buffer (a device slot copies these bytes).
         engine.load_ram_tier().unwrap();
         for b in 0..n {

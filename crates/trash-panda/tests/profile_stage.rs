@@ -7,8 +7,8 @@ mod common;
 use common::profile_stage::{empty, names, stage};
 use serde_json::Value;
 use trash_panda::profile::{
-    BlockRun, CopyRun, DeviceCopy, DriveRate, EngineSummary, LargeTensor, LoadSummary, LoaderRun,
-    LogLine, MemoryPoint, Profile, ProfileError, RamRead, Tier, TierLoad,
+    BlockRun, CopyRun, DepthChange, DepthPass, DeviceCopy, DriveRate, EngineSummary, LargeTensor,
+    LoadSummary, LoaderRun, LogLine, MemoryPoint, Profile, ProfileError, RamRead, Tier, TierLoad,
 };
 
 fn full_stage() -> Profile {
@@ -49,6 +49,7 @@ fn full_stage() -> Profile {
         ram_cold_blocks: 3,
         ram_cold_seconds: 4.0,
         workers: 2,
+        depth: Vec::new(),
     })
     .unwrap();
     let tensor = |name: &str, bytes| LargeTensor {
@@ -140,6 +141,59 @@ memory while releasing:
     assert_eq!(full_stage().report(), expected);
     // Same events, same text.
     assert_eq!(full_stage().report(), full_stage().report());
+}
+
+#[test]
+fn the_report_says_which_depth_each_pass_ran_at_and_why() {
+    let mut p = stage();
+    let change = |block: &str, from, to, waited_seconds, calm_passes| DepthChange {
+        block: block.to_owned(),
+        from,
+        to,
+        waited_seconds,
+        calm_passes,
+    };
+    p.set_engine(EngineSummary {
+        depth: vec![
+            DepthPass {
+                pass: 0,
+                min: 2,
+                max: 2,
+                changes: vec![change("blocks.7", 2, 3, 0.3, 0)],
+            },
+            DepthPass {
+                pass: 1,
+                min: 2,
+                max: 3,
+                changes: vec![],
+            },
+            DepthPass {
+                pass: 2,
+                min: 2,
+                max: 3,
+                changes: vec![change("blocks.7", 3, 2, 0.0, 2)],
+            },
+        ],
+        ..EngineSummary::default()
+    })
+    .unwrap();
+    let report = p.report();
+    let lines: Vec<&str> = report
+        .lines()
+        .filter(|l| l.starts_with("staging depth"))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "staging depth, engine pass 1: 2 blocks ahead; grew to 3 before blocks.7 after a 0.30 s wait",
+            "staging depth, engine pass 2: 2..3 blocks ahead",
+            "staging depth, engine pass 3: 2..3 blocks ahead; shrank to 2 before blocks.7: no waits for 2 passes",
+        ]
+    );
+    // At a fixed depth the engine records no passes, and the report says nothing new.
+    let mut fixed = stage();
+    fixed.set_engine(EngineSummary::default()).unwrap();
+    assert!(!fixed.report().contains("staging depth"));
 }
 
 #[test]

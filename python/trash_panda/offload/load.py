@@ -162,6 +162,7 @@ def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
     options: dict[str, Any] = {
         "lookahead": None if plan.resolved else setting("lookahead"),
         "pinned_buffers": None if plan.resolved else setting("pinned_buffers"),
+        "max_lookahead": None if plan.resolved else setting("max_lookahead"),
     }
     if compute_dtype is not None:
         options["compute_dtype"] = dtype_name(compute_dtype)

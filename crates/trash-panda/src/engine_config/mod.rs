@@ -43,6 +43,9 @@ pub struct EngineConfig {
     pub compute_dtype: DType,
     pub storage_dtype: Option<DType>,
     pub lookahead: usize,
+    /// The deepest the staging grows where the compute waits for blocks; the plan counted the
+    /// staging buffers for it (see [`crate::rules::max_depth`]).
+    pub max_lookahead: usize,
     /// Offset alignment of staged tensors and of tensors in the expansion buffer.
     pub align: usize,
     #[serde(flatten)]
@@ -70,6 +73,7 @@ impl EngineConfig {
             compute_dtype: plan.compute_dtype(),
             storage_dtype: options.storage_dtype,
             lookahead: options.lookahead,
+            max_lookahead: options.max_depth(),
             align: tensor_align(budgets.gpu),
             held: budgets.held(),
             disk_mode,
@@ -95,6 +99,7 @@ impl EngineConfig {
         EngineOptions {
             storage: self.storage_dtype,
             lookahead: self.lookahead,
+            max_lookahead: Some(self.max_lookahead),
             workers: self.workers,
             disk_mode: self.disk_mode,
             ram_source: self.ram_source,

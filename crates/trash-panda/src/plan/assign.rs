@@ -81,7 +81,7 @@ pub fn plan(
     let held = |k: usize| {
         let expansion = resident_expansion[k].max(streamed_expansion[k]);
         Held::new(streamed_staging[k], expansion, options.buffers(), gpu)
-            .with_mapped_window(streamed_mapped[k], options.lookahead)
+            .with_mapped_window(streamed_mapped[k], options.max_depth())
     };
     // What the runtime holds shrinks as more blocks become resident, so the fit is not
     // monotonic in k: check every k and keep the largest that fits.

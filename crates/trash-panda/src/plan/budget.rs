@@ -312,5 +312,5 @@ pub(crate) fn held_for_blocks(blocks: &[BlockPlan], options: &PlanOptions, gpu: 
         .max()
         .unwrap_or(0);
     Held::new(largest, expansion, options.buffers(), gpu)
-        .with_mapped_window(mapped, options.lookahead)
+        .with_mapped_window(mapped, options.max_depth())
 }

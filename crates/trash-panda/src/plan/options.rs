@@ -65,9 +65,14 @@ pub struct PlanOptions {
     pub storage_dtype: Option<DType>,
     /// Streamed blocks staged ahead of the one that runs.
     pub lookahead: usize,
-    /// Host staging buffers (pinned on CUDA) when a block streams; `None`: `lookahead + 1`
-    /// (`TRASH_PANDA_PINNED_BUFFERS`). Never fewer than one.
+    /// Host staging buffers (pinned on CUDA) when a block streams; `None`: one more than the
+    /// maximum depth (`TRASH_PANDA_PINNED_BUFFERS`). Never fewer than one.
     pub staging_buffers: Option<usize>,
+    /// The deepest the staging may grow where the compute waits for blocks
+    /// (`TRASH_PANDA_MAX_LOOKAHEAD`); `None`: the look-ahead, a fixed depth. Written only when
+    /// set, so plans without it read as they always did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_lookahead: Option<usize>,
 }
 
 impl PlanOptions {
@@ -80,9 +85,14 @@ impl PlanOptions {
     }
 
     /// The staging buffers a plan with a streamed block counts: the figure asked for, else one
-    /// per block staged ahead plus the one that runs; at least one.
+    /// per block staged ahead at the maximum depth plus the one that runs; at least one.
     pub fn buffers(&self) -> usize {
-        rules::staging_buffers(self.staging_buffers, self.lookahead)
+        rules::staging_buffers(self.staging_buffers, self.max_depth())
+    }
+
+    /// The deepest the staging may grow ([`rules::max_depth`]).
+    pub fn max_depth(&self) -> usize {
+        rules::max_depth(self.lookahead, self.max_lookahead)
     }
 }
 
@@ -98,6 +108,7 @@ impl Default for PlanOptions {
             storage_dtype: None,
             lookahead: Self::DEFAULT_LOOKAHEAD,
             staging_buffers: None,
+            max_lookahead: None,
         }
     }
 }

@@ -85,12 +85,18 @@ impl fmt::Display for Plan {
         };
         writeln!(
             f,
-            "{} plan: {} blocks, device {device}, compute {}, storage {storage}, lookahead {}",
+            "{} plan: {} blocks, device {device}, compute {}, storage {storage}, lookahead {}{}",
             if self.manual { "manual" } else { "automatic" },
             self.blocks.len(),
             o.compute_dtype
                 .map_or_else(|| "inferred".to_owned(), |d| d.to_string()),
-            o.lookahead
+            o.lookahead,
+            // Said only when it differs, so a plan without growth reads as it always did.
+            if o.max_depth() > o.lookahead {
+                format!(" (grows to {} where the compute waits)", o.max_depth())
+            } else {
+                String::new()
+            }
         )?;
         let mut rows = vec![(
             "tier".to_string(),

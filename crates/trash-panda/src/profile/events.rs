@@ -109,7 +109,7 @@ pub struct LoaderRun {
 
 /// The prefetch engine's counters over the profiled stage. Its own struct, filled by the caller
 /// from the engine's stats, so the profile does not follow every change of the engine.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct EngineSummary {
     pub buffer_waits: u64,
     pub buffer_wait_seconds: f64,
@@ -128,6 +128,54 @@ pub struct EngineSummary {
     /// Workers reading at once (the cold rate's wall-clock estimate divides by them).
     #[serde(default)]
     pub workers: u64,
+    /// The staging depth of each pass, where it may grow (`TRASH_PANDA_MAX_LOOKAHEAD` above the
+    /// look-ahead); empty at a fixed depth.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depth: Vec<DepthPass>,
+}
+
+/// The staging depth one pass ran at (blocks staged ahead of the one that runs), as the engine
+/// counts passes: a pass starts where a block comes no later in the run order than the one
+/// before it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct DepthPass {
+    /// 0-based; the report prints it 1-based.
+    pub pass: usize,
+    /// The least and the most blocks staged ahead over the pass's blocks.
+    pub min: usize,
+    pub max: usize,
+    /// Why the depth before a block changed during the pass.
+    pub changes: Vec<DepthChange>,
+}
+
+/// The depth before one block changed: it grew because the block's acquire waited for its
+/// staging (`waited_seconds`), or shrank after `calm_passes` passes without such a wait.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct DepthChange {
+    pub block: String,
+    pub from: usize,
+    pub to: usize,
+    #[serde(default)]
+    pub waited_seconds: f64,
+    #[serde(default)]
+    pub calm_passes: u32,
+}
+
+impl DepthChange {
+    /// The change in words, for the profile report.
+    pub fn reason(&self) -> String {
+        if self.to > self.from {
+            format!(
+                "grew to {} before {} after a {:.2} s wait",
+                self.to, self.block, self.waited_seconds
+            )
+        } else {
+            format!(
+                "shrank to {} before {}: no waits for {} passes",
+                self.to, self.block, self.calm_passes
+            )
+        }
+    }
 }
 
 /// A CPU tensor still alive at a memory point.

@@ -54,7 +54,7 @@ impl Profile {
                 .collect(),
             passes: self.passes(),
             load: self.load,
-            engine: self.engine,
+            engine: self.engine.clone(),
             memory: self.memory.clone(),
             drive: self.drive().copied(),
         }

@@ -18,8 +18,8 @@ pub use crate::io::DriveRate;
 pub use clock::clock_seconds;
 pub use error::ProfileError;
 pub use events::{
-    BlockRun, CopyRun, DeviceCopy, EngineSummary, LargeTensor, LoadSummary, LoaderRun, MemoryPoint,
-    RamRead, Tier, TierLoad,
+    BlockRun, CopyRun, DepthChange, DepthPass, DeviceCopy, EngineSummary, LargeTensor, LoadSummary,
+    LoaderRun, MemoryPoint, RamRead, Tier, TierLoad,
 };
 pub use load::{LoadReport, LoadedTier};
 pub use log::{BlockInfo, LogLine, LOG_FORMAT, LOG_VERSION};

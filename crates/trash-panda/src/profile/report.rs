@@ -213,6 +213,24 @@ fn engine_lines(out: &mut String, e: &EngineSummary, drive: Option<f64>) {
         "blocks acquired: {} ready, {} waited for; {} staged and never used, {} out of order",
         e.hits, e.misses, e.reclaimed_unused, e.out_of_order
     );
+    for p in &e.depth {
+        let depth = if p.min == p.max {
+            p.min.to_string()
+        } else {
+            format!("{}..{}", p.min, p.max)
+        };
+        let why: Vec<String> = p.changes.iter().map(|c| c.reason()).collect();
+        let why = if why.is_empty() {
+            String::new()
+        } else {
+            format!("; {}", why.join("; "))
+        };
+        let _ = writeln!(
+            out,
+            "staging depth, engine pass {}: {depth} blocks ahead{why}",
+            p.pass + 1
+        );
+    }
 }
 
 fn memory_lines(out: &mut String, point: &MemoryPoint) {

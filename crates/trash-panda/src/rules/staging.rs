@@ -66,10 +66,32 @@ pub fn buffer_len(len: usize) -> usize {
 }
 
 /// The staging buffers a plan with a streamed block counts: the figure asked for
-/// (`TRASH_PANDA_PINNED_BUFFERS`), else one per block staged ahead plus the one that runs; at
-/// least one.
-pub fn staging_buffers(asked: Option<usize>, lookahead: usize) -> usize {
-    asked.unwrap_or(lookahead + 1).max(1)
+/// (`TRASH_PANDA_PINNED_BUFFERS`), else one per block staged ahead at the deepest the staging
+/// may grow to ([`max_depth`]: the look-ahead unless `TRASH_PANDA_MAX_LOOKAHEAD` allows more)
+/// plus the one that runs; at least one.
+pub fn staging_buffers(asked: Option<usize>, depth: usize) -> usize {
+    asked.unwrap_or(depth + 1).max(1)
+}
+
+/// The deepest the staging may grow where the compute waits for blocks: the figure asked for
+/// (`TRASH_PANDA_MAX_LOOKAHEAD`), never below the plan's look-ahead; without one, the look-ahead
+/// itself (a fixed depth, as before the depth followed the profile).
+pub fn max_depth(lookahead: usize, asked: Option<usize>) -> usize {
+    asked.map_or(lookahead, |m| m.max(lookahead))
+}
+
+/// The depth a `max_lookahead` setting asks for: 0 asks for none (the look-ahead stays fixed);
+/// the one place where that reading of 0 is made.
+pub fn asked_max_depth(setting: usize) -> Option<usize> {
+    (setting > 0).then_some(setting)
+}
+
+/// The deepest the engine stages with `buffers` staging buffers: the plan's maximum, but never
+/// more blocks ahead than the buffers hold beside the one that runs (a `pinned_buffers` figure
+/// below the maximum caps the growth, so no byte the plan did not count is taken), and never less
+/// than the look-ahead (a smaller pool with a deeper look-ahead stages as it always did).
+pub fn depth_cap(lookahead: usize, max: usize, buffers: usize) -> usize {
+    max.min(buffers.saturating_sub(1)).max(lookahead)
 }
 
 /// The staging buffers a `pinned_buffers` setting or argument asks for
@@ -168,6 +190,24 @@ mod tests {
             DEFAULT_LOOKAHEAD + 1
         );
         assert_eq!(asked_staging_buffers(4), Some(4));
+    }
+
+    #[test]
+    fn the_maximum_depth_is_counted_and_capped_by_the_buffers() {
+        let default = |name: &str| SETTINGS.iter().find(|s| s.name == name).unwrap().default;
+        // `max_lookahead = 0` leaves the depth fixed at the look-ahead: today's count.
+        assert_eq!(default("max_lookahead"), "0");
+        assert_eq!(max_depth(2, asked_max_depth(0)), 2);
+        assert_eq!(staging_buffers(None, max_depth(2, None)), 3);
+        // A maximum above the look-ahead is counted as buffers; one below it changes nothing.
+        assert_eq!(max_depth(2, asked_max_depth(5)), 5);
+        assert_eq!(staging_buffers(None, max_depth(2, Some(5))), 6);
+        assert_eq!(max_depth(3, Some(1)), 3);
+        // The engine never stages deeper than its buffers hold, nor shallower than asked.
+        assert_eq!(depth_cap(2, 5, 6), 5);
+        assert_eq!(depth_cap(2, 5, 4), 3);
+        assert_eq!(depth_cap(2, 2, 3), 2);
+        assert_eq!(depth_cap(2, 5, 1), 2);
     }
 
     #[test]

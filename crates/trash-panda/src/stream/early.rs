@@ -68,8 +68,9 @@ impl Engine {
         self.reads.advance(block);
         let mut st = self.shared.lock();
         st.note_acquire(block);
-        st.plan(block, false, self.options.lookahead);
+        let depth = st.plan_deep(block, false, self.options.lookahead);
         st.stats.acquired(block, true, false, 0.0);
+        st.note_depth(block, depth, None, &self.shared.names[block]);
         drop(st);
         self.shared.cv.notify_all();
         Ok(())

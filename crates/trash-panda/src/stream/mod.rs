@@ -21,6 +21,9 @@
 mod cold_tests;
 mod convert;
 mod copy;
+mod depth;
+#[cfg(test)]
+mod depth_tests;
 mod early;
 mod error;
 mod lease;
@@ -122,8 +125,12 @@ pub struct EngineOptions {
     /// [`crate::engine_config::EngineConfig`]); every block must fit. `None`: the largest
     /// block's, page-rounded.
     pub buffer_len: Option<usize>,
-    /// Staging buffers, as the plan counted them; `None`: `lookahead + 1`. At least one.
+    /// Staging buffers, as the plan counted them; `None`: one more than the maximum depth. At
+    /// least one.
     pub buffers: Option<usize>,
+    /// The deepest the staging grows where the compute waits for blocks (see [`depth`]), within
+    /// the buffers; `None`: `lookahead`, a fixed depth.
+    pub max_lookahead: Option<usize>,
     /// Disk-tier blocks that [`in_place_eligible`] allows are used in place from private maps of
     /// their files (the CPU computes from the page cache's pages) instead of being copied into a
     /// staging buffer. After a block runs its pages are unmapped, and with `disk_mode: Direct`
@@ -146,6 +153,7 @@ impl Default for EngineOptions {
             copy_threads: 0,
             buffer_len: None,
             buffers: None,
+            max_lookahead: None,
             in_place: false,
         }
     }
@@ -255,7 +263,8 @@ impl Engine {
                 size
             }
         };
-        let count = crate::rules::staging_buffers(options.buffers, options.lookahead);
+        let max = crate::rules::max_depth(options.lookahead, options.max_lookahead);
+        let count = crate::rules::staging_buffers(options.buffers, max);
         let mut bufs = Vec::with_capacity(count);
         for i in 0..count {
             let mut b = AlignedBuf::new(size).map_err(|source| StreamError::Alloc {
@@ -277,6 +286,8 @@ impl Engine {
                 .collect(),
         );
         let mut state = State::new(bufs, blocks.len(), stats);
+        let cap = crate::rules::depth_cap(options.lookahead, max, count);
+        state.depth = depth::Depth::new(blocks.len(), options.lookahead, cap);
         let in_memory =
             matches!(options.ram_source, RamSource::InMemory { .. }) || options.storage.is_some();
         if options.direct_ram && in_memory {
@@ -399,7 +410,7 @@ impl Engine {
             });
         }
         st.demanded.push(block);
-        st.plan(block, true, self.options.lookahead);
+        let depth = st.plan_deep(block, true, self.options.lookahead);
         self.shared.cv.notify_all();
         let outcome = loop {
             if let Some(slot) = st.find(block) {
@@ -462,6 +473,10 @@ impl Engine {
         let waited = started.elapsed();
         st.stats
             .acquired(block, hit, in_flight, waited.as_secs_f64());
+        if outcome.is_ok() {
+            let wait = (!hit).then_some(waited.as_secs_f64());
+            st.note_depth(block, depth, wait, &self.shared.names[block]);
+        }
         drop(st);
         // A buffer taken or a queue change may let a worker go on.
         self.shared.cv.notify_all();
@@ -501,7 +516,10 @@ impl Engine {
 
     /// Statistics since the last [`reset_stats`](Self::reset_stats).
     pub fn stats(&self) -> EngineStats {
-        let mut stats = self.shared.lock().stats.clone();
+        let st = self.shared.lock();
+        let mut stats = st.stats.clone();
+        stats.depth = st.depth.passes().to_vec();
+        drop(st);
         stats.ram_load = self.source.loaded();
         stats.workers = self.options.workers.max(1) as u64;
         if let Some(c) = self.source.converted() {
@@ -514,7 +532,9 @@ impl Engine {
 
     /// Starts a new pass's statistics (the RAM tier's load figure is kept).
     pub fn reset_stats(&self) {
-        self.shared.lock().stats.reset();
+        let mut st = self.shared.lock();
+        st.stats.reset();
+        st.depth.reset();
     }
 
     /// Waits until the workers have nothing queued or in hand (for measurements and tests), or

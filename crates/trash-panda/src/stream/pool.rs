@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use super::depth::Depth;
 use super::stagings::Stagings;
 use super::stats::EngineStats;
 use super::StreamError;
@@ -70,6 +71,8 @@ pub(crate) struct State {
     seen: Vec<bool>,
     pub stats: EngineStats,
     pub stagings: Stagings,
+    /// How deep the window is planned after each block (see [`super::depth`]).
+    pub depth: Depth,
     /// The pass under way is the last: nothing past the end of the order is staged (see
     /// [`Engine::set_last_pass`](super::Engine::set_last_pass)).
     pub last_pass: bool,
@@ -104,6 +107,7 @@ impl State {
             seen: vec![false; blocks],
             stats,
             stagings: Stagings::default(),
+            depth: Depth::new(blocks, 0, 0),
             last_pass: false,
             stop: false,
             workers_alive: 0,
@@ -197,7 +201,7 @@ impl State {
             return;
         }
         let last_pass = std::mem::replace(&mut self.last_pass, false);
-        self.plan(last, first == last, lookahead);
+        self.plan_deep(last, first == last, lookahead);
         self.last_pass = last_pass;
     }
 

@@ -2,6 +2,7 @@
 
 use super::SourceTier;
 use crate::io::ReadStats;
+use crate::profile::DepthPass;
 
 /// What the engine did for one block since the last reset.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -88,6 +89,9 @@ pub struct EngineStats {
     pub converted_bytes_saved: u64,
     /// Seconds of the load spent in the conversion kernels.
     pub convert_seconds: f64,
+    /// The staging depth of each pass since the reset, where it may grow (see
+    /// [`super::EngineOptions::max_lookahead`]); empty at a fixed depth.
+    pub depth: Vec<DepthPass>,
 }
 
 impl EngineStats {
@@ -114,6 +118,7 @@ impl EngineStats {
             converted_tensors: 0,
             converted_bytes_saved: 0,
             convert_seconds: 0.0,
+            depth: Vec::new(),
         }
     }
 

@@ -23,14 +23,22 @@ impl Engine {
         if last && mid_pass {
             // The window was planned wrapping; plan it again as the last pass has it.
             let include_first = st.window.first() == Some(&at);
-            st.plan(at, include_first, self.options.lookahead);
+            st.plan_deep(at, include_first, self.options.lookahead);
             drop(st);
             self.shared.cv.notify_all();
         }
     }
 
+    /// The deepest the staging may grow here: the plan's maximum within the buffers
+    /// ([`crate::rules::depth_cap`]); the look-ahead when the depth is fixed.
+    pub fn max_depth(&self) -> usize {
+        self.shared.lock().depth.cap()
+    }
+
     /// The blocks staged ahead once `block` runs, nearest first: the `lookahead` after it in the
-    /// run order, wrapping into the next pass unless this pass is the last. Blocks the caller
+    /// run order, wrapping into the next pass unless this pass is the last. The plan's
+    /// look-ahead, not the depth the engine grew to: a device copying these ahead holds a staging
+    /// buffer for each copy in flight, and the pool counts those at the look-ahead. Blocks the caller
     /// copies from the in-memory RAM tier itself are listed too, though the engine does not
     /// stage them. A device that copies ahead follows this, so it stops where the engine does.
     pub fn next_blocks(&self, block: usize) -> Result<Vec<usize>, StreamError> {
@@ -50,7 +58,7 @@ impl Engine {
         }
         st.direct.fill(false);
         if let Some(at) = st.last {
-            st.plan(at, false, self.options.lookahead);
+            st.plan_deep(at, false, self.options.lookahead);
         } else {
             st.plan_start(self.options.lookahead);
         }
