@@ -3,6 +3,7 @@ the file it writes is the one a real run writes, and the model is left as it was
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -104,6 +105,8 @@ def test_the_traced_order_is_the_real_runs_and_so_is_the_file(
     assert [m for m in messages if ORDER_WARNING in m]  # the real first run, without an order, warns
     written = path.parent / "model_order.json"  # written on release
     assert (traced_folder / "model_order.json").read_bytes() == written.read_bytes()
+    # The input layer before the first block, the output layer after the last (the sixth).
+    assert json.loads(written.read_text())["outside"] == {"img_in": 0, "final": 6}
 
 
 def test_the_traced_order_makes_the_first_run_prefetch_in_run_order(text_first: tuple[Path, nn.Module]) -> None:
@@ -221,6 +224,9 @@ def test_a_traced_order_equals_a_real_runs_for_library_models(which: str, tmp_pa
     ran, _, (got,) = real_run(build, path, **inputs)
     assert ran == traced
     assert (tmp_path / "model_order.json").read_bytes() == (folder / "model_order.json").read_bytes()
+    # Embeddings or input layers before the first block, a final norm or output layer after the last.
+    places = json.loads((folder / "model_order.json").read_text())["outside"]
+    assert min(places.values()) == 0 and max(places.values()) == len(traced)
     with torch.no_grad():
         assert torch.equal(got, _output(ref(**inputs)))  # the traced model computes as before
     if which == "unet":  # the mid block runs between the down and the up blocks it is defined after

@@ -114,8 +114,10 @@ def _stage(
     from .offload.load import load_deferred
     from .offload.meter import measured
     from .offload.order import choose_order
+    from .offload.outside import load_now, split_outside
     from .offload.overlap import start_loader
-    from .offload.state import get_state
+    from .offload.state import TensorSpec, get_state
+    from .settings import setting
 
     model = build_fn()
     if not isinstance(model, nn.Module):
@@ -133,17 +135,23 @@ def _stage(
     try:
         ckpt = Checkpoint(path)
         p = make_plan(model, ckpt, **options)
+        outside: list[TensorSpec] = []  # with overlap: the outside weights left unread
         if overlap:
-            _report, deferred = load_deferred(model, ckpt, p, **shared)
+            _report, deferred = load_deferred(model, ckpt, p, outside=outside, **shared)
         else:
             stream_load(model, ckpt, plan=p, **shared)
         state = get_state(model)
         assert state is not None
         blocks = [b.prefix for b in state.blocks]
-        choice = choose_order(path, blocks, order, destination)
+        choice = choose_order(path, blocks, order, destination, list(state.outside_modules))
+        # Outside weights the file does not place after the first block are needed at once.
+        now, later, waits = split_outside(outside, state.outside_modules, choice.outside)
+        if now:
+            load_now(now, state.device, max(1, int(setting("ram_threads"))))
         handle = install_offload(model, order=choice.first)
         if overlap:
-            start_loader(handle, state, deferred, choice.first)  # stopped when the hooks come off
+            # Stopped when the hooks come off.
+            start_loader(handle, state, deferred, choice.first, later, waits)
         # The block's own peak: other stages opened meanwhile (their loads and releases) are
         # not counted in it, nor pages of the checkpoint's map the CPU reads. With overlap the
         # loader's tensors arrive while it is open: each is subtracted from the readings after
@@ -172,7 +180,7 @@ def _end(
 
     steps = Cleanup()
     if failure is None and choice is not None and handle is not None:
-        steps.run(write_order, choice, handle.ran)
+        steps.run(write_order, choice, handle.ran, handle.outside_ran)
     steps.run(release, model, handle)
     if failure is None:
         steps.done()

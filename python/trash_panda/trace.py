@@ -89,24 +89,40 @@ def trace_order(
             f"found no blocks in {type(model).__name__}: no nn.ModuleList of two or more modules "
             "with weights; name them with blocks=[...]"
         )
-    ran = _trace(model, [(b.prefix, b.module) for b in found], args, kwargs)
+    from .offload.outside import outside_modules
+
+    prefixes = [b.prefix for b in found]
+    outside = outside_modules(model, prefixes, skip)
+    ran, outside_ran = _trace(model, [(b.prefix, b.module) for b in found], outside, args, kwargs)
     if write_to is not None:
         from .offload.order import write_traced_order
 
-        write_traced_order(write_to, [b.prefix for b in found], ran, order_file_destination)
+        write_traced_order(write_to, prefixes, ran, order_file_destination, outside_ran)
     return ran
 
 
 def _trace(
-    model: nn.Module, blocks: list[tuple[str, nn.Module]], args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> list[str]:
+    model: nn.Module,
+    blocks: list[tuple[str, nn.Module]],
+    outside: dict[str, nn.Module],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[list[str], dict[str, int]]:
     """Runs ``model(*args, **kwargs)`` on fake tensors; returns the blocks in the order of their
-    first pre-forward."""
+    first pre-forward, and for each ``outside`` module that ran how many blocks had started
+    before its first pre-forward (what a real run's order hook records)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     ran: list[str] = []
     seen: set[str] = set()
+    outside_ran: dict[str, int] = {}
+
+    def outside_recorder(name: str) -> Callable[[nn.Module, Any], None]:
+        def record(_module: nn.Module, _args: Any) -> None:
+            outside_ran.setdefault(name, len(ran))
+
+        return record
 
     def recorder(prefix: str) -> Callable[[nn.Module, Any], None]:
         def record(_module: nn.Module, _args: Any) -> None:
@@ -122,6 +138,8 @@ def _trace(
         try:
             for prefix, module in blocks:
                 handles.append(module.register_forward_pre_hook(recorder(prefix)))
+            for name, module in outside.items():
+                handles.append(module.register_forward_pre_hook(outside_recorder(name)))
             # Real tensors the forward meets outside its arguments and weights (an attribute)
             # are made fake on the way.
             with FakeTensorMode(allow_non_fake_inputs=True):
@@ -137,7 +155,7 @@ def _trace(
         finally:
             for h in handles:
                 h.remove()
-    return ran
+    return ran, outside_ran
 
 
 @contextmanager

@@ -155,7 +155,9 @@ impl ToPyErr for OrderError {
             | OrderError::UnknownBlock { .. }
             | OrderError::DuplicateBlock { .. }
             | OrderError::DuplicateModelBlock { .. }
-            | OrderError::EmptyName { .. } => Kind::Argument,
+            | OrderError::EmptyName { .. }
+            | OrderError::OutsidePosition { .. }
+            | OrderError::EmptyOutsideName => Kind::Argument,
         };
         raise(kind, self.to_string())
     }

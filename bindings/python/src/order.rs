@@ -1,6 +1,7 @@
 //! `trash_panda._core`'s order files: the core's `order` module for the Python layer, which only
 //! asks it (where the file is, what it holds, whether to write it, the full run order).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
@@ -38,6 +39,22 @@ impl PyOrderRead {
     #[getter]
     fn indices(&self) -> Option<Vec<usize>> {
         self.inner.order().map(|k| k.indices.clone())
+    }
+
+    /// The file's outside modules: name -> how many blocks of the run order start before its
+    /// first use (None if not usable; empty when the file has none, as older files).
+    #[getter]
+    fn outside(&self) -> Option<BTreeMap<String, usize>> {
+        self.inner.order().map(|k| k.outside.clone())
+    }
+
+    /// The file's outside positions when every name in them is one of `modules` (the model's
+    /// modules outside its blocks that hold weights), else empty: the core's rule.
+    fn outside_for(&self, modules: Vec<String>) -> BTreeMap<String, usize> {
+        self.inner
+            .order()
+            .map(|k| k.outside_for(&modules))
+            .unwrap_or_default()
     }
 
     /// Why the file was not used, as a tag: "absent", "torn", "not-json", "wrong-format",
@@ -91,15 +108,38 @@ fn read_order_file(py: Python<'_>, path: PathBuf, blocks: Vec<String>) -> PyResu
 }
 
 /// Writes `blocks`, in the order they ran, as the order file at `path` for `checkpoint`,
-/// atomically.
+/// atomically; `outside` (module name -> blocks started before its first use) goes with them.
 #[pyfunction]
+#[pyo3(signature = (path, checkpoint, blocks, outside=None))]
 fn write_order_file(
     py: Python<'_>,
     path: PathBuf,
     checkpoint: PathBuf,
     blocks: Vec<String>,
+    outside: Option<BTreeMap<String, usize>>,
 ) -> PyResult<()> {
-    without_gil(py, || order::write_order_file(&path, &checkpoint, &blocks)).map_err(ToPyErr::to_py)
+    let outside = outside.unwrap_or_default();
+    without_gil(py, || {
+        order::write_order_file_with_outside(&path, &checkpoint, &blocks, &outside)
+    })
+    .map_err(ToPyErr::to_py)
+}
+
+/// Outside module name -> blocks of the run order started before its first use.
+type Outside = BTreeMap<String, usize>;
+
+/// `order_to_write` with the outside modules the run recorded (name -> distinct blocks started
+/// before its first use): (blocks, outside) to write, or None to leave the file.
+#[pyfunction]
+fn file_to_write(
+    read: PyRef<'_, PyOrderRead>,
+    recorded: Vec<String>,
+    blocks: Vec<String>,
+    outside: Outside,
+) -> PyResult<Option<(Vec<String>, Outside)>> {
+    let write =
+        order::file_to_write(&read.inner, &recorded, &blocks, &outside).map_err(ToPyErr::to_py)?;
+    Ok(write.map(|w| (w.blocks, w.outside)))
 }
 
 /// The order to write to the file after a run (every block that ran, in the order of their
@@ -129,5 +169,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_order_file, m)?)?;
     m.add_function(wrap_pyfunction!(write_order_file, m)?)?;
     m.add_function(wrap_pyfunction!(order_to_write, m)?)?;
+    m.add_function(wrap_pyfunction!(file_to_write, m)?)?;
     m.add_function(wrap_pyfunction!(full_order, m)?)
 }

@@ -11,8 +11,9 @@ order (``pre_forward`` top to bottom, ``post_forward`` bottom to top):
 - ``timing``: each run's start, end and what staging waited for (``handle.runs``, the profile's);
 - ``staging``: the backend brings the block's weights and gives them back after the run, and
   blocks used in place from the checkpoint's map forget each module's weights once it ran;
-- ``order``: records each block's first run once it has its weights (``handle.ran``), and warns
-  once when the order given was not the one forward() runs.
+- ``order``: records each block's first run once it has its weights (``handle.ran``), and, by a
+  pre-hook on each module outside the blocks, how many blocks had started before its first call
+  (``handle.outside_ran``); warns once when the order given was not the one forward() runs.
 
 The gates are ``release_guard``, ``final_pass``, ``overlap_wait`` and ``staging``: a block whose
 gate raised did not start, and none of its post hooks run. The handle it returns removes them all
@@ -21,6 +22,7 @@ gate raised did not start, and none of its post hooks run. The handle it returns
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -145,16 +147,27 @@ class RunTiming(BlockHook):
 
 
 class RunOrder(BlockHook):
-    """Every block that ran, resident ones too, in the order of their first run (the order file
-    holds it); warns once when one is not the block the order given says comes next."""
+    """Every block that ran, resident ones too, in the order of their first run, and for each
+    module outside the blocks how many of them had started before its first call (the order
+    file holds both); warns once when a block is not the one the order given says comes next."""
 
     name = "order"
 
-    def __init__(self, expected: list[str]) -> None:
+    def __init__(self, expected: list[str], outside: dict[str, nn.Module] | None = None) -> None:
         self.expected = expected  # the first runs' order given (then the model's)
         self.ran: list[str] = []
+        self.outside_ran: dict[str, int] = {}  # outside module -> blocks started before its first call
+        self._outside = outside or {}
         self._seen: set[int] = set()
         self._warned = False
+
+    def attach(self, registry: HookRegistry) -> None:
+        for name, module in self._outside.items():
+            registry.on_module_start(self, module, functools.partial(self._outside_start, name))
+
+    def _outside_start(self, name: str) -> None:
+        if name not in self.outside_ran:
+            self.outside_ran[name] = len(self.ran)
 
     def pre_forward(self, block: BlockState) -> None:
         # After staging: a block is recorded only once it has its weights, as it then runs.
@@ -207,6 +220,12 @@ class OffloadHandle:
     def ran(self) -> list[str]:
         """Every block that ran, resident ones too, in the order of their first run."""
         return self._order.ran
+
+    @property
+    def outside_ran(self) -> dict[str, int]:
+        """Each module outside the blocks that ran: how many blocks had started before its
+        first call (0: before the first block)."""
+        return self._order.outside_ran
 
     @property
     def recorded_order(self) -> list[str]:
@@ -339,7 +358,7 @@ def _install(
     hooks = model_hooks(model)
     hooks.wrap(blocks)
     staging = Staging(backend, blocks, state.engine)
-    timing, run_order = RunTiming(staging), RunOrder(expected)
+    timing, run_order = RunTiming(staging), RunOrder(expected, state.outside_modules)
     handle = OffloadHandle(model, state, backend, hooks, installed, timing, run_order)
     try:
         for hook in (ReleaseGuard(handle), timing, staging, run_order):

@@ -22,7 +22,8 @@ from ..settings import setting
 from .matching import match
 from .materialize import guard_lookup_tables, load_buffers, map_lookup_tables, materialize_all, placeholder, unload
 from .meter import paused
-from .state import STATE_ATTR, BlockState, ModelState, clear_released, get_state, register_model
+from .outside import outside_modules
+from .state import STATE_ATTR, BlockState, ModelState, TensorSpec, clear_released, get_state, register_model
 
 if TYPE_CHECKING:
     import torch
@@ -111,9 +112,13 @@ def load_deferred(
     key_map: KeyMap = None,
     skip_prefixes: list[str] | None = None,
     device: str | torch.device | None = None,
+    outside: list[TensorSpec] | None = None,
 ) -> tuple[_core.LoadReport, list[BlockState]]:
     """stream_load() that leaves the resident blocks unread (on the meta device) and returns
-    them, for a loader that fills them while the model runs (``overlap=True``)."""
+    them, for a loader that fills them while the model runs (``overlap=True``). Given a list
+    as ``outside``, the weights outside the blocks that are read as they are (not lookup
+    tables left mapped) are left unread too and put in it, for the caller to read before the
+    first call or on the loader (offload/outside.py)."""
     from torch import nn
 
     if not isinstance(model, nn.Module):
@@ -127,7 +132,7 @@ def load_deferred(
     deferred: list[BlockState] = []
     try:
         with paused():
-            report = _stream_load(model, ckpt, request, deferred)
+            report = _stream_load(model, ckpt, request, deferred, outside)
     except BaseException:
         unload(model)
         raise
@@ -203,7 +208,11 @@ def _batches(blocks: list[BlockState]) -> list[list[BlockState]]:
 
 
 def _stream_load(
-    model: nn.Module, ckpt: Checkpoint, req: LoadRequest, deferred: list[BlockState] | None = None
+    model: nn.Module,
+    ckpt: Checkpoint,
+    req: LoadRequest,
+    deferred: list[BlockState] | None = None,
+    outside_later: list[TensorSpec] | None = None,
 ) -> _core.LoadReport:
     t_start = time.perf_counter()
     device = req.device
@@ -227,6 +236,9 @@ def _stream_load(
     # tables on the CPU: left in the checkpoint's map).
     t0 = time.perf_counter()
     outside_read, tables = map_lookup_tables(outside, ckpt, config, device, storage=None, expand=True)
+    if outside_later is not None:  # read by the caller (offload/outside.py)
+        outside_later.extend(outside_read)
+        outside_read = []
     materialize_all(outside_read, device, storage=None, threads=threads, expand=True)
     outside_bytes = sum(spec.info.nbytes for spec in outside)
     bar.advance(outside_bytes)
@@ -269,6 +281,7 @@ def _stream_load(
         blocks=blocks,
         engine=engine,
         report=report,
+        outside_modules=outside_modules(model, [b.prefix for b in blocks], skip),
     )
     guard_lookup_tables(model, tables, ckpt)
     setattr(model, STATE_ATTR, state)

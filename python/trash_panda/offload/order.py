@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import _core
 from ..errors import ReadError, StreamError
@@ -26,6 +26,9 @@ class OrderChoice:
     read: _core.OrderRead | None  # what reading it gave (None: not read)
     checkpoint: str
     blocks: list[str]  # the model's blocks in plan order
+    # The file's outside modules that fit the model: name -> blocks started before its first
+    # use (empty: every outside weight is needed before the first call).
+    outside: dict[str, int] = field(default_factory=dict)
 
 
 def choose_order(
@@ -33,9 +36,11 @@ def choose_order(
     blocks: list[str],
     order: list[str] | None,
     destination: str | os.PathLike[str] | None,
+    outside: list[str] | None = None,
 ) -> OrderChoice:
     """``order`` when given (the file is then left alone), else the order file's order when it
-    fits ``blocks`` (the model's blocks in plan order), else None (the model's own order)."""
+    fits ``blocks`` (the model's blocks in plan order), else None (the model's own order); with
+    the model's ``outside`` modules, the file's positions for them when the core says they fit."""
     where = os.fspath(checkpoint)
     if order is not None:
         _core.full_order(list(order), blocks)  # an unknown or repeated name is the caller's error
@@ -49,21 +54,24 @@ def choose_order(
     line = read.warning()
     if line is not None:
         warnings.warn(line, stacklevel=4)
-    return OrderChoice(read.blocks if read.usable else None, path, read, where, blocks)
+    placed = read.outside_for(list(outside or [])) if read.usable else {}
+    return OrderChoice(read.blocks if read.usable else None, path, read, where, blocks, placed)
 
 
-def write_order(choice: OrderChoice, ran: list[str]) -> bool:
-    """Writes the order the blocks ran in (merged into the known one when only some ran) when
-    the core says so: no usable file, or a wrong one. Call it only after a pass that ended
-    normally: a stopped one says nothing about the blocks it never reached. A folder that cannot
-    be written gives one warning. Returns whether it wrote."""
+def write_order(choice: OrderChoice, ran: list[str], outside: dict[str, int] | None = None) -> bool:
+    """Writes the order the blocks ran in (merged into the known one when only some ran), with
+    where the ``outside`` modules were first needed, when the core says so: no usable file, or
+    a wrong one. Call it only after a pass that ended normally: a stopped one says nothing about
+    the blocks it never reached. A folder that cannot be written gives one warning. Returns
+    whether it wrote."""
     if choice.path is None or choice.read is None:
         return False
-    blocks = _core.order_to_write(choice.read, ran, choice.blocks)
-    if blocks is None:
+    write = _core.file_to_write(choice.read, ran, choice.blocks, dict(outside or {}))
+    if write is None:
         return False
+    blocks, placed = write
     try:
-        _core.write_order_file(choice.path, choice.checkpoint, blocks)
+        _core.write_order_file(choice.path, choice.checkpoint, blocks, placed)
     except StreamError as e:
         warnings.warn(f"the order file was not written: {e}", stacklevel=4)
         return False
@@ -75,17 +83,20 @@ def write_traced_order(
     blocks: list[str],
     ran: list[str],
     destination: str | os.PathLike[str] | None,
+    outside: dict[str, int] | None = None,
 ) -> bool:
     """Writes the order file a stage of ``checkpoint`` would write on release after running
     ``ran`` (``blocks``: the model's blocks in plan order), by the same rules: a right file is
-    left as it is, and a pass that ran only some blocks is merged into the order the file knew.
-    Asked for by the caller, so a file that cannot be read or written raises. Returns whether it
-    wrote."""
+    left as it is, and a pass that ran only some blocks is merged into the order the file knew;
+    ``outside`` is where the modules outside the blocks were first needed, as a real run's
+    order hook records it. Asked for by the caller, so a file that cannot be read or written
+    raises. Returns whether it wrote."""
     where = os.fspath(checkpoint)
     path = _core.order_file_path(where, None if destination is None else os.fspath(destination))
     read = _core.read_order_file(path, blocks)
-    order = _core.order_to_write(read, ran, blocks)
-    if order is None:
+    write = _core.file_to_write(read, ran, blocks, dict(outside or {}))
+    if write is None:
         return False
-    _core.write_order_file(path, where, order)
+    order, placed = write
+    _core.write_order_file(path, where, order, placed)
     return True

@@ -4,7 +4,10 @@ order, while the model starts; a block that starts before its weights arrive wai
 Each block is read by large calls of the core (``_core.read_block``: the block's tensors and
 scales, grouped by file, without the GIL), then kept as stream_load's ``materialize`` keeps it.
 The reads wait in one read queue with the engine's (``_core.ReadQueue``), ranked by when their
-block runs: a block the model needs now is never read behind one it needs later.
+block runs: a block the model needs now is never read behind one it needs later. With an order
+file that places the weights outside the blocks (:mod:`.outside`), those needed after the first
+block are read here too, before the block at their place, and the module that needs them waits
+for them as a block does.
 
 What is read is put on the device through the device's meter (:meth:`.meter.Meter.moved_in`):
 a stage's measured peak is its activations without the weights read meanwhile, and the next plan
@@ -27,9 +30,11 @@ from .registry import BlockHook
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from .. import _core
     from .hooks import OffloadHandle
+    from .registry import HookRegistry
     from .state import BlockState, ModelState, TensorSpec
 
 __all__ = ["OverlapWait", "ResidentLoader", "held_bytes", "load_block", "start_loader"]
@@ -134,7 +139,8 @@ def held_bytes(spec: TensorSpec, device: torch.device) -> int:
 
 
 class ResidentLoader:
-    """The worker thread and one ready mark per block it loads."""
+    """The worker thread and one ready mark per block it loads (and per position of the run
+    order where outside weights are loaded: ``outside``, see :mod:`.outside`)."""
 
     def __init__(
         self,
@@ -143,6 +149,7 @@ class ResidentLoader:
         storage: str | None,
         queue: _core.ReadQueue | None = None,
         positions: dict[int, int] | None = None,
+        outside: dict[int, list[TensorSpec]] | None = None,
     ) -> None:
         self.blocks = blocks
         self.queue = queue  # shared with the engine: one order for the drive
@@ -152,6 +159,10 @@ class ResidentLoader:
         self.threads = max(1, int(setting("ram_threads")))
         self.ready = {b.index: threading.Event() for b in blocks}
         self.errors: dict[int, BaseException] = {}
+        # Outside weights by the position of the run order before which they are needed.
+        self.outside = dict(sorted((outside or {}).items()))
+        self.outside_ready = {at: threading.Event() for at in self.outside}
+        self.outside_errors: dict[int, BaseException] = {}
         self.stopping = threading.Event()
         self.load_seconds = 0.0  # the loader's time, first block to last
         self.waited_seconds = 0.0  # the main thread's waits for blocks not yet loaded
@@ -163,11 +174,15 @@ class ResidentLoader:
 
     def _run(self) -> None:
         start = time.perf_counter()
+        pending = list(self.outside)  # positions, in run order
         for block in self.blocks:
+            position = self.positions.get(block.index)
+            # Outside weights needed before this block (or one before it) are read first.
+            while pending and position is not None and pending[0] <= position:
+                self._load_outside(pending.pop(0))
             try:
                 if self.stopping.is_set():
                     raise StreamError("the stage ended before it was loaded")
-                position = self.positions.get(block.index)
                 load_block(block, self.device, self.storage, self.threads, self.queue, position)
                 # `work` is fixed by the load (resident weights to expand each run, or none).
                 block.mark_loaded()
@@ -176,7 +191,39 @@ class ResidentLoader:
                 self.errors[block.index] = e
             finally:
                 self.ready[block.index].set()
+        for at in pending:
+            self._load_outside(at)
         self.load_seconds = time.perf_counter() - start
+
+    def _load_outside(self, at: int) -> None:
+        from . import outside
+
+        specs = self.outside[at]
+        try:
+            if self.stopping.is_set():
+                raise StreamError("the stage ended before they were loaded")
+            outside.load_outside(specs, self.device, self.threads, self.queue, at)
+            self.loaded_bytes += sum(s.info.nbytes for s in specs)
+        except BaseException as e:  # reported in the call that needs them
+            self.outside_errors[at] = e
+        finally:
+            self.outside_ready[at].set()
+
+    def wait_outside(self, name: str, at: int) -> None:
+        """Blocks the caller until the outside weights needed at position ``at`` (and so every
+        one before) are loaded, for module ``name``; raises if their load failed."""
+        ready = self.outside_ready.get(at)
+        if ready is None:
+            return
+        if not ready.is_set():
+            start = time.perf_counter()
+            ready.wait()
+            self.waited_seconds += time.perf_counter() - start
+        error = next((e for p, e in self.outside_errors.items() if p <= at), None)
+        if error is not None:
+            raise StreamError(
+                f"module {name} could not be loaded by stage(overlap=True)'s loader thread: {error}"
+            ) from error
 
     def advance(self, block: BlockState) -> None:
         """``block`` runs now: the reads waiting in the queue rank from it."""
@@ -214,8 +261,15 @@ class OverlapWait(BlockHook):
     name = "overlap_wait"
     gate = True
 
-    def __init__(self, loader: ResidentLoader) -> None:
+    def __init__(self, loader: ResidentLoader, modules: dict[str, tuple[nn.Module, int]] | None = None) -> None:
         self.loader = loader  # public: the profile's loader-thread line reads it
+        self.modules = modules or {}  # outside modules loaded later: name -> (module, position)
+
+    def attach(self, registry: HookRegistry) -> None:
+        # An outside module loaded later waits for its weights as a block does; first among
+        # its pre-hooks, so nothing sees it before they are in.
+        for name, (module, at) in self.modules.items():
+            registry.on_module_start(self, module, functools.partial(self.loader.wait_outside, name, at), prepend=True)
 
     def pre_forward(self, block: BlockState) -> None:
         self.loader.advance(block)
@@ -225,10 +279,19 @@ class OverlapWait(BlockHook):
         self.loader.close()
 
 
-def start_loader(handle: OffloadHandle, state: ModelState, deferred: list[BlockState], first: list[str] | None) -> None:
+def start_loader(
+    handle: OffloadHandle,
+    state: ModelState,
+    deferred: list[BlockState],
+    first: list[str] | None,
+    outside: dict[int, list[TensorSpec]] | None = None,
+    waits: dict[str, int] | None = None,
+) -> None:
     """Starts reading the ``deferred`` resident blocks in run order (``first``, the order given
-    to install_offload, then model order); the hooks wait for a block not read yet, and taking
-    them off stops the thread."""
+    to install_offload, then model order), and the ``outside`` weights each before the block
+    at its position (after the last: at the end); the hooks wait for a block not read yet, the
+    outside modules of ``waits`` (name -> position) for theirs, and taking them off stops the
+    thread."""
     from .. import _core
 
     run_order = _core.full_order(first or [], [b.prefix for b in state.blocks])
@@ -241,11 +304,18 @@ def start_loader(handle: OffloadHandle, state: ModelState, deferred: list[BlockS
         engine.share_reads(queue, [at for _, at in streamed])
     by_index = {b.index: b for b in deferred}
     loader = ResidentLoader(
-        [by_index[i] for i in run_order if i in by_index], state.device, state.config.storage_dtype, queue, positions
+        [by_index[i] for i in run_order if i in by_index],
+        state.device,
+        state.config.storage_dtype,
+        queue,
+        positions,
+        outside,
     )
     from .hooks import TIMING
 
+    modules = state.outside_modules
+    gates = {name: (modules[name], at) for name, at in (waits or {}).items()}
     # It decides whether a block can run, so it comes before the run is timed; the handle's
     # removal closes it (the thread stops before the hooks go).
-    handle.hooks.add(OverlapWait(loader), before=TIMING)
+    handle.hooks.add(OverlapWait(loader, gates), before=TIMING)
     loader.start()

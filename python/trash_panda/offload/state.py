@@ -134,6 +134,9 @@ class ModelState:
     engine: _core.Engine | None
     report: Any = None
     handle: Any = None  # the OffloadHandle while hooks are installed
+    # The modules outside the blocks that hold weights, by name (offload/outside.py): the order
+    # hook records where each is first needed.
+    outside_modules: dict[str, nn.Module] = field(default_factory=dict)
 
     def installed(self, handle: Any) -> None:
         """The offload hooks are installed: ``handle`` is the live one."""

@@ -46,4 +46,19 @@ pub enum OrderError {
     /// An empty block name (or a lone dot) in an order to be written; `position` counts from 0.
     #[error("order: entry {position} is an empty block name")]
     EmptyName { position: usize },
+
+    /// An outside module recorded as needed after more blocks than the order holds.
+    #[error(
+        "order: outside module {name} is recorded before block {position}, expected a position \
+         from 0 to {blocks} (the order holds {blocks} blocks)"
+    )]
+    OutsidePosition {
+        name: String,
+        position: usize,
+        blocks: usize,
+    },
+
+    /// An empty module name among the outside modules of an order to be written.
+    #[error("order: an outside module has an empty name, expected the module's name in the model")]
+    EmptyOutsideName,
 }

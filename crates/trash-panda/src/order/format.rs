@@ -6,11 +6,16 @@
 //!   "format": "trash-panda-order",
 //!   "version": 1,
 //!   "checkpoint": "model.safetensors",
-//!   "blocks": ["double_blocks.0", "double_blocks.1"]
+//!   "blocks": ["double_blocks.0", "double_blocks.1"],
+//!   "outside": {"img_in": 0, "final_layer": 2}
 //! }
 //! ```
+//!
+//! `outside` is optional (files written before it existed have none): for each module outside
+//! the blocks whose weights the run used, how many blocks had started before its first use.
+//! Readers that do not know it ignore it, as version 1 allows, so it needs no new version.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::Path;
 
@@ -27,11 +32,16 @@ pub const ORDER_VERSION: u64 = 1;
 pub const MAX_ORDER_FILE_BYTES: u64 = 16 << 20;
 
 /// The content of an order file: which checkpoint it was written for (for people reading it;
-/// reading does not check it) and the blocks in the order they ran, without trailing dots.
+/// reading does not check it), the blocks in the order they ran, without trailing dots, and
+/// where the modules outside the blocks were first needed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrderFile {
     pub checkpoint: String,
     pub blocks: Vec<String>,
+    /// Module name -> how many of `blocks` had started before its first use (0: before the
+    /// first block; `blocks.len()`: after the last). Empty: the file says nothing, and the
+    /// outside weights are all loaded before the first call.
+    pub outside: BTreeMap<String, usize>,
 }
 
 /// Why the bytes of a file are not a usable order, or (for [`Ignored::UnknownBlock`] and
@@ -138,17 +148,41 @@ impl OrderFile {
         Ok(OrderFile {
             checkpoint,
             blocks: kept,
+            outside: BTreeMap::new(),
         })
     }
 
-    /// The file's text: pretty-printed, one block a line, ending in a newline.
+    /// The same file with `outside` (module name -> blocks started before its first use). A
+    /// position past the file's blocks or an empty name is the caller's error.
+    pub fn with_outside(mut self, outside: &BTreeMap<String, usize>) -> Result<Self, OrderError> {
+        for (name, &position) in outside {
+            if name.is_empty() {
+                return Err(OrderError::EmptyOutsideName);
+            }
+            if position > self.blocks.len() {
+                return Err(OrderError::OutsidePosition {
+                    name: name.clone(),
+                    position,
+                    blocks: self.blocks.len(),
+                });
+            }
+        }
+        self.outside = outside.clone();
+        Ok(self)
+    }
+
+    /// The file's text: pretty-printed, one block a line, ending in a newline. Without outside
+    /// positions the text is what writers before them wrote, byte for byte.
     pub fn to_json(&self) -> String {
-        let value = json!({
+        let mut value = json!({
             "format": ORDER_FORMAT,
             "version": ORDER_VERSION,
             "checkpoint": self.checkpoint,
             "blocks": self.blocks,
         });
+        if !self.outside.is_empty() {
+            value["outside"] = json!(self.outside);
+        }
         // A `Value` built from strings and integers always serializes.
         let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
         text.push('\n');
@@ -193,11 +227,34 @@ impl OrderFile {
                 })
             }
         }
+        let blocks = blocks_field(&map)?;
         Ok(OrderFile {
             checkpoint: checkpoint_field(&map)?,
-            blocks: blocks_field(&map)?,
+            outside: outside_field(&map, blocks.len()),
+            blocks,
         })
     }
+}
+
+/// The `outside` field, or nothing when it is absent or wrong in any way (not an object, a
+/// position that is not a whole number from 0 to the number of blocks, an empty name). It only
+/// says when weights can be loaded later, so a wrong one costs the file's blocks nothing: the
+/// outside weights are then loaded before the first call, and the run writes a right one.
+fn outside_field(map: &Map<String, Value>, blocks: usize) -> BTreeMap<String, usize> {
+    let Some(Value::Object(entries)) = map.get("outside") else {
+        return BTreeMap::new();
+    };
+    let mut out = BTreeMap::new();
+    for (name, value) in entries {
+        let position = value.as_u64().and_then(|p| usize::try_from(p).ok());
+        match position {
+            Some(p) if p <= blocks && !name.is_empty() => {
+                out.insert(name.clone(), p);
+            }
+            _ => return BTreeMap::new(),
+        }
+    }
+    out
 }
 
 fn checkpoint_field(map: &Map<String, Value>) -> Result<String, Ignored> {

@@ -24,7 +24,7 @@ pub use error::OrderError;
 pub use format::{Ignored, OrderFile, MAX_ORDER_FILE_BYTES, ORDER_FORMAT, ORDER_VERSION};
 pub use path::{order_file_path, ORDER_SUFFIX};
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
@@ -38,9 +38,26 @@ pub struct KnownOrder {
     pub blocks: Vec<String>,
     /// Their positions among the model's blocks.
     pub indices: Vec<usize>,
+    /// The file's outside modules: name -> how many blocks of the run order start before its
+    /// first use (empty when the file has none, as files written before them).
+    pub outside: BTreeMap<String, usize>,
 }
 
 impl KnownOrder {
+    /// The file's outside positions when every name in them is one of `model_outside` (the
+    /// modules outside the model's blocks that hold weights); otherwise none at all, so the
+    /// outside weights are all loaded before the first call. A wrong name says the file was
+    /// recorded with another model's modules: its positions are not trusted, its blocks still
+    /// are (they were matched on their own), and the run writes right ones.
+    pub fn outside_for<S: AsRef<str>>(&self, model_outside: &[S]) -> BTreeMap<String, usize> {
+        let known: HashSet<&str> = model_outside.iter().map(AsRef::as_ref).collect();
+        if self.outside.keys().all(|n| known.contains(n.as_str())) {
+            self.outside.clone()
+        } else {
+            BTreeMap::new()
+        }
+    }
+
     /// The whole run order: these blocks, then the model's others in plan order.
     pub fn full(&self, block_count: usize) -> Vec<usize> {
         complete(self.indices.clone(), block_count)
@@ -172,6 +189,7 @@ fn match_order<S: AsRef<str>>(bytes: &[u8], model_blocks: &[S], index: &BlockInd
                 .filter_map(|&i| model_blocks.get(i).map(|b| b.as_ref().to_string()))
                 .collect(),
             indices,
+            outside: file.outside,
         }),
         Err(Mismatch::Unknown(name)) => OrderRead::Ignored(Ignored::UnknownBlock { name }),
         Err(Mismatch::Duplicate(name)) => OrderRead::Ignored(Ignored::Duplicate { name }),
@@ -193,6 +211,41 @@ pub fn order_to_write<S: AsRef<str>, B: AsRef<str>>(
     recorded: &[S],
     model_blocks: &[B],
 ) -> Result<Option<Vec<String>>, OrderError> {
+    Ok(to_write(read, recorded, model_blocks, None)?.map(|w| w.blocks))
+}
+
+/// What goes to the order file after a run: the blocks, and where the outside modules were
+/// first needed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderToWrite {
+    pub blocks: Vec<String>,
+    /// Empty when the pass did not run every block (see [`file_to_write`]).
+    pub outside: BTreeMap<String, usize>,
+}
+
+/// [`order_to_write`] with the outside modules the run recorded (`outside`: name -> how many
+/// distinct blocks had started before its first use). A pass that ran every block writes them,
+/// also when its blocks' order is the file's but its outside positions are not (so a file
+/// written before they existed gains them). A pass that ran only some blocks does not know
+/// where the others' outside modules fall: it compares blocks only, as [`order_to_write`], and
+/// what it writes has no outside positions (the outside weights are then loaded before the
+/// first call until a whole pass writes them again). A position past the blocks that ran is
+/// the caller's error.
+pub fn file_to_write<S: AsRef<str>, B: AsRef<str>>(
+    read: &OrderRead,
+    recorded: &[S],
+    model_blocks: &[B],
+    outside: &BTreeMap<String, usize>,
+) -> Result<Option<OrderToWrite>, OrderError> {
+    to_write(read, recorded, model_blocks, Some(outside))
+}
+
+fn to_write<S: AsRef<str>, B: AsRef<str>>(
+    read: &OrderRead,
+    recorded: &[S],
+    model_blocks: &[B],
+    outside: Option<&BTreeMap<String, usize>>,
+) -> Result<Option<OrderToWrite>, OrderError> {
     let index = model_index(model_blocks)?;
     let mut seen = HashSet::with_capacity(recorded.len());
     let ran: Vec<&str> = recorded
@@ -207,8 +260,21 @@ pub fn order_to_write<S: AsRef<str>, B: AsRef<str>>(
         .resolve(&ran)
         .map_err(|m| order_mismatch(m, model_blocks))?;
     let count = model_blocks.len();
+    for (name, &position) in outside.into_iter().flatten() {
+        if name.is_empty() {
+            return Err(OrderError::EmptyOutsideName);
+        }
+        if position > ran.len() {
+            return Err(OrderError::OutsidePosition {
+                name: name.clone(),
+                position,
+                blocks: ran.len(),
+            });
+        }
+    }
+    let whole = ran.len() == count;
     let known = read.order().map(|k| k.full(count));
-    let merged = if ran.len() == count {
+    let merged = if whole {
         ran
     } else {
         let mut order = known.clone().unwrap_or_else(|| (0..count).collect());
@@ -222,15 +288,23 @@ pub fn order_to_write<S: AsRef<str>, B: AsRef<str>>(
         }
         order
     };
-    if known.as_ref() == Some(&merged) {
+    // Without recorded positions (the blocks-only API) the file's are not compared.
+    let outside_changed =
+        whole && outside.is_some_and(|o| read.order().is_some_and(|k| k.outside != *o));
+    let outside = match outside {
+        Some(recorded) if whole => recorded.clone(),
+        _ => BTreeMap::new(),
+    };
+    if known.as_ref() == Some(&merged) && !outside_changed {
         return Ok(None);
     }
-    Ok(Some(
-        merged
+    Ok(Some(OrderToWrite {
+        blocks: merged
             .into_iter()
             .map(|i| model_blocks[i].as_ref().to_string())
             .collect(),
-    ))
+        outside,
+    }))
 }
 
 /// Writes `blocks` (the order they ran in) as the order file at `path`, for `checkpoint`,
@@ -241,6 +315,17 @@ pub fn write_order_file<S: AsRef<str>>(
     checkpoint: &Path,
     blocks: &[S],
 ) -> Result<(), OrderError> {
-    let file = OrderFile::new(checkpoint, blocks)?;
+    write_order_file_with_outside(path, checkpoint, blocks, &BTreeMap::new())
+}
+
+/// [`write_order_file`] with the outside modules' positions (name -> how many of `blocks`
+/// start before its first use; none: the field is left out, as before it existed).
+pub fn write_order_file_with_outside<S: AsRef<str>>(
+    path: &Path,
+    checkpoint: &Path,
+    blocks: &[S],
+    outside: &BTreeMap<String, usize>,
+) -> Result<(), OrderError> {
+    let file = OrderFile::new(checkpoint, blocks)?.with_outside(outside)?;
     atomic::write_atomic(path, file.to_json().as_bytes())
 }
