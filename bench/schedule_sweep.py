@@ -44,13 +44,20 @@ PIVOT_RATIOS = (0.1, 0.5, 1.0, 2.0, 10.0)
 
 
 def pipeline_at(rev: str) -> type[CopyPipeline]:
-    """CopyPipeline as device.py has it at git revision ``rev`` (the rest of the tree as it is)."""
-    src = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{rev}:python/trash_panda/offload/device.py"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    """CopyPipeline as ``rev`` has it (the rest of the tree as it is): in offload/copy_pipeline.py,
+    or in offload/device.py before the module was renamed."""
+    src = ""
+    for name in ("copy_pipeline.py", "device.py"):
+        got = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{rev}:python/trash_panda/offload/{name}"],
+            capture_output=True,
+            text=True,
+        )
+        if got.returncode == 0:
+            src = got.stdout
+            break
+    if not src:
+        raise SystemExit(f"no CopyPipeline at revision {rev}")
     path = Path(tempfile.mkdtemp()) / "device.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("trash_panda.offload._device_at_rev", path)
