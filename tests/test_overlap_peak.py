@@ -132,7 +132,7 @@ class Loader:
             handle.model.norm.register_forward_pre_hook(lambda _m, _a: self.outside_gate.set(), prepend=True)
 
         self.outside_gate = threading.Event()
-        load_outside, read_outside = outside.load_outside, outside.read_many
+        load_outside = outside.load_outside  # its reads are counted by read_counted, as the blocks'
 
         def load_outside_gated(
             specs: list[Any], device: Any, threads: int, queue: Any = None, position: Any = None
@@ -141,16 +141,9 @@ class Loader:
                 assert self.outside_gate.wait(10)
             load_outside(specs, device, threads, queue, position)
 
-        def read_outside_counted(infos: list[Any], threads: int, queue: Any = None, position: Any = None) -> Any:
-            if position is not None:  # on the loader, inside the window, as the blocks' reads
-                for info in infos:
-                    mem.add(sizes[info.name])
-            return read_outside(infos, threads, queue, position)
-
         monkeypatch.setattr(overlap, "load_block", load_block)
         monkeypatch.setattr(overlap, "read_many", read_counted)
         monkeypatch.setattr(outside, "load_outside", load_outside_gated)
-        monkeypatch.setattr(outside, "read_many", read_outside_counted)
         monkeypatch.setattr(overlap, "start_loader", start_loader)
 
     def open_all(self) -> None:

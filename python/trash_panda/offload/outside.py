@@ -12,9 +12,9 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from .materialize import materialize_all, read_many, settle
+from .materialize import materialize_all
 from .meter import meter_for, paused
-from .overlap import held_bytes
+from .overlap import read_group
 
 if TYPE_CHECKING:
     import torch
@@ -86,16 +86,4 @@ def load_outside(
     the block at ``position`` of the run order, expanded to the compute dtype as stream_load
     expands them, put on the device through its meter. Module-level so tests can watch it."""
     meter = meter_for(device)
-    meter.moved_in(functools.partial(_read, specs, device, threads, queue, position))
-
-
-def _read(
-    specs: list[TensorSpec], device: torch.device, threads: int, queue: _core.ReadQueue | None, position: int | None
-) -> int:
-    infos = [s.info for s in specs] + [s.scale for s in specs if s.scale is not None]
-    read = read_many(infos, threads, queue, position)
-    scales = iter(read[len(specs) :])
-    for spec, stored in zip(specs, read[: len(specs)], strict=True):
-        scale = next(scales) if spec.scale is not None else None
-        settle(spec, stored, scale, device, storage=None, expand=True)
-    return sum(held_bytes(spec, device) for spec in specs)
+    meter.moved_in(functools.partial(read_group, specs, device, None, threads, queue, position, expand=True))

@@ -66,29 +66,32 @@ def load_block(
     meter = meter_for(device)
     for group in _read_groups(block, device):
         if device.type == "cpu":
-            meter.moved_in(functools.partial(_read_group, group, device, storage, threads, queue, position))
+            meter.moved_in(functools.partial(read_group, group, device, storage, threads, queue, position))
         else:
-            _read_group(group, torch.device("cpu"), storage, threads, queue, position)
+            read_group(group, torch.device("cpu"), storage, threads, queue, position)
             for spec in group:
                 meter.moved_in(functools.partial(_copy_to, spec, device))
 
 
-def _read_group(
+def read_group(
     group: list[TensorSpec],
     device: torch.device,
     storage: str | None,
     threads: int,
     queue: _core.ReadQueue | None,
     position: int | None,
+    *,
+    expand: bool = False,
 ) -> int:
-    """Reads tensors (and their scales) in one call and keeps them on ``device`` (the CPU);
-    returns what they hold there."""
+    """Reads tensors (and their scales) in one call of the core through ``queue``, as the block
+    at ``position`` of the run order, and keeps them on ``device`` as stream_load would (kept
+    stored, or with ``expand`` in the compute dtype); returns what they hold there."""
     infos = [s.info for s in group] + [s.scale for s in group if s.scale is not None]
     read = read_many(infos, threads, queue, position)
     scales = iter(read[len(group) :])
     for spec, stored in zip(group, read[: len(group)], strict=True):
         scale = next(scales) if spec.scale is not None else None
-        settle(spec, stored, scale, device, storage=storage, expand=False)
+        settle(spec, stored, scale, device, storage=storage, expand=expand)
     return sum(held_bytes(spec, device) for spec in group)
 
 

@@ -20,8 +20,11 @@ use crate::rules::layout::{Run, StagedLayout};
 mod disk_fill;
 mod in_place;
 mod ram_fill;
+mod ram_image;
 
 pub(crate) use in_place::InPlaceFile;
+pub use ram_image::RamImage;
+use ram_image::RamImages;
 
 /// What one [`Source::fill`] moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,28 +101,6 @@ pub(crate) trait Source: Send + Sync {
 
     /// As [`forget`](Self::forget) for one tensor of the block, while the others still run.
     fn forget_tensor(&self, _block: usize, _tensor: usize) {}
-}
-
-/// Per-block private copies of the RAM tier, in staged layout (so staging is one memcpy).
-type RamImages = Arc<Vec<Option<AlignedBuf>>>;
-
-/// One block's private copy in the in-memory RAM tier, laid out as it is staged: a device can
-/// copy it to its slot directly. Keeps every image alive while it lives.
-#[derive(Debug, Clone)]
-pub struct RamImage {
-    images: RamImages,
-    block: usize,
-    len: usize,
-}
-
-impl RamImage {
-    /// The block's bytes, as a staging buffer would hold them.
-    pub fn bytes(&self) -> &[u8] {
-        match self.images.get(self.block) {
-            Some(Some(buf)) => &buf[..self.len],
-            _ => &[],
-        }
-    }
 }
 
 // What the engine knows of a mapped RAM-tier block's pages when the system cannot say (no
