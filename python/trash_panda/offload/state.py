@@ -117,11 +117,6 @@ class BlockState:
         loader): :attr:`work` is computed again on its next use."""
         self.__dict__.pop("work", None)
 
-    @property
-    def needs_hooks(self) -> bool:
-        """Streamed blocks, and resident blocks with weights to expand each run."""
-        return bool(self.work)
-
 
 @dataclass
 class ModelState:
