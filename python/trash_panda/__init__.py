@@ -27,6 +27,7 @@ from .offload import (
     release,
     stream_load,
 )
+from .pipeline import Pipeline, PipelineRun, Stage
 from .plan import Plan, Tier, plan
 from .stage import stage
 from .trace import trace_order
@@ -38,10 +39,13 @@ __all__ = [
     "DtypeError",
     "LoadReport",
     "OffloadHandle",
+    "Pipeline",
+    "PipelineRun",
     "Plan",
     "PlanError",
     "ReadError",
     "StreamError",
+    "Stage",
     "SystemProbeError",
     "Tier",
     "TraceError",

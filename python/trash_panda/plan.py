@@ -157,6 +157,12 @@ class Plan:
         """Every figure the runtime holds, from this (resolved) plan."""
         return _core.EngineConfig(self._core)
 
+    def holds(self, stage: str = "model") -> _core.Holds:
+        """What a model loaded by this (resolved) plan holds under the current settings, and
+        its release gives back: the figures a pipeline moves between stages (``stage`` names
+        it in errors)."""
+        return _core.Holds.of(stage, self._core)
+
     def __str__(self) -> str:
         return str(self._core)
 

@@ -42,6 +42,12 @@ def remembered_activation(key: str | os.PathLike[str]) -> int | None:
         return _PEAKS.get(_key_of(key))
 
 
+def remember_activation(key: str | os.PathLike[str], peak: int) -> None:
+    """Remembers ``peak`` under ``key``: the next plan of that key in this process uses it."""
+    with _PEAKS_LOCK:
+        _PEAKS[_key_of(key)] = peak
+
+
 def _key_of(key: str | os.PathLike[str]) -> str:
     return os.path.abspath(os.fspath(key))
 
@@ -159,8 +165,7 @@ def _stage(
         # activations' as without overlap; Meter.moved_in says why not restart it instead.
         with measured(device) as peak:
             yield model, p, handle
-        with _PEAKS_LOCK:
-            _PEAKS[key] = peak[0]
+        remember_activation(key, peak[0])
     except BaseException as e:
         failure = e
         raise

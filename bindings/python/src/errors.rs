@@ -14,6 +14,7 @@ use trash_panda::dtype::DtypeError;
 use trash_panda::engine_config::EngineConfigError;
 use trash_panda::io::IoError;
 use trash_panda::order::OrderError;
+use trash_panda::pipeline::PipelineError;
 use trash_panda::plan::PlanError;
 use trash_panda::profile::ProfileError;
 use trash_panda::settings::SettingsError;
@@ -160,5 +161,14 @@ impl ToPyErr for OrderError {
             | OrderError::EmptyOutsideName => Kind::Argument,
         };
         raise(kind, self.to_string())
+    }
+}
+
+impl ToPyErr for PipelineError {
+    fn to_py(self) -> PyErr {
+        match self {
+            PipelineError::Closed { .. } => raise(Kind::Stream, self.to_string()),
+            PipelineError::Unresolved { .. } => raise(Kind::Plan, self.to_string()),
+        }
     }
 }

@@ -15,6 +15,7 @@ mod gil;
 mod io;
 mod load_report;
 mod order;
+mod pipeline;
 mod plan;
 mod profile;
 mod rules;
@@ -37,5 +38,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     settings::register(m)?;
     cli::register(m)?;
     order::register(m)?;
+    pipeline::register(m)?;
     Ok(())
 }

@@ -9,6 +9,7 @@ pub mod dtype;
 pub mod engine_config;
 pub mod io;
 pub mod order;
+pub mod pipeline;
 pub mod plan;
 pub mod profile;
 pub mod rules;

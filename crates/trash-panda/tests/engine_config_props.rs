@@ -1,19 +1,21 @@
 //! A plan is a promise: for random blocks (bf16, f32, fp8 with each scale layout, with and
 //! without a storage dtype), lookaheads and tiers, the engine made from the plan's
 //! configuration allocates exactly the host staging the plan counts, and no block needs more
-//! device slot or expansion than the plan counts.
+//! device slot or expansion than the plan counts; what a pipeline counts the stage as holding
+//! (`pipeline::Holds`) is what the engine holds.
 
 mod common;
 
 use proptest::prelude::*;
 
 use trash_panda::engine_config::{EngineConfig, EngineSettings};
+use trash_panda::pipeline::Holds;
 use trash_panda::plan::{plan, Figures, MinFreeRam, ModelBlocks, PlanOptions, Selector};
 use trash_panda::rules::{
     expansion_layout, paired_scale, storage_conversion, Conversion, ExpansionInput, TensorSizes,
     Tier,
 };
-use trash_panda::stream::{Engine, SourceTier, StreamBlock, StreamTensor};
+use trash_panda::stream::{Engine, RamSource, SourceTier, StreamBlock, StreamTensor};
 use trash_panda::DType;
 
 #[derive(Debug, Clone)]
@@ -142,6 +144,7 @@ proptest! {
         storage in prop_oneof![Just(None), Just(Some(DType::BF16)), Just(Some(DType::F8E4M3))],
         compute in prop_oneof![Just(DType::BF16), Just(DType::F32)],
         gpu in any::<bool>(),
+        in_memory in any::<bool>(),
         first in 0u64..5000,
     ) {
         let dir = common::Dir::new("engine_config_props");
@@ -169,7 +172,13 @@ proptest! {
             p.assign(tier, &Selector::Indices(vec![i])).unwrap();
         }
         let budgets = p.budgets.clone().unwrap();
-        let config = EngineConfig::from_plan(&p, &EngineSettings::resolve(|_| None).unwrap()).unwrap();
+        let settings = EngineSettings::resolve(|var| {
+            (in_memory && var == "TRASH_PANDA_RAM_IN_MEMORY").then(|| "1".to_string())
+        })
+        .unwrap();
+        let config = EngineConfig::from_plan(&p, &settings).unwrap();
+        let read_in = matches!(config.ram_source, RamSource::InMemory { .. });
+        prop_assert!(read_in || !in_memory, "TRASH_PANDA_RAM_IN_MEMORY=1 did not read the RAM tier in");
         prop_assert_eq!(config.held, budgets.held());
 
         // Every block's expansion, in its tier, fits the expansion buffer.
@@ -230,8 +239,24 @@ proptest! {
         if max_look.is_none() {
             prop_assert_eq!(cap, lookahead);
         }
-        // Each block is really staged within its buffer (a device slot copies these bytes).
         engine.load_ram_tier().unwrap();
+        // What a pipeline counts this stage as holding (and giving back on release) is what
+        // the engine holds: the staging pool and the RAM tier read into memory, beside the
+        // weights and buffers the binding allocates by the plan's figures.
+        let images: u64 = (0..n)
+            .map(|b| engine.ram_image(b).unwrap().map_or(0, |im| im.bytes().len() as u64))
+            .sum();
+        let holds = Holds::of("model", &p, &config).unwrap();
+        let weights = budgets.device_used + budgets.outside;
+        let private = engine.staging_bytes() as u64 + images;
+        if gpu {
+            prop_assert_eq!(holds.ram, private);
+            prop_assert_eq!(holds.vram, weights + budgets.device_slot_bytes + budgets.expansion);
+        } else {
+            prop_assert_eq!(holds.ram, private + weights + budgets.expansion);
+            prop_assert_eq!(holds.vram, 0);
+        }
+        // Each block is really staged within its buffer (a device slot copies these bytes).
         for b in 0..n {
             let lease = engine.acquire(b).unwrap();
             prop_assert!(lease.bytes().len() as u64 <= budgets.staging_buffer_bytes);

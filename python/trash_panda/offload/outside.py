@@ -42,21 +42,23 @@ def outside_modules(model: nn.Module, block_prefixes: list[str], skip: tuple[str
 
 
 def split_outside(
-    specs: list[TensorSpec], modules: dict[str, nn.Module], positions: dict[str, int]
+    specs: list[TensorSpec], modules: dict[str, nn.Module], positions: dict[str, int], *, defer: bool = False
 ) -> tuple[list[TensorSpec], dict[int, list[TensorSpec]], dict[str, int]]:
     """Splits the outside tensors by where they are first needed: (those needed before the
     first block, the others by position in the run order, and the position each later module
     waits for). A tensor is needed at the first of its owners' positions (tied weights: the
     first module to use it); a tensor with an owner the file does not place is needed at once,
-    as without the file."""
+    as without the file. With ``defer`` (a stage read ahead of its turn, where nothing is read
+    by the caller) a tensor needed at once goes to the loader too, at position 0, when every
+    module that owns it can wait for it."""
     names = {id(m): n for n, m in modules.items()}
     now: list[TensorSpec] = []
     later: dict[int, list[TensorSpec]] = {}
     wait_for: dict[str, int] = {}
     for spec in specs:
         owners = [names.get(id(m)) for m, _a in (spec.owners or [(spec.module, spec.attr)])]
-        at = [positions[n] for n in owners if n is not None and n in positions]
-        if len(at) < len(owners) or min(at, default=0) == 0:
+        at = [positions.get(n, 0) if defer else positions[n] for n in owners if n is not None and (defer or n in positions)]
+        if len(at) < len(owners) or (min(at, default=0) == 0 and not defer):
             now.append(spec)
             continue
         first = min(at)

@@ -153,6 +153,8 @@ class ResidentLoader:
         queue: _core.ReadQueue | None = None,
         positions: dict[int, int] | None = None,
         outside: dict[int, list[TensorSpec]] | None = None,
+        allowance: _core.Allowance | None = None,
+        costs: dict[tuple[str, int], int] | None = None,
     ) -> None:
         self.blocks = blocks
         self.queue = queue  # shared with the engine: one order for the drive
@@ -167,6 +169,11 @@ class ResidentLoader:
         self.outside_ready = {at: threading.Event() for at in self.outside}
         self.outside_errors: dict[int, BaseException] = {}
         self.stopping = threading.Event()
+        # A stage read ahead of its turn: each block (("block", index)) and group of outside
+        # weights (("outside", position)) takes its bytes from the allowance before its read.
+        self.allowance = allowance
+        self.costs = costs or {}
+        self.remaining_bytes = sum(self.costs.values())  # of the costs, those not read yet
         self.load_seconds = 0.0  # the loader's time, first block to last
         self.waited_seconds = 0.0  # the main thread's waits for blocks not yet loaded
         self.loaded_bytes = 0
@@ -186,6 +193,7 @@ class ResidentLoader:
             try:
                 if self.stopping.is_set():
                     raise StreamError("the stage ended before it was loaded")
+                self._take(("block", block.index))
                 load_block(block, self.device, self.storage, self.threads, self.queue, position)
                 # `work` is fixed by the load (resident weights to expand each run, or none).
                 block.mark_loaded()
@@ -205,12 +213,21 @@ class ResidentLoader:
         try:
             if self.stopping.is_set():
                 raise StreamError("the stage ended before they were loaded")
+            self._take(("outside", at))
             outside.load_outside(specs, self.device, self.threads, self.queue, at)
             self.loaded_bytes += sum(s.info.nbytes for s in specs)
         except BaseException as e:  # reported in the call that needs them
             self.outside_errors[at] = e
         finally:
             self.outside_ready[at].set()
+
+    def _take(self, what: tuple[str, int]) -> None:
+        """Waits (without the GIL) for the memory of ``what`` in the allowance, if it has one;
+        it then counts as held."""
+        cost = self.costs.get(what, 0)
+        if self.allowance is not None and cost:
+            self.allowance.take(cost)
+        self.remaining_bytes -= cost
 
     def wait_outside(self, name: str, at: int) -> None:
         """Blocks the caller until the outside weights needed at position ``at`` (and so every
@@ -251,8 +268,11 @@ class ResidentLoader:
             ) from error
 
     def close(self) -> None:
-        """Stops after the block being read and waits for the thread (before a release)."""
+        """Stops after the block being read and waits for the thread (before a release); a
+        wait for the allowance fails."""
         self.stopping.set()
+        if self.allowance is not None:
+            self.allowance.close()
         if self._thread.is_alive():
             self._thread.join()
 
@@ -289,7 +309,9 @@ def start_loader(
     first: list[str] | None,
     outside: dict[int, list[TensorSpec]] | None = None,
     waits: dict[str, int] | None = None,
-) -> None:
+    allowance: _core.Allowance | None = None,
+    costs: dict[tuple[str, int], int] | None = None,
+) -> ResidentLoader:
     """Starts reading the ``deferred`` resident blocks in run order (``first``, the order given
     to install_offload, then model order), and the ``outside`` weights each before the block
     at its position (after the last: at the end); the hooks wait for a block not read yet, the
@@ -313,6 +335,8 @@ def start_loader(
         queue,
         positions,
         outside,
+        allowance,
+        costs,
     )
     from .hooks import TIMING
 
@@ -322,3 +346,4 @@ def start_loader(
     # removal closes it (the thread stops before the hooks go).
     handle.hooks.add(OverlapWait(loader, gates), before=TIMING)
     loader.start()
+    return loader

@@ -1,0 +1,288 @@
+//! What a loaded stage holds, the free memory predicted once it is released, and the margin past
+//! which a stage planned for that prediction is planned again.
+
+use std::fmt;
+
+use crate::engine_config::EngineConfig;
+use crate::plan::Plan;
+use crate::rules::Tier;
+use crate::stream::RamSource;
+use crate::sys::{MemoryFigures, SysError};
+use crate::units::format_bytes;
+
+use super::PipelineError;
+
+/// A prediction that misses the real free memory by less than this share of it (or
+/// [`REPLAN_MARGIN_MIN`], whichever is larger) keeps its plan: the page cache and the
+/// allocator's cache move free memory by this much between two readings with nothing loaded.
+pub const REPLAN_MARGIN_FRACTION: f64 = 0.05;
+/// The smallest margin, in bytes: 256 MiB.
+pub const REPLAN_MARGIN_MIN: u64 = 256 << 20;
+
+/// Free memory: RAM the process can use, and free VRAM where a GPU computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Free {
+    pub ram: u64,
+    pub vram: Option<u64>,
+}
+
+/// What a loaded stage holds that its release gives back, by its plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Holds {
+    /// Private RAM: the host staging pool, a RAM tier read into memory, and on the CPU the
+    /// resident blocks, the weights outside the blocks and the expansion buffer.
+    pub ram: u64,
+    /// Device memory (a GPU's): resident blocks, the weights outside the blocks, the device
+    /// slots and the expansion buffer.
+    pub vram: u64,
+}
+
+impl Holds {
+    /// What a stage planned as `plan` and configured as `config` holds once loaded. A RAM
+    /// tier read into memory holds each block as the engine lays it out (its staged bytes,
+    /// tensors at aligned offsets). A mapped RAM tier and the pages of a mapped disk-tier block
+    /// are the checkpoint's page cache, which the system counts as available while they are
+    /// mapped, so releasing them frees nothing the prediction could count; the activations are
+    /// not counted either (they are gone when a stage's last call returns, before its release).
+    pub fn of(stage: &str, plan: &Plan, config: &EngineConfig) -> Result<Holds, PipelineError> {
+        let budgets = plan
+            .budgets
+            .as_ref()
+            .ok_or_else(|| PipelineError::Unresolved {
+                stage: stage.to_string(),
+            })?;
+        let ram_tier = match config.ram_source {
+            RamSource::InMemory { .. } => plan
+                .blocks
+                .iter()
+                .filter(|b| b.tier == Tier::Ram)
+                .map(|b| b.staging.ram)
+                .sum(),
+            RamSource::Mapped => 0,
+        };
+        let weights = budgets.device_used + budgets.outside;
+        Ok(if budgets.gpu {
+            Holds {
+                ram: budgets.host_staging + ram_tier,
+                vram: weights + budgets.device_slot_bytes + budgets.expansion,
+            }
+        } else {
+            Holds {
+                ram: weights + budgets.host_staging + budgets.expansion + ram_tier,
+                vram: 0,
+            }
+        })
+    }
+
+    /// What is left of `self` once `part` is taken out (none below zero).
+    pub fn less(self, part: Holds) -> Holds {
+        Holds {
+            ram: self.ram.saturating_sub(part.ram),
+            vram: self.vram.saturating_sub(part.vram),
+        }
+    }
+
+    /// The sum of two holdings.
+    pub fn plus(self, other: Holds) -> Holds {
+        Holds {
+            ram: self.ram.saturating_add(other.ram),
+            vram: self.vram.saturating_add(other.vram),
+        }
+    }
+}
+
+impl Free {
+    /// The memory free now, as a plan made now would count it: the RAM this process can use
+    /// (MemAvailable within a cgroup's limit and, on Windows, the commit headroom) and `vram`,
+    /// the device's free memory as the caller measured it (None off a GPU).
+    pub fn probe(vram: Option<u64>) -> Result<Free, SysError> {
+        Ok(Free {
+            ram: MemoryFigures::probe()?.usable_ram(),
+            vram,
+        })
+    }
+
+    /// The memory free once `released` is given back, from `self`, the memory free now.
+    pub fn after_release(self, released: Holds) -> Free {
+        Free {
+            ram: self.ram.saturating_add(released.ram),
+            vram: self.vram.map(|v| v.saturating_add(released.vram)),
+        }
+    }
+
+    /// The memory free within a budget: at most `ram` (and `vram`) less what the pipeline's
+    /// loaded stages hold (`held`), and never more than `self`, what the machine has free.
+    /// Without a budget for a memory, the machine's figure stands.
+    pub fn within(self, ram: Option<u64>, vram: Option<u64>, held: Holds) -> Free {
+        Free {
+            ram: ram.map_or(self.ram, |cap| self.ram.min(cap.saturating_sub(held.ram))),
+            vram: self
+                .vram
+                .map(|v| vram.map_or(v, |cap| v.min(cap.saturating_sub(held.vram)))),
+        }
+    }
+
+    /// The memory left free once `taken` is taken from `self` (none below zero).
+    pub fn less(self, taken: Holds) -> Free {
+        Free {
+            ram: self.ram.saturating_sub(taken.ram),
+            vram: self.vram.map(|v| v.saturating_sub(taken.vram)),
+        }
+    }
+}
+
+/// A stage's real free memory at its start missed the prediction it was planned for by more
+/// than the margin: which memory, and by how much.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replan {
+    /// "RAM" or "VRAM".
+    pub memory: &'static str,
+    pub predicted: u64,
+    pub actual: u64,
+    pub margin: u64,
+}
+
+impl fmt::Display for Replan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (word, gap) = if self.actual < self.predicted {
+            ("less", self.predicted - self.actual)
+        } else {
+            ("more", self.actual - self.predicted)
+        };
+        write!(
+            f,
+            "{} free at the start was {} against {} predicted: {} {} than the margin of {} allows",
+            self.memory,
+            format_bytes(self.actual),
+            format_bytes(self.predicted),
+            format_bytes(gap),
+            word,
+            format_bytes(self.margin),
+        )
+    }
+}
+
+fn margin(predicted: u64) -> u64 {
+    ((predicted as f64 * REPLAN_MARGIN_FRACTION) as u64).max(REPLAN_MARGIN_MIN)
+}
+
+/// Whether a stage planned for `predicted` must be planned again for `actual`, the memory free at
+/// its start: when either memory differs by more than the margin, either way (less could break
+/// the plan, more is speed left unused). VRAM first, as a GPU's plan is shaped by it.
+pub fn replan(predicted: Free, actual: Free) -> Option<Replan> {
+    let check = |memory, predicted: u64, actual: u64| {
+        let margin = margin(predicted);
+        (predicted.abs_diff(actual) > margin).then_some(Replan {
+            memory,
+            predicted,
+            actual,
+            margin,
+        })
+    };
+    let vram = match (predicted.vram, actual.vram) {
+        (Some(p), Some(a)) => check("VRAM", p, a),
+        _ => None,
+    };
+    vram.or_else(|| check("RAM", predicted.ram, actual.ram))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: u64 = 1_000_000_000;
+
+    #[test]
+    fn the_margin_is_a_share_with_a_floor() {
+        assert_eq!(margin(GB), REPLAN_MARGIN_MIN);
+        assert_eq!(margin(100 * GB), 5 * GB);
+    }
+
+    #[test]
+    fn within_the_margin_keeps_the_plan_either_way() {
+        let p = Free {
+            ram: 20 * GB,
+            vram: Some(10 * GB),
+        };
+        let near = Free {
+            ram: 20 * GB - GB / 2,
+            vram: Some(10 * GB + 100_000_000),
+        };
+        assert_eq!(replan(p, near), None);
+    }
+
+    #[test]
+    fn vram_is_checked_before_ram_and_both_ways() {
+        let p = Free {
+            ram: 20 * GB,
+            vram: Some(10 * GB),
+        };
+        let less = Free {
+            ram: 10 * GB,
+            vram: Some(8 * GB),
+        };
+        let r = replan(p, less).unwrap();
+        assert_eq!((r.memory, r.predicted, r.actual), ("VRAM", 10 * GB, 8 * GB));
+        assert!(r.to_string().contains("less than the margin"), "{r}");
+        let more = Free {
+            ram: 30 * GB,
+            vram: Some(10 * GB),
+        };
+        let r = replan(p, more).unwrap();
+        assert_eq!(r.memory, "RAM");
+        assert!(r.to_string().contains("more than the margin"), "{r}");
+    }
+
+    #[test]
+    fn vram_is_ignored_where_one_side_has_no_gpu() {
+        let p = Free {
+            ram: GB,
+            vram: None,
+        };
+        let a = Free {
+            ram: GB,
+            vram: Some(GB),
+        };
+        assert_eq!(replan(p, a), None);
+    }
+
+    #[test]
+    fn a_budget_caps_what_is_free_less_what_is_held() {
+        let machine = Free {
+            ram: 20 * GB,
+            vram: Some(10 * GB),
+        };
+        let held = Holds {
+            ram: 3 * GB,
+            vram: GB,
+        };
+        let f = machine.within(Some(8 * GB), None, held);
+        assert_eq!(f, Free { ram: 5 * GB, vram: Some(10 * GB) });
+        let f = machine.within(Some(40 * GB), Some(4 * GB), held);
+        assert_eq!(f, Free { ram: 20 * GB, vram: Some(3 * GB) });
+        assert_eq!(machine.within(Some(GB), None, held).ram, 0);
+        assert_eq!(machine.within(None, None, held), machine);
+        assert_eq!(held.less(Holds { ram: GB, vram: 2 * GB }), Holds { ram: 2 * GB, vram: 0 });
+    }
+
+    #[test]
+    fn release_adds_what_the_stage_held() {
+        let now = Free {
+            ram: GB,
+            vram: Some(2 * GB),
+        };
+        let held = Holds { ram: 3, vram: 5 };
+        assert_eq!(
+            now.after_release(held.plus(held)),
+            Free {
+                ram: GB + 6,
+                vram: Some(2 * GB + 10)
+            }
+        );
+        let cpu = Free { ram: 7, vram: None };
+        assert_eq!(cpu.after_release(held).vram, None);
+        assert_eq!(cpu.less(held), Free { ram: 4, vram: None });
+        assert_eq!(cpu.less(Holds { ram: 9, vram: 0 }).ram, 0);
+        assert_eq!(now.less(held).after_release(held), now);
+    }
+}

@@ -1,0 +1,19 @@
+//! The memory that moves between the stages of a pipeline: what a loaded stage holds and gives
+//! back when it is released ([`Holds`]), the free memory predicted at the next stage's start
+//! ([`Free::after_release`]), when a stage planned for that prediction is planned again
+//! ([`replan`]), and the allowance the next stage's early reads take their memory from
+//! ([`Allowance`]).
+//!
+//! A stage is planned once, for the memory expected to be free when it starts; its reads begin
+//! while the stage before it still computes, each taking its bytes from the allowance, which
+//! starts at what is free beside the running stage and grows as that stage gives memory back.
+
+mod allowance;
+mod error;
+mod holds;
+mod report;
+
+pub use allowance::{Allowance, AllowanceStats};
+pub use error::PipelineError;
+pub use report::{report, Arrival, Departure, StageRecord};
+pub use holds::{replan, Free, Holds, Replan, REPLAN_MARGIN_FRACTION, REPLAN_MARGIN_MIN};

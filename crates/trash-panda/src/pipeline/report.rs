@@ -1,0 +1,185 @@
+//! What a pipeline run did, stage by stage: how each stage's weights arrived, the free memory
+//! predicted for it against what it found, where its time went, and what became of it.
+
+use std::fmt::{self, Write as _};
+
+use super::{Free, Replan};
+use crate::units::format_bytes;
+
+/// How a stage's weights were there when its turn came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// Still loaded from an earlier run.
+    Kept,
+    /// Read while the stage before it computed (some may have arrived after its start).
+    ReadAhead,
+    /// Read at its start (the first stage of a run, or read-ahead off).
+    ReadAtStart,
+    /// Read ahead, then planned and read again at its start: the free memory missed the
+    /// prediction by more than the margin.
+    Replanned,
+}
+
+/// What became of a stage at its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Departure {
+    /// Left loaded: the stages after it did not need its memory.
+    Kept,
+    /// Released: a later stage needed its memory (or keeping is off).
+    Released,
+    /// Its blocks were freed by a final pass and given to the next stage as they went.
+    FinalPass,
+    /// Its block raised; it was released.
+    Failed,
+}
+
+/// One stage of one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageRecord {
+    pub run: u32,
+    pub stage: String,
+    pub arrival: Arrival,
+    /// The free memory its plan was made for, and what was free at its start (with what it
+    /// already held counted as free); None when kept.
+    pub predicted: Option<Free>,
+    pub actual: Option<Free>,
+    pub replan: Option<Replan>,
+    /// Bytes it held when its turn came, read while the stage before it computed.
+    pub read_before_start: u64,
+    /// Bytes its plan holds in all.
+    pub holds: u64,
+    /// Seconds its calls waited for weights not read yet.
+    pub waited: f64,
+    /// Seconds from its start to its end.
+    pub seconds: f64,
+    /// Its peak activation memory, remembered for its next plan.
+    pub peak: u64,
+    pub departure: Departure,
+}
+
+impl fmt::Display for Arrival {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Arrival::Kept => "kept from the run before",
+            Arrival::ReadAhead => "read ahead",
+            Arrival::ReadAtStart => "read at its start",
+            Arrival::Replanned => "planned again at its start",
+        })
+    }
+}
+
+impl fmt::Display for Departure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Departure::Kept => "kept",
+            Departure::Released => "released",
+            Departure::FinalPass => "freed by its final pass",
+            Departure::Failed => "released after an error",
+        })
+    }
+}
+
+fn free(f: &Free) -> String {
+    match f.vram {
+        Some(v) => format!("RAM {}, VRAM {}", format_bytes(f.ram), format_bytes(v)),
+        None => format!("RAM {}", format_bytes(f.ram)),
+    }
+}
+
+impl fmt::Display for StageRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "run {} {}: {}, {:.2} s",
+            self.run, self.stage, self.arrival, self.seconds
+        )?;
+        if self.arrival == Arrival::ReadAhead {
+            write!(
+                f,
+                ", {} of {} in before its start",
+                format_bytes(self.read_before_start),
+                format_bytes(self.holds)
+            )?;
+        }
+        if self.waited > 0.0 {
+            write!(f, ", waited {:.2} s for weights", self.waited)?;
+        }
+        write!(f, "; {}", self.departure)?;
+        if let (Some(p), Some(a)) = (&self.predicted, &self.actual) {
+            write!(f, "\n    free memory predicted {}, found {}", free(p), free(a))?;
+        }
+        if let Some(r) = &self.replan {
+            write!(f, "\n    planned again: {r}")?;
+        }
+        if self.peak > 0 {
+            write!(f, "\n    peak activations {}", format_bytes(self.peak))?;
+        }
+        Ok(())
+    }
+}
+
+/// The report of every stage of every run, one entry per stage in the order they ran.
+pub fn report(records: &[StageRecord]) -> String {
+    let mut out = String::from("pipeline:\n");
+    for r in records {
+        // Writing to a String cannot fail.
+        let _ = writeln!(out, "  {r}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(arrival: Arrival) -> StageRecord {
+        StageRecord {
+            run: 2,
+            stage: "dit".into(),
+            arrival,
+            predicted: Some(Free {
+                ram: 12_000_000_000,
+                vram: None,
+            }),
+            actual: Some(Free {
+                ram: 11_500_000_000,
+                vram: None,
+            }),
+            replan: None,
+            read_before_start: 3_000_000_000,
+            holds: 5_000_000_000,
+            waited: 0.5,
+            seconds: 4.25,
+            peak: 200_000_000,
+            departure: Departure::Released,
+        }
+    }
+
+    #[test]
+    fn each_stage_says_how_it_came_and_went() {
+        let text = report(&[record(Arrival::ReadAhead)]);
+        assert!(text.starts_with("pipeline:\n"), "{text}");
+        for part in [
+            "run 2 dit: read ahead, 4.25 s",
+            "3.00 GB of 5.00 GB in before its start",
+            "waited 0.50 s for weights; released",
+            "free memory predicted RAM 12.00 GB, found RAM 11.50 GB",
+            "peak activations 200.00 MB",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_kept_stage_has_no_read_ahead_line() {
+        let mut r = record(Arrival::Kept);
+        r.predicted = None;
+        r.actual = None;
+        r.waited = 0.0;
+        r.departure = Departure::Kept;
+        let text = r.to_string();
+        assert!(!text.contains("in before"), "{text}");
+        assert!(!text.contains("predicted"), "{text}");
+        assert!(text.contains("kept from the run before"), "{text}");
+    }
+}

@@ -1,0 +1,177 @@
+"""One stage of a pipeline as the runner holds it: loaded ahead of its turn into the memory free
+beside the running stage, started, fed by a final pass, stopped.
+
+A stage loaded ahead has its plan made for the memory predicted free at its start. Its weights
+outside the blocks and its resident blocks are read by a loader thread in its run order, each
+taking its bytes from an allowance (``_core.Allowance``) that starts at what is free now and
+grows as the running stage gives memory back; nothing of it is read on the caller's thread. At
+its turn the allowance opens and the plan is checked against the memory really free
+(``_core.replan``); a block called before its weights are in waits for them, as with
+``overlap=True``.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .. import _core
+from ..plan import free_vram
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from ..checkpoint import Checkpoint
+    from ..plan import Plan
+    from .final_pass import FinalPass
+    from .hooks import OffloadHandle
+    from .order import OrderChoice
+    from .overlap import ResidentLoader
+
+__all__ = ["LoadedStage", "free_now", "load_stage"]
+
+
+def free_now(device: torch.device) -> _core.Free:
+    """The memory free now, as a plan made now would count it."""
+    return _core.Free.probe(free_vram(device))
+
+
+@dataclass
+class LoadedStage:
+    """A stage's model while the pipeline holds it."""
+
+    name: str
+    model: nn.Module
+    plan: Plan
+    handle: OffloadHandle
+    choice: OrderChoice
+    holds: _core.Holds  # what it holds once fully loaded, by its plan
+    predicted: _core.Free  # the free memory its plan was made for
+    loader: ResidentLoader | None
+    allowance: _core.Allowance | None  # None: loaded at its turn, nothing to gate
+    key: str = ""  # what its peak activation memory is remembered under
+    runs: int = 0  # runs it took part in
+    last_used: int = 0  # the pipeline's count of stage starts at its last start
+    freed: int = 0  # bytes a final pass gave back before its release
+    final: bool = False  # a final pass freed its blocks: it cannot run again
+    keep_after: bool = False  # the stage after it does not need its memory
+    _feeder: threading.Thread | None = field(default=None, repr=False)
+
+    def pending(self) -> _core.Holds:
+        """What its loader has still to read, in the memory the blocks compute in (VRAM with
+        a GPU, else RAM)."""
+        left = 0 if self.loader is None else max(0, self.loader.remaining_bytes)
+        return _core.Holds(0, left) if self.holds.vram else _core.Holds(left, 0)
+
+    def start(self, device: torch.device) -> tuple[_core.Free, _core.Replan | None]:
+        """Its turn: the allowance stops limiting, and the plan is checked against the memory
+        free now, with what it holds already counted as free as its plan counted it. Returns
+        that memory and why to plan again (None: keep the plan)."""
+        if self.allowance is not None:
+            self.allowance.open()
+        actual = free_now(device).after_release(self.holds).less(self.pending())
+        return actual, _core.replan(self.predicted, actual)
+
+    def feed(self, final: FinalPass, to: _core.Allowance) -> None:
+        """During a final pass, gives each freed block's bytes to the next stage's allowance
+        from a thread of its own, once the block's device work is done (its CUDA event), so
+        the compute thread never waits for the next stage's reads."""
+
+        def run() -> None:
+            while True:
+                try:
+                    freed = final.events.get(timeout=0.05)
+                except queue.Empty:
+                    if not final.active:
+                        return
+                    continue
+                if freed.event is not None:
+                    freed.event.synchronize()
+                self.freed += freed.bytes
+                to.give(freed.bytes)
+
+        self._feeder = threading.Thread(target=run, name=f"trash-panda-handover-{self.name}", daemon=True)
+        self._feeder.start()
+
+    def stop_feeding(self) -> None:
+        """Waits for the feeder to hand over every event of the closed final pass."""
+        if self._feeder is not None:
+            self._feeder.join()
+            self._feeder = None
+
+    def close(self) -> None:
+        """Stops its loader before a release; a read waiting for the allowance fails."""
+        self.stop_feeding()
+        if self.allowance is not None:
+            self.allowance.close()
+        if self.loader is not None:
+            self.loader.close()
+
+
+def load_stage(
+    name: str,
+    model: nn.Module,
+    ckpt: Checkpoint,
+    plan: Plan,
+    predicted: _core.Free,
+    *,
+    device: torch.device,
+    order: list[str] | None,
+    destination: str | os.PathLike[str] | None,
+    shared: dict[str, object],
+    key: str,
+    allowance: int | None,
+) -> LoadedStage:
+    """Loads ``model`` by ``plan`` with its resident blocks and outside weights on a loader
+    thread; with ``allowance`` (bytes free beside the running stage: a stage read ahead) every
+    one of them waits in it, else the outside weights needed first are read now. On an error
+    the model is left unloaded."""
+    from . import install_offload, release
+    from .load import load_deferred
+    from .order import choose_order
+    from .outside import load_now, split_outside
+    from .overlap import start_loader
+    from .state import TensorSpec, get_state
+
+    outside: list[TensorSpec] = []
+    _report, deferred = load_deferred(model, ckpt, plan, outside=outside, device=device, **shared)  # type: ignore[arg-type]
+    try:
+        state = get_state(model)
+        assert state is not None
+        blocks = [b.prefix for b in state.blocks]
+        path = ckpt.files[0] if len(ckpt.files) == 1 else os.path.dirname(ckpt.files[0])
+        choice = choose_order(path, blocks, order, destination, list(state.outside_modules))
+        ahead = allowance is not None
+        now, later, waits = split_outside(outside, state.outside_modules, choice.outside, defer=ahead)
+        if now:
+            from ..settings import setting
+
+            load_now(now, state.device, max(1, int(setting("ram_threads"))))
+        holds = plan.holds(name)
+        gate = _core.Allowance(name, allowance) if ahead else None
+        handle = install_offload(model, order=choice.first)
+        loader = start_loader(
+            handle, state, deferred, choice.first, later, waits, allowance=gate, costs=_costs(plan, state, later)
+        )
+    except BaseException:
+        release(model)
+        raise
+    return LoadedStage(name, model, plan, handle, choice, holds, predicted, loader, gate, key)
+
+
+def _costs(plan: Plan, state: object, later: dict[int, list[object]]) -> dict[tuple[str, int], int]:
+    """What each read of the loader holds once done, as the plan counts it: a resident block its
+    stored bytes; the weights outside the blocks their budget, charged to their first group."""
+    from .state import ModelState
+
+    assert isinstance(state, ModelState)
+    stored = {b.name: b.stored_bytes for b in plan.blocks if b.tier.value == "device"}
+    costs = {("block", b.index): stored[b.prefix] for b in state.blocks if b.prefix in stored}
+    budgets = plan.budgets
+    if later and budgets is not None:
+        costs[("outside", min(later))] = budgets.outside
+    return costs

@@ -1,0 +1,427 @@
+"""Pipeline: runs the stages of a pipeline in order and moves the memory between them.
+
+Each stage is a model of its own (a build function, a checkpoint, plan options). While one
+stage computes, the next is planned for the memory predicted free when it starts and read into
+the memory free now, behind the running stage's reads; a final pass hands each freed block's
+memory to it; a stage the next ones do not need the memory of stays loaded for the next run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import _core
+from .checkpoint import Checkpoint
+from .errors import ArgumentError
+from .plan import plan as make_plan
+from .stage import remember_activation, remembered_activation
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from .offload.final_pass import FinalPass
+    from .offload.handover import LoadedStage
+    from .plan import Plan
+
+__all__ = ["Pipeline", "PipelineRun", "Stage"]
+
+# Keyword arguments that go to stream_load() as well as to plan().
+_SHARED = ("key_map", "skip_prefixes")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One model of a pipeline: ``build_fn()`` returns it on the meta device, ``path`` is its
+    checkpoint (a file, an index of shards, or a folder), ``options`` go to
+    :func:`trash_panda.plan` (``max_vram``, ``resident_blocks``, ``compute_dtype``, ...).
+    ``order`` names the blocks that run first; without it the order file next to the
+    checkpoint (or in ``order_file_destination``) gives it and is written after a run, as
+    :func:`trash_panda.stage` does. ``key`` is what its peak activation memory is remembered
+    under (default: the checkpoint path)."""
+
+    name: str
+    build_fn: Callable[[], nn.Module]
+    path: str | os.PathLike[str]
+    options: dict[str, Any] = field(default_factory=dict)
+    order: list[str] | None = None
+    order_file_destination: str | os.PathLike[str] | None = None
+    key: str | os.PathLike[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ArgumentError(f"name: expected a non-empty str, got {self.name!r}")
+        if not callable(self.build_fn):
+            raise ArgumentError(
+                f"stage {self.name}: build_fn: expected a callable that returns the model, "
+                f"got {type(self.build_fn).__name__}"
+            )
+        if isinstance(self.path, Checkpoint):
+            files = self.path.files
+            object.__setattr__(self, "path", files[0] if len(files) == 1 else os.path.dirname(files[0]))
+        if not isinstance(self.path, str | os.PathLike):
+            raise ArgumentError(f"stage {self.name}: path: expected a checkpoint path, got {type(self.path).__name__}")
+        order = self.order
+        if order is not None and (isinstance(order, str) or not all(isinstance(n, str) for n in order)):
+            raise ArgumentError(f"stage {self.name}: order: expected a list of block names")
+        accepted = set(inspect.signature(make_plan).parameters) - {"model", "checkpoint", "device", "ram", "vram"}
+        unknown = sorted(set(self.options) - accepted)
+        if unknown:
+            raise ArgumentError(
+                f"stage {self.name}: {', '.join(unknown)}: not plan() options; expected some of "
+                f"{', '.join(sorted(accepted))} (the pipeline gives device, ram and vram)"
+            )
+
+
+class Pipeline:
+    """Runs ``stages`` in order, as many times as asked, on ``device``::
+
+        with Pipeline([Stage("text", build_text, "te.safetensors"), ...]) as pipe:
+            for prompt in prompts:
+                with pipe.run() as run:
+                    with run.stage("text") as encoder:
+                        emb = encoder(ids)
+                    ...
+
+    ``prefetch=False`` loads each stage only at its turn; ``keep=False`` releases each stage
+    at its end. Close it (or leave its ``with`` block) to release every stage still loaded.
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        *,
+        device: str | torch.device | None = None,
+        prefetch: bool = True,
+        keep: bool = True,
+    ) -> None:
+        from .device import resolve_device
+
+        stages = list(stages)
+        if not stages or not all(isinstance(s, Stage) for s in stages):
+            raise ArgumentError("stages: expected a non-empty list of trash_panda.Stage")
+        names = [s.name for s in stages]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ArgumentError(f"stages: {', '.join(twice)} named twice; each stage needs a name of its own")
+        for flag, value in (("prefetch", prefetch), ("keep", keep)):
+            if not isinstance(value, bool):
+                raise ArgumentError(f"{flag}: expected True or False, got {value!r}")
+        self.stages = stages
+        self.device = resolve_device(device)
+        self.prefetch = prefetch
+        self.keep = keep
+        self._loaded: dict[str, LoadedStage] = {}
+        self._ticks = 0  # stage starts so far: a stage's last use, for keeping the recent ones
+        self._runs = 0
+        self._running: PipelineRun | None = None
+        self._closed = False
+        self.records: list[_core.StageRecord] = []
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def run(self) -> Iterator[PipelineRun]:
+        """One run of the pipeline: enter each stage with ``run.stage(name)``, in order."""
+        if self._closed:
+            raise ArgumentError("the pipeline is closed")
+        if self._running is not None:
+            raise ArgumentError("a run of this pipeline is already going on; runs go one after another")
+        self._runs += 1
+        run = PipelineRun(self, self._runs)
+        self._running = run
+        try:
+            yield run
+        finally:
+            self._running = None
+
+    @property
+    def loaded(self) -> list[str]:
+        """The stages loaded now (kept from a run, or read ahead), in pipeline order."""
+        return [s.name for s in self.stages if s.name in self._loaded]
+
+    def report(self) -> str:
+        """Every stage of every run so far: how it was loaded, the free memory predicted for it
+        against what it found, and where its time went."""
+        return _core.pipeline_report(self.records)
+
+    def close(self) -> None:
+        """Releases every stage still loaded. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        from .offload.cleanup import Cleanup
+
+        steps = Cleanup()
+        for name in list(self._loaded):
+            steps.run(self._release, name)
+        steps.done()
+
+    # -- the memory between stages --------------------------------------------------------
+
+    def _plan(self, spec: Stage, model: nn.Module, ckpt: Checkpoint, free: _core.Free) -> Plan:
+        """The stage's plan for ``free``, with its remembered activation memory."""
+        options = dict(spec.options)
+        if options.get("activation_vram") is None:
+            remembered = remembered_activation(spec.key if spec.key is not None else spec.path)
+            if remembered is not None:
+                options["activation_vram"] = remembered
+        sizes: dict[str, Any] = {"ram": free.ram}
+        if free.vram is not None:
+            sizes["vram"] = free.vram
+        return make_plan(model, ckpt, device=self.device, **sizes, **options)
+
+    def _room(
+        self, spec: Stage, model: nn.Module, ckpt: Checkpoint, running: LoadedStage | None
+    ) -> tuple[_core.Free, Plan]:
+        """Plans ``spec`` for the memory free at its start, and decides which loaded stages
+        stay: the plan with every other stage released is the best it can get; a stage is
+        kept (the running one first, then the others most recently used first) while the
+        plan without its memory puts every block in the same tier. Idle stages that are not
+        kept are released now; the running one is released at its end. Returns the memory
+        predicted free at the start and the plan made for it."""
+        from .offload.handover import free_now
+
+        free = free_now(self.device)
+        if running is not None:
+            free = free.less(running.pending())
+        idle = sorted(
+            (s for s in self._loaded.values() if s is not running and s.name != spec.name),
+            key=lambda s: -s.last_used,
+        )
+        candidates = [s for s in ([running] if running is not None else []) + idle if self.keep and not s.final]
+        everything = free
+        for s in ([running] if running is not None else []) + idle:
+            everything = everything.after_release(s.holds)
+        best = self._plan(spec, model, ckpt, everything)
+        kept: list[LoadedStage] = []
+        predicted, chosen = everything, best
+        for s in candidates:
+            trial = predicted.less(s.holds)
+            p = self._plan(spec, model, ckpt, trial)
+            if _tiers(p) == _tiers(best):
+                kept.append(s)
+                predicted, chosen = trial, p
+        for s in idle:
+            if s not in kept:
+                self._release(s.name)
+        if running is not None:
+            running.keep_after = running in kept
+        return predicted, chosen
+
+    def _start(self, run: PipelineRun, index: int) -> tuple[LoadedStage, dict[str, Any]]:
+        """The stage at ``index`` starts: the one read ahead opens (or is planned again), a kept
+        one is used as it is, any other is loaded now; then the stage after it is read ahead."""
+        from .offload.handover import free_now, load_stage
+
+        spec = self.stages[index]
+        self._ticks += 1
+        info: dict[str, Any] = {}
+        loaded = self._loaded.get(spec.name)
+        if loaded is not None and loaded.runs == 0:
+            before = loaded.holds.vram or loaded.holds.ram
+            pending = loaded.pending()
+            info["read_before_start"] = max(0, before - (pending.vram or pending.ram))
+            actual, why = loaded.start(self.device)
+            info.update(predicted=loaded.predicted, actual=actual, replan=why)
+            info["arrival"] = "read_ahead" if why is None else "replanned"
+            if why is not None:
+                self._release(spec.name)
+                loaded = None
+        elif loaded is not None:
+            info["arrival"] = "kept"
+        if loaded is None:
+            model = _build(spec)
+            ckpt = Checkpoint(spec.path)
+            predicted, p = self._room(spec, model, ckpt, None)
+            loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), allowance=None)
+            info.setdefault("arrival", "read_at_start")
+            info.setdefault("predicted", predicted)
+            info.setdefault("actual", free_now(self.device).after_release(loaded.holds).less(loaded.pending()))
+        loaded.runs += 1
+        loaded.last_used = self._ticks
+        loaded.keep_after = self.keep
+        self._loaded[spec.name] = loaded
+        if self.prefetch and index + 1 < len(self.stages):
+            self._read_ahead(self.stages[index + 1], loaded)
+        return loaded, info
+
+    def _read_ahead(self, spec: Stage, running: LoadedStage) -> None:
+        """Plans the next stage for the memory predicted free at its start and starts its
+        reads into the memory free beside the running stage (its activations and the plan's
+        floor of free RAM left alone); the rest comes as the running stage gives memory back."""
+        from .offload.handover import free_now, load_stage
+
+        if spec.name in self._loaded:
+            return
+        model = _build(spec)
+        ckpt = Checkpoint(spec.path)
+        predicted, p = self._room(spec, model, ckpt, running)
+        loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), allowance=0)
+        self._loaded[spec.name] = loaded
+        # Measured once the load made its staging pool: the memory a read may take now.
+        free = free_now(self.device).less(running.pending())
+        peak = remembered_activation(running.key) or 0
+        budgets = p.budgets
+        assert budgets is not None and loaded.allowance is not None
+        if free.vram is not None:
+            now = free.vram - max(peak, running.plan.budgets.reserve if running.plan.budgets else 0)
+        else:
+            now = free.ram - peak - budgets.min_free_ram
+        loaded.allowance.give(max(0, now))
+
+    def _end(
+        self, run: PipelineRun, index: int, loaded: LoadedStage, info: dict[str, Any], failure: BaseException | None
+    ) -> None:
+        """The stage ends: its peak and order file are remembered after a block that went well;
+        it is kept, or released with its memory given to the stage read ahead."""
+        from .offload.order import write_order
+
+        spec = self.stages[index]
+        if failure is None:
+            remember_activation(loaded.key, info.get("peak", 0))
+            write_order(loaded.choice, loaded.handle.ran, loaded.handle.outside_ran)
+        following = self._loaded.get(self.stages[index + 1].name) if index + 1 < len(self.stages) else None
+        if failure is not None:
+            departure = "failed"
+        elif loaded.final:
+            departure = "final_pass"
+        elif loaded.keep_after and self.keep:
+            departure = "kept"
+        else:
+            departure = "released"
+        self.records.append(
+            _core.StageRecord(
+                run.number,
+                spec.name,
+                info.get("arrival", "read_at_start"),
+                departure,
+                predicted=info.get("predicted"),
+                actual=info.get("actual"),
+                replan=info.get("replan"),
+                read_before_start=info.get("read_before_start", 0),
+                holds=loaded.holds.vram or loaded.holds.ram,
+                waited=0.0 if loaded.loader is None else loaded.loader.waited_seconds,
+                seconds=info.get("seconds", 0.0),
+                peak=info.get("peak", 0),
+            )
+        )
+        if departure == "kept":
+            return
+        given = max(0, (loaded.holds.vram or loaded.holds.ram) - loaded.freed)
+        self._release(spec.name)
+        if following is not None and following.runs == 0 and following.allowance is not None:
+            following.allowance.give(given)
+
+    def _load_args(self, spec: Stage) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "order": spec.order,
+            "destination": spec.order_file_destination,
+            "shared": {k: spec.options[k] for k in _SHARED if k in spec.options},
+            "key": os.path.abspath(os.fspath(spec.key if spec.key is not None else spec.path)),
+        }
+
+    def _release(self, name: str) -> None:
+        from .offload import release
+
+        loaded = self._loaded.pop(name)
+        loaded.close()
+        release(loaded.model, loaded.handle)
+
+    def _index(self, name: str) -> int:
+        for i, s in enumerate(self.stages):
+            if s.name == name:
+                return i
+        raise ArgumentError(f"stage {name!r}: not a stage of this pipeline; its stages are {', '.join(self._names())}")
+
+    def _names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+
+def _build(spec: Stage) -> nn.Module:
+    from torch import nn
+
+    model = spec.build_fn()
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"stage {spec.name}: build_fn returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _tiers(p: Plan) -> list[str]:
+    return [b.tier.value for b in p.blocks]
+
+
+class PipelineRun:
+    """One run: :meth:`stage` enters each stage in pipeline order (stages may be skipped,
+    never gone back to); :meth:`final_pass` wraps the running stage's last call."""
+
+    def __init__(self, pipeline: Pipeline, number: int) -> None:
+        self.pipeline = pipeline
+        self.number = number
+        self._next = 0  # the first stage that may still run
+        self._current: LoadedStage | None = None
+
+    @contextlib.contextmanager
+    def stage(self, name: str | None = None) -> Iterator[nn.Module]:
+        """Starts the stage ``name`` (default: the next one): loads it unless it was read
+        ahead or kept, starts reading the stage after it, and yields its model. At the end of
+        the block it is kept (when the stage after it does not need its memory) or released,
+        its memory going to the stage read ahead."""
+        from .offload.meter import measured
+
+        if self._current is not None:
+            raise ArgumentError(f"stage {self._current.name} is still running; stages run one at a time")
+        pipe = self.pipeline
+        index = self._next if name is None else pipe._index(name)
+        if index >= len(pipe.stages):
+            raise ArgumentError(f"every stage of the pipeline ran in this run ({', '.join(pipe._names())})")
+        if index < self._next:
+            raise ArgumentError(
+                f"stage {name!r} comes before {pipe.stages[self._next - 1].name!r}, which this run reached; "
+                "stages run in pipeline order (start a new run to go back)"
+            )
+        self._next = index + 1
+        started = time.perf_counter()
+        loaded, info = pipe._start(self, index)
+        self._current = loaded
+        failure: BaseException | None = None
+        try:
+            with measured(pipe.device) as peak:
+                yield loaded.model
+            info["peak"] = peak[0]
+        except BaseException as e:
+            failure = e
+            raise
+        finally:
+            self._current = None
+            info["seconds"] = time.perf_counter() - started
+            pipe._end(self, index, loaded, info, failure)
+
+    @contextlib.contextmanager
+    def final_pass(self, keep_prefixes: Sequence[str] = ()) -> Iterator[FinalPass]:
+        """Around the running stage's last call: each block is freed right after it runs
+        (see ``handle.final_pass()``) and its memory goes to the stage read ahead as it frees.
+        The stage is released at its end: its blocks are gone."""
+        current = self._current
+        if current is None:
+            raise ArgumentError("final_pass(): no stage is running; call it inside run.stage(...)")
+        names = self.pipeline._names()
+        at = names.index(current.name)
+        following = self.pipeline._loaded.get(names[at + 1]) if at + 1 < len(names) else None
+        current.final = True
+        with current.handle.final_pass(keep_prefixes=list(keep_prefixes)) as fp:
+            if following is not None and following.runs == 0 and following.allowance is not None:
+                current.feed(fp, following.allowance)
+            yield fp
+        current.stop_feeding()
