@@ -4,9 +4,11 @@ chained one stage at a time; after a chained run and release the RSS is back nea
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -113,3 +115,91 @@ def test_arguments_are_checked(folder: Path, tmp_path: Path) -> None:
         load(StableDiffusionPipeline, folder)
     with pytest.raises(trash_panda.ArgumentError, match="expected a pipeline made by"):
         trash_panda.diffusers.release_pipeline(object())
+
+
+def _some_blocks_resident() -> dict[str, object]:
+    return {"vram": "1TB", "resident_blocks": 2, "headroom_vram": 0, "device": "cpu"}
+
+
+def _note_loader(seen: list[bool], model: torch.nn.Module, _args: object) -> None:
+    state = get_state(model)
+    seen.append(state is not None and state.handle is not None and state.handle.hooks.get("overlap_wait") is not None)
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_overlap_gives_the_same_image(
+    folder: Path, plain_image: torch.Tensor, chain: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """overlap=True goes to each component's stage(): its resident blocks, and the weights
+    outside them that its order file (written by the first run) places later, are read by the
+    loader thread; the image is bit for bit the one without it."""
+    from trash_panda.offload import outside as outside_mod
+
+    later: list[int] = []  # the positions where a loader read outside weights
+    real = outside_mod.load_outside
+
+    def load(*args: Any) -> None:
+        later.append(args[4])
+        real(*args)
+
+    monkeypatch.setattr(outside_mod, "load_outside", load)
+    images = {}
+    for overlap in (False, True):  # the first writes the order files the second reads
+        pipe = trash_panda.diffusers.load_pipeline(
+            StableDiffusionPipeline, folder, stream=STREAM, chain=chain, overlap=overlap, **_some_blocks_resident()
+        )
+        loaders: list[bool] = []  # whether each component's stage had a loader when it ran
+        for name in STREAM:
+            getattr(pipe, name).register_forward_pre_hook(functools.partial(_note_loader, loaders))
+        try:
+            images[overlap] = _image(pipe)
+        finally:
+            trash_panda.diffusers.release_pipeline(pipe)
+        assert loaders and all(had == overlap for had in loaders), loaders
+    order = json.loads((folder / "unet" / "diffusion_pytorch_model_order.json").read_text())
+    assert any(at > 0 for at in order["outside"].values()), order["outside"]
+    assert later and all(at > 0 for at in later), later
+    assert torch.equal(images[True], images[False])
+    assert torch.equal(images[True], plain_image)
+
+
+def test_a_chained_component_called_by_a_child_waits_for_that_childs_weights(
+    folder: Path, plain_image: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pipeline calls ``vae.decode``: the VAE's stage starts in the pre-hook of its
+    post_quant_conv, which torch then runs without the hooks the stage puts on it. With an order
+    file that places post_quant_conv after some blocks, its overlap wait still runs first."""
+    from trash_panda.offload import outside as outside_mod
+
+    pipe = trash_panda.diffusers.load_pipeline(
+        StableDiffusionPipeline, folder, stream=STREAM, **_every_block_streamed()
+    )
+    try:
+        _image(pipe)  # writes the order files
+    finally:
+        trash_panda.diffusers.release_pipeline(pipe)
+    vae_file = folder / "vae" / "diffusion_pytorch_model_order.json"
+    kept = vae_file.read_text()
+    vae_file.write_text(json.dumps({**json.loads(kept), "outside": {"post_quant_conv": 5}}))
+    positions: list[int | None] = []
+    real = outside_mod.load_outside
+
+    def load(*args: Any) -> None:
+        positions.append(args[4] if len(args) > 4 else None)
+        real(*args)
+
+    monkeypatch.setattr(outside_mod, "load_outside", load)
+    pipe = trash_panda.diffusers.load_pipeline(
+        StableDiffusionPipeline, folder, stream=STREAM, chain=True, overlap=True, **_some_blocks_resident()
+    )
+    try:
+        assert torch.equal(_image(pipe), plain_image)
+    finally:
+        trash_panda.diffusers.release_pipeline(pipe)
+        vae_file.write_text(kept)
+    assert 5 in positions, positions
+
+
+def test_overlap_is_checked(folder: Path) -> None:
+    with pytest.raises(trash_panda.ArgumentError, match="overlap: expected True or False, got 'yes'"):
+        trash_panda.diffusers.load_pipeline(StableDiffusionPipeline, folder, stream=STREAM, overlap="yes")

@@ -10,6 +10,7 @@ encoder, then denoiser, then VAE), so each plan sees the memory the previous sta
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -58,6 +59,7 @@ class _Streamed:
     device: torch.device
     plan_kwargs: dict[str, Any]
     chain: bool
+    overlap: bool = False
     loaded: _Component | None = None
 
 
@@ -69,14 +71,19 @@ def load_pipeline(
     chain: bool = False,
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
+    overlap: bool = False,
     **plan_kwargs: Any,
 ) -> Any:
     """Builds ``pipeline_cls`` (a diffusers pipeline class) from ``folder`` with the components
     named in ``stream`` (``"transformer"``, ``"unet"``, ``"text_encoder"`` ...) streamed.
 
     The keyword arguments go to :func:`trash_panda.plan` for each streamed component; ``dtype``
-    is their compute dtype (by default their checkpoint's). The other components are loaded by
-    diffusers and moved to ``device``. Free everything with :func:`release_pipeline`.
+    is their compute dtype (by default their checkpoint's). ``overlap`` goes to each streamed
+    component's :func:`trash_panda.stage`: with ``True`` its resident blocks (and the weights
+    outside its blocks that its order file places after the first block) are read on a worker
+    thread while it starts to run, in its run order, rather than before the stage begins. The
+    other components are loaded by diffusers and moved to ``device``. Free everything with
+    :func:`release_pipeline`.
     """
     if not isinstance(pipeline_cls, type) or not hasattr(pipeline_cls, "from_pretrained"):
         raise ArgumentError(f"pipeline_cls: expected a diffusers pipeline class, got {pipeline_cls!r}")
@@ -98,7 +105,9 @@ def load_pipeline(
             )
     if "plan" in plan_kwargs:
         raise ArgumentError("plan: each component is planned on its own; pass plan options (max_vram=, ...)")
-    return _load_pipeline(pipeline_cls, root, index, names, chain, dtype, device, plan_kwargs)
+    if not isinstance(overlap, bool):
+        raise ArgumentError(f"overlap: expected True or False, got {overlap!r}")
+    return _load_pipeline(pipeline_cls, root, index, names, chain, dtype, device, overlap, plan_kwargs)
 
 
 def _load_pipeline(
@@ -109,6 +118,7 @@ def _load_pipeline(
     chain: bool,
     dtype: str | torch.dtype | None,
     device: str | torch.device | None,
+    overlap: bool,
     plan_kwargs: dict[str, Any],
 ) -> Any:
     from torch import nn
@@ -116,7 +126,7 @@ def _load_pipeline(
     from .device import resolve_device
 
     dev = resolve_device(device)
-    streamed = _Streamed([], dev, plan_kwargs, chain)
+    streamed = _Streamed([], dev, plan_kwargs, chain, overlap)
     try:
         for name in names:
             library, class_name = index[name]
@@ -165,7 +175,7 @@ def _begin_stage(streamed: _Streamed, c: _Component) -> None:
     from .stage import stage
 
     kwargs = {"compute_dtype": c.model._trash_panda_compute, "device": streamed.device, **streamed.plan_kwargs}
-    cm = stage(lambda: c.model, c.path, **kwargs)
+    cm = stage(lambda: c.model, c.path, overlap=streamed.overlap, **kwargs)
     cm.__enter__()  # entered here and left in _end_stage: the pipeline, not a with block, says when
     c.stage = cm
     guard_to(c.model)
@@ -189,15 +199,23 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
     """Hooks that start the component's stage before it, or any of its direct children, runs:
     a pipeline may call ``vae.decode`` rather than the VAE's forward."""
 
-    def before() -> None:
-        if get_state(c.model) is None:
-            _begin_stage(streamed, c)
+    def before(module: nn.Module) -> None:
+        if get_state(c.model) is not None:
+            return
+        had = set(module._forward_pre_hooks)
+        _begin_stage(streamed, c)
+        # torch runs the pre-hooks a module had when its call began, so those the stage just put
+        # on this one (an overlap load's wait for its weights, the order record) are run here;
+        # without them it would run before its weights are read.
+        for key, hook in list(module._forward_pre_hooks.items()):
+            if key not in had:
+                hook(module, ())
 
     hooks = model_hooks(c.model)
     modules = [c.model, *(m for m in c.model.children() if any(True for _ in m.parameters()))]
     for m in modules:
         # Before the refusal a released component puts on itself: loading it lifts that.
-        hooks.on_module_start(CHAIN, m, before, prepend=True)
+        hooks.on_module_start(CHAIN, m, functools.partial(before, m), prepend=True)
     # Until it is loaded the component is on meta, and a pipeline takes its execution device
     # from its first component; this is where it looks for an offloaded one's (accelerate's name).
     c.model._hf_hook = _ExecutionDevice(streamed.device)  # type: ignore[assignment]

@@ -13,15 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from .checkpoint import Checkpoint
 from .errors import ArgumentError, TrashPandaError
-from .offload import empty_weights, install_offload, stream_load
+from .offload import empty_weights
 from .plan import Plan
 from .plan import plan as make_plan
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-    from .offload.state import BlockState
 
 __all__ = ["build_empty", "checkpoint_of", "from_pretrained", "load_stage"]
 
@@ -68,7 +66,14 @@ def from_pretrained(
     goes to :func:`install_offload`. With ``overlap=True`` the call returns once the model is
     planned and hooked, and the resident blocks are read on a worker thread in run order while
     the model starts (a block that runs before its weights arrive waits for them), as
-    ``stage(overlap=True)`` does. Free the model with ``trash_panda.release(model)``.
+    ``stage(overlap=True)`` does. Without ``order`` it then reads ``stage()``'s order file next
+    to the checkpoint when there is one (``<checkpoint name>_order.json``), so the blocks are
+    read in the order they ran, and the weights outside the blocks that the file places after
+    the first block (a final norm, the head) are read by that thread at their place rather than
+    before the call returns; it only reads it, since a model returned here has no end of a run
+    to write one at (a ``stage()`` of the same checkpoint writes it). With ``order``, or without
+    a usable file, every outside weight is read before the call returns. Free the model with
+    ``trash_panda.release(model)``.
     """
     if not isinstance(cls, type) or not (hasattr(cls, "_from_config") or hasattr(cls, "from_config")):
         raise ArgumentError(
@@ -104,7 +109,7 @@ def _from_pretrained(
 ) -> nn.Module:
     model, compute = build_empty(cls, folder, ckpt, dtype)
     plan_kwargs.setdefault("compute_dtype", compute)
-    load_stage(model, ckpt, device, order, given, plan_kwargs, overlap)
+    load_stage(model, ckpt, device, order, given, plan_kwargs, overlap, checkpoint_of(folder))
     return model
 
 
@@ -133,31 +138,29 @@ def load_stage(
     given: Plan | None,
     plan_kwargs: dict[str, Any],
     overlap: bool = False,
+    where: str | os.PathLike[str] | None = None,
 ) -> None:
     """Plans (unless ``given``), loads and hooks a model built by :func:`build_empty`; ``.to()``
     is guarded. With ``overlap`` the resident blocks are read by a worker thread after this
-    returns. On an error the model is left unloaded."""
-    from .offload import release
-    from .offload.load import load_deferred
-    from .offload.overlap import start_loader
-    from .offload.state import get_state
+    returns, in the order of ``order`` or else of the order file named after ``where`` (the
+    checkpoint's path), which is read, never written. On an error the model is left unloaded."""
+    from .offload.setup import load_and_hook
 
     p = given if given is not None else make_plan(model, ckpt, device=device, **plan_kwargs)
     shared = {k: plan_kwargs[k] for k in _SHARED if k in plan_kwargs}
-    deferred: list[BlockState] = []
-    if overlap:
-        _report, deferred = load_deferred(model, ckpt, p, device=device, **shared)
-    else:
-        stream_load(model, ckpt, plan=p, device=device, **shared)
-    try:
-        handle = install_offload(model, order=order)
-        if overlap:
-            state = get_state(model)
-            assert state is not None
-            start_loader(handle, state, deferred, order)
-    except BaseException:
-        release(model)
-        raise
+    # There is no end of a run here to write an order file at; one that a stage() of the same
+    # checkpoint wrote still says where the outside weights are first needed.
+    reads = overlap and where is not None
+    load_and_hook(
+        model,
+        ckpt,
+        p,
+        where if where is not None else ckpt.files[0],
+        order=order,
+        order_file="read" if reads else "none",
+        overlap=overlap,
+        load_kwargs={"device": device, **shared},
+    )
     guard_to(model)
 
 

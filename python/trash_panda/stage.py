@@ -116,14 +116,8 @@ def _stage(
     from torch import nn
 
     from .device import resolve_device
-    from .offload import install_offload, stream_load
-    from .offload.load import load_deferred
     from .offload.meter import measured
-    from .offload.order import choose_order
-    from .offload.outside import load_now, split_outside
-    from .offload.overlap import start_loader
-    from .offload.state import TensorSpec, get_state
-    from .settings import setting
+    from .offload.setup import load_and_hook
 
     model = build_fn()
     if not isinstance(model, nn.Module):
@@ -136,28 +130,15 @@ def _stage(
     shared = {k: options[k] for k in _SHARED if k in options}
     device = resolve_device(shared.get("device"))
     handle: OffloadHandle | None = None
-    choice = None
+    choice: OrderChoice | None = None
     failure: BaseException | None = None
     try:
         ckpt = Checkpoint(path)
         p = make_plan(model, ckpt, **options)
-        outside: list[TensorSpec] = []  # with overlap: the outside weights left unread
-        if overlap:
-            _report, deferred = load_deferred(model, ckpt, p, outside=outside, **shared)
-        else:
-            stream_load(model, ckpt, plan=p, **shared)
-        state = get_state(model)
-        assert state is not None
-        blocks = [b.prefix for b in state.blocks]
-        choice = choose_order(path, blocks, order, destination, list(state.outside_modules))
-        # Outside weights the file does not place after the first block are needed at once.
-        now, later, waits = split_outside(outside, state.outside_modules, choice.outside)
-        if now:
-            load_now(now, state.device, max(1, int(setting("ram_threads"))))
-        handle = install_offload(model, order=choice.first)
-        if overlap:
-            # Stopped when the hooks come off.
-            start_loader(handle, state, deferred, choice.first, later, waits)
+        loaded = load_and_hook(
+            model, ckpt, p, path, order=order, destination=destination, overlap=overlap, load_kwargs=shared
+        )
+        handle, choice = loaded.handle, loaded.choice
         # The block's own peak: other stages opened meanwhile (their loads and releases) are
         # not counted in it, nor pages of the checkpoint's map the CPU reads. With overlap the
         # loader's tensors arrive while it is open: each is subtracted from the readings after

@@ -37,10 +37,14 @@ def choose_order(
     order: list[str] | None,
     destination: str | os.PathLike[str] | None,
     outside: list[str] | None = None,
+    *,
+    write: bool = True,
 ) -> OrderChoice:
     """``order`` when given (the file is then left alone), else the order file's order when it
     fits ``blocks`` (the model's blocks in plan order), else None (the model's own order); with
-    the model's ``outside`` modules, the file's positions for them when the core says they fit."""
+    the model's ``outside`` modules, the file's positions for them when the core says they fit.
+    ``write=False``: the file is only read (a caller with no end of run to write it at), and
+    :func:`write_order` leaves it alone."""
     where = os.fspath(checkpoint)
     if order is not None:
         _core.full_order(list(order), blocks)  # an unknown or repeated name is the caller's error
@@ -51,11 +55,18 @@ def choose_order(
     except ReadError as e:
         warnings.warn(f"{e}; running in the model's order, and the file is left as it is", stacklevel=4)
         return OrderChoice(None, None, None, where, blocks)
-    line = read.warning()
+    line = read.warning() if write else _read_only_warning(read, path)
     if line is not None:
         warnings.warn(line, stacklevel=4)
     placed = read.outside_for(list(outside or [])) if read.usable else {}
-    return OrderChoice(read.blocks if read.usable else None, path, read, where, blocks, placed)
+    return OrderChoice(read.blocks if read.usable else None, path if write else None, read, where, blocks, placed)
+
+
+def _read_only_warning(read: _core.OrderRead, path: os.PathLike[str]) -> str | None:
+    """The core's warning says the file will be replaced on release: not so when it is only read."""
+    if read.reason in (None, "absent"):
+        return None
+    return f"order file {os.fspath(path)} ignored: {read.detail}; it is only read here, not replaced"
 
 
 def write_order(choice: OrderChoice, ran: list[str], outside: dict[str, int] | None = None) -> bool:

@@ -1,7 +1,7 @@
 """The weights outside the blocks (embeddings, input and output layers, final norms) by module:
 which modules hold them, where a run first needs each (recorded in the order file), and, with
-``stage(overlap=True)`` and a file that says so, which are loaded before the first call and
-which later, by the loader thread, at their place in the run order.
+``overlap=True`` (:mod:`.setup`) and a file that says so, which are loaded before the first
+call and which later, by the loader thread, at their place in the run order.
 
 The order file's rules (which positions are valid, when they are written) are the core's; this
 module only finds the torch modules and splits the tensors.

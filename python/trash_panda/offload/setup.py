@@ -1,0 +1,115 @@
+"""One way from a planned model on the meta device to a hooked one, shared by ``stage()`` and
+``from_pretrained()``: the load, the run order (``order=`` or the order file), the weights
+outside the blocks needed before the first call, the hooks, and with ``overlap`` the loader
+thread that reads the rest (the resident blocks, and the outside weights the order file places
+later) in run order while the model starts.
+
+``load_pipeline()`` loads each component in a ``stage()``, so all three load alike: a feature
+of the load (an order file's outside positions, the read queue the loader shares with the
+engine) reaches every entry point at once.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..checkpoint import Checkpoint
+    from ..plan import Plan
+    from .hooks import OffloadHandle
+    from .order import OrderChoice
+
+__all__ = ["Loaded", "OrderFile", "load_and_hook"]
+
+# What to do with the order file next to the checkpoint: read it and let the caller write it
+# back at the end of the run ("write"), only read it ("read": a caller with no end of run), or
+# leave it alone ("none").
+OrderFile = Literal["write", "read", "none"]
+
+
+@dataclass
+class Loaded:
+    """What a caller keeps of a load: the hooks' handle, and the order the run started with
+    (what :func:`.order.write_order` needs at its end)."""
+
+    handle: OffloadHandle
+    choice: OrderChoice
+
+
+def load_and_hook(
+    model: nn.Module,
+    ckpt: Checkpoint,
+    plan: Plan,
+    where: str | os.PathLike[str],
+    *,
+    order: list[str] | None,
+    destination: str | os.PathLike[str] | None = None,
+    order_file: OrderFile = "write",
+    overlap: bool = False,
+    load_kwargs: dict[str, Any] | None = None,
+) -> Loaded:
+    """Loads ``model`` (built on meta) from ``ckpt`` by ``plan`` and installs its hooks.
+
+    ``where`` is the checkpoint path the order file is named after (``destination``: its
+    folder, as ``stage()`` takes it); ``order`` names the blocks that run first, and the file is
+    then left alone. ``load_kwargs`` go to the load (``stream_load``'s keywords). With
+    ``overlap`` the resident blocks, and the outside weights the order file places after the
+    first block, are read by a loader thread after this returns. On an error the model is left
+    unloaded and the error goes on.
+    """
+    from .release import release
+
+    try:
+        return _load_and_hook(model, ckpt, plan, where, order, destination, order_file, overlap, load_kwargs or {})
+    except BaseException:
+        release(model)
+        raise
+
+
+def _load_and_hook(
+    model: nn.Module,
+    ckpt: Checkpoint,
+    plan: Plan,
+    where: str | os.PathLike[str],
+    order: list[str] | None,
+    destination: str | os.PathLike[str] | None,
+    order_file: OrderFile,
+    overlap: bool,
+    load_kwargs: dict[str, Any],
+) -> Loaded:
+    from ..settings import setting
+    from . import outside as outside_mod
+    from .hooks import install_offload
+    from .load import load_deferred, stream_load
+    from .order import OrderChoice, choose_order
+    from .overlap import start_loader
+    from .state import BlockState, TensorSpec, get_state
+
+    unread: list[TensorSpec] = []  # with overlap: the outside weights left for later
+    deferred: list[BlockState] = []
+    if overlap:
+        _report, deferred = load_deferred(model, ckpt, plan, outside=unread, **load_kwargs)
+    else:
+        stream_load(model, ckpt, plan=plan, **load_kwargs)
+    state = get_state(model)
+    assert state is not None
+    blocks = [b.prefix for b in state.blocks]
+    if order is None and order_file == "none":
+        choice = OrderChoice(None, None, None, os.fspath(where), blocks)
+    else:
+        modules = list(state.outside_modules)
+        choice = choose_order(where, blocks, order, destination, modules, write=order_file == "write")
+    # Outside weights the file does not place after the first block are needed at once.
+    now, later, waits = outside_mod.split_outside(unread, state.outside_modules, choice.outside)
+    if now:
+        # Looked up on the module when called, so tests can watch it.
+        outside_mod.load_now(now, state.device, max(1, int(setting("ram_threads"))))
+    handle = install_offload(model, order=choice.first)
+    if overlap:
+        # Stopped when the hooks come off.
+        start_loader(handle, state, deferred, choice.first, later, waits)
+    return Loaded(handle, choice)
