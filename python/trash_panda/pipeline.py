@@ -90,7 +90,9 @@ class Pipeline:
                     ...
 
     ``prefetch=False`` loads each stage only at its turn; ``keep=False`` releases each stage
-    at its end. Close it (or leave its ``with`` block) to release every stage still loaded.
+    at its end. ``ram`` and ``vram`` (bytes, or sizes such as ``"8GB"``) cap what the
+    pipeline's stages hold together, below what the machine has free. Close it (or leave its
+    ``with`` block) to release every stage still loaded.
     """
 
     def __init__(
@@ -100,6 +102,8 @@ class Pipeline:
         device: str | torch.device | None = None,
         prefetch: bool = True,
         keep: bool = True,
+        ram: int | str | None = None,
+        vram: int | str | None = None,
     ) -> None:
         from .device import resolve_device
 
@@ -113,6 +117,8 @@ class Pipeline:
         for flag, value in (("prefetch", prefetch), ("keep", keep)):
             if not isinstance(value, bool):
                 raise ArgumentError(f"{flag}: expected True or False, got {value!r}")
+        self.ram = None if ram is None else _core.parse_size(ram, "ram")
+        self.vram = None if vram is None else _core.parse_size(vram, "vram")
         self.stages = stages
         self.device = resolve_device(device)
         self.prefetch = prefetch
@@ -169,6 +175,16 @@ class Pipeline:
 
     # -- the memory between stages --------------------------------------------------------
 
+    def _free(self) -> _core.Free:
+        """The memory free now for the pipeline: the machine's, within its budget less what its
+        stages hold."""
+        from .offload.handover import free_now
+
+        held = _core.Holds()
+        for s in self._loaded.values():
+            held = held.plus(s.held_now())
+        return free_now(self.device).within(self.ram, self.vram, held)
+
     def _plan(self, spec: Stage, model: nn.Module, ckpt: Checkpoint, free: _core.Free) -> Plan:
         """The stage's plan for ``free``, with its remembered activation memory."""
         options = dict(spec.options)
@@ -190,9 +206,7 @@ class Pipeline:
         plan without its memory puts every block in the same tier. Idle stages that are not
         kept are released now; the running one is released at its end. Returns the memory
         predicted free at the start and the plan made for it."""
-        from .offload.handover import free_now
-
-        free = free_now(self.device)
+        free = self._free()
         if running is not None:
             free = free.less(running.pending())
         idle = sorted(
@@ -222,7 +236,7 @@ class Pipeline:
     def _start(self, run: PipelineRun, index: int) -> tuple[LoadedStage, dict[str, Any]]:
         """The stage at ``index`` starts: the one read ahead opens (or is planned again), a kept
         one is used as it is, any other is loaded now; then the stage after it is read ahead."""
-        from .offload.handover import free_now, load_stage
+        from .offload.handover import load_stage
 
         spec = self.stages[index]
         self._ticks += 1
@@ -232,7 +246,7 @@ class Pipeline:
             before = loaded.holds.vram or loaded.holds.ram
             pending = loaded.pending()
             info["read_before_start"] = max(0, before - (pending.vram or pending.ram))
-            actual, why = loaded.start(self.device)
+            actual, why = loaded.start(self._free())
             info.update(predicted=loaded.predicted, actual=actual, replan=why)
             info["arrival"] = "read_ahead" if why is None else "replanned"
             if why is not None:
@@ -244,10 +258,10 @@ class Pipeline:
             model = _build(spec)
             ckpt = Checkpoint(spec.path)
             predicted, p = self._room(spec, model, ckpt, None)
-            loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), allowance=None)
+            loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=False)
             info.setdefault("arrival", "read_at_start")
             info.setdefault("predicted", predicted)
-            info.setdefault("actual", free_now(self.device).after_release(loaded.holds).less(loaded.pending()))
+            info.setdefault("actual", self._free().after_release(loaded.held_now()))
         loaded.runs += 1
         loaded.last_used = self._ticks
         loaded.keep_after = self.keep
@@ -260,17 +274,17 @@ class Pipeline:
         """Plans the next stage for the memory predicted free at its start and starts its
         reads into the memory free beside the running stage (its activations and the plan's
         floor of free RAM left alone); the rest comes as the running stage gives memory back."""
-        from .offload.handover import free_now, load_stage
+        from .offload.handover import load_stage
 
         if spec.name in self._loaded:
             return
         model = _build(spec)
         ckpt = Checkpoint(spec.path)
         predicted, p = self._room(spec, model, ckpt, running)
-        loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), allowance=0)
+        loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=True)
         self._loaded[spec.name] = loaded
         # Measured once the load made its staging pool: the memory a read may take now.
-        free = free_now(self.device).less(running.pending())
+        free = self._free().less(running.pending())
         peak = remembered_activation(running.key) or 0
         budgets = p.budgets
         assert budgets is not None and loaded.allowance is not None

@@ -293,13 +293,17 @@ const DEPARTURES: [(&str, Departure); 4] = [
 ];
 
 fn pick<T: Copy>(table: &[(&str, T)], name: &str, what: &str) -> PyResult<T> {
-    table.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).ok_or_else(|| {
-        let names: Vec<&str> = table.iter().map(|(n, _)| *n).collect();
-        raise(
-            Kind::Argument,
-            format!("{what}: {name:?} is not one of {}", names.join(", ")),
-        )
-    })
+    table
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let names: Vec<&str> = table.iter().map(|(n, _)| *n).collect();
+            raise(
+                Kind::Argument,
+                format!("{what}: {name:?} is not one of {}", names.join(", ")),
+            )
+        })
 }
 
 /// One stage of one pipeline run, for the pipeline's report.
@@ -359,15 +363,25 @@ impl PyStageRecord {
     }
     #[getter]
     fn arrival(&self) -> &'static str {
-        ARRIVALS.iter().find(|(_, a)| *a == self.inner.arrival).map_or("", |(n, _)| n)
+        ARRIVALS
+            .iter()
+            .find(|(_, a)| *a == self.inner.arrival)
+            .map_or("", |(n, _)| n)
     }
     #[getter]
     fn departure(&self) -> &'static str {
-        DEPARTURES.iter().find(|(_, d)| *d == self.inner.departure).map_or("", |(n, _)| n)
+        DEPARTURES
+            .iter()
+            .find(|(_, d)| *d == self.inner.departure)
+            .map_or("", |(n, _)| n)
     }
     #[getter]
     fn read_before_start(&self) -> u64 {
         self.inner.read_before_start
+    }
+    #[getter]
+    fn holds(&self) -> u64 {
+        self.inner.holds
     }
     #[getter]
     fn waited(&self) -> f64 {

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .hooks import OffloadHandle
     from .order import OrderChoice
     from .overlap import ResidentLoader
+    from .state import ModelState
 
 __all__ = ["LoadedStage", "free_now", "load_stage"]
 
@@ -61,19 +62,32 @@ class LoadedStage:
     keep_after: bool = False  # the stage after it does not need its memory
     _feeder: threading.Thread | None = field(default=None, repr=False)
 
+    @property
+    def state(self) -> ModelState:
+        """What its load left on the model (the hooks' view of it)."""
+        from .state import get_state
+
+        state = get_state(self.model)
+        assert state is not None, f"stage {self.name} is not loaded"
+        return state
+
     def pending(self) -> _core.Holds:
         """What its loader has still to read, in the memory the blocks compute in (VRAM with
         a GPU, else RAM)."""
         left = 0 if self.loader is None else max(0, self.loader.remaining_bytes)
         return _core.Holds(0, left) if self.holds.vram else _core.Holds(left, 0)
 
-    def start(self, device: torch.device) -> tuple[_core.Free, _core.Replan | None]:
-        """Its turn: the allowance stops limiting, and the plan is checked against the memory
-        free now, with what it holds already counted as free as its plan counted it. Returns
-        that memory and why to plan again (None: keep the plan)."""
+    def held_now(self) -> _core.Holds:
+        """What it holds now: its plan's figures less what its loader has still to read."""
+        return self.holds.less(self.pending())
+
+    def start(self, free: _core.Free) -> tuple[_core.Free, _core.Replan | None]:
+        """Its turn, with ``free`` free now: the allowance stops limiting, and the plan is
+        checked against that memory with what it holds already counted as free, as its plan
+        counted it. Returns that memory and why to plan again (None: keep the plan)."""
         if self.allowance is not None:
             self.allowance.open()
-        actual = free_now(device).after_release(self.holds).less(self.pending())
+        actual = free.after_release(self.held_now())
         return actual, _core.replan(self.predicted, actual)
 
     def feed(self, final: FinalPass, to: _core.Allowance) -> None:
@@ -124,54 +138,26 @@ def load_stage(
     destination: str | os.PathLike[str] | None,
     shared: dict[str, object],
     key: str,
-    allowance: int | None,
+    ahead: bool,
 ) -> LoadedStage:
-    """Loads ``model`` by ``plan`` with its resident blocks and outside weights on a loader
-    thread; with ``allowance`` (bytes free beside the running stage: a stage read ahead) every
-    one of them waits in it, else the outside weights needed first are read now. On an error
-    the model is left unloaded."""
-    from . import install_offload, release
-    from .load import load_deferred
-    from .order import choose_order
-    from .outside import load_now, split_outside
-    from .overlap import start_loader
-    from .state import TensorSpec, get_state
+    """Loads ``model`` by ``plan`` with its resident blocks on a loader thread, as
+    ``stage(overlap=True)`` does; ``ahead`` (a stage read while another runs) puts every read
+    behind an allowance that starts empty, for the caller to fill. On an error the model is
+    left unloaded."""
+    from .setup import load_and_hook
 
-    outside: list[TensorSpec] = []
-    _report, deferred = load_deferred(model, ckpt, plan, outside=outside, device=device, **shared)  # type: ignore[arg-type]
-    try:
-        state = get_state(model)
-        assert state is not None
-        blocks = [b.prefix for b in state.blocks]
-        path = ckpt.files[0] if len(ckpt.files) == 1 else os.path.dirname(ckpt.files[0])
-        choice = choose_order(path, blocks, order, destination, list(state.outside_modules))
-        ahead = allowance is not None
-        now, later, waits = split_outside(outside, state.outside_modules, choice.outside, defer=ahead)
-        if now:
-            from ..settings import setting
-
-            load_now(now, state.device, max(1, int(setting("ram_threads"))))
-        holds = plan.holds(name)
-        gate = _core.Allowance(name, allowance) if ahead else None
-        handle = install_offload(model, order=choice.first)
-        loader = start_loader(
-            handle, state, deferred, choice.first, later, waits, allowance=gate, costs=_costs(plan, state, later)
-        )
-    except BaseException:
-        release(model)
-        raise
-    return LoadedStage(name, model, plan, handle, choice, holds, predicted, loader, gate, key)
-
-
-def _costs(plan: Plan, state: object, later: dict[int, list[object]]) -> dict[tuple[str, int], int]:
-    """What each read of the loader holds once done, as the plan counts it: a resident block its
-    stored bytes; the weights outside the blocks their budget, charged to their first group."""
-    from .state import ModelState
-
-    assert isinstance(state, ModelState)
-    stored = {b.name: b.stored_bytes for b in plan.blocks if b.tier.value == "device"}
-    costs = {("block", b.index): stored[b.prefix] for b in state.blocks if b.prefix in stored}
-    budgets = plan.budgets
-    if later and budgets is not None:
-        costs[("outside", min(later))] = budgets.outside
-    return costs
+    path = ckpt.files[0] if len(ckpt.files) == 1 else os.path.dirname(ckpt.files[0])
+    gate = _core.Allowance(name, 0) if ahead else None
+    loaded = load_and_hook(
+        model,
+        ckpt,
+        plan,
+        path,
+        order=order,
+        destination=destination,
+        overlap=True,
+        load_kwargs={"device": device, **shared},
+        allowance=gate,
+    )
+    holds = plan.holds(name)
+    return LoadedStage(name, model, plan, loaded.handle, loaded.choice, holds, predicted, loaded.loader, gate, key)

@@ -57,7 +57,8 @@ def split_outside(
     wait_for: dict[str, int] = {}
     for spec in specs:
         owners = [names.get(id(m)) for m, _a in (spec.owners or [(spec.module, spec.attr)])]
-        at = [positions.get(n, 0) if defer else positions[n] for n in owners if n is not None and (defer or n in positions)]
+        placed = [n for n in owners if n is not None and (defer or n in positions)]
+        at = [positions.get(n, 0) for n in placed]
         if len(at) < len(owners) or (min(at, default=0) == 0 and not defer):
             now.append(spec)
             continue

@@ -18,10 +18,13 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from torch import nn
 
+    from .. import _core
     from ..checkpoint import Checkpoint
     from ..plan import Plan
     from .hooks import OffloadHandle
     from .order import OrderChoice
+    from .overlap import ResidentLoader
+    from .state import ModelState, TensorSpec
 
 __all__ = ["Loaded", "OrderFile", "load_and_hook"]
 
@@ -38,6 +41,7 @@ class Loaded:
 
     handle: OffloadHandle
     choice: OrderChoice
+    loader: ResidentLoader | None = None  # with overlap: the thread reading the rest
 
 
 def load_and_hook(
@@ -51,6 +55,7 @@ def load_and_hook(
     order_file: OrderFile = "write",
     overlap: bool = False,
     load_kwargs: dict[str, Any] | None = None,
+    allowance: _core.Allowance | None = None,
 ) -> Loaded:
     """Loads ``model`` (built on meta) from ``ckpt`` by ``plan`` and installs its hooks.
 
@@ -58,13 +63,17 @@ def load_and_hook(
     folder, as ``stage()`` takes it); ``order`` names the blocks that run first, and the file is
     then left alone. ``load_kwargs`` go to the load (``stream_load``'s keywords). With
     ``overlap`` the resident blocks, and the outside weights the order file places after the
-    first block, are read by a loader thread after this returns. On an error the model is left
-    unloaded and the error goes on.
+    first block, are read by a loader thread after this returns. With ``allowance`` (a stage of
+    a pipeline read ahead of its turn) nothing is read here: every outside weight and resident
+    block is read by the loader, each once its bytes are in the allowance. On an error the
+    model is left unloaded and the error goes on.
     """
     from .release import release
 
     try:
-        return _load_and_hook(model, ckpt, plan, where, order, destination, order_file, overlap, load_kwargs or {})
+        return _load_and_hook(
+            model, ckpt, plan, where, order, destination, order_file, overlap, load_kwargs or {}, allowance
+        )
     except BaseException:
         release(model)
         raise
@@ -80,6 +89,7 @@ def _load_and_hook(
     order_file: OrderFile,
     overlap: bool,
     load_kwargs: dict[str, Any],
+    allowance: _core.Allowance | None,
 ) -> Loaded:
     from ..settings import setting
     from . import outside as outside_mod
@@ -87,11 +97,12 @@ def _load_and_hook(
     from .load import load_deferred, stream_load
     from .order import OrderChoice, choose_order
     from .overlap import start_loader
-    from .state import BlockState, TensorSpec, get_state
+    from .state import BlockState, get_state
 
     unread: list[TensorSpec] = []  # with overlap: the outside weights left for later
     deferred: list[BlockState] = []
-    if overlap:
+    ahead = allowance is not None
+    if overlap or ahead:
         _report, deferred = load_deferred(model, ckpt, plan, outside=unread, **load_kwargs)
     else:
         stream_load(model, ckpt, plan=plan, **load_kwargs)
@@ -104,12 +115,26 @@ def _load_and_hook(
         modules = list(state.outside_modules)
         choice = choose_order(where, blocks, order, destination, modules, write=order_file == "write")
     # Outside weights the file does not place after the first block are needed at once.
-    now, later, waits = outside_mod.split_outside(unread, state.outside_modules, choice.outside)
+    now, later, waits = outside_mod.split_outside(unread, state.outside_modules, choice.outside, defer=ahead)
     if now:
         # Looked up on the module when called, so tests can watch it.
         outside_mod.load_now(now, state.device, max(1, int(setting("ram_threads"))))
     handle = install_offload(model, order=choice.first)
-    if overlap:
-        # Stopped when the hooks come off.
-        start_loader(handle, state, deferred, choice.first, later, waits)
-    return Loaded(handle, choice)
+    if not (overlap or ahead):
+        return Loaded(handle, choice)
+    # Stopped when the hooks come off.
+    costs = _costs(plan, state, later) if ahead else None
+    loader = start_loader(handle, state, deferred, choice.first, later, waits, allowance=allowance, costs=costs)
+    return Loaded(handle, choice, loader)
+
+
+def _costs(plan: Plan, state: ModelState, later: dict[int, list[TensorSpec]]) -> dict[tuple[str, int], int]:
+    """What each read of the loader holds once done, as the plan counts it (what the stage's
+    ``Holds`` adds up): a resident block its stored bytes, the weights outside the blocks their
+    budget, charged to their first group."""
+    stored = {b.name: b.stored_bytes for b in plan.blocks if b.tier.value == "device"}
+    costs = {("block", b.index): stored[b.prefix] for b in state.blocks if b.prefix in stored}
+    budgets = plan.budgets
+    if later and budgets is not None:
+        costs[("outside", min(later))] = budgets.outside
+    return costs

@@ -257,12 +257,33 @@ mod tests {
             vram: GB,
         };
         let f = machine.within(Some(8 * GB), None, held);
-        assert_eq!(f, Free { ram: 5 * GB, vram: Some(10 * GB) });
+        assert_eq!(
+            f,
+            Free {
+                ram: 5 * GB,
+                vram: Some(10 * GB)
+            }
+        );
         let f = machine.within(Some(40 * GB), Some(4 * GB), held);
-        assert_eq!(f, Free { ram: 20 * GB, vram: Some(3 * GB) });
+        assert_eq!(
+            f,
+            Free {
+                ram: 20 * GB,
+                vram: Some(3 * GB)
+            }
+        );
         assert_eq!(machine.within(Some(GB), None, held).ram, 0);
         assert_eq!(machine.within(None, None, held), machine);
-        assert_eq!(held.less(Holds { ram: GB, vram: 2 * GB }), Holds { ram: 2 * GB, vram: 0 });
+        assert_eq!(
+            held.less(Holds {
+                ram: GB,
+                vram: 2 * GB
+            }),
+            Holds {
+                ram: 2 * GB,
+                vram: 0
+            }
+        );
     }
 
     #[test]

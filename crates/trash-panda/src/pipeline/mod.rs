@@ -15,5 +15,5 @@ mod report;
 
 pub use allowance::{Allowance, AllowanceStats};
 pub use error::PipelineError;
-pub use report::{report, Arrival, Departure, StageRecord};
 pub use holds::{replan, Free, Holds, Replan, REPLAN_MARGIN_FRACTION, REPLAN_MARGIN_MIN};
+pub use report::{report, Arrival, Departure, StageRecord};

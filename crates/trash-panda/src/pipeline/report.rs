@@ -106,7 +106,12 @@ impl fmt::Display for StageRecord {
         }
         write!(f, "; {}", self.departure)?;
         if let (Some(p), Some(a)) = (&self.predicted, &self.actual) {
-            write!(f, "\n    free memory predicted {}, found {}", free(p), free(a))?;
+            write!(
+                f,
+                "\n    free memory predicted {}, found {}",
+                free(p),
+                free(a)
+            )?;
         }
         if let Some(r) = &self.replan {
             write!(f, "\n    planned again: {r}")?;

@@ -1,0 +1,240 @@
+"""The pipeline runner (trash_panda.Pipeline): the tiny three-stage pipeline of
+examples/pipeline_stages.py run several times equals the plain pipeline bit for bit, while the
+next stage is read behind the running one, within a memory budget, kept between runs when it
+fits, and planned again when the memory at its start missed the prediction."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import trash_panda as tp
+from trash_panda import _core
+from trash_panda.errors import ArgumentError, StreamError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import pipeline_stages as ps
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ps.save_pipeline(tmp_path_factory.mktemp("runner") / "pipe")
+
+
+@pytest.fixture(scope="module")
+def want(folder: Path) -> torch.Tensor:
+    return ps.plain(folder)
+
+
+def stages(folder: Path, **options: Any) -> list[tp.Stage]:
+    return [tp.Stage(n, (lambda n=n: ps.build(folder, n)), folder / n, options=dict(options)) for n in ps.COMPONENTS]
+
+
+def one_run(pipe: tp.Pipeline, final: bool = True, inside: dict[str, Callable[[], None]] | None = None) -> torch.Tensor:
+    """One image; ``inside[name]()`` is called in the stage ``name`` after its first call."""
+    inside = inside or {}
+    ids, latents = ps.inputs()
+    with torch.no_grad(), pipe.run() as run:
+        with run.stage("text_encoder") as encoder:
+            text = encoder(ids)
+            inside.get("text_encoder", lambda: None)()
+        with run.stage("transformer") as denoiser:
+            for step in range(ps.STEPS - 1):
+                latents = ps.denoise_step(denoiser, latents, text, step)
+            inside.get("transformer", lambda: None)()
+            if final:
+                with run.final_pass():
+                    latents = ps.denoise_step(denoiser, latents, text, ps.STEPS - 1)
+            else:
+                latents = ps.denoise_step(denoiser, latents, text, ps.STEPS - 1)
+        with run.stage("vae") as vae:
+            return vae(latents)
+
+
+def arrivals(pipe: tp.Pipeline, run: int) -> list[str]:
+    return [r.arrival for r in pipe.records if r.run == run]
+
+
+def until(cond: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60  # guards against a hang; nothing asserts a time
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def test_runs_equal_the_plain_pipeline_and_keep_what_fits(folder: Path, want: torch.Tensor) -> None:
+    with tp.Pipeline(stages(folder)) as pipe:
+        for _ in range(3):
+            assert torch.equal(one_run(pipe), want)
+        # The first run reads each stage ahead of its turn but the first; later runs find the
+        # encoder and the VAE still loaded, and the denoiser (freed by its final pass) read
+        # again behind the encoder.
+        assert arrivals(pipe, 1) == ["read_at_start", "read_ahead", "read_ahead"]
+        assert arrivals(pipe, 2) == ["kept", "read_ahead", "kept"]
+        assert [r.departure for r in pipe.records if r.run == 2] == ["kept", "final_pass", "kept"]
+        assert pipe.loaded == ["text_encoder", "vae"]
+        text = pipe.report()
+        assert "run 2 text_encoder: kept from the run before" in text
+        assert "run 1 transformer: read ahead" in text and "free memory predicted RAM" in text
+    assert pipe.loaded == []
+    with pytest.raises(ArgumentError, match="closed"), pipe.run():
+        pass
+
+
+def test_the_next_stage_is_read_while_the_running_one_computes(folder: Path, want: torch.Tensor) -> None:
+    with tp.Pipeline(stages(folder), keep=False) as pipe:
+
+        def denoiser_arrives() -> None:
+            ahead = pipe._loaded["transformer"]
+            until(lambda: ahead.loader is not None and ahead.loader.remaining_bytes == 0, "never read")
+            assert pipe.loaded == ["text_encoder", "transformer"]
+
+        assert torch.equal(one_run(pipe, inside={"text_encoder": denoiser_arrives}), want)
+        rec = next(r for r in pipe.records if r.stage == "transformer")
+        assert rec.arrival == "read_ahead"
+        assert rec.read_before_start == pipe.records[1].read_before_start > 0
+        # keep=False: nothing stays once the run is over.
+        assert pipe.loaded == []
+
+
+def test_a_budget_holds_the_reads_until_the_running_stage_gives_memory_back(folder: Path, want: torch.Tensor) -> None:
+    """Within a RAM budget that fits one stage but not two, the denoiser's reads wait in its
+    allowance while the encoder runs, and go on once the encoder's release gives its memory."""
+    probe = tp.Pipeline(stages(folder, min_free_ram=0))
+    with probe:
+        one_run(probe, final=False)
+        holds = {name: s.holds for name, s in probe._loaded.items()}
+    assert set(holds) == {"text_encoder", "transformer", "vae"}
+    biggest = max(h.ram for h in holds.values())
+    budget = biggest + holds["text_encoder"].ram // 2
+    assert budget < holds["text_encoder"].ram + holds["transformer"].ram
+    with tp.Pipeline(stages(folder, min_free_ram=0), ram=budget) as pipe:
+        seen: dict[str, Any] = {}
+
+        def look() -> None:
+            gate = pipe._loaded["transformer"].allowance
+            assert gate is not None
+            until(lambda: gate.waiting == 1, "the denoiser's reads never waited for memory")
+            seen["gate"] = gate
+
+        assert torch.equal(one_run(pipe, final=False, inside={"text_encoder": look}), want)
+        stats = seen["gate"].stats()
+        assert stats.waits >= 1 and stats.given > 0
+        # Every stage was released for the next one: the budget holds one at a time.
+        assert [r.departure for r in pipe.records] == ["released", "released", "kept"]
+
+
+def test_a_stage_is_planned_again_when_its_start_misses_the_prediction(folder: Path, want: torch.Tensor) -> None:
+    with tp.Pipeline(stages(folder, min_free_ram=0)) as pipe:
+
+        def shrink() -> None:
+            # Less RAM for the pipeline than the denoiser was planned for, from its start on.
+            pipe.ram = pipe._loaded["transformer"].predicted.ram // 2
+
+        assert torch.equal(one_run(pipe, inside={"text_encoder": shrink}), want)
+        rec = next(r for r in pipe.records if r.stage == "transformer")
+        assert rec.arrival == "replanned"
+        assert "planned again: RAM free at the start was" in pipe.report()
+
+
+def test_a_final_pass_gives_each_freed_block_to_the_stage_read_ahead(folder: Path, want: torch.Tensor) -> None:
+    with tp.Pipeline(stages(folder)) as pipe:
+        before: list[int] = []
+
+        def watch() -> None:
+            gate = pipe._loaded["vae"].allowance
+            assert gate is not None
+            before.append(gate.stats().given)
+
+        assert torch.equal(one_run(pipe, inside={"transformer": watch}), want)
+        gate = pipe._loaded["vae"].allowance
+        assert gate is not None
+        denoiser = pipe.records[1]
+        assert denoiser.departure == "final_pass"
+        # The pass's freed blocks, then the release of the rest: the denoiser's whole holding.
+        assert gate.stats().given - before[0] == denoiser.holds > 0
+
+
+def test_an_error_in_a_stage_releases_it_and_the_next_run_goes_on(folder: Path, want: torch.Tensor) -> None:
+    with tp.Pipeline(stages(folder)) as pipe:
+
+        def fail() -> None:
+            raise RuntimeError("the user's code failed")
+
+        with pytest.raises(RuntimeError, match="the user's code failed"):
+            one_run(pipe, inside={"transformer": fail})
+        assert pipe.records[-1].departure == "failed"
+        assert "transformer" not in pipe.loaded
+        assert torch.equal(one_run(pipe), want)
+
+
+def test_arguments_are_checked(folder: Path) -> None:
+    build = lambda: ps.build(folder, "vae")  # noqa: E731
+    with pytest.raises(ArgumentError, match="not plan\\(\\) options.*max_vram"):
+        tp.Stage("vae", build, folder / "vae", options={"max_vrm": "1GB"})
+    with pytest.raises(ArgumentError, match="build_fn"):
+        tp.Stage("vae", 3, folder / "vae")  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="vae named twice"):
+        tp.Pipeline([tp.Stage("vae", build, folder / "vae")] * 2)
+    with pytest.raises(ArgumentError, match="prefetch: expected True or False"):
+        tp.Pipeline(stages(folder), prefetch="yes")  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="ram"):
+        tp.Pipeline(stages(folder), ram="lots")
+    with tp.Pipeline(stages(folder)) as pipe, pipe.run() as run:
+        with pytest.raises(ArgumentError, match="no stage is running"), run.final_pass():
+            pass
+        unknown = "not a stage of this pipeline; its stages are text_encoder"
+        with pytest.raises(ArgumentError, match=unknown), run.stage("unet"):
+            pass
+        with run.stage("transformer"):
+            pass
+        with pytest.raises(ArgumentError, match="comes before 'transformer'"), run.stage("text_encoder"):
+            pass
+
+
+def test_the_allowance_waits_without_the_gil() -> None:
+    gate = _core.Allowance("next", 10)
+    done = threading.Event()
+
+    def reader() -> None:
+        gate.take(100)
+        done.set()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    until(lambda: gate.waiting == 1, "the read never waited")
+    # Python runs while the reader waits, and the memory it gives wakes it.
+    counted = sum(range(10_000))
+    gate.give(90)
+    t.join(timeout=60)
+    assert done.is_set() and counted == 49_995_000
+    assert gate.available == 0 and gate.stats().waits == 1
+    gate.close()
+    with pytest.raises(StreamError, match='allowance of stage "next" was closed'):
+        gate.take(1)
+
+
+def test_holds_counts_what_a_loaded_stage_holds(folder: Path) -> None:
+    """On the CPU a loaded stage holds its resident blocks and outside weights as the plan
+    counts them, and Holds adds the staging pool and the expansion buffer to them."""
+    from trash_panda.offload.overlap import held_bytes
+
+    with tp.Pipeline(stages(folder)) as pipe, pipe.run() as run, run.stage("transformer") as model:
+        loaded = pipe._loaded["transformer"]
+        state = loaded.state
+        budgets = loaded.plan.budgets
+        assert budgets is not None
+        resident = sum(held_bytes(spec, state.device) for b in state.blocks if b.tier == "device" for spec in b.tensors)
+        outside = sum(p.nbytes for name, m in state.outside_modules.items() for p in m.parameters(recurse=False))
+        assert resident == budgets.device_used > 0
+        assert outside == budgets.outside > 0
+        assert loaded.holds.ram == budgets.device_used + budgets.outside + budgets.host_staging + budgets.expansion
+        assert loaded.holds.vram == 0
+        assert model is loaded.model
