@@ -1,5 +1,7 @@
 """A pipeline run as chained stages: text encoder, then denoiser, then VAE, each loaded, run and
-released before the next is planned, so each plan sees the memory the previous one gave back.
+released before the next is planned, so each plan sees the memory the previous one gave back;
+then the same pipeline run twice by ``trash_panda.Pipeline``, which reads each stage while the
+one before it computes and keeps what fits for the next run.
 
 The pipeline here is a tiny diffusers-style folder (one subfolder per component with a
 config.json and a safetensors file) made of plain torch modules with random weights, so the
@@ -177,6 +179,30 @@ def staged(folder: Path, device: str = "cpu", verbose: bool = False, **denoiser_
             return vae(latents).cpu()
 
 
+def with_runner(folder: Path, runs: int = 2, device: str = "cpu", verbose: bool = False) -> list[torch.Tensor]:
+    """The same pipeline run ``runs`` times by ``tp.Pipeline``: each stage after the first is
+    read while the one before it computes, and what fits stays loaded for the next run."""
+    stages = [tp.Stage(name, (lambda name=name: build(folder, name)), folder / name) for name in COMPONENTS]
+    images = []
+    with tp.Pipeline(stages, device=device) as pipe:
+        for _ in range(runs):
+            ids, latents = inputs()
+            with torch.no_grad(), pipe.run() as run:
+                with run.stage("text_encoder") as encoder:
+                    text = encoder(ids.to(device))
+                with run.stage("transformer") as denoiser:
+                    latents = latents.to(device)
+                    for step in range(STEPS - 1):
+                        latents = denoise_step(denoiser, latents, text, step)
+                    with run.final_pass():
+                        latents = denoise_step(denoiser, latents, text, STEPS - 1)
+                with run.stage("vae") as vae:
+                    images.append(vae(latents).cpu())
+        if verbose:
+            print(pipe.report())
+    return images
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--folder", type=Path, default=None, help="where to write the pipeline (default: a temp dir)")
@@ -188,6 +214,9 @@ def main() -> None:
         want = plain(folder)
         same = torch.equal(image, want)
         print(f"image {tuple(image.shape)}: {'equal to' if same else 'DIFFERENT from'} the plain pipeline's")
+        images = with_runner(folder, device=args.device, verbose=True)
+        same = all(torch.equal(i, want) for i in images)
+        print(f"{len(images)} runs of the Pipeline: {'equal to' if same else 'DIFFERENT from'} the plain pipeline's")
 
 
 if __name__ == "__main__":

@@ -122,14 +122,15 @@ class Loader:
                 mem.add(sizes[info.name])
             return read_many(infos, *args, **kwargs)
 
-        def start_loader(handle: Any, *args: Any) -> None:
-            start(handle, *args)
+        def start_loader(handle: Any, *args: Any, **kwargs: Any) -> Any:
+            loader = start(handle, *args, **kwargs)
             self.loader = handle.hooks.get("overlap_wait").loader
             assert self.loader.ready[0].wait(10)  # blocks.0. landed before the window opened
             # The final norm and the head, which the order file places after the last block,
             # land when the norm is first called (before its wait for them), once every block's
             # activations are given back: the peaks below stay the blocks'.
             handle.model.norm.register_forward_pre_hook(lambda _m, _a: self.outside_gate.set(), prepend=True)
+            return loader
 
         self.outside_gate = threading.Event()
         load_outside = outside.load_outside  # its reads are counted by read_counted, as the blocks'

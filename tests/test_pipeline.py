@@ -23,6 +23,13 @@ CONFIGS = {
 }
 
 
+def test_the_runner_example_equals_the_plain_pipeline(tmp_path: Path) -> None:
+    folder = pipe.save_pipeline(tmp_path / "pipe")
+    want = pipe.plain(folder)
+    images = pipe.with_runner(folder, runs=2)
+    assert len(images) == 2 and all(torch.equal(i, want) for i in images)
+
+
 def test_the_small_pipeline_equals_the_plain_one(tmp_path: Path) -> None:
     folder = pipe.save_pipeline(tmp_path / "pipe")
     assert torch.equal(pipe.staged(folder), pipe.plain(folder))

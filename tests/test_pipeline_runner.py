@@ -107,7 +107,14 @@ def test_the_next_stage_is_read_while_the_running_one_computes(folder: Path, wan
 def test_a_budget_holds_the_reads_until_the_running_stage_gives_memory_back(folder: Path, want: torch.Tensor) -> None:
     """Within a RAM budget that fits one stage but not two, the denoiser's reads wait in its
     allowance while the encoder runs, and go on once the encoder's release gives its memory."""
-    probe = tp.Pipeline(stages(folder, min_free_ram=0))
+    # Plans that do not move with the peaks earlier tests left: every block of the denoiser
+    # resident, no activation memory counted.
+    def staged() -> list[tp.Stage]:
+        out = stages(folder, min_free_ram=0, activation_vram=0)
+        out[1].options["resident_blocks"] = 6
+        return out
+
+    probe = tp.Pipeline(staged())
     with probe:
         one_run(probe, final=False)
         holds = {name: s.holds for name, s in probe._loaded.items()}
@@ -115,7 +122,7 @@ def test_a_budget_holds_the_reads_until_the_running_stage_gives_memory_back(fold
     biggest = max(h.ram for h in holds.values())
     budget = biggest + holds["text_encoder"].ram // 2
     assert budget < holds["text_encoder"].ram + holds["transformer"].ram
-    with tp.Pipeline(stages(folder, min_free_ram=0), ram=budget) as pipe:
+    with tp.Pipeline(staged(), ram=budget) as pipe:
         seen: dict[str, Any] = {}
 
         def look() -> None:
@@ -127,8 +134,8 @@ def test_a_budget_holds_the_reads_until_the_running_stage_gives_memory_back(fold
         assert torch.equal(one_run(pipe, final=False, inside={"text_encoder": look}), want)
         stats = seen["gate"].stats()
         assert stats.waits >= 1 and stats.given > 0
-        # Every stage was released for the next one: the budget holds one at a time.
-        assert [r.departure for r in pipe.records] == ["released", "released", "kept"]
+        # The encoder was released for the denoiser: the budget does not hold both.
+        assert pipe.records[0].departure == "released"
 
 
 def test_a_stage_is_planned_again_when_its_start_misses_the_prediction(folder: Path, want: torch.Tensor) -> None:
@@ -228,6 +235,8 @@ def test_holds_counts_what_a_loaded_stage_holds(folder: Path) -> None:
 
     with tp.Pipeline(stages(folder)) as pipe, pipe.run() as run, run.stage("transformer") as model:
         loaded = pipe._loaded["transformer"]
+        assert loaded.loader is not None
+        until(lambda: loaded.loader.remaining_bytes == 0, "the loader never finished")  # type: ignore[union-attr]
         state = loaded.state
         budgets = loaded.plan.budgets
         assert budgets is not None

@@ -2,9 +2,11 @@
 
 The components named in ``stream`` are built from their configs on the meta device and loaded
 with stream_load, so diffusers' from_pretrained never reads them into RAM; the others are loaded
-by diffusers as usual. With ``chain=True`` each streamed component is a stage: it is planned and
-loaded when the pipeline first calls it, and the one loaded before it is released first (text
-encoder, then denoiser, then VAE), so each plan sees the memory the previous stage gave back.
+by diffusers as usual. With ``chain=True`` the streamed components are the stages of a
+:class:`trash_panda.Pipeline`, in the order the pipeline calls them: a component's stage starts
+when the pipeline first calls it (and one pipeline call is one run), the next component is read
+while it runs, and what the next components do not need the memory of stays loaded for the next
+call.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from .errors import ArgumentError
 from .hf import build_empty, checkpoint_dtype, checkpoint_of, guard_to
 from .offload import empty_weights
 from .offload.registry import model_hooks
-from .offload.state import clear_released, get_state
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["load_pipeline", "release_pipeline"]
+    from .pipeline import Pipeline, PipelineRun
+
+__all__ = ["load_pipeline", "pipeline_report", "release_pipeline"]
 
 _ATTR = "_trash_panda_pipeline"
 _LIBRARIES = ("diffusers", "transformers")
@@ -52,15 +55,52 @@ class _ExecutionDevice:
 
 
 @dataclass
+class _Chain:
+    """The runner of a chained pipeline, and the run and stage open in it: entered by the chain
+    hooks, left when the next component starts (or the pipeline is called again) and at the
+    release."""
+
+    runner: Pipeline
+    run_cm: contextlib.AbstractContextManager[PipelineRun] | None = None
+    run: PipelineRun | None = None
+    stage_cm: contextlib.AbstractContextManager[Any] | None = None
+    at: int = -1  # the component running, by its place in the chain
+
+    def enter(self, index: int, name: str) -> None:
+        """Starts the component ``name``: ends the one running, and the run when ``name`` does
+        not come after it (the pipeline was called again)."""
+        self.leave_stage()
+        if self.run is None or index <= self.at:
+            self.leave_run()
+            self.run_cm = self.runner.run()
+            self.run = self.run_cm.__enter__()
+        stage = self.run.stage(name)
+        stage.__enter__()  # left when the next component starts: the pipeline says when
+        self.stage_cm, self.at = stage, index
+
+    def leave_stage(self) -> None:
+        if self.stage_cm is not None:
+            stage, self.stage_cm = self.stage_cm, None
+            stage.__exit__(None, None, None)
+
+    def leave_run(self) -> None:
+        self.leave_stage()
+        if self.run_cm is not None:
+            run, self.run_cm, self.run = self.run_cm, None, None
+            run.__exit__(None, None, None)
+        self.at = -1
+
+
+@dataclass
 class _Streamed:
-    """The streamed components of one pipeline and, with chain=True, which one is loaded."""
+    """The streamed components of one pipeline and, with chain=True, the runner of its chain."""
 
     components: list[_Component]
     device: torch.device
     plan_kwargs: dict[str, Any]
     chain: bool
     overlap: bool = False
-    loaded: _Component | None = None
+    chained: _Chain | None = None
 
 
 def load_pipeline(
@@ -81,9 +121,10 @@ def load_pipeline(
     is their compute dtype (by default their checkpoint's). ``overlap`` goes to each streamed
     component's :func:`trash_panda.stage`: with ``True`` its resident blocks (and the weights
     outside its blocks that its order file places after the first block) are read on a worker
-    thread while it starts to run, in its run order, rather than before the stage begins. The
-    other components are loaded by diffusers and moved to ``device``. Free everything with
-    :func:`release_pipeline`.
+    thread while it starts to run, in its run order, rather than before the stage begins; a
+    chain's :class:`trash_panda.Pipeline` always reads so. The other components are loaded by
+    diffusers and moved to ``device``. :func:`pipeline_report` prints what a chain did; free
+    everything with :func:`release_pipeline`.
     """
     if not isinstance(pipeline_cls, type) or not hasattr(pipeline_cls, "from_pretrained"):
         raise ArgumentError(f"pipeline_cls: expected a diffusers pipeline class, got {pipeline_cls!r}")
@@ -143,6 +184,7 @@ def _load_pipeline(
         if isinstance(component, nn.Module) and name not in names:
             component.to(dev)
     if chain:
+        streamed.chained = _Chain(_runner(streamed))
         for c in streamed.components:
             _chain_hooks(streamed, c)
     setattr(pipe, _ATTR, streamed)
@@ -167,11 +209,21 @@ def _build(cls: Any, library: str, folder: Path, dtype: str | torch.dtype | None
     return model, path
 
 
+def _runner(streamed: _Streamed) -> Pipeline:
+    """The pipeline runner of a chain: one stage per streamed component, in the order given."""
+    from .pipeline import Pipeline, Stage
+
+    options = {k: v for k, v in streamed.plan_kwargs.items() if k != "device"}
+    stages = [
+        Stage(c.name, (lambda c=c: c.model), c.path, options={"compute_dtype": c.model._trash_panda_compute, **options})
+        for c in streamed.components
+    ]
+    return Pipeline(stages, device=streamed.device)
+
+
 def _begin_stage(streamed: _Streamed, c: _Component) -> None:
-    """Plans, loads and hooks one component in a :func:`trash_panda.stage` (the previous chained
-    one released first): its order file and its remembered activation memory come with it."""
-    if streamed.loaded is not None and streamed.loaded is not c:
-        _end_stage(streamed, streamed.loaded)
+    """Plans, loads and hooks one component in a :func:`trash_panda.stage` (chain=False): its
+    order file and its remembered activation memory come with it."""
     from .stage import stage
 
     kwargs = {"compute_dtype": c.model._trash_panda_compute, "device": streamed.device, **streamed.plan_kwargs}
@@ -179,31 +231,27 @@ def _begin_stage(streamed: _Streamed, c: _Component) -> None:
     cm.__enter__()  # entered here and left in _end_stage: the pipeline, not a with block, says when
     c.stage = cm
     guard_to(c.model)
-    if streamed.chain:
-        streamed.loaded = c
 
 
-def _end_stage(streamed: _Streamed, c: _Component, *, final: bool = False) -> None:
+def _end_stage(c: _Component) -> None:
     if c.stage is not None:
         cm, c.stage = c.stage, None
         cm.__exit__(None, None, None)  # releases the model (and writes its order file if need be)
-        if not final:
-            # release() makes a model refuse to run on empty weights; a chained component is
-            # loaded again on purpose, by its chain hook, which runs before that refusal would.
-            clear_released(c.model)
-    if streamed.loaded is c:
-        streamed.loaded = None
 
 
 def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
     """Hooks that start the component's stage before it, or any of its direct children, runs:
     a pipeline may call ``vae.decode`` rather than the VAE's forward."""
+    chain = streamed.chained
+    assert chain is not None
+    index = streamed.components.index(c)
 
     def before(module: nn.Module) -> None:
-        if get_state(c.model) is not None:
+        if chain.at == index:
             return
         had = set(module._forward_pre_hooks)
-        _begin_stage(streamed, c)
+        chain.enter(index, c.name)
+        guard_to(c.model)
         # torch runs the pre-hooks a module had when its call began, so those the stage just put
         # on this one (an overlap load's wait for its weights, the order record) are run here;
         # without them it would run before its weights are read.
@@ -221,6 +269,18 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
     c.model._hf_hook = _ExecutionDevice(streamed.device)  # type: ignore[assignment]
 
 
+def pipeline_report(pipe: Any) -> str:
+    """The report of a chained pipeline's runs (see :meth:`trash_panda.Pipeline.report`): per
+    call and component, how its weights came, the memory predicted and found, and what became
+    of it."""
+    streamed = getattr(pipe, _ATTR, None)
+    if not isinstance(streamed, _Streamed):
+        raise ArgumentError("pipe: expected a pipeline made by trash_panda.diffusers.load_pipeline()")
+    if streamed.chained is None:
+        raise ArgumentError("pipe: it was loaded with chain=False; only a chained pipeline runs as a Pipeline")
+    return streamed.chained.runner.report()
+
+
 def release_pipeline(pipe: Any) -> None:
     """Releases the streamed components of a pipeline made by :func:`load_pipeline` (their RAM
     and device memory are given back) and removes its chain hooks. The pipeline cannot run after."""
@@ -232,8 +292,15 @@ def release_pipeline(pipe: Any) -> None:
 
 
 def _release_all(streamed: _Streamed) -> None:
+    from .offload.cleanup import Cleanup
+
+    steps = Cleanup()
     for c in streamed.components:
         model_hooks(c.model).remove(CHAIN)
+    if streamed.chained is not None:
+        steps.run(streamed.chained.leave_run)
+        steps.run(streamed.chained.runner.close)
     for c in streamed.components:
-        _end_stage(streamed, c, final=True)
+        steps.run(_end_stage, c)
         c.model.__dict__.pop("_hf_hook", None)
+    steps.done()

@@ -70,12 +70,12 @@ class Stage:
         order = self.order
         if order is not None and (isinstance(order, str) or not all(isinstance(n, str) for n in order)):
             raise ArgumentError(f"stage {self.name}: order: expected a list of block names")
-        accepted = set(inspect.signature(make_plan).parameters) - {"model", "checkpoint", "device", "ram", "vram"}
+        accepted = set(inspect.signature(make_plan).parameters) - {"model", "checkpoint", "device"}
         unknown = sorted(set(self.options) - accepted)
         if unknown:
             raise ArgumentError(
                 f"stage {self.name}: {', '.join(unknown)}: not plan() options; expected some of "
-                f"{', '.join(sorted(accepted))} (the pipeline gives device, ram and vram)"
+                f"{', '.join(sorted(accepted))} (the pipeline gives the device)"
             )
 
 
@@ -195,6 +195,7 @@ class Pipeline:
         sizes: dict[str, Any] = {"ram": free.ram}
         if free.vram is not None:
             sizes["vram"] = free.vram
+        sizes.update({k: options.pop(k) for k in ("ram", "vram") if options.get(k) is not None})
         return make_plan(model, ckpt, device=self.device, **sizes, **options)
 
     def _room(
@@ -203,7 +204,7 @@ class Pipeline:
         """Plans ``spec`` for the memory free at its start, and decides which loaded stages
         stay: the plan with every other stage released is the best it can get; a stage is
         kept (the running one first, then the others most recently used first) while the
-        plan without its memory puts every block in the same tier. Idle stages that are not
+        plan without its memory puts every block in the same tier and still fits. Idle stages that are not
         kept are released now; the running one is released at its end. Returns the memory
         predicted free at the start and the plan made for it."""
         free = self._free()
@@ -223,7 +224,7 @@ class Pipeline:
         for s in candidates:
             trial = predicted.less(s.holds)
             p = self._plan(spec, model, ckpt, trial)
-            if _tiers(p) == _tiers(best):
+            if _tiers(p) == _tiers(best) and p.needs(spec.name).fits(trial):
                 kept.append(s)
                 predicted, chosen = trial, p
         for s in idle:

@@ -163,6 +163,11 @@ class Plan:
         it in errors)."""
         return _core.Holds.of(stage, self._core)
 
+    def needs(self, stage: str = "model") -> _core.Holds:
+        """What a model loaded by this plan needs free at its start: what it holds, and the free
+        memory the plan leaves alone (free-RAM floor, activation reserve, CUDA context)."""
+        return _core.Holds.needed(stage, self._core)
+
     def __str__(self) -> str:
         return str(self._core)
 

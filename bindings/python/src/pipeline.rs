@@ -35,6 +35,21 @@ impl PyHolds {
         Ok(PyHolds { inner })
     }
 
+    /// What `stage`, loaded by `plan`, needs free at its start: what it holds and the free
+    /// memory its plan leaves alone.
+    #[staticmethod]
+    fn needed(stage: &str, plan: PyRef<'_, PyPlan>) -> PyResult<Self> {
+        let settings = EngineSettings::from_env().map_err(ToPyErr::to_py)?;
+        let config = EngineConfig::from_plan(&plan.inner, &settings).map_err(ToPyErr::to_py)?;
+        let inner = Holds::needed(stage, &plan.inner, &config).map_err(ToPyErr::to_py)?;
+        Ok(PyHolds { inner })
+    }
+
+    /// Whether this much fits in `free`.
+    fn fits(&self, free: &PyFree) -> bool {
+        self.inner.fits(free.inner)
+    }
+
     #[new]
     #[pyo3(signature = (ram=0, vram=0))]
     fn new(ram: u64, vram: u64) -> Self {

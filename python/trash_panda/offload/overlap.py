@@ -169,8 +169,9 @@ class ResidentLoader:
         self.outside_ready = {at: threading.Event() for at in self.outside}
         self.outside_errors: dict[int, BaseException] = {}
         self.stopping = threading.Event()
-        # A stage read ahead of its turn: each block (("block", index)) and group of outside
-        # weights (("outside", position)) takes its bytes from the allowance before its read.
+        # What each block (("block", index)) and group of outside weights (("outside",
+        # position)) holds once read, by the plan; a stage read ahead of its turn takes it from
+        # the allowance before the read.
         self.allowance = allowance
         self.costs = costs or {}
         self.remaining_bytes = sum(self.costs.values())  # of the costs, those not read yet
@@ -201,6 +202,7 @@ class ResidentLoader:
             except BaseException as e:  # reported in the call that needs the block
                 self.errors[block.index] = e
             finally:
+                self.remaining_bytes -= self.costs.get(("block", block.index), 0)
                 self.ready[block.index].set()
         for at in pending:
             self._load_outside(at)
@@ -219,15 +221,14 @@ class ResidentLoader:
         except BaseException as e:  # reported in the call that needs them
             self.outside_errors[at] = e
         finally:
+            self.remaining_bytes -= self.costs.get(("outside", at), 0)
             self.outside_ready[at].set()
 
     def _take(self, what: tuple[str, int]) -> None:
-        """Waits (without the GIL) for the memory of ``what`` in the allowance, if it has one;
-        it then counts as held."""
+        """Waits (without the GIL) for the memory of ``what`` in the allowance, if it has one."""
         cost = self.costs.get(what, 0)
         if self.allowance is not None and cost:
             self.allowance.take(cost)
-        self.remaining_bytes -= cost
 
     def wait_outside(self, name: str, at: int) -> None:
         """Blocks the caller until the outside weights needed at position ``at`` (and so every

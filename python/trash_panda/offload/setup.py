@@ -123,7 +123,7 @@ def _load_and_hook(
     if not (overlap or ahead):
         return Loaded(handle, choice)
     # Stopped when the hooks come off.
-    costs = _costs(plan, state, later) if ahead else None
+    costs = _costs(plan, state, later)
     loader = start_loader(handle, state, deferred, choice.first, later, waits, allowance=allowance, costs=costs)
     return Loaded(handle, choice, loader)
 

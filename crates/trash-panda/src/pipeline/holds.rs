@@ -74,6 +74,33 @@ impl Holds {
         })
     }
 
+    /// What a stage planned as `plan` and configured as `config` needs free at its start: what
+    /// it holds, plus the free memory its plan leaves alone (the free-RAM floor; the activation
+    /// reserve, in VRAM with a GPU and in RAM on the CPU; the CUDA context's floor).
+    pub fn needed(stage: &str, plan: &Plan, config: &EngineConfig) -> Result<Holds, PipelineError> {
+        let holds = Holds::of(stage, plan, config)?;
+        // `of` succeeded, so the budgets are there.
+        let Some(b) = plan.budgets.as_ref() else {
+            return Ok(holds);
+        };
+        Ok(if b.gpu {
+            holds.plus(Holds {
+                ram: b.min_free_ram,
+                vram: b.reserve + b.cuda_floor,
+            })
+        } else {
+            holds.plus(Holds {
+                ram: b.min_free_ram + b.reserve,
+                vram: 0,
+            })
+        })
+    }
+
+    /// Whether this much fits in `free` (VRAM only where `free` has it).
+    pub fn fits(self, free: Free) -> bool {
+        self.ram <= free.ram && free.vram.is_none_or(|v| self.vram <= v)
+    }
+
     /// What is left of `self` once `part` is taken out (none below zero).
     pub fn less(self, part: Holds) -> Holds {
         Holds {
@@ -284,6 +311,15 @@ mod tests {
                 vram: 0
             }
         );
+    }
+
+    #[test]
+    fn fits_checks_vram_only_where_there_is_some() {
+        let h = Holds { ram: 5, vram: 7 };
+        assert!(h.fits(Free { ram: 5, vram: None }));
+        assert!(h.fits(Free { ram: 5, vram: Some(7) }));
+        assert!(!h.fits(Free { ram: 4, vram: Some(7) }));
+        assert!(!h.fits(Free { ram: 5, vram: Some(6) }));
     }
 
     #[test]
