@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -162,7 +164,8 @@ class Pipeline:
         return _core.pipeline_report(self.records)
 
     def close(self) -> None:
-        """Releases every stage still loaded. Safe to call twice."""
+        """Releases every stage still loaded, and prints the report with
+        ``TRASH_PANDA_PROFILE=1``. Safe to call twice."""
         if self._closed:
             return
         self._closed = True
@@ -171,6 +174,10 @@ class Pipeline:
         steps = Cleanup()
         for name in list(self._loaded):
             steps.run(self._release, name)
+        from .settings import setting
+
+        if self.records and setting("profile"):
+            print(self.report(), file=sys.stderr)
         steps.done()
 
     # -- the memory between stages --------------------------------------------------------
@@ -421,7 +428,15 @@ class PipelineRun:
         finally:
             self._current = None
             info["seconds"] = time.perf_counter() - started
-            pipe._end(self, index, loaded, info, failure)
+            if failure is None:
+                pipe._end(self, index, loaded, info, None)
+            else:
+                try:
+                    pipe._end(self, index, loaded, info, failure)
+                except Exception as e:  # the block's error is the one to see
+                    warnings.warn(
+                        f"ending stage {loaded.name} after the error in its block also failed: {e!r}", stacklevel=3
+                    )
 
     @contextlib.contextmanager
     def final_pass(self, keep_prefixes: Sequence[str] = ()) -> Iterator[FinalPass]:
