@@ -147,7 +147,7 @@ def _stage(
         # Outside weights the file does not place after the first block are needed at once.
         now, later, waits = split_outside(outside, state.outside_modules, choice.outside)
         if now:
-            load_now(now, state.device, max(1, int(setting("ram_threads"))))
+            load_now(now, state.device, max(1, int(setting("ram_threads"))), state.lane)
         handle = install_offload(model, order=choice.first)
         if overlap:
             # Stopped when the hooks come off.
