@@ -66,14 +66,14 @@ class Loads:
         self.first_block = threading.Event()
         later, now = outside_mod.load_outside, outside_mod.load_now
 
-        def load(specs: list[Any], device: torch.device, threads: int, queue: Any = None, position: Any = None) -> None:
+        def load(specs: list[Any], device: torch.device, threads: int, lane: Any = None, position: Any = None) -> None:
             started = self.first_block.wait(timeout=20)
             self.calls.append((position, sorted(s.name for s in specs), started))
-            later(specs, device, threads, queue, position)
+            later(specs, device, threads, lane, position)
 
-        def load_now(specs: list[Any], device: torch.device, threads: int) -> None:
+        def load_now(specs: list[Any], device: torch.device, threads: int, lane: Any = None) -> None:
             self.calls.append((None, sorted(s.name for s in specs), self.first_block.is_set()))
-            now(specs, device, threads)
+            now(specs, device, threads, lane)
 
         monkeypatch.setattr(outside_mod, "load_outside", load)
         monkeypatch.setattr(outside_mod, "load_now", load_now)

@@ -107,6 +107,7 @@ def test_the_next_stage_is_read_while_the_running_one_computes(folder: Path, wan
 def test_a_budget_holds_the_reads_until_the_running_stage_gives_memory_back(folder: Path, want: torch.Tensor) -> None:
     """Within a RAM budget that fits one stage but not two, the denoiser's reads wait in its
     allowance while the encoder runs, and go on once the encoder's release gives its memory."""
+
     # Plans that do not move with the peaks earlier tests left: every block of the denoiser
     # resident, no activation memory counted.
     def staged() -> list[tp.Stage]:

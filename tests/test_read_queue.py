@@ -1,5 +1,5 @@
-"""stage(overlap=True) reads each resident block by one call of the core, through the read queue
-it shares with the engine, and keeps the weights bit for bit as a load without overlap does."""
+"""stage(overlap=True) reads each resident block by one call of the core, through the model's read
+lane it shares with the engine, and keeps the weights bit for bit as a load without overlap does."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def test_the_loader_reads_each_block_in_one_call_in_run_order(
     calls: list[tuple[str, int | None, int, bool]] = []
 
     def counted(requests: list[Any], **kwargs: Any) -> tuple[int, float]:
-        queue = kwargs.get("queue")
-        calls.append((threading.current_thread().name, kwargs.get("position"), len(requests), queue is not None))
+        lane = kwargs.get("lane")
+        calls.append((threading.current_thread().name, kwargs.get("position"), len(requests), lane is not None))
         return real(requests, **kwargs)
 
     monkeypatch.setattr(_core, "read_block", counted)
@@ -45,16 +45,20 @@ def test_the_loader_reads_each_block_in_one_call_in_run_order(
             assert torch.equal(model(IDS), ref(IDS))
         hook = h.hooks.get("overlap_wait")
         assert isinstance(hook, OverlapWait)
-        queue = hook.loader.queue
-        assert queue is not None
-        # The hooks moved the queue's current block as the blocks ran: blocks.5 ran last.
-        assert queue.current == 5
-        grants, _waits, _seconds = queue.stats()
+        lane = hook.loader.lane
+        assert lane is not None
+        # The hooks moved the lane's current block as the blocks ran: blocks.5 ran last.
+        assert lane.current == 5
+        grants, _waits, _seconds = lane.stats()
         assert grants >= 3
         state = get_state(model)
         assert state is not None and state.engine is not None
+        assert state.lane is lane  # the model's lane: the loader made none of its own
     tensors = len(list(ref.blocks[0].parameters()))
     # Run order blocks.2, 0, 1, 3, ...: block 2 is at position 0, block 0 at 1, block 1 at 2.
+    # (The main thread's reads, of the weights outside the blocks and the buffers, are needed now.)
+    assert all(position is None and through for name, position, _n, through in calls if name != "trash-panda-loader")
+    calls = [c for c in calls if c[0] == "trash-panda-loader"]
     assert calls == [
         ("trash-panda-loader", 0, tensors, True),
         ("trash-panda-loader", 1, tensors, True),

@@ -222,7 +222,7 @@ def test_shape_mismatch_names_both_shapes(tmp_path: Path) -> None:
 def test_failed_load_leaves_nothing_usable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = save(reference(torch.float32), tmp_path / "m.safetensors")
     calls = {"n": 0}
-    real = tp._core.read_tensors
+    real = tp._core.read_block
 
     def flaky(*args: object, **kw: object) -> tuple[int, float]:
         calls["n"] += 1
@@ -230,7 +230,7 @@ def test_failed_load_leaves_nothing_usable(tmp_path: Path, monkeypatch: pytest.M
             raise tp.ReadError("simulated: the drive went away")
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(tp._core, "read_tensors", flaky)
+    monkeypatch.setattr(tp._core, "read_block", flaky)
     model = on_meta(Tiny)
     with pytest.raises(tp.ReadError, match="drive went away"):
         tp.stream_load(model, path, plan=every_tier(), device="cpu")

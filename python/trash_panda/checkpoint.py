@@ -24,6 +24,7 @@ class Checkpoint:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._core = _core.Checkpoint(os.fspath(path))
+        self._lane: _core.ReadLane | None = None  # made on the first read()
 
     @property
     def files(self) -> list[str]:
@@ -54,13 +55,25 @@ class Checkpoint:
     def read(self, name: str) -> torch.Tensor:
         """The tensor as a CPU torch tensor that shares memory with a private map of the file.
 
-        No bytes are copied: pages are read from the drive (or the page cache) when first touched.
-        The map is copy-on-write, so writing into the tensor never changes the file.
+        No bytes are copied. Its pages are read in before it returns, waiting their turn in the
+        drive's read queue (as a read needed now, on a lane of the checkpoint's own) with the
+        reads of every model loaded from that drive. The map is copy-on-write, so writing into
+        the tensor never changes the file.
         """
+        if self._lane is None:
+            self._lane = _core.ReadLane(self.files, 0, "run")
+        return self._view(name, self._lane)
+
+    def map(self, name: str) -> torch.Tensor:
+        """:meth:`read` without reading: pages come from the drive (or the page cache) when first
+        touched, outside the drive's read queue (a lookup table whose rows are read as used)."""
+        return self._view(name, None)
+
+    def _view(self, name: str, lane: _core.ReadLane | None) -> torch.Tensor:
         from torch.utils.dlpack import from_dlpack
 
         info = self._core.info_of(name)
-        raw = from_dlpack(self._core.view(name))
+        raw = from_dlpack(self._core.view(name, lane))
         return raw.view(torch_dtype(info.dtype)).reshape(info.shape)
 
     def check_holds(self, name: str) -> None:

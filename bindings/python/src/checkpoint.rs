@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 
 use trash_panda::checkpoint::{Checkpoint, TensorInfo};
-use trash_panda::io::MappedFile;
+use trash_panda::io::{MappedFile, Need};
 use trash_panda::DType;
 
 use crate::dlpack::{export_capsule, ByteOwner};
@@ -222,8 +222,17 @@ impl PyCheckpoint {
         Ok(self.info(self.lookup(name)?))
     }
 
-    /// The tensor's bytes as a zero-copy view of a private map of its file.
-    fn view(&self, py: Python<'_>, name: &str) -> PyResult<PyTensorBytes> {
+    /// The tensor's bytes as a zero-copy view of a private map of its file. With a `lane`, its
+    /// pages are read in now, holding a place in the lane's drive queue as a read needed now
+    /// (so the drive serves it in turn with the models' reads); without, they are read when
+    /// first touched.
+    #[pyo3(signature = (name, lane=None))]
+    fn view(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        lane: Option<&crate::io::PyReadLane>,
+    ) -> PyResult<PyTensorBytes> {
         let t = self.lookup(name)?;
         let map = {
             let mut maps = self
@@ -250,6 +259,19 @@ impl PyCheckpoint {
                 format!("{}: tensor {:?} ends at byte {} but the file has {} bytes (was it truncated after opening?)",
                     self.inner.files()[t.file].display(), t.name, t.end, map.bytes().len()),
             ));
+        }
+        if let Some(lane) = lane {
+            let lane = lane.inner.clone();
+            let map = &map;
+            without_gil(py, move || {
+                let _place = lane.acquire(Need::Now);
+                if map.populate(start..start + len).is_err() {
+                    // No populate call here (see `MappedFile::populate`): one fault per page.
+                    let bytes = &map.bytes()[start..start + len];
+                    let sum = bytes.iter().step_by(4096).fold(0u8, |a, b| a ^ b);
+                    std::hint::black_box(sum);
+                }
+            });
         }
         Ok(PyTensorBytes {
             owner: Arc::new(MapSlice { map, start, len }),

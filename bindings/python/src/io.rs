@@ -1,5 +1,6 @@
-//! `trash_panda._core` reads into tensors (one file, or a whole block through the read queue),
-//! the read queue, and page-cache helpers used by tests and benchmarks to make cold reads.
+//! `trash_panda._core` reads into tensors (one file, or a whole block through a read lane), a
+//! model's lane of its drive's read queue, and page-cache helpers used by tests and benchmarks
+//! to make cold reads.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -8,8 +9,8 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use trash_panda::io::{
-    read_ranges_queued, read_ranges_with, FileReader, Need, ReadMode, ReadOptions, ReadQueue,
-    ReadRequest, ReadStats, DRIVE_IN_FLIGHT,
+    drive_queue, read_ranges_queued, read_ranges_with, FileReader, Lane, Need, Priority,
+    QueueStats, ReadMode, ReadOptions, ReadRequest, ReadStats,
 };
 
 use crate::dlpack::{disjoint, Borrowed};
@@ -59,28 +60,67 @@ fn read_tensors(
     Ok((stats.bytes, stats.seconds))
 }
 
-/// The read queue a model's reads share (see the core's `io::ReadQueue`): `depth` reads at the
-/// drive at once, the one needed soonest next; positions count in a run order of `blocks`.
-#[pyclass(name = "ReadQueue", module = "trash_panda._core", frozen)]
+/// One model's lane of the read queue of the drive its checkpoint lies on (see the core's
+/// `io::Lane` and `io::drive_queue`): the queue has `DRIVE_IN_FLIGHT` places for every model of
+/// the process reading that drive; the lane ranks this model's reads by its run order of
+/// `blocks` blocks and by its priority ("run" before "ahead").
+#[pyclass(name = "ReadLane", module = "trash_panda._core", frozen)]
 #[derive(Debug)]
-pub(crate) struct PyReadQueue {
-    pub(crate) inner: Arc<ReadQueue>,
+pub(crate) struct PyReadLane {
+    pub(crate) inner: Lane,
+}
+
+fn parse_priority(name: &str) -> PyResult<Priority> {
+    Priority::parse(name).ok_or_else(|| {
+        crate::errors::raise(
+            crate::errors::Kind::Argument,
+            format!(
+                "unknown read priority {name:?}: expected one of {}",
+                Priority::NAMES.join(", ")
+            ),
+        )
+    })
+}
+
+fn stats_tuple(s: QueueStats) -> (u64, u64, f64) {
+    (s.grants, s.waits, s.wait_seconds)
 }
 
 #[pymethods]
-impl PyReadQueue {
+impl PyReadLane {
+    /// A new lane on the queue of the drive holding `files[0]` (a checkpoint's files lie on one
+    /// drive as a rule; its other files are not looked at).
     #[new]
-    #[pyo3(signature = (blocks, depth=None))]
-    fn new(blocks: usize, depth: Option<usize>) -> Self {
-        PyReadQueue {
-            inner: Arc::new(ReadQueue::new(depth.unwrap_or(DRIVE_IN_FLIGHT), blocks)),
-        }
+    #[pyo3(signature = (files, blocks, priority="run"))]
+    fn new(py: Python<'_>, files: Vec<PathBuf>, blocks: usize, priority: &str) -> PyResult<Self> {
+        let priority = parse_priority(priority)?;
+        let first = files.first().ok_or_else(|| {
+            crate::errors::raise(
+                crate::errors::Kind::Argument,
+                "a read lane needs a checkpoint file to find its drive; none was given",
+            )
+        })?;
+        let queue = without_gil(py, || drive_queue(first)).map_err(ToPyErr::to_py)?;
+        Ok(PyReadLane {
+            inner: queue.lane(blocks, priority),
+        })
     }
 
-    /// Reads at the drive at once.
+    /// Reads at the drive at once (the queue's, shared with every lane).
     #[getter]
     fn depth(&self) -> usize {
-        self.inner.depth()
+        self.inner.queue().depth()
+    }
+
+    /// Blocks in the lane's run order.
+    #[getter]
+    fn blocks(&self) -> usize {
+        self.inner.blocks()
+    }
+
+    #[setter]
+    fn set_blocks(&self, blocks: usize) {
+        self.inner.set_blocks(blocks);
     }
 
     /// The position of the block being run.
@@ -89,38 +129,140 @@ impl PyReadQueue {
         self.inner.current()
     }
 
+    /// "run" or "ahead".
+    #[getter]
+    fn priority(&self) -> &'static str {
+        self.inner.priority().name()
+    }
+
+    #[setter]
+    fn set_priority(&self, priority: &str) -> PyResult<()> {
+        self.inner.set_priority(parse_priority(priority)?);
+        Ok(())
+    }
+
+    /// An identity of the drive's queue: equal for two lanes on the same queue.
+    #[getter]
+    fn queue_id(&self) -> usize {
+        Arc::as_ptr(self.inner.queue()) as usize
+    }
+
+    /// The lane's id in its queue (a dropped lane's id is reused).
+    #[getter]
+    fn lane_id(&self) -> usize {
+        self.inner.id()
+    }
+
     /// The block at `position` of the run order runs now: waiting reads rank from it.
     fn advance(&self, position: usize) {
         self.inner.advance(position);
     }
 
-    /// (grants, grants that waited, seconds waited in all).
+    /// This lane's (grants, grants that waited, seconds waited in all).
     fn stats(&self) -> (u64, u64, f64) {
-        let s = self.inner.stats();
-        (s.grants, s.waits, s.wait_seconds)
+        stats_tuple(self.inner.stats())
+    }
+
+    /// The same for the whole queue: every lane of the drive, including lanes since dropped.
+    fn queue_stats(&self) -> (u64, u64, f64) {
+        stats_tuple(self.inner.queue().stats())
+    }
+
+    /// Starts (or stops) recording the order the queue serves reads in (tests).
+    fn record(&self, on: bool) {
+        self.inner.queue().record(on);
+    }
+
+    /// The reads the queue served since `record(True)`, every lane's: (lane id, position or
+    /// None for a read needed now).
+    fn served(&self) -> Vec<(usize, Option<usize>)> {
+        let need = |n: Need| match n {
+            Need::Now => None,
+            Need::Block(p) => Some(p),
+        };
+        self.inner
+            .queue()
+            .served()
+            .into_iter()
+            .map(|s| (s.lane, need(s.need)))
+            .collect()
+    }
+
+    /// Reads waiting for a place in the queue now, all lanes together.
+    fn waiting(&self) -> usize {
+        self.inner.queue().waiting()
+    }
+
+    /// Takes a place at the drive as a read needed now and holds it until `release_place`, as a
+    /// slow read would (tests observe the order served behind it).
+    fn hold_place(&self, py: Python<'_>) -> PyHeldPlace {
+        let lane = self.inner.clone();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let place = lane.acquire(Need::Now);
+            let _ = held_tx.send(());
+            let _ = rx.recv();
+            drop(place);
+        });
+        without_gil(py, move || {
+            let _ = held_rx.recv();
+        });
+        PyHeldPlace {
+            release: std::sync::Mutex::new(Some((tx, thread))),
+        }
     }
 
     fn __repr__(&self) -> String {
         format!(
-            "ReadQueue(depth={}, blocks={}, current={})",
-            self.inner.depth(),
+            "ReadLane(priority={}, blocks={}, current={}, depth={})",
+            self.inner.priority().name(),
             self.inner.blocks(),
-            self.inner.current()
+            self.inner.current(),
+            self.inner.queue().depth()
         )
+    }
+}
+
+type Release = (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>);
+
+/// A place at the drive held by `ReadLane.hold_place` until `release()`.
+#[pyclass(name = "HeldPlace", module = "trash_panda._core", frozen)]
+#[derive(Debug)]
+pub(crate) struct PyHeldPlace {
+    release: std::sync::Mutex<Option<Release>>,
+}
+
+#[pymethods]
+impl PyHeldPlace {
+    /// Frees the place (once; later calls do nothing).
+    fn release(&self, py: Python<'_>) {
+        let taken = self
+            .release
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((tx, thread)) = taken {
+            let _ = tx.send(());
+            without_gil(py, || {
+                let _ = thread.join();
+            });
+        }
     }
 }
 
 /// Reads byte ranges of several files into CPU tensors in one call without the GIL: `requests`
 /// is a list of (path, file offset, destination). Each file's ranges are read in file order by
-/// `threads` readers; with a `queue`, every read waits there for a place at the drive as the
-/// block at `position` of its run order (`None`: needed now). Returns (bytes, seconds).
+/// `threads` readers; with a `lane`, every read waits in its queue for a place at the drive as
+/// the block at `position` of the lane's run order (`None`: needed now). Returns (bytes,
+/// seconds).
 #[pyfunction]
-#[pyo3(signature = (requests, threads=2, queue=None, position=None))]
+#[pyo3(signature = (requests, threads=2, lane=None, position=None))]
 fn read_block(
     py: Python<'_>,
     requests: Vec<(PathBuf, u64, Bound<'_, PyAny>)>,
     threads: usize,
-    queue: Option<&PyReadQueue>,
+    lane: Option<&PyReadLane>,
     position: Option<usize>,
 ) -> PyResult<(u64, f64)> {
     let borrowed = requests
@@ -150,14 +292,14 @@ fn read_block(
         threads: threads.max(1),
         ..ReadOptions::default()
     };
-    let queue = queue.map(|q| q.inner.clone());
+    let lane = lane.map(|l| l.inner.clone());
     let need = position.map_or(Need::Now, Need::Block);
     let stats = without_gil(py, || {
         let never = AtomicBool::new(false);
         let mut total = ReadStats::new(0, 0.0, ReadMode::Buffered);
         for (path, reqs) in &mut files {
             let reader = FileReader::open(path, ReadMode::Buffered)?;
-            let gate = queue.as_deref().map(|q| (q, need));
+            let gate = lane.as_ref().map(|l| (l, need));
             let read = read_ranges_queued(&reader, reqs, &options, &never, gate)?;
             total += read.expect("never stopped");
         }
@@ -310,7 +452,8 @@ impl PyRssSampler {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(read_block, m)?)?;
-    m.add_class::<PyReadQueue>()?;
+    m.add_class::<PyReadLane>()?;
+    m.add_class::<PyHeldPlace>()?;
     m.add_function(wrap_pyfunction!(trim_heap, m)?)?;
     m.add_function(wrap_pyfunction!(current_rss, m)?)?;
     m.add_function(wrap_pyfunction!(private_memory, m)?)?;

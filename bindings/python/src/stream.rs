@@ -20,7 +20,7 @@ use crate::engine_config::PyEngineConfig;
 use crate::engine_stats::{PyEngineStats, PyStaging};
 use crate::errors::{raise, Kind, ToPyErr};
 use crate::gil::{threads as worker_threads, without_gil};
-use crate::io::PyReadQueue;
+use crate::io::PyReadLane;
 
 /// A tensor as Python describes it: name, file index, start, end, dtype (header name), shape.
 type TensorArg = (String, usize, u64, u64, String, Vec<usize>);
@@ -182,11 +182,12 @@ impl PyEngine {
         Ok(out)
     }
 
-    /// Makes the engine's drive reads wait in `queue`, shared with the model's other readers;
-    /// `positions[b]` is engine block `b`'s position in the queue's run order.
-    fn share_reads(&self, queue: &PyReadQueue, positions: Vec<usize>) -> PyResult<()> {
+    /// Makes the engine's drive reads wait in `lane` (the model's), shared with the model's
+    /// other readers; `positions[b]` is engine block `b`'s position in the lane's run order.
+    /// Called again, it replaces the positions.
+    fn share_reads(&self, lane: &PyReadLane, positions: Vec<usize>) -> PyResult<()> {
         self.engine()?
-            .share_reads(queue.inner.clone(), positions)
+            .share_reads(lane.inner.clone(), positions)
             .map_err(ToPyErr::to_py)
     }
 

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use trash_panda::io::{
-    read_ranges_queued, FileReader, Need, ReadMode, ReadOptions, ReadQueue, ReadRequest,
+    read_ranges_queued, FileReader, Lane, Need, Priority, ReadMode, ReadOptions, ReadQueue,
+    ReadRequest,
 };
 use trash_panda::stream::{Engine, EngineOptions, SourceTier, StreamBlock, StreamTensor};
 use trash_panda::DType;
@@ -58,11 +59,7 @@ fn until_waiting(q: &ReadQueue, n: usize) {
 
 /// A read of block `position`'s bytes through the queue on its own thread, as the resident
 /// loader makes one.
-fn read_on_thread(
-    path: PathBuf,
-    queue: Arc<ReadQueue>,
-    position: usize,
-) -> std::thread::JoinHandle<Vec<u8>> {
+fn read_on_thread(path: PathBuf, lane: Lane, position: usize) -> std::thread::JoinHandle<Vec<u8>> {
     std::thread::spawn(move || {
         let reader = FileReader::open(&path, ReadMode::Buffered).unwrap();
         let mut buf = vec![0u8; BLOCK_BYTES as usize];
@@ -72,7 +69,7 @@ fn read_on_thread(
             threads: 1,
             ..ReadOptions::default()
         };
-        let gate = Some((&*queue, Need::Block(position)));
+        let gate = Some((&lane, Need::Block(position)));
         read_ranges_queued(&reader, &mut reqs, &opts, &AtomicBool::new(false), gate)
             .unwrap()
             .unwrap();
@@ -80,7 +77,7 @@ fn read_on_thread(
     })
 }
 
-fn engine(dir: &Dir, queue: &Arc<ReadQueue>) -> (Engine, PathBuf) {
+fn engine(dir: &Dir, lane: &Lane) -> (Engine, PathBuf) {
     let (path, blocks) = checkpoint(dir);
     let options = EngineOptions {
         lookahead: 3,
@@ -90,7 +87,7 @@ fn engine(dir: &Dir, queue: &Arc<ReadQueue>) -> (Engine, PathBuf) {
     };
     let engine = Engine::new(blocks, vec![path.clone()], options).unwrap();
     engine
-        .share_reads(queue.clone(), (0..BLOCKS).collect())
+        .share_reads(lane.clone(), (0..BLOCKS).collect())
         .unwrap();
     (engine, path)
 }
@@ -100,18 +97,19 @@ fn engine(dir: &Dir, queue: &Arc<ReadQueue>) -> (Engine, PathBuf) {
 #[test]
 fn the_look_ahead_of_the_next_blocks_goes_before_a_later_block() {
     let dir = Dir::new("read-queue-ahead");
-    let queue = Arc::new(ReadQueue::new(1, BLOCKS));
-    let (engine, path) = engine(&dir, &queue);
+    let lane = Arc::new(ReadQueue::new(1)).lane(BLOCKS, Priority::Run);
+    let queue = lane.queue().clone();
+    let (engine, path) = engine(&dir, &lane);
     queue.record(true);
-    let slow = queue.acquire(Need::Now);
-    let loader = read_on_thread(path, queue.clone(), 5);
+    let slow = lane.acquire(Need::Now);
+    let loader = read_on_thread(path, lane.clone(), 5);
     until_waiting(&queue, 1);
     engine.set_order((0..BLOCKS).collect()).unwrap(); // stages blocks 0..3, two at a time
     until_waiting(&queue, 3);
     drop(slow);
     let got = loader.join().unwrap();
     assert_eq!(got[1], ((5 * BLOCK_BYTES + 1) * 31 % 251) as u8);
-    let served = queue.served();
+    let served = lane.served();
     assert_eq!(
         served[..3],
         [Need::Now, Need::Block(0), Need::Block(1)],
@@ -126,11 +124,12 @@ fn the_look_ahead_of_the_next_blocks_goes_before_a_later_block() {
 #[test]
 fn the_block_an_acquire_waits_for_goes_first() {
     let dir = Dir::new("read-queue-acquire");
-    let queue = Arc::new(ReadQueue::new(1, BLOCKS));
-    let (engine, path) = engine(&dir, &queue);
+    let lane = Arc::new(ReadQueue::new(1)).lane(BLOCKS, Priority::Run);
+    let queue = lane.queue().clone();
+    let (engine, path) = engine(&dir, &lane);
     queue.record(true);
-    let slow = queue.acquire(Need::Now);
-    let loader = read_on_thread(path, queue.clone(), 2);
+    let slow = lane.acquire(Need::Now);
+    let loader = read_on_thread(path, lane.clone(), 2);
     until_waiting(&queue, 1);
     let engine = Arc::new(engine);
     let e2 = engine.clone();
@@ -139,8 +138,8 @@ fn the_block_an_acquire_waits_for_goes_first() {
     drop(slow);
     assert_eq!(acquirer.join().unwrap(), (4 * BLOCK_BYTES * 31 % 251) as u8);
     loader.join().unwrap();
-    let served = queue.served();
-    assert_eq!(queue.current(), 4);
+    let served = lane.served();
+    assert_eq!(lane.current(), 4);
     assert_eq!(
         served[..3],
         [Need::Now, Need::Block(4), Need::Block(5)],
@@ -149,16 +148,47 @@ fn the_block_an_acquire_waits_for_goes_first() {
     assert!(served.contains(&Need::Block(2)), "served: {served:?}");
 }
 
-/// A queue shared with positions for another number of blocks is refused, naming both counts.
+/// A lane shared with positions for another number of blocks is refused, naming both counts.
 #[test]
 fn share_reads_wants_a_position_per_block() {
     let dir = Dir::new("read-queue-positions");
-    let queue = Arc::new(ReadQueue::new(2, BLOCKS));
-    let (engine, _path) = engine(&dir, &queue);
-    assert!(Arc::ptr_eq(&engine.read_queue(), &queue));
-    let e = engine.share_reads(queue, vec![0, 1]).unwrap_err();
+    let lane = Arc::new(ReadQueue::new(2)).lane(BLOCKS, Priority::Run);
+    let (engine, _path) = engine(&dir, &lane);
+    assert!(engine.read_lane() == lane);
+    let e = engine.share_reads(lane, vec![0, 1]).unwrap_err();
     assert!(
         e.to_string().contains("2 positions for 6 streamed blocks"),
         "{e}"
     );
+}
+
+/// Two models on one drive: the running model's engine reads its look-ahead before the read of
+/// a model that runs later, although that read asked first and is for its first block.
+#[test]
+fn the_running_models_reads_go_before_a_later_models() {
+    let dir = Dir::new("read-queue-lanes");
+    let queue = Arc::new(ReadQueue::new(1));
+    let running = queue.lane(BLOCKS, Priority::Run);
+    let later = queue.lane(BLOCKS, Priority::Ahead);
+    let (engine, path) = engine(&dir, &running);
+    queue.record(true);
+    let slow = running.acquire(Need::Now);
+    let loader = read_on_thread(path, later.clone(), 0);
+    until_waiting(&queue, 1);
+    engine.set_order((0..BLOCKS).collect()).unwrap(); // stages blocks 0..3, two at a time
+    until_waiting(&queue, 3);
+    drop(slow);
+    loader.join().unwrap();
+    // The two reads queued with the loader's go first; a worker's next read may ask in time to
+    // go before it too, so only the first three are fixed.
+    let served: Vec<_> = queue.served().iter().map(|s| s.lane).collect();
+    let (r, a) = (running.id(), later.id());
+    assert_eq!(served[..3], [r, r, r], "served: {:?}", queue.served());
+    assert!(served.contains(&a), "served: {:?}", queue.served());
+    assert_eq!(
+        running.served()[..3],
+        [Need::Now, Need::Block(0), Need::Block(1)]
+    );
+    assert_eq!(later.stats().grants, 1);
+    assert_eq!(later.served(), [Need::Block(0)]);
 }

@@ -87,6 +87,8 @@ class LoadedStage:
         counted it. Returns that memory and why to plan again (None: keep the plan)."""
         if self.allowance is not None:
             self.allowance.open()
+        if self.state.lane is not None:
+            self.state.lane.priority = "run"
         actual = free.after_release(self.held_now())
         return actual, _core.replan(self.predicted, actual)
 
@@ -102,6 +104,10 @@ class LoadedStage:
                 except queue.Empty:
                     if not final.active:
                         return
+                    continue
+                # Only what the stage's Holds counts moves: a resident block's memory. A mapped
+                # RAM-tier block's pages are the page cache, which free memory counts already.
+                if freed.tier != "device":
                     continue
                 if freed.event is not None:
                     freed.event.synchronize()

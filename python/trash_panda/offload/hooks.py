@@ -300,6 +300,7 @@ def _set_order(state: ModelState, order: list[str] | None) -> None:
     if state.engine is None and order is None:
         return
     run = _core.full_order(order or [], [b.prefix for b in state.blocks])
+    state.share_reads(run)
     if state.engine is not None:
         streamed = [state.blocks[i].engine_index for i in run]
         state.engine.set_order([i for i in streamed if i is not None])

@@ -228,6 +228,9 @@ def _stream_load(
     blocks, outside, unexpected = match(model, named, plan, compute, where, skip)
     report.unexpected = unexpected
 
+    # The model's lane of its drive's queue, ranked in definition order until an order is given
+    # (install_offload's order=, the overlap loader's): every read below goes through it.
+    lane = _core.ReadLane(files, len(blocks), "run")
     threads = max(1, int(setting("ram_threads")))
     here = [b for b in blocks if b.tier == Tier.DEVICE and deferred is None]  # the resident blocks read here
     to_read = sum(s.info.nbytes for s in outside) + sum(s.info.nbytes for b in here for s in b.tensors)
@@ -239,7 +242,7 @@ def _stream_load(
     if outside_later is not None:  # read by the caller (offload/outside.py)
         outside_later.extend(outside_read)
         outside_read = []
-    materialize_all(outside_read, device, storage=None, threads=threads, expand=True)
+    materialize_all(outside_read, device, storage=None, threads=threads, expand=True, lane=lane)
     outside_bytes = sum(spec.info.nbytes for spec in outside)
     bar.advance(outside_bytes)
     report.outside = _core.TierLoad(tensors=len(outside), bytes=outside_bytes, seconds=time.perf_counter() - t0)
@@ -256,7 +259,7 @@ def _stream_load(
         specs = [spec for block in batch for spec in block.tensors]
         unmapped, mapped = map_lookup_tables(specs, ckpt, config, device, storage=storage, expand=False)
         tables += mapped
-        materialize_all(unmapped, device, storage=storage, threads=threads, expand=False)
+        materialize_all(unmapped, device, storage=storage, threads=threads, expand=False, lane=lane)
         done = sum(spec.info.nbytes for spec in specs)
         device_bytes += done
         bar.advance(done)
@@ -264,13 +267,13 @@ def _stream_load(
     report.device_tier = _core.TierLoad(blocks=len(now), bytes=device_bytes, seconds=time.perf_counter() - t0)
 
     # Streamed blocks: described to the engine, which stages them ahead of each run.
-    engine = _engine_for(streamed, files, config, report) if streamed else None
+    engine = _engine_for(streamed, files, config, report, lane) if streamed else None
 
     # Parameters: real tensors where they are final, placeholders where hooks will fill them.
     for spec in [*outside, *(s for b in blocks for s in b.tensors)]:
         spec.put(spec.placeholder if spec.placeholder is not None else spec.module._parameters[spec.attr])
 
-    report.kept_buffers = load_buffers(model, named, device, skip)
+    report.kept_buffers = load_buffers(model, named, device, skip, lane)
     report.mapped_bytes = sum(spec.info.nbytes for spec in tables)
     state = ModelState(
         checkpoint=ckpt,
@@ -282,6 +285,7 @@ def _stream_load(
         engine=engine,
         report=report,
         outside_modules=outside_modules(model, [b.prefix for b in blocks], skip),
+        lane=lane,
     )
     guard_lookup_tables(model, tables, ckpt)
     setattr(model, STATE_ATTR, state)
@@ -292,9 +296,14 @@ def _stream_load(
 
 
 def _engine_for(
-    streamed: list[BlockState], files: list[str], config: _core.EngineConfig, report: _core.LoadReport
+    streamed: list[BlockState],
+    files: list[str],
+    config: _core.EngineConfig,
+    report: _core.LoadReport,
+    lane: _core.ReadLane,
 ) -> _core.Engine:
-    """The prefetch engine of the streamed blocks, sized by the plan's configuration; fills in
+    """The prefetch engine of the streamed blocks, sized by the plan's configuration, reading
+    through the model's ``lane`` (positions in definition order); fills in
     their staging indices, their placeholders and the report's RAM and disk lines."""
     file_index = {f: i for i, f in enumerate(files)}
     described = []
@@ -317,6 +326,8 @@ def _engine_for(
     report.ram = _core.TierLoad(blocks=loads["ram"][0], bytes=loads["ram"][1])
     report.disk = _core.TierLoad(blocks=loads["disk"][0], bytes=loads["disk"][1])
     engine = _core.Engine(described, files, config)
+    # Before the RAM tier's load, which reads through the engine's lane too.
+    engine.share_reads(lane, [sb.index for sb in streamed])
     report.staging_bytes = engine.staging_bytes()
     report.disk_mode_reason = config.disk_mode_reason
     report.disk_mode = engine.disk_read_mode() if report.disk.blocks else None

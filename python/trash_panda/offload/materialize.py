@@ -27,22 +27,13 @@ def placeholder(spec: TensorSpec) -> Any:
     return nn.Parameter(torch.empty(spec.shape, dtype=spec.target, device="meta"), requires_grad=False)
 
 
-def read_tensor(info: _core.TensorInfo, threads: int) -> torch.Tensor:
-    """One tensor of the checkpoint, read into private CPU memory in its stored dtype."""
-    import torch
-
-    t = torch.empty(tuple(info.shape), dtype=torch_dtype(info.dtype))
-    if info.nbytes:
-        _core.read_tensors(os.fspath(info.file), [(info.start, t.reshape(-1).view(torch.uint8))], threads=threads)
-    return t
-
-
 def read_many(
-    infos: list[_core.TensorInfo], threads: int, queue: _core.ReadQueue | None = None, position: int | None = None
+    infos: list[_core.TensorInfo], threads: int, lane: _core.ReadLane | None = None, position: int | None = None
 ) -> list[torch.Tensor]:
     """Tensors of the checkpoint, each read into private CPU memory in its stored dtype, by one
     call of the core for them all (grouped by file, in file order, without the GIL); with a
-    ``queue``, the reads wait there as the block at ``position`` of the run order."""
+    ``lane``, the reads wait in its drive queue as the block at ``position`` of its run order
+    (``None``: needed now)."""
     import torch
 
     out = [torch.empty(tuple(info.shape), dtype=torch_dtype(info.dtype)) for info in infos]
@@ -52,16 +43,56 @@ def read_many(
         if info.nbytes
     ]
     if requests:
-        _core.read_block(requests, threads=threads, queue=queue, position=position)
+        _core.read_block(requests, threads=threads, lane=lane, position=position)
     return out
 
 
-def materialize(spec: TensorSpec, device: torch.device, *, storage: str | None, threads: int, expand: bool) -> None:
-    """Reads one parameter. ``expand``: to its compute dtype now (outside weights); otherwise kept
-    stored (resident blocks), and expanded by the hooks when it differs from the compute dtype."""
-    stored = read_tensor(spec.info, threads)
-    scale = read_tensor(spec.scale, threads) if spec.scale is not None else None
-    settle(spec, stored, scale, device, storage=storage, expand=expand)
+def _materialize_group(
+    group: list[TensorSpec],
+    device: torch.device,
+    *,
+    storage: str | None,
+    threads: int,
+    expand: bool,
+    lane: _core.ReadLane | None,
+) -> None:
+    """Reads parameters (and their scales) by one call of the core, then settles each.
+    ``expand``: to its compute dtype now (outside weights); otherwise kept stored (resident
+    blocks), and expanded by the hooks when it differs from the compute dtype."""
+    infos = [s.info for s in group] + [s.scale for s in group if s.scale is not None]
+    read = read_many(infos, threads, lane)
+    scales = iter(read[len(group) :])
+    for spec, stored in zip(group, read[: len(group)], strict=True):
+        scale = next(scales) if spec.scale is not None else None
+        settle(spec, stored, scale, device, storage=storage, expand=expand)
+
+
+# Tensors that pass through host memory on their way (converted, expanded, or for another
+# device) are read in groups of at most this many bytes, or the largest tensor: a call per group
+# keeps the drive's queue full, and host memory holds one group at a time, as the overlap
+# loader's groups (offload/overlap.py).
+GROUP_BYTES = 64 << 20
+
+
+def read_groups(specs: list[TensorSpec]) -> list[list[TensorSpec]]:
+    """``specs`` in order, in groups of at most :data:`GROUP_BYTES` (or the largest tensor with
+    its scale)."""
+
+    def size(spec: TensorSpec) -> int:
+        return spec.info.nbytes + (spec.scale.nbytes if spec.scale is not None else 0)
+
+    if not specs:
+        return []
+    bound = max(max(size(s) for s in specs), GROUP_BYTES)
+    groups: list[list[TensorSpec]] = [[]]
+    held = 0
+    for spec in specs:
+        if groups[-1] and held + size(spec) > bound:
+            groups.append([])
+            held = 0
+        groups[-1].append(spec)
+        held += size(spec)
+    return groups
 
 
 def settle(
@@ -102,29 +133,40 @@ def _final_as_read(spec: TensorSpec, storage: str | None, expand: bool) -> bool:
 
 
 def materialize_all(
-    specs: list[TensorSpec], device: torch.device, *, storage: str | None, threads: int, expand: bool
+    specs: list[TensorSpec],
+    device: torch.device,
+    *,
+    storage: str | None,
+    threads: int,
+    expand: bool,
+    lane: _core.ReadLane | None = None,
 ) -> None:
-    """:func:`materialize` for many parameters. On the CPU, the ones whose stored form is final
-    are read straight into their own tensors by one call per file, ``threads`` requests in
-    flight (positional reads in file order, no second copy of anything); the rest, and every
-    tensor for another device, one at a time (a CPU copy of one tensor at most)."""
+    """Reads many parameters, every read through ``lane`` as needed now. On the CPU, the ones
+    whose stored form is final are read straight into their own tensors by one call, ``threads``
+    requests in flight per file (positional reads in file order, no second copy of anything);
+    the rest, and every tensor for another device, by one call per group of about
+    :data:`GROUP_BYTES`, converted or moved after it."""
     import torch
     from torch import nn
 
-    batched: dict[str, list[tuple[TensorSpec, torch.Tensor]]] = {}
+    final: list[tuple[TensorSpec, torch.Tensor]] = []
+    rest: list[TensorSpec] = []
     for spec in specs:
         if device.type != "cpu" or not _final_as_read(spec, storage, expand):
-            materialize(spec, device, storage=storage, threads=threads, expand=expand)
+            rest.append(spec)
             continue
-        t = torch.empty(tuple(spec.info.shape), dtype=torch_dtype(spec.info.dtype))
-        batched.setdefault(os.fspath(spec.info.file), []).append((spec, t))
-    for path, items in batched.items():
-        items.sort(key=lambda st: st[0].info.start)
-        requests = [(spec.info.start, t.reshape(-1).view(torch.uint8)) for spec, t in items if spec.info.nbytes]
-        if requests:
-            _core.read_tensors(path, requests, threads=threads)
-        for spec, t in items:
-            spec.put(nn.Parameter(t, requires_grad=False))
+        final.append((spec, torch.empty(tuple(spec.info.shape), dtype=torch_dtype(spec.info.dtype))))
+    requests = [
+        (os.fspath(spec.info.file), spec.info.start, t.reshape(-1).view(torch.uint8))
+        for spec, t in final
+        if spec.info.nbytes
+    ]
+    if requests:
+        _core.read_block(requests, threads=threads, lane=lane, position=None)
+    for spec, t in final:
+        spec.put(nn.Parameter(t, requires_grad=False))
+    for group in read_groups(rest):
+        _materialize_group(group, device, storage=storage, threads=threads, expand=expand, lane=lane)
 
 
 def _read_by_rows(spec: TensorSpec) -> bool:
@@ -164,7 +206,10 @@ def map_lookup_tables(
         ):
             rest.append(spec)
             continue
-        spec.put(nn.Parameter(ckpt.read(spec.info.name), requires_grad=False))
+        # Left mapped, not read: its pages come in as lookups touch them, outside any read queue
+        # (a read through the queue would bring in the rows no token uses, which is what the
+        # map saves).
+        spec.put(nn.Parameter(ckpt.map(spec.info.name), requires_grad=False))
         mapped.append(spec)
     return rest, mapped
 
@@ -218,12 +263,27 @@ def _convert_storage(stored: torch.Tensor, storage: str, spec: TensorSpec) -> tu
 
 
 def load_buffers(
-    model: nn.Module, named: dict[str, _core.TensorInfo], device: torch.device, skip: tuple[str, ...] = ()
+    model: nn.Module,
+    named: dict[str, _core.TensorInfo],
+    device: torch.device,
+    skip: tuple[str, ...] = (),
+    lane: _core.ReadLane | None = None,
 ) -> list[str]:
-    """Buffers come from the checkpoint when it has them; otherwise the values the model made
-    at construction are kept (those a release of the same model kept aside, if it was loaded
-    before). Buffers under ``skip`` are left as they are. Returns the names of the kept ones."""
+    """Buffers come from the checkpoint when it has them (all read by one call through
+    ``lane``, as needed now); otherwise the values the model made at construction are kept
+    (those a release of the same model kept aside, if it was loaded before). Buffers under
+    ``skip`` are left as they are. Returns the names of the kept ones."""
     kept = []
+    wanted = [
+        (module, attr, name)
+        for mod_name, module in model.named_modules()
+        for attr, b in module._buffers.items()
+        if b is not None
+        for name in [f"{mod_name}.{attr}" if mod_name else attr]
+        if not (skip and name.startswith(skip)) and name in named
+    ]
+    read = read_many([named[name] for _m, _a, name in wanted], 2, lane)
+    from_file = {(id(m), a): t for (m, a, _n), t in zip(wanted, read, strict=True)}
     aside: dict[str, torch.Tensor] = getattr(model, KEPT_BUFFERS_ATTR, None) or {}
     for mod_name, module in model.named_modules():
         for attr, b in module._buffers.items():
@@ -233,7 +293,7 @@ def load_buffers(
             if skip and name.startswith(skip):
                 continue
             if name in named:
-                module._buffers[attr] = read_tensor(named[name], 2).to(device=device, dtype=b.dtype)
+                module._buffers[attr] = from_file[(id(module), attr)].to(device=device, dtype=b.dtype)
             elif b.is_meta and name in aside:
                 module._buffers[attr] = aside[name].to(device)
                 kept.append(name)

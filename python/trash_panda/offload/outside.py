@@ -70,23 +70,23 @@ def split_outside(
     return now, dict(sorted(later.items())), wait_for
 
 
-def load_now(specs: list[TensorSpec], device: torch.device, threads: int) -> None:
+def load_now(specs: list[TensorSpec], device: torch.device, threads: int, lane: _core.ReadLane | None = None) -> None:
     """Reads the outside weights needed before the first call as stream_load reads them (the
-    same calls, so without positions nothing changes), paused as a load is: they are nobody's
-    activation memory. Module-level so tests can watch it."""
+    same calls through the model's ``lane``, so without positions nothing changes), paused as a
+    load is: they are nobody's activation memory. Module-level so tests can watch it."""
     with paused():
-        materialize_all(specs, device, storage=None, threads=threads, expand=True)
+        materialize_all(specs, device, storage=None, threads=threads, expand=True, lane=lane)
 
 
 def load_outside(
     specs: list[TensorSpec],
     device: torch.device,
     threads: int,
-    queue: _core.ReadQueue | None = None,
+    lane: _core.ReadLane | None = None,
     position: int | None = None,
 ) -> None:
-    """Reads outside tensors (and their scales) in one call of the core through ``queue``, as
+    """Reads outside tensors (and their scales) in one call of the core through ``lane``, as
     the block at ``position`` of the run order, expanded to the compute dtype as stream_load
     expands them, put on the device through its meter. Module-level so tests can watch it."""
     meter = meter_for(device)
-    meter.moved_in(functools.partial(read_group, specs, device, None, threads, queue, position, expand=True))
+    meter.moved_in(functools.partial(read_group, specs, device, None, threads, lane, position, expand=True))

@@ -3,8 +3,9 @@ order, while the model starts; a block that starts before its weights arrive wai
 
 Each block is read by large calls of the core (``_core.read_block``: the block's tensors and
 scales, grouped by file, without the GIL), then kept as stream_load's ``materialize`` keeps it.
-The reads wait in one read queue with the engine's (``_core.ReadQueue``), ranked by when their
-block runs: a block the model needs now is never read behind one it needs later. With an order
+The reads wait in the model's lane of its drive's read queue with the engine's
+(``_core.ReadLane``, made by stream_load), ranked by when their block runs: a block the model
+needs now is never read behind one it needs later. With an order
 file that places the weights outside the blocks (:mod:`.outside`), those needed after the first
 block are read here too, before the block at their place, and the module that needs them waits
 for them as a block does.
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import StreamError
 from ..settings import setting
-from .materialize import read_many, settle
+from .materialize import read_groups, read_many, settle
 from .meter import meter_for
 from .registry import BlockHook
 
@@ -48,11 +49,11 @@ def load_block(
     device: torch.device,
     storage: str | None,
     threads: int,
-    queue: _core.ReadQueue | None = None,
+    lane: _core.ReadLane | None = None,
     position: int | None = None,
 ) -> None:
     """Reads one resident block to the device in its stored form (or the storage dtype), as
-    stream_load does, in large reads of the core through ``queue`` as the block at ``position``
+    stream_load does, in large reads of the core through ``lane`` as the block at ``position``
     of the run order, each put on the device through its meter. Module-level so tests can slow
     it down or make it fail.
 
@@ -66,9 +67,9 @@ def load_block(
     meter = meter_for(device)
     for group in _read_groups(block, device):
         if device.type == "cpu":
-            meter.moved_in(functools.partial(read_group, group, device, storage, threads, queue, position))
+            meter.moved_in(functools.partial(read_group, group, device, storage, threads, lane, position))
         else:
-            read_group(group, torch.device("cpu"), storage, threads, queue, position)
+            read_group(group, torch.device("cpu"), storage, threads, lane, position)
             for spec in group:
                 meter.moved_in(functools.partial(_copy_to, spec, device))
 
@@ -78,16 +79,16 @@ def read_group(
     device: torch.device,
     storage: str | None,
     threads: int,
-    queue: _core.ReadQueue | None,
+    lane: _core.ReadLane | None,
     position: int | None,
     *,
     expand: bool = False,
 ) -> int:
-    """Reads tensors (and their scales) in one call of the core through ``queue``, as the block
+    """Reads tensors (and their scales) in one call of the core through ``lane``, as the block
     at ``position`` of the run order, and keeps them on ``device`` as stream_load would (kept
     stored, or with ``expand`` in the compute dtype); returns what they hold there."""
     infos = [s.info for s in group] + [s.scale for s in group if s.scale is not None]
-    read = read_many(infos, threads, queue, position)
+    read = read_many(infos, threads, lane, position)
     scales = iter(read[len(group) :])
     for spec, stored in zip(group, read[: len(group)], strict=True):
         scale = next(scales) if spec.scale is not None else None
@@ -99,20 +100,7 @@ def _read_groups(block: BlockState, device: torch.device) -> list[list[TensorSpe
     specs = block.tensors
     if device.type == "cpu" or not specs:
         return [specs] if specs else []
-
-    def size(spec: TensorSpec) -> int:
-        return spec.info.nbytes + (spec.scale.nbytes if spec.scale is not None else 0)
-
-    bound = max(max(size(s) for s in specs), 64 << 20)
-    groups: list[list[TensorSpec]] = [[]]
-    held = 0
-    for spec in specs:
-        if groups[-1] and held + size(spec) > bound:
-            groups.append([])
-            held = 0
-        groups[-1].append(spec)
-        held += size(spec)
-    return groups
+    return read_groups(specs)
 
 
 def _copy_to(spec: TensorSpec, device: torch.device) -> int:
@@ -150,14 +138,14 @@ class ResidentLoader:
         blocks: list[BlockState],
         device: torch.device,
         storage: str | None,
-        queue: _core.ReadQueue | None = None,
+        lane: _core.ReadLane | None = None,
         positions: dict[int, int] | None = None,
         outside: dict[int, list[TensorSpec]] | None = None,
         allowance: _core.Allowance | None = None,
         costs: dict[tuple[str, int], int] | None = None,
     ) -> None:
         self.blocks = blocks
-        self.queue = queue  # shared with the engine: one order for the drive
+        self.lane = lane  # the model's, shared with the engine: one order for the drive
         self.positions = positions or {}  # a block's index -> its position in the run order
         self.device = device
         self.storage = storage
@@ -195,7 +183,7 @@ class ResidentLoader:
                 if self.stopping.is_set():
                     raise StreamError("the stage ended before it was loaded")
                 self._take(("block", block.index))
-                load_block(block, self.device, self.storage, self.threads, self.queue, position)
+                load_block(block, self.device, self.storage, self.threads, self.lane, position)
                 # `work` is fixed by the load (resident weights to expand each run, or none).
                 block.mark_loaded()
                 self.loaded_bytes += sum(s.info.nbytes for s in block.tensors)
@@ -216,7 +204,7 @@ class ResidentLoader:
             if self.stopping.is_set():
                 raise StreamError("the stage ended before they were loaded")
             self._take(("outside", at))
-            outside.load_outside(specs, self.device, self.threads, self.queue, at)
+            outside.load_outside(specs, self.device, self.threads, self.lane, at)
             self.loaded_bytes += sum(s.info.nbytes for s in specs)
         except BaseException as e:  # reported in the call that needs them
             self.outside_errors[at] = e
@@ -247,10 +235,10 @@ class ResidentLoader:
             ) from error
 
     def advance(self, block: BlockState) -> None:
-        """``block`` runs now: the reads waiting in the queue rank from it."""
+        """``block`` runs now: the reads waiting in the lane rank from it."""
         position = self.positions.get(block.index)
-        if self.queue is not None and position is not None:
-            self.queue.advance(position)
+        if self.lane is not None and position is not None:
+            self.lane.advance(position)
 
     def wait(self, block: BlockState) -> None:
         """Blocks the caller until ``block`` is loaded; raises if its load failed. Blocks the
@@ -322,18 +310,15 @@ def start_loader(
 
     run_order = _core.full_order(first or [], [b.prefix for b in state.blocks])
     positions = {index: at for at, index in enumerate(run_order)}
-    # One queue for the loader's reads and the engine's: the drive serves the block needed soonest.
-    queue = _core.ReadQueue(len(run_order))
-    engine = state.engine
-    if engine is not None and not engine.closed:
-        streamed = sorted((b.engine_index, positions[b.index]) for b in state.blocks if b.engine_index is not None)
-        engine.share_reads(queue, [at for _, at in streamed])
+    # The model's lane for the loader's reads and the engine's: the drive serves the block
+    # needed soonest.
+    state.share_reads(run_order)
     by_index = {b.index: b for b in deferred}
     loader = ResidentLoader(
         [by_index[i] for i in run_order if i in by_index],
         state.device,
         state.config.storage_dtype,
-        queue,
+        state.lane,
         positions,
         outside,
         allowance,

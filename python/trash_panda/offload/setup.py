@@ -108,6 +108,9 @@ def _load_and_hook(
         stream_load(model, ckpt, plan=plan, **load_kwargs)
     state = get_state(model)
     assert state is not None
+    if ahead and state.lane is not None:
+        # Its reads, the engine's look-ahead too, give way to the running model's until its turn.
+        state.lane.priority = "ahead"
     blocks = [b.prefix for b in state.blocks]
     if order is None and order_file == "none":
         choice = OrderChoice(None, None, None, os.fspath(where), blocks)
@@ -118,7 +121,7 @@ def _load_and_hook(
     now, later, waits = outside_mod.split_outside(unread, state.outside_modules, choice.outside, defer=ahead)
     if now:
         # Looked up on the module when called, so tests can watch it.
-        outside_mod.load_now(now, state.device, max(1, int(setting("ram_threads"))))
+        outside_mod.load_now(now, state.device, max(1, int(setting("ram_threads"))), state.lane)
     handle = install_offload(model, order=choice.first)
     if not (overlap or ahead):
         return Loaded(handle, choice)

@@ -132,6 +132,20 @@ class ModelState:
     # The modules outside the blocks that hold weights, by name (offload/outside.py): the order
     # hook records where each is first needed.
     outside_modules: dict[str, nn.Module] = field(default_factory=dict)
+    # The model's lane of its drive's read queue: every read of the model (the engine's, the
+    # loader's, the resident and outside weights', buffers') waits there, ranked by its run order.
+    lane: _core.ReadLane | None = None
+
+    def share_reads(self, run_order: list[int]) -> None:
+        """The model's run order is ``run_order`` (block indices): the lane counts positions in
+        it, and the engine's reads rank by their blocks' places in it."""
+        if self.lane is None:
+            return
+        self.lane.blocks = len(run_order)
+        if self.engine is not None and not self.engine.closed:
+            at = {index: pos for pos, index in enumerate(run_order)}
+            streamed = sorted((b.engine_index, at[b.index]) for b in self.blocks if b.engine_index is not None)
+            self.engine.share_reads(self.lane, [pos for _, pos in streamed])
 
     def installed(self, handle: Any) -> None:
         """The offload hooks are installed: ``handle`` is the live one."""
@@ -153,6 +167,7 @@ class ModelState:
                 spec.forget()
         self.blocks = []
         self.engine = None
+        self.lane = None  # its slot in the drive's queue goes with the last handle
 
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -1,5 +1,6 @@
 //! Byte sources: memory maps, positional reads, unbuffered reads, parallel range reads, the read
-//! queue that orders every read of a model by need (`schedule`), and page cache control for cold
+//! queue that orders every read of a drive by need and by each model's lane (`schedule`), one
+//! per drive for the process (`drive_queue`), and page cache control for cold
 //! measurements. What differs between Linux, Windows and macOS lives in `platform`, one module
 //! per system behind the same functions.
 //!
@@ -8,6 +9,7 @@
 mod aligned;
 mod cache;
 mod drive;
+mod drive_queue;
 mod error;
 mod mapped;
 mod parallel;
@@ -19,6 +21,7 @@ mod stats;
 pub use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use cache::{cached_bytes, can_drop_cache, drop_cache};
 pub use drive::{measure_drive, DriveRate, DRIVE_IN_FLIGHT};
+pub use drive_queue::drive_queue;
 pub use error::IoError;
 pub use mapped::MappedFile;
 pub use parallel::{
@@ -28,5 +31,5 @@ pub use parallel::{
 pub(crate) use platform::page_size;
 pub use platform::read_exact_at;
 pub use reader::{FileReader, ReadMode};
-pub use schedule::{Need, Permit, QueueStats, ReadQueue};
+pub use schedule::{Lane, Need, Permit, Priority, QueueStats, ReadQueue, Served};
 pub use stats::ReadStats;

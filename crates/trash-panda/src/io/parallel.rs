@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::aligned::{AlignedBuf, DIRECT_ALIGN};
-use super::schedule::{Need, Permit, ReadQueue};
+use super::schedule::{Lane, Need, Permit};
 use super::{FileReader, IoError, ReadMode, ReadStats};
 
 /// The default chunk: large enough that O_DIRECT reaches the drive's sequential speed, small
@@ -87,14 +87,14 @@ pub fn read_ranges_until(
     read_ranges_queued(reader, requests, opts, stop, None)
 }
 
-/// [`read_ranges_until`] through a [`ReadQueue`]: each reader thread waits for a place at the
+/// [`read_ranges_until`] through a lane of a read queue ([`Lane`]): each reader thread waits for a place at the
 /// drive before its first chunk, and between chunks gives it to a read needed sooner than `need`.
 pub fn read_ranges_queued(
     reader: &FileReader,
     requests: &mut [ReadRequest<'_>],
     opts: &ReadOptions,
     stop: &AtomicBool,
-    gate: Option<(&ReadQueue, Need)>,
+    gate: Option<(&Lane, Need)>,
 ) -> Result<Option<ReadStats>, IoError> {
     let started = Instant::now();
     for r in requests.iter() {
@@ -160,7 +160,7 @@ fn worker<'a>(
     failed: &AtomicBool,
     stop: &AtomicBool,
     chunk_size: usize,
-    gate: Option<(&ReadQueue, Need)>,
+    gate: Option<(&Lane, Need)>,
 ) -> Result<(), IoError> {
     // The place at the drive, taken before the first chunk and held (unless a read needed sooner
     // waits) until this thread runs out of chunks.

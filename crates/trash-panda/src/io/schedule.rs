@@ -1,25 +1,61 @@
-//! One read queue ordered by need: every read of a model's checkpoint (the engine's disk tier and
-//! cold RAM tier, the resident loader) waits here for one of `depth` places at the drive, and
-//! the waiting read whose block is needed soonest goes next.
+//! One read queue ordered by need, shared by every model reading from one drive: each read waits
+//! for one of `depth` places at the drive, and the waiting read needed soonest goes next.
 //!
-//! A block's need is its position in the run order, counted from the block being run now: the
-//! current block ranks first, later blocks by their distance, and blocks behind the current one
-//! (the next pass's) last. A read holds its place across its chunks, but gives it up between two
-//! chunks to a read that is needed sooner, so a block needed now waits for one chunk at most.
+//! Each model reads through a [`Lane`] of the queue: the lane has the model's run order (its
+//! length and the block being run now) and a [`Priority`]. A waiting read ranks by its lane's
+//! priority first (a model that runs now before one that runs later), then by its need within
+//! the lane, then by when it asked.
+//!
+//! A block's need is its position in the lane's run order, counted from the block being run now:
+//! the current block ranks first, later blocks by their distance, and blocks behind the current
+//! one (the next pass's) last. A read holds its place across its chunks, but gives it up between
+//! two chunks to a read that ranks sooner (in any lane), so a block needed now waits for one
+//! chunk at most, even behind a read for a model that runs later.
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 /// When a read's bytes are needed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Need {
-    /// Before anything else can run (weights outside the blocks, a load that blocks the caller).
+    /// Before anything else of its lane can run (weights outside the blocks, a load that blocks
+    /// the caller).
     Now,
-    /// For the block at this position of the run order.
+    /// For the block at this position of the lane's run order.
     Block(usize),
 }
 
-/// What the queue has done since it was made.
+/// How a lane's reads rank against other lanes'. The order of the variants is the order served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// A model that runs now or is about to: its reads go before any `Ahead` read.
+    Run,
+    /// A model that runs later, read ahead of time behind the running one.
+    Ahead,
+}
+
+impl Priority {
+    /// The names [`parse`](Self::parse) accepts, for messages.
+    pub const NAMES: [&'static str; 2] = ["run", "ahead"];
+
+    /// `"run"` or `"ahead"`; `None` for anything else.
+    pub fn parse(name: &str) -> Option<Priority> {
+        match name {
+            "run" => Some(Priority::Run),
+            "ahead" => Some(Priority::Ahead),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::Run => "run",
+            Priority::Ahead => "ahead",
+        }
+    }
+}
+
+/// What a queue (or one lane of it) has done since it was made.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct QueueStats {
     /// Places handed out (a read, or a read that took its place again after giving it up).
@@ -30,28 +66,42 @@ pub struct QueueStats {
     pub wait_seconds: f64,
 }
 
+impl QueueStats {
+    fn grant(&mut self, waited: Option<f64>) {
+        self.grants += 1;
+        if let Some(s) = waited {
+            self.waits += 1;
+            self.wait_seconds += s;
+        }
+    }
+}
+
+/// A read served, as recorded by [`ReadQueue::record`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Served {
+    /// The lane's id ([`Lane::id`]).
+    pub lane: usize,
+    pub need: Need,
+}
+
 #[derive(Debug)]
 struct Waiter {
     ticket: u64,
+    lane: usize,
     need: Need,
 }
 
 #[derive(Debug)]
-struct State {
-    /// Blocks in the run order: positions wrap at this many (0: no wrap).
+struct LaneState {
+    /// Blocks in the lane's run order: positions wrap at this many (0: no wrap).
     blocks: usize,
     /// The position of the block being run.
     current: usize,
-    in_flight: usize,
-    waiting: Vec<Waiter>,
-    next_ticket: u64,
+    priority: Priority,
     stats: QueueStats,
-    /// The needs served, in the order their places were granted, while recording (tests and
-    /// traces ask for it; a run does not keep it).
-    served: Option<Vec<Need>>,
 }
 
-impl State {
+impl LaneState {
     /// Smaller is sooner. A position past the end of the order wraps like the order does.
     fn rank(&self, need: Need) -> usize {
         match need {
@@ -63,23 +113,57 @@ impl State {
             }
         }
     }
+}
 
-    /// Whether `ticket` is the waiter to go next: the soonest need, the earliest ticket on a tie.
+#[derive(Debug)]
+struct State {
+    /// Lanes by id; a freed lane's slot is `None` until a new lane takes it.
+    lanes: Vec<Option<LaneState>>,
+    in_flight: usize,
+    waiting: Vec<Waiter>,
+    next_ticket: u64,
+    stats: QueueStats,
+    /// The reads served, in the order their places were granted, while recording (tests and
+    /// traces ask for it; a run does not keep it).
+    served: Option<Vec<Served>>,
+}
+
+impl State {
+    fn lane(&self, id: usize) -> &LaneState {
+        self.lanes[id]
+            .as_ref()
+            .expect("a lane with a handle is live")
+    }
+
+    fn lane_mut(&mut self, id: usize) -> &mut LaneState {
+        self.lanes[id]
+            .as_mut()
+            .expect("a lane with a handle is live")
+    }
+
+    /// The order reads are served in: lane priority, then need within the lane.
+    fn key(&self, lane: usize, need: Need) -> (Priority, usize) {
+        let l = self.lane(lane);
+        (l.priority, l.rank(need))
+    }
+
+    /// Whether `ticket` is the waiter to go next: the smallest key, the earliest ticket on a tie.
     fn is_next(&self, ticket: u64) -> bool {
         let first = self
             .waiting
             .iter()
-            .min_by_key(|w| (self.rank(w.need), w.ticket));
+            .min_by_key(|w| (self.key(w.lane, w.need), w.ticket));
         first.is_some_and(|w| w.ticket == ticket)
     }
 
-    fn sooner_waiting(&self, need: Need) -> bool {
-        let mine = self.rank(need);
-        self.waiting.iter().any(|w| self.rank(w.need) < mine)
+    fn sooner_waiting(&self, lane: usize, need: Need) -> bool {
+        let mine = self.key(lane, need);
+        self.waiting.iter().any(|w| self.key(w.lane, w.need) < mine)
     }
 }
 
-/// The queue. `Send + Sync`; share it in an `Arc` between every reader of one model (or more).
+/// The queue: `depth` places at the drive, shared by the lanes made from it. `Send + Sync`;
+/// held in an `Arc` by every lane.
 #[derive(Debug)]
 pub struct ReadQueue {
     depth: usize,
@@ -88,14 +172,12 @@ pub struct ReadQueue {
 }
 
 impl ReadQueue {
-    /// A queue with `depth` reads at the drive at once (at least 1), over a run order of
-    /// `blocks` blocks (positions wrap there; 0 for no wrap), the first one current.
-    pub fn new(depth: usize, blocks: usize) -> Self {
+    /// A queue with `depth` reads at the drive at once (at least 1) and no lane yet.
+    pub fn new(depth: usize) -> Self {
         ReadQueue {
             depth: depth.max(1),
             state: Mutex::new(State {
-                blocks,
-                current: 0,
+                lanes: Vec::new(),
                 in_flight: 0,
                 waiting: Vec::new(),
                 next_ticket: 0,
@@ -103,6 +185,34 @@ impl ReadQueue {
                 served: None,
             }),
             cv: Condvar::new(),
+        }
+    }
+
+    /// A new lane over a run order of `blocks` blocks (positions wrap there; 0 for no wrap), the
+    /// first one current.
+    pub fn lane(self: &Arc<Self>, blocks: usize, priority: Priority) -> Lane {
+        let mut st = self.lock();
+        let lane = LaneState {
+            blocks,
+            current: 0,
+            priority,
+            stats: QueueStats::default(),
+        };
+        let id = match st.lanes.iter().position(Option::is_none) {
+            Some(free) => {
+                st.lanes[free] = Some(lane);
+                free
+            }
+            None => {
+                st.lanes.push(Some(lane));
+                st.lanes.len() - 1
+            }
+        };
+        Lane {
+            handle: Arc::new(LaneHandle {
+                queue: self.clone(),
+                id,
+            }),
         }
     }
 
@@ -116,33 +226,12 @@ impl ReadQueue {
         self.depth
     }
 
-    /// Blocks in the run order the positions count in.
-    pub fn blocks(&self) -> usize {
-        self.lock().blocks
+    /// Lanes live now (with at least one handle).
+    pub fn lanes(&self) -> usize {
+        self.lock().lanes.iter().filter(|l| l.is_some()).count()
     }
 
-    /// Sets the length of the run order (when it changes).
-    pub fn set_blocks(&self, blocks: usize) {
-        self.lock().blocks = blocks;
-        self.cv.notify_all();
-    }
-
-    /// The block at `position` of the run order runs now: the waiting reads are ranked from it.
-    pub fn advance(&self, position: usize) {
-        let mut st = self.lock();
-        if st.current != position {
-            st.current = position;
-            drop(st);
-            self.cv.notify_all();
-        }
-    }
-
-    /// The position of the block being run.
-    pub fn current(&self) -> usize {
-        self.lock().current
-    }
-
-    /// Reads waiting for a place now.
+    /// Reads waiting for a place now, all lanes together.
     pub fn waiting(&self) -> usize {
         self.lock().waiting.len()
     }
@@ -152,61 +241,167 @@ impl ReadQueue {
         self.lock().in_flight
     }
 
+    /// All lanes together, including lanes since dropped.
     pub fn stats(&self) -> QueueStats {
         self.lock().stats
     }
 
-    /// Starts (or stops) recording the needs served, in the order they got their place.
+    /// Starts (or stops) recording the reads served, in the order they got their place.
     pub fn record(&self, on: bool) {
         self.lock().served = on.then(Vec::new);
     }
 
-    /// The needs served since [`record`](Self::record)`(true)`.
-    pub fn served(&self) -> Vec<Need> {
+    /// The reads served since [`record`](Self::record)`(true)`, every lane's.
+    pub fn served(&self) -> Vec<Served> {
         self.lock().served.clone().unwrap_or_default()
-    }
-
-    /// Waits for a place at the drive for a read of `need`, and holds it until the permit is
-    /// dropped.
-    pub fn acquire(&self, need: Need) -> Permit<'_> {
-        let st = self.lock();
-        drop(self.take_place(st, need));
-        Permit { queue: self, need }
     }
 
     fn take_place<'a>(
         &'a self,
         mut st: MutexGuard<'a, State>,
+        lane: usize,
         need: Need,
     ) -> MutexGuard<'a, State> {
         let ticket = st.next_ticket;
         st.next_ticket += 1;
         let free_now = st.in_flight < self.depth && st.waiting.is_empty();
-        let started = Instant::now();
+        let mut waited = None;
         if !free_now {
-            st.waiting.push(Waiter { ticket, need });
+            let started = Instant::now();
+            st.waiting.push(Waiter { ticket, lane, need });
             while !(st.in_flight < self.depth && st.is_next(ticket)) {
                 st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
             }
             st.waiting.retain(|w| w.ticket != ticket);
-            st.stats.waits += 1;
-            st.stats.wait_seconds += started.elapsed().as_secs_f64();
+            waited = Some(started.elapsed().as_secs_f64());
             // The next waiter may go too if places are left.
             self.cv.notify_all();
         }
         st.in_flight += 1;
-        st.stats.grants += 1;
+        st.stats.grant(waited);
+        st.lane_mut(lane).stats.grant(waited);
         if let Some(served) = &mut st.served {
-            served.push(need);
+            served.push(Served { lane, need });
         }
         st
+    }
+}
+
+/// The last handle of a lane frees its slot.
+#[derive(Debug)]
+struct LaneHandle {
+    queue: Arc<ReadQueue>,
+    id: usize,
+}
+
+impl Drop for LaneHandle {
+    fn drop(&mut self) {
+        // No read of this lane waits or holds a place: each borrows a handle.
+        self.queue.lock().lanes[self.id] = None;
+    }
+}
+
+/// One model's way into a [`ReadQueue`]: its run order, the block it runs now, its priority.
+/// Clones are handles to the same lane; the lane lives until the last one drops.
+#[derive(Debug, Clone)]
+pub struct Lane {
+    handle: Arc<LaneHandle>,
+}
+
+impl PartialEq for Lane {
+    fn eq(&self, other: &Lane) -> bool {
+        Arc::ptr_eq(&self.handle, &other.handle)
+    }
+}
+
+impl Eq for Lane {}
+
+impl Lane {
+    /// The queue this lane reads through.
+    pub fn queue(&self) -> &Arc<ReadQueue> {
+        &self.handle.queue
+    }
+
+    /// The lane's id in its queue (as [`Served::lane`] names it); a dropped lane's id is reused.
+    pub fn id(&self) -> usize {
+        self.handle.id
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut LaneState) -> T) -> T {
+        f(self.queue().lock().lane_mut(self.handle.id))
+    }
+
+    /// Changes that re-rank waiting reads wake them to look again.
+    fn changed(&self) {
+        self.queue().cv.notify_all();
+    }
+
+    /// Blocks in the run order the positions count in.
+    pub fn blocks(&self) -> usize {
+        self.with(|l| l.blocks)
+    }
+
+    /// Sets the length of the run order (when it changes).
+    pub fn set_blocks(&self, blocks: usize) {
+        self.with(|l| l.blocks = blocks);
+        self.changed();
+    }
+
+    /// The block at `position` of the run order runs now: the lane's waiting reads rank from it.
+    pub fn advance(&self, position: usize) {
+        let moved = self.with(|l| std::mem::replace(&mut l.current, position) != position);
+        if moved {
+            self.changed();
+        }
+    }
+
+    /// The position of the block being run.
+    pub fn current(&self) -> usize {
+        self.with(|l| l.current)
+    }
+
+    pub fn priority(&self) -> Priority {
+        self.with(|l| l.priority)
+    }
+
+    /// Changes the lane's priority (the next model becomes the running one, say); waiting reads
+    /// are ranked again.
+    pub fn set_priority(&self, priority: Priority) {
+        let moved = self.with(|l| std::mem::replace(&mut l.priority, priority) != priority);
+        if moved {
+            self.changed();
+        }
+    }
+
+    /// What this lane's reads have done since the lane was made.
+    pub fn stats(&self) -> QueueStats {
+        self.with(|l| l.stats)
+    }
+
+    /// This lane's reads served since the queue's [`record`](ReadQueue::record)`(true)`.
+    pub fn served(&self) -> Vec<Need> {
+        let id = self.id();
+        self.queue()
+            .served()
+            .into_iter()
+            .filter(|s| s.lane == id)
+            .map(|s| s.need)
+            .collect()
+    }
+
+    /// Waits for a place at the drive for a read of `need`, and holds it until the permit is
+    /// dropped.
+    pub fn acquire(&self, need: Need) -> Permit<'_> {
+        let q = self.queue();
+        drop(q.take_place(q.lock(), self.id(), need));
+        Permit { lane: self, need }
     }
 }
 
 /// A place at the drive. Dropping it frees the place for the soonest-needed waiting read.
 #[derive(Debug)]
 pub struct Permit<'a> {
-    queue: &'a ReadQueue,
+    lane: &'a Lane,
     need: Need,
 }
 
@@ -216,33 +411,35 @@ impl Permit<'_> {
         self.need
     }
 
-    /// Between two chunks of a read: gives the place to a waiting read needed sooner, then waits
-    /// for a place again; keeps it otherwise (a read never waits behind one needed later).
+    /// Between two chunks of a read: gives the place to a waiting read that ranks sooner (in any
+    /// lane), then waits for a place again; keeps it otherwise (a read never waits behind one
+    /// that ranks later).
     pub fn yield_to_sooner(&mut self) {
-        let q = self.queue;
+        let q = self.lane.queue();
+        let id = self.lane.id();
         let mut st = q.lock();
-        if !st.sooner_waiting(self.need) {
+        if !st.sooner_waiting(id, self.need) {
             return;
         }
         st.in_flight -= 1;
         q.cv.notify_all();
-        drop(q.take_place(st, self.need));
+        drop(q.take_place(st, id, self.need));
     }
 }
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        let mut st = self.queue.lock();
+        let q = self.lane.queue();
+        let mut st = q.lock();
         st.in_flight -= 1;
         drop(st);
-        self.queue.cv.notify_all();
+        q.cv.notify_all();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
     /// Waits until `n` reads wait at the queue (the deadline guards against a hang; nothing
     /// asserts a time).
@@ -258,16 +455,22 @@ mod tests {
         }
     }
 
+    /// A queue of `depth` places with one running lane over `blocks` blocks.
+    fn one_lane(depth: usize, blocks: usize) -> Lane {
+        Arc::new(ReadQueue::new(depth)).lane(blocks, Priority::Run)
+    }
+
     #[test]
     fn ranks_from_the_current_block_and_wraps() {
-        let q = ReadQueue::new(1, 10);
-        q.advance(7);
-        let st = q.lock();
-        assert_eq!(st.rank(Need::Now), 0);
-        assert_eq!(st.rank(Need::Block(7)), 1);
-        assert_eq!(st.rank(Need::Block(9)), 3);
-        assert_eq!(st.rank(Need::Block(0)), 4); // the next pass's first block
-        assert_eq!(st.rank(Need::Block(6)), 10); // just behind: needed last
+        let lane = one_lane(1, 10);
+        lane.advance(7);
+        lane.with(|l| {
+            assert_eq!(l.rank(Need::Now), 0);
+            assert_eq!(l.rank(Need::Block(7)), 1);
+            assert_eq!(l.rank(Need::Block(9)), 3);
+            assert_eq!(l.rank(Need::Block(0)), 4); // the next pass's first block
+            assert_eq!(l.rank(Need::Block(6)), 10); // just behind: needed last
+        });
     }
 
     /// The drive is one place held by a slow read (the test's permit); reads for far blocks
@@ -275,14 +478,15 @@ mod tests {
     /// ends, and the far ones after it nearest first.
     #[test]
     fn the_soonest_needed_read_goes_first() {
-        let q = Arc::new(ReadQueue::new(1, 8));
+        let lane = one_lane(1, 8);
+        let q = lane.queue().clone();
         q.record(true);
-        let slow = q.acquire(Need::Block(0));
+        let slow = lane.acquire(Need::Block(0));
         let mut threads = Vec::new();
         for (k, pos) in [6usize, 4, 1].into_iter().enumerate() {
-            let q2 = q.clone();
+            let l2 = lane.clone();
             threads.push(std::thread::spawn(move || {
-                drop(q2.acquire(Need::Block(pos)))
+                drop(l2.acquire(Need::Block(pos)))
             }));
             until_waiting(&q, k + 1);
         }
@@ -290,49 +494,50 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        let served = q.served();
         assert_eq!(
-            served,
+            lane.served(),
             [0, 1, 4, 6].map(Need::Block),
             "the near read must not wait behind far ones"
         );
         assert_eq!(q.stats().waits, 3);
+        assert_eq!(lane.stats(), q.stats());
     }
 
     /// The current block moves while reads wait: ranks follow it.
     #[test]
     fn advancing_reorders_the_waiting_reads() {
-        let q = Arc::new(ReadQueue::new(1, 8));
+        let lane = one_lane(1, 8);
+        let q = lane.queue().clone();
         q.record(true);
-        let slow = q.acquire(Need::Now);
+        let slow = lane.acquire(Need::Now);
         let mut threads = Vec::new();
         for (k, pos) in [2usize, 6].into_iter().enumerate() {
-            let q2 = q.clone();
+            let l2 = lane.clone();
             threads.push(std::thread::spawn(move || {
-                drop(q2.acquire(Need::Block(pos)))
+                drop(l2.acquire(Need::Block(pos)))
             }));
             until_waiting(&q, k + 1);
         }
-        q.advance(5); // block 2 is now the next pass's
+        lane.advance(5); // block 2 is now the next pass's
         drop(slow);
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(q.served(), [Need::Now, Need::Block(6), Need::Block(2)]);
+        assert_eq!(lane.served(), [Need::Now, Need::Block(6), Need::Block(2)]);
     }
 
     /// No more than `depth` reads hold a place at once, however many ask.
     #[test]
     fn depth_is_respected() {
-        let q = Arc::new(ReadQueue::new(2, 0));
+        let lane = one_lane(2, 0);
         let most = Arc::new(Mutex::new(0usize));
         let threads: Vec<_> = (0..8)
             .map(|i| {
-                let (q, most) = (q.clone(), most.clone());
+                let (lane, most) = (lane.clone(), most.clone());
                 std::thread::spawn(move || {
                     for _ in 0..50 {
-                        let p = q.acquire(Need::Block(i));
-                        let now = q.in_flight();
+                        let p = lane.acquire(Need::Block(i));
+                        let now = lane.queue().in_flight();
                         let mut m = most.lock().unwrap();
                         *m = (*m).max(now);
                         drop(m);
@@ -347,29 +552,38 @@ mod tests {
         }
         let most = *most.lock().unwrap();
         assert!(most <= 2, "{most} reads held a place at once");
-        assert_eq!(q.in_flight(), 0);
-        assert_eq!(q.stats().grants, 400);
+        assert_eq!(lane.queue().in_flight(), 0);
+        assert_eq!(lane.queue().stats().grants, 400);
     }
 
     /// A long read keeps its place between chunks while nothing sooner waits, and gives it up to
     /// a read needed sooner.
     #[test]
     fn a_long_read_yields_to_a_sooner_one_between_chunks() {
-        let q = Arc::new(ReadQueue::new(1, 8));
+        let lane = one_lane(1, 8);
+        let q = lane.queue().clone();
         q.record(true);
-        let mut far = q.acquire(Need::Block(5));
-        let q2 = q.clone();
-        let later = std::thread::spawn(move || drop(q2.acquire(Need::Block(6))));
+        let mut far = lane.acquire(Need::Block(5));
+        let l2 = lane.clone();
+        let later = std::thread::spawn(move || drop(l2.acquire(Need::Block(6))));
         until_waiting(&q, 1);
         far.yield_to_sooner(); // block 6 is later: keep the place
         assert_eq!(q.waiting(), 1);
-        let q3 = q.clone();
-        let near = std::thread::spawn(move || drop(q3.acquire(Need::Block(1))));
+        let l3 = lane.clone();
+        let near = std::thread::spawn(move || drop(l3.acquire(Need::Block(1))));
         until_waiting(&q, 2);
         far.yield_to_sooner(); // block 1 goes, then block 5 again, then 6
         drop(far);
         near.join().unwrap();
         later.join().unwrap();
-        assert_eq!(q.served(), [5, 1, 5, 6].map(Need::Block));
+        assert_eq!(lane.served(), [5, 1, 5, 6].map(Need::Block));
+    }
+
+    #[test]
+    fn priority_names_parse() {
+        for name in Priority::NAMES {
+            assert_eq!(Priority::parse(name).unwrap().name(), name);
+        }
+        assert_eq!(Priority::parse("soon"), None);
     }
 }

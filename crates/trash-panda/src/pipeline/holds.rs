@@ -317,9 +317,18 @@ mod tests {
     fn fits_checks_vram_only_where_there_is_some() {
         let h = Holds { ram: 5, vram: 7 };
         assert!(h.fits(Free { ram: 5, vram: None }));
-        assert!(h.fits(Free { ram: 5, vram: Some(7) }));
-        assert!(!h.fits(Free { ram: 4, vram: Some(7) }));
-        assert!(!h.fits(Free { ram: 5, vram: Some(6) }));
+        assert!(h.fits(Free {
+            ram: 5,
+            vram: Some(7)
+        }));
+        assert!(!h.fits(Free {
+            ram: 4,
+            vram: Some(7)
+        }));
+        assert!(!h.fits(Free {
+            ram: 5,
+            vram: Some(6)
+        }));
     }
 
     #[test]

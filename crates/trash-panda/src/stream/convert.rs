@@ -12,8 +12,8 @@ use std::time::Instant;
 use super::{StreamBlock, StreamError};
 use crate::dtype::{cast, quantize_fp8, QuantGranularity};
 use crate::io::{
-    read_ranges_with, AlignedBuf, FileReader, IoError, ReadMode, ReadOptions, ReadRequest,
-    ReadStats, DIRECT_ALIGN,
+    read_ranges_queued, AlignedBuf, FileReader, IoError, Lane, Need, ReadMode, ReadOptions,
+    ReadRequest, ReadStats, DIRECT_ALIGN,
 };
 use crate::rules::conversion::tensor_conversion;
 use crate::rules::Conversion;
@@ -41,9 +41,22 @@ pub(crate) struct Load<'a> {
     pub storage: DType,
     pub mode: ReadMode,
     pub opts: ReadOptions,
+    /// The engine's read lane: the run waits for this load, so its reads are needed now.
+    pub lane: &'a Lane,
 }
 
 impl Load<'_> {
+    fn read(
+        &self,
+        reader: &FileReader,
+        reqs: &mut [ReadRequest<'_>],
+    ) -> Result<ReadStats, IoError> {
+        let never = std::sync::atomic::AtomicBool::new(false);
+        let gate = Some((self.lane, Need::Now));
+        read_ranges_queued(reader, reqs, &self.opts, &never, gate)
+            .map(|s| s.expect("never stopped"))
+    }
+
     /// Fills the image of every converted block (`images[b]` is `Some` for RAM-tier blocks).
     /// Returns the reads (bytes from the files, seconds of the whole load, conversions
     /// included) and what was converted.
@@ -95,7 +108,7 @@ impl Load<'_> {
                 .map(|(at, _, _, dst)| ReadRequest::new(at, dst))
                 .collect();
             let reader = self.reader(&mut readers, f)?;
-            let got = read_ranges_with(reader, &mut reqs, &self.opts).map_err(|e| {
+            let got = self.read(reader, &mut reqs).map_err(|e| {
                 let at = failed_at(&e);
                 let (_, b, i) = owners
                     .iter()
@@ -130,7 +143,8 @@ impl Load<'_> {
             let skip = (t.start % DIRECT_ALIGN as u64) as usize;
             let src = &mut scratch[skip..skip + len];
             let reader = self.reader(&mut readers, t.file)?;
-            read += read_ranges_with(reader, &mut [ReadRequest::new(t.start, src)], &self.opts)
+            read += self
+                .read(reader, &mut [ReadRequest::new(t.start, src)])
                 .map_err(|e| self.read_error(b, i, e))?;
             let src = &scratch[skip..skip + len];
             let image = images[b].as_mut().expect("RAM blocks have an image");

@@ -1,39 +1,40 @@
-//! The read queue the engine's drive reads wait in ([`ReadQueue`]), and where each of the
-//! engine's blocks sits in the run order that queue ranks needs by.
+//! The lane of a read queue the engine's drive reads wait in ([`Lane`]), and where each of the
+//! engine's blocks sits in the run order that lane ranks needs by.
 //!
-//! Each engine starts with a queue of its own, ranked by its own run order. A model whose other
-//! reads (the resident loader's) should share the drive in one order gives the engine its queue
-//! with [`Engine::share_reads`](super::Engine::share_reads), and the positions of the engine's
-//! blocks in the model's run order.
+//! Each engine starts with a lane on a queue of its own, ranked by its own run order. A model
+//! whose other reads (the resident loader's) should share the drive in one order, with the
+//! other models reading the same drive, gives the engine its lane with
+//! [`Engine::share_reads`](super::Engine::share_reads), and the positions of the engine's blocks
+//! in the model's run order.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{ColdRead, Engine, EngineOptions, StreamError};
-use crate::io::{Need, ReadQueue};
+use crate::io::{Lane, Need, Priority, ReadQueue};
 
 #[derive(Debug)]
 struct Inner {
-    queue: Arc<ReadQueue>,
-    /// Per engine block: its position in the queue's run order.
+    lane: Lane,
+    /// Per engine block: its position in the lane's run order.
     positions: Vec<usize>,
-    /// The queue came from outside: the engine's own `set_order` no longer moves positions.
+    /// The lane came from outside: the engine's own `set_order` no longer moves positions.
     shared: bool,
 }
 
 /// Shared by the engine (which advances the current block on `acquire`) and its source (whose
-/// reads wait in the queue).
+/// reads wait in the lane).
 #[derive(Debug)]
 pub(crate) struct Reads {
     inner: Mutex<Inner>,
 }
 
 impl Reads {
-    /// A queue of the engine's own: `depth` reads at once, ranked in definition order until the
-    /// engine's run order is set.
+    /// A lane on a queue of the engine's own: `depth` reads at once, ranked in definition order
+    /// until the engine's run order is set.
     pub fn own(depth: usize, blocks: usize) -> Arc<Reads> {
         Arc::new(Reads {
             inner: Mutex::new(Inner {
-                queue: Arc::new(ReadQueue::new(depth, blocks)),
+                lane: Arc::new(ReadQueue::new(depth)).lane(blocks, Priority::Run),
                 positions: (0..blocks).collect(),
                 shared: false,
             }),
@@ -44,19 +45,19 @@ impl Reads {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The queue and the need of a read of `block`.
-    pub fn of(&self, block: usize) -> (Arc<ReadQueue>, Need) {
+    /// The lane and the need of a read of `block`.
+    pub fn of(&self, block: usize) -> (Lane, Need) {
         let inner = self.lock();
         let need = Need::Block(inner.positions.get(block).copied().unwrap_or(block));
-        (inner.queue.clone(), need)
+        (inner.lane.clone(), need)
     }
 
-    /// The queue reads that block everything wait in (a load before the run).
-    pub fn queue(&self) -> Arc<ReadQueue> {
-        self.lock().queue.clone()
+    /// The lane reads that block everything wait in (a load before the run).
+    pub fn lane(&self) -> Lane {
+        self.lock().lane.clone()
     }
 
-    /// The engine's run order changed: `pos[b]` is block `b`'s place in it. A shared queue keeps
+    /// The engine's run order changed: `pos[b]` is block `b`'s place in it. A shared lane keeps
     /// the positions it was given (the model's order is the caller's).
     pub fn follow_order(&self, pos: &[usize]) {
         let mut inner = self.lock();
@@ -65,11 +66,11 @@ impl Reads {
         }
     }
 
-    /// Uses `queue`, with the engine's blocks at `positions` of its run order.
-    pub fn share(&self, queue: Arc<ReadQueue>, positions: Vec<usize>) {
+    /// Uses `lane`, with the engine's blocks at `positions` of its run order.
+    pub fn share(&self, lane: Lane, positions: Vec<usize>) {
         let mut inner = self.lock();
         *inner = Inner {
-            queue,
+            lane,
             positions,
             shared: true,
         };
@@ -77,38 +78,35 @@ impl Reads {
 
     /// `block` runs now.
     pub fn advance(&self, block: usize) {
-        let (queue, need) = self.of(block);
+        let (lane, need) = self.of(block);
         if let Need::Block(pos) = need {
-            queue.advance(pos);
+            lane.advance(pos);
         }
     }
 }
 
 impl Engine {
-    /// Makes the engine's drive reads wait in `queue` (shared with the model's other readers,
-    /// such as the resident loader), ranked by `positions`: for each of the engine's blocks, its
-    /// position in the queue's run order. `acquire` then advances the queue's current block.
-    pub fn share_reads(
-        &self,
-        queue: Arc<ReadQueue>,
-        positions: Vec<usize>,
-    ) -> Result<(), StreamError> {
+    /// Makes the engine's drive reads wait in `lane` (the model's, shared with its other readers
+    /// such as the resident loader, on the drive's queue), ranked by `positions`: for each of the
+    /// engine's blocks, its position in the lane's run order. `acquire` then advances the lane's
+    /// current block. Called again, it replaces the positions (the model's order was set).
+    pub fn share_reads(&self, lane: Lane, positions: Vec<usize>) -> Result<(), StreamError> {
         if positions.len() != self.block_count() {
             return Err(StreamError::InvalidOrder {
                 reason: format!(
-                    "the read queue was given {} positions for {} streamed blocks",
+                    "the read lane was given {} positions for {} streamed blocks",
                     positions.len(),
                     self.block_count()
                 ),
             });
         }
-        self.reads.share(queue, positions);
+        self.reads.share(lane, positions);
         Ok(())
     }
 
-    /// The read queue the engine's drive reads wait in (its own, or the one shared with it).
-    pub fn read_queue(&self) -> Arc<ReadQueue> {
-        self.reads.queue()
+    /// The lane the engine's drive reads wait in (its own, or the one shared with it).
+    pub fn read_lane(&self) -> Lane {
+        self.reads.lane()
     }
 }
 

@@ -31,10 +31,10 @@ impl CheckpointSource {
             source: Box::new(source),
         })?;
         let layout = &self.layout.blocks[block];
-        let (queue, need) = self.reads.of(block);
+        let (lane, need) = self.reads.of(block);
         let mut reading = Reading {
             bounce,
-            place: queue.acquire(need),
+            place: lane.acquire(need),
         };
         for run in &layout.runs {
             let reader = self.readers[run.file]

@@ -62,7 +62,7 @@ impl CheckpointSource {
         let layout = &self.layout.blocks[block];
         let mut cold_bytes = 0u64;
         // Bringing cold pages in reads the drive: one place in the read queue while it does.
-        let (queue, need) = self.reads.of(block);
+        let (lane, need) = self.reads.of(block);
         let mut place = None;
         for run in &layout.runs {
             let f = self.in_place_file(run.file);
@@ -71,7 +71,7 @@ impl CheckpointSource {
                 continue;
             }
             cold_bytes += layout.run_bytes(run);
-            place.get_or_insert_with(|| queue.acquire(need));
+            place.get_or_insert_with(|| lane.acquire(need));
             self.read_through(block, run, f, stop)?;
         }
         self.pages[block].store(PAGES_READ, Ordering::Relaxed);

@@ -385,7 +385,9 @@ impl CheckpointSource {
             chunk_size: self.chunk_size,
         };
         if let Some(storage) = self.storage {
+            let lane = self.reads.lane();
             let load = Load {
+                lane: &lane,
                 blocks: &self.blocks,
                 files: &self.files,
                 layout: &self.layout,
@@ -442,9 +444,9 @@ impl CheckpointSource {
                         source: Box::new(source),
                     })?;
                 // The run waits for this load: it is needed now, ahead of any look-ahead.
-                let queue = self.reads.queue();
+                let lane = self.reads.lane();
                 let never = AtomicBool::new(false);
-                let gate = Some((&*queue, Need::Now));
+                let gate = Some((&lane, Need::Now));
                 let read = read_ranges_queued(&reader, reqs, &opts, &never, gate)
                     .map(|s| s.expect("never stopped"))
                     .map_err(|e| {

@@ -58,8 +58,8 @@ impl CheckpointSource {
             threads: in_flight.max(1),
             chunk_size: self.chunk_size,
         };
-        let (queue, need) = self.reads.of(block);
-        match read_ranges_queued(reader, &mut requests, &opts, stop, Some((&*queue, need))) {
+        let (lane, need) = self.reads.of(block);
+        match read_ranges_queued(reader, &mut requests, &opts, stop, Some((&lane, need))) {
             Ok(Some(_)) => Ok(()),
             Ok(None) => Err(self.stopped(block)),
             Err(e) => Err(self.read_error(block, run, e)),
@@ -80,7 +80,7 @@ impl CheckpointSource {
         let mut copies: Vec<(usize, usize, &[u8])> = Vec::new();
         // Copies through a cold map fault the pages in from the drive: they hold a place in the
         // read queue until the copy ends (`Pread` reads take their own places).
-        let (queue, need) = self.reads.of(block);
+        let (lane, need) = self.reads.of(block);
         let mut place = None;
         for run in &layout.runs {
             let (map, file) = self.mapped[run.file]
@@ -94,7 +94,7 @@ impl CheckpointSource {
                     self.read_cold_run(block, run, dst, in_flight, stop)?;
                     continue;
                 }
-                place.get_or_insert_with(|| queue.acquire(need));
+                place.get_or_insert_with(|| lane.acquire(need));
                 match self.cold_read {
                     ColdRead::Populate if !self.populate_refused.load(Ordering::Relaxed) => {
                         // Where refused, the kernel's read-ahead under the copy does the work.

@@ -1,0 +1,173 @@
+"""Every read of a model goes through its lane of the drive's read queue: one queue per drive for
+the process, one lane per model, the running model's reads before those of a model that runs
+later. Orders are observed (the test holds the queue's places as slow reads would), never timed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import trash_panda as tp
+from models import Tiny, on_meta
+from test_stream import every_tier
+from trash_panda import _core
+from trash_panda.errors import ArgumentError
+from trash_panda.offload.state import get_state
+
+IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(3))
+
+
+def build() -> Tiny:
+    return on_meta(Tiny)  # type: ignore[return-value]
+
+
+def no_bypass(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Makes a read outside any lane fail the test; returns the lanes read_block was given."""
+    lanes: list[Any] = []
+    real = _core.read_block
+
+    def through_a_lane(requests: list[Any], **kwargs: Any) -> tuple[int, float]:
+        assert kwargs.get("lane") is not None, "a read outside the model's lane"
+        lanes.append(kwargs["lane"])
+        return real(requests, **kwargs)
+
+    def bypass(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("_core.read_tensors bypasses the read queue")
+
+    monkeypatch.setattr(_core, "read_block", through_a_lane)
+    monkeypatch.setattr(_core, "read_tensors", bypass)
+    return lanes
+
+
+@pytest.mark.parametrize("storage", [None, "bf16"])
+def test_stream_load_reads_through_the_models_lane(
+    tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch, storage: str | None
+) -> None:
+    path, ref = tiny
+    lanes = no_bypass(monkeypatch)
+    model = build()
+    tp.stream_load(model, path, plan=every_tier(), device="cpu", storage_dtype=storage)
+    state = get_state(model)
+    assert state is not None and state.lane is not None
+    assert lanes and all(lane is state.lane for lane in lanes)
+    assert state.lane.priority == "run"
+    assert state.lane.blocks == len(state.blocks)
+    grants, _waits, _seconds = state.lane.stats()
+    # Outside weights, two resident blocks and buffers in a few calls; with a storage dtype the
+    # engine's load of the RAM tier reads through the same lane.
+    assert grants >= 1
+    # Run order 4, 5, 0, 1, 2, 3: the lane counts positions in it from now on.
+    handle = tp.install_offload(model, order=["blocks.4.", "blocks.5."])
+    try:
+        assert state.lane.blocks == len(state.blocks)
+        with pytest.warns(UserWarning, match="ran before the order given"), torch.no_grad():
+            out = model(IDS)
+        if storage is None:
+            assert torch.equal(out, ref(IDS))
+        # The disk tier's reads went through the lane too, and the last streamed block run
+        # (blocks.5, at position 1 of the order given) is current.
+        assert state.lane.stats()[0] > grants
+        assert state.lane.current == 1
+    finally:
+        handle.remove()
+        tp.release(model)
+
+
+def test_overlap_reads_through_the_models_lane(tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch) -> None:
+    path, ref = tiny
+    lanes = no_bypass(monkeypatch)
+    with tp.stage(build, path, device="cpu", resident_blocks=3, overlap=True) as (model, _p, h):
+        with torch.no_grad():
+            assert torch.equal(model(IDS), ref(IDS))
+        state = get_state(model)
+        assert state is not None and state.lane is not None
+        hook = h.hooks.get("overlap_wait")
+        assert hook is not None and hook.loader.lane is state.lane
+        assert lanes and all(lane is state.lane for lane in lanes)
+        assert state.lane.stats()[0] >= 3  # at least the three resident blocks
+
+
+def test_two_models_share_the_drives_queue(tiny: tuple[Path, Tiny]) -> None:
+    path, _ref = tiny
+    a, b = build(), build()
+    tp.stream_load(a, path, plan=every_tier(), device="cpu")
+    tp.stream_load(b, path, plan=every_tier(), device="cpu")
+    try:
+        sa, sb = get_state(a), get_state(b)
+        assert sa is not None and sa.lane is not None and sb is not None and sb.lane is not None
+        assert sa.lane.queue_id == sb.lane.queue_id
+        assert sa.lane.lane_id != sb.lane.lane_id
+        # The queue's counts are every lane's.
+        assert sa.lane.queue_stats()[0] >= sa.lane.stats()[0] + sb.lane.stats()[0]
+    finally:
+        tp.release(a)
+        tp.release(b)
+
+
+def test_checkpoint_read_goes_through_the_drives_queue(tiny: tuple[Path, Tiny]) -> None:
+    path, ref = tiny
+    ckpt = tp.Checkpoint(path)
+    lane = _core.ReadLane([path], 1)
+    before = lane.queue_stats()[0]
+    t = ckpt.read("blocks.0.up.weight")
+    assert torch.equal(t, ref.blocks[0].up.weight)
+    assert lane.queue_stats()[0] == before + 1
+
+
+def test_priority_names(tiny: tuple[Path, Tiny]) -> None:
+    path, _ref = tiny
+    lane = _core.ReadLane([path], 4, "ahead")
+    assert lane.priority == "ahead"
+    lane.priority = "run"
+    assert lane.priority == "run"
+    with pytest.raises(ArgumentError, match=r'"soon".*run, ahead'):
+        lane.priority = "soon"
+    with pytest.raises(ArgumentError, match="run, ahead"):
+        _core.ReadLane([path], 4, "later")
+
+
+def _until_waiting(lane: _core.ReadLane, n: int) -> None:
+    deadline = time.monotonic() + 60  # a guard against a hang, not a timing assertion
+    while lane.waiting() < n:
+        assert time.monotonic() < deadline, f"{lane.waiting()} reads wait, not {n}"
+        time.sleep(0.001)
+
+
+def test_an_ahead_lanes_read_waits_behind_a_run_lanes(tmp_path: Path) -> None:
+    data = tmp_path / "bytes.bin"
+    data.write_bytes(bytes(range(256)) * 64)
+    run = _core.ReadLane([data], 8, "run")
+    ahead = _core.ReadLane([data], 8, "ahead")
+    assert run.queue_id == ahead.queue_id
+    run.advance(5)  # block 4 is the run lane's last: it still goes first
+    holds = [run.hold_place() for _ in range(run.depth)]  # the drive is busy
+    results: list[torch.Tensor] = []
+
+    def read(lane: _core.ReadLane, position: int | None) -> None:
+        dst = torch.empty(4096, dtype=torch.uint8)
+        _core.read_block([(str(data), 0, dst)], threads=1, lane=lane, position=position)
+        results.append(dst)
+
+    run.record(True)
+    try:
+        first = threading.Thread(target=read, args=(ahead, None))  # needed now, by a later model
+        first.start()
+        _until_waiting(run, 1)
+        second = threading.Thread(target=read, args=(run, 4))
+        second.start()
+        _until_waiting(run, 2)
+        for h in holds:
+            h.release()
+        first.join()
+        second.join()
+        served = [s for s in run.served() if s[0] in (run.lane_id, ahead.lane_id)]
+    finally:
+        run.record(False)
+    assert served == [(run.lane_id, 4), (ahead.lane_id, None)]
+    assert all(torch.equal(r, torch.arange(4096) % 256) for r in results)
+    assert ahead.stats()[1] == 1  # it waited
