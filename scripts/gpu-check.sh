@@ -38,7 +38,7 @@ say() { echo "gpu-check: $*"; }
 
 plan() {
   say "1. import:          $PY -c 'import trash_panda._core'                (limit ${LIMIT_IMPORT}s)"
-  say "2. cuda tests:      $PY -m pytest -q -m cuda tests/test_cuda.py     (limit ${LIMIT_TESTS}s)"
+  say "2. cuda tests:      $PY -m pytest -q -m cuda tests/test_cuda.py tests/test_gpu_swap.py (limit ${LIMIT_TESTS}s)"
   say "3. with sanitizer:  TORCH_CUDA_SANITIZER=1, the same tests            (limit ${LIMIT_SANITIZER}s)"
   say "4. benchmark:       $PY bench/gpu_stream.py                           (limit ${LIMIT_BENCH}s)"
 }
@@ -104,7 +104,7 @@ run() {  # name limit command...
   esac
 }
 
-tests=(-m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py)
+tests=(-m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py tests/test_gpu_swap.py)
 run "cuda tests" "$LIMIT_TESTS" "$PY" "${tests[@]}"
 run "cuda tests under TORCH_CUDA_SANITIZER" "$LIMIT_SANITIZER" env TORCH_CUDA_SANITIZER=1 "$PY" "${tests[@]}"
 run "gpu_stream benchmark" "$LIMIT_BENCH" \

@@ -85,8 +85,8 @@ def _describe(cudart: Any, err: Any) -> str:
     return f"{name}: {message}"
 
 
-def _unregister(cudart: Any, addresses: list[int], _engine: Any) -> None:
-    # `_engine` is held until here so the buffers outlive their registration.
+def _unregister(cudart: Any, addresses: list[int], _owner: object) -> None:
+    # `_owner` is held until here so the buffers outlive their registration.
     failed = []
     for addr in addresses:
         err = cudart.cudaHostUnregister(addr)
@@ -107,19 +107,19 @@ def _unregister(cudart: Any, addresses: list[int], _engine: Any) -> None:
 
 class PinnedRegistration:
     """Host ranges registered as pinned memory. Unregistered by :meth:`close`, or when this
-    object is collected (a model dropped without release()), never before the engine that owns
-    the memory, which the finalizer keeps alive until then."""
+    object is collected (a model dropped without release()), never before what owns the memory
+    (the engine, or a host tensor), which the finalizer keeps alive until then."""
 
-    def __init__(self, cudart: Any, engine: _core.Engine, addresses: list[int]) -> None:
+    def __init__(self, cudart: Any, owner: object, addresses: list[int]) -> None:
         self.addresses = addresses
-        self._finalizer = weakref.finalize(self, _unregister, cudart, addresses, engine)
+        self._finalizer = weakref.finalize(self, _unregister, cudart, addresses, owner)
 
     def close(self) -> None:
         self._finalizer()
 
 
-def _register(
-    cudart: Any, engine: _core.Engine, ranges: list[tuple[int, int]], fallback: str
+def register_ranges(
+    cudart: Any, owner: object, ranges: list[tuple[int, int]], fallback: str
 ) -> PinnedRegistration | None:
     """Registers every range or none: when one fails, the ones done are undone, every error is
     cleared where it happens, and a warning names the error and ``fallback``."""
@@ -138,13 +138,13 @@ def _register(
             stacklevel=4,
         )
         return None
-    return PinnedRegistration(cudart, engine, done)
+    return PinnedRegistration(cudart, owner, done)
 
 
 def register_pinned(cudart: Any, engine: _core.Engine) -> PinnedRegistration | None:
     """Registers every staging buffer as pinned; None (and a warning) when that fails: copies
     then go from pageable memory, which CUDA runs synchronously (slower, same results)."""
-    return _register(
+    return register_ranges(
         cudart,
         engine,
         engine.staging_buffers(),
@@ -159,7 +159,7 @@ def register_ram_tier(cudart: Any, engine: _core.Engine) -> PinnedRegistration |
     ranges = engine.ram_image_buffers()
     if not ranges:
         return None
-    return _register(
+    return register_ranges(
         cudart,
         engine,
         ranges,

@@ -3,6 +3,9 @@
 Every concern is a named block hook in the model's one :class:`~.registry.HookRegistry`, in this
 order (``pre_forward`` top to bottom, ``post_forward`` bottom to top):
 
+- ``gpu_released``: only while ``handle.release_gpu()`` holds the weights in host memory: the
+  model's next call (or a block's, or an outside module's) restores them first (added by
+  :mod:`.gpu_swap`, before every other hook);
 - ``release_guard``: refuses a block once the hooks were removed;
 - ``final_pass``: while ``handle.final_pass()`` is open, frees each block after it runs, and refuses
   a block it freed (added by :mod:`.final_pass`, before ``timing``);
@@ -15,9 +18,10 @@ order (``pre_forward`` top to bottom, ``post_forward`` bottom to top):
   pre-hook on each module outside the blocks, how many blocks had started before its first call
   (``handle.outside_ran``); warns once when the order given was not the one forward() runs.
 
-The gates are ``release_guard``, ``final_pass``, ``overlap_wait`` and ``staging``: a block whose
-gate raised did not start, and none of its post hooks run. The handle it returns removes them all
-(the registry stays on the model, with the hooks named on their own: see :mod:`.registry`).
+The gates are ``gpu_released``, ``release_guard``, ``final_pass``, ``overlap_wait`` and
+``staging``: a block whose gate raised did not start, and none of its post hooks run. The handle
+it returns removes them all (the registry stays on the model, with the hooks named on their own:
+see :mod:`.registry`).
 """
 
 from __future__ import annotations
@@ -190,7 +194,14 @@ class OffloadHandle:
     """What install_offload() returns: ``remove()`` takes the hooks off and restores the blocks
     (their weights stay loaded; :func:`release` frees them). ``hooks`` is the model's
     :class:`~.registry.HookRegistry` (:func:`~.registry.model_hooks`), where features add
-    their block hooks."""
+    their block hooks.
+
+    ``release_gpu()`` moves the model's weights in GPU memory (resident blocks, the weights
+    outside the blocks, buffers) to host memory, pinned, and frees their GPU memory, keeping
+    the hooks, the engine and the plan; ``restore_gpu()`` copies them back, bit for bit, and a
+    call of the released model restores it first. Each returns a
+    :class:`~.gpu_swap.GpuSwap` (bytes, seconds, host RAM held); each is a no-op when the
+    model is already in that state, and on the CPU. See :mod:`.gpu_swap`."""
 
     def __init__(
         self,
@@ -261,6 +272,29 @@ class OffloadHandle:
 
         return final_pass(self, keep_prefixes)
 
+    @property
+    def gpu_released(self) -> bool:
+        """Whether ``release_gpu()`` moved the weights to host memory (until they come back)."""
+        from .gpu_swap import GPU_RELEASED
+
+        return GPU_RELEASED in self.hooks
+
+    def release_gpu(self) -> Any:
+        """Moves the weights in GPU memory to host memory and frees their GPU memory; returns a
+        :class:`~.gpu_swap.GpuSwap`. The model's next call (or ``restore_gpu()``) brings them
+        back. A no-op on the CPU and when already released."""
+        from .gpu_swap import release_gpu
+
+        return release_gpu(self)
+
+    def restore_gpu(self) -> Any:
+        """Copies the weights ``release_gpu()`` moved back to the GPU, as they were; returns a
+        :class:`~.gpu_swap.GpuSwap`. Raises :class:`StreamError` when they do not fit, leaving
+        the model released. A no-op on the CPU and when not released."""
+        from .gpu_swap import restore_gpu
+
+        return restore_gpu(self)
+
     def remove_hooks(self, profile: bool, restore: bool = False) -> Any:
         """Takes the hooks off (restoring the blocks when asked), printing nothing: what
         :meth:`remove` and :func:`~.release.release` do. Returns the profile's snapshot when
@@ -270,6 +304,8 @@ class OffloadHandle:
         if restore:
             from .restore import check_restore_fits
 
+            # A model released from the GPU runs plainly only with its weights back there.
+            self.restore_gpu()
             # Before anything changes: a restore that cannot fit leaves the hooks as they are.
             held = self.backend.device_bytes() if isinstance(self.backend, DeviceBackend) else 0
             check_restore_fits(self.state, held)

@@ -256,6 +256,15 @@ class ResidentLoader:
                 f"block {block.prefix} could not be loaded by stage(overlap=True)'s loader thread: {error}"
             ) from error
 
+    @property
+    def done(self) -> bool:
+        """Whether the thread has ended (everything read, or stopped)."""
+        return not self._thread.is_alive()
+
+    def join(self) -> None:
+        """Waits until everything is read."""
+        self._thread.join()
+
     def close(self) -> None:
         """Stops after the block being read and waits for the thread (before a release); a
         wait for the allowance fails."""

@@ -71,7 +71,7 @@ def _release(model: nn.Module) -> None:
     gc.collect()
     steps.run(point, "after garbage collection")
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        steps.run(_empty_cuda_caches)
+        steps.run(empty_cuda_caches)
     _core.trim_heap()
     steps.run(point, "after release")
     if profile and snap is not None:
@@ -80,7 +80,7 @@ def _release(model: nn.Module) -> None:
     steps.done()
 
 
-def _empty_cuda_caches() -> None:
+def empty_cuda_caches() -> None:
     import torch
 
     torch.cuda.synchronize()
