@@ -214,11 +214,13 @@ def _runner(streamed: _Streamed) -> Pipeline:
     from .pipeline import Pipeline, Stage
 
     options = {k: v for k, v in streamed.plan_kwargs.items() if k != "device"}
-    stages = [
-        Stage(c.name, (lambda c=c: c.model), c.path, options={"compute_dtype": c.model._trash_panda_compute, **options})
-        for c in streamed.components
-    ]
-    return Pipeline(stages, device=streamed.device)
+
+    def stage(c: _Component) -> Stage:
+        # The component itself, on meta again after each release: the pipeline object holds it.
+        model = c.model
+        return Stage(c.name, lambda: model, c.path, options={"compute_dtype": model._trash_panda_compute, **options})
+
+    return Pipeline([stage(c) for c in streamed.components], device=streamed.device)
 
 
 def _begin_stage(streamed: _Streamed, c: _Component) -> None:
