@@ -13,7 +13,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export PYTHONPATH := $(CURDIR)/python
 EXT := python/trash_panda/_core.abi3.so
 
-.PHONY: demo test venv build rust-test lint py-test stubs cross fmt bench-read bench-convert bench-stage bench-fill bench-stream bench-peers clean
+.PHONY: demo test venv build rust-test lint py-test stubs cross fmt bench-read bench-convert bench-stage bench-fill bench-stream bench-peers bench-pipeline clean
 
 venv:
 	@bash scripts/venv.sh
@@ -83,6 +83,11 @@ bench-stream: build
 bench-peers: build
 	$(PY) bench/peers/run.py
 	$(PY) bench/peers/report.py
+
+# The pipeline runner against stage(), plain torch and diffusers' offloading: four models of 4 GB
+# in all under a 2.4 GB RAM budget, written once under target/bench-data (about 8 min).
+bench-pipeline: build
+	$(PY) bench/pipeline.py $(ARGS)
 
 clean:
 	$(CARGO) clean

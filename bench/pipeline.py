@@ -1,0 +1,601 @@
+"""The pipeline runner against the other ways of running a pipeline whose stages do not fit the
+RAM budget together (issue 22), on a cold cache, two runs each (not a test).
+
+    PYTHONPATH=python .venv/bin/python bench/pipeline.py [--preset full] [--steps 8] [--budget 0.6]
+
+The pipeline (bench/_pipeline_models.py, random bf16 weights written once under
+target/bench-data/pipeline-<preset>/): a Llama rewrites the prompt (a prefill and 4 tokens with
+the KV cache), a T5 encoder encodes it, an SD3 transformer denoises 32x32 latents in ``--steps``
+Euler steps (the last one in a final pass), an SD3-style AutoencoderKL decodes 256x256 images.
+The RAM budget is ``--budget`` times the four checkpoints' bytes.
+
+Ways, each in a process of its own started with the four files dropped from the page cache:
+  plain          every model loaded with load_state_dict at the start (over the budget)
+  stage          one trash_panda.stage(ram=budget, overlap=True) per model, released before
+                 the next
+  pipeline       trash_panda.Pipeline(ram=budget)
+  model_offload  diffusers' enable_model_cpu_offload(device="cpu"): without an accelerator it
+                 refuses; on the CPU it holds every model in RAM
+  group_offload  diffusers' apply_group_offloading(block_level, offload_to_disk_path) per model,
+                 each loaded at its first turn; its files are dropped from the cache once written
+Each way runs the pipeline twice (a second prompt), and plain a third time, warm, for the
+compute. Between the runs the page cache (outside the budget) keeps what it holds; with
+``--drop-between-runs`` the files leave it before run 2, as on a machine whose RAM is the budget.
+Measured per way: time per stage and run, peak RSS (RssSampler), bytes read from the drive
+holding target/ (/proc/diskstats), the images against plain's. The floor is
+max(2 x the warm compute, the four files / the drive's best reader, measured before and after
+the ways). Writes bench/results/pipeline.md and bench/results/pipeline.png (a time line per
+way: each stage's start, compute and its loader's reads, the drive's read rate and the RSS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _pipeline_models as pm
+import torch
+from _common import RESULTS, cold, dd_direct, device_read_bytes, direct_read_speed, loadavg, machine, md_table
+
+WAYS = ("plain", "stage", "pipeline", "model_offload", "group_offload")
+WORK = pm.DATA / "pipeline-work"
+CLASS_STAGE = {
+    "LlamaForCausalLM": "llm",
+    "T5EncoderModel": "text",
+    "SD3Transformer2DModel": "transformer",
+    "AutoencoderKL": "vae",
+}
+
+
+# -- the child: one way, two runs ---------------------------------------------------------------
+
+
+class Recorder:
+    """What a way's process reports: spans on its time line, a sample of the drive's reads and
+    of the RSS every 50 ms, and the loaders that read weights behind the main thread."""
+
+    def __init__(self, drive_path: Path) -> None:
+        from trash_panda import _core
+
+        self.t0 = time.perf_counter()
+        self.drive = drive_path
+        self.spans: list[dict[str, Any]] = []
+        self.samples: list[tuple[float, int, int]] = []
+        self.loaders: list[tuple[str, Any]] = []
+        self.drop: list[Path] = []
+        self.read0 = device_read_bytes(drive_path)
+        self.rss = _core.RssSampler(2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        self._instrument()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _sample(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.is_set():
+            with open("/proc/self/statm") as f:
+                rss = int(f.read().split()[1]) * page
+            self.samples.append((self.now(), device_read_bytes(self.drive) - self.read0, rss))
+            time.sleep(0.05)
+
+    def _instrument(self) -> None:
+        """Wraps the one load path of stage() and Pipeline to learn which stage each loader
+        thread reads for, and the loader's run to learn when it read."""
+        from trash_panda.offload import overlap, setup
+
+        rec = self
+        load_and_hook = setup.load_and_hook
+        run = overlap.ResidentLoader._run
+
+        def hooked(model: torch.nn.Module, *a: Any, **k: Any) -> Any:
+            loaded = load_and_hook(model, *a, **k)
+            if loaded.loader is not None:
+                rec.loaders.append((CLASS_STAGE.get(type(model).__name__, "?"), loaded.loader))
+            return loaded
+
+        def timed_run(self: Any) -> None:
+            self.t_start = rec.now()
+            try:
+                run(self)
+            finally:
+                self.t_end = rec.now()
+
+        setup.load_and_hook = hooked
+        overlap.ResidentLoader._run = timed_run  # type: ignore[method-assign]
+
+    @contextmanager
+    def stage(self, run: int, name: str) -> Iterator[Any]:
+        """Around a stage: ``ready()`` marks the end of its start (the model can be called);
+        the span's end is after its release or hand-over."""
+        span: dict[str, Any] = {"run": run, "stage": name, "t0": self.now()}
+
+        def ready() -> None:
+            span["ready"] = self.now()
+
+        try:
+            yield ready
+        finally:
+            span["t1"] = self.now()
+            span.setdefault("ready", span["t0"])
+            self.spans.append(span)
+
+    def between_runs(self, number: int) -> None:
+        """Before run 2 with --drop-between-runs: the files (and what a way wrote) leave the page
+        cache, as on a machine whose RAM is the budget, where the cache could not have kept
+        them. Pages a process has mapped stay: those are counted in its RSS."""
+        from trash_panda import _core
+
+        if number == 2 and self.drop:
+            for f in self.drop:
+                for g in f.rglob("*") if f.is_dir() else [f]:
+                    if g.is_file():
+                        _core.drop_cache(g)
+
+    def finish(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        start, peak, _end = self.rss.stop()
+        reads = []
+        for name, loader in self.loaders:
+            if hasattr(loader, "t_start"):
+                reads.append(
+                    {
+                        "stage": name,
+                        "t0": loader.t_start,
+                        "t1": getattr(loader, "t_end", loader.t_start),
+                        "bytes": loader.loaded_bytes,
+                        "waited": loader.waited_seconds,
+                    }
+                )
+        return {
+            "spans": self.spans,
+            "samples": self.samples,
+            "loader_reads": reads,
+            "peak_rss": peak,
+            "start_rss": start,
+            "read": device_read_bytes(self.drive) - self.read0,
+        }
+
+
+def one_run(number: int, rec: Recorder, enter: Any, steps: int, final: Any = None) -> torch.Tensor:
+    """One run of the pipeline; ``enter(name)`` is a context manager that yields the stage's
+    model, ``final(model)`` one around the last denoising step (None: no final pass)."""
+    rec.between_runs(number)
+    with torch.no_grad():
+        with rec.stage(number, "llm") as ready, enter("llm") as llm:
+            ready()
+            ids = pm.rewrite(llm, pm.prompt(number, llm.config.vocab_size))
+        with rec.stage(number, "text") as ready, enter("text") as text:
+            ready()
+            cond = pm.encode(text, ids)
+        latents = pm.start_latents(number)
+        with rec.stage(number, "transformer") as ready, enter("transformer") as tr:
+            ready()
+            for step in range(steps - 1):
+                latents = pm.denoise(tr, latents, cond, step, steps)
+            with final(tr) if final is not None else nullcontext():
+                latents = pm.denoise(tr, latents, cond, steps - 1, steps)
+        with rec.stage(number, "vae") as ready, enter("vae") as vae:
+            ready()
+            return pm.decode(vae, latents)
+
+
+def child(way: str, preset: str, steps: int, budget: int, drop: bool, out: Path) -> None:
+    import trash_panda as tp
+
+    ms = pm.models(preset)
+    rec = Recorder(ms["transformer"].path)
+    if drop:
+        rec.drop = [m.path for m in ms.values()] + [WORK / "group-offload"]
+    orders = Path(tempfile.mkdtemp(prefix="pipeline-orders-"))  # each way starts with no order file
+    result: dict[str, Any] = {"way": way}
+    images = []
+    if way in ("plain", "model_offload"):
+        loaded: dict[str, torch.nn.Module] = {}
+        for name, m in ms.items():
+            with rec.stage(0, name) as ready:
+                loaded[name] = pm.plain(m)
+                ready()
+        if way == "model_offload":
+            from diffusers import DiffusionPipeline
+
+            class Holder(DiffusionPipeline):  # type: ignore[misc]
+                model_cpu_offload_seq = "llm->text->transformer->vae"
+
+                def __init__(self, llm: Any, text: Any, transformer: Any, vae: Any) -> None:
+                    super().__init__()
+                    self.register_modules(llm=llm, text=text, transformer=transformer, vae=vae)
+
+            holder = Holder(**loaded)
+            try:
+                holder.enable_model_cpu_offload()
+            except RuntimeError as e:
+                result["refused"] = f"enable_model_cpu_offload(): {type(e).__name__}: {e}"
+            holder.enable_model_cpu_offload(device="cpu")
+
+        @contextmanager
+        def enter(name: str) -> Iterator[torch.nn.Module]:
+            yield loaded[name]
+
+        runs = 3 if way == "plain" else 2
+        for r in range(1, runs + 1):
+            images.append(one_run(r, rec, enter, steps))
+    elif way == "stage":
+        opts = {"device": "cpu", "ram": budget, "min_free_ram": 0, "overlap": True, "order_file_destination": orders}
+
+        @contextmanager
+        def enter(name: str) -> Iterator[torch.nn.Module]:
+            m = ms[name]
+            with tp.stage(functools.partial(pm.meta, m), m.path, **opts) as (model, _plan, handle):
+                enter.handle = handle  # type: ignore[attr-defined]
+                yield model
+
+        @contextmanager
+        def final(model: torch.nn.Module) -> Iterator[None]:
+            with enter.handle.final_pass():  # type: ignore[attr-defined]
+                yield
+
+        for r in (1, 2):
+            images.append(one_run(r, rec, enter, steps, final))
+    elif way == "pipeline":
+        stages = [
+            tp.Stage(
+                n, functools.partial(pm.meta, m), m.path, options={"min_free_ram": 0}, order_file_destination=orders
+            )
+            for n, m in ms.items()
+        ]
+        with tp.Pipeline(stages, device="cpu", ram=budget) as pipe:
+            kept = []
+            for r in (1, 2):
+                with pipe.run() as run:
+
+                    def final(model: torch.nn.Module, run: Any = run) -> Any:
+                        return run.final_pass()
+
+                    images.append(one_run(r, rec, run.stage, steps, final))
+                kept.append(pipe.loaded)
+            result["kept"] = kept
+            result["report"] = pipe.report()
+    elif way == "group_offload":
+        from diffusers.hooks import apply_group_offloading
+
+        from trash_panda import _core
+
+        folder = WORK / "group-offload"
+        shutil.rmtree(folder, ignore_errors=True)
+        loaded = {}
+
+        @contextmanager
+        def enter(name: str) -> Iterator[torch.nn.Module]:
+            if name not in loaded:
+                model = pm.plain(ms[name])
+                apply_group_offloading(
+                    model,
+                    onload_device=torch.device("cpu"),
+                    offload_device=torch.device("cpu"),
+                    offload_type="block_level",
+                    num_blocks_per_group=1,
+                    offload_to_disk_path=str(folder / name),
+                )
+                # What it wrote is read back from the drive, as a cold pass of the other ways is.
+                os.sync()
+                for f in (folder / name).rglob("*"):
+                    if f.is_file():
+                        _core.drop_cache(f)
+                loaded[name] = model
+            yield loaded[name]
+
+        for r in (1, 2):
+            images.append(one_run(r, rec, enter, steps))
+        result["written"] = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        raise SystemExit(f"unknown way {way!r}: expected one of {', '.join(WAYS)}")
+    result.update(rec.finish())
+    shutil.rmtree(orders, ignore_errors=True)
+    torch.save([i.contiguous() for i in images], out.with_suffix(".pt"))
+    out.write_text(json.dumps(result))
+
+
+# -- the parent: the drive, the ways, the report -----------------------------------------------
+
+
+def best_reader(path: Path) -> float:
+    """As first_run.py's: the best of plain O_DIRECT reads with 4 and 16 requests in flight
+    and dd, each over the whole file (cut to whole pages, which O_DIRECT needs) from cold."""
+    size = path.stat().st_size // 4096 * 4096
+    speeds = []
+    for threads in (4, 16):
+        cold(path)
+        speeds.append(direct_read_speed(path, 0, size, threads=threads))
+    cold(path)
+    speeds.append(dd_direct(path, 0, size))
+    return max(speeds)
+
+
+def run_way(way: str, args: argparse.Namespace, budget: int, files: list[Path]) -> dict[str, Any]:
+    for f in files:
+        cold(f)
+    out = WORK / f"{way}.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "--child", way, "--preset", args.preset, "--steps", str(args.steps)]
+    cmd += ["--drop-between-runs"] if args.drop_between_runs else []
+    t = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [*cmd, "--budget-bytes", str(budget)], capture_output=True, text=True, timeout=args.timeout
+        )
+    except subprocess.TimeoutExpired as e:
+        # A hang is a finding: say where it was, leave the other ways their turn.
+        tail = "\n".join(str(e.stderr or "").splitlines()[-15:])
+        print(f"  {way}: no result after {args.timeout} s\n{tail}", flush=True)
+        return {"way": way, "failed": f"{tail}\nno result after {args.timeout} s"}
+    wall = time.perf_counter() - t
+    if proc.returncode != 0 or not out.exists():
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+        print(f"  {way}: failed (exit {proc.returncode})\n{tail}", flush=True)
+        return {"way": way, "failed": tail}
+    res = json.loads(out.read_text())
+    res["process_s"] = wall
+    res["images"] = torch.load(out.with_suffix(".pt"))
+    return res
+
+
+def stage_seconds(res: dict[str, Any], run: int) -> dict[str, float]:
+    return {s["stage"]: s["t1"] - s["t0"] for s in res["spans"] if s["run"] == run}
+
+
+def run_total(res: dict[str, Any], run: int) -> float:
+    spans = [s for s in res["spans"] if s["run"] == run]
+    return max(s["t1"] for s in spans) - min(s["t0"] for s in spans)
+
+
+def read_in(res: dict[str, Any], t0: float, t1: float) -> int:
+    """Bytes the drive read between t0 and t1 of the way's time line (its 50 ms samples)."""
+    before = [b for t, b, _ in res["samples"] if t <= t0] or [0]
+    upto = [b for t, b, _ in res["samples"] if t <= t1] or [0]
+    return upto[-1] - before[-1]
+
+
+def report(
+    args: argparse.Namespace, got: dict[str, dict[str, Any]], sizes: dict[str, int], budget: int, drive: list[float]
+) -> str:
+    ok = {w: r for w, r in got.items() if "failed" not in r}
+    total_bytes = sum(sizes.values())
+    plain = ok.get("plain")
+    compute = {}
+    if plain is not None:  # the warm run: the plain models' third run, every weight in memory
+        compute = stage_seconds(plain, 3)
+    warm = sum(compute.values())
+    speed = statistics.mean(drive)
+    floor = max(2 * warm, total_bytes / 1e9 / speed)
+    floor_run = max(warm, total_bytes / 1e9 / speed)
+    rows = []
+    for way, r in ok.items():
+        load = sum(s["t1"] - s["t0"] for s in r["spans"] if s["run"] == 0)
+        t1, t2 = run_total(r, 1), run_total(r, 2)
+        total = load + t1 + t2
+        r["total"] = total
+        r1 = [s for s in r["spans"] if s["run"] == 1]
+        r2 = [s for s in r["spans"] if s["run"] == 2]
+        r["read1"] = read_in(r, 0.0, max(s["t1"] for s in r1))
+        r["read2"] = read_in(r, min(s["t0"] for s in r2), max(s["t1"] for s in r2))
+        same = plain is not None and all(
+            torch.equal(a, b) for a, b in zip(r["images"][:2], plain["images"][:2], strict=True)
+        )
+        per = [stage_seconds(r, n) for n in (1, 2)]
+        rows.append(
+            [
+                way,
+                f"{total:.1f}",
+                f"{load:.1f}" if load else "-",
+                f"{t1:.1f} / {t2:.1f}",
+                *[f"{per[0].get(s, 0):.2f} / {per[1].get(s, 0):.2f}" for s in pm.STAGES],
+                f"{r['peak_rss'] / 1e9:.2f} ({(r['peak_rss'] - r['start_rss']) / 1e9:.2f})",
+                f"{r['read1'] / 1e9:.2f} / {r['read2'] / 1e9:.2f}",
+                f"{r.get('written', 0) / 1e9:.2f}",
+                f"{total / floor:.2f}x",
+                "yes" if same else "no",
+            ]
+        )
+    header = ["way", "total s", "load before run 1 s", "run 1 / run 2 s"]
+    header += [f"{s} s (run 1 / 2)" for s in pm.STAGES]
+    header += [
+        "peak RSS GB (over the start)",
+        "read GB (load + run 1 / run 2)",
+        "wrote GB",
+        "total / floor",
+        "images = plain",
+    ]
+    mach = machine(pm.DATA)
+    lines = [
+        "# Pipeline runner (`bench/pipeline.py`, issue 22)",
+        "",
+        f"- date: {mach['date']}",
+        f"- machine: nproc {mach['nproc']} ({mach['cpu']}, {args.cpu_flags}), {mach['ram']} RAM, kernel "
+        f"{mach['kernel']}, {mach['fs']}, torch {mach['torch']}; load average at the end {loadavg()}",
+        f"- models (preset {args.preset}, random bf16 weights, bf16 compute on the CPU): "
+        + ", ".join(f"{n} {sizes[n] / 1e9:.2f} GB" for n in pm.STAGES)
+        + f"; {total_bytes / 1e9:.2f} GB in all",
+        f"- a run: the LLM rewrites a {pm.PROMPT_TOKENS}-token prompt ({pm.REWRITE_STEPS} tokens, KV cache), "
+        f"T5 encodes it, {args.steps} Euler steps of the SD3 transformer on {pm.LATENT}x{pm.LATENT} latents "
+        "(the last in a final pass), the VAE decodes a 256x256 image; two runs per way (two prompts)",
+        f"- RAM budget: {budget / 1e9:.2f} GB ({args.budget:.0%} of the four checkpoints): `ram=` of every "
+        "`stage(overlap=True)`, `Pipeline(ram=)`; `min_free_ram=0` in both (the budget is the weights' and staging's)",
+        "- each way in its own process, the four files dropped from the page cache before it (checked with "
+        "mincore); "
+        + (
+            "dropped again before its second run (`--drop-between-runs`: the budget as the machine's RAM); "
+            if args.drop_between_runs
+            else "nothing dropped between its runs (the page cache, outside the budget, may serve run 2); "
+        )
+        + "peak RSS of the whole process (RssSampler, 2 ms), and in brackets over its RSS before the first "
+        "load (torch, transformers and diffusers imported); bytes read: /proc/diskstats of the drive "
+        "holding target/ (every process's reads)",
+        f"- drive: best reader (O_DIRECT with 4 and 16 requests in flight, dd iflag=direct, the best) on the "
+        f"transformer's file before / after the ways: {' / '.join(f'{d:.2f}' for d in drive)} GB/s",
+        "- compute, warm (plain's third run, every weight in memory): "
+        + ", ".join(f"{s} {compute.get(s, 0):.2f} s" for s in pm.STAGES)
+        + f"; {warm:.2f} s a run",
+        f"- floor of the two runs: max(2 x {warm:.2f} s, {total_bytes / 1e9:.2f} GB / {speed:.2f} GB/s) = "
+        f"{floor:.2f} s (one run: {floor_run:.2f} s)",
+        "",
+        md_table(header, rows),
+        "",
+    ]
+    notes = []
+    runner = ok.get("pipeline")
+    if runner is not None:
+        notes.append(
+            f"runner / floor: {runner['total'] / floor:.2f}x; "
+            f"its run 1 / the one-run floor: {run_total(runner, 1) / floor_run:.2f}x"
+        )
+        for way, r in ok.items():
+            if way != "pipeline":
+                notes.append(
+                    f"runner / {way}: {runner['total'] / r['total']:.2f}x total, "
+                    f"{run_total(runner, 2) / run_total(r, 2):.2f}x on run 2, "
+                    f"{runner['peak_rss'] / r['peak_rss']:.2f}x peak RSS"
+                )
+        unkept = max(0, total_bytes - budget)
+        notes.append(
+            f"second run: the runner read {runner['read2'] / 1e9:.2f} GB; what the budget cannot keep between runs "
+            f"(the files less the budget) is {unkept / 1e9:.2f} GB; stages loaded after each run: {runner['kept']}"
+        )
+    for way, r in got.items():
+        if "failed" in r:
+            notes.append(f"{way}: failed: `{r['failed'].splitlines()[-1] if r['failed'] else '?'}`")
+        elif r.get("refused"):
+            notes.append(
+                f'{way}: {r["refused"]}; run with `device="cpu"`, it moves each model from the CPU to the CPU: '
+                "every model stays in RAM, so its figures are plain PyTorch's with hooks, not an offload"
+            )
+    for way, r in ok.items():
+        if r["loader_reads"]:
+            behind = ", ".join(
+                f"{lr['stage']} {lr['bytes'] / 1e9:.2f} GB in {lr['t1'] - lr['t0']:.2f} s (waited {lr['waited']:.2f} s)"
+                for lr in r["loader_reads"]
+            )
+            notes.append(f"{way}: loader threads, in order: {behind}")
+    lines += [f"- {n}" for n in notes]
+    if runner is not None:
+        lines += ["", "`pipe.report()` of the runner:", "", "```", runner["report"].rstrip(), "```"]
+    lines += ["", "![stages on a time line](pipeline.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(got: dict[str, dict[str, Any]], budget: int, path: Path) -> None:
+    """One time line per way: per stage its start (light), its compute (dark) and its loader's
+    reads (hatched, above the bar); under it the drive's read rate and the process's RSS."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = {w: r for w, r in got.items() if "failed" not in r}
+    colors = dict(zip(pm.STAGES, ("tab:purple", "tab:green", "tab:blue", "tab:orange"), strict=True))
+    fig, axes = plt.subplots(
+        2 * len(ok), 1, figsize=(13, 3.3 * len(ok)), sharex=True, gridspec_kw={"height_ratios": [1.3, 1] * len(ok)}
+    )
+    for i, (way, r) in enumerate(ok.items()):
+        lanes, meter = axes[2 * i], axes[2 * i + 1]
+        for s in r["spans"]:
+            y = pm.STAGES.index(s["stage"])
+            c = colors[s["stage"]]
+            lanes.barh(y, s["ready"] - s["t0"], left=s["t0"], height=0.35, color=c, alpha=0.35)
+            lanes.barh(y, s["t1"] - s["ready"], left=s["ready"], height=0.35, color=c)
+        for lr in r["loader_reads"]:
+            y = pm.STAGES.index(lr["stage"]) + 0.3 if lr["stage"] in pm.STAGES else 0
+            lanes.barh(
+                y,
+                max(lr["t1"] - lr["t0"], 0.02),
+                left=lr["t0"],
+                height=0.2,
+                color="white",
+                edgecolor=colors.get(lr["stage"], "k"),
+                hatch="///",
+            )
+        lanes.set_yticks(range(len(pm.STAGES)), pm.STAGES)
+        lanes.invert_yaxis()
+        lanes.set_title(f"{way}: start (light), compute (dark), loader reads (hatched)", fontsize=9, loc="left")
+        t = [x[0] for x in r["samples"]]
+        b = [x[1] for x in r["samples"]]
+        rate = [0.0] + [(b[k] - b[k - 1]) / max(t[k] - t[k - 1], 1e-3) / 1e9 for k in range(1, len(t))]
+        meter.fill_between(t, rate, step="pre", color="grey", alpha=0.5, label="drive reads GB/s")
+        meter.plot(t, [x[2] / 1e9 for x in r["samples"]], color="k", lw=1, label="RSS GB")
+        meter.axhline((r["start_rss"] + budget) / 1e9, color="r", lw=0.8, ls="--", label="RSS at the start + budget")
+        meter.legend(fontsize=7, loc="upper right")
+    axes[-1].set_xlabel("seconds since the process started measuring")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="full", choices=sorted(pm.PRESETS))
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--budget", type=float, default=0.6, help="the RAM budget, a share of the checkpoints' bytes")
+    ap.add_argument("--ways", default=",".join(WAYS))
+    ap.add_argument("--timeout", type=int, default=900, help="seconds a way may take before it counts as hung")
+    ap.add_argument(
+        "--drop-between-runs",
+        action="store_true",
+        help="drop the files from the page cache before the second run (the budget as the machine's RAM)",
+    )
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--budget-bytes", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(
+            args.child, args.preset, args.steps, args.budget_bytes, args.drop_between_runs, WORK / f"{args.child}.json"
+        )
+        return
+    ms = pm.models(args.preset)
+    total = pm.write_all(ms)
+    sizes = {n: m.path.stat().st_size for n, m in ms.items()}
+    budget = int(total * args.budget)
+    WORK.mkdir(parents=True, exist_ok=True)
+    with open("/proc/cpuinfo") as f:
+        flags = f.read().split("flags", 1)[1].split("\n", 1)[0].split()
+    args.cpu_flags = " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags) or "AVX2 only"
+    files = [m.path for m in ms.values()]
+    drive = [best_reader(ms["transformer"].path)]
+    print(f"{total / 1e9:.2f} GB, budget {budget / 1e9:.2f} GB, best reader {drive[0]:.2f} GB/s", flush=True)
+    got = {}
+    for way in args.ways.split(","):
+        got[way] = r = run_way(way, args, budget, files)
+        if "failed" not in r:
+            print(
+                f"  {way}: {r['process_s']:.1f} s in its process, peak RSS {r['peak_rss'] / 1e9:.2f} GB, "
+                f"read {r['read'] / 1e9:.2f} GB, load avg {loadavg()}",
+                flush=True,
+            )
+    drive.append(best_reader(ms["transformer"].path))
+    text = report(args, got, sizes, budget, drive)
+    print(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = "pipeline" if args.preset == "full" else f"pipeline-{args.preset}"
+    plot(got, budget, RESULTS / f"{name}.png")
+    (RESULTS / f"{name}.md").write_text(text.replace("(pipeline.png)", f"({name}.png)"))
+
+
+if __name__ == "__main__":
+    main()
