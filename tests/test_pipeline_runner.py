@@ -248,3 +248,37 @@ def test_holds_counts_what_a_loaded_stage_holds(folder: Path) -> None:
         assert loaded.holds.ram == budgets.device_used + budgets.outside + budgets.host_staging + budgets.expansion
         assert loaded.holds.vram == 0
         assert model is loaded.model
+
+
+def test_a_stage_read_at_its_start_finds_no_more_than_its_budget(folder: Path, want: torch.Tensor) -> None:
+    """Within a budget, the memory a stage read at its start found is at most the budget (what
+    its loader has read by then is not counted twice)."""
+    with tp.Pipeline(stages(folder, min_free_ram=0), ram="100MB", prefetch=False) as pipe:
+        assert torch.equal(one_run(pipe), want)
+        for r in pipe.records:
+            assert r.arrival in ("read_at_start", "kept")
+            if r.actual is not None:
+                assert r.actual.ram <= 100_000_000, (r.stage, r.actual.ram)
+
+
+def test_a_ram_tier_held_in_memory_is_read_ahead_on_the_loader(
+    folder: Path, want: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With TRASH_PANDA_RAM_IN_MEMORY=1, a stage read ahead leaves its RAM tier to its loader
+    thread (through its lane, within its allowance) instead of reading it on the caller's."""
+    monkeypatch.setenv("TRASH_PANDA_RAM_IN_MEMORY", "1")
+    threads: list[str] = []
+    real = _core.Engine.load_ram_tier
+
+    def watched(engine: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(engine)
+
+    monkeypatch.setattr(_core.Engine, "load_ram_tier", watched, raising=False)
+    # Two of the denoiser's blocks on the RAM tier.
+    st = stages(folder)
+    st[1].options["resident_blocks"] = 4
+    st[1].options["vram"] = "1TB"
+    with tp.Pipeline(st, keep=False) as pipe:
+        assert torch.equal(one_run(pipe), want)
+        assert "trash-panda-loader" in threads, threads

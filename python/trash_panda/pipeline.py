@@ -266,10 +266,12 @@ class Pipeline:
             model = _build(spec)
             ckpt = Checkpoint(spec.path)
             predicted, p = self._room(spec, model, ckpt, None)
+            # Found before its load (the idle stages it needed released): what it planned with.
+            found = self._free()
             loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=False)
             info.setdefault("arrival", "read_at_start")
             info.setdefault("predicted", predicted)
-            info.setdefault("actual", self._free().after_release(loaded.held_now()))
+            info.setdefault("actual", found)
         loaded.runs += 1
         loaded.last_used = self._ticks
         loaded.keep_after = self.keep

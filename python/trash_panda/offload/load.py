@@ -113,12 +113,15 @@ def load_deferred(
     skip_prefixes: list[str] | None = None,
     device: str | torch.device | None = None,
     outside: list[TensorSpec] | None = None,
+    ahead: bool = False,
 ) -> tuple[_core.LoadReport, list[BlockState]]:
     """stream_load() that leaves the resident blocks unread (on the meta device) and returns
     them, for a loader that fills them while the model runs (``overlap=True``). Given a list
     as ``outside``, the weights outside the blocks that are read as they are (not lookup
     tables left mapped) are left unread too and put in it, for the caller to read before the
-    first call or on the loader (offload/outside.py)."""
+    first call or on the loader (offload/outside.py). ``ahead`` (a pipeline's stage loaded
+    while another runs) reads through a lane that gives way to the running model's, and leaves
+    a RAM tier held in memory unread, for the loader."""
     from torch import nn
 
     if not isinstance(model, nn.Module):
@@ -132,7 +135,7 @@ def load_deferred(
     deferred: list[BlockState] = []
     try:
         with paused():
-            report = _stream_load(model, ckpt, request, deferred, outside)
+            report = _stream_load(model, ckpt, request, deferred, outside, ahead)
     except BaseException:
         unload(model)
         raise
@@ -213,6 +216,7 @@ def _stream_load(
     req: LoadRequest,
     deferred: list[BlockState] | None = None,
     outside_later: list[TensorSpec] | None = None,
+    ahead: bool = False,
 ) -> _core.LoadReport:
     t_start = time.perf_counter()
     device = req.device
@@ -230,7 +234,7 @@ def _stream_load(
 
     # The model's lane of its drive's queue, ranked in definition order until an order is given
     # (install_offload's order=, the overlap loader's): every read below goes through it.
-    lane = _core.ReadLane(files, len(blocks), "run")
+    lane = _core.ReadLane(files, len(blocks), "ahead" if ahead else "run")
     threads = max(1, int(setting("ram_threads")))
     here = [b for b in blocks if b.tier == Tier.DEVICE and deferred is None]  # the resident blocks read here
     to_read = sum(s.info.nbytes for s in outside) + sum(s.info.nbytes for b in here for s in b.tensors)
@@ -267,7 +271,7 @@ def _stream_load(
     report.device_tier = _core.TierLoad(blocks=len(now), bytes=device_bytes, seconds=time.perf_counter() - t0)
 
     # Streamed blocks: described to the engine, which stages them ahead of each run.
-    engine = _engine_for(streamed, files, config, report, lane) if streamed else None
+    engine = _engine_for(streamed, files, config, report, lane, load_ram=not ahead) if streamed else None
 
     # Parameters: real tensors where they are final, placeholders where hooks will fill them.
     for spec in [*outside, *(s for b in blocks for s in b.tensors)]:
@@ -301,6 +305,7 @@ def _engine_for(
     config: _core.EngineConfig,
     report: _core.LoadReport,
     lane: _core.ReadLane,
+    load_ram: bool = True,
 ) -> _core.Engine:
     """The prefetch engine of the streamed blocks, sized by the plan's configuration, reading
     through the model's ``lane`` (positions in definition order); fills in
@@ -334,8 +339,10 @@ def _engine_for(
     storage = config.storage_dtype
     if (config.ram_in_memory_threads is not None or storage is not None) and report.ram.blocks:
         report.ram_source = "in memory" if storage is None else f"in memory as {storage}"
-        _bytes, seconds = engine.load_ram_tier()
-        report.ram = _core.TierLoad(blocks=report.ram.blocks, bytes=report.ram.bytes, seconds=seconds)
+        # A stage read ahead leaves it to its loader thread (or the first block that needs it).
+        if load_ram:
+            _bytes, seconds = engine.load_ram_tier()
+            report.ram = _core.TierLoad(blocks=report.ram.blocks, bytes=report.ram.bytes, seconds=seconds)
     engine.set_order(list(range(len(streamed))))
     return engine
 

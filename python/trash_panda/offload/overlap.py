@@ -143,6 +143,7 @@ class ResidentLoader:
         outside: dict[int, list[TensorSpec]] | None = None,
         allowance: _core.Allowance | None = None,
         costs: dict[tuple[str, int], int] | None = None,
+        engine: _core.Engine | None = None,
     ) -> None:
         self.blocks = blocks
         self.lane = lane  # the model's, shared with the engine: one order for the drive
@@ -163,6 +164,10 @@ class ResidentLoader:
         self.allowance = allowance
         self.costs = costs or {}
         self.remaining_bytes = sum(self.costs.values())  # of the costs, those not read yet
+        # A stage read ahead: its RAM tier held in memory is read last, here (None: read by
+        # the load, or mapped).
+        self.engine = engine
+        self.ram_tier_error: BaseException | None = None
         self.load_seconds = 0.0  # the loader's time, first block to last
         self.waited_seconds = 0.0  # the main thread's waits for blocks not yet loaded
         self.loaded_bytes = 0
@@ -194,7 +199,21 @@ class ResidentLoader:
                 self.ready[block.index].set()
         for at in pending:
             self._load_outside(at)
+        if self.engine is not None and not self.stopping.is_set():
+            self._load_ram_tier(self.engine)
         self.load_seconds = time.perf_counter() - start
+
+    def _load_ram_tier(self, engine: _core.Engine) -> None:
+        """Reads the RAM tier into memory through the engine's lane; a failure is left to the
+        first block that needs it, whose staging reads it again and raises there."""
+        try:
+            self._take(("ram_tier", 0))
+            if not engine.closed:
+                engine.load_ram_tier()
+        except Exception as e:  # the block that needs it reads it again and raises there
+            self.ram_tier_error = e
+        finally:
+            self.remaining_bytes -= self.costs.get(("ram_tier", 0), 0)
 
     def _load_outside(self, at: int) -> None:
         from . import outside
@@ -309,6 +328,7 @@ def start_loader(
     waits: dict[str, int] | None = None,
     allowance: _core.Allowance | None = None,
     costs: dict[tuple[str, int], int] | None = None,
+    ram_tier: bool = False,
 ) -> ResidentLoader:
     """Starts reading the ``deferred`` resident blocks in run order (``first``, the order given
     to install_offload, then model order), and the ``outside`` weights each before the block
@@ -332,6 +352,7 @@ def start_loader(
         outside,
         allowance,
         costs,
+        state.engine if ram_tier else None,
     )
     from .hooks import TIMING
 

@@ -103,14 +103,11 @@ def _load_and_hook(
     deferred: list[BlockState] = []
     ahead = allowance is not None
     if overlap or ahead:
-        _report, deferred = load_deferred(model, ckpt, plan, outside=unread, **load_kwargs)
+        _report, deferred = load_deferred(model, ckpt, plan, outside=unread, ahead=ahead, **load_kwargs)
     else:
         stream_load(model, ckpt, plan=plan, **load_kwargs)
     state = get_state(model)
     assert state is not None
-    if ahead and state.lane is not None:
-        # Its reads, the engine's look-ahead too, give way to the running model's until its turn.
-        state.lane.priority = "ahead"
     blocks = [b.prefix for b in state.blocks]
     if order is None and order_file == "none":
         choice = OrderChoice(None, None, None, os.fspath(where), blocks)
@@ -126,18 +123,26 @@ def _load_and_hook(
     if not (overlap or ahead):
         return Loaded(handle, choice)
     # Stopped when the hooks come off.
-    costs = _costs(plan, state, later)
-    loader = start_loader(handle, state, deferred, choice.first, later, waits, allowance=allowance, costs=costs)
+    costs = _costs(plan, state, later, ahead)
+    loader = start_loader(
+        handle, state, deferred, choice.first, later, waits, allowance=allowance, costs=costs, ram_tier=ahead
+    )
     return Loaded(handle, choice, loader)
 
 
-def _costs(plan: Plan, state: ModelState, later: dict[int, list[TensorSpec]]) -> dict[tuple[str, int], int]:
+def _costs(
+    plan: Plan, state: ModelState, later: dict[int, list[TensorSpec]], ram_tier: bool
+) -> dict[tuple[str, int], int]:
     """What each read of the loader holds once done, as the plan counts it (what the stage's
     ``Holds`` adds up): a resident block its stored bytes, the weights outside the blocks their
-    budget, charged to their first group."""
+    budget, charged to their first group; with ``ram_tier`` on the CPU, a RAM tier read into
+    memory its staged bytes (with a GPU it is not device memory, which the costs count)."""
     stored = {b.name: b.stored_bytes for b in plan.blocks if b.tier.value == "device"}
     costs = {("block", b.index): stored[b.prefix] for b in state.blocks if b.prefix in stored}
     budgets = plan.budgets
     if later and budgets is not None:
         costs[("outside", min(later))] = budgets.outside
+    in_memory = state.config.ram_in_memory_threads is not None or plan.storage_dtype is not None
+    if ram_tier and in_memory and state.device.type != "cuda":
+        costs[("ram_tier", 0)] = sum(b.staged_bytes for b in plan.blocks if b.tier.value == "ram")
     return costs
