@@ -6,7 +6,6 @@ is only read (a bad one warns so), and with order= every outside weight is read 
 from __future__ import annotations
 
 import json
-import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,8 @@ import torch
 
 import trash_panda
 from hf_folders import llama_config, randomize, save_sharded
+from outside_loads import OutsideLoads
 from trash_panda import Plan
-from trash_panda.offload import outside as outside_mod
 
 transformers = pytest.importorskip("transformers")
 
@@ -63,27 +62,8 @@ def plain_logits(untied: Path) -> torch.Tensor:
     return logits
 
 
-class Loads:
-    """Watches outside.load_now (before the call returns: position None) and load_outside (on
-    the loader): what each read, at which position, and whether the first block had started.
-    A loader read waits for the first block: one made before the first call would time out."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: list[tuple[int | None, list[str], bool]] = []
-        self.first_block = threading.Event()
-        later, now = outside_mod.load_outside, outside_mod.load_now
-
-        def load(specs: list[Any], device: torch.device, threads: int, lane: Any = None, position: Any = None) -> None:
-            started = self.first_block.wait(timeout=20)
-            self.calls.append((position, sorted(s.name for s in specs), started))
-            later(specs, device, threads, lane, position)
-
-        def load_now(specs: list[Any], device: torch.device, threads: int, lane: Any = None) -> None:
-            self.calls.append((None, sorted(s.name for s in specs), self.first_block.is_set()))
-            now(specs, device, threads, lane)
-
-        monkeypatch.setattr(outside_mod, "load_outside", load)
-        monkeypatch.setattr(outside_mod, "load_now", load_now)
+class Loads(OutsideLoads):
+    """The watch of :mod:`outside_loads`, for this file's models."""
 
     def logits(self, folder: Path, **kwargs: Any) -> torch.Tensor:
         model = trash_panda.from_pretrained(

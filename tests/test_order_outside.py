@@ -7,7 +7,6 @@ loaded before the first call, as before."""
 from __future__ import annotations
 
 import json
-import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 
 import trash_panda as tp
 from models import Tiny, save
+from outside_loads import OutsideLoads
 from trash_panda import _core
 from trash_panda.errors import StreamError
 from trash_panda.offload import outside as outside_mod
@@ -55,28 +55,8 @@ def order_file(path: Path) -> dict[str, Any]:
     return found
 
 
-class Loads:
-    """Watches outside.load_now (before the first call: position None) and outside.load_outside
-    (on the loader): what each call read, at which position, and whether the first block had
-    started by then. A loader call waits for the first block to start: one made before the
-    first call would time out instead."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: list[tuple[int | None, list[str], bool]] = []
-        self.first_block = threading.Event()
-        later, now = outside_mod.load_outside, outside_mod.load_now
-
-        def load(specs: list[Any], device: torch.device, threads: int, lane: Any = None, position: Any = None) -> None:
-            started = self.first_block.wait(timeout=20)
-            self.calls.append((position, sorted(s.name for s in specs), started))
-            later(specs, device, threads, lane, position)
-
-        def load_now(specs: list[Any], device: torch.device, threads: int, lane: Any = None) -> None:
-            self.calls.append((None, sorted(s.name for s in specs), self.first_block.is_set()))
-            now(specs, device, threads, lane)
-
-        monkeypatch.setattr(outside_mod, "load_outside", load)
-        monkeypatch.setattr(outside_mod, "load_now", load_now)
+class Loads(OutsideLoads):
+    """The watch of :mod:`outside_loads`, for this file's models."""
 
     def watch(self, model: torch.nn.Module) -> None:
         model.blocks[0].register_forward_pre_hook(lambda _m, _a: self.first_block.set())
