@@ -2,24 +2,14 @@
 //! model's reads before those of a model that runs later, then by need within a lane. Orders are
 //! observed with the test holding the queue's one place as a slow read would; nothing is timed.
 
+mod common;
+
+use common::until_waiting;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use trash_panda::io::{Lane, Need, Priority, ReadQueue};
-
-/// Waits until `n` reads wait for a place (a guard against a hang, not a timing assertion).
-fn until_waiting(q: &ReadQueue, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while q.waiting() < n {
-        assert!(
-            Instant::now() < deadline,
-            "{} reads wait, not {n}",
-            q.waiting()
-        );
-        std::thread::yield_now();
-    }
-}
 
 /// Queues a read of `need` on `lane` on a thread of its own, and waits until it waits.
 fn queue_read(lane: &Lane, need: Need, waiting: usize) -> std::thread::JoinHandle<()> {

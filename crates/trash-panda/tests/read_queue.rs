@@ -4,11 +4,10 @@
 
 mod common;
 
-use common::Dir;
+use common::{until_waiting, Dir};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use trash_panda::io::{
     read_ranges_queued, FileReader, Lane, Need, Priority, ReadMode, ReadOptions, ReadQueue,
@@ -42,19 +41,6 @@ fn checkpoint(dir: &Dir) -> (PathBuf, Vec<StreamBlock>) {
         })
         .collect();
     (path, blocks)
-}
-
-/// Waits until `n` reads wait for a place (a guard against a hang, not a timing assertion).
-fn until_waiting(q: &ReadQueue, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while q.waiting() < n {
-        assert!(
-            Instant::now() < deadline,
-            "{} reads wait, not {n}",
-            q.waiting()
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// A read of block `position`'s bytes through the queue on its own thread, as the resident

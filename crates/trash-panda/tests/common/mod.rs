@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests: scratch folders on the real disk, a small
-//! deterministic generator, and the synthetic stage the profile tests read.
+//! deterministic generator, the synthetic stage the profile tests read, and a wait for reads
+//! queued at the drive.
 #![allow(dead_code)]
 
 pub mod plan_model;
@@ -46,5 +47,19 @@ impl Rng {
     pub fn float(&mut self, mag: f32) -> f32 {
         let u = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
         (2.0 * u - 1.0) * mag
+    }
+}
+
+/// Waits until `n` reads wait for a place in `q` (a guard against a hang, not a timing
+/// assertion).
+pub fn until_waiting(q: &trash_panda::io::ReadQueue, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while q.waiting() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} reads wait, not {n}",
+            q.waiting()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
