@@ -326,6 +326,33 @@ def test_final_pass_gives_memory_back_block_by_block(tmp_path: Path) -> None:
             m(IDS)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="the page cache is dropped and measured on Linux")
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_final_pass_keeps_the_page_cache_when_asked(tmp_path: Path, keep: bool) -> None:
+    """Both ways the RAM-tier blocks say they gave their pages back; with keep_page_cache the
+    file's pages stay in the page cache (a pipeline run again reads them from there), without
+    it they go."""
+    torch.manual_seed(0)
+    ref = Tiny(dim=512, layers=4).eval()
+    path = save(ref, tmp_path / "m.safetensors")
+    del ref
+    _core.drop_cache(path)  # written back: the page cache drops only clean pages
+    with tp.stage(lambda: on_meta(Tiny, dim=512, layers=4), path, device="cpu", resident_blocks=2) as (m, _, h):
+        with torch.no_grad():
+            m(IDS)  # the RAM-tier blocks' pages are read in
+        cached = _core.cached_bytes(path)
+        with h.final_pass(keep_page_cache=keep) as fp, torch.no_grad():
+            m(IDS)
+        ram = [fp.events.get_nowait() for _ in range(fp.events.qsize())][2:]
+        assert [e.tier for e in ram] == ["ram", "ram"] and all(e.bytes > 0 for e in ram)
+        freed = sum(e.bytes for e in ram)
+        dropped = cached - _core.cached_bytes(path)
+        if keep:
+            assert dropped < 0.1 * freed, (cached, dropped, freed)
+        else:
+            assert dropped > 0.8 * freed, (cached, dropped, freed)
+
+
 def test_memory_points_name_what_holds_a_tensor(tmp_path: Path) -> None:
     from trash_panda.offload.profile import memory_point
 

@@ -452,7 +452,8 @@ class PipelineRun:
         at = names.index(current.name)
         following = self.pipeline._loaded.get(names[at + 1]) if at + 1 < len(names) else None
         current.final = True
-        with current.handle.final_pass(keep_prefixes=list(keep_prefixes)) as fp:
+        # A run of the pipeline again finds the freed RAM-tier pages in the page cache.
+        with current.handle.final_pass(keep_prefixes=list(keep_prefixes), keep_page_cache=True) as fp:
             if following is not None and following.runs == 0 and following.allowance is not None:
                 current.feed(fp, following.allowance)
             yield fp

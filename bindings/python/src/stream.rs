@@ -153,10 +153,12 @@ impl PyEngine {
         }))
     }
 
-    /// Gives back a RAM-tier block's memory (its mapped pages); the bytes given back.
-    fn release_pages(&self, py: Python<'_>, block: usize) -> PyResult<u64> {
+    /// Gives back a RAM-tier block's memory (its mapped pages, and their page cache unless
+    /// `keep_cache`); the bytes given back.
+    #[pyo3(signature = (block, keep_cache=false))]
+    fn release_pages(&self, py: Python<'_>, block: usize, keep_cache: bool) -> PyResult<u64> {
         let engine = self.engine()?;
-        without_gil(py, || engine.release_pages(block)).map_err(ToPyErr::to_py)
+        without_gil(py, || engine.release_pages(block, keep_cache)).map_err(ToPyErr::to_py)
     }
 
     /// The in-memory RAM tier's bytes of `block`, laid out as staged (a zero-copy view), or None

@@ -4,7 +4,8 @@ and announced on a queue, so whoever loads the next model can use the memory as 
 A resident block gives back its weights (device memory on CUDA, private memory on the CPU). A
 RAM-tier block mapped from the checkpoint gives back its pages of the map and, on Linux, their
 page cache (the engine's ``release_pages``: ``madvise(DONTNEED)`` and ``posix_fadvise(DONTNEED)``
-on its ranges). A disk-tier block, or the in-memory RAM tier, holds nothing of its own between
+on its ranges), or with ``keep_page_cache=True`` only its pages of the map (a pipeline that runs
+again finds them in the cache). A disk-tier block, or the in-memory RAM tier, holds nothing of its own between
 runs (its staging buffer and device slot are shared by every streamed block), so its event says
 0 bytes. The weights outside the blocks are
 left alone, and so are the blocks under ``keep_prefixes``. The hook only puts the event on a
@@ -51,8 +52,9 @@ class FinalPass(BlockHook):
     name = "final_pass"
     gate = True
 
-    def __init__(self, state: ModelState, keep_prefixes: tuple[str, ...]) -> None:
+    def __init__(self, state: ModelState, keep_prefixes: tuple[str, ...], keep_page_cache: bool = False) -> None:
         self.events: queue.SimpleQueue[FreedBlock] = queue.SimpleQueue()
+        self._keep_cache = keep_page_cache
         self.freed: list[str] = []
         self.active = True
         self._state = state
@@ -77,7 +79,7 @@ class FinalPass(BlockHook):
         if not self.active or block.index in self._freed or block.prefix.startswith(self._keep):
             return
         self._freed.add(block.index)
-        freed = _free(block, self._state.engine)
+        freed = _free(block, self._state.engine, self._keep_cache)
         if freed and self._state.device.type == "cpu":
             # glibc keeps freed chunks below its (growing) mmap threshold in the heap: hand the
             # block's pages back now, not at the release.
@@ -86,13 +88,14 @@ class FinalPass(BlockHook):
         self.events.put_nowait(FreedBlock(block.prefix, freed, block.tier.value, _event(self._state.device)))
 
 
-def _free(block: BlockState, engine: _core.Engine | None) -> int:
-    """Drops what a block holds of its own; returns the bytes."""
+def _free(block: BlockState, engine: _core.Engine | None, keep_cache: bool) -> int:
+    """Drops what a block holds of its own (a mapped RAM-tier block's page cache too, unless
+    ``keep_cache``); returns the bytes."""
     import torch
     from torch import nn
 
     if block.engine_index is not None:
-        return engine.release_pages(block.engine_index) if engine is not None else 0
+        return engine.release_pages(block.engine_index, keep_cache) if engine is not None else 0
     freed = 0
     for spec in block.tensors:
         if spec.resident is not None:  # stored form, expanded on each run
@@ -130,8 +133,12 @@ def _event(device: torch.device) -> Any:
 
 
 @contextlib.contextmanager
-def final_pass(handle: OffloadHandle, keep_prefixes: list[str] | None = None) -> Iterator[FinalPass]:
+def final_pass(
+    handle: OffloadHandle, keep_prefixes: list[str] | None = None, keep_page_cache: bool = False
+) -> Iterator[FinalPass]:
     """See the module: frees each block right after it runs, inside the ``with`` block."""
+    if not isinstance(keep_page_cache, bool):
+        raise ArgumentError(f"keep_page_cache: expected True or False, got {keep_page_cache!r}")
     if keep_prefixes is not None and (
         isinstance(keep_prefixes, str) or not all(isinstance(p, str) for p in keep_prefixes)
     ):
@@ -143,7 +150,7 @@ def final_pass(handle: OffloadHandle, keep_prefixes: list[str] | None = None) ->
     current = handle.hooks.get(FinalPass.name)
     if isinstance(current, FinalPass) and current.active:
         raise ArgumentError("handle: a final_pass() is already open")
-    fp = FinalPass(handle.state, tuple(keep_prefixes or ()))
+    fp = FinalPass(handle.state, tuple(keep_prefixes or ()), keep_page_cache)
     # A closed pass's hook is replaced by this one; both decide whether a block runs, so they
     # come before the run is timed.
     handle.hooks.remove(FinalPass.name)

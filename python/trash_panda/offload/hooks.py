@@ -264,13 +264,14 @@ class OffloadHandle:
 
             print_report(snap)
 
-    def final_pass(self, keep_prefixes: list[str] | None = None) -> Any:
+    def final_pass(self, keep_prefixes: list[str] | None = None, *, keep_page_cache: bool = False) -> Any:
         """A context manager around the last call of the model: each block is freed right after
         it runs, except those under ``keep_prefixes``; ``.events`` is a queue of
-        :class:`~trash_panda.offload.final_pass.FreedBlock`. See :mod:`.final_pass`."""
+        :class:`~trash_panda.offload.final_pass.FreedBlock`. ``keep_page_cache`` leaves a mapped
+        RAM-tier block's pages in the page cache. See :mod:`.final_pass`."""
         from .final_pass import final_pass
 
-        return final_pass(self, keep_prefixes)
+        return final_pass(self, keep_prefixes, keep_page_cache)
 
     @property
     def gpu_released(self) -> bool:

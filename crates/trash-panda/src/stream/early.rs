@@ -43,12 +43,13 @@ impl Engine {
     }
 
     /// Gives back the memory a RAM-tier `block` holds between passes (its pages of the
-    /// checkpoint's map, and their page cache on Linux), for a final pass: returns the bytes
-    /// given back, 0 where the platform or the RAM source cannot. The block stays usable: its
-    /// next staging reads it from the drive.
-    pub fn release_pages(&self, block: usize) -> Result<u64, StreamError> {
+    /// checkpoint's map, and their page cache on Linux unless `keep_cache`: a pipeline that
+    /// runs again reads it from there), for a final pass: returns the bytes given back, 0 where
+    /// the platform or the RAM source cannot. The block stays usable: its next staging maps it
+    /// again, or reads it from the drive once the cache has let it go.
+    pub fn release_pages(&self, block: usize, keep_cache: bool) -> Result<u64, StreamError> {
         self.check(block)?;
-        Ok(self.source.release(block))
+        Ok(self.source.release(block, keep_cache))
     }
 
     /// The in-memory RAM tier's image of `block`, laid out as staged, once the tier is loaded

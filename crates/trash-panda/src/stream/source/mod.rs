@@ -75,7 +75,7 @@ pub(crate) trait Source: Send + Sync {
 
     /// Gives back the memory a RAM-tier block holds between passes, where it can; returns the
     /// bytes given back (0 where nothing could be).
-    fn release(&self, _block: usize) -> u64 {
+    fn release(&self, _block: usize, _keep_cache: bool) -> u64 {
         0
     }
 
@@ -519,7 +519,7 @@ impl Source for CheckpointSource {
         })
     }
 
-    fn release(&self, block: usize) -> u64 {
+    fn release(&self, block: usize, keep_cache: bool) -> u64 {
         if self.blocks[block].tier != SourceTier::Ram || self.ram_threads.is_some() {
             // The in-memory RAM tier's images are shared by every fill: they go with the engine.
             return 0;
@@ -530,15 +530,20 @@ impl Source for CheckpointSource {
             let Some((map, file)) = self.mapped[run.file].as_ref() else {
                 continue;
             };
-            if map
-                .release(run.start as usize..run.end as usize, file)
-                .is_ok()
-            {
+            let range = run.start as usize..run.end as usize;
+            let done = if keep_cache {
+                map.forget(range)
+            } else {
+                map.release(range, file)
+            };
+            if done.is_ok() {
                 released += run.len() as u64;
             }
         }
-        // The block is cold again: its next staging reads it from the drive.
-        self.pages[block].store(PAGES_UNREAD, Ordering::Relaxed);
+        if !keep_cache {
+            // The block is cold again: its next staging reads it from the drive.
+            self.pages[block].store(PAGES_UNREAD, Ordering::Relaxed);
+        }
         released
     }
 
