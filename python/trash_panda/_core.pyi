@@ -680,6 +680,8 @@ class StageRecord:
         replan: Replan | None = None,
         read_before_start: int = 0,
         holds: int = 0,
+        file_bytes: int = 0,
+        cached_at_load: int = 0,
         waited: float = 0.0,
         seconds: float = 0.0,
         peak: int = 0,
@@ -696,6 +698,10 @@ class StageRecord:
     def read_before_start(self) -> int: ...
     @property
     def holds(self) -> int: ...
+    @property
+    def file_bytes(self) -> int: ...
+    @property
+    def cached_at_load(self) -> int: ...
     @property
     def waited(self) -> float: ...
     @property

@@ -335,6 +335,8 @@ class Pipeline:
                 replan=info.get("replan"),
                 read_before_start=info.get("read_before_start", 0),
                 holds=loaded.holds.vram or loaded.holds.ram,
+                file_bytes=0 if info.get("arrival") == "kept" else loaded.file_bytes,
+                cached_at_load=0 if info.get("arrival") == "kept" else loaded.cached_at_load,
                 waited=0.0 if loaded.loader is None else loaded.loader.waited_seconds,
                 seconds=info.get("seconds", 0.0),
                 peak=info.get("peak", 0),

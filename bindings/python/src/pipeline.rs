@@ -334,7 +334,7 @@ impl PyStageRecord {
     /// "released", "final_pass" or "failed".
     #[new]
     #[pyo3(signature = (run, stage, arrival, departure, *, predicted=None, actual=None, replan=None,
-        read_before_start=0, holds=0, waited=0.0, seconds=0.0, peak=0))]
+        read_before_start=0, holds=0, file_bytes=0, cached_at_load=0, waited=0.0, seconds=0.0, peak=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         run: u32,
@@ -346,6 +346,8 @@ impl PyStageRecord {
         replan: Option<PyReplan>,
         read_before_start: u64,
         holds: u64,
+        file_bytes: u64,
+        cached_at_load: u64,
         waited: f64,
         seconds: f64,
         peak: u64,
@@ -360,6 +362,8 @@ impl PyStageRecord {
                 replan: replan.map(|r| r.inner),
                 read_before_start,
                 holds,
+                file_bytes,
+                cached_at_load,
                 waited,
                 seconds,
                 peak,
@@ -397,6 +401,14 @@ impl PyStageRecord {
     #[getter]
     fn holds(&self) -> u64 {
         self.inner.holds
+    }
+    #[getter]
+    fn file_bytes(&self) -> u64 {
+        self.inner.file_bytes
+    }
+    #[getter]
+    fn cached_at_load(&self) -> u64 {
+        self.inner.cached_at_load
     }
     #[getter]
     fn waited(&self) -> f64 {

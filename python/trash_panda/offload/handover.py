@@ -55,6 +55,8 @@ class LoadedStage:
     loader: ResidentLoader | None
     allowance: _core.Allowance | None  # None: loaded at its turn, nothing to gate
     key: str = ""  # what its peak activation memory is remembered under
+    file_bytes: int = 0  # its checkpoint's size
+    cached_at_load: int = 0  # of those, in the page cache when its load began
     runs: int = 0  # runs it took part in
     last_used: int = 0  # the pipeline's count of stage starts at its last start
     freed: int = 0  # bytes a final pass gave back before its release
@@ -153,6 +155,8 @@ def load_stage(
     from .setup import load_and_hook
 
     path = ckpt.files[0] if len(ckpt.files) == 1 else os.path.dirname(ckpt.files[0])
+    file_bytes = sum(os.path.getsize(f) for f in ckpt.files)
+    cached = sum(_core.cached_bytes(f) for f in ckpt.files)
     gate = _core.Allowance(name, 0) if ahead else None
     loaded = load_and_hook(
         model,
@@ -166,4 +170,6 @@ def load_stage(
         allowance=gate,
     )
     holds = plan.holds(name)
-    return LoadedStage(name, model, plan, loaded.handle, loaded.choice, holds, predicted, loaded.loader, gate, key)
+    return LoadedStage(
+        name, model, plan, loaded.handle, loaded.choice, holds, predicted, loaded.loader, gate, key, file_bytes, cached
+    )

@@ -48,6 +48,10 @@ pub struct StageRecord {
     pub read_before_start: u64,
     /// Bytes its plan holds in all.
     pub holds: u64,
+    /// Its checkpoint's bytes, and those in the page cache when its load began (a stage read
+    /// again after a run finds them there when RAM allowed); 0 and 0 when kept.
+    pub file_bytes: u64,
+    pub cached_at_load: u64,
     /// Seconds its calls waited for weights not read yet.
     pub waited: f64,
     /// Seconds from its start to its end.
@@ -101,6 +105,18 @@ impl fmt::Display for StageRecord {
                 format_bytes(self.holds)
             )?;
         }
+        if self.arrival != Arrival::Kept && self.file_bytes > 0 {
+            if self.cached_at_load == 0 {
+                write!(f, ", read cold")?;
+            } else {
+                write!(
+                    f,
+                    ", {} of its {} file in the page cache",
+                    format_bytes(self.cached_at_load),
+                    format_bytes(self.file_bytes)
+                )?;
+            }
+        }
         if self.waited > 0.0 {
             write!(f, ", waited {:.2} s for weights", self.waited)?;
         }
@@ -153,6 +169,8 @@ mod tests {
             replan: None,
             read_before_start: 3_000_000_000,
             holds: 5_000_000_000,
+            file_bytes: 6_000_000_000,
+            cached_at_load: 0,
             waited: 0.5,
             seconds: 4.25,
             peak: 200_000_000,
@@ -166,13 +184,24 @@ mod tests {
         assert!(text.starts_with("pipeline:\n"), "{text}");
         for part in [
             "run 2 dit: read ahead, 4.25 s",
-            "3.00 GB of 5.00 GB in before its start",
+            "3.00 GB of 5.00 GB in before its start, read cold",
             "waited 0.50 s for weights; released",
             "free memory predicted RAM 12.00 GB, found RAM 11.50 GB",
             "peak activations 200.00 MB",
         ] {
             assert!(text.contains(part), "{part:?} missing from\n{text}");
         }
+    }
+
+    #[test]
+    fn a_stage_read_again_says_what_the_page_cache_held() {
+        let mut r = record(Arrival::ReadAtStart);
+        r.cached_at_load = 6_000_000_000;
+        let text = r.to_string();
+        assert!(
+            text.contains("6.00 GB of its 6.00 GB file in the page cache"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -184,6 +213,7 @@ mod tests {
         r.departure = Departure::Kept;
         let text = r.to_string();
         assert!(!text.contains("in before"), "{text}");
+        assert!(!text.contains("cold"), "{text}");
         assert!(!text.contains("predicted"), "{text}");
         assert!(text.contains("kept from the run before"), "{text}");
     }
