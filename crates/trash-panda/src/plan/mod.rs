@@ -8,6 +8,8 @@ mod assign;
 mod blocks;
 mod budget;
 mod edit;
+#[cfg(test)]
+mod fit_props;
 mod json;
 mod options;
 mod table;
