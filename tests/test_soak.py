@@ -42,14 +42,20 @@ def holdings(checkpoint: Path) -> tuple[int, int, int, int, int, int]:
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads /proc (Linux)")
 def test_twenty_stages_hold_nothing_more(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    ref = Tiny(dim=256, layers=8).to(torch.bfloat16).eval()
+    ref = Tiny(dim=512, layers=8).to(torch.bfloat16).eval()
     path = save(ref, tmp_path / "soak.safetensors", torch.bfloat16)
     with torch.no_grad():
         want = ref(IDS)
     seen: list[tuple[int, int, int, int]] = []
     for _ in range(RUNS):
         with tp.stage(
-            lambda: on_meta(Tiny, dim=256, layers=8), path, device="cpu", resident_blocks=2, ram="20MB", min_free_ram=0
+            # A budget whose best plan uses all three tiers: 2 blocks resident, 2 in RAM, 4 on disk.
+            lambda: on_meta(Tiny, dim=512, layers=8),
+            path,
+            device="cpu",
+            resident_blocks=2,
+            ram="44MB",
+            min_free_ram=0,
         ) as (model, plan, handle):
             assert plan.blocks_in("device") and plan.blocks_in("ram") and plan.blocks_in("disk")
             with torch.no_grad():
