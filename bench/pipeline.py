@@ -1,5 +1,5 @@
-"""The pipeline runner against the other ways of running a pipeline whose stages do not fit the
-RAM budget together (issue 22), on a cold cache, two runs each (not a test).
+"""The pipeline runner against the other ways of running a pipeline too large for the RAM budget
+(issue 22), on a cold cache, two runs each (not a test).
 
     PYTHONPATH=python .venv/bin/python bench/pipeline.py [--preset full] [--steps 8] [--budget 0.6]
 
@@ -11,8 +11,7 @@ The RAM budget is ``--budget`` times the four checkpoints' bytes.
 
 Ways, each in a process of its own started with the four files dropped from the page cache:
   plain          every model loaded with load_state_dict at the start (over the budget)
-  stage          one trash_panda.stage(ram=budget, overlap=True) per model, released before
-                 the next
+  stage          one trash_panda.stage(ram=budget, overlap=True) per model, one after another
   pipeline       trash_panda.Pipeline(ram=budget)
   model_offload  diffusers' enable_model_cpu_offload(device="cpu"): without an accelerator it
                  refuses; on the CPU it holds every model in RAM

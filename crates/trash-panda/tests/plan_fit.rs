@@ -3,12 +3,16 @@
 //! blocks). The assignment used to count every streamed block in its larger form, the RAM tier's
 //! staged block times the staging buffers, and put every block on disk.
 
-use trash_panda::plan::TensorSizes;
-use trash_panda::plan::{plan, Budgets, Figures, MinFreeRam, ModelBlocks, Plan, PlanOptions, Tier};
+mod common;
+
+use common::plan_model::tiers;
+use trash_panda::plan::{
+    plan, Budgets, Figures, MinFreeRam, ModelBlocks, PlanOptions, TensorSizes,
+};
 use trash_panda::rules::maps_disk_tier;
 use trash_panda::DType;
 
-/// `planbug_repro.py`'s model: four blocks of two f32 Linears (1024 -> 4096 -> 1024, with
+/// The reported case's model: four blocks of two f32 Linears (1024 -> 4096 -> 1024, with
 /// biases), one Linear before and one after them.
 fn mlp() -> ModelBlocks {
     let d = 1024;
@@ -35,17 +39,6 @@ fn cpu_options() -> PlanOptions {
         min_free_ram: MinFreeRam::Bytes(0),
         ..PlanOptions::default()
     }
-}
-
-fn tiers(p: &Plan) -> String {
-    p.blocks
-        .iter()
-        .map(|b| match b.tier {
-            Tier::Device => 'D',
-            Tier::Ram => 'R',
-            Tier::Disk => 'K',
-        })
-        .collect()
 }
 
 fn fits(b: &Budgets) -> bool {

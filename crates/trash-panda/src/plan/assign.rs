@@ -83,18 +83,9 @@ pub fn plan(
         }
     };
     put(&mut blocks, &tiers);
-    let mut plan = Plan {
-        blocks,
-        outside,
-        manual: false,
-        resolved: true,
-        figures: Some(figures.clone()),
-        options: options.clone(),
-        budgets: None,
-        warnings: Vec::new(),
-    };
-    plan.recompute();
-    Ok(plan)
+    Ok(Plan::resolved_with(
+        blocks, outside, false, figures, options,
+    ))
 }
 
 /// Whether an assignment's budgets hold it: the device tier within the device budget and the RAM
@@ -237,6 +228,29 @@ pub(crate) fn by_exact_budgets(
 }
 
 impl Plan {
+    /// A plan resolved for `figures` and `options` with its blocks in the tiers they carry: the
+    /// budgets and warnings computed from them.
+    pub(crate) fn resolved_with(
+        blocks: Vec<BlockPlan>,
+        outside: OutsidePlan,
+        manual: bool,
+        figures: &Figures,
+        options: &PlanOptions,
+    ) -> Plan {
+        let mut plan = Plan {
+            blocks,
+            outside,
+            manual,
+            resolved: true,
+            figures: Some(figures.clone()),
+            options: options.clone(),
+            budgets: None,
+            warnings: Vec::new(),
+        };
+        plan.recompute();
+        plan
+    }
+
     /// Sets each block's bytes for its tier, then the budgets and warnings. Called after every
     /// change of tiers.
     pub(crate) fn recompute(&mut self) {

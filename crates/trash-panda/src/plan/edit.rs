@@ -228,18 +228,14 @@ impl Plan {
                 plan
             })
             .collect();
-        let mut plan = Plan {
+        let outside = budget::outside_plan(&model.outside, options);
+        Ok(Plan::resolved_with(
             blocks,
-            outside: budget::outside_plan(&model.outside, options),
-            manual: self.manual,
-            resolved: true,
-            figures: Some(figures.clone()),
-            options: options.clone(),
-            budgets: None,
-            warnings: Vec::new(),
-        };
-        plan.recompute();
-        Ok(plan)
+            outside,
+            self.manual,
+            figures,
+            options,
+        ))
     }
 }
 
