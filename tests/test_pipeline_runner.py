@@ -282,3 +282,19 @@ def test_a_ram_tier_held_in_memory_is_read_ahead_on_the_loader(
     with tp.Pipeline(st, keep=False) as pipe:
         assert torch.equal(one_run(pipe), want)
         assert "trash-panda-loader" in threads, threads
+
+
+def test_each_model_is_built_once_and_loaded_as_often_as_needed(folder: Path, want: torch.Tensor) -> None:
+    builds: list[str] = []
+
+    def counted(name: str) -> torch.nn.Module:
+        builds.append(name)
+        return ps.build(folder, name)
+
+    st = [tp.Stage(n, (lambda n=n: counted(n)), folder / n) for n in ps.COMPONENTS]
+    with tp.Pipeline(st, keep=False) as pipe:
+        for _ in range(2):
+            assert torch.equal(one_run(pipe), want)
+        # keep=False released every stage after each run, and each was loaded again.
+        assert [r.arrival for r in pipe.records if r.run == 2] == ["read_at_start", "read_ahead", "read_ahead"]
+    assert sorted(builds) == sorted(ps.COMPONENTS)

@@ -40,7 +40,8 @@ _SHARED = ("key_map", "skip_prefixes")
 
 @dataclass(frozen=True)
 class Stage:
-    """One model of a pipeline: ``build_fn()`` returns it on the meta device, ``path`` is its
+    """One model of a pipeline: ``build_fn()`` returns it on the meta device (called once: the
+    pipeline loads and releases that module as often as it needs), ``path`` is its
     checkpoint (a file, an index of shards, or a folder), ``options`` go to
     :func:`trash_panda.plan` (``max_vram``, ``resident_blocks``, ``compute_dtype``, ...).
     ``order`` names the blocks that run first; without it the order file next to the
@@ -126,6 +127,7 @@ class Pipeline:
         self.prefetch = prefetch
         self.keep = keep
         self._loaded: dict[str, LoadedStage] = {}
+        self._models: dict[str, nn.Module] = {}  # each stage's model, built once
         self._ticks = 0  # stage starts so far: a stage's last use, for keeping the recent ones
         self._runs = 0
         self._running: PipelineRun | None = None
@@ -178,6 +180,7 @@ class Pipeline:
 
         if self.records and setting("profile"):
             print(self.report(), file=sys.stderr)
+        self._models.clear()
         steps.done()
 
     # -- the memory between stages --------------------------------------------------------
@@ -263,7 +266,7 @@ class Pipeline:
         elif loaded is not None:
             info["arrival"] = "kept"
         if loaded is None:
-            model = _build(spec)
+            model = self._model(spec)
             ckpt = Checkpoint(spec.path)
             predicted, p = self._room(spec, model, ckpt, None)
             # Found before its load (the idle stages it needed released): what it planned with.
@@ -288,7 +291,7 @@ class Pipeline:
 
         if spec.name in self._loaded:
             return
-        model = _build(spec)
+        model = self._model(spec)
         ckpt = Checkpoint(spec.path)
         predicted, p = self._room(spec, model, ckpt, running)
         loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=True)
@@ -349,6 +352,22 @@ class Pipeline:
         if following is not None and following.runs == 0 and following.allowance is not None:
             following.allowance.give(given)
 
+    def _model(self, spec: Stage) -> nn.Module:
+        """The stage's model: built by its ``build_fn`` the first time, then the same module
+        again (a release leaves it on the meta device, ready to load): building a large model
+        on meta takes a second of the caller's thread, every time it would be built again."""
+        from torch import nn
+
+        model = self._models.get(spec.name)
+        if model is None:
+            model = spec.build_fn()
+            if not isinstance(model, nn.Module):
+                raise ArgumentError(
+                    f"stage {spec.name}: build_fn returned {type(model).__name__}, not a torch.nn.Module"
+                )
+            self._models[spec.name] = model
+        return model
+
     def _load_args(self, spec: Stage) -> dict[str, Any]:
         return {
             "device": self.device,
@@ -373,15 +392,6 @@ class Pipeline:
 
     def _names(self) -> list[str]:
         return [s.name for s in self.stages]
-
-
-def _build(spec: Stage) -> nn.Module:
-    from torch import nn
-
-    model = spec.build_fn()
-    if not isinstance(model, nn.Module):
-        raise ArgumentError(f"stage {spec.name}: build_fn returned {type(model).__name__}, not a torch.nn.Module")
-    return model
 
 
 def _tiers(p: Plan) -> list[str]:
