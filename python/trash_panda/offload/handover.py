@@ -126,10 +126,8 @@ class LoadedStage:
             self._feeder = None
 
     def close(self) -> None:
-        """Stops its loader before a release; a read waiting for the allowance fails."""
+        """Stops its loader before a release (which fails a read waiting for the allowance)."""
         self.stop_feeding()
-        if self.allowance is not None:
-            self.allowance.close()
         if self.loader is not None:
             self.loader.close()
 

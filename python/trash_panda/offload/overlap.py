@@ -167,7 +167,6 @@ class ResidentLoader:
         # A stage read ahead: its RAM tier held in memory is read last, here (None: read by
         # the load, or mapped).
         self.engine = engine
-        self.ram_tier_error: BaseException | None = None
         self.load_seconds = 0.0  # the loader's time, first block to last
         self.waited_seconds = 0.0  # the main thread's waits for blocks not yet loaded
         self.loaded_bytes = 0
@@ -210,8 +209,8 @@ class ResidentLoader:
             self._take(("ram_tier", 0))
             if not engine.closed:
                 engine.load_ram_tier()
-        except Exception as e:  # the block that needs it reads it again and raises there
-            self.ram_tier_error = e
+        except Exception:  # the block that needs it reads it again and raises there
+            return
         finally:
             self.remaining_bytes -= self.costs.get(("ram_tier", 0), 0)
 
@@ -237,16 +236,20 @@ class ResidentLoader:
         if self.allowance is not None and cost:
             self.allowance.take(cost)
 
+    def _until(self, ready: threading.Event) -> None:
+        """Waits for ``ready``, counting the wait as the main thread's."""
+        if not ready.is_set():
+            start = time.perf_counter()
+            ready.wait()
+            self.waited_seconds += time.perf_counter() - start
+
     def wait_outside(self, name: str, at: int) -> None:
         """Blocks the caller until the outside weights needed at position ``at`` (and so every
         one before) are loaded, for module ``name``; raises if their load failed."""
         ready = self.outside_ready.get(at)
         if ready is None:
             return
-        if not ready.is_set():
-            start = time.perf_counter()
-            ready.wait()
-            self.waited_seconds += time.perf_counter() - start
+        self._until(ready)
         error = next((e for p, e in self.outside_errors.items() if p <= at), None)
         if error is not None:
             raise StreamError(
@@ -265,10 +268,7 @@ class ResidentLoader:
         ready = self.ready.get(block.index)
         if ready is None:
             return
-        if not ready.is_set():
-            start = time.perf_counter()
-            ready.wait()
-            self.waited_seconds += time.perf_counter() - start
+        self._until(ready)
         error = self.errors.get(block.index)
         if error is not None:
             raise StreamError(
