@@ -91,6 +91,55 @@ def test_weights_moved_in_beside_the_windows_are_not_activations() -> None:
     assert meter.stop(a) == 500
 
 
+def test_a_put_waiting_for_the_drive_does_not_hold_up_the_windows() -> None:
+    """A loader's put may wait behind the running model's reads: opening, closing and pausing
+    windows meanwhile does not wait for it, and what it brings is counted once it is in, or
+    counted more (never less) in a window that closes while it arrives."""
+    import threading
+
+    gauge = FakeGauge()
+    meter = Meter(gauge)
+    a = meter.start()
+    half, go = threading.Event(), threading.Event()
+
+    def put() -> int:
+        gauge.set(gauge.now + 1000)  # the first half of 2000 is in
+        half.set()
+        assert go.wait(60)
+        gauge.set(gauge.now + 1000)
+        return 2000
+
+    loader = threading.Thread(target=meter.moved_in, args=(put,))
+    loader.start()
+    assert half.wait(60)
+    got: list[int] = []
+
+    def during() -> None:  # each of these waited for the whole put when it held the lock
+        b = meter.start()
+        gauge.set(gauge.now + 300)  # B computes 300
+        got.append(meter.stop(b))
+        got.append(id(meter.start()))
+
+    events = threading.Thread(target=during)
+    events.start()
+    events.join(10)
+    go.set()  # on a failure, lets both threads end rather than hang the run
+    assert not events.is_alive() and len(got) == 2, "a window's event waited for the put"
+    assert got[0] == 300
+    c = next(w for w in meter.windows if id(w) == got[1])
+    loader.join(60)
+    assert not loader.is_alive()
+    gauge.set(gauge.now + 50)
+    assert meter.stop(c) == 1050  # opened with half of it in: the other half counts, never less
+    # Open from before the put to after: the 2000 are taken off its readings after the put,
+    # but B's and C's events read the peak while half of it was in: that half stays counted.
+    assert meter.stop(a) == 1300
+    d = meter.start()
+    assert meter.moved_in(lambda: gauge.set(gauge.now + 500) or 500) == 500
+    gauge.set(gauge.now + 20)
+    assert meter.stop(d) == 20  # nothing happened during the put: exact
+
+
 @pytest.fixture
 def big(tmp_path: Path) -> tuple[Path, Tiny]:
     torch.manual_seed(0)

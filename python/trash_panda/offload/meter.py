@@ -116,7 +116,7 @@ class PrivateGauge:
             self.sampler = None
 
 
-@dataclass
+@dataclass(eq=False)  # a window is itself: two with the same figures are not one
 class Window:
     """One measured window: ``top`` is the most it needed above ``base`` so far."""
 
@@ -132,6 +132,7 @@ class Meter:
         self.windows: list[Window] = []
         self._lock = threading.RLock()
         self._pauses = 0
+        self._pauses_begun = 0  # pauses so far: moved_in() learns whether one overlapped it
         self._paused_at = 0
 
     def start(self) -> Window:
@@ -161,6 +162,7 @@ class Meter:
                 self._fold()
                 self._paused_at = self.gauge.current()
             self._pauses += 1
+            self._pauses_begun += 1
         try:
             yield
         finally:
@@ -183,25 +185,37 @@ class Meter:
         are subtracted from the readings after they arrived only: the peak so far is read
         first, then each window's baseline moves by them, and the peak of ``put``'s own time is
         read against the moved baseline. Weights that arrived before a window opened are in
-        that window's baseline already and are not subtracted again. ``put`` runs under the
-        meter's lock, so a pause (another model's load or release) begins before it or ends
-        after it, and then moves the windows by what ``put`` added itself. The tensor counts
-        as there for all of ``put``: exact when it is allocated at once and then filled (a copy
-        to a GPU); where it arrives page by page (a read into the CPU's memory), activations
-        that peak during the read are under-counted by what had not arrived yet, one tensor's
-        bytes at most."""
+        that window's baseline already and are not subtracted again.
+
+        ``put`` runs outside the meter's lock: it may wait for the drive behind the running
+        model's reads, and a window opening or closing on the compute thread must not wait for
+        it. What can happen meanwhile only ever counts more, never less: a window that closes
+        during ``put`` keeps the part of it that had arrived, one opened during it counts the
+        part that arrives after, and when a pause (another model's load or release) overlaps
+        it, the pause moves the windows by what arrived during it and the rest is counted; and
+        any window's event during ``put`` reads the peak into every open window with what had
+        arrived by then. That is one group of tensors (64 MiB, or one larger tensor) at most,
+        and only at such an event; a put with no event during it is taken off exactly. The
+        tensor counts as there for all of ``put``: exact when it is allocated at once and then
+        filled (a copy to a GPU); where it arrives page by page (a read into the CPU's memory),
+        activations that peak during the read are under-counted by what had not arrived yet,
+        one tensor's bytes at most."""
         with self._lock:
             counting = bool(self.windows) and not self._pauses
             if counting:
                 self._fold(settle=False)
                 self.gauge.reset(settle=False)
-            nbytes = put()
-            if counting:
-                for w in self.windows:
-                    w.base += nbytes
+            open_at_start = list(self.windows) if counting else []
+            pauses_at_start = self._pauses_begun
+        nbytes = put()
+        with self._lock:
+            if open_at_start and not self._pauses and self._pauses_begun == pauses_at_start:
+                for w in open_at_start:
+                    if w in self.windows:
+                        w.base += nbytes
                 self._fold(settle=False)
                 self.gauge.reset(settle=False)
-            return nbytes
+        return nbytes
 
     def _fold(self, settle: bool = True) -> None:
         if not self.windows or self._pauses:

@@ -192,7 +192,7 @@ class ResidentLoader:
                 block.mark_loaded()
                 self.loaded_bytes += sum(s.info.nbytes for s in block.tensors)
             except BaseException as e:  # reported in the call that needs the block
-                self.errors[block.index] = e
+                self.errors[block.index] = _detached(e)
             finally:
                 self.remaining_bytes -= self.costs.get(("block", block.index), 0)
                 self.ready[block.index].set()
@@ -225,7 +225,7 @@ class ResidentLoader:
             outside.load_outside(specs, self.device, self.threads, self.lane, at)
             self.loaded_bytes += sum(s.info.nbytes for s in specs)
         except BaseException as e:  # reported in the call that needs them
-            self.outside_errors[at] = e
+            self.outside_errors[at] = _detached(e)
         finally:
             self.remaining_bytes -= self.costs.get(("outside", at), 0)
             self.outside_ready[at].set()
@@ -363,3 +363,17 @@ def start_loader(
     handle.hooks.add(OverlapWait(loader, gates), before=TIMING)
     loader.start()
     return loader
+
+
+def _detached(error: BaseException) -> BaseException:
+    """``error`` as the call that needs the block raises it: its message (which names the file
+    and tensor) and its causes, without their tracebacks. A traceback holds the loader thread's
+    frames, which hold the loader, which holds the error: a cycle, with whatever tensors those
+    frames held, that only a full garbage collection frees, and release() does not run one."""
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return error
