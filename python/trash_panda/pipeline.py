@@ -211,38 +211,58 @@ class Pipeline:
     def _room(
         self, spec: Stage, model: nn.Module, ckpt: Checkpoint, running: LoadedStage | None
     ) -> tuple[_core.Free, Plan]:
-        """Plans ``spec`` for the memory free at its start, and decides which loaded stages
-        stay: the plan with every other stage released is the best it can get; a stage is
-        kept (the running one first, then the others most recently used first) while the
-        plan without its memory puts every block in the same tier and still fits. Idle stages that are not
-        kept are released now; the running one is released at its end. Returns the memory
-        predicted free at the start and the plan made for it."""
+        """Plans ``spec`` for the best memory it can get (every other stage given back), then
+        makes that room, taking from the stages needed again last first (see
+        :meth:`_make_room`). Returns the memory predicted free at its start and the plan."""
         free = self._free()
         if running is not None:
             free = free.less(running.pending())
-        idle = sorted(
-            (s for s in self._loaded.values() if s is not running and s.name != spec.name),
-            key=lambda s: -s.last_used,
-        )
-        candidates = [s for s in ([running] if running is not None else []) + idle if self.keep and not s.final]
+        others = [s for s in self._loaded.values() if s.name != spec.name]
         everything = free
-        for s in ([running] if running is not None else []) + idle:
-            everything = everything.after_release(s.holds)
+        for s in others:
+            everything = everything.after_release(s.held_now())
         best = self._plan(spec, model, ckpt, everything)
-        kept: list[LoadedStage] = []
-        predicted, chosen = everything, best
-        for s in candidates:
-            trial = predicted.less(s.holds)
-            p = self._plan(spec, model, ckpt, trial)
-            if _tiers(p) == _tiers(best) and p.needs(spec.name).fits(trial):
-                kept.append(s)
-                predicted, chosen = trial, p
-        for s in idle:
-            if s not in kept:
+        gained = self._make_room(spec, best.needs(spec.name), free, others, running)
+        return free.after_release(gained), best
+
+    def _make_room(
+        self,
+        spec: Stage,
+        need: _core.Holds,
+        free: _core.Free,
+        others: list[LoadedStage],
+        running: LoadedStage | None,
+    ) -> _core.Holds:
+        """Takes what ``spec`` needs beyond ``free`` from the other stages: first from the one
+        whose next turn (the runs going round the pipeline) is the furthest off, as an
+        optimal cache evicts; from each only the blocks missing (those it runs last), or the
+        whole stage when that is not enough or keeping is off. The running stage gives at its
+        end (or as its final pass frees). Returns what is given."""
+        short = need.beyond(free)
+        gained = _core.Holds()
+        here = self._index(spec.name)
+        n = len(self.stages)
+        for s in sorted(others, key=lambda s: -((self._index(s.name) - here) % n)):
+            if not (short.ram or short.vram):
+                break
+            missing = short.vram if s.holds.vram else short.ram
+            only_whole = short.ram if s.holds.vram else 0  # a GPU stage's RAM goes whole
+            held = s.held_now()
+            partial = self.keep and s.runs > 0 and not only_whole and 0 < missing < s.sheddable()
+            if s is running:
+                if partial:
+                    s.to_give = missing
+                    took = s._in_blocks(missing)
+                else:
+                    s.release_after, took = True, held
+            elif partial:
+                took = s._in_blocks(s.give_back(missing))
+            else:
                 self._release(s.name)
-        if running is not None:
-            running.keep_after = running in kept
-        return predicted, chosen
+                took = held
+            gained = gained.plus(took)
+            short = short.less(took)
+        return gained
 
     def _start(self, run: PipelineRun, index: int) -> tuple[LoadedStage, dict[str, Any]]:
         """The stage at ``index`` starts: the one read ahead opens (or is planned again), a kept
@@ -265,6 +285,14 @@ class Pipeline:
                 loaded = None
         elif loaded is not None:
             info["arrival"] = "kept"
+            if loaded.given:  # given back since its last run, and not read ahead: read now
+                self._make_room(spec, loaded._in_blocks(loaded.given_back), self._free(), self._others(spec), None)
+                loaded.refill(None)
+            elif loaded.allowance is not None:  # read again ahead of its turn
+                loaded.allowance.open()
+            info["read_again"], loaded.read_again = loaded.read_again, 0
+            if loaded.state.lane is not None:
+                loaded.state.lane.priority = "run"
         if loaded is None:
             model = self._model(spec)
             ckpt = Checkpoint(spec.path)
@@ -277,7 +305,7 @@ class Pipeline:
             info.setdefault("actual", found)
         loaded.runs += 1
         loaded.last_used = self._ticks
-        loaded.keep_after = self.keep
+        loaded.to_give, loaded.release_after, loaded.final = 0, not self.keep, False
         self._loaded[spec.name] = loaded
         if self.prefetch and index + 1 < len(self.stages):
             self._read_ahead(self.stages[index + 1], loaded)
@@ -289,14 +317,25 @@ class Pipeline:
         floor of free RAM left alone); the rest comes as the running stage gives memory back."""
         from .offload.handover import load_stage
 
-        if spec.name in self._loaded:
+        kept = self._loaded.get(spec.name)
+        if kept is not None:
+            if kept.given:
+                free = self._free().less(running.pending())
+                self._make_room(spec, kept._in_blocks(kept.given_back), free, self._others(spec), running)
+                kept.refill(_core.Allowance(spec.name, 0))
+                self._give_now(kept, running, kept.plan)
             return
         model = self._model(spec)
         ckpt = Checkpoint(spec.path)
         predicted, p = self._room(spec, model, ckpt, running)
         loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=True)
         self._loaded[spec.name] = loaded
-        # Measured once the load made its staging pool: the memory a read may take now.
+        self._give_now(loaded, running, p)
+
+    def _give_now(self, loaded: LoadedStage, running: LoadedStage, p: Plan) -> None:
+        """Lets the reads of ``loaded`` into the memory free now beside ``running`` (its
+        activations and the plan's floor of free RAM left alone), measured once the load made
+        its staging pool."""
         free = self._free().less(running.pending())
         peak = remembered_activation(running.key) or 0
         budgets = p.budgets
@@ -311,7 +350,8 @@ class Pipeline:
         self, run: PipelineRun, index: int, loaded: LoadedStage, info: dict[str, Any], failure: BaseException | None
     ) -> None:
         """The stage ends: its peak and order file are remembered after a block that went well;
-        it is kept, or released with its memory given to the stage read ahead."""
+        it is kept, whole or but the blocks the next stage needs, or released, the memory going
+        to the stage read ahead."""
         from .offload.order import write_order
 
         spec = self.stages[index]
@@ -319,14 +359,20 @@ class Pipeline:
             remember_activation(loaded.key, info.get("peak", 0))
             write_order(loaded.choice, loaded.handle.ran, loaded.handle.outside_ran)
         following = self._loaded.get(self.stages[index + 1].name) if index + 1 < len(self.stages) else None
+        passed = 0
+        if loaded.final:
+            loaded.stop_feeding()
+            passed = loaded.passed(loaded.handle.hooks.get("final_pass").freed)  # type: ignore[union-attr]
+            loaded.to_give = max(0, loaded.to_give - passed)
+        given = 0
         if failure is not None:
             departure = "failed"
-        elif loaded.final:
-            departure = "final_pass"
-        elif loaded.keep_after and self.keep:
-            departure = "kept"
+        elif loaded.release_after or not self.keep or (loaded.to_give and loaded.to_give >= loaded.sheddable()):
+            departure = "final_pass" if loaded.final else "released"
         else:
-            departure = "released"
+            departure = "kept"
+            if loaded.to_give:
+                given = loaded.give_back(loaded.to_give)
         self.records.append(
             _core.StageRecord(
                 run.number,
@@ -343,14 +389,25 @@ class Pipeline:
                 waited=0.0 if loaded.loader is None else loaded.loader.waited_seconds,
                 seconds=info.get("seconds", 0.0),
                 peak=info.get("peak", 0),
+                read_again=info.get("read_again", 0),
+                given_back=passed + given if departure == "kept" else 0,
             )
         )
         if departure == "kept":
-            return
-        given = max(0, (loaded.holds.vram or loaded.holds.ram) - loaded.freed)
-        self._release(spec.name)
-        if following is not None and following.runs == 0 and following.allowance is not None:
-            following.allowance.give(given)
+            given_now = given
+            if self.device.type == "cpu":
+                # The stage's activations went back to the heap: hand them to the system now, as
+                # a release would (glibc keeps them otherwise, over the budget).
+                _core.trim_heap()
+        else:
+            held = loaded.held_now()
+            given_now = held.vram if loaded.holds.vram else held.ram
+            self._release(spec.name)
+        if following is not None and following.allowance is not None and given_now:
+            following.allowance.give(given_now)
+
+    def _others(self, spec: Stage) -> list[LoadedStage]:
+        return [s for s in self._loaded.values() if s.name != spec.name]
 
     def _model(self, spec: Stage) -> nn.Module:
         """The stage's model: built by its ``build_fn`` the first time, then the same module
@@ -456,7 +513,8 @@ class PipelineRun:
     def final_pass(self, keep_prefixes: Sequence[str] = ()) -> Iterator[FinalPass]:
         """Around the running stage's last call: each block is freed right after it runs
         (see ``handle.final_pass()``) and its memory goes to the stage read ahead as it frees.
-        The stage is released at its end: its blocks are gone."""
+        A stage kept for the next run frees only the blocks the next stage needs (those it runs
+        last), and reads them again at its next turn; any other is released at its end."""
         current = self._current
         if current is None:
             raise ArgumentError("final_pass(): no stage is running; call it inside run.stage(...)")
@@ -464,9 +522,23 @@ class PipelineRun:
         at = names.index(current.name)
         following = self.pipeline._loaded.get(names[at + 1]) if at + 1 < len(names) else None
         current.final = True
+        from .offload.final_pass import final_pass
+
+        wanted: Callable[[], int] | None = None
+        passing: list[FinalPass] = []
+        if not current.release_after:
+            # Kept for the next run: a block is freed only while the next stage still needs
+            # memory (what the stage is to give back at its end), its resident blocks only.
+            sizes = current.block_bytes()
+
+            def wanted() -> int:
+                done = sum(sizes.get(p, 0) for p in passing[0].freed) if passing else 0
+                return current.to_give - done
+
+        to = following.allowance if following is not None else None
         # A run of the pipeline again finds the freed RAM-tier pages in the page cache.
-        with current.handle.final_pass(keep_prefixes=list(keep_prefixes), keep_page_cache=True) as fp:
-            if following is not None and following.runs == 0 and following.allowance is not None:
-                current.feed(fp, following.allowance)
+        with final_pass(current.handle, list(keep_prefixes), keep_page_cache=True, wanted=wanted) as fp:
+            passing.append(fp)
+            current.feed(fp, to)
             yield fp
         current.stop_feeding()

@@ -50,6 +50,13 @@ impl PyHolds {
         self.inner.fits(free.inner)
     }
 
+    /// What of this does not fit in `free`.
+    fn beyond(&self, free: &PyFree) -> Self {
+        PyHolds {
+            inner: self.inner.beyond(free.inner),
+        }
+    }
+
     #[new]
     #[pyo3(signature = (ram=0, vram=0))]
     fn new(ram: u64, vram: u64) -> Self {
@@ -334,7 +341,7 @@ impl PyStageRecord {
     /// "released", "final_pass" or "failed".
     #[new]
     #[pyo3(signature = (run, stage, arrival, departure, *, predicted=None, actual=None, replan=None,
-        read_before_start=0, holds=0, file_bytes=0, cached_at_load=0, waited=0.0, seconds=0.0, peak=0))]
+        read_before_start=0, holds=0, file_bytes=0, cached_at_load=0, waited=0.0, seconds=0.0, peak=0, read_again=0, given_back=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         run: u32,
@@ -351,6 +358,8 @@ impl PyStageRecord {
         waited: f64,
         seconds: f64,
         peak: u64,
+        read_again: u64,
+        given_back: u64,
     ) -> PyResult<Self> {
         Ok(PyStageRecord {
             inner: StageRecord {
@@ -368,6 +377,8 @@ impl PyStageRecord {
                 seconds,
                 peak,
                 departure: pick(&DEPARTURES, departure, "departure")?,
+                read_again,
+                given_back,
             },
         })
     }
@@ -421,6 +432,14 @@ impl PyStageRecord {
     #[getter]
     fn peak(&self) -> u64 {
         self.inner.peak
+    }
+    #[getter]
+    fn read_again(&self) -> u64 {
+        self.inner.read_again
+    }
+    #[getter]
+    fn given_back(&self) -> u64 {
+        self.inner.given_back
     }
     #[getter]
     fn predicted(&self) -> Option<PyFree> {

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .hooks import OffloadHandle
     from .state import BlockState, ModelState
 
-__all__ = ["FinalPass", "FreedBlock", "final_pass"]
+__all__ = ["FinalPass", "FreedBlock", "final_pass", "give_back", "taken_back"]
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,24 @@ class FinalPass(BlockHook):
     name = "final_pass"
     gate = True
 
-    def __init__(self, state: ModelState, keep_prefixes: tuple[str, ...], keep_page_cache: bool = False) -> None:
+    def __init__(
+        self,
+        state: ModelState,
+        keep_prefixes: tuple[str, ...],
+        keep_page_cache: bool = False,
+        wanted: Callable[[], int] | None = None,
+    ) -> None:
         self.events: queue.SimpleQueue[FreedBlock] = queue.SimpleQueue()
         self._keep_cache = keep_page_cache
         self.freed: list[str] = []
         self.active = True
         self._state = state
         self._keep = keep_prefixes
+        # A pipeline's stage that stays loaded for the next run frees only while the stage
+        # after it still wants memory (bytes; None: every block).
+        self._wanted = wanted
         self._freed: set[int] = set()
+        self._given: set[int] = set()  # blocks given back to other stages, not by a pass
 
     def pre_forward(self, block: BlockState) -> None:
         self.check(block)
@@ -69,6 +79,11 @@ class FinalPass(BlockHook):
 
     def check(self, block: BlockState) -> None:
         """Refuses to run a block this pass freed (its weights are gone)."""
+        if block.index in self._given:
+            raise StreamError(
+                f"block {block.prefix} was given back to make room for another stage of the pipeline; "
+                "it is read again when its own stage starts (use the model inside run.stage(...))"
+            )
         if block.index in self._freed:
             raise StreamError(
                 f"block {block.prefix} was freed by final_pass() after its run and cannot run again; "
@@ -76,9 +91,12 @@ class FinalPass(BlockHook):
             )
 
     def after(self, block: BlockState) -> None:
-        if not self.active or block.index in self._freed or block.prefix.startswith(self._keep):
+        if not self.active or block.index in self.gone or block.prefix.startswith(self._keep):
             return
-        self._freed.add(block.index)
+        if self._wanted is not None and (block.engine_index is not None or self._wanted() <= 0):
+            return  # a stage kept for its next run keeps its streamed blocks' RAM tier
+        # A kept stage's blocks are read again at its next turn: called before, they say so.
+        (self._given if self._wanted is not None else self._freed).add(block.index)
         freed = _free(block, self._state.engine, self._keep_cache)
         if freed and self._state.device.type == "cpu":
             # glibc keeps freed chunks below its (growing) mmap threshold in the heap: hand the
@@ -86,6 +104,43 @@ class FinalPass(BlockHook):
             _core.trim_heap()
         self.freed.append(block.prefix)
         self.events.put_nowait(FreedBlock(block.prefix, freed, block.tier.value, _event(self._state.device)))
+
+    def give_back(self, block: BlockState) -> int:
+        """Frees ``block`` outside a pass (its stage is idle); it refuses to run until its
+        stage reads it again. Returns the bytes."""
+        self._given.add(block.index)
+        freed = _free(block, self._state.engine, self._keep_cache)
+        if freed and self._state.device.type == "cpu":
+            _core.trim_heap()
+        return freed
+
+    @property
+    def gone(self) -> set[int]:
+        """The blocks it freed or gave back: they refuse to run."""
+        return self._freed | self._given
+
+
+def give_back(handle: OffloadHandle, blocks: list[BlockState]) -> int:
+    """Frees ``blocks`` of an idle model whose hooks stay (a pipeline's stage kept in part, its
+    file pages left to the page cache); they refuse to run until read again (:func:`taken_back`).
+    Returns the bytes freed."""
+    from .hooks import TIMING
+
+    fp = handle.hooks.get(FinalPass.name)
+    if not isinstance(fp, FinalPass):
+        fp = FinalPass(handle.state, (), keep_page_cache=True)
+        fp.active = False
+        handle.hooks.add(fp, before=TIMING)
+    return sum(fp.give_back(b) for b in blocks)
+
+
+def taken_back(handle: OffloadHandle) -> None:
+    """The blocks a pass freed or :func:`give_back` gave back are being read again: they may
+    run once read (the loader's hook makes them wait for it)."""
+    fp = handle.hooks.get(FinalPass.name)
+    if isinstance(fp, FinalPass):
+        assert not fp.active, "a final pass is open"
+        handle.hooks.remove(FinalPass.name)
 
 
 def _free(block: BlockState, engine: _core.Engine | None, keep_cache: bool) -> int:
@@ -134,7 +189,10 @@ def _event(device: torch.device) -> Any:
 
 @contextlib.contextmanager
 def final_pass(
-    handle: OffloadHandle, keep_prefixes: list[str] | None = None, keep_page_cache: bool = False
+    handle: OffloadHandle,
+    keep_prefixes: list[str] | None = None,
+    keep_page_cache: bool = False,
+    wanted: Callable[[], int] | None = None,
 ) -> Iterator[FinalPass]:
     """See the module: frees each block right after it runs, inside the ``with`` block."""
     if not isinstance(keep_page_cache, bool):
@@ -150,7 +208,9 @@ def final_pass(
     current = handle.hooks.get(FinalPass.name)
     if isinstance(current, FinalPass) and current.active:
         raise ArgumentError("handle: a final_pass() is already open")
-    fp = FinalPass(handle.state, tuple(keep_prefixes or ()), keep_page_cache)
+    fp = FinalPass(handle.state, tuple(keep_prefixes or ()), keep_page_cache, wanted)
+    if isinstance(current, FinalPass):  # what an earlier pass freed or gave back stays gone
+        fp._given, fp._freed = current._given, set(current._freed)
     # A closed pass's hook is replaced by this one; both decide whether a block runs, so they
     # come before the run is timed.
     handle.hooks.remove(FinalPass.name)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .hooks import OffloadHandle
     from .order import OrderChoice
     from .overlap import ResidentLoader
-    from .state import ModelState
+    from .state import BlockState, ModelState
 
 __all__ = ["LoadedStage", "free_now", "load_stage"]
 
@@ -59,9 +59,13 @@ class LoadedStage:
     cached_at_load: int = 0  # of those, in the page cache when its load began
     runs: int = 0  # runs it took part in
     last_used: int = 0  # the pipeline's count of stage starts at its last start
-    freed: int = 0  # bytes a final pass gave back before its release
-    final: bool = False  # a final pass freed its blocks: it cannot run again
-    keep_after: bool = False  # the stage after it does not need its memory
+    freed: int = 0  # bytes its final pass handed to the next stage so far
+    final: bool = False  # a final pass ran in its last run
+    to_give: int = 0  # bytes of its blocks to give back at its end (the next stage needs them)
+    release_after: bool = False  # released at its end: all of it is needed, or keeping is off
+    given: list[BlockState] = field(default_factory=list)  # blocks given back, to read again
+    given_back: int = 0  # their bytes, as its plan counts them
+    read_again: int = 0  # bytes read again at its last start
     _feeder: threading.Thread | None = field(default=None, repr=False)
 
     @property
@@ -80,8 +84,82 @@ class LoadedStage:
         return _core.Holds(0, left) if self.holds.vram else _core.Holds(left, 0)
 
     def held_now(self) -> _core.Holds:
-        """What it holds now: its plan's figures less what its loader has still to read."""
-        return self.holds.less(self.pending())
+        """What it holds now: its plan's figures less what its loader has still to read and
+        what it gave back."""
+        return self.holds.less(self.pending()).less(self._in_blocks(self.given_back))
+
+    def _in_blocks(self, n: int) -> _core.Holds:
+        """``n`` bytes of the memory its blocks compute in."""
+        return _core.Holds(0, n) if self.holds.vram else _core.Holds(n, 0)
+
+    def block_bytes(self) -> dict[str, int]:
+        """What each resident block holds, as its plan counts it (by prefix)."""
+        return {b.name: b.stored_bytes for b in self.plan.blocks if b.tier.value == "device"}
+
+    def sheddable(self) -> int:
+        """Bytes of its resident blocks it still holds and could give back."""
+        sizes = self.block_bytes()
+        gone = {b.index for b in self.given}
+        return sum(sizes.get(b.prefix, 0) for b in self.state.blocks if b.index not in gone)
+
+    def give_back(self, nbytes: int) -> int:
+        """Gives back resident blocks, those that run last first, until ``nbytes`` are free
+        (the next run reads them again behind the first blocks' compute); returns the bytes
+        given, as its plan counts them."""
+        from .final_pass import give_back
+
+        if self.loader is not None:
+            self.loader.finish()  # a block still to be read is not given back while it arrives
+        sizes = self.block_bytes()
+        gone = {b.index for b in self.given}
+        chosen: list[BlockState] = []
+        total = 0
+        for block in reversed(self._run_order()):
+            if total >= nbytes:
+                break
+            if block.index in gone or block.prefix not in sizes:
+                continue
+            chosen.append(block)
+            total += sizes[block.prefix]
+        give_back(self.handle, chosen)
+        self.given += chosen
+        self.given_back += total
+        return total
+
+    def passed(self, prefixes: list[str]) -> int:
+        """A final pass freed the blocks ``prefixes``: they are given back; returns their
+        bytes as its plan counts them."""
+        sizes = self.block_bytes()
+        by_prefix = {b.prefix: b for b in self.state.blocks}
+        blocks = [by_prefix[p] for p in prefixes if p in sizes]
+        total = sum(sizes[b.prefix] for b in blocks)
+        self.given += blocks
+        self.given_back += total
+        return total
+
+    def refill(self, allowance: _core.Allowance | None) -> int:
+        """Reads its given-back blocks again on a loader thread, in its run order, through
+        ``allowance`` when it is read ahead of its turn (None: at its turn); a call waits for
+        a block not read yet. Returns the bytes it reads."""
+        from .final_pass import taken_back
+        from .overlap import OverlapWait, start_loader
+
+        taken_back(self.handle)  # a pass's freed blocks of the RAM tier map their pages again
+        if not self.given:
+            return 0
+        self.handle.hooks.remove(OverlapWait.name)  # the first load's, done: stops nothing
+        sizes = self.block_bytes()
+        blocks, self.given = self.given, []
+        costs = {("block", b.index): sizes[b.prefix] for b in blocks}
+        self.loader = start_loader(self.handle, self.state, blocks, self.choice.first, allowance=allowance, costs=costs)
+        self.allowance = allowance
+        self.read_again, self.given_back = self.given_back, 0
+        return self.read_again
+
+    def _run_order(self) -> list[BlockState]:
+        blocks = self.state.blocks
+        order = _core.full_order(self.choice.first or [], [b.prefix for b in blocks])
+        return [blocks[i] for i in order]
 
     def start(self, free: _core.Free) -> tuple[_core.Free, _core.Replan | None]:
         """Its turn, with ``free`` free now: the allowance stops limiting, and the plan is
@@ -94,7 +172,7 @@ class LoadedStage:
         actual = free.after_release(self.held_now())
         return actual, _core.replan(self.predicted, actual)
 
-    def feed(self, final: FinalPass, to: _core.Allowance) -> None:
+    def feed(self, final: FinalPass, to: _core.Allowance | None) -> None:
         """During a final pass, gives each freed block's bytes to the next stage's allowance
         from a thread of its own, once the block's device work is done (its CUDA event), so
         the compute thread never waits for the next stage's reads."""
@@ -114,7 +192,8 @@ class LoadedStage:
                 if freed.event is not None:
                     freed.event.synchronize()
                 self.freed += freed.bytes
-                to.give(freed.bytes)
+                if to is not None:
+                    to.give(freed.bytes)
 
         self._feeder = threading.Thread(target=run, name=f"trash-panda-handover-{self.name}", daemon=True)
         self._feeder.start()

@@ -284,6 +284,10 @@ class ResidentLoader:
         """Waits until everything is read."""
         self._thread.join()
 
+    def finish(self) -> None:
+        """Waits until every read is done (its allowance must be open or filled)."""
+        self._thread.join()
+
     def close(self) -> None:
         """Stops after the block being read and waits for the thread (before a release); a
         wait for the allowance fails."""

@@ -109,6 +109,15 @@ impl Holds {
         }
     }
 
+    /// What of this does not fit in `free`: what other stages must give back for it. VRAM
+    /// counts only where `free` has a device.
+    pub fn beyond(self, free: Free) -> Holds {
+        Holds {
+            ram: self.ram.saturating_sub(free.ram),
+            vram: free.vram.map_or(0, |v| self.vram.saturating_sub(v)),
+        }
+    }
+
     /// The sum of two holdings.
     pub fn plus(self, other: Holds) -> Holds {
         Holds {
@@ -311,6 +320,28 @@ mod tests {
                 vram: 0
             }
         );
+    }
+
+    #[test]
+    fn beyond_is_what_does_not_fit() {
+        let h = Holds { ram: 5, vram: 7 };
+        assert_eq!(
+            h.beyond(Free { ram: 3, vram: None }),
+            Holds { ram: 2, vram: 0 }
+        );
+        assert_eq!(
+            h.beyond(Free {
+                ram: 9,
+                vram: Some(4)
+            }),
+            Holds { ram: 0, vram: 3 }
+        );
+        // What fits is a holding of nothing: fits() and beyond() agree.
+        let free = Free {
+            ram: 5,
+            vram: Some(7),
+        };
+        assert!(h.fits(free) && h.beyond(free) == Holds::default());
     }
 
     #[test]

@@ -59,6 +59,12 @@ pub struct StageRecord {
     /// Its peak activation memory, remembered for its next plan.
     pub peak: u64,
     pub departure: Departure,
+    /// Kept: bytes of its blocks given back to other stages since its last run, read again
+    /// at its start (behind its first blocks' compute).
+    pub read_again: u64,
+    /// Kept at its end: bytes of its blocks given to the next stage, by its final pass or at
+    /// its end (the rest stays for the next run).
+    pub given_back: u64,
 }
 
 impl fmt::Display for Arrival {
@@ -97,6 +103,14 @@ impl fmt::Display for StageRecord {
             "run {} {}: {}, {:.2} s",
             self.run, self.stage, self.arrival, self.seconds
         )?;
+        if self.arrival == Arrival::Kept && self.read_again > 0 {
+            write!(
+                f,
+                ", {} of {} given back meanwhile and read again",
+                format_bytes(self.read_again),
+                format_bytes(self.holds)
+            )?;
+        }
         if self.arrival == Arrival::ReadAhead {
             write!(
                 f,
@@ -121,6 +135,13 @@ impl fmt::Display for StageRecord {
             write!(f, ", waited {:.2} s for weights", self.waited)?;
         }
         write!(f, "; {}", self.departure)?;
+        if self.departure == Departure::Kept && self.given_back > 0 {
+            write!(
+                f,
+                " but for {} of its blocks given to the next stage",
+                format_bytes(self.given_back)
+            )?;
+        }
         if let (Some(p), Some(a)) = (&self.predicted, &self.actual) {
             write!(
                 f,
@@ -175,6 +196,8 @@ mod tests {
             seconds: 4.25,
             peak: 200_000_000,
             departure: Departure::Released,
+            read_again: 0,
+            given_back: 0,
         }
     }
 
@@ -188,6 +211,21 @@ mod tests {
             "waited 0.50 s for weights; released",
             "free memory predicted RAM 12.00 GB, found RAM 11.50 GB",
             "peak activations 200.00 MB",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_stage_kept_in_part_says_what_went_and_came_back() {
+        let mut r = record(Arrival::Kept);
+        r.read_again = 1_500_000_000;
+        r.departure = Departure::Kept;
+        r.given_back = 2_000_000_000;
+        let text = r.to_string();
+        for part in [
+            "kept from the run before, 1.50 GB of 5.00 GB given back meanwhile and read again",
+            "; kept but for 2.00 GB of its blocks given to the next stage",
         ] {
             assert!(text.contains(part), "{part:?} missing from\n{text}");
         }
