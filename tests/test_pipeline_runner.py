@@ -5,6 +5,7 @@ fits, and planned again when the memory at its start missed the prediction."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -18,6 +19,7 @@ import torch
 import trash_panda as tp
 from trash_panda import _core
 from trash_panda.errors import ArgumentError, StreamError
+from trash_panda.offload.handover import LoadedStage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import pipeline_stages as ps
@@ -62,6 +64,12 @@ def arrivals(pipe: tp.Pipeline, run: int) -> list[str]:
     return [r.arrival for r in pipe.records if r.run == run]
 
 
+def ahead(pipe: tp.Pipeline, name: str) -> LoadedStage:
+    """The stage ``name`` read ahead, once its thread has set it up."""
+    pipe._settle()
+    return pipe._loaded[name]
+
+
 def until(cond: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + 60  # guards against a hang; nothing asserts a time
     while not cond():
@@ -93,8 +101,8 @@ def test_the_next_stage_is_read_while_the_running_one_computes(folder: Path, wan
     with tp.Pipeline(stages(folder), keep=False) as pipe:
 
         def denoiser_arrives() -> None:
-            ahead = pipe._loaded["transformer"]
-            until(lambda: ahead.loader is not None and ahead.loader.remaining_bytes == 0, "never read")
+            denoiser = ahead(pipe, "transformer")
+            until(lambda: denoiser.loader is not None and denoiser.loader.remaining_bytes == 0, "never read")
             assert pipe.loaded == ["text_encoder", "transformer"]
 
         assert torch.equal(one_run(pipe, inside={"text_encoder": denoiser_arrives}), want)
@@ -103,6 +111,80 @@ def test_the_next_stage_is_read_while_the_running_one_computes(folder: Path, wan
         assert rec.read_before_start == pipe.records[1].read_before_start > 0
         # keep=False: nothing stays once the run is over.
         assert pipe.loaded == []
+
+
+def test_the_next_stage_is_set_up_while_the_running_one_computes(folder: Path, want: torch.Tensor) -> None:
+    """Building, planning and loading the stage read ahead happen on a thread of their own: the
+    encoder's block runs while the denoiser's build_fn still waits, and the image is the same."""
+    go, built = threading.Event(), threading.Event()
+
+    def build_denoiser() -> torch.nn.Module:
+        assert go.wait(60), "the encoder's block never ran while the denoiser was being built"
+        built.set()
+        return ps.build(folder, "transformer")
+
+    st = stages(folder)
+    st[1] = tp.Stage("transformer", build_denoiser, folder / "transformer")
+    with tp.Pipeline(st) as pipe:
+
+        def entered() -> None:
+            assert not built.is_set()
+            go.set()
+
+        assert torch.equal(one_run(pipe, inside={"text_encoder": entered}), want)
+        assert built.is_set()
+        assert arrivals(pipe, 1) == ["read_at_start", "read_ahead", "read_ahead"]
+
+
+def test_a_read_ahead_that_fails_is_released_and_loaded_at_its_start(
+    folder: Path, want: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error on the read-ahead's thread after the denoiser's load was set up: a warning
+    says why, the half-loaded denoiser is released, and it is loaded at its start instead."""
+    import trash_panda.pipeline as pipeline_mod
+    from trash_panda.offload.state import get_state
+
+    real = pipeline_mod.remembered_activation
+    encoder_key = os.path.abspath(folder / "text_encoder")
+
+    def failing(key: Any) -> int | None:
+        # Read for the running stage's peak once the stage ahead is loaded, on its thread.
+        if threading.current_thread().name.startswith("trash-panda-ahead") and str(key) == encoder_key:
+            raise OSError("the disk went away")
+        return real(key)
+
+    monkeypatch.setattr(pipeline_mod, "remembered_activation", failing)
+    with tp.Pipeline(stages(folder)) as pipe:
+
+        def look() -> None:
+            with pytest.warns(RuntimeWarning, match="(?s)reading stage transformer ahead failed.*the disk went away"):
+                pipe._settle()
+            assert "transformer" not in pipe._loaded
+            assert get_state(pipe._models["transformer"]) is None
+            monkeypatch.setattr(pipeline_mod, "remembered_activation", real)
+
+        assert torch.equal(one_run(pipe, inside={"text_encoder": look}), want)
+        assert arrivals(pipe, 1) == ["read_at_start", "read_at_start", "read_ahead"]
+
+
+def test_a_build_that_fails_ahead_fails_again_at_the_stage_start(folder: Path) -> None:
+    """A build_fn that raises on the read-ahead's thread is warned about, and raises again on
+    the caller's when the stage starts."""
+
+    def broken() -> torch.nn.Module:
+        raise ValueError("no such model")
+
+    st = stages(folder)
+    st[1] = tp.Stage("transformer", broken, folder / "transformer")
+    ids, _ = ps.inputs()
+    with tp.Pipeline(st) as pipe, torch.no_grad(), pipe.run() as run:
+        # Its end gives the encoder's memory to the stage read ahead: it waits for it first.
+        warned = pytest.warns(RuntimeWarning, match="reading stage transformer ahead failed")
+        with warned, run.stage("text_encoder") as encoder:
+            encoder(ids)
+        with pytest.raises(ValueError, match="no such model"), run.stage("transformer"):
+            pass
+        assert pipe.loaded == ["text_encoder"]
 
 
 def test_a_budget_holds_the_reads_until_the_running_stage_gives_memory_back(folder: Path, want: torch.Tensor) -> None:
@@ -128,7 +210,7 @@ def test_a_budget_holds_the_reads_until_the_running_stage_gives_memory_back(fold
         seen: dict[str, Any] = {}
 
         def look() -> None:
-            gate = pipe._loaded["transformer"].allowance
+            gate = ahead(pipe, "transformer").allowance
             assert gate is not None
             until(lambda: gate.waiting == 1, "the denoiser's reads never waited for memory")
             seen["gate"] = gate
@@ -145,16 +227,49 @@ def test_a_budget_holds_the_reads_until_the_running_stage_gives_memory_back(fold
 
 
 def test_a_stage_is_planned_again_when_its_start_misses_the_prediction(folder: Path, want: torch.Tensor) -> None:
-    with tp.Pipeline(stages(folder, min_free_ram=0)) as pipe:
+    st = stages(folder, min_free_ram=0)
+    # The denoiser's plan leaves this much RAM free: planned for the machine's free memory it
+    # has every block resident; at its start the budget leaves no room for its floor.
+    st[1].options["min_free_ram"] = 64 << 20
+    with tp.Pipeline(st) as pipe:
 
         def shrink() -> None:
-            # Less RAM for the pipeline than the denoiser was planned for, from its start on.
-            pipe.ram = pipe._loaded["transformer"].predicted.ram // 2
+            # From its start on, the budget holds what the two stages hold and nothing more.
+            pipe.ram = pipe._loaded["text_encoder"].holds.ram + ahead(pipe, "transformer").holds.ram
 
         assert torch.equal(one_run(pipe, inside={"text_encoder": shrink}), want)
         rec = next(r for r in pipe.records if r.stage == "transformer")
         assert rec.arrival == "replanned"
         assert "planned again: RAM free at the start was" in pipe.report()
+
+
+def test_a_stage_that_finds_more_memory_than_predicted_keeps_its_load(folder: Path, want: torch.Tensor) -> None:
+    """More memory than predicted at its start, beyond the margin, plans every block of the
+    denoiser in the tier it was read into: the stage read ahead is used as it is, not read
+    again, and the report shows the prediction against what it found."""
+    from trash_panda.offload.handover import free_now
+
+    more = 1 << 30
+    if free_now(torch.device("cpu")).ram < 2 * more:
+        pytest.skip("needs 2 GiB of free RAM")
+    with tp.Pipeline(stages(folder, min_free_ram=0), ram="100MB") as pipe:
+        seen: list[LoadedStage] = []
+
+        def grow() -> None:
+            seen.append(ahead(pipe, "transformer"))
+            pipe.ram = 100_000_000 + more
+
+        def same() -> None:
+            seen.append(pipe._loaded["transformer"])
+
+        assert torch.equal(one_run(pipe, inside={"text_encoder": grow, "transformer": same}), want)
+        assert seen[0] is seen[1]
+        rec = next(r for r in pipe.records if r.stage == "transformer")
+        assert rec.arrival == "read_ahead"
+        assert rec.predicted is not None and rec.actual is not None
+        assert rec.actual.ram > rec.predicted.ram and _core.replan(rec.predicted, rec.actual) is not None
+        text = pipe.report()
+        assert "run 1 transformer: read ahead" in text and "planned again" not in text
 
 
 def test_a_final_pass_gives_each_freed_block_to_the_stage_read_ahead(folder: Path, want: torch.Tensor) -> None:
@@ -164,7 +279,7 @@ def test_a_final_pass_gives_each_freed_block_to_the_stage_read_ahead(folder: Pat
         gates: list[_core.Allowance] = []
 
         def watch() -> None:
-            gate = pipe._loaded["vae"].allowance
+            gate = ahead(pipe, "vae").allowance
             assert gate is not None
             before.append(gate.stats().given)
             gates.append(gate)

@@ -248,7 +248,10 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
     assert chain is not None
     index = streamed.components.index(c)
 
+    calls = [0]  # the component's module calls under way (a child's inside its forward)
+
     def before(module: nn.Module) -> None:
+        calls[0] += 1
         if chain.at == index:
             return
         had = set(module._forward_pre_hooks)
@@ -261,11 +264,20 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
             if key not in had:
                 hook(module, ())
 
+    def after() -> None:
+        calls[0] = max(0, calls[0] - 1)
+        if calls[0] == 0:
+            # The next component is set up on the runner's thread while this one runs; its call
+            # must not begin before that is done: torch takes the list of a module's pre-hooks
+            # as its call begins, and ``before`` would not run those put on meanwhile.
+            chain.runner._settle()
+
     hooks = model_hooks(c.model)
     modules = [c.model, *(m for m in c.model.children() if any(True for _ in m.parameters()))]
     for m in modules:
         # Before the refusal a released component puts on itself: loading it lifts that.
         hooks.on_module_start(CHAIN, m, functools.partial(before, m), prepend=True)
+        hooks.on_module_end(CHAIN, m, after)
     # Until it is loaded the component is on meta, and a pipeline takes its execution device
     # from its first component; this is where it looks for an offloaded one's (accelerate's name).
     c.model._hf_hook = _ExecutionDevice(streamed.device)  # type: ignore[assignment]
@@ -297,6 +309,9 @@ def _release_all(streamed: _Streamed) -> None:
     from .offload.cleanup import Cleanup
 
     steps = Cleanup()
+    if streamed.chained is not None:
+        # No component's hooks change on the runner's thread while they are taken off here.
+        steps.run(streamed.chained.runner._settle)
     for c in streamed.components:
         model_hooks(c.model).remove(CHAIN)
     if streamed.chained is not None:

@@ -1,18 +1,22 @@
 """Pipeline: runs the stages of a pipeline in order and moves the memory between them.
 
 Each stage is a model of its own (a build function, a checkpoint, plan options). While one
-stage computes, the next is planned for the memory predicted free when it starts and read into
-the memory free now, behind the running stage's reads; a final pass hands each freed block's
-memory to it; a stage the next ones do not need the memory of stays loaded for the next run.
+stage computes, the next is built, planned for the memory predicted free when it starts and read
+into the memory free now, behind the running stage's reads, all on a thread of its own; a final
+pass hands each freed block's memory to it; a stage the next ones do not need the memory of
+stays loaded for the next run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 import sys
+import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +45,8 @@ _SHARED = ("key_map", "skip_prefixes")
 @dataclass(frozen=True)
 class Stage:
     """One model of a pipeline: ``build_fn()`` returns it on the meta device (called once: the
-    pipeline loads and releases that module as often as it needs), ``path`` is its
+    pipeline loads and releases that module as often as it needs; for a stage read ahead, on the
+    pipeline's own thread while the stage before it runs), ``path`` is its
     checkpoint (a file, an index of shards, or a folder), ``options`` go to
     :func:`trash_panda.plan` (``max_vram``, ``resident_blocks``, ``compute_dtype``, ...).
     ``order`` names the blocks that run first; without it the order file next to the
@@ -96,6 +101,9 @@ class Pipeline:
     at its end. ``ram`` and ``vram`` (bytes, or sizes such as ``"8GB"``) cap what the
     pipeline's stages hold together, below what the machine has free. Close it (or leave its
     ``with`` block) to release every stage still loaded.
+
+    The stage after the running one is built, planned and set up on a thread of the pipeline's
+    own; when that fails, a warning says why and the stage is loaded at its start instead.
     """
 
     def __init__(
@@ -126,7 +134,10 @@ class Pipeline:
         self.device = resolve_device(device)
         self.prefetch = prefetch
         self.keep = keep
+        # No lock guards it: while a read-ahead is being set up (``_pending``), its thread alone
+        # touches it, and every other reader waits for that thread first (``_settle``).
         self._loaded: dict[str, LoadedStage] = {}
+        self._pending: _Pending | None = None  # the read-ahead being set up on its own thread
         self._models: dict[str, nn.Module] = {}  # each stage's model, built once
         self._ticks = 0  # stage starts so far: a stage's last use, for keeping the recent ones
         self._runs = 0
@@ -157,7 +168,9 @@ class Pipeline:
 
     @property
     def loaded(self) -> list[str]:
-        """The stages loaded now (kept from a run, or read ahead), in pipeline order."""
+        """The stages loaded now (kept from a run, or read ahead), in pipeline order; waits for
+        the stage being read ahead to be set up."""
+        self._settle()
         return [s.name for s in self.stages if s.name in self._loaded]
 
     def report(self) -> str:
@@ -171,6 +184,7 @@ class Pipeline:
         if self._closed:
             return
         self._closed = True
+        self._settle()
         from .offload.cleanup import Cleanup
 
         steps = Cleanup()
@@ -190,6 +204,7 @@ class Pipeline:
         stages hold."""
         from .offload.handover import free_now
 
+        assert self._owns_loaded()
         held = _core.Holds()
         for s in self._loaded.values():
             held = held.plus(s.held_now())
@@ -266,9 +281,11 @@ class Pipeline:
 
     def _start(self, run: PipelineRun, index: int) -> tuple[LoadedStage, dict[str, Any]]:
         """The stage at ``index`` starts: the one read ahead opens (or is planned again), a kept
-        one is used as it is, any other is loaded now; then the stage after it is read ahead."""
+        one is used as it is, any other is loaded now; then the stage after it starts being read
+        ahead, on a thread of its own."""
         from .offload.handover import load_stage
 
+        self._settle()
         spec = self.stages[index]
         self._ticks += 1
         info: dict[str, Any] = {}
@@ -278,11 +295,13 @@ class Pipeline:
             pending = loaded.pending()
             info["read_before_start"] = max(0, before - (pending.vram or pending.ram))
             actual, why = loaded.start(self._free())
-            info.update(predicted=loaded.predicted, actual=actual, replan=why)
-            info["arrival"] = "read_ahead" if why is None else "replanned"
-            if why is not None:
+            info.update(predicted=loaded.predicted, actual=actual)
+            if why is not None and not self._still_fits(spec, loaded, actual):
+                info.update(arrival="replanned", replan=why)
                 self._release(spec.name)
                 loaded = None
+            else:
+                info["arrival"] = "read_ahead"
         elif loaded is not None:
             info["arrival"] = "kept"
             if loaded.given:  # given back since its last run, and not read ahead: read now
@@ -308,22 +327,86 @@ class Pipeline:
         loaded.to_give, loaded.release_after, loaded.final = 0, not self.keep, False
         self._loaded[spec.name] = loaded
         if self.prefetch and index + 1 < len(self.stages):
-            self._read_ahead(self.stages[index + 1], loaded)
+            self._read_ahead_later(self.stages[index + 1], loaded)
         return loaded, info
 
+    def _still_fits(self, spec: Stage, loaded: LoadedStage, actual: _core.Free) -> bool:
+        """Whether a stage read ahead whose start missed the prediction is kept as it was
+        loaded: a plan for the memory found puts every block in the same tier, and the loaded
+        plan fits that memory. A reload would read the same blocks into the same tiers again
+        (more memory than predicted often changes nothing in a plan that has every block
+        resident already); the report still shows the prediction against what was found."""
+        fresh = self._plan(spec, loaded.model, Checkpoint(spec.path), actual)
+        return _tiers(fresh) == _tiers(loaded.plan) and loaded.plan.needs(spec.name).fits(actual)
+
+    # -- the stage read ahead ---------------------------------------------------------------
+
+    def _read_ahead_later(self, spec: Stage, running: LoadedStage) -> None:
+        """Starts reading ``spec`` ahead on a thread of its own: building its model, planning it
+        and setting up its load take up to a second, which the stage starting now must not wait
+        for (a short stage took ten times as long). Everything that needs the stage read ahead
+        waits for that thread first (:meth:`_settle`).
+
+        Its thread may release idle stages (``_room``) and add the stage to ``_loaded`` while the
+        caller computes: those stages are neither the running one nor the one read ahead, the
+        only two the caller touches meanwhile, and every other use of ``_loaded`` settles first.
+        The releases stay on that thread because the load after them needs their memory: made on
+        the caller's thread at the stage's end, they would hold the reads back for the whole
+        stage."""
+        kept = self._loaded.get(spec.name)
+        if kept is not None and not kept.given:
+            return
+        self._pending = _Pending(spec.name, functools.partial(self._read_ahead, spec, running))
+
+    def _settle(self) -> None:
+        """Waits for the stage being read ahead to be set up. When that failed, what it had
+        loaded is released and a warning says why: the stage is then loaded at its start, on
+        the caller's thread, where the same error (a build_fn that fails) is raised again."""
+        pending = self._pending
+        if pending is None:
+            return
+        error = pending.join()
+        self._pending = None
+        if error is None:
+            return
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__)).rstrip()
+        del error  # its frames hold the half-loaded stage, which the release below lets go
+        if pending.name in self._loaded:
+            self._release(pending.name)
+        warnings.warn(
+            f"reading stage {pending.name} ahead failed; it will be loaded at its start instead:\n{text}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _owns_loaded(self) -> bool:
+        """Whether this thread may use ``_loaded`` now: no read-ahead is being set up, or this
+        is its thread."""
+        return self._pending is None or self._pending.is_current()
+
+    def _ahead_allowance(self, index: int) -> _core.Allowance | None:
+        """The allowance of the stage after ``index`` when it is loaded (its set-up waited
+        for): what the stage at ``index`` frees goes to it. A stage that has started has its
+        allowance open already, where more changes nothing."""
+        self._settle()
+        if index + 1 >= len(self.stages):
+            return None
+        following = self._loaded.get(self.stages[index + 1].name)
+        return following.allowance if following is not None else None
+
     def _read_ahead(self, spec: Stage, running: LoadedStage) -> None:
-        """Plans the next stage for the memory predicted free at its start and starts its
-        reads into the memory free beside the running stage (its activations and the plan's
-        floor of free RAM left alone); the rest comes as the running stage gives memory back."""
+        """On the read-ahead's thread: plans the next stage for the memory predicted free at its
+        start and starts its reads into the memory free beside the running stage (its
+        activations and the plan's floor of free RAM left alone); the rest comes as the running
+        stage gives memory back (its end waits for this to be done, so none of it is lost)."""
         from .offload.handover import load_stage
 
         kept = self._loaded.get(spec.name)
-        if kept is not None:
-            if kept.given:
-                free = self._free().less(running.pending())
-                self._make_room(spec, kept._in_blocks(kept.given_back), free, self._others(spec), running)
-                kept.refill(_core.Allowance(spec.name, 0))
-                self._give_now(kept, running, kept.plan)
+        if kept is not None:  # kept from the run before, with blocks given back: read them again
+            free = self._free().less(running.pending())
+            self._make_room(spec, kept._in_blocks(kept.given_back), free, self._others(spec), running)
+            kept.refill(_core.Allowance(spec.name, 0))
+            self._give_now(kept, running, kept.plan)
             return
         model = self._model(spec)
         ckpt = Checkpoint(spec.path)
@@ -354,11 +437,11 @@ class Pipeline:
         to the stage read ahead."""
         from .offload.order import write_order
 
+        following = self._ahead_allowance(index)
         spec = self.stages[index]
         if failure is None:
             remember_activation(loaded.key, info.get("peak", 0))
             write_order(loaded.choice, loaded.handle.ran, loaded.handle.outside_ran)
-        following = self._loaded.get(self.stages[index + 1].name) if index + 1 < len(self.stages) else None
         passed = 0
         if loaded.final:
             loaded.stop_feeding()
@@ -403,8 +486,8 @@ class Pipeline:
             held = loaded.held_now()
             given_now = held.vram if loaded.holds.vram else held.ram
             self._release(spec.name)
-        if following is not None and following.allowance is not None and given_now:
-            following.allowance.give(given_now)
+        if following is not None and given_now:
+            following.give(given_now)
 
     def _others(self, spec: Stage) -> list[LoadedStage]:
         return [s for s in self._loaded.values() if s.name != spec.name]
@@ -437,6 +520,7 @@ class Pipeline:
     def _release(self, name: str) -> None:
         from .offload import release
 
+        assert self._owns_loaded()
         loaded = self._loaded.pop(name)
         loaded.close()
         release(loaded.model, loaded.handle)
@@ -449,6 +533,35 @@ class Pipeline:
 
     def _names(self) -> list[str]:
         return [s.name for s in self.stages]
+
+
+class _Pending:
+    """A stage whose read-ahead is being set up by ``set_up`` on a thread of its own."""
+
+    def __init__(self, name: str, set_up: Callable[[], None]) -> None:
+        self.name = name
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(set_up,), name=f"trash-panda-ahead-{name}", daemon=True)
+        self._thread.start()
+
+    def _run(self, set_up: Callable[[], None]) -> None:
+        try:
+            set_up()
+        except BaseException as e:  # handed to the caller's thread by join()
+            self._error = e
+
+    def is_current(self) -> bool:
+        """Whether the caller runs on the set-up's thread."""
+        return threading.current_thread() is self._thread
+
+    def join(self) -> BaseException | None:
+        """Waits for the set-up; returns why it failed (None: it did not). The error is taken
+        off the record: its traceback holds this thread's frames, which hold the record, a
+        cycle only a full collection would free."""
+        assert not self.is_current(), "a read-ahead cannot wait for itself"
+        self._thread.join()
+        error, self._error = self._error, None
+        return error
 
 
 def _tiers(p: Plan) -> list[str]:
@@ -518,9 +631,7 @@ class PipelineRun:
         current = self._current
         if current is None:
             raise ArgumentError("final_pass(): no stage is running; call it inside run.stage(...)")
-        names = self.pipeline._names()
-        at = names.index(current.name)
-        following = self.pipeline._loaded.get(names[at + 1]) if at + 1 < len(names) else None
+        following = self.pipeline._ahead_allowance(self.pipeline._index(current.name))
         current.final = True
         from .offload.final_pass import final_pass
 
@@ -535,10 +646,9 @@ class PipelineRun:
                 done = sum(sizes.get(p, 0) for p in passing[0].freed) if passing else 0
                 return current.to_give - done
 
-        to = following.allowance if following is not None else None
         # A run of the pipeline again finds the freed RAM-tier pages in the page cache.
         with final_pass(current.handle, list(keep_prefixes), keep_page_cache=True, wanted=wanted) as fp:
             passing.append(fp)
-            current.feed(fp, to)
+            current.feed(fp, following)
             yield fp
         current.stop_feeding()
