@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -138,6 +139,37 @@ def test_a_put_waiting_for_the_drive_does_not_hold_up_the_windows() -> None:
     assert meter.moved_in(lambda: gauge.set(gauge.now + 500) or 500) == 500
     gauge.set(gauge.now + 20)
     assert meter.stop(d) == 20  # nothing happened during the put: exact
+
+
+def test_a_window_knows_when_another_thread_paused_it() -> None:
+    """A load or release on the window's own thread comes between its calls; one on another
+    thread (a pipeline setting its next stage up) may hide a peak of the window's: the window
+    says so, and the pipeline then keeps the larger of that peak and the one remembered."""
+    import threading
+
+    from trash_panda.offload.meter import measured, meter_for
+
+    meter = Meter(FakeGauge())
+    a = meter.start()
+    with meter.paused():
+        pass
+    assert not a.overlapped
+    held: list[Any] = []
+
+    def load() -> None:  # a pause begun on another thread, left open
+        held.append(meter.paused())
+        held[0].__enter__()
+
+    other = threading.Thread(target=load)
+    other.start()
+    other.join()
+    assert a.overlapped
+    b = meter.start()  # opened inside that pause
+    assert b.overlapped
+    held[0].__exit__(None, None, None)
+    with measured(torch.device("cpu")) as out:
+        pass
+    assert out[1] == 0 and meter_for(torch.device("cpu")) is not meter
 
 
 @pytest.fixture

@@ -440,7 +440,12 @@ class Pipeline:
         following = self._ahead_allowance(index)
         spec = self.stages[index]
         if failure is None:
-            remember_activation(loaded.key, info.get("peak", 0))
+            peak = info.get("peak", 0)
+            if info.get("overlapped"):
+                # The next stage's set-up paused the meter while this one ran: a peak of its own
+                # then was not seen. Never remember less than it needed before.
+                peak = max(peak, remembered_activation(loaded.key) or 0)
+            remember_activation(loaded.key, peak)
             write_order(loaded.choice, loaded.handle.ran, loaded.handle.outside_ran)
         passed = 0
         if loaded.final:
@@ -605,7 +610,7 @@ class PipelineRun:
         try:
             with measured(pipe.device) as peak:
                 yield loaded.model
-            info["peak"] = peak[0]
+            info["peak"], info["overlapped"] = peak
         except BaseException as e:
             failure = e
             raise

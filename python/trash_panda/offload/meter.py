@@ -118,10 +118,15 @@ class PrivateGauge:
 
 @dataclass(eq=False)  # a window is itself: two with the same figures are not one
 class Window:
-    """One measured window: ``top`` is the most it needed above ``base`` so far."""
+    """One measured window: ``top`` is the most it needed above ``base`` so far.
+    ``overlapped``: a load or release on another thread paused the meter while it was open
+    (a pipeline sets its next stage up beside the running one): a peak of the window's own
+    during that pause is not seen, so its ``top`` may be short of its real peak."""
 
     base: int
     top: int = 0
+    thread: int = 0
+    overlapped: bool = False
 
 
 class Meter:
@@ -138,7 +143,7 @@ class Meter:
     def start(self) -> Window:
         with self._lock:
             self._fold()
-            window = Window(self.gauge.current())
+            window = Window(self.gauge.current(), thread=threading.get_ident(), overlapped=self._pauses > 0)
             self.windows.append(window)
             self.gauge.reset()
             return window
@@ -163,6 +168,9 @@ class Meter:
                 self._paused_at = self.gauge.current()
             self._pauses += 1
             self._pauses_begun += 1
+            me = threading.get_ident()
+            for w in self.windows:
+                w.overlapped = w.overlapped or w.thread != me
         try:
             yield
         finally:
@@ -255,11 +263,14 @@ def paused() -> Iterator[None]:
 
 @contextlib.contextmanager
 def measured(device: torch.device) -> Iterator[list[int]]:
-    """A window on ``device``: its peak above the start, in ``[0]`` once it closes."""
+    """A window on ``device``: its peak above the start, in ``[0]`` once it closes, and in
+    ``[1]`` (1 or 0) whether a load or release on another thread overlapped it (see
+    :class:`Window`)."""
     meter = meter_for(device)
     window = meter.start()
-    out = [0]
+    out = [0, 0]
     try:
         yield out
     finally:
         out[0] = meter.stop(window)
+        out[1] = int(window.overlapped)
