@@ -96,19 +96,19 @@ class Recorder:
             time.sleep(0.05)
 
     def _instrument(self) -> None:
-        """Wraps the one load path of stage() and Pipeline to learn which stage each loader
-        thread reads for, and the loader's run to learn when it read."""
-        from trash_panda.offload import overlap, setup
+        """Wraps where every loader thread starts (a stage's load, or a kept stage reading its
+        given-back blocks again) to learn which stage it reads for, and the loader's run to
+        learn when it read."""
+        from trash_panda.offload import overlap
 
         rec = self
-        load_and_hook = setup.load_and_hook
+        start_loader = overlap.start_loader
         run = overlap.ResidentLoader._run
 
-        def hooked(model: torch.nn.Module, *a: Any, **k: Any) -> Any:
-            loaded = load_and_hook(model, *a, **k)
-            if loaded.loader is not None:
-                rec.loaders.append((CLASS_STAGE.get(type(model).__name__, "?"), loaded.loader))
-            return loaded
+        def hooked(handle: Any, *a: Any, **k: Any) -> Any:
+            loader = start_loader(handle, *a, **k)
+            rec.loaders.append((CLASS_STAGE.get(type(handle.model).__name__, "?"), loader))
+            return loader
 
         def timed_run(self: Any) -> None:
             self.t_start = rec.now()
@@ -117,7 +117,7 @@ class Recorder:
             finally:
                 self.t_end = rec.now()
 
-        setup.load_and_hook = hooked
+        overlap.start_loader = hooked
         overlap.ResidentLoader._run = timed_run  # type: ignore[method-assign]
 
     @contextmanager

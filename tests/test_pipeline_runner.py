@@ -448,6 +448,13 @@ def test_a_kept_stage_gives_back_only_what_the_next_one_needs(folder: Path, want
             ps.denoise_step(model, latents, torch.zeros(ids.shape[0], ids.shape[1], 128), 0)
         for _ in range(2):
             assert torch.equal(one_run(pipe), want)
+            # The encoder gave back blocks during this run: the next run's first stage read
+            # them again behind the VAE's compute, before that run began.
+            gave = next(r.given_back for r in reversed(pipe.records) if r.stage == "text_encoder")
+            encoder = pipe._loaded["text_encoder"]
+            pipe._settle()
+            assert encoder.given == [] and encoder.read_again == gave
+        assert any(r.stage == "text_encoder" and r.read_again for r in pipe.records), pipe.report()
         # Run 2 reads the denoiser's freed blocks again; later runs take from whichever stage
         # is needed again last, so what each reads again varies, but no stage is read whole.
         again = next(r for r in pipe.records if r.stage == "transformer" and r.run == 2)

@@ -104,6 +104,12 @@ class Pipeline:
 
     The stage after the running one is built, planned and set up on a thread of the pipeline's
     own; when that fails, a warning says why and the stage is loaded at its start instead.
+
+    Between runs the stages stay loaded as far as the budget allows. When a stage needs memory
+    that others hold, it is taken from the stage needed again last (the runs going round the
+    pipeline), and from that stage only the blocks missing, those it runs last: the rest stays,
+    and the blocks given back are read again ahead of its next turn (for the first stage,
+    behind the last stage of the run before).
     """
 
     def __init__(
@@ -328,6 +334,11 @@ class Pipeline:
         self._loaded[spec.name] = loaded
         if self.prefetch and index + 1 < len(self.stages):
             self._read_ahead_later(self.stages[index + 1], loaded)
+        elif self.prefetch and self.keep and index > 0:
+            # The last stage: a pipeline runs again more often than not, and its first stage,
+            # kept in part, reads its given-back blocks behind this one's compute (nothing
+            # else is read for a run that may not come).
+            self._read_ahead_later(self.stages[0], loaded)
         return loaded, info
 
     def _still_fits(self, spec: Stage, loaded: LoadedStage, actual: _core.Free) -> bool:
@@ -354,7 +365,7 @@ class Pipeline:
         the caller's thread at the stage's end, they would hold the reads back for the whole
         stage."""
         kept = self._loaded.get(spec.name)
-        if kept is not None and not kept.given:
+        if (kept is None and self._index(spec.name) == 0) or (kept is not None and not kept.given):
             return
         self._pending = _Pending(spec.name, functools.partial(self._read_ahead, spec, running))
 
@@ -389,9 +400,8 @@ class Pipeline:
         for): what the stage at ``index`` frees goes to it. A stage that has started has its
         allowance open already, where more changes nothing."""
         self._settle()
-        if index + 1 >= len(self.stages):
-            return None
-        following = self._loaded.get(self.stages[index + 1].name)
+        # After the last stage comes the first of the next run (see _start).
+        following = self._loaded.get(self.stages[(index + 1) % len(self.stages)].name)
         return following.allowance if following is not None else None
 
     def _read_ahead(self, spec: Stage, running: LoadedStage) -> None:
