@@ -224,7 +224,7 @@ mod tests {
         r.given_back = 2_000_000_000;
         let text = r.to_string();
         for part in [
-            "kept from the run before, 1.50 GB of 5.00 GB given back meanwhile and read again",
+            "kept from the run before, 4.25 s, 1.50 GB of 5.00 GB given back meanwhile and read again",
             "; kept but for 2.00 GB of its blocks given to the next stage",
         ] {
             assert!(text.contains(part), "{part:?} missing from\n{text}");
