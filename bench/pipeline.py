@@ -551,7 +551,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="full", choices=sorted(pm.PRESETS))
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--budget", type=float, default=0.6, help="the RAM budget, a share of the checkpoints' bytes")
+    # 0.75: every model fits alone, the four do not fit together; what is measured is how the
+    # memory moves between them. Under 0.6 the transformer alone outgrows the budget and
+    # streams part of its blocks on every step, a test of streaming, not of the runner.
+    ap.add_argument("--budget", type=float, default=0.75, help="the RAM budget, a share of the checkpoints' bytes")
     ap.add_argument("--ways", default=",".join(WAYS))
     ap.add_argument("--timeout", type=int, default=900, help="seconds a way may take before it counts as hung")
     ap.add_argument(
