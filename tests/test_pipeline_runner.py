@@ -463,3 +463,22 @@ def test_a_kept_stage_gives_back_only_what_the_next_one_needs(folder: Path, want
         assert "given back meanwhile and read again" in pipe.report()
         # Never more than the budget's worth of stages held at once.
         assert sum(s.held_now().ram for s in pipe._loaded.values()) <= budget
+
+
+def test_blocks_given_back_beside_a_running_stage_do_not_hide_its_activations(folder: Path, want: torch.Tensor) -> None:
+    """An idle stage gives back blocks while another stage's window is open (the next stage's
+    set-up does it on its own thread): the memory it frees is not taken off that window's
+    activations."""
+    from trash_panda.offload.meter import measured
+
+    with tp.Pipeline(stages(folder)) as pipe:
+        assert torch.equal(one_run(pipe), want)
+        idle = pipe._loaded["transformer"]
+        freed = idle.sheddable()
+        activations = freed + 8 * 2**20
+        with measured(torch.device("cpu")) as peak:
+            assert idle.give_back(freed) == freed
+            x = torch.ones(activations // 4)
+            del x
+        assert peak[0] >= 0.95 * activations, (peak[0], activations, freed)
+        assert torch.equal(one_run(pipe), want)  # its blocks are read again at its turn

@@ -107,6 +107,7 @@ class LoadedStage:
         (the next run reads them again behind the first blocks' compute); returns the bytes
         given, as its plan counts them."""
         from .final_pass import give_back
+        from .meter import paused
 
         if self.loader is not None:
             self.loader.finish()  # a block still to be read is not given back while it arrives
@@ -121,7 +122,10 @@ class LoadedStage:
                 continue
             chosen.append(block)
             total += sizes[block.prefix]
-        give_back(self.handle, chosen)
+        # Paused: the memory it frees is not the running stage's, whose window would otherwise
+        # read its activations against a baseline that much too high.
+        with paused():
+            give_back(self.handle, chosen)
         self.given += chosen
         self.given_back += total
         return total
