@@ -172,6 +172,26 @@ def test_a_window_knows_when_another_thread_paused_it() -> None:
     assert out[1] == 0 and meter_for(torch.device("cpu")) is not meter
 
 
+def test_weights_freed_beside_a_window_are_taken_off_its_baseline_only() -> None:
+    """An idle stage gives back blocks while another computes: the window's baseline moves
+    down by the bytes freed, and what the window allocates meanwhile stays its own (a pause
+    would move the baseline by both)."""
+    gauge = FakeGauge()
+    meter = Meter(gauge)
+    gauge.set(5000)
+    a = meter.start()
+    gauge.set(5200)  # 200 of activations
+
+    def free() -> int:
+        gauge.set(gauge.now - 1000)  # the idle stage's blocks
+        gauge.set(gauge.now + 300)  # the running stage allocates 300 meanwhile
+        return 1000
+
+    assert meter.freed_beside(free) == 1000
+    gauge.set(gauge.now + 100)
+    assert meter.stop(a) == 600
+
+
 @pytest.fixture
 def big(tmp_path: Path) -> tuple[Path, Tiny]:
     torch.manual_seed(0)

@@ -109,10 +109,7 @@ class FinalPass(BlockHook):
         """Frees ``block`` outside a pass (its stage is idle); it refuses to run until its
         stage reads it again. Returns the bytes."""
         self._given.add(block.index)
-        freed = _free(block, self._state.engine, self._keep_cache)
-        if freed and self._state.device.type == "cpu":
-            _core.trim_heap()
-        return freed
+        return _free(block, self._state.engine, self._keep_cache)
 
     @property
     def gone(self) -> set[int]:
@@ -131,7 +128,10 @@ def give_back(handle: OffloadHandle, blocks: list[BlockState]) -> int:
         fp = FinalPass(handle.state, (), keep_page_cache=True)
         fp.active = False
         handle.hooks.add(fp, before=TIMING)
-    return sum(fp.give_back(b) for b in blocks)
+    freed = sum(fp.give_back(b) for b in blocks)
+    if freed and handle.state.device.type == "cpu":
+        _core.trim_heap()  # once for them all: glibc keeps freed chunks below its threshold
+    return freed
 
 
 def taken_back(handle: OffloadHandle) -> None:

@@ -12,6 +12,7 @@ its turn the allowance opens and the plan is checked against the memory really f
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import threading
@@ -107,7 +108,7 @@ class LoadedStage:
         (the next run reads them again behind the first blocks' compute); returns the bytes
         given, as its plan counts them."""
         from .final_pass import give_back
-        from .meter import paused
+        from .meter import meter_for
 
         if self.loader is not None:
             self.loader.finish()  # a block still to be read is not given back while it arrives
@@ -122,10 +123,8 @@ class LoadedStage:
                 continue
             chosen.append(block)
             total += sizes[block.prefix]
-        # Paused: the memory it frees is not the running stage's, whose window would otherwise
-        # read its activations against a baseline that much too high.
-        with paused():
-            give_back(self.handle, chosen)
+        # What it frees is not the running stage's: its window's baseline moves down by it.
+        meter_for(self.state.device).freed_beside(functools.partial(give_back, self.handle, chosen))
         self.given += chosen
         self.given_back += total
         return total

@@ -225,6 +225,25 @@ class Meter:
                 self.gauge.reset(settle=False)
         return nbytes
 
+    def freed_beside(self, free: Callable[[], int]) -> int:
+        """Runs ``free``, which frees weights of a model that is not the one computing (a
+        pipeline's idle stage giving back blocks, from the thread that sets the next stage up)
+        and returns their bytes on this device: the windows' baselines move down by them. A
+        pause would instead move them by all that changed meanwhile, the computing stage's own
+        activations with it. The peak of ``free``'s own time is not read (it starts above
+        where it ends); it takes milliseconds."""
+        with self._lock:
+            self._fold(settle=False)
+            open_at_start = list(self.windows)
+        nbytes = free()
+        with self._lock:
+            for w in open_at_start:
+                if w in self.windows:
+                    w.base -= nbytes
+            if self.windows:
+                self.gauge.reset(settle=False)
+        return nbytes
+
     def _fold(self, settle: bool = True) -> None:
         if not self.windows or self._pauses:
             return
