@@ -35,6 +35,8 @@ RESIDENT = 3  # blocks 0-2 are read by the loader; block 0 before the stage's bl
 class DeviceMemory:
     """A device's memory counter, moved by hand: one peak for the whole device, as torch's."""
 
+    exact = True  # each tensor counted at its bytes, as torch's allocator counts them
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.now = 0

@@ -38,6 +38,11 @@ __all__ = ["Meter", "Window", "measured", "meter_for", "paused"]
 class Gauge(Protocol):
     """One device's memory counter."""
 
+    # Whether a tensor put on the device adds its bytes to ``current`` exactly (torch's
+    # allocator counts every tensor; the process's private memory grows only by the pages it
+    # had to take from the system).
+    exact: bool
+
     def current(self) -> int:
         """Bytes held now."""
 
@@ -61,6 +66,8 @@ class CudaGauge:
     allocated at the last reset plus the growth of reserved memory since: memory the allocator
     had cached at the reset and the window reused is in the allocated peak, and what it had to
     reserve on top (segments rounded up, fragments it could not reuse) in the growth."""
+
+    exact = True
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -96,6 +103,8 @@ class CudaGauge:
 
 class PrivateGauge:
     """The private memory of the process, sampled every millisecond on the core's thread."""
+
+    exact = False
 
     def __init__(self) -> None:
         self.sampler: _core.RssSampler | None = None
@@ -215,12 +224,17 @@ class Meter:
                 self.gauge.reset(settle=False)
             open_at_start = list(self.windows) if counting else []
             pauses_at_start = self._pauses_begun
+            level = None if self.gauge.exact or not counting else self.gauge.current()
         nbytes = put()
         with self._lock:
             if open_at_start and not self._pauses and self._pauses_begun == pauses_at_start:
+                # Private memory may grow by less than the tensors' bytes: glibc hands out pages
+                # freed earlier and kept in its heap. Moving by more than it grew would take the
+                # difference off the activations.
+                moved = nbytes if level is None else max(0, min(nbytes, self.gauge.current() - level))
                 for w in open_at_start:
                     if w in self.windows:
-                        w.base += nbytes
+                        w.base += moved
                 self._fold(settle=False)
                 self.gauge.reset(settle=False)
         return nbytes
