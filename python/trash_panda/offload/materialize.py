@@ -36,7 +36,7 @@ def read_many(
     (``None``: needed now)."""
     import torch
 
-    out = [torch.empty(tuple(info.shape), dtype=torch_dtype(info.dtype)) for info in infos]
+    out = [_fresh(tuple(info.shape), torch_dtype(info.dtype), info.nbytes) for info in infos]
     requests = [
         (os.fspath(info.file), info.start, t.reshape(-1).view(torch.uint8))
         for info, t in zip(infos, out, strict=True)
@@ -45,6 +45,27 @@ def read_many(
     if requests:
         _core.read_block(requests, threads=threads, lane=lane, position=position)
     return out
+
+
+# Tensors from this size on are read into pages of their own (an anonymous map), not the heap.
+FRESH_BYTES = 1 << 20
+
+
+def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> torch.Tensor:
+    """An uninitialised CPU tensor; from ``FRESH_BYTES`` on, in new pages of its own, given back
+    to the system when it is freed. From the heap it could take pages another stage's
+    activations just freed, and a memory meter that reads the process's private memory could
+    not tell the read from the activations (offload/meter.py); glibc would also keep its pages
+    after a release."""
+    import mmap
+
+    import torch
+
+    if nbytes < FRESH_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    # The tensor holds the map: its pages go back with the tensor's last reference.
+    flat = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8)
+    return flat.view(dtype).reshape(shape)
 
 
 def _materialize_group(
