@@ -60,6 +60,21 @@ def one_run(pipe: tp.Pipeline, final: bool = True, inside: dict[str, Callable[[]
             return vae(latents)
 
 
+def fixed_stages(folder: Path) -> list[tp.Stage]:
+    """Plans that do not move with the peaks earlier tests left: every block of the denoiser
+    resident, no activation memory counted."""
+    out = stages(folder, min_free_ram=0, activation_vram=0)
+    out[1].options["resident_blocks"] = 6
+    return out
+
+
+def fixed_holds(folder: Path) -> dict[str, _core.Holds]:
+    """What each stage of :func:`fixed_stages` holds, loaded with no budget."""
+    with tp.Pipeline(fixed_stages(folder)) as probe:
+        one_run(probe, final=False)
+        return {name: s.holds for name, s in probe._loaded.items()}
+
+
 def arrivals(pipe: tp.Pipeline, run: int) -> list[str]:
     return [r.arrival for r in pipe.records if r.run == run]
 
@@ -190,23 +205,12 @@ def test_a_build_that_fails_ahead_fails_again_at_the_stage_start(folder: Path) -
 def test_a_budget_holds_the_reads_until_the_running_stage_gives_memory_back(folder: Path, want: torch.Tensor) -> None:
     """Within a RAM budget that fits one stage but not two, the denoiser's reads wait in its
     allowance while the encoder runs, and go on once the encoder's release gives its memory."""
-
-    # Plans that do not move with the peaks earlier tests left: every block of the denoiser
-    # resident, no activation memory counted.
-    def staged() -> list[tp.Stage]:
-        out = stages(folder, min_free_ram=0, activation_vram=0)
-        out[1].options["resident_blocks"] = 6
-        return out
-
-    probe = tp.Pipeline(staged())
-    with probe:
-        one_run(probe, final=False)
-        holds = {name: s.holds for name, s in probe._loaded.items()}
+    holds = fixed_holds(folder)
     assert set(holds) == {"text_encoder", "transformer", "vae"}
     biggest = max(h.ram for h in holds.values())
     budget = biggest + holds["text_encoder"].ram // 2
     assert budget < holds["text_encoder"].ram + holds["transformer"].ram
-    with tp.Pipeline(staged(), ram=budget) as pipe:
+    with tp.Pipeline(fixed_stages(folder), ram=budget) as pipe:
         seen: dict[str, Any] = {}
 
         def look() -> None:
@@ -426,18 +430,9 @@ def test_a_kept_stage_gives_back_only_what_the_next_one_needs(folder: Path, want
     """Under a budget that holds the three stages but for half the VAE, the denoiser's final
     pass frees just the blocks the VAE needs, the rest stays for the next run, which reads the
     freed blocks again ahead of the denoiser's turn; every image equals the plain one."""
-
-    def staged() -> list[tp.Stage]:
-        out = stages(folder, min_free_ram=0, activation_vram=0)
-        out[1].options["resident_blocks"] = 6
-        return out
-
-    probe = tp.Pipeline(staged())
-    with probe:
-        one_run(probe, final=False)
-        holds = {name: s.holds.ram for name, s in probe._loaded.items()}
+    holds = {name: h.ram for name, h in fixed_holds(folder).items()}
     budget = sum(holds.values()) - holds["vae"] // 2
-    with tp.Pipeline(staged(), ram=budget) as pipe:
+    with tp.Pipeline(fixed_stages(folder), ram=budget) as pipe:
         assert torch.equal(one_run(pipe), want)
         denoiser = pipe.records[1]
         assert denoiser.departure == "kept", pipe.report()
@@ -480,5 +475,7 @@ def test_blocks_given_back_beside_a_running_stage_do_not_hide_its_activations(fo
             assert idle.give_back(freed) == freed
             x = torch.ones(activations // 4)
             del x
-        assert peak[0] >= 0.95 * activations, (peak[0], activations, freed)
+        # Taken off, the freed bytes would leave activations - freed; the heap's own pages
+        # blur the reading by a megabyte or so, far less than half of them.
+        assert peak[0] >= activations - freed // 2, (peak[0], activations, freed)
         assert torch.equal(one_run(pipe), want)  # its blocks are read again at its turn

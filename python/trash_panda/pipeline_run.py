@@ -1,0 +1,106 @@
+"""PipelineRun: one run of a :class:`~trash_panda.pipeline.Pipeline`, stage by stage."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from .errors import ArgumentError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from .offload.final_pass import FinalPass
+    from .offload.handover import LoadedStage
+    from .pipeline import Pipeline
+
+__all__ = ["PipelineRun"]
+
+
+class PipelineRun:
+    """One run: :meth:`stage` enters each stage in pipeline order (stages may be skipped,
+    never gone back to); :meth:`final_pass` wraps the running stage's last call."""
+
+    def __init__(self, pipeline: Pipeline, number: int) -> None:
+        self.pipeline = pipeline
+        self.number = number
+        self._next = 0  # the first stage that may still run
+        self._current: LoadedStage | None = None
+
+    @contextlib.contextmanager
+    def stage(self, name: str | None = None) -> Iterator[nn.Module]:
+        """Starts the stage ``name`` (default: the next one): loads it unless it was read
+        ahead or kept, starts reading the stage after it, and yields its model. At the end of
+        the block it is kept (when the stage after it does not need its memory) or released,
+        its memory going to the stage read ahead."""
+        from .offload.meter import measured
+
+        if self._current is not None:
+            raise ArgumentError(f"stage {self._current.name} is still running; stages run one at a time")
+        pipe = self.pipeline
+        index = self._next if name is None else pipe._index(name)
+        if index >= len(pipe.stages):
+            raise ArgumentError(f"every stage of the pipeline ran in this run ({', '.join(pipe._names())})")
+        if index < self._next:
+            raise ArgumentError(
+                f"stage {name!r} comes before {pipe.stages[self._next - 1].name!r}, which this run reached; "
+                "stages run in pipeline order (start a new run to go back)"
+            )
+        self._next = index + 1
+        started = time.perf_counter()
+        loaded, info = pipe._start(self, index)
+        self._current = loaded
+        failure: BaseException | None = None
+        try:
+            with measured(pipe.device) as peak:
+                yield loaded.model
+            info["peak"], info["overlapped"] = peak
+        except BaseException as e:
+            failure = e
+            raise
+        finally:
+            self._current = None
+            info["seconds"] = time.perf_counter() - started
+            if failure is None:
+                pipe._end(self, index, loaded, info, None)
+            else:
+                try:
+                    pipe._end(self, index, loaded, info, failure)
+                except Exception as e:  # the block's error is the one to see
+                    warnings.warn(
+                        f"ending stage {loaded.name} after the error in its block also failed: {e!r}", stacklevel=3
+                    )
+
+    @contextlib.contextmanager
+    def final_pass(self, keep_prefixes: Sequence[str] = ()) -> Iterator[FinalPass]:
+        """Around the running stage's last call: each block is freed right after it runs
+        (see ``handle.final_pass()``) and its memory goes to the stage read ahead as it frees.
+        A stage kept for the next run frees only the blocks the next stage needs (those it runs
+        last), and reads them again at its next turn; any other is released at its end."""
+        current = self._current
+        if current is None:
+            raise ArgumentError("final_pass(): no stage is running; call it inside run.stage(...)")
+        following = self.pipeline._ahead_allowance(self.pipeline._index(current.name))
+        current.final = True
+        from .offload.final_pass import final_pass
+
+        wanted: Callable[[], int] | None = None
+        passing: list[FinalPass] = []
+        if not current.release_after:
+            # Kept for the next run: a block is freed only while the next stage still needs
+            # memory (what the stage is to give back at its end), its resident blocks only.
+            sizes = current.block_bytes()
+
+            def wanted() -> int:
+                done = sum(sizes.get(p, 0) for p in passing[0].freed) if passing else 0
+                return current.to_give - done
+
+        # A run of the pipeline again finds the freed RAM-tier pages in the page cache.
+        with final_pass(current.handle, list(keep_prefixes), keep_page_cache=True, wanted=wanted) as fp:
+            passing.append(fp)
+            current.feed(fp, following)
+            yield fp
+        current.stop_feeding()
