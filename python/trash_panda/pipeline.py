@@ -265,9 +265,11 @@ class Pipeline:
         for s in sorted(others, key=lambda s: -((self._index(s.name) - here) % n)):
             if not (short.ram or short.vram):
                 break
+            held = s.held_now()
+            if not ((short.ram and held.ram) or (short.vram and held.vram)):
+                continue  # it holds none of the memory missing: releasing it would not help
             missing = short.vram if s.holds.vram else short.ram
             only_whole = short.ram if s.holds.vram else 0  # a GPU stage's RAM goes whole
-            held = s.held_now()
             partial = self.keep and s.runs > 0 and not only_whole and 0 < missing < s.sheddable()
             if s is running:
                 if partial:
