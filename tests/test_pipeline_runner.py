@@ -474,6 +474,7 @@ def test_blocks_given_back_beside_a_running_stage_do_not_hide_its_activations(fo
         with measured(torch.device("cpu")) as peak:
             assert idle.give_back(freed) == freed
             x = torch.ones(activations // 4)
+            time.sleep(0.1)  # the meter samples every millisecond, on a thread a busy machine may delay
             del x
         # Taken off, the freed bytes would leave activations - freed; the heap's own pages
         # blur the reading by a megabyte or so, far less than half of them.

@@ -265,8 +265,9 @@ class Pipeline:
         for s in sorted(others, key=lambda s: -((self._index(s.name) - here) % n)):
             if not (short.ram or short.vram):
                 break
-            held = s.held_now()
-            if not ((short.ram and held.ram) or (short.vram and held.vram)):
+            # What it holds once its reads are in (the running stage may still be reading).
+            whole = s.holds.less(s._in_blocks(s.given_back))
+            if not ((short.ram and whole.ram) or (short.vram and whole.vram)):
                 continue  # it holds none of the memory missing: releasing it would not help
             missing = short.vram if s.holds.vram else short.ram
             only_whole = short.ram if s.holds.vram else 0  # a GPU stage's RAM goes whole
@@ -276,12 +277,12 @@ class Pipeline:
                     s.to_give = missing
                     took = s._in_blocks(missing)
                 else:
-                    s.release_after, took = True, held
+                    s.release_after, took = True, whole
             elif partial:
                 took = s._in_blocks(s.give_back(missing))
             else:
+                took = s.held_now()
                 self._release(s.name)
-                took = held
             gained = gained.plus(took)
             short = short.less(took)
         return gained
