@@ -95,7 +95,9 @@ class LoadedStage:
 
     def block_bytes(self) -> dict[str, int]:
         """What each resident block holds, as its plan counts it (by prefix)."""
-        return {b.name: b.stored_bytes for b in self.plan.blocks if b.tier.value == "device"}
+        from .setup import resident_bytes
+
+        return resident_bytes(self.plan)
 
     def sheddable(self) -> int:
         """Bytes of its resident blocks it still holds and could give back."""

@@ -130,6 +130,12 @@ def _load_and_hook(
     return Loaded(handle, choice, loader)
 
 
+def resident_bytes(plan: Plan) -> dict[str, int]:
+    """What each resident block holds, as its plan counts it (by prefix): what a loader's read
+    of it takes from an allowance, and what giving it back frees."""
+    return {b.name: b.stored_bytes for b in plan.blocks if b.tier.value == "device"}
+
+
 def _costs(
     plan: Plan, state: ModelState, later: dict[int, list[TensorSpec]], ram_tier: bool
 ) -> dict[tuple[str, int], int]:
@@ -137,7 +143,7 @@ def _costs(
     ``Holds`` adds up): a resident block its stored bytes, the weights outside the blocks their
     budget, charged to their first group; with ``ram_tier`` on the CPU, a RAM tier read into
     memory its staged bytes (with a GPU it is not device memory, which the costs count)."""
-    stored = {b.name: b.stored_bytes for b in plan.blocks if b.tier.value == "device"}
+    stored = resident_bytes(plan)
     costs = {("block", b.index): stored[b.prefix] for b in state.blocks if b.prefix in stored}
     budgets = plan.budgets
     if later and budgets is not None:
