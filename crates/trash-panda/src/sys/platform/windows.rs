@@ -40,23 +40,28 @@ fn from_wide(buf: &[u16]) -> String {
     String::from_utf16_lossy(&buf[..end])
 }
 
+/// Whether memory limits come from cgroups here (the doctor's "cgroup" line).
+pub(crate) const HAS_CGROUPS: bool = false;
+
 /// RAM from the physical figures; the commit charge from the page-file figures, which on
 /// Windows are the commit limit (RAM plus page files) and what is left of it. Private memory
 /// (a copy-on-write map, tensors read into RAM) counts against the commit limit even while RAM
 /// is free, so the planner must not plan past it.
-/// Whether memory limits come from cgroups here (the doctor's "cgroup" line).
-pub(crate) const HAS_CGROUPS: bool = false;
-
 pub(crate) fn memory(_roots: &SysRoots) -> Result<MemoryFigures, SysError> {
-    let mut status = MEMORYSTATUSEX {
-        dwLength: std::mem::size_of::<MEMORYSTATUSEX>() as u32,
-        ..Default::default()
-    };
-    // SAFETY: status is writable and its dwLength is set, as GlobalMemoryStatusEx requires.
-    if unsafe { GlobalMemoryStatusEx(&mut status) } == 0 {
+    // Wine's GlobalMemoryStatusEx now and then succeeds with every figure 0; no machine has 0
+    // bytes of RAM, so ask again a few times, then fail rather than plan for no memory.
+    let mut status = memory_status()?;
+    for _ in 0..5 {
+        if status.ullTotalPhys > 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        status = memory_status()?;
+    }
+    if status.ullTotalPhys == 0 {
         return Err(SysError::Call {
             call: "GlobalMemoryStatusEx",
-            source: std::io::Error::last_os_error(),
+            source: std::io::Error::other("it reported 0 bytes of RAM, six times in a row"),
         });
     }
     let commit = CommitCharge {
@@ -75,6 +80,21 @@ pub(crate) fn memory(_roots: &SysRoots) -> Result<MemoryFigures, SysError> {
         cgroup: None,
         commit: Some(commit),
     })
+}
+
+fn memory_status() -> Result<MEMORYSTATUSEX, SysError> {
+    let mut status = MEMORYSTATUSEX {
+        dwLength: std::mem::size_of::<MEMORYSTATUSEX>() as u32,
+        ..Default::default()
+    };
+    // SAFETY: status is writable and its dwLength is set, as GlobalMemoryStatusEx requires.
+    if unsafe { GlobalMemoryStatusEx(&mut status) } == 0 {
+        return Err(SysError::Call {
+            call: "GlobalMemoryStatusEx",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(status)
 }
 
 /// The working set of this process (what Task Manager calls memory), the closest Windows has
