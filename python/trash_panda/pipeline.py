@@ -143,6 +143,7 @@ class Pipeline:
         # touches it, and every other reader waits for that thread first (``_settle``).
         self._loaded: dict[str, LoadedStage] = {}
         self._pending: _Pending | None = None  # the read-ahead being set up on its own thread
+        self._deferred: LoadedStage | None = None  # a read-ahead given memory only at the stage's end
         self._models: dict[str, nn.Module] = {}  # each stage's model, built once
         self._ticks = 0  # stage starts so far: a stage's last use, for keeping the recent ones
         self._runs = 0
@@ -418,6 +419,12 @@ class Pipeline:
             free = self._free().less(running.pending())
             self._make_room(spec, kept._in_blocks(kept.given_back), free, self._others(spec), running)
             kept.refill(_core.Allowance(spec.name, 0))
+            if self._index(spec.name) == 0 and remembered_activation(running.key) is None:
+                # Read for a run that may not come, beside a stage whose working memory no run
+                # has measured yet: it would take the memory that stage is about to need. It
+                # waits for the stage's end instead (``_end``).
+                self._deferred = kept
+                return
             self._give_now(kept, running, kept.plan)
             return
         model = self._model(spec)
@@ -503,7 +510,14 @@ class Pipeline:
             held = loaded.held_now()
             given_now = held.vram if loaded.holds.vram else held.ram
             self._release(spec.name)
-        if following is not None and given_now:
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None and deferred.allowance is following and following is not None:
+            # Its memory was held back while this stage ran: it gets what is free now.
+            free = self._free()
+            budgets = deferred.plan.budgets
+            floor = budgets.min_free_ram if budgets is not None else 0
+            following.give(max(0, free.vram if free.vram is not None else free.ram - floor))
+        elif following is not None and given_now:
             following.give(given_now)
 
     def _others(self, spec: Stage) -> list[LoadedStage]:
