@@ -378,6 +378,14 @@ def read_in(res: dict[str, Any], t0: float, t1: float) -> int:
     return upto[-1] - before[-1]
 
 
+def peak_at(r: dict[str, Any]) -> str:
+    """Where the highest RSS sample fell: the stage running then, or between stages."""
+    t, _read, rss = max(r["samples"], key=lambda x: x[2])
+    during = [s for s in r["spans"] if s["t0"] <= t <= s["t1"]]
+    where = ", ".join(f"run {s['run']} {s['stage']}" for s in during) or "between stages"
+    return f"highest RSS {(rss - r['start_rss']) / 1e9:.2f} GB over the start at {t:.1f} s, during {where}"
+
+
 def least_reads(order: list[str], weights: dict[str, int], working: dict[str, int], budget: int) -> int:
     """The bytes a run of ``order``, repeated, must read at the least when each stage needs its
     weights whole at its turn, beside its working memory, within ``budget``: an optimal cache
@@ -523,6 +531,8 @@ def report(
                 "every model stays in RAM, so its figures are plain PyTorch's with hooks, not an offload"
             )
     for way, r in ok.items():
+        if r["samples"] and way in ("pipeline", "stage"):
+            notes.append(f"{way}: {peak_at(r)}")
         if r["loader_reads"]:
             behind = ", ".join(
                 f"{lr['stage']} {lr['bytes'] / 1e9:.2f} GB in {lr['t1'] - lr['t0']:.2f} s (waited {lr['waited']:.2f} s)"

@@ -9,6 +9,10 @@ on its stream has; ``compute_waits`` orders the compute stream after an event, `
 the copy stream. A copy takes bytes / link bandwidth. Nothing sleeps: every time is computed when
 the work is queued, so a sweep of hundreds of schedules runs in seconds.
 
+The host is the thread that made the device. Another thread (a loader beside the compute) has a
+clock of its own, which only its waits move (:meth:`VirtualDevice.clock`): its waits never hold the
+host, as on CUDA, where a thread blocked on an event blocks no other.
+
 The rules the bookkeeping relies on are checked at the virtual moment they matter, and a broken
 one is recorded in :attr:`VirtualDevice.violations` (the test asserts it is empty):
 
@@ -29,8 +33,9 @@ Importable with ``tests/`` on ``sys.path``; needs only torch and trash_panda.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -50,12 +55,18 @@ class VEvent:
     """A point on a stream's timeline, with the part of the CUDA event API the backends use."""
 
     t: float
+    # The device that made it: a wait depends on the waiting thread's clock, which it keeps.
+    device: VirtualDevice | None = field(default=None, repr=False, compare=False)
 
     def elapsed_time(self, end: VEvent) -> float:
         return (end.t - self.t) * 1000.0  # milliseconds, as torch.cuda.Event
 
     def query(self) -> bool:
         raise AssertionError("ask the device: VirtualDevice.ready(event)")
+
+    def synchronize(self) -> None:
+        assert self.device is not None, "an event no device made: ask the device, VirtualDevice.wait(event)"
+        self.device.wait(self)
 
 
 @dataclass
@@ -106,6 +117,8 @@ class VirtualDevice:
         self.call_s = call_s
         self.poison = poison
         self.now = 0.0  # the host's clock
+        self.host = threading.get_ident()
+        self.side: dict[int, float] = {}  # the clocks of other threads, by thread
         self.copy_free = 0.0  # when the copy stream has run everything queued on it
         self.compute_free = 0.0
         self.slots: list[_Slot] = []
@@ -146,13 +159,13 @@ class VirtualDevice:
         return mark
 
     def compute_done(self) -> VEvent:
-        return VEvent(max(self.compute_free, self.now))
+        return VEvent(max(self.compute_free, self.now), self)
 
     def ready(self, event: Any) -> bool:
         return _time(event) <= self.now + EPS
 
     def wait(self, event: Any) -> None:
-        self.now = max(self.now, _time(event)) + self.call_s
+        self.move_clock(max(self.clock(), _time(event)) + self.call_s)
 
     def released(self, host: torch.Tensor, lease: Any) -> None:
         self._host_written(host.data_ptr(), "returned to the engine")
@@ -164,6 +177,22 @@ class VirtualDevice:
 
     def synchronize(self) -> None:
         self.now = max(self.now, self.copy_free, self.compute_free)
+
+    # The threads' clocks.
+
+    def clock(self) -> float:
+        """The calling thread's clock: the host's ``now``, or another thread's own, which starts
+        at 0 (it may act as early as what it waits for lets it)."""
+        me = threading.get_ident()
+        return self.now if me == self.host else self.side.get(me, 0.0)
+
+    def move_clock(self, at: float) -> None:
+        """Sets the calling thread's clock to ``at``."""
+        me = threading.get_ident()
+        if me == self.host:
+            self.now = at
+        else:
+            self.side[me] = at
 
     # What the model and the engine tell the device.
 

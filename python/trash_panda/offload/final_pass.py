@@ -27,6 +27,7 @@ from .registry import BlockHook
 if TYPE_CHECKING:
     import torch
 
+    from .copy_pipeline import Device
     from .hooks import OffloadHandle
     from .state import BlockState, ModelState
 
@@ -40,7 +41,9 @@ class FreedBlock:
     block: str  # its prefix
     bytes: int  # bytes given back
     tier: str  # "device", "ram" or "disk" (the plan's tier)
-    event: torch.cuda.Event | None  # on CUDA: recorded after the block's work; reuse after it
+    # On a device: happens once the block's queued work has run; reuse the memory after its
+    # ``synchronize()`` returns. None on the CPU, which ran the work before the hook returned.
+    event: Any
 
 
 class FinalPass(BlockHook):
@@ -58,6 +61,7 @@ class FinalPass(BlockHook):
         keep_prefixes: tuple[str, ...],
         keep_page_cache: bool = False,
         wanted: Callable[[], int] | None = None,
+        device: Device | None = None,
     ) -> None:
         self.events: queue.SimpleQueue[FreedBlock] = queue.SimpleQueue()
         self._keep_cache = keep_page_cache
@@ -70,6 +74,10 @@ class FinalPass(BlockHook):
         self._wanted = wanted
         self._freed: set[int] = set()
         self._given: set[int] = set()  # blocks given back to other stages, not by a pass
+        # The device the blocks' kernels are queued on (the backend's; None: the CPU, which
+        # runs them before the hook returns). Its event, not one made here, so that a device
+        # simulated in virtual time is asked too.
+        self._device = device
 
     def pre_forward(self, block: BlockState) -> None:
         self.check(block)
@@ -103,7 +111,8 @@ class FinalPass(BlockHook):
             # block's pages back now, not at the release.
             _core.trim_heap()
         self.freed.append(block.prefix)
-        self.events.put_nowait(FreedBlock(block.prefix, freed, block.tier.value, _event(self._state.device)))
+        event = _Done(self._device, self._device.compute_done()) if self._device is not None else None
+        self.events.put_nowait(FreedBlock(block.prefix, freed, block.tier.value, event))
 
     def give_back(self, block: BlockState) -> int:
         """Frees ``block`` outside a pass (its stage is idle); it refuses to run until its
@@ -177,14 +186,16 @@ def _retire(t: torch.Tensor) -> int:
     return int(t.nbytes)
 
 
-def _event(device: torch.device) -> Any:
-    import torch
+@dataclass(frozen=True)
+class _Done:
+    """A freed block's event as the feeder uses it: ``synchronize()`` waits through the device
+    that made it (on CUDA the event's own wait; a simulated device keeps its own time)."""
 
-    if device.type != "cuda":
-        return None
-    event = torch.cuda.Event()
-    event.record(torch.cuda.current_stream(device))
-    return event
+    device: Device
+    event: Any
+
+    def synchronize(self) -> None:
+        self.device.wait(self.event)
 
 
 @contextlib.contextmanager
@@ -203,12 +214,14 @@ def final_pass(
         raise ArgumentError("keep_prefixes: expected a list of block name prefixes")
     if handle.removed:
         raise ArgumentError("handle: its hooks were removed; final_pass() needs installed hooks")
+    from .cuda import DeviceBackend
     from .hooks import TIMING
 
     current = handle.hooks.get(FinalPass.name)
     if isinstance(current, FinalPass) and current.active:
         raise ArgumentError("handle: a final_pass() is already open")
-    fp = FinalPass(handle.state, tuple(keep_prefixes or ()), keep_page_cache, wanted)
+    device = handle.backend.device if isinstance(handle.backend, DeviceBackend) else None
+    fp = FinalPass(handle.state, tuple(keep_prefixes or ()), keep_page_cache, wanted, device)
     if isinstance(current, FinalPass):  # what an earlier pass freed or gave back stays gone
         fp._given, fp._freed = current._given, set(current._freed)
     # A closed pass's hook is replaced by this one; both decide whether a block runs, so they
