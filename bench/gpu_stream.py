@@ -128,7 +128,7 @@ def run_setting(
     # torch's own pinned copy of one block, right beside the passes it bounds.
     link = CudaDevice(x.device).link_bandwidth(env["block_bytes"])
     handle = tp.install_offload(model)
-    backend = handle._backend
+    backend = handle.backend
     direct = bool(getattr(backend.pipeline, "images", None))
     walls = []
     with torch.no_grad():
@@ -180,6 +180,44 @@ def run_setting(
     return rows
 
 
+def swap_rows(path: Path, x: torch.Tensor, want: torch.Tensor, env: dict[str, Any]) -> list[str]:
+    """``release_gpu()`` and ``restore_gpu()`` of the model with every block resident, three
+    times each: their time and rate against torch's pinned copy measured beside them, the host
+    RAM held while released, the device memory given back; the output after each restore is
+    checked against the resident model's."""
+    args = env["args"]
+    with torch.device("meta"):
+        model = Stack(args.blocks)
+    tp.stream_load(
+        model,
+        path,
+        plan=tp.Plan.manual(resident=[f"blocks.{i}." for i in range(args.blocks)], streamed=[]),
+        device=x.device,
+    )
+    handle = tp.install_offload(model)
+    link = CudaDevice(x.device).link_bandwidth(env["block_bytes"])
+    rows = []
+    try:
+        for i in range(3):
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated(x.device)
+            out = handle.release_gpu()
+            torch.cuda.synchronize()
+            freed = before - torch.cuda.memory_allocated(x.device)
+            back = handle.restore_gpu()
+            with torch.no_grad():
+                assert torch.equal(model(x), want), "output after restore_gpu() differs from the resident model's"
+            rows.append(
+                f"| {i + 1} | {out.bytes / 1e9:.2f} | {out.seconds * 1e3:.1f} | {out.gb_per_s:.2f} "
+                f"| {back.seconds * 1e3:.1f} | {back.gb_per_s:.2f} | {link / 1e9:.2f} | {out.host_bytes / 1e9:.2f} "
+                f"| {'yes' if out.pinned else 'no'} | {freed / 1e9:.2f} | {out.kept_device_bytes / 1e6:.0f} |"
+            )
+            print(rows[-1], flush=True)
+    finally:
+        tp.release(model, handle)
+    return rows
+
+
 def reference(blocks: int, path: Path, x: torch.Tensor) -> tuple[torch.Tensor, float]:
     """Writes the checkpoint; returns the output and the best time of a pass with every block on
     the GPU."""
@@ -216,11 +254,13 @@ def main() -> None:
     floor = max(compute, ram_bytes / link0)
     env = {"args": args, "block_bytes": block_bytes, "compute": compute, "floor": floor}
     rows: list[str] = []
+    swaps: list[str] = []
     try:
         for form in args.forms:
             for workers in args.workers if form == "mapped" else args.workers[:1]:
                 for lookahead in args.lookahead:
                     rows += run_setting(form, workers, lookahead, path, x, want, env)
+        swaps = swap_rows(path, x, want, env)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     model_line = (
@@ -248,6 +288,15 @@ def main() -> None:
         "| waited ms | model ms | model link busy | fill GB/s | hits/acquires |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
+        "",
+        "release_gpu() / restore_gpu() of the model with every block resident (the time of each call, "
+        "synchronized; link = torch's pinned copy of one block beside them; host GB = RAM held while released; "
+        "freed GB = torch's allocated device memory given back; kept MB = device slots and expansion, which stay):",
+        "",
+        "| round | GB moved | release ms | release GB/s | restore ms | restore GB/s | link GB/s | host GB | pinned "
+        "| freed GB | kept MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        *swaps,
         "",
     ]
     text = "\n".join(lines)
