@@ -1,6 +1,6 @@
 # The two commands of the README:
 #   make demo   set up (.venv, build) and run the main job
-#   make test   set up, then every check: Rust tests, lints, Python tests, stub check
+#   make test   set up, then every check: Rust tests, lints, Python tests, stub check, the site
 # .venv links to an environment cached under ~/.cache/trash-panda, keyed by the pinned
 # requirements, so a fresh clone does not download torch again.
 
@@ -13,17 +13,19 @@ export PYTHONDONTWRITEBYTECODE := 1
 export PYTHONPATH := $(CURDIR)/python
 EXT := python/trash_panda/_core.abi3.so
 
-.PHONY: demo test venv build rust-test lint py-test stubs cross fmt bench-read bench-convert bench-stage bench-fill bench-stream bench-peers bench-pipeline clean
+.PHONY: demo test venv docs-venv ext build docs rust-test lint py-test stubs cross fmt bench-read bench-convert bench-stage bench-fill bench-stream bench-peers bench-pipeline clean
 
 venv:
 	@bash scripts/venv.sh
 
 # The extension is built in release mode: the kernels and readers are what tests exercise.
 # (`pip install .` builds the same crate through maturin, for users.)
-build: venv
+ext:
 	$(CARGO) build --release -p trash-panda-python
 	@# A new file, not one written over: a process that has the old one loaded keeps it intact.
 	cp target/release/lib_core.so $(EXT).tmp && mv -f $(EXT).tmp $(EXT)
+
+build: venv ext
 	@$(PY) -c "import trash_panda; print('trash_panda', trash_panda.__version__, 'from', trash_panda.__file__)"
 
 # The main job on an embedded 6 GB model (made once under target/), or ARGS="--model FOLDER ...".
@@ -59,7 +61,17 @@ stubs: build
 cross: venv
 	@bash scripts/cross.sh
 
-test: rust-test lint py-test stubs cross
+# The site's generator has an environment of its own (requirements-docs.txt, no torch).
+docs-venv:
+	@bash scripts/venv.sh docs
+
+# The documentation site, to target/site/ (mkdocs.yml). Strict: a broken link or anchor, a page
+# left out of the nav or an API name mkdocstrings cannot find fails it. The settings page is
+# made from the core's table through the extension, so the extension is built first.
+docs: docs-venv ext
+	NO_MKDOCS_2_WARNING=1 PYTHONPATH= .venv-docs/bin/python -m mkdocs build --strict
+
+test: rust-test lint docs py-test stubs cross
 
 bench-read:
 	$(CARGO) run --release -p trash-panda-bench --bin bench-read
@@ -91,4 +103,4 @@ bench-pipeline: build
 
 clean:
 	$(CARGO) clean
-	rm -f $(VENV)
+	rm -f $(VENV) .venv-docs

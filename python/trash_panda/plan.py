@@ -70,17 +70,21 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
+        """A plan from its JSON form (docs/plan-format.md); a bad document is a :class:`PlanError`."""
         return cls(_core.Plan.from_json(text))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
+        """A plan from a JSON file written by :meth:`save` or ``trash-panda plan --json``."""
         with open(path, encoding="utf-8") as f:
             return cls.from_json(f.read())
 
     def to_json(self) -> str:
+        """The plan as JSON (docs/plan-format.md), for :meth:`from_json` or the command line."""
         return self._core.to_json()
 
     def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes :meth:`to_json` to ``path``."""
         with open(path, "w", encoding="utf-8") as f:
             f.write(self.to_json())
 
@@ -99,6 +103,7 @@ class Plan:
 
     @property
     def blocks(self) -> list[BlockPlan]:
+        """Every block in model order, with its tier and sizes."""
         return [
             BlockPlan(
                 b.name, Tier(b.tier), b.stored_bytes, b.expanded_bytes, b.tensors, b.staged_bytes, b.expansion_bytes
@@ -108,6 +113,7 @@ class Plan:
 
     @property
     def warnings(self) -> list[str]:
+        """What the planner found wrong with the plan, one sentence each (printed with it too)."""
         return self._core.warnings
 
     @property
@@ -117,6 +123,7 @@ class Plan:
 
     @property
     def resolved(self) -> bool:
+        """Whether the plan has been sized against a model and a machine (a manual plan is not yet)."""
         return self._core.resolved
 
     @property
@@ -126,16 +133,20 @@ class Plan:
 
     @property
     def storage_dtype(self) -> str | None:
+        """The dtype waiting weights are converted to on load, or None to keep them as stored."""
         return self._core.storage_dtype
 
     @property
     def lookahead(self) -> int:
+        """Streamed blocks staged ahead of the one that runs."""
         return self._core.lookahead
 
     def tier_of(self, block: str) -> Tier | None:
+        """The tier of the block named ``block`` (its prefix), or None if the plan has no such block."""
         return next((b.tier for b in self.blocks if b.name == block), None)
 
     def blocks_in(self, tier: Tier | str) -> list[str]:
+        """The names of the blocks in ``tier``, in model order."""
         t = _tier(tier)
         return [b.name for b in self.blocks if b.tier == t]
 
