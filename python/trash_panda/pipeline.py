@@ -25,6 +25,7 @@ from . import _core
 from .checkpoint import Checkpoint
 from .errors import ArgumentError
 from .pipeline_run import PipelineRun
+from .pipeline_staging import SharedStaging
 from .plan import plan as make_plan
 from .stage import remember_activation, remembered_activation
 
@@ -150,6 +151,7 @@ class Pipeline:
         self._running: PipelineRun | None = None
         self._closed = False
         self.records: list[_core.StageRecord] = []
+        self._staging = SharedStaging(self.device)  # one staging pool for every stage
 
     def __enter__(self) -> Pipeline:
         return self
@@ -201,6 +203,7 @@ class Pipeline:
         if self.records and setting("profile"):
             print(self.report(), file=sys.stderr)
         self._models.clear()
+        steps.run(self._staging.close)
         steps.done()
 
     # -- the memory between stages --------------------------------------------------------
@@ -214,7 +217,8 @@ class Pipeline:
         held = _core.Holds()
         for s in self._loaded.values():
             held = held.plus(s.held_now())
-        return free_now(self.device).within(self.ram, self.vram, held)
+        # Every plan counts the shared pool as its own staging: its RAM comes back here, once.
+        return free_now(self.device).with_shared_pool(self._staging.bytes).within(self.ram, self.vram, held)
 
     def _plan(self, spec: Stage, model: nn.Module, ckpt: Checkpoint, free: _core.Free) -> Plan:
         """The stage's plan for ``free``, with its remembered activation memory."""
@@ -227,7 +231,9 @@ class Pipeline:
         if free.vram is not None:
             sizes["vram"] = free.vram
         sizes.update({k: options.pop(k) for k in ("ram", "vram") if options.get(k) is not None})
-        return make_plan(model, ckpt, device=self.device, **sizes, **options)
+        return self._staging.planned(
+            lambda **kw: make_plan(model, ckpt, device=self.device, **{**sizes, **options, **kw}), sizes["ram"]
+        )
 
     def _room(
         self, spec: Stage, model: nn.Module, ckpt: Checkpoint, running: LoadedStage | None
@@ -295,6 +301,10 @@ class Pipeline:
         from .offload.handover import load_stage
 
         self._settle()
+        # Before the first stage streams: the shared staging pool (see pipeline_staging.py).
+        free = self._free()
+        plans = [lambda s=s: self._plan(s, self._model(s), Checkpoint(s.path), free) for s in self.stages]
+        self._staging.size_for(plans)
         spec = self.stages[index]
         self._ticks += 1
         info: dict[str, Any] = {}
@@ -471,6 +481,8 @@ class Pipeline:
             loaded.stop_feeding()
             passed = loaded.passed(loaded.handle.hooks.get("final_pass").freed)  # type: ignore[union-attr]
             loaded.to_give = max(0, loaded.to_give - passed)
+        if not loaded.park():  # the shared staging pool goes to the next stage
+            loaded.release_after = True
         given = 0
         if failure is not None:
             departure = "failed"
@@ -546,6 +558,7 @@ class Pipeline:
             "destination": spec.order_file_destination,
             "shared": {k: spec.options[k] for k in _SHARED if k in spec.options},
             "key": os.path.abspath(os.fspath(spec.key if spec.key is not None else spec.path)),
+            "staging_pool": self._staging.pool,
         }
 
     def _release(self, name: str) -> None:

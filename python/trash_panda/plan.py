@@ -164,6 +164,11 @@ class Plan:
         ``max_lookahead``)."""
         return Plan(self._core.resolve(tensors, prefixes, free, has_gpu, **options))
 
+    def shared_staging(self) -> tuple[int, int]:
+        """(buffers, bytes of each) of a shared staging pool that holds this plan's blocks in
+        whichever tiers they are put."""
+        return self._core.shared_staging()
+
     def engine_config(self) -> _core.EngineConfig:
         """Every figure the runtime holds, from this (resolved) plan."""
         return _core.EngineConfig(self._core)
@@ -248,6 +253,7 @@ def plan(
     ram: Size | None = None,
     vram: Size | None = None,
     pinned_buffers: int | None = None,
+    staging_pool: _core.StagingPool | None = None,
 ) -> Plan:
     """Decides, from the checkpoint's sizes and the free memory, where each block of ``model`` lives.
 
@@ -259,7 +265,8 @@ def plan(
     number of staging buffers (pinned on CUDA) when a block streams: by default
     ``TRASH_PANDA_PINNED_BUFFERS``, else one more than the deepest the staging may grow:
     ``lookahead``, or ``TRASH_PANDA_MAX_LOOKAHEAD`` where that is higher. ``headroom_vram`` defaults to the
-    planner's (``_core.DEFAULT_HEADROOM_VRAM``, 1.5 GB).
+    planner's (``_core.DEFAULT_HEADROOM_VRAM``, 1.5 GB). ``staging_pool`` (a pipeline's shared
+    pool) is counted as the staging buffers where it holds every block (``budgets.shared_staging``).
     """
     dev = resolve_device(device)
     tensors, prefixes = planning_inputs(model, checkpoint, blocks, key_map, skip_prefixes)
@@ -280,6 +287,7 @@ def plan(
         lookahead=lookahead if lookahead is not None else setting("lookahead"),
         pinned_buffers=setting("pinned_buffers", pinned_buffers),
         max_lookahead=setting("max_lookahead"),
+        staging_pool=staging_pool,
     )
     result = Plan(core)
     from .log import log_plan

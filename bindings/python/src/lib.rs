@@ -20,6 +20,7 @@ mod plan;
 mod profile;
 mod rules;
 mod settings;
+mod staging_pool;
 mod stream;
 
 #[pymodule]
@@ -35,6 +36,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     profile::register(m)?;
     rules::register(m)?;
     stream::register(m)?;
+    staging_pool::register(m)?;
     settings::register(m)?;
     cli::register(m)?;
     order::register(m)?;

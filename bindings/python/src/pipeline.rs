@@ -148,6 +148,14 @@ impl PyFree {
         }
     }
 
+    /// The memory free for planning a stage beside a shared staging pool of `pool` bytes,
+    /// which every stage's plan counts itself: the pool's RAM back (before `within`).
+    fn with_shared_pool(&self, pool: u64) -> PyFree {
+        PyFree {
+            inner: self.inner.with_shared_pool(pool),
+        }
+    }
+
     /// The memory left free once `taken` is taken (none below zero).
     fn less(&self, taken: &PyHolds) -> PyFree {
         PyFree {

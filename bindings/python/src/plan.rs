@@ -5,13 +5,14 @@ use pyo3::types::{PyDict, PyInt, PyString};
 
 use trash_panda::plan::{
     self, BlockPlan, Budgets, Figures, MinFreeRam, ModelBlocks, Plan, PlanOptions, Selector,
-    TensorSizes, Tier,
+    SharedStaging, TensorSizes, Tier,
 };
 use trash_panda::units::{parse_bytes, ACCEPTED_SIZES};
 use trash_panda::DType;
 
 use crate::checkpoint::PyTensorInfo;
 use crate::errors::{raise, Kind, ToPyErr};
+use crate::staging_pool::PyStagingPool;
 
 /// A model's tensor for the planner: its name in the model and its checkpoint entry.
 type ModelTensor<'py> = (String, PyRef<'py, PyTensorInfo>);
@@ -96,11 +97,20 @@ fn options_from(kwargs: &Bound<'_, PyDict>, base: PlanOptions) -> PyResult<PlanO
                 })?;
                 o.max_lookahead = trash_panda::rules::asked_max_depth(n);
             }
+            "staging_pool" => {
+                let pool: PyRef<'_, PyStagingPool> = value.extract().map_err(|_| {
+                    raise(Kind::Argument, format!("staging_pool: expected a StagingPool, got {value}"))
+                })?;
+                o.staging_pool = Some(SharedStaging {
+                    buffers: pool.inner.count(),
+                    buffer_bytes: pool.inner.buffer_len() as u64,
+                });
+            }
             other => {
                 return Err(raise(Kind::Argument, format!(
                     "unknown plan option {other:?}: expected resident_blocks, max_vram, min_free_ram, \
                      headroom_vram, activation_vram, compute_dtype, storage_dtype, lookahead, \
-                     pinned_buffers or max_lookahead"
+                     pinned_buffers, max_lookahead or staging_pool"
                 )))
             }
         }
@@ -278,6 +288,13 @@ impl PyPlan {
         self.inner.options.lookahead
     }
 
+    /// (buffers, bytes of each) of the shared staging pool the blocks need in whichever tiers
+    /// they are put: a pipeline sizes its pool by the largest of its stages'.
+    fn shared_staging(&self) -> (usize, u64) {
+        let s = self.inner.shared_staging();
+        (s.buffers, s.buffer_bytes)
+    }
+
     fn __eq__(&self, other: &Self) -> bool {
         self.inner == other.inner
     }
@@ -365,6 +382,12 @@ impl PyBudgets {
     #[getter]
     fn staging_buffer_bytes(&self) -> u64 {
         self.inner.staging_buffer_bytes
+    }
+    /// True when the staging buffers counted are a pipeline's shared pool (planned with
+    /// `staging_pool`): the pipeline holds them, counted once for all its stages.
+    #[getter]
+    fn shared_staging(&self) -> bool {
+        self.inner.shared_staging
     }
     #[getter]
     fn host_staging(&self) -> u64 {

@@ -21,6 +21,7 @@ use crate::engine_stats::{PyEngineStats, PyStaging};
 use crate::errors::{raise, Kind, ToPyErr};
 use crate::gil::{threads as worker_threads, without_gil};
 use crate::io::PyReadLane;
+use crate::staging_pool::PyStagingPool;
 
 /// A tensor as Python describes it: name, file index, start, end, dtype (header name), shape.
 type TensorArg = (String, usize, u64, u64, String, Vec<usize>);
@@ -92,13 +93,18 @@ impl PyEngine {
 #[pymethods]
 impl PyEngine {
     /// An engine for `blocks` (name, tier, tensors) of `files`, with every figure from
-    /// `config` (the plan's): its pool is exactly the plan's host staging.
+    /// `config` (the plan's): its pool is exactly the plan's host staging. With `pool`, it
+    /// stages into that shared pool instead, taken when it streams and given back at `park`,
+    /// under the name `holder`.
     #[new]
+    #[pyo3(signature = (blocks, files, config, pool=None, holder=None))]
     fn new(
         py: Python<'_>,
         blocks: Vec<BlockArg>,
         files: Vec<PathBuf>,
         config: PyRef<'_, PyEngineConfig>,
+        pool: Option<PyRef<'_, PyStagingPool>>,
+        holder: Option<String>,
     ) -> PyResult<Self> {
         let blocks = blocks
             .into_iter()
@@ -106,8 +112,13 @@ impl PyEngine {
             .collect::<PyResult<Vec<_>>>()?;
         let config = config.inner.clone();
         let options = config.engine_options();
-        let engine =
-            without_gil(py, || Engine::new(blocks, files, options)).map_err(ToPyErr::to_py)?;
+        let pool = pool.map(|p| p.inner.clone());
+        let holder = holder.unwrap_or_else(|| "an engine".to_owned());
+        let engine = without_gil(py, || match pool {
+            Some(pool) => Engine::with_pool(blocks, files, options, pool, holder),
+            None => Engine::new(blocks, files, options),
+        })
+        .map_err(ToPyErr::to_py)?;
         Ok(PyEngine {
             inner: Mutex::new(Some(Arc::new(engine))),
             config,
@@ -236,6 +247,13 @@ impl PyEngine {
         let engine = self.engine()?;
         let stats = without_gil(py, || engine.load_ram_tier()).map_err(ToPyErr::to_py)?;
         Ok((stats.bytes, stats.seconds))
+    }
+
+    /// Gives the shared pool's buffers back (waiting, without the GIL, for blocks being staged
+    /// into them); whether it had them. False for an engine with buffers of its own.
+    fn park(&self, py: Python<'_>) -> PyResult<bool> {
+        let engine = self.engine()?;
+        without_gil(py, || engine.park()).map_err(ToPyErr::to_py)
     }
 
     /// (address, length) of each staging buffer, for registering them as pinned memory.

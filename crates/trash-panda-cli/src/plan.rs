@@ -98,6 +98,8 @@ impl PlanArgs {
             lookahead,
             staging_buffers,
             max_lookahead,
+            // A pipeline's shared pool is the library's; a plan made here stands alone.
+            staging_pool: None,
         })
     }
 

@@ -162,6 +162,7 @@ class _Copy:
     block: int  # engine block
     lease: Any
     host: torch.Tensor  # the staged bytes, alive until the copy completed
+    nbytes: int  # their length, kept once ``host`` is let go (``return_all``)
     slot: int
     event: Any
 
@@ -223,7 +224,7 @@ class CopyPipeline:
         """The block's bytes in a slot, the compute stream waiting for their copy; queues the
         copies of the next blocks that are staged."""
         self._return_leases()
-        copy = self.queued.pop(block, None)
+        copy = self.queued.get(block)
         staged_wait = 0.0
         if copy is None and block not in self.images:
             t0 = _core.clock()  # a part of the run the hooks time on this clock
@@ -237,14 +238,17 @@ class CopyPipeline:
                 lease.release()
                 raise
         else:
+            # First: an engine that may not stream now (another has the shared staging pool)
+            # fails here with the copy still queued.
+            self.engine.advance(block)
+            self.queued.pop(block, None)
             if copy is None:  # straight from the in-memory RAM tier
                 copy = self._queue(block, None, self._slot_for(block))
-            self.engine.advance(block)
         # Running from here on, so that finish() frees the slot whatever fails next.
         self.running[block] = copy.slot
         mark = self.device.compute_waits(copy.event)
         self._prefetch(block)
-        return Taken(self.slots[copy.slot], staged_wait, copy.event, mark, copy.host.numel())
+        return Taken(self.slots[copy.slot], staged_wait, copy.event, mark, copy.nbytes)
 
     def finish(self, block: int) -> None:
         """The block's kernels are queued: its slot may be refilled after them."""
@@ -265,6 +269,17 @@ class CopyPipeline:
         self.queued.clear()
         self.running.clear()
         self.slots.clear()
+
+    def return_all(self) -> None:
+        """Waits for every copy out of a staging buffer and returns its lease. The copies
+        queued for the next blocks stay in their device slots, but let go of their views of the
+        staging buffers, which would hold the leases until the blocks ran."""
+        if self.returning:
+            self.device.synchronize()
+            self._return_leases()
+        for copy in self.queued.values():
+            if copy.lease is not None:
+                copy.host = copy.host.new_empty(0)  # storage of its own: no view of the buffer
 
     def _may_return(self, copy: _Copy) -> bool:
         return self.device.ready(copy.event)
@@ -323,7 +338,7 @@ class CopyPipeline:
         host = self.images[block] if lease is None else from_dlpack(lease.block_bytes())
         event = self.device.copy(self.slots[slot][: host.numel()], host, self.free_after[slot])
         self.holder[slot] = block
-        copy = _Copy(block, lease, host, slot, event)
+        copy = _Copy(block, lease, host, host.numel(), slot, event)
         if lease is not None:
             # The staging buffer goes back as soon as the copy has landed, before the block runs.
             self.returning.append(copy)

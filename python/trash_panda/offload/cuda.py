@@ -141,13 +141,17 @@ def register_ranges(
     return PinnedRegistration(cudart, owner, done)
 
 
-def register_pinned(cudart: Any, engine: _core.Engine) -> PinnedRegistration | None:
-    """Registers every staging buffer as pinned; None (and a warning) when that fails: copies
-    then go from pageable memory, which CUDA runs synchronously (slower, same results)."""
+def register_pinned(cudart: Any, owner: _core.Engine | _core.StagingPool) -> PinnedRegistration | None:
+    """Registers every staging buffer of an engine, or of a pipeline's shared pool (once for
+    all its stages), as pinned; None (and a warning) when that fails: copies then go from
+    pageable memory, which CUDA runs synchronously (slower, same results)."""
+    from .. import _core
+
+    ranges = owner.buffers() if isinstance(owner, _core.StagingPool) else owner.staging_buffers()
     return register_ranges(
         cudart,
-        engine,
-        engine.staging_buffers(),
+        owner,
+        ranges,
         "streamed blocks are copied from pageable memory, which is slower and does not overlap the compute",
     )
 
@@ -328,6 +332,12 @@ class DeviceBackend:
         self.device.synchronize()
         self._resolve_waits(block_until_done=True)
 
+    def park(self) -> None:
+        """The model's turn ended: every copy out of a staging buffer is waited for and its
+        lease returned, so the engine can give a shared staging pool back."""
+        if self.pipeline is not None:
+            self.pipeline.return_all()
+
     def device_bytes(self) -> int:
         """The device memory the slots and the expansion buffer hold, which :meth:`close` frees."""
         slots = sum(s.numel() for s in self.pipeline.slots) if self.pipeline is not None else 0
@@ -354,7 +364,8 @@ class CudaBackend(DeviceBackend):
         ram_tier = None
         if state.engine is not None:
             cudart = torch.cuda.cudart()
-            staging = register_pinned(cudart, state.engine)
+            # A pipeline's shared pool is registered once by the pipeline, for every stage.
+            staging = register_pinned(cudart, state.engine) if state.staging_pool is None else None
             ram_tier = register_ram_tier(cudart, state.engine) if state.config.pin_ram_tier else None
             self.pinned = [r for r in (staging, ram_tier) if r is not None]
             if state.config.pin_ram_tier and ram_tier is None:

@@ -16,10 +16,12 @@ import functools
 import os
 import queue
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .. import _core
+from ..errors import StreamError
 from ..plan import free_vram
 
 if TYPE_CHECKING:
@@ -209,6 +211,25 @@ class LoadedStage:
             self._feeder.join()
             self._feeder = None
 
+    def park(self) -> bool:
+        """Its turn ended: the copies out of the shared staging pool are waited for and their
+        leases returned, and the engine gives the pool back for the next stage (what it staged
+        ahead is staged again at its next turn). Nothing for an engine with buffers of its own.
+        False (and a warning) when a lease is still out: the stage must be released, which
+        gives the pool back with its last lease."""
+        state = self.state
+        if state.engine is None or state.staging_pool is None or state.engine.closed:
+            return True
+        park = getattr(self.handle.backend, "park", None) if self.handle is not None else None
+        if park is not None:
+            park()
+        try:
+            state.engine.park()
+        except StreamError as e:
+            warnings.warn(f"stage {self.name}: {e}; it is released", RuntimeWarning, stacklevel=3)
+            return False
+        return True
+
     def close(self) -> None:
         """Stops its loader before a release (which fails a read waiting for the allowance)."""
         self.stop_feeding()
@@ -229,11 +250,13 @@ def load_stage(
     shared: dict[str, object],
     key: str,
     ahead: bool,
+    staging_pool: _core.StagingPool | None = None,
 ) -> LoadedStage:
     """Loads ``model`` by ``plan`` with its resident blocks on a loader thread, as
     ``stage(overlap=True)`` does; ``ahead`` (a stage read while another runs) puts every read
     behind an allowance that starts empty, for the caller to fill. On an error the model is
-    left unloaded."""
+    left unloaded. ``staging_pool`` (the pipeline's) is its engine's staging buffers where its
+    plan counted it."""
     from .setup import load_and_hook
 
     path = ckpt.files[0] if len(ckpt.files) == 1 else os.path.dirname(ckpt.files[0])
@@ -248,10 +271,19 @@ def load_stage(
         order=order,
         destination=destination,
         overlap=True,
-        load_kwargs={"device": device, **shared},
+        load_kwargs={
+            "device": device,
+            **shared,
+            **({} if staging_pool is None else {"staging_pool": staging_pool, "holder": name}),
+        },
         allowance=gate,
     )
     holds = plan.holds(name)
     return LoadedStage(
         name, model, plan, loaded.handle, loaded.choice, holds, predicted, loaded.loader, gate, key, file_bytes, cached
     )
+
+
+def _pooled(pool: _core.StagingPool | None, name: str) -> dict[str, object]:
+    """The load's arguments for a stage staging into the pipeline's shared pool."""
+    return {} if pool is None else {"staging_pool": pool, "holder": name}

@@ -114,6 +114,8 @@ def load_deferred(
     device: str | torch.device | None = None,
     outside: list[TensorSpec] | None = None,
     ahead: bool = False,
+    staging_pool: _core.StagingPool | None = None,
+    holder: str = "model",
 ) -> tuple[_core.LoadReport, list[BlockState]]:
     """stream_load() that leaves the resident blocks unread (on the meta device) and returns
     them, for a loader that fills them while the model runs (``overlap=True``). Given a list
@@ -121,7 +123,8 @@ def load_deferred(
     tables left mapped) are left unread too and put in it, for the caller to read before the
     first call or on the loader (offload/outside.py). ``ahead`` (a pipeline's stage loaded
     while another runs) reads through a lane that gives way to the running model's, and leaves
-    a RAM tier held in memory unread, for the loader."""
+    a RAM tier held in memory unread, for the loader. ``staging_pool`` (a pipeline's) is the
+    engine's staging buffers, under the name ``holder``, where the plan counted it."""
     from torch import nn
 
     if not isinstance(model, nn.Module):
@@ -135,7 +138,7 @@ def load_deferred(
     deferred: list[BlockState] = []
     try:
         with paused():
-            report = _stream_load(model, ckpt, request, deferred, outside, ahead)
+            report = _stream_load(model, ckpt, request, deferred, outside, ahead, (staging_pool, holder))
     except BaseException:
         unload(model)
         raise
@@ -217,6 +220,7 @@ def _stream_load(
     deferred: list[BlockState] | None = None,
     outside_later: list[TensorSpec] | None = None,
     ahead: bool = False,
+    pooled: tuple[_core.StagingPool | None, str] = (None, "model"),
 ) -> _core.LoadReport:
     t_start = time.perf_counter()
     device = req.device
@@ -271,7 +275,12 @@ def _stream_load(
     report.device_tier = _core.TierLoad(blocks=len(now), bytes=device_bytes, seconds=time.perf_counter() - t0)
 
     # Streamed blocks: described to the engine, which stages them ahead of each run.
-    engine = _engine_for(streamed, files, config, report, lane, load_ram=not ahead) if streamed else None
+    # The shared pool only where the plan counted it (it holds every block), else buffers of its own.
+    budgets = plan.budgets
+    pool = pooled[0] if budgets is not None and budgets.shared_staging else None
+    engine = None
+    if streamed:
+        engine = _engine_for(streamed, files, config, report, lane, load_ram=not ahead, pool=(pool, pooled[1]))
 
     # Parameters: real tensors where they are final, placeholders where hooks will fill them.
     for spec in [*outside, *(s for b in blocks for s in b.tensors)]:
@@ -290,6 +299,7 @@ def _stream_load(
         report=report,
         outside_modules=outside_modules(model, [b.prefix for b in blocks], skip),
         lane=lane,
+        staging_pool=pool if engine is not None else None,
     )
     guard_lookup_tables(model, tables, ckpt)
     setattr(model, STATE_ATTR, state)
@@ -306,6 +316,7 @@ def _engine_for(
     report: _core.LoadReport,
     lane: _core.ReadLane,
     load_ram: bool = True,
+    pool: tuple[_core.StagingPool | None, str] = (None, "model"),
 ) -> _core.Engine:
     """The prefetch engine of the streamed blocks, sized by the plan's configuration, reading
     through the model's ``lane`` (positions in definition order); fills in
@@ -330,7 +341,7 @@ def _engine_for(
         loads[tier][1] += sum(s.info.nbytes + (s.scale.nbytes if s.scale else 0) for s in sb.tensors)
     report.ram = _core.TierLoad(blocks=loads["ram"][0], bytes=loads["ram"][1])
     report.disk = _core.TierLoad(blocks=loads["disk"][0], bytes=loads["disk"][1])
-    engine = _core.Engine(described, files, config)
+    engine = _core.Engine(described, files, config, pool=pool[0], holder=f"stage {pool[1]}")
     # Before the RAM tier's load, which reads through the engine's lane too.
     engine.share_reads(lane, [sb.index for sb in streamed])
     report.staging_bytes = engine.staging_bytes()

@@ -135,6 +135,9 @@ class ModelState:
     # The model's lane of its drive's read queue: every read of the model (the engine's, the
     # loader's, the resident and outside weights', buffers') waits there, ranked by its run order.
     lane: _core.ReadLane | None = None
+    # The pipeline's shared staging pool the engine stages into (None: buffers of its own),
+    # registered as pinned once by the pipeline, not by the model's backend.
+    staging_pool: _core.StagingPool | None = None
 
     def share_reads(self, run_order: list[int]) -> None:
         """The model's run order is ``run_order`` (block indices): the lane counts positions in

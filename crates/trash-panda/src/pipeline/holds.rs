@@ -61,14 +61,20 @@ impl Holds {
             RamSource::Mapped => 0,
         };
         let weights = budgets.device_used + budgets.outside;
+        // A shared pool is the pipeline's: the stage's release gives none of it back.
+        let staging = if budgets.shared_staging {
+            0
+        } else {
+            budgets.host_staging
+        };
         Ok(if budgets.gpu {
             Holds {
-                ram: budgets.host_staging + ram_tier,
+                ram: staging + ram_tier,
                 vram: weights + budgets.device_slot_bytes + budgets.expansion,
             }
         } else {
             Holds {
-                ram: weights + budgets.host_staging + budgets.expansion + ram_tier,
+                ram: weights + staging + budgets.expansion + ram_tier,
                 vram: 0,
             }
         })
@@ -76,13 +82,18 @@ impl Holds {
 
     /// What a stage planned as `plan` and configured as `config` needs free at its start: what
     /// it holds, plus the free memory its plan leaves alone (the free-RAM floor; the activation
-    /// reserve, in VRAM with a GPU and in RAM on the CPU; the CUDA context's floor).
+    /// reserve, in VRAM with a GPU and in RAM on the CPU; the CUDA context's floor). A shared
+    /// staging pool counts here too: the plan counts it, and the pipeline's free memory
+    /// ([`Free::with_shared_pool`]) has it back.
     pub fn needed(stage: &str, plan: &Plan, config: &EngineConfig) -> Result<Holds, PipelineError> {
-        let holds = Holds::of(stage, plan, config)?;
+        let mut holds = Holds::of(stage, plan, config)?;
         // `of` succeeded, so the budgets are there.
         let Some(b) = plan.budgets.as_ref() else {
             return Ok(holds);
         };
+        if b.shared_staging {
+            holds.ram += b.host_staging;
+        }
         Ok(if b.gpu {
             holds.plus(Holds {
                 ram: b.min_free_ram,
@@ -143,6 +154,18 @@ impl Free {
         Free {
             ram: self.ram.saturating_add(released.ram),
             vram: self.vram.map(|v| v.saturating_add(released.vram)),
+        }
+    }
+
+    /// The memory free for planning a stage of a pipeline that holds a shared staging pool of
+    /// `pool` bytes: what the machine has free, with the pool added back, since every stage's
+    /// plan counts the pool as its own staging buffers (a pool taken from the machine's free
+    /// memory and counted again by a plan would be counted twice). Apply before
+    /// [`within`](Self::within), whose `held` leaves the pool out of each stage.
+    pub fn with_shared_pool(self, pool: u64) -> Free {
+        Free {
+            ram: self.ram.saturating_add(pool),
+            vram: self.vram,
         }
     }
 

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use super::options::{ComputeDevice, Figures, PlanOptions};
 use super::{BlockPlan, OutsidePlan};
 use crate::rules::{
-    block_figures, maps_disk_tier, storage_conversion, tensor_align, Conversion, Held, TensorSizes,
-    Tier,
+    block_figures, buffer_len, maps_disk_tier, storage_conversion, tensor_align, Conversion, Held,
+    SharedStaging, TensorSizes, Tier,
 };
 use crate::DType;
 
@@ -138,6 +138,10 @@ pub struct Budgets {
     /// [`Held::mapped_window_bytes`]).
     #[serde(default)]
     pub mapped_window: u64,
+    /// The staging buffers are the pipeline's shared pool (`PlanOptions::staging_pool`):
+    /// `host_staging` counts the pool, which the pipeline holds, not the stage.
+    #[serde(default)]
+    pub shared_staging: bool,
     /// The outside weights in the compute dtype (on the device; in RAM without a GPU).
     pub outside: u64,
     /// What resident blocks may take on the device. Negative results clamp to 0.
@@ -159,6 +163,7 @@ impl Budgets {
             device_slots: self.device_slots,
             expansion_bytes: self.expansion,
             mapped_window_bytes: self.mapped_window,
+            shared_staging: self.shared_staging,
         }
     }
 
@@ -205,6 +210,7 @@ pub(crate) fn compute(
         device_slot_bytes: held.device_slot_bytes(),
         expansion: held.expansion_bytes,
         mapped_window: held.mapped_window_bytes,
+        shared_staging: held.shared_staging,
         outside: outside.expanded_bytes,
         device_budget: shape.device_budget(&held),
         device_used,
@@ -311,6 +317,27 @@ pub(crate) fn held_for_blocks(blocks: &[BlockPlan], options: &PlanOptions, gpu: 
         .map(|b| b.mapped)
         .max()
         .unwrap_or(0);
-    Held::new(largest, expansion, options.buffers(), gpu)
-        .with_mapped_window(mapped, options.max_depth())
+    let held = Held::new(largest, expansion, options.buffers(), gpu)
+        .with_mapped_window(mapped, options.max_depth());
+    match options.staging_pool {
+        Some(pool) if pool.buffer_bytes >= shared_staging(blocks, options).buffer_bytes => {
+            held.in_shared_pool(pool, gpu)
+        }
+        _ => held,
+    }
+}
+
+/// The shared staging pool that `blocks` stream from in whichever tiers they are put (the
+/// figures a pipeline sizes its pool by): buffers for the deepest staging, each holding the
+/// largest block as staged in the RAM or the disk tier, in whole pages.
+pub(crate) fn shared_staging(blocks: &[BlockPlan], options: &PlanOptions) -> SharedStaging {
+    let largest = blocks
+        .iter()
+        .map(|b| b.staging.ram.max(b.staging.disk))
+        .max()
+        .unwrap_or(0);
+    SharedStaging {
+        buffers: options.buffers(),
+        buffer_bytes: buffer_len(largest as usize) as u64,
+    }
 }

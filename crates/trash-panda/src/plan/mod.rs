@@ -29,8 +29,8 @@ pub use warnings::{Warning, WarningKind};
 
 // The shared rules a plan is made by, at the paths the planner's users know them by.
 pub use crate::rules::{
-    infer_compute_dtype, storage_conversion, Conversion, TensorLocation, TensorSizes, Tier,
-    FP8_MIN_ELEMENTS, SCALE_SUFFIXES,
+    infer_compute_dtype, storage_conversion, Conversion, SharedStaging, TensorLocation,
+    TensorSizes, Tier, FP8_MIN_ELEMENTS, SCALE_SUFFIXES,
 };
 
 use crate::checkpoint::CheckpointError;
@@ -174,6 +174,13 @@ impl Plan {
             .filter(|b| b.tier == tier)
             .map(|b| b.name.as_str())
             .collect()
+    }
+
+    /// The shared staging pool this plan's blocks need in whichever tiers they are put: a
+    /// pipeline sizes its pool by the largest of its stages', and a stage planned with a pool at
+    /// least this large ([`PlanOptions::staging_pool`]) counts it as its staging buffers.
+    pub fn shared_staging(&self) -> SharedStaging {
+        budget::shared_staging(&self.blocks, &self.options)
     }
 
     /// Total bytes of a tier, in the tier's form.

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::rules;
+use crate::rules::{self, SharedStaging};
 use crate::sys::{GpuProbe, MemoryFigures, SysError};
 use crate::units::{parse_bytes, UnitsError};
 use crate::DType;
@@ -73,6 +73,11 @@ pub struct PlanOptions {
     /// set, so plans without it read as they always did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_lookahead: Option<usize>,
+    /// The staging pool a pipeline shares among its stages: counted as this plan's staging
+    /// buffers where every block fits it in any tier ([`super::Plan::shared_staging`]), else ignored
+    /// (the stage keeps buffers of its own, `Budgets::shared_staging` false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging_pool: Option<SharedStaging>,
 }
 
 impl PlanOptions {
@@ -109,6 +114,7 @@ impl Default for PlanOptions {
             lookahead: Self::DEFAULT_LOOKAHEAD,
             staging_buffers: None,
             max_lookahead: None,
+            staging_pool: None,
         }
     }
 }

@@ -101,6 +101,22 @@ pub fn asked_staging_buffers(setting: usize) -> Option<usize> {
     (setting > 0).then_some(setting)
 }
 
+/// The staging pool a pipeline shares among its stages, as each stage's plan counts it: the
+/// pool's own figures (the same whichever stage streams), not the stage's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedStaging {
+    pub buffers: usize,
+    /// Bytes of each buffer (whole pages).
+    pub buffer_bytes: u64,
+}
+
+impl SharedStaging {
+    /// Bytes of the pool.
+    pub fn bytes(&self) -> u64 {
+        self.buffers as u64 * self.buffer_bytes
+    }
+}
+
 /// What the runtime holds beside the weights, as a plan counts it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Held {
@@ -120,6 +136,10 @@ pub struct Held {
     /// block being read in (0 when none is used in place).
     #[serde(default)]
     pub mapped_window_bytes: u64,
+    /// The staging buffers are a pipeline's shared pool ([`SharedStaging`]): counted in this
+    /// plan, but held by the pipeline, which counts them once for all its stages.
+    #[serde(default)]
+    pub shared_staging: bool,
 }
 
 impl Held {
@@ -134,6 +154,21 @@ impl Held {
             device_slots: if gpu { buffers } else { 0 },
             expansion_bytes: expansion,
             mapped_window_bytes: 0,
+            shared_staging: false,
+        }
+    }
+
+    /// The same figures with `pool` as the staging buffers, whether or not a block streams: the
+    /// pool is there all the while the stage runs. Device slots stay one per staging buffer
+    /// where a block streams on a GPU.
+    pub fn in_shared_pool(self, pool: SharedStaging, gpu: bool) -> Held {
+        let streams = self.staging_buffers > 0;
+        Held {
+            staging_buffers: pool.buffers,
+            staging_buffer_bytes: pool.buffer_bytes,
+            device_slots: if gpu && streams { pool.buffers } else { 0 },
+            shared_staging: true,
+            ..self
         }
     }
 

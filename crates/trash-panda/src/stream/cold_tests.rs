@@ -66,7 +66,7 @@ fn engine(path: &Path, blocks: &[StreamBlock], cold_read: ColdRead, refusals: Re
     .unwrap()
     .with_refusals(refusals);
     let meta = blocks.iter().map(|b| (b.name.clone(), b.tier)).collect();
-    Engine::with_reads(meta, layout, Arc::new(source), options, reads).unwrap()
+    Engine::with_reads(meta, layout, Arc::new(source), options, reads, None).unwrap()
 }
 
 /// One pass: every tensor of every block equals the file's bytes; returns the stats.

@@ -66,6 +66,7 @@ impl Engine {
     /// after it.
     pub fn advance(&self, block: usize) -> Result<(), StreamError> {
         self.check(block)?;
+        self.take_pool(&mut self.shared.lock(), block)?;
         self.reads.advance(block);
         let mut st = self.shared.lock();
         st.note_acquire(block);

@@ -66,6 +66,41 @@ pub enum StreamError {
         buffer: usize,
     },
 
+    /// The shared staging pool's buffers are smaller than a block of this engine needs: the
+    /// pool was sized for other stages' blocks.
+    #[error(
+        "block {block} ({name}) needs {needs} bytes of staging buffer but the shared staging \
+         pool's buffers hold {buffer}: size the pool for the largest block of every stage"
+    )]
+    PoolTooSmall {
+        block: usize,
+        name: String,
+        needs: usize,
+        buffer: usize,
+    },
+
+    /// The engine was asked to stream while another engine has the shared staging pool.
+    #[error(
+        "{engine} cannot stage block {block} ({name}): the shared staging pool is held by \
+         {holder}; park that engine when its turn ends"
+    )]
+    PoolHeld {
+        engine: String,
+        block: usize,
+        name: String,
+        holder: String,
+    },
+
+    /// `park` was called while leases still hold staging buffers of the shared pool.
+    #[error(
+        "{engine} cannot give the shared staging pool back: leases still hold {}",
+        holders.join(", ")
+    )]
+    ParkWhileLeased {
+        engine: String,
+        holders: Vec<String>,
+    },
+
     /// A checkpoint file could not be opened, mapped or measured when the engine was created.
     #[error("cannot open checkpoint file {}: {source}", file.display())]
     Open {

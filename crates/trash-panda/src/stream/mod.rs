@@ -30,6 +30,9 @@ mod lease;
 mod pool;
 mod reads;
 mod source;
+mod staging_pool;
+#[cfg(test)]
+mod staging_pool_tests;
 mod stagings;
 mod stats;
 mod window;
@@ -43,10 +46,11 @@ use std::time::{Duration, Instant};
 
 pub use error::StreamError;
 pub use lease::{Lease, TensorKey};
+pub use staging_pool::StagingPool;
 pub use stagings::{Staging, StagingSource, MAX_STAGINGS};
 pub use stats::{BlockStats, EngineStats};
 
-use crate::io::{AlignedBuf, ReadMode, ReadStats, DEFAULT_CHUNK_SIZE};
+use crate::io::{ReadMode, ReadStats, DEFAULT_CHUNK_SIZE};
 pub use crate::rules::{
     block_figures, buffer_len, in_place_eligible, tensor_in_place_eligible, BlockFigures,
     SourceTier, StagedLayout, StagedScale, StagedTensor, StreamBlock, StreamTensor,
@@ -170,6 +174,9 @@ pub(crate) struct Shared {
     stop: AtomicBool,
     names: Vec<String>,
     layout: StagedLayout,
+    /// The shared pool the slots' buffers are lent from, and the name this engine takes them
+    /// under; `None`: the buffers are the engine's own.
+    pool: Option<(Arc<StagingPool>, String)>,
 }
 
 impl Shared {
@@ -211,6 +218,28 @@ impl Engine {
         files: Vec<PathBuf>,
         options: EngineOptions,
     ) -> Result<Engine, StreamError> {
+        Engine::open(blocks, files, options, None)
+    }
+
+    /// As [`new`](Self::new), but the engine stages into `pool`'s buffers, taken when it starts
+    /// streaming and given back at [`park`](Self::park), under the name `holder` (see
+    /// [`StagingPool`]); `options.buffer_len` and `options.buffers` give way to the pool's.
+    pub fn with_pool(
+        blocks: Vec<StreamBlock>,
+        files: Vec<PathBuf>,
+        options: EngineOptions,
+        pool: Arc<StagingPool>,
+        holder: impl Into<String>,
+    ) -> Result<Engine, StreamError> {
+        Engine::open(blocks, files, options, Some((pool, holder.into())))
+    }
+
+    fn open(
+        blocks: Vec<StreamBlock>,
+        files: Vec<PathBuf>,
+        options: EngineOptions,
+        pool: Option<(Arc<StagingPool>, String)>,
+    ) -> Result<Engine, StreamError> {
         let layout = StagedLayout::build(
             &blocks,
             files.len(),
@@ -227,7 +256,7 @@ impl Engine {
             &options,
             reads.clone(),
         )?;
-        Engine::with_reads(meta, layout, Arc::new(source), options, reads)
+        Engine::with_reads(meta, layout, Arc::new(source), options, reads, pool)
     }
 
     #[cfg(test)]
@@ -238,7 +267,7 @@ impl Engine {
         options: EngineOptions,
     ) -> Result<Engine, StreamError> {
         let reads = Reads::own(own_depth(&options), blocks.len());
-        Engine::with_reads(blocks, layout, source, options, reads)
+        Engine::with_reads(blocks, layout, source, options, reads, None)
     }
 
     pub(crate) fn with_reads(
@@ -247,45 +276,21 @@ impl Engine {
         source: Arc<dyn Source>,
         options: EngineOptions,
         reads: Arc<Reads>,
+        pool: Option<(Arc<StagingPool>, String)>,
     ) -> Result<Engine, StreamError> {
-        let size = match options.buffer_len {
-            None => layout.max_block_len(),
-            Some(size) => {
-                let too_big = (0..layout.len()).find(|&b| layout.block_len(b) > size);
-                if let Some(b) = too_big {
-                    return Err(StreamError::StagingTooSmall {
-                        block: b,
-                        name: blocks[b].0.clone(),
-                        needs: layout.block_len(b),
-                        buffer: size,
-                    });
-                }
-                size
-            }
-        };
         let max = crate::rules::max_depth(options.lookahead, options.max_lookahead);
-        let count = crate::rules::staging_buffers(options.buffers, max);
-        let mut bufs = Vec::with_capacity(count);
-        for i in 0..count {
-            let mut b = AlignedBuf::new(size).map_err(|source| StreamError::Alloc {
-                what: format!("staging buffer {i} ({size} bytes)"),
-                source: Box::new(source),
-            })?;
-            // First-touch page faults cost more than the copy itself; pay them once, here.
-            b.prefault();
-            bufs.push(b);
-        }
-        let buffers = bufs
-            .iter()
-            .map(|b| (b.as_ptr() as usize, b.len()))
-            .collect();
+        let (slots, buffers) = match &pool {
+            Some((pool, _)) => staging_pool::lend_slots(pool, &layout, &blocks)?,
+            None => staging_pool::own_slots(&options, &layout, &blocks, max)?,
+        };
+        let count = slots.len();
         let stats = EngineStats::new(
             blocks
                 .iter()
                 .map(|(n, t)| BlockStats::new(n.clone(), *t))
                 .collect(),
         );
-        let mut state = State::new(bufs, blocks.len(), stats);
+        let mut state = State::with_slots(slots, blocks.len(), stats);
         let cap = crate::rules::depth_cap(options.lookahead, max, count);
         state.depth = depth::Depth::new(blocks.len(), options.lookahead, cap);
         let in_memory =
@@ -299,6 +304,7 @@ impl Engine {
             stop: AtomicBool::new(false),
             names: blocks.into_iter().map(|(n, _)| n).collect(),
             layout,
+            pool,
         });
         let workers = worker::spawn(&shared, &source, options.workers.max(1))?;
         Ok(Engine {
@@ -394,6 +400,7 @@ impl Engine {
     /// block's staging failed (the error names the tensor, file and range).
     pub fn acquire(&self, block: usize) -> Result<Lease, StreamError> {
         self.check(block)?;
+        self.take_pool(&mut self.shared.lock(), block)?;
         // Reads of this block rank first now, ahead of every look-ahead read.
         self.reads.advance(block);
         let started = Instant::now();

@@ -77,6 +77,9 @@ pub(crate) struct State {
     /// [`Engine::set_last_pass`](super::Engine::set_last_pass)).
     pub last_pass: bool,
     pub stop: bool,
+    /// Whether the slots hold their buffers: always for an engine's own, and for a shared
+    /// pool's between taking them and parking. Without them nothing is staged.
+    pub held: bool,
     pub workers_alive: usize,
     /// The queued block a worker found no buffer for, and since when (one count per block).
     buffer_wait: Option<(usize, Instant)>,
@@ -84,11 +87,18 @@ pub(crate) struct State {
 }
 
 impl State {
+    #[cfg(test)]
     pub fn new(buffers: Vec<AlignedBuf>, blocks: usize, stats: EngineStats) -> Self {
+        State::with_slots(buffers.into_iter().map(Some).collect(), blocks, stats)
+    }
+
+    /// Slots holding `buffers`; where one is `None` (a shared pool's, not taken yet) none is held.
+    pub fn with_slots(buffers: Vec<Option<AlignedBuf>>, blocks: usize, stats: EngineStats) -> Self {
+        let held = buffers.iter().all(Option::is_some);
         let slots = buffers
             .into_iter()
-            .map(|b| Slot {
-                buf: Some(b),
+            .map(|buf| Slot {
+                buf,
                 state: SlotState::Empty,
                 stamp: 0,
                 used: false,
@@ -110,6 +120,7 @@ impl State {
             depth: Depth::new(blocks, 0, 0),
             last_pass: false,
             stop: false,
+            held,
             workers_alive: 0,
             buffer_wait: None,
             clock: 0,
@@ -234,6 +245,9 @@ impl State {
     /// outside the window; else, for a block an acquire waits for, the prefetched block farthest
     /// ahead in the window.
     pub fn pick_slot(&self, block: usize) -> Option<usize> {
+        if !self.held {
+            return None;
+        }
         if let Some(i) = self
             .slots
             .iter()

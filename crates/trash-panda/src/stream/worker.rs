@@ -82,6 +82,12 @@ fn run(shared: &Shared, source: &dyn Source, worker: usize) {
             st.queue.pop_front();
             continue;
         }
+        if !st.held {
+            // A shared pool's engine between turns: the queue waits for its buffers, which is
+            // no wait for a buffer of its own.
+            st = shared.wait(st);
+            continue;
+        }
         let Some(slot) = st.pick_slot(block) else {
             st.begin_buffer_wait(block);
             st = shared.wait(st);
