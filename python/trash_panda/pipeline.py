@@ -14,7 +14,6 @@ import functools
 import inspect
 import os
 import sys
-import threading
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from . import _core
 from .checkpoint import Checkpoint
 from .errors import ArgumentError
+from .pipeline_ahead import Pending
 from .pipeline_run import PipelineRun
 from .pipeline_staging import SharedStaging
 from .plan import plan as make_plan
@@ -143,7 +143,7 @@ class Pipeline:
         # No lock guards it: while a read-ahead is being set up (``_pending``), its thread alone
         # touches it, and every other reader waits for that thread first (``_settle``).
         self._loaded: dict[str, LoadedStage] = {}
-        self._pending: _Pending | None = None  # the read-ahead being set up on its own thread
+        self._pending: Pending | None = None  # the read-ahead being set up on its own thread
         self._deferred: LoadedStage | None = None  # a read-ahead given memory only at the stage's end
         self._models: dict[str, nn.Module] = {}  # each stage's model, built once
         self._ticks = 0  # stage starts so far: a stage's last use, for keeping the recent ones
@@ -380,7 +380,7 @@ class Pipeline:
         kept = self._loaded.get(spec.name)
         if (kept is None and self._index(spec.name) == 0) or (kept is not None and not kept.given):
             return
-        self._pending = _Pending(spec.name, functools.partial(self._read_ahead, spec, running))
+        self._pending = Pending(spec.name, functools.partial(self._read_ahead, spec, running))
 
     def _settle(self) -> None:
         """Waits for the stage being read ahead to be set up. When that failed, what it had
@@ -577,35 +577,6 @@ class Pipeline:
 
     def _names(self) -> list[str]:
         return [s.name for s in self.stages]
-
-
-class _Pending:
-    """A stage whose read-ahead is being set up by ``set_up`` on a thread of its own."""
-
-    def __init__(self, name: str, set_up: Callable[[], None]) -> None:
-        self.name = name
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(set_up,), name=f"trash-panda-ahead-{name}", daemon=True)
-        self._thread.start()
-
-    def _run(self, set_up: Callable[[], None]) -> None:
-        try:
-            set_up()
-        except BaseException as e:  # handed to the caller's thread by join()
-            self._error = e
-
-    def is_current(self) -> bool:
-        """Whether the caller runs on the set-up's thread."""
-        return threading.current_thread() is self._thread
-
-    def join(self) -> BaseException | None:
-        """Waits for the set-up; returns why it failed (None: it did not). The error is taken
-        off the record: its traceback holds this thread's frames, which hold the record, a
-        cycle only a full collection would free."""
-        assert not self.is_current(), "a read-ahead cannot wait for itself"
-        self._thread.join()
-        error, self._error = self._error, None
-        return error
 
 
 def _tiers(p: Plan) -> list[str]:

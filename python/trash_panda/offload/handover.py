@@ -282,8 +282,3 @@ def load_stage(
     return LoadedStage(
         name, model, plan, loaded.handle, loaded.choice, holds, predicted, loaded.loader, gate, key, file_bytes, cached
     )
-
-
-def _pooled(pool: _core.StagingPool | None, name: str) -> dict[str, object]:
-    """The load's arguments for a stage staging into the pipeline's shared pool."""
-    return {} if pool is None else {"staging_pool": pool, "holder": name}
