@@ -301,10 +301,6 @@ class Pipeline:
         from .offload.handover import load_stage
 
         self._settle()
-        # Before the first stage streams: the shared staging pool (see pipeline_staging.py).
-        free = self._free()
-        plans = [lambda s=s: self._plan(s, self._model(s), Checkpoint(s.path), free) for s in self.stages]
-        self._staging.size_for(plans)
         spec = self.stages[index]
         self._ticks += 1
         info: dict[str, Any] = {}
@@ -335,6 +331,9 @@ class Pipeline:
             model = self._model(spec)
             ckpt = Checkpoint(spec.path)
             predicted, p = self._room(spec, model, ckpt, None)
+            if not self._staging.sized and p.budgets is not None and p.budgets.staging_buffers:
+                self._size_staging()  # it streams: the pool first, then its plan that counts it
+                predicted, p = self._room(spec, model, ckpt, None)
             # Found before its load (the idle stages it needed released): what it planned with.
             found = self._free()
             loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=False)
@@ -437,12 +436,27 @@ class Pipeline:
                 return
             self._give_now(kept, running, kept.plan)
             return
+        self._size_staging()
         model = self._model(spec)
         ckpt = Checkpoint(spec.path)
         predicted, p = self._room(spec, model, ckpt, running)
         loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=True)
         self._loaded[spec.name] = loaded
         self._give_now(loaded, running, p)
+
+    def _size_staging(self) -> None:
+        """Makes the shared staging pool (pipeline_staging.py) once, before the first stage that
+        streams: on the read-ahead's thread, or at the start of a stage loaded then that streams.
+        It builds and plans every stage, which the caller's thread need not wait for when the
+        first stage keeps its blocks resident."""
+        if self._staging.sized:
+            return
+        free = self._free()
+
+        def planned(spec: Stage) -> Plan:
+            return self._plan(spec, self._model(spec), Checkpoint(spec.path), free)
+
+        self._staging.size_for(functools.partial(planned, s) for s in self.stages)
 
     def _give_now(self, loaded: LoadedStage, running: LoadedStage, p: Plan) -> None:
         """Lets the reads of ``loaded`` into the memory free now beside ``running`` (its
