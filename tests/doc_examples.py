@@ -1,5 +1,6 @@
 """The ```python blocks of a Markdown page, run in order as one session, the way a reader would
-paste them one after another.
+paste them one after another; and its shell blocks (```console: the lines after ``$ ``; ```sh:
+every line), each command run on its own.
 
 A block is left out only when the paragraph right before it starts with ``Not run by the
 tests:`` and gives a reason, so the reason is in the page for its readers too. Paths that stand
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ import trash_panda
 ROOT = Path(__file__).resolve().parent.parent
 SKIP = "Not run by the tests:"
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
+SHELL = ("console", "sh")
 
 # Each block is compiled as its page, shifted down to its place there, so a traceback gives the
 # page's own line.
@@ -38,6 +41,7 @@ class Block:
     line: int  # of the opening fence
     code: str
     skip: str | None
+    language: str = "python"
 
     @property
     def name(self) -> str:
@@ -46,9 +50,26 @@ class Block:
 
 def python_blocks(text: str, page: str) -> list[Block]:
     """Every ```python block of ``text``; ``page`` names it in errors and tracebacks."""
+    return fenced_blocks(text, page, ("python",))
+
+
+def shell_blocks(text: str, page: str) -> list[Block]:
+    """Every ```console and ```sh block of ``text``."""
+    return fenced_blocks(text, page, SHELL)
+
+
+def commands(block: Block) -> list[list[str]]:
+    """The commands of a shell block, each split into words as the shell would (comments gone)."""
+    lines = block.code.splitlines()
+    if block.language == "console":
+        lines = [line[2:] for line in lines if line.startswith("$ ")]
+    return [words for line in lines if (words := shlex.split(line, comments=True))]
+
+
+def fenced_blocks(text: str, page: str, languages: tuple[str, ...]) -> list[Block]:
     blocks = []
     for match in FENCE.finditer(text):
-        if match.group(1) != "python":
+        if match.group(1) not in languages:
             continue
         line = text.count("\n", 0, match.start()) + 1
         before = text[: match.start()].rstrip().rsplit("\n\n", 1)[-1].strip()
@@ -57,7 +78,7 @@ def python_blocks(text: str, page: str) -> list[Block]:
             skip = before[len(SKIP) :].strip()
             if not skip:
                 raise ValueError(f"{page}:{line}: a block left out of the tests must say why")
-        blocks.append(Block(page, line, match.group(2), skip))
+        blocks.append(Block(page, line, match.group(2), skip, match.group(1)))
     return blocks
 
 

@@ -9,33 +9,29 @@ importing it, so there the stub's own docstring is what counts.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 import types
 
 import trash_panda
 import trash_panda.settings
 from doc_examples import ROOT
+from trash_panda import _core
+
+# The writer of the stub's docstrings is a script of the repository, loaded from its file.
+_spec = importlib.util.spec_from_file_location("stub_docs", ROOT / "scripts" / "stub_docs.py")
+assert _spec is not None and _spec.loader is not None
+stub_docs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stub_docs)
 
 STUB = ROOT / "python" / "trash_panda" / "_core.pyi"
 API_PAGES = ROOT / "docs" / "api"
 
-# The names of _core.pyi that have no docstring in the stub yet (their Rust functions have doc
-# comments, which the stub does not repeat). This list may only shrink: a name documented in the
-# stub must leave it, and a new undocumented name fails the test.
-STUB_UNDOCUMENTED = {
-    "Allowance", "AllowanceStats", "BlockPlan", "Budgets", "Checkpoint", "DriveRate", "Engine",
-    "EngineConfig", "EngineStats", "Free", "HeldPlace", "Holds", "Lease", "LoadReport", "OrderRead",
-    "Plan", "ReadLane", "Replan", "RssSampler", "StageRecord", "StagedTensor", "Staging",
-    "TensorBytes", "TensorInfo", "TierLoad", "asked_staging_buffers", "available_ram",
-    "cached_bytes", "cast", "check_block_prefixes", "cli_main", "clock", "current_rss",
-    "drop_cache", "dtype_header_name", "expand", "file_to_write", "full_order",
-    "infer_compute_dtype", "is_float_dtype", "is_scale_name", "make_plan", "measure_drive",
-    "needs_expansion", "order_file_path", "order_to_write", "paired_scale", "parse_size",
-    "pipeline_report", "private_memory", "profile_report", "quantize_fp8", "read_block",
-    "read_order_file", "read_tensors", "replan", "rows_cols", "scale_layout", "setting", "settings",
-    "staging_buffers", "storage_conversion", "tier_name", "trim_heap", "weight_of_scale",
-    "write_order_file",
-}  # fmt: skip
+# The names of _core.pyi with no docstring in the stub. The stub's docstrings are the runtime
+# ones (the Rust doc comments), written in by scripts/stub_docs.py; a name lands here only if its
+# Rust item has no doc comment. This list may only shrink: a name documented in the stub must
+# leave it, and a new undocumented name fails the test.
+STUB_UNDOCUMENTED: set[str] = set()
 
 
 def public_modules() -> list[types.ModuleType]:
@@ -115,3 +111,43 @@ def test_every_public_module_has_a_page() -> None:
         if line.startswith(":::")
     }
     assert {m.__name__ for m in public_modules()} | {"trash_panda._core"} == directives
+
+
+def test_stub_docstrings_are_the_rust_doc_comments() -> None:
+    drift = stub_docs.drift(STUB.read_text(encoding="utf-8"), _core)
+    assert drift == [], f"_core.pyi differs from the binding's docs; run `{stub_docs.COMMAND}`:\n" + "\n".join(drift)
+
+
+STUB_SOURCE = '''@final
+class A:
+    @property
+    def x(self) -> int: ...
+
+class B:
+    """Old words."""
+
+    def f(self) -> None: ...
+
+def g(
+    n: int,
+) -> int: ...
+def h() -> None:
+    """Gone from the runtime."""
+'''
+
+
+def test_the_drift_check_fails_until_the_script_writes_the_runtime_docs() -> None:
+    class Runtime:
+        A = type("A", (), {"__doc__": "A thing."})
+        B = type("B", (), {"__doc__": 'New words, on\ntwo lines with a \\ and a quote: "'})
+        g = type("g", (), {"__doc__": "Doubles `n`."})
+        h = type("h", (), {"__doc__": None})
+
+    found = stub_docs.drift(STUB_SOURCE, Runtime)
+    assert [line.split(":")[0] for line in found] == ["A", "B", "g", "h"], found
+    written = stub_docs.with_docs(STUB_SOURCE, stub_docs.runtime_docs(STUB_SOURCE, Runtime))
+    assert stub_docs.drift(written, Runtime) == [], written
+    # Written twice, the stub is unchanged, and the members' decorators stay with their members.
+    assert stub_docs.with_docs(written, stub_docs.runtime_docs(written, Runtime)) == written
+    assert '    """A thing."""\n    @property\n    def x' in written, written
+    assert "def h() -> None:\n    ...\n" in written, written

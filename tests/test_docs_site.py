@@ -70,3 +70,80 @@ def test_links_to_repository_files_work_and_broken_ones_fail(tmp_path: Path) -> 
     assert 'href="repo/data.txt"' in (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
     broken = _site(tmp_path, "# Home\n\n[the data](../data.txt) and [gone](../gone.txt)\n")
     assert broken.returncode != 0 and "gone.txt" in broken.stderr, broken.stderr
+
+
+# A hook after the site's own: it keeps the Markdown each page was built from, for the checks.
+DUMP_HOOK = """
+from pathlib import Path
+
+def on_page_markdown(markdown, page, config, files):
+    out = Path(config["config_file_path"]).parent / "dumped" / page.file.src_uri
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(markdown, encoding="utf-8")
+    return markdown
+"""
+
+ONE = "# One (`bench/one.py`)\n\n- date: 2026-01-02 03:04 UTC; machine: nproc 2 (a CPU; of a kind), 1 GiB RAM\n\n"
+ONE += "| a | b |\n|---|---|\n| 1 | 2 |\n"
+# A plot as the bench scripts link it, from the repository's root (for BENCHMARK.md's copy).
+TWO = "# Two\n\nNo date, no machine.\n\n![plot](bench/results/two.png)\n"
+
+
+def left_out(results: list[Path], pages: dict[str, str]) -> list[str]:
+    """The result files no page was built from: a page starts with the file's title and holds the
+    rest of its text (the date, machine and method come between; plot links are relinked)."""
+
+    def shown(path: Path, page: str) -> bool:
+        title, _, rest = path.read_text(encoding="utf-8").split("\n![", 1)[0].partition("\n")
+        return page.startswith(title + "\n") and rest in page
+
+    return [p.name for p in results if not any(shown(p, page) for page in pages.values())]
+
+
+@pytest.mark.skipif(not MKDOCS.exists(), reason="no docs environment: `make docs` makes .venv-docs")
+def test_every_result_file_is_a_page_with_its_date_machine_and_method(tmp_path: Path) -> None:
+    results = tmp_path / "bench" / "results"
+    results.mkdir(parents=True)
+    (results / "one.md").write_text(ONE, encoding="utf-8")
+    (results / "two.md").write_text(TWO, encoding="utf-8")
+    (results / "two.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (tmp_path / "dump.py").write_text(DUMP_HOOK, encoding="utf-8")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text("# Home\n", encoding="utf-8")
+    (tmp_path / "docs" / "figures.md").write_text(f"# Figures\n\n{docs_hooks.RESULTS_MARKER}\n", encoding="utf-8")
+    hooks = [(ROOT / "scripts" / "docs_hooks.py").as_posix(), (tmp_path / "dump.py").as_posix()]
+    config = f"site_name: t\nstrict: true\nhooks: {hooks}\nnav:\n  - index.md\n  - Figures:\n    - figures.md\n"
+    (tmp_path / "mkdocs.yml").write_text(config, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": "", "NO_MKDOCS_2_WARNING": "1"}
+    r = subprocess.run(
+        [str(MKDOCS), "build", "-f", str(tmp_path / "mkdocs.yml")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    pages = {
+        p.relative_to(tmp_path / "dumped").as_posix(): p.read_text(encoding="utf-8")
+        for p in (tmp_path / "dumped").rglob("*.md")
+    }
+    assert left_out(sorted(results.glob("*.md")), pages) == []
+    # The check sees a result file left out of the site.
+    assert left_out(sorted(results.glob("*.md")), {k: v for k, v in pages.items() if "two" not in k}) == ["two.md"]
+    one = pages["repo/bench/results/one.md"]
+    assert "Date: 2026-01-02 03:04 UTC. Machine: nproc 2 (a CPU; of a kind), 1 GiB RAM. Method: `bench/one.py`." in one
+    assert f"Date: {docs_hooks.NOT_STATED}. Machine: {docs_hooks.NOT_STATED}." in pages["repo/bench/results/two.md"]
+    table = pages["figures.md"]
+    assert "| [One (one)](repo/bench/results/one.md) | 2026-01-02 03:04 UTC | `bench/one.py` |" in table, table
+    site = tmp_path / "site"
+    assert '<img alt="plot" src="../two.png"' in (site / "repo" / "bench" / "results" / "two" / "index.html").read_text(
+        encoding="utf-8"
+    )
+    assert (site / "repo" / "bench" / "results" / "two.png").exists()
+    assert "One (one)" in (site / "index.html").read_text(encoding="utf-8")  # in the nav
+
+
+def test_the_figures_page_shows_every_result_file_of_the_repository() -> None:
+    assert (ROOT / "docs" / "figures.md").read_text(encoding="utf-8").count(docs_hooks.RESULTS_MARKER) == 1
+    assert docs_hooks.result_files() == sorted((ROOT / "bench" / "results").glob("*.md"))

@@ -69,6 +69,7 @@ __version__: str
 
 @final
 class TensorInfo:
+    """One tensor's entry in the index."""
     @property
     def name(self) -> str: ...
     @property
@@ -88,6 +89,7 @@ class TensorInfo:
 
 @final
 class TensorBytes:
+    """The bytes of one tensor, handed to torch through `__dlpack__`."""
     def __dlpack__(
         self,
         *,
@@ -101,6 +103,7 @@ class TensorBytes:
 
 @final
 class Checkpoint:
+    """An opened checkpoint."""
     def __new__(cls, path: str | PathLike[str]) -> Checkpoint: ...
     @property
     def files(self) -> list[str]: ...
@@ -112,7 +115,9 @@ class Checkpoint:
     def check_holds(self, name: str) -> None: ...
     def close(self) -> None: ...
 
-def dtype_header_name(name: str) -> str: ...
+def dtype_header_name(name: str) -> str:
+    """The safetensors header name of a dtype written the way users write it ("bf16", "fp8", ...)."""
+
 def expand(
     src: Any,
     src_dtype: str,
@@ -124,8 +129,12 @@ def expand(
     scale: Any | None = None,
     block: int = 128,
     threads: int | None = None,
-) -> None: ...
-def cast(src: Any, src_dtype: str, dst: Any, dst_dtype: str, threads: int | None = None) -> None: ...
+) -> None:
+    """Expands (fp8 times a scale, or a plain cast) `src` into `dst`."""
+
+def cast(src: Any, src_dtype: str, dst: Any, dst_dtype: str, threads: int | None = None) -> None:
+    """Casts between f32, f16 and bf16 with round-to-nearest-even."""
+
 def quantize_fp8(
     src: Any,
     src_dtype: str,
@@ -135,13 +144,23 @@ def quantize_fp8(
     cols: int,
     per_row: bool,
     threads: int | None = None,
-) -> None: ...
-def drop_cache(path: str | PathLike[str]) -> None: ...
-def cached_bytes(path: str | PathLike[str]) -> int: ...
-def measure_drive(paths: Sequence[str | PathLike[str]], max_bytes: int = 536870912) -> DriveRate | None: ...
+) -> None:
+    """Quantizes `src` to fp8 e4m3fn into `dst`, writing the float32 scales into `scales`."""
+
+def drop_cache(path: str | PathLike[str]) -> None:
+    """Asks the kernel to drop the file's pages from the page cache."""
+
+def cached_bytes(path: str | PathLike[str]) -> int:
+    """How many bytes of the file are in the page cache."""
+
+def measure_drive(paths: Sequence[str | PathLike[str]], max_bytes: int = 536870912) -> DriveRate | None:
+    """Reads up to `max_bytes` from the start of `paths` with unbuffered reads, several in flight,
+    and returns the rate; `None` where the file system refuses unbuffered reads.
+    """
 
 @final
 class DriveRate:
+    """The drive's read rate, measured with unbuffered reads (see `measure_drive`)."""
     @property
     def bytes(self) -> int: ...
     @property
@@ -151,10 +170,12 @@ class DriveRate:
     @property
     def gb_per_s(self) -> float: ...
 
-def cli_main(argv: list[str]) -> int: ...
+def cli_main(argv: list[str]) -> int:
+    """Runs the command line (argv[0] included) and returns its exit code."""
 
 @final
 class Plan:
+    """A plan: which block lives on the device, in RAM and on disk."""
     @staticmethod
     def manual(resident: list[str], streamed: list[str], streamed_tier: str = "ram") -> Plan: ...
     @staticmethod
@@ -188,6 +209,7 @@ class Plan:
 
 @final
 class BlockPlan:
+    """One block of a plan."""
     @property
     def name(self) -> str: ...
     @property
@@ -205,6 +227,7 @@ class BlockPlan:
 
 @final
 class Budgets:
+    """The budgets of a plan, in bytes (see docs/plan-format.md)."""
     @property
     def gpu(self) -> bool: ...
     @property
@@ -252,6 +275,7 @@ class Budgets:
 
 @final
 class EngineConfig:
+    """The runtime figures of a plan under the current TRASH_PANDA_* settings."""
     def __new__(cls, plan: Plan) -> EngineConfig: ...
     @property
     def gpu(self) -> bool: ...
@@ -286,8 +310,14 @@ class EngineConfig:
     def maps_lookup_table(self, info: TensorInfo) -> bool: ...
     def expansion(self, dtypes: list[str], elements: list[int], scaled: list[bool]) -> list[int | None]: ...
 
-def scale_layout(name: str, weight: list[int], scale: list[int], block: int = 128) -> str: ...
-def rows_cols(shape: list[int]) -> tuple[int, int]: ...
+def scale_layout(name: str, weight: list[int], scale: list[int], block: int = 128) -> str:
+    """How scale tensor `name` of shape `scale` applies to a weight of shape `weight`: "tensor",
+    "row" or "block" (the core's one classification).
+    """
+
+def rows_cols(shape: list[int]) -> tuple[int, int]:
+    """How the kernels see a tensor of `shape`: (rows, cols)."""
+
 def make_plan(
     tensors: list[tuple[str, TensorInfo]],
     prefixes: list[str] | None,
@@ -295,21 +325,68 @@ def make_plan(
     has_gpu: bool,
     ram: int | None = None,
     **options: Any,
-) -> Plan: ...
-def parse_size(value: int | str, what: str = "size") -> int: ...
-def storage_conversion(name: str, dtype: str, shape: list[int], storage: str) -> str: ...
-def infer_compute_dtype(tensors: Sequence[TensorInfo]) -> Literal["BF16", "F16", "F32"]: ...
-def tier_name(name: str) -> Literal["device", "ram", "disk"]: ...
-def paired_scale(name: str, names: Container[str]) -> str | None: ...
-def is_float_dtype(name: str) -> bool: ...
-def is_scale_name(name: str) -> bool: ...
-def weight_of_scale(name: str) -> str | None: ...
-def needs_expansion(held: str, compute: str, scaled: bool) -> bool: ...
-def check_block_prefixes(prefixes: Sequence[str]) -> list[str]: ...
-def asked_staging_buffers(setting: int) -> int | None: ...
-def staging_buffers(asked: int | None, lookahead: int) -> int: ...
-def setting(name: str, argument: object = None) -> bool | int | str: ...
-def settings() -> list[dict[str, str]]: ...
+) -> Plan:
+    """Plans a model from its tensors (its names and their checkpoint entries) and block prefixes."""
+
+def parse_size(value: int | str, what: str = "size") -> int:
+    """Parses a size as users write it ("9GB", "1.5GiB", 123) into bytes."""
+
+def storage_conversion(name: str, dtype: str, shape: list[int], storage: str) -> str:
+    """What `storage_dtype` does to a tensor on load: "keep", "bf16" or "fp8" (the core's one rule)."""
+
+def infer_compute_dtype(tensors: Sequence[TensorInfo]) -> Literal["BF16", "F16", "F32"]:
+    """The dtype a model computes in when nothing says (the core's one rule): "BF16", "F16" or
+    "F32", from the checkpoint's tensors by element count (see `rules::infer_compute_dtype`).
+    """
+
+def tier_name(name: str) -> Literal["device", "ram", "disk"]:
+    """The canonical name of a tier ("device", "ram" or "disk") from any name the core accepts
+    ("gpu", "cuda", "vram", "cpu", "memory" too); a PlanError naming the accepted ones else.
+    """
+
+def paired_scale(name: str, names: Container[str]) -> str | None:
+    """The scale tensor applied to weight `name`, among `names` (any container of names: a dict
+    or a set): `<layer>.weight_scale`, `<layer>.scale_weight` or `<layer>.weight_scale_inv`,
+    first found; None for no scale or a name not ending in `.weight` (the core's one rule).
+    """
+
+def is_float_dtype(name: str) -> bool:
+    """Whether a dtype (a header name such as "F8_E4M3", or a name such as "bf16") is a float:
+    f64, f32, f16, bf16 and the two fp8 kinds (the core's one rule).
+    """
+
+def is_scale_name(name: str) -> bool:
+    """Whether `name` is a scale tensor's: it ends in one of `SCALE_SUFFIXES`."""
+
+def weight_of_scale(name: str) -> str | None:
+    """The weight scale tensor `name` scales (`a.b.weight_scale` -> `a.b.weight`, for each of
+    `SCALE_SUFFIXES`); None for a name that is not a scale tensor's.
+    """
+
+def needs_expansion(held: str, compute: str, scaled: bool) -> bool:
+    """Whether a weight held as `held` (a dtype name such as "F8_E4M3" or "bf16") is expanded to
+    `compute` before its block runs rather than used as it is: a float in another dtype, or one
+    with a scale to apply (`scaled`).
+    """
+
+def check_block_prefixes(prefixes: Sequence[str]) -> list[str]:
+    """Block prefixes with the trailing dot each needs, after the planner's check: a PlanError for
+    an empty prefix, one given twice, or one inside another.
+    """
+
+def asked_staging_buffers(setting: int) -> int | None:
+    """The staging buffers a `pinned_buffers` setting asks for: None for 0 (the look-ahead decides)."""
+
+def staging_buffers(asked: int | None, lookahead: int) -> int:
+    """The staging buffers a plan with a streamed block counts: `asked`, else `lookahead + 1`; at
+    least one.
+    """
+
+def setting(name: str, argument: object = None) -> bool | int | str:
+    """The value of a setting: `argument` if not None, else `TRASH_PANDA_<NAME>`, else the default."""
+
+def settings() -> list[dict[str, str]]:
+    """Every setting: name, environment variable, kind, default and what it does."""
 
 FP8_MIN_ELEMENTS: int
 CUDA_CONTEXT_FLOOR: int
@@ -319,6 +396,9 @@ DEFAULT_LOOKAHEAD: int
 
 @final
 class TierLoad:
+    """What one tier (or the weights outside the blocks) took at load time. Immutable: a report's
+    tier is replaced as a whole.
+    """
     def __new__(cls, blocks: int = 0, tensors: int = 0, bytes: int = 0, seconds: float = 0.0) -> TierLoad: ...
     @property
     def blocks(self) -> int: ...
@@ -332,6 +412,7 @@ class TierLoad:
 
 @final
 class LoadReport:
+    """Bytes and seconds of a load, per tier. ``str(report)`` is a short table."""
     def __new__(cls, checkpoint: str, device: str, compute_dtype: str) -> LoadReport: ...
     @property
     def checkpoint(self) -> str: ...
@@ -360,16 +441,31 @@ class LoadReport:
 
 def read_tensors(
     path: str | PathLike[str], requests: list[tuple[int, Any]], threads: int = 2, direct: bool = False
-) -> tuple[int, float]: ...
+) -> tuple[int, float]:
+    """Reads byte ranges of a file straight into CPU tensors: `requests` is a list of
+    (file offset, destination); each destination is filled completely. Returns (bytes, seconds).
+    """
+
 def read_block(
     requests: Sequence[tuple[str | PathLike[str], int, Any]],
     threads: int = 2,
     lane: ReadLane | None = None,
     position: int | None = None,
-) -> tuple[int, float]: ...
+) -> tuple[int, float]:
+    """Reads byte ranges of several files into CPU tensors in one call without the GIL: `requests`
+    is a list of (path, file offset, destination). Each file's ranges are read in file order by
+    `threads` readers; with a `lane`, every read waits in its queue for a place at the drive as
+    the block at `position` of the lane's run order (`None`: needed now). Returns (bytes,
+    seconds).
+    """
 
 @final
 class ReadLane:
+    """One model's lane of the read queue of the drive its checkpoint lies on (see the core's
+    `io::Lane` and `io::drive_queue`): the queue has `DRIVE_IN_FLIGHT` places for every model of
+    the process reading that drive; the lane ranks this model's reads by its run order of
+    `blocks` blocks and by its priority ("run" before "ahead").
+    """
     def __new__(cls, files: Sequence[str | PathLike[str]], blocks: int, priority: str = "run") -> ReadLane: ...
     @property
     def depth(self) -> int: ...
@@ -397,12 +493,21 @@ class ReadLane:
 
 @final
 class HeldPlace:
+    """A place at the drive held by `ReadLane.hold_place` until `release()`."""
     def release(self) -> None: ...
 
-def trim_heap() -> bool: ...
-def current_rss() -> int: ...
-def private_memory() -> int: ...
-def available_ram() -> int: ...
+def trim_heap() -> bool:
+    """Gives memory the C allocator holds free back to the system (after a release)."""
+
+def current_rss() -> int:
+    """The process's resident memory in bytes."""
+
+def private_memory() -> int:
+    """The process's private resident memory in bytes (Linux: RssAnon; Windows: private bytes)."""
+
+def available_ram() -> int:
+    """The RAM the machine has available (MemAvailable), in bytes."""
+
 def profile_report(
     blocks: list[tuple[str, str]],
     runs: list[tuple[int, float, float, float, float, int, str]],
@@ -414,17 +519,29 @@ def profile_report(
     stagings: list[Staging] | None = None,
     engine_blocks: list[int] | None = None,
     drive: DriveRate | None = None,
-) -> tuple[str, str, str]: ...
-def clock() -> float: ...
+) -> tuple[str, str, str]:
+    """Builds the profile of a run and returns (report text, Chrome trace JSON, log line).
+    `load` is a LoadSummary, `engine` the engine's statistics and `memory` a list of memory
+    points, each as JSON. `stagings` are the engine's (`Engine.stagings()`), drawn on the trace's
+    worker lanes; `engine_blocks[i]` is the index in `blocks` of the engine's block `i` (the
+    engine only numbers streamed blocks), the same index when not given.
+    """
+
+def clock() -> float:
+    """Seconds on the clock the engine's workers time their stagings with; block runs timed with it
+    line up with the stagings in the trace.
+    """
 
 @final
 class RssSampler:
+    """Samples the process's resident memory on a thread until `stop()`."""
     def __new__(cls, interval_ms: int = 1, private: bool = False) -> RssSampler: ...
     def peak(self) -> int: ...
     def stop(self) -> tuple[int, int, int]: ...
 
 @final
 class Lease:
+    """A staged block, leased from the engine."""
     @property
     def block(self) -> int: ...
     @property
@@ -442,6 +559,7 @@ class Lease:
 
 @final
 class StagedTensor:
+    """One tensor of a staged block, and what the backends do with it before the block runs."""
     @property
     def name(self) -> str: ...
     @property
@@ -465,6 +583,7 @@ class StagedTensor:
 
 @final
 class EngineStats:
+    """The prefetch engine's counters."""
     @property
     def ram_bytes(self) -> int: ...
     @property
@@ -496,6 +615,7 @@ class EngineStats:
 
 @final
 class Staging:
+    """One block a worker read into a staging buffer, timed on `clock()`."""
     @property
     def block(self) -> int: ...
     @property
@@ -526,6 +646,7 @@ class StagingPool:
 
 @final
 class Engine:
+    """The prefetch engine of one model."""
     def __new__(
         cls,
         blocks: list[tuple[str, str, list[tuple[str, int, int, int, str, list[int]]]]],
@@ -584,6 +705,7 @@ ORDER_SUFFIX: str
 
 @final
 class OrderRead:
+    """What reading an order file gave: the order, or why the file was not used."""
     @property
     def path(self) -> Path: ...
     @property
@@ -603,22 +725,42 @@ class OrderRead:
     def outside_for(self, modules: list[str]) -> dict[str, int]: ...
     def warning(self) -> str | None: ...
 
-def order_file_path(checkpoint: str | PathLike[str], destination: str | PathLike[str] | None = None) -> Path: ...
-def read_order_file(path: str | PathLike[str], blocks: list[str]) -> OrderRead: ...
+def order_file_path(checkpoint: str | PathLike[str], destination: str | PathLike[str] | None = None) -> Path:
+    """The order file of `checkpoint` (a file, an index or a folder), next to it or in `destination`."""
+
+def read_order_file(path: str | PathLike[str], blocks: list[str]) -> OrderRead:
+    """Reads the order file at `path`, matched against the model's `blocks` in plan order."""
+
 def write_order_file(
     path: str | PathLike[str], checkpoint: str | PathLike[str], blocks: list[str], outside: dict[str, int] | None = None
-) -> None: ...
-def order_to_write(read: OrderRead, recorded: list[str], blocks: list[str]) -> list[str] | None: ...
+) -> None:
+    """Writes `blocks`, in the order they ran, as the order file at `path` for `checkpoint`,
+    atomically; `outside` (module name -> blocks started before its first use) goes with them.
+    """
+
+def order_to_write(read: OrderRead, recorded: list[str], blocks: list[str]) -> list[str] | None:
+    """The order to write to the file after a run (every block that ran, in the order of their
+    first run, merged into the known order when only some ran), or None to leave the file.
+    """
+
 def file_to_write(
     read: OrderRead, recorded: list[str], blocks: list[str], outside: dict[str, int]
-) -> tuple[list[str], dict[str, int]] | None: ...
-def full_order(first: list[str], blocks: list[str]) -> list[int]: ...
+) -> tuple[list[str], dict[str, int]] | None:
+    """`order_to_write` with the outside modules the run recorded (name -> distinct blocks started
+    before its first use): (blocks, outside) to write, or None to leave the file.
+    """
+
+def full_order(first: list[str], blocks: list[str]) -> list[int]:
+    """The full run order as positions in `blocks`: the blocks `first` names, then the others in
+    plan order.
+    """
 
 # pipeline: memory handed over between a pipeline's stages
 __all__ += ["Allowance", "AllowanceStats", "Free", "Holds", "Replan", "StageRecord", "pipeline_report", "replan"]
 
 @final
 class Holds:
+    """What a loaded stage holds that its release gives back, in bytes."""
     def __new__(cls, ram: int = 0, vram: int = 0) -> Holds: ...
     @staticmethod
     def of(stage: str, plan: Plan) -> Holds: ...
@@ -635,6 +777,7 @@ class Holds:
 
 @final
 class Free:
+    """Free memory in bytes: RAM the process can use, and free VRAM where a GPU computes."""
     def __new__(cls, ram: int, vram: int | None = None) -> Free: ...
     @staticmethod
     def probe(vram: int | None = None) -> Free: ...
@@ -649,6 +792,7 @@ class Free:
 
 @final
 class Replan:
+    """Why a stage is planned again at its start: the memory that missed the prediction."""
     @property
     def memory(self) -> str: ...
     @property
@@ -658,10 +802,12 @@ class Replan:
     @property
     def margin(self) -> int: ...
 
-def replan(predicted: Free, actual: Free) -> Replan | None: ...
+def replan(predicted: Free, actual: Free) -> Replan | None:
+    """Whether a stage planned for `predicted` must be planned again for `actual` (None: keep it)."""
 
 @final
 class AllowanceStats:
+    """What an allowance has done."""
     @property
     def taken(self) -> int: ...
     @property
@@ -673,6 +819,10 @@ class AllowanceStats:
 
 @final
 class Allowance:
+    """The memory the next stage's early reads may fill while the stage before it runs: `take`
+    waits (without the GIL) until the bytes are there; `give` adds what the running stage freed;
+    `open` lifts the limit when the stage starts; `close` fails every wait.
+    """
     def __new__(cls, stage: str, bytes: int) -> Allowance: ...
     def take(self, bytes: int) -> None: ...
     def try_take(self, bytes: int) -> bool: ...
@@ -691,6 +841,7 @@ class Allowance:
 
 @final
 class StageRecord:
+    """One stage of one pipeline run, for the pipeline's report."""
     def __new__(
         cls,
         run: int,
@@ -742,4 +893,5 @@ class StageRecord:
     @property
     def actual(self) -> Free | None: ...
 
-def pipeline_report(records: list[StageRecord]) -> str: ...
+def pipeline_report(records: list[StageRecord]) -> str:
+    """The report of the stages of a pipeline's runs, in the order they ran."""

@@ -1,0 +1,126 @@
+"""Writes the runtime docstrings of ``trash_panda._core`` into its stub, ``_core.pyi``.
+
+The binding builds each class's and function's ``__doc__`` from the Rust doc comments; the site
+reads ``_core`` from the stub without importing it, so the stub has to carry the same words. Run
+this after changing a doc comment (tests/test_api_docs.py fails until it is run):
+
+    .venv/bin/python scripts/stub_docs.py
+
+Only the module's own classes and functions are written; a name whose runtime doc is empty gets
+no docstring, and one the stub documents by itself is replaced, so the runtime doc always wins.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.machinery
+import importlib.util
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+STUB = ROOT / "python" / "trash_panda" / "_core.pyi"
+EXTENSION = ROOT / "python" / "trash_panda" / "_core.abi3.so"
+COMMAND = ".venv/bin/python scripts/stub_docs.py"
+
+
+def load_core() -> ModuleType:
+    # The extension alone: importing the package would pull in torch, which the docs venv lacks.
+    loader = importlib.machinery.ExtensionFileLoader("trash_panda._core", str(EXTENSION))
+    spec = importlib.util.spec_from_file_location("trash_panda._core", EXTENSION, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def normal(doc: str | None) -> str:
+    """A docstring as the stub's parser returns it; trailing spaces go, as the formatter drops them."""
+    return "\n".join(line.rstrip() for line in inspect.cleandoc(doc or "").splitlines()).strip()
+
+
+def _documented(tree: ast.Module) -> list[ast.ClassDef | ast.FunctionDef]:
+    return [n for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef) and not n.name.startswith("_")]
+
+
+def runtime_docs(source: str, module: ModuleType) -> dict[str, str]:
+    """The runtime doc of each public class and function of the stub (empty when it has none)."""
+    return {n.name: _runtime(module, n.name) for n in _documented(ast.parse(source))}
+
+
+def _runtime(module: ModuleType, name: str) -> str:
+    return normal(getattr(getattr(module, name, None), "__doc__", None))
+
+
+def drift(source: str, module: ModuleType) -> list[str]:
+    """The names whose stub docstring is not the runtime one, each with what differs."""
+    found = []
+    for node in _documented(ast.parse(source)):
+        want, have = _runtime(module, node.name), normal(ast.get_docstring(node))
+        if want != have:
+            found.append(f"{node.name}: stub {have[:60]!r}, runtime {want[:60]!r}")
+    return found
+
+
+def _literal(doc: str, indent: str) -> str:
+    # Escaped so the parser reads back the very text; the closing quotes go on their own line
+    # for a doc of several lines, as the formatter would put them.
+    text = doc.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+    if text.endswith('"'):
+        text = text[:-1] + '\\"'
+    lines = text.split("\n")
+    if len(lines) == 1:
+        return f'{indent}"""{text}"""'
+    rest = [f"{indent}{line}" if line else "" for line in lines[1:]]
+    return "\n".join([f'{indent}"""{lines[0]}', *rest, f'{indent}"""'])
+
+
+def with_docs(source: str, docs: dict[str, str]) -> str:
+    """``source`` with the docstring of each class and function in ``docs`` set to its value."""
+    lines = source.split("\n")
+    nodes = [n for n in _documented(ast.parse(source)) if n.name in docs]
+    # Bottom up: an edit changes the line numbers of what follows it, never of what precedes.
+    for node in sorted(nodes, key=lambda n: n.lineno, reverse=True):
+        doc, first = docs[node.name], node.body[0]
+        indent = " " * (node.col_offset + 4)
+        old = ast.get_docstring(node, clean=False) is not None
+        # A decorated first member starts at its first decorator, above its `def`.
+        start = min([first.lineno, *(d.lineno for d in getattr(first, "decorator_list", []))]) - 1
+        end = (first.end_lineno or first.lineno) - 1
+        head, tail = lines[start][: first.col_offset], lines[end][first.end_col_offset or 0 :]
+        inline = start == first.lineno - 1 and head.strip() != ""  # `def f() -> int: ...` or `class A: """doc"""`
+        if not doc and not old:
+            continue
+        # A docstring taken out of a body that had nothing else leaves `...`: a body cannot be empty.
+        body = [_literal(doc, indent)] if doc else [f"{indent}..."] if len(node.body) == 1 else []
+        if inline:
+            # The docstring takes the place of the one-line body (`...`); a comment after it stays.
+            lines[start : end + 1] = [head.rstrip(), *body] + ([indent + tail.strip()] if tail.strip() else [])
+        elif old:
+            lines[start : end + 1] = body
+        else:
+            lines[start:start] = body
+    return "\n".join(lines)
+
+
+def main() -> int:
+    source = STUB.read_text(encoding="utf-8")
+    module = load_core()
+    updated = with_docs(source, runtime_docs(source, module))
+    if drift(updated, module):
+        print("stub_docs: the stub still differs:\n" + "\n".join(drift(updated, module)), file=sys.stderr)
+        return 1
+    if updated != source:
+        STUB.write_text(updated, encoding="utf-8")
+        # The blank lines around the new docstrings are the formatter's to choose (`make lint`).
+        subprocess.run([sys.executable, "-m", "ruff", "format", "--quiet", str(STUB)], check=True)
+    empty = sorted(n for n, d in runtime_docs(updated, module).items() if not d)
+    print(f"stub_docs: {STUB.relative_to(ROOT)} matches the runtime docs; no runtime doc: {empty or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
