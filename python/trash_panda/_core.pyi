@@ -631,6 +631,9 @@ class Staging:
 
 @final
 class StagingPool:
+    """`count` page-aligned staging buffers of `size` bytes (rounded up to whole pages), allocated
+    and written once; engines made with it (`Engine(..., pool=)`) stage into them in turn.
+    """
     def __new__(cls, size: int, count: int) -> StagingPool: ...
     def buffers(self) -> list[tuple[int, int]]: ...
     @property
