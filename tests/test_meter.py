@@ -250,3 +250,28 @@ def test_mapped_pages_are_not_activation_memory(big: tuple[Path, Tiny]) -> None:
     assert top - start > 24 << 20, (start, top)
     got = remembered_activation("mapped")
     assert got is not None and got < 8 << 20, got
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MAP_PRIVATE"), reason="POSIX maps")
+def test_the_cpu_gauge_sees_a_large_read_arrive_and_leave(tmp_path: Path) -> None:
+    """Tensors read into pages of their own (from 1 MiB on) are private memory: the CPU gauge
+    sees them arrive and, once freed, leave. Pages it could not see (a shared map is shmem)
+    would make a block given back beside a running stage look like that stage's activations."""
+    from safetensors.torch import save_file
+
+    from trash_panda.checkpoint import Checkpoint
+    from trash_panda.offload.materialize import FRESH_BYTES, read_many
+
+    n = 64 * FRESH_BYTES
+    path = tmp_path / "big.safetensors"
+    save_file({"w": torch.ones(n // 4)}, str(path))
+    info = Checkpoint(path).info("w")
+    before = _core.private_memory()
+    (t,) = read_many([info], threads=1)
+    assert bool(t[-1] == 1)
+    grown = _core.private_memory() - before
+    del t
+    shrunk = _core.private_memory() - before
+    # Other threads may allocate meanwhile: a margin of 16 MiB on 64.
+    assert grown > n - 16 * 2**20, (grown, n)
+    assert shrunk < 16 * 2**20, (shrunk, n)

@@ -6,6 +6,7 @@ streamed, still equals the plain pipeline bit for bit."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import sys
 import weakref
@@ -246,3 +247,20 @@ def test_a_stage_the_pool_cannot_hold_is_planned_without_the_pools_ram(folder: P
         p = staging.planned(make, ram)
         assert p.budgets is not None and p.budgets.shared_staging is shared
         assert p.budgets.usable_ram == (ram if shared else ram - staging.pool.bytes)
+
+
+def test_no_pool_where_every_stage_fits_the_budget_alone(folder: Path, want: torch.Tensor, tmp_path: Path) -> None:
+    """A budget that holds each stage alone but not all three: the stages make room for each
+    other instead of streaming, so no pool is held for the pipeline's life. The pool is sized
+    on the read-ahead's thread, each stage planned with the budget to itself."""
+    from test_pipeline_runner import fixed_holds, stages
+
+    holds = {name: h.ram for name, h in fixed_holds(folder).items()}
+    budget = max(holds.values()) + min(holds.values()) // 2
+    assert budget < sum(holds.values())
+    # Keys of its own: no activations remembered by other tests.
+    fresh = [dataclasses.replace(s, key=tmp_path / s.name) for s in stages(folder, min_free_ram=0, activation_vram=0)]
+    with tp.Pipeline(fresh, ram=budget) as pipe:
+        for _ in range(2):
+            assert torch.equal(one_run(pipe), want)
+        assert pipe._staging.sized and pipe._staging.pool is None, pipe.report()

@@ -451,7 +451,12 @@ class Pipeline:
         first stage keeps its blocks resident."""
         if self._staging.sized:
             return
-        free = self._free()
+        # Each stage as it would plan with the budget to itself: one that streams only while
+        # others are loaded gets room from them (_make_room), not a pool for its whole life.
+        held = _core.Holds()
+        for s in self._loaded.values():
+            held = held.plus(s.held_now())
+        free = self._free().after_release(held)
 
         def planned(spec: Stage) -> Plan:
             return self._plan(spec, self._model(spec), Checkpoint(spec.path), free)

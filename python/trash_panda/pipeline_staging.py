@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from . import _core
+from .offload.meter import meter_for
 
 if TYPE_CHECKING:
     import torch
@@ -58,10 +59,19 @@ class SharedStaging:
             return
         count = max(n[0] for n in needs)
         size = max(n[1] for n in needs)
-        self.pool = _core.StagingPool(size, count)
-        if self.device.type == "cuda":
-            import torch
+        # Made beside a running stage (on the read-ahead's thread): its pages are not that
+        # stage's activations on a CPU meter.
+        made_pool: list[_core.StagingPool] = []
 
+        def allocate() -> int:
+            made_pool.append(_core.StagingPool(size, count))
+            return made_pool[0].bytes
+
+        import torch
+
+        meter_for(torch.device("cpu")).moved_in(allocate)  # host memory, on CUDA too
+        self.pool = made_pool[0]
+        if self.device.type == "cuda":
             from .offload.cuda import register_pinned
 
             self._pinned = register_pinned(torch.cuda.cudart(), self.pool)
