@@ -4,6 +4,7 @@ of the checkpoint's map that its blocks touch."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,32 @@ def test_weights_freed_beside_a_window_are_taken_off_its_baseline_only() -> None
     assert meter.freed_beside(free) == 1000
     gauge.set(gauge.now + 100)
     assert meter.stop(a) == 600
+
+
+def test_a_window_opened_while_weights_are_freed_beside_it_keeps_its_activations() -> None:
+    """The next stage's set-up gives back an idle stage's blocks while the running stage opens
+    its window: the window's baseline is read after the drop, not before it, which would hide
+    the activations under the bytes freed."""
+    import threading
+
+    gauge = FakeGauge()
+    meter = Meter(gauge)
+    gauge.set(1000)
+    freeing = threading.Event()
+
+    def free() -> int:
+        freeing.set()
+        time.sleep(0.05)  # the window opens now, on the other thread
+        gauge.set(gauge.now - 600)
+        return 600
+
+    beside = threading.Thread(target=meter.freed_beside, args=(free,))
+    beside.start()
+    assert freeing.wait(10)
+    window = meter.start()
+    gauge.set(gauge.now + 200)  # the running stage's activations
+    beside.join()
+    assert meter.stop(window) == 200
 
 
 def test_a_put_that_reuses_freed_heap_pages_moves_the_baseline_by_what_grew() -> None:

@@ -245,15 +245,15 @@ class Meter:
         and returns their bytes on this device: the windows' baselines move down by them. A
         pause would instead move them by all that changed meanwhile, the computing stage's own
         activations with it. The peak of ``free``'s own time is not read (it starts above
-        where it ends); it takes milliseconds."""
+        where it ends); it takes milliseconds, and runs under the meter's lock."""
         with self._lock:
+            # Under the lock (a free takes milliseconds): a window opening meanwhile would read
+            # its baseline before the drop and miss its activations by the bytes freed.
             self._fold(settle=False)
             open_at_start = list(self.windows)
-        nbytes = free()
-        with self._lock:
+            nbytes = free()
             for w in open_at_start:
-                if w in self.windows:
-                    w.base -= nbytes
+                w.base -= nbytes
             if self.windows:
                 self.gauge.reset(settle=False)
         return nbytes
