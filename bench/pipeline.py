@@ -514,12 +514,16 @@ def report(
                 )
         unkept = max(0, total_bytes - budget)
         least = least_reads(list(runner["stage_bytes"]), runner["stage_bytes"], runner["working"], budget)
+        none = least_reads(
+            list(runner["stage_bytes"]), runner["stage_bytes"], dict.fromkeys(runner["working"], 0), budget
+        )
         working = ", ".join(f"{n} {b / 1e9:.2f}" for n, b in runner["working"].items())
         notes.append(
             f"second run: the runner read {runner['read2'] / 1e9:.2f} GB; the files less the budget are "
             f"{unkept / 1e9:.2f} GB; what the budget cannot keep while each stage also holds the working memory "
             f"it measured ({working} GB) is {least / 1e9:.2f} GB (the least any runner reads a run, by an optimal "
-            f"cache of bytes: {runner['read2'] / max(least, 1):.2f}x that); stages loaded after each run: "
+            f"cache of bytes: {runner['read2'] / max(least, 1):.2f}x that; {none / 1e9:.2f} GB were no working memory "
+            f"needed); stages loaded after each run: "
             f"{runner['kept']}"
         )
     for way, r in got.items():
