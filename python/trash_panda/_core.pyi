@@ -16,6 +16,7 @@ __all__ = [
     "EngineStats",
     "Staging",
     "StagedTensor",
+    "StagingPool",
     "rows_cols",
     "scale_layout",
     "FP8_MIN_ELEMENTS",
