@@ -13,8 +13,6 @@ no docstring, and one the stub documents by itself is replaced, so the runtime d
 from __future__ import annotations
 
 import ast
-import importlib.machinery
-import importlib.util
 import inspect
 import subprocess
 import sys
@@ -22,19 +20,11 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from docs_hooks import load_core  # noqa: E402  (the extension alone, as the site's build loads it)
+
 STUB = ROOT / "python" / "trash_panda" / "_core.pyi"
-EXTENSION = ROOT / "python" / "trash_panda" / "_core.abi3.so"
 COMMAND = ".venv/bin/python scripts/stub_docs.py"
-
-
-def load_core() -> ModuleType:
-    # The extension alone: importing the package would pull in torch, which the docs venv lacks.
-    loader = importlib.machinery.ExtensionFileLoader("trash_panda._core", str(EXTENSION))
-    spec = importlib.util.spec_from_file_location("trash_panda._core", EXTENSION, loader=loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 def normal(doc: str | None) -> str:
