@@ -214,11 +214,15 @@ class Pipeline:
         from .offload.handover import free_now
 
         assert self._owns_loaded()
+        # Every plan counts the shared pool as its own staging: its RAM comes back here, once.
+        return free_now(self.device).with_shared_pool(self._staging.bytes).within(self.ram, self.vram, self._held())
+
+    def _held(self) -> _core.Holds:
+        """What the loaded stages hold now, together."""
         held = _core.Holds()
         for s in self._loaded.values():
             held = held.plus(s.held_now())
-        # Every plan counts the shared pool as its own staging: its RAM comes back here, once.
-        return free_now(self.device).with_shared_pool(self._staging.bytes).within(self.ram, self.vram, held)
+        return held
 
     def _plan(self, spec: Stage, model: nn.Module, ckpt: Checkpoint, free: _core.Free) -> Plan:
         """The stage's plan for ``free``, with its remembered activation memory."""
@@ -365,17 +369,13 @@ class Pipeline:
     # -- the stage read ahead ---------------------------------------------------------------
 
     def _read_ahead_later(self, spec: Stage, running: LoadedStage) -> None:
-        """Starts reading ``spec`` ahead on a thread of its own: building its model, planning it
-        and setting up its load take up to a second, which the stage starting now must not wait
-        for (a short stage took ten times as long). Everything that needs the stage read ahead
-        waits for that thread first (:meth:`_settle`).
-
-        Its thread may release idle stages (``_room``) and add the stage to ``_loaded`` while the
-        caller computes: those stages are neither the running one nor the one read ahead, the
-        only two the caller touches meanwhile, and every other use of ``_loaded`` settles first.
-        The releases stay on that thread because the load after them needs their memory: made on
-        the caller's thread at the stage's end, they would hold the reads back for the whole
-        stage."""
+        """Starts reading ``spec`` ahead on a thread of its own (building, planning and setting up
+        its load take up to a second, which the stage starting now must not wait for); whatever
+        needs that stage waits for the thread first (:meth:`_settle`). The thread may release
+        idle stages (``_room``) and add the stage to ``_loaded`` meanwhile: neither is the running
+        stage nor the one read ahead, the only two the caller touches, and every other use of
+        ``_loaded`` settles first. The releases stay on that thread because the load after them
+        needs their memory."""
         kept = self._loaded.get(spec.name)
         if (kept is None and self._index(spec.name) == 0) or (kept is not None and not kept.given):
             return
@@ -446,17 +446,13 @@ class Pipeline:
 
     def _size_staging(self) -> None:
         """Makes the shared staging pool (pipeline_staging.py) once, before the first stage that
-        streams: on the read-ahead's thread, or at the start of a stage loaded then that streams.
-        It builds and plans every stage, which the caller's thread need not wait for when the
-        first stage keeps its blocks resident."""
+        streams: on the read-ahead's thread, or at the start of a first stage that streams (it
+        builds and plans every stage, which the caller's thread should not wait for)."""
         if self._staging.sized:
             return
         # Each stage as it would plan with the budget to itself: one that streams only while
         # others are loaded gets room from them (_make_room), not a pool for its whole life.
-        held = _core.Holds()
-        for s in self._loaded.values():
-            held = held.plus(s.held_now())
-        free = self._free().after_release(held)
+        free = self._free().after_release(self._held())
 
         def planned(spec: Stage) -> Plan:
             return self._plan(spec, self._model(spec), Checkpoint(spec.path), free)
