@@ -1,0 +1,89 @@
+"""The parts of bench/pipeline.py's report that are figures of their own: where the RSS peaked,
+the least any runner must read in a run, and the plot of the stages on one time line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import _pipeline_models as pm
+
+
+def peak_at(r: dict[str, Any]) -> str:
+    """Where the highest RSS sample fell: the stage running then, or between stages."""
+    t, _read, rss = max(r["samples"], key=lambda x: x[2])
+    during = [s for s in r["spans"] if s["t0"] <= t <= s["t1"]]
+    where = ", ".join(f"run {s['run']} {s['stage']}" for s in during) or "between stages"
+    return f"highest RSS {(rss - r['start_rss']) / 1e9:.2f} GB over the start at {t:.1f} s, during {where}"
+
+
+def least_reads(order: list[str], weights: dict[str, int], working: dict[str, int], budget: int) -> int:
+    """The bytes a run of ``order``, repeated, must read at the least when each stage needs its
+    weights whole at its turn, beside its working memory, within ``budget``: an optimal cache
+    (Belady's: give up first what is needed again last) over divisible bytes, run three times
+    round the pipeline; the last run's reads. A lower bound for any runner: it ignores that the
+    next stage's reads overlap the running one."""
+    held = dict.fromkeys(order, 0)
+    n = len(order)
+    read = 0
+    for turn in range(3 * n):
+        i = turn % n
+        now = order[i]
+        if turn >= 2 * n:
+            read += weights[now] - held[now]
+        held[now] = weights[now]
+        over = sum(held.values()) - (budget - working[now])
+        for j in sorted(range(n), key=lambda j: -((j - i) % n)):
+            if over <= 0:
+                break
+            if j != i:
+                gone = min(over, held[order[j]])
+                held[order[j]] -= gone
+                over -= gone
+    return read
+
+
+def plot(got: dict[str, dict[str, Any]], budget: int, path: Path) -> None:
+    """One time line per way: per stage its start (light), its compute (dark) and its loader's
+    reads (hatched, above the bar); under it the drive's read rate and the process's RSS."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = {w: r for w, r in got.items() if "failed" not in r}
+    colors = dict(zip(pm.STAGES, ("tab:purple", "tab:green", "tab:blue", "tab:orange"), strict=True))
+    fig, axes = plt.subplots(
+        2 * len(ok), 1, figsize=(13, 3.3 * len(ok)), sharex=True, gridspec_kw={"height_ratios": [1.3, 1] * len(ok)}
+    )
+    for i, (way, r) in enumerate(ok.items()):
+        lanes, meter = axes[2 * i], axes[2 * i + 1]
+        for s in r["spans"]:
+            y = pm.STAGES.index(s["stage"])
+            c = colors[s["stage"]]
+            lanes.barh(y, s["ready"] - s["t0"], left=s["t0"], height=0.35, color=c, alpha=0.35)
+            lanes.barh(y, s["t1"] - s["ready"], left=s["ready"], height=0.35, color=c)
+        for lr in r["loader_reads"]:
+            y = pm.STAGES.index(lr["stage"]) + 0.3 if lr["stage"] in pm.STAGES else 0
+            lanes.barh(
+                y,
+                max(lr["t1"] - lr["t0"], 0.02),
+                left=lr["t0"],
+                height=0.2,
+                color="white",
+                edgecolor=colors.get(lr["stage"], "k"),
+                hatch="///",
+            )
+        lanes.set_yticks(range(len(pm.STAGES)), pm.STAGES)
+        lanes.invert_yaxis()
+        lanes.set_title(f"{way}: start (light), compute (dark), loader reads (hatched)", fontsize=9, loc="left")
+        t = [x[0] for x in r["samples"]]
+        b = [x[1] for x in r["samples"]]
+        rate = [0.0] + [(b[k] - b[k - 1]) / max(t[k] - t[k - 1], 1e-3) / 1e9 for k in range(1, len(t))]
+        meter.fill_between(t, rate, step="pre", color="grey", alpha=0.5, label="drive reads GB/s")
+        meter.plot(t, [x[2] / 1e9 for x in r["samples"]], color="k", lw=1, label="RSS GB")
+        meter.axhline((r["start_rss"] + budget) / 1e9, color="r", lw=0.8, ls="--", label="RSS at the start + budget")
+        meter.legend(fontsize=7, loc="upper right")
+    axes[-1].set_xlabel("seconds since the process started measuring")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
