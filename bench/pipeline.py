@@ -513,7 +513,8 @@ def report(
     lines += [f"- {n}" for n in notes]
     if runner is not None:
         lines += ["", "`pipe.report()` of the runner:", "", "```", runner["report"].rstrip(), "```"]
-    lines += ["", "![stages on a time line](pipeline.png)", ""]
+    png = "pipeline.png" if args.preset == "full" else f"pipeline-{args.preset}.png"
+    lines += ["", f"![stages on a time line]({png})", ""]
     return "\n".join(lines)
 
 
