@@ -259,3 +259,17 @@ def on_post_page(output: str, page: Any, config: Any) -> str:
 def on_post_build(config: Any) -> None:
     took = time.monotonic() - _started
     print(f"docs: {_pages} pages written to {config['site_dir']} in {took:.1f} s")
+
+
+ROLE = re.compile(r":(?:func|class|meth|attr|mod|data|exc|obj):`(~?)\.?([^`]+)`")
+
+
+def roles_as_code(text: str) -> str:
+    """``text`` with every Sphinx role (``:func:`trash_panda.plan```) as inline code: the full
+    name, or its last part where the role asks for that (``~``). For griffe_roles.py."""
+
+    def one(m: re.Match[str]) -> str:
+        name = m.group(2)
+        return f"`{name.rsplit('.', 1)[-1] if m.group(1) else name}`"
+
+    return ROLE.sub(one, text)

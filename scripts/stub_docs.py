@@ -21,7 +21,7 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from docs_hooks import load_core  # noqa: E402  (the extension alone, as the site's build loads it)
+from docs_hooks import load_core  # noqa: E402  (the extension alone, as the site build loads it)
 
 STUB = ROOT / "python" / "trash_panda" / "_core.pyi"
 COMMAND = ".venv/bin/python scripts/stub_docs.py"

@@ -147,3 +147,11 @@ def test_every_result_file_is_a_page_with_its_date_machine_and_method(tmp_path: 
 def test_the_figures_page_shows_every_result_file_of_the_repository() -> None:
     assert (ROOT / "docs" / "figures.md").read_text(encoding="utf-8").count(docs_hooks.RESULTS_MARKER) == 1
     assert docs_hooks.result_files() == sorted((ROOT / "bench" / "results").glob("*.md"))
+
+
+def test_sphinx_roles_in_docstrings_show_as_code() -> None:
+    """The API pages show ``:func:`trash_panda.plan``` as code, not as the role's markup."""
+    roles_as_code = docs_hooks.roles_as_code
+    text = "see :func:`trash_panda.plan`, :class:`~.registry.HookRegistry` and :meth:`.Plan.edit`"
+    assert roles_as_code(text) == "see `trash_panda.plan`, `HookRegistry` and `Plan.edit`"
+    assert roles_as_code("no roles: `x`") == "no roles: `x`"
