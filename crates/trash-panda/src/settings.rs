@@ -27,8 +27,12 @@ pub enum Kind {
 pub struct Setting {
     /// Lower-case name; the variable is `TRASH_PANDA_` + the name in capitals.
     pub name: &'static str,
+    /// What values it accepts, and so which [`Value`] variant [`parse`] returns for it.
     pub kind: Kind,
+    /// The value used when neither an argument nor the environment gives one, written as a
+    /// user would write it; it must parse under `kind`.
     pub default: &'static str,
+    /// One line for users, shown by the CLI and on the settings page of the site.
     pub doc: &'static str,
 }
 
@@ -111,8 +115,12 @@ pub const SETTINGS: &[Setting] = &[
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum Value {
+    /// The value of a [`Kind::Switch`] setting.
     Switch(bool),
+    /// The value of a [`Kind::Count`] setting.
     Count(u64),
+    /// The value of a [`Kind::Text`] setting (trimmed; empty means unset) or of a
+    /// [`Kind::Choice`] one (the chosen word, lower-case).
     Text(String),
 }
 
@@ -129,20 +137,31 @@ impl fmt::Display for Value {
 /// Where a rejected value came from, for the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
+    /// A function's own argument (also used when the table's default is what was parsed).
     Argument,
+    /// The setting's `TRASH_PANDA_<NAME>` environment variable.
     Environment,
 }
 
 /// Errors of the settings.
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
+    /// The name asked for is not in [`SETTINGS`] (names are matched exactly, lower-case).
     #[error("unknown setting {name:?}: the settings are {}", names())]
-    Unknown { name: String },
+    Unknown {
+        /// The name as asked for.
+        name: String,
+    },
+    /// A value given for a known setting does not parse under its [`Kind`].
     #[error("{}: {value:?} is not valid: expected {accepted}", origin(name, from))]
     BadValue {
+        /// The setting's name, as in the table.
         name: &'static str,
+        /// Whether the value came from an argument or the environment.
         from: Source,
+        /// The value as given, untrimmed.
         value: String,
+        /// What the setting's kind accepts, in words for the message.
         accepted: String,
     },
 }

@@ -12,18 +12,31 @@ pub const ACCEPTED_SIZES: &str = "a non-negative number of bytes (\"123456\", \"
 /// Errors of the units module.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UnitsError {
+    /// The text was empty or only whitespace.
     #[error("empty size: expected {accepted}")]
-    Empty { accepted: &'static str },
-    #[error("invalid size {value:?}: {reason}; expected {accepted}")]
-    Invalid {
-        value: String,
-        reason: &'static str,
+    Empty {
+        /// Always [`ACCEPTED_SIZES`], so the message tells the user what to write instead.
         accepted: &'static str,
     },
+    /// The number part is missing, negative, not a finite number, or the product with the
+    /// unit does not fit in a `u64` of bytes.
+    #[error("invalid size {value:?}: {reason}; expected {accepted}")]
+    Invalid {
+        /// The text as the caller passed it, untrimmed.
+        value: String,
+        /// Which rule the number broke, in a few words ("no number", "too large", ...).
+        reason: &'static str,
+        /// Always [`ACCEPTED_SIZES`].
+        accepted: &'static str,
+    },
+    /// The number parsed but the letters after it name no known unit.
     #[error("invalid size {value:?}: unknown unit {unit:?}; expected {accepted}")]
     UnknownUnit {
+        /// The text as the caller passed it, untrimmed.
         value: String,
+        /// The trimmed text after the number, as written (case kept).
         unit: String,
+        /// Always [`ACCEPTED_SIZES`].
         accepted: &'static str,
     },
 }

@@ -18,8 +18,11 @@ pub const MAX_HEADER_LEN: u64 = 100_000_000;
 /// One tensor of a header, with offsets relative to the start of the data section.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderEntry {
+    /// The tensor's name, the key of its entry.
     pub name: String,
+    /// Its dtype, from the entry's `dtype` string.
     pub dtype: DType,
+    /// Elements along each dimension, outermost first; empty for a scalar.
     pub shape: Vec<usize>,
     /// First byte, relative to the data section.
     pub begin: u64,
@@ -30,7 +33,9 @@ pub struct HeaderEntry {
 /// A validated header: the tensors in the order the file lists them, and `__metadata__`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Header {
+    /// The `__metadata__` object's string pairs; empty when the header has none.
     pub metadata: BTreeMap<String, String>,
+    /// Every tensor, in the order the file lists them.
     pub entries: Vec<HeaderEntry>,
 }
 

@@ -45,6 +45,7 @@ pub struct FileHeader {
     pub data_start: u64,
     /// Bytes of the data section: the rest of the file.
     pub data_len: u64,
+    /// The validated JSON header.
     pub header: Header,
 }
 

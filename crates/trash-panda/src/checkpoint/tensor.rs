@@ -9,7 +9,9 @@ use crate::dtype::DType;
 pub struct TensorInfo {
     /// The tensor's name in the checkpoint, e.g. `model.layers.3.mlp.up_proj.weight`.
     pub name: String,
+    /// The dtype of the bytes in the file.
     pub dtype: DType,
+    /// Elements along each dimension, outermost first; empty for a scalar.
     pub shape: Vec<usize>,
     /// Index into [`Checkpoint::files`](super::Checkpoint::files).
     pub file: usize,

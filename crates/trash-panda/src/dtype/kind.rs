@@ -14,34 +14,49 @@ use super::DtypeError;
 /// tensors are read and moved as bytes but never converted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum DType {
+    /// 64-bit IEEE float.
     #[serde(rename = "F64")]
     F64,
+    /// 32-bit IEEE float.
     #[serde(rename = "F32")]
     F32,
+    /// 16-bit IEEE half float.
     #[serde(rename = "F16")]
     F16,
+    /// bfloat16: f32's exponent with a 7-bit mantissa.
     #[serde(rename = "BF16")]
     BF16,
+    /// 8-bit float e4m3fn (4 exponent bits, 3 mantissa bits, no infinities; max 448).
     #[serde(rename = "F8_E4M3")]
     F8E4M3,
+    /// 8-bit float e5m2 (5 exponent bits, 2 mantissa bits).
     #[serde(rename = "F8_E5M2")]
     F8E5M2,
+    /// Signed 64-bit integer.
     #[serde(rename = "I64")]
     I64,
+    /// Signed 32-bit integer.
     #[serde(rename = "I32")]
     I32,
+    /// Signed 16-bit integer.
     #[serde(rename = "I16")]
     I16,
+    /// Signed 8-bit integer.
     #[serde(rename = "I8")]
     I8,
+    /// Unsigned 64-bit integer.
     #[serde(rename = "U64")]
     U64,
+    /// Unsigned 32-bit integer.
     #[serde(rename = "U32")]
     U32,
+    /// Unsigned 16-bit integer.
     #[serde(rename = "U16")]
     U16,
+    /// Unsigned 8-bit integer.
     #[serde(rename = "U8")]
     U8,
+    /// Boolean, one byte per element.
     #[serde(rename = "BOOL")]
     Bool,
 }

@@ -31,56 +31,95 @@ pub use scale::{classify_scale, expand, rows_cols, Scale, ScaleLayout, SCALE_BLO
 /// Errors of the dtype module.
 #[derive(Debug, thiserror::Error)]
 pub enum DtypeError {
+    /// A dtype name (from a user or a setting) names no dtype.
     #[error("unknown dtype {name:?}: expected one of {accepted}")]
     UnknownName {
+        /// The name as given.
         name: String,
+        /// The names accepted ([`ACCEPTED_DTYPE_NAMES`]).
         accepted: &'static str,
     },
+    /// A kernel was asked for a pair of dtypes it does not convert (an integer source, an fp8
+    /// destination of `cast`, ...).
     #[error("{op} from {src} to {dst} is not supported: expected {expected}")]
     Unsupported {
+        /// The kernel: "cast", "expand" or "quantize_fp8".
         op: &'static str,
+        /// The source dtype.
         src: DType,
+        /// The destination dtype.
         dst: DType,
+        /// What the kernel accepts, in words.
         expected: &'static str,
     },
+    /// A buffer given to a kernel is not exactly the size its element count and dtype need.
     #[error(
         "{what} holds {actual_bytes} bytes: expected {expected_elems} {dtype} elements \
          ({expected_bytes} bytes)"
     )]
     LengthMismatch {
+        /// Which buffer, e.g. "cast destination".
         what: &'static str,
+        /// The dtype its elements have.
         dtype: DType,
+        /// Elements it should hold.
         expected_elems: usize,
+        /// Bytes it should hold (`usize::MAX` when that overflows).
         expected_bytes: usize,
+        /// Bytes it holds.
         actual_bytes: usize,
     },
+    /// A buffer whose element count is taken from its length holds a partial element.
     #[error("{what} holds {bytes} bytes, not a whole number of {dtype} elements")]
     RaggedBytes {
+        /// Which buffer, e.g. "cast source".
         what: &'static str,
+        /// The dtype its elements have.
         dtype: DType,
+        /// Bytes it holds.
         bytes: usize,
     },
+    /// `rows x cols` does not fit in a `usize`.
     #[error("shape ({rows}, {cols}) has more elements than memory can address")]
-    ShapeOverflow { rows: usize, cols: usize },
+    ShapeOverflow {
+        /// Rows of the shape.
+        rows: usize,
+        /// Columns of the shape.
+        cols: usize,
+    },
+    /// A per-row or block scale holds another number of values than the weight's shape needs.
     #[error("{kind} scales for shape ({rows}, {cols}) hold {actual} values: expected {expected}")]
     ScaleLength {
+        /// "per-row" or "block".
         kind: &'static str,
+        /// Rows of the weight.
         rows: usize,
+        /// Columns of the weight.
         cols: usize,
+        /// Values the scale should hold (rows, or tiles of the block grid).
         expected: usize,
+        /// Values it holds.
         actual: usize,
     },
+    /// A block scale (or [`classify_scale`]) was given a block size of 0.
     #[error("block scales need a block size of at least 1, got 0")]
     ZeroBlock,
+    /// A checkpoint's scale tensor has a shape that is neither one value, one per row, nor one
+    /// per tile of the block grid of its weight.
     #[error(
         "scale tensor {name:?} has shape {scale:?}, which fits none of: one value, one per row \
          ({rows}), or one per {block}x{block} block of a weight of shape {weight:?}"
     )]
     ScaleShape {
+        /// The scale tensor's name.
         name: String,
+        /// The weight's shape.
         weight: Vec<usize>,
+        /// The scale's shape.
         scale: Vec<usize>,
+        /// Rows of the weight (its first dimension).
         rows: usize,
+        /// The tile size tried, in elements per side.
         block: usize,
     },
 }

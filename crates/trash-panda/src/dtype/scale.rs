@@ -22,6 +22,7 @@ pub enum ScaleLayout {
 }
 
 impl ScaleLayout {
+    /// The layout's name for messages and logs: "tensor", "row" or "block".
     pub const fn name(self) -> &'static str {
         match self {
             ScaleLayout::Tensor => "tensor",
@@ -90,7 +91,12 @@ pub enum Scale<'a> {
     /// One scale per `block x block` tile, stored row-major as
     /// `[ceil(rows / block), ceil(cols / block)]`: the `weight_scale_inv` layout (block = 128).
     /// Edge tiles may be partial.
-    Block { scales: &'a [f32], block: usize },
+    Block {
+        /// The tile scales, row-major over the tile grid.
+        scales: &'a [f32],
+        /// The tile's side, in elements; at least 1.
+        block: usize,
+    },
 }
 
 impl Scale<'_> {

@@ -90,7 +90,9 @@ pub fn staged_work(
 /// and how they apply (no layout: no scale).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ScaleValues {
+    /// How the values apply; `None`: the tensor has no scale.
     pub layout: Option<ScaleLayout>,
+    /// The scale values, as f32, in the layout's order.
     pub values: Vec<f32>,
 }
 
@@ -115,12 +117,16 @@ impl ScaleValues {
 /// Why the scale of a staged tensor could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ScaleReadError {
+    /// The lease could not give the scale's bytes (a tensor the block does not hold, or a map
+    /// of a block used in place that failed).
     #[error(transparent)]
     Stream(#[from] StreamError),
     /// The checkpoint scale tensor's values could not be made f32.
     #[error("tensor {tensor}: {source}")]
     Dtype {
+        /// The scale tensor's name.
         tensor: String,
+        /// Why the values could not be converted.
         #[source]
         source: DtypeError,
     },

@@ -13,7 +13,9 @@ use crate::settings::{self, SettingsError, Value};
 pub enum DiskModeChoice {
     /// Decided from the plan (see [`super::disk_mode`]).
     Auto,
+    /// Unbuffered reads, past the page cache.
     Direct,
+    /// Plain reads through the page cache.
     Buffered,
 }
 
@@ -31,9 +33,15 @@ impl DiskModeChoice {
 /// The settings of the runtime that are not part of a plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct EngineSettings {
+    /// `TRASH_PANDA_WORKERS`: threads that fill staging buffers (0 is taken as 1).
     pub workers: usize,
+    /// `TRASH_PANDA_DISK_MODE`.
     pub disk_mode: DiskModeChoice,
+    /// `TRASH_PANDA_RAM_IN_MEMORY`: read the RAM tier into private memory at load instead of
+    /// mapping it.
     pub ram_in_memory: bool,
+    /// `TRASH_PANDA_RAM_THREADS`: requests in flight for the reads made up front (0 is taken
+    /// as 1).
     pub ram_threads: usize,
     /// `TRASH_PANDA_PIN_RAM_TIER`.
     pub pin_ram_tier: bool,

@@ -29,8 +29,10 @@ use crate::DType;
 /// Errors of the engine configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineConfigError {
+    /// The plan has no budgets: a manual plan not yet resolved for a model.
     #[error("the plan has not been matched against a model, so it has no sizes: resolve it first")]
     Unresolved,
+    /// A `TRASH_PANDA_*` setting the configuration reads has a bad value.
     #[error(transparent)]
     Setting(#[from] SettingsError),
 }
@@ -40,20 +42,29 @@ pub enum EngineConfigError {
 pub struct EngineConfig {
     /// Whether a GPU computes (device slots, 512-byte alignment).
     pub gpu: bool,
+    /// The dtype blocks compute in, as the plan chose it.
     pub compute_dtype: DType,
+    /// The dtype weights are converted to on load; `None`: kept as stored.
     pub storage_dtype: Option<DType>,
+    /// Streamed blocks staged ahead of the one that runs, at the start.
     pub lookahead: usize,
     /// The deepest the staging grows where the compute waits for blocks; the plan counted the
     /// staging buffers for it (see [`crate::rules::max_depth`]).
     pub max_lookahead: usize,
     /// Offset alignment of staged tensors and of tensors in the expansion buffer.
     pub align: usize,
+    /// What the runtime holds beside the weights (staging buffers, device slots, expansion
+    /// buffer, mapped window), as the plan's budgets counted it; flattened in JSON.
     #[serde(flatten)]
     pub held: Held,
     /// How the disk tier is read, and why.
     pub disk_mode: ReadMode,
+    /// Why the disk tier is read that way, in words for the load report.
     pub disk_mode_reason: String,
+    /// Threads that fill staging buffers (`TRASH_PANDA_WORKERS`, at least 1).
     pub workers: usize,
+    /// How the RAM tier is held: mapped, or read into private memory (always so with a storage
+    /// dtype, which cannot be mapped).
     pub ram_source: RamSource,
     /// On a GPU, a RAM tier in private memory is pinned and copied to the device directly.
     pub pin_ram_tier: bool,

@@ -23,12 +23,16 @@ const DRIVE_SECONDS: f64 = 1.0;
 /// What [`measure_drive`] read, and how fast.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DriveRate {
+    /// Bytes read.
     pub bytes: u64,
+    /// Wall-clock seconds the reads took.
     pub seconds: f64,
+    /// Reads kept in flight at once.
     pub in_flight: usize,
 }
 
 impl DriveRate {
+    /// The rate in GB/s (10^9 bytes); 0 when no time was measured.
     pub fn gb_per_s(&self) -> f64 {
         if self.seconds > 0.0 {
             self.bytes as f64 / 1e9 / self.seconds

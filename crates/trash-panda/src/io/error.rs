@@ -10,7 +10,9 @@ pub enum IoError {
     /// The file could not be opened (or its size could not be read).
     #[error("cannot open {}: {source}", path.display())]
     Open {
+        /// The file.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
@@ -18,7 +20,9 @@ pub enum IoError {
     /// The file could not be memory-mapped.
     #[error("cannot map {}: {source}", path.display())]
     Map {
+        /// The file.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
@@ -26,9 +30,13 @@ pub enum IoError {
     /// A read system call failed.
     #[error("cannot read {} bytes {offset}..{} ({len} bytes): {source}", path.display(), offset + len)]
     Read {
+        /// The file.
         path: PathBuf,
+        /// Offset of the range's first byte in the file.
         offset: u64,
+        /// Bytes in the range.
         len: u64,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
@@ -40,9 +48,13 @@ pub enum IoError {
         path.display()
     )]
     OutOfRange {
+        /// The file.
         path: PathBuf,
+        /// Offset of the range's first byte in the file.
         offset: u64,
+        /// Bytes in the range.
         len: u64,
+        /// The file's size in bytes.
         file_size: u64,
     },
 
@@ -53,34 +65,48 @@ pub enum IoError {
         offset + len
     )]
     UnexpectedEof {
+        /// The file.
         path: PathBuf,
+        /// Offset of the range's first byte in the file.
         offset: u64,
+        /// Bytes in the range.
         len: u64,
+        /// Offset one past the last byte that could be read.
         got_to: u64,
     },
 
     /// A caller-supplied buffer cannot hold what was asked for.
     #[error("buffer of {have} bytes is too small for {need} bytes (reading {}, offset {offset})", path.display())]
     BufferTooSmall {
+        /// The file.
         path: PathBuf,
+        /// Offset of the range's first byte in the file.
         offset: u64,
+        /// Bytes the read needs room for.
         need: usize,
+        /// Bytes the buffer holds.
         have: usize,
     },
 
     /// An aligned buffer could not be allocated.
     #[error("cannot allocate {len} bytes aligned to {align}: {reason}")]
     Alloc {
+        /// Bytes asked for.
         len: usize,
+        /// The alignment asked for, in bytes.
         align: usize,
+        /// Why it failed (a bad size or alignment, or no memory).
         reason: &'static str,
     },
 
     /// Page cache control (`posix_fadvise`, `mincore`) failed or is not available here.
     #[error("page cache control ({op}) on {} failed: {source}", path.display())]
     Cache {
+        /// The file.
         path: PathBuf,
+        /// The call that failed.
         op: &'static str,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },

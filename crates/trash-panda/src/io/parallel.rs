@@ -18,11 +18,14 @@ pub const DEFAULT_CHUNK_SIZE: usize = 8 << 20;
 /// the alignment) direct reads land in it without a copy.
 #[derive(Debug)]
 pub struct ReadRequest<'a> {
+    /// Offset in the file of the first byte to read.
     pub offset: u64,
+    /// Where the bytes go; its length is how many are read.
     pub dst: &'a mut [u8],
 }
 
 impl<'a> ReadRequest<'a> {
+    /// A request for `dst.len()` bytes at `offset`.
     pub fn new(offset: u64, dst: &'a mut [u8]) -> Self {
         ReadRequest { offset, dst }
     }

@@ -47,6 +47,7 @@ impl Priority {
         }
     }
 
+    /// The priority's name, one of [`NAMES`](Self::NAMES).
     pub fn name(self) -> &'static str {
         match self {
             Priority::Run => "run",
@@ -81,6 +82,7 @@ impl QueueStats {
 pub struct Served {
     /// The lane's id ([`Lane::id`]).
     pub lane: usize,
+    /// When the read's bytes were needed.
     pub need: Need,
 }
 
@@ -360,6 +362,7 @@ impl Lane {
         self.with(|l| l.current)
     }
 
+    /// How the lane's reads rank against other lanes' now.
     pub fn priority(&self) -> Priority {
         self.with(|l| l.priority)
     }

@@ -7,12 +7,16 @@ use super::ReadMode;
 /// Bytes read, wall-clock seconds, and the mode that did the reading.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ReadStats {
+    /// Bytes read.
     pub bytes: u64,
+    /// Wall-clock seconds the reads took.
     pub seconds: f64,
+    /// How the bytes were read.
     pub mode: ReadMode,
 }
 
 impl ReadStats {
+    /// Stats from their figures.
     pub fn new(bytes: u64, seconds: f64, mode: ReadMode) -> Self {
         ReadStats {
             bytes,

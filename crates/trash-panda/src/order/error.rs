@@ -9,12 +9,19 @@ use std::path::PathBuf;
 pub enum OrderError {
     /// The checkpoint path gives no name to build the order file's name from (`/`, `.json`).
     #[error("order file: cannot name the order file of checkpoint {path}: {why}")]
-    NoName { path: PathBuf, why: &'static str },
+    NoName {
+        /// The checkpoint path (file or folder) as given.
+        path: PathBuf,
+        /// Why no name can be made, in words.
+        why: &'static str,
+    },
 
     /// The order file exists but could not be read (permissions, a folder in its place).
     #[error("order file {path}: cannot read it: {source}")]
     Read {
+        /// The order file.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: io::Error,
     },
@@ -22,8 +29,12 @@ pub enum OrderError {
     /// Writing the order file failed at `step`; the previous file, if any, is left as it was.
     #[error("order file {path}: cannot write it ({step}): {source}")]
     Write {
+        /// The order file (not the temporary file it is written through).
         path: PathBuf,
+        /// Which step failed: "creating a temporary file", "writing", "flushing to disk" or
+        /// "renaming".
         step: &'static str,
+        /// The I/O error.
         #[source]
         source: io::Error,
     },
@@ -33,19 +44,33 @@ pub enum OrderError {
         "order names {name}, which is not a block of the model (blocks: {})",
         crate::rules::run_order::list_blocks(.blocks)
     )]
-    UnknownBlock { name: String, blocks: Vec<String> },
+    UnknownBlock {
+        /// The name as the order gives it.
+        name: String,
+        /// The model's blocks, for the message.
+        blocks: Vec<String>,
+    },
 
     /// An order names the same block twice (with or without its trailing dot).
     #[error("order names {name} twice")]
-    DuplicateBlock { name: String },
+    DuplicateBlock {
+        /// The block's name.
+        name: String,
+    },
 
     /// The model's own block list names a block twice: the caller built it wrong.
     #[error("the model's block list names {name} twice")]
-    DuplicateModelBlock { name: String },
+    DuplicateModelBlock {
+        /// The block's name.
+        name: String,
+    },
 
     /// An empty block name (or a lone dot) in an order to be written; `position` counts from 0.
     #[error("order: entry {position} is an empty block name")]
-    EmptyName { position: usize },
+    EmptyName {
+        /// Index of the entry in the order, from 0.
+        position: usize,
+    },
 
     /// An outside module recorded as needed after more blocks than the order holds.
     #[error(
@@ -53,8 +78,11 @@ pub enum OrderError {
          from 0 to {blocks} (the order holds {blocks} blocks)"
     )]
     OutsidePosition {
+        /// The module's name in the model.
         name: String,
+        /// Blocks recorded as started before its first use.
         position: usize,
+        /// Blocks in the order: the largest position allowed.
         blocks: usize,
     },
 

@@ -36,7 +36,9 @@ pub const MAX_ORDER_FILE_BYTES: u64 = 16 << 20;
 /// where the modules outside the blocks were first needed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrderFile {
+    /// The checkpoint's file or folder name, as written; informative only.
     pub checkpoint: String,
+    /// Block keys in the order they ran, without trailing dots.
     pub blocks: Vec<String>,
     /// Module name -> how many of `blocks` had started before its first use (0: before the
     /// first block; `blocks.len()`: after the last). Empty: the file says nothing, and the
@@ -52,21 +54,46 @@ pub enum Ignored {
     /// There is no file.
     Absent,
     /// The JSON stops early: a write that was cut short, or an empty file.
-    Torn { detail: String },
+    Torn {
+        /// The JSON parser's message.
+        detail: String,
+    },
     /// The bytes are not JSON.
-    NotJson { detail: String },
+    NotJson {
+        /// The JSON parser's message.
+        detail: String,
+    },
     /// JSON, but its `format` is not [`ORDER_FORMAT`] (`found` is what was there, if anything).
-    WrongFormat { found: Option<String> },
+    WrongFormat {
+        /// A short preview of the `format` value (or of the whole JSON when it is not an
+        /// object); `None` when there is no `format`.
+        found: Option<String>,
+    },
     /// An order file of another version (`found` as written in the file).
-    WrongVersion { found: String },
+    WrongVersion {
+        /// The `version` value as written in the file.
+        found: String,
+    },
     /// The right format and version, but a field is missing or of the wrong type.
-    Malformed { detail: String },
+    Malformed {
+        /// Which field is wrong, and how.
+        detail: String,
+    },
     /// Larger than [`MAX_ORDER_FILE_BYTES`].
-    TooLarge { bytes: u64 },
+    TooLarge {
+        /// The file's size, in bytes.
+        bytes: u64,
+    },
     /// The file names a block the model does not have.
-    UnknownBlock { name: String },
+    UnknownBlock {
+        /// The name as the file gives it.
+        name: String,
+    },
     /// The file names a block twice.
-    Duplicate { name: String },
+    Duplicate {
+        /// The name as the file gives it.
+        name: String,
+    },
 }
 
 impl Ignored {

@@ -218,6 +218,7 @@ pub fn order_to_write<S: AsRef<str>, B: AsRef<str>>(
 /// first needed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrderToWrite {
+    /// Block keys in run order, without trailing dots.
     pub blocks: Vec<String>,
     /// Empty when the pass did not run every block (see [`file_to_write`]).
     pub outside: BTreeMap<String, usize>,

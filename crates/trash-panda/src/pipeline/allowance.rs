@@ -145,10 +145,12 @@ impl Allowance {
         self.lock().waiting
     }
 
+    /// Whether [`open`](Self::open) was called: reads then take without limit.
     pub fn is_open(&self) -> bool {
         self.lock().unlimited
     }
 
+    /// What the allowance has done so far (a copy).
     pub fn stats(&self) -> AllowanceStats {
         self.lock().stats
     }

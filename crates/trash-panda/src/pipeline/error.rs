@@ -6,9 +6,17 @@ pub enum PipelineError {
     /// The allowance was closed (the stage it served was dropped) while a read waited for
     /// `wanted` bytes of it.
     #[error("the allowance of stage {stage:?} was closed while a read waited for {wanted} bytes")]
-    Closed { stage: String, wanted: u64 },
+    Closed {
+        /// The stage's name.
+        stage: String,
+        /// Bytes the waiting read asked for.
+        wanted: u64,
+    },
 
     /// A plan without budgets (a manual plan not resolved for a model) cannot say what it holds.
     #[error("the plan of stage {stage:?} is not resolved for a model: it has no budgets to predict from")]
-    Unresolved { stage: String },
+    Unresolved {
+        /// The stage's name.
+        stage: String,
+    },
 }

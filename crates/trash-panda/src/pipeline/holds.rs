@@ -22,7 +22,9 @@ pub const REPLAN_MARGIN_MIN: u64 = 256 << 20;
 /// Free memory: RAM the process can use, and free VRAM where a GPU computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Free {
+    /// RAM the process can use, in bytes.
     pub ram: u64,
+    /// Free VRAM in bytes; `None` when the CPU computes.
     pub vram: Option<u64>,
 }
 
@@ -196,8 +198,11 @@ impl Free {
 pub struct Replan {
     /// "RAM" or "VRAM".
     pub memory: &'static str,
+    /// Bytes free the stage was planned for.
     pub predicted: u64,
+    /// Bytes free at its start.
     pub actual: u64,
+    /// The largest gap, either way, that keeps the plan, in bytes.
     pub margin: u64,
 }
 

@@ -36,13 +36,18 @@ pub enum Departure {
 /// One stage of one run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StageRecord {
+    /// The run's number, as the caller counts its runs.
     pub run: u32,
+    /// The stage's name.
     pub stage: String,
+    /// How its weights were there when its turn came.
     pub arrival: Arrival,
     /// The free memory its plan was made for, and what was free at its start (with what it
     /// already held counted as free); None when kept.
     pub predicted: Option<Free>,
+    /// What was free at its start (see `predicted`); `None` when kept.
     pub actual: Option<Free>,
+    /// Why it was planned again at its start; `None` when it was not.
     pub replan: Option<Replan>,
     /// Bytes it held when its turn came, read while the stage before it computed.
     pub read_before_start: u64,
@@ -51,6 +56,7 @@ pub struct StageRecord {
     /// Its checkpoint's bytes, and those in the page cache when its load began (a stage read
     /// again after a run finds them there when RAM allowed); 0 and 0 when kept.
     pub file_bytes: u64,
+    /// Bytes of its checkpoint in the page cache when its load began (see `file_bytes`).
     pub cached_at_load: u64,
     /// Seconds its calls waited for weights not read yet.
     pub waited: f64,
@@ -58,6 +64,7 @@ pub struct StageRecord {
     pub seconds: f64,
     /// Its peak activation memory, remembered for its next plan.
     pub peak: u64,
+    /// What became of it at its end.
     pub departure: Departure,
     /// Kept: bytes of its blocks given back to other stages since its last run, read again
     /// at its start (behind its first blocks' compute).

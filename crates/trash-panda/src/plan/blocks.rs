@@ -19,14 +19,18 @@ use crate::rules::TensorSizes;
 /// One block: a name prefix and its tensors in checkpoint order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockTensors {
+    /// The block's name prefix, with its trailing dot (`model.layers.12.`).
     pub name: String,
+    /// Every tensor whose name starts with the prefix, in checkpoint order.
     pub tensors: Vec<TensorSizes>,
 }
 
 /// A model cut into blocks, in plan order, and the weights outside them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelBlocks {
+    /// The blocks, in plan order.
     pub blocks: Vec<BlockTensors>,
+    /// Tensors in no block (embeddings, final norm, heads), in checkpoint order.
     pub outside: Vec<TensorSizes>,
 }
 

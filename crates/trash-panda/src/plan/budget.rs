@@ -115,9 +115,13 @@ pub(crate) fn outside_plan(tensors: &[TensorSizes], options: &PlanOptions) -> Ou
 pub struct Budgets {
     /// True when the device is a GPU.
     pub gpu: bool,
+    /// The device memory the plan may use: `min(free_vram, max_vram)` with a GPU; on the CPU,
+    /// the RAM pool (capped by `max_vram` if given).
     pub device_limit: u64,
     /// `activation_vram` if given, else `headroom_vram` (0 on the CPU).
     pub reserve: u64,
+    /// True when `reserve` is `activation_vram` (given by the caller), false when it is the
+    /// `headroom_vram` guess.
     pub reserve_measured: bool,
     /// [`CUDA_CONTEXT_FLOOR`] when a GPU computes, else 0 (absent in older files: 0).
     #[serde(default)]
@@ -146,11 +150,18 @@ pub struct Budgets {
     pub outside: u64,
     /// What resident blocks may take on the device. Negative results clamp to 0.
     pub device_budget: u64,
+    /// What the device-tier blocks take, in their stored form.
     pub device_used: u64,
+    /// RAM this process could use when the figures were taken (see
+    /// [`MemoryFigures::usable_ram`](crate::sys::MemoryFigures::usable_ram)).
     pub usable_ram: u64,
+    /// RAM left to the rest of the machine: [`PlanOptions::min_free_ram`] resolved, in bytes.
     pub min_free_ram: u64,
+    /// What RAM-tier blocks may take (on the CPU: what the device tier leaves of the pool).
     pub ram_budget: u64,
+    /// What the RAM-tier blocks take, in their stored form.
     pub ram_used: u64,
+    /// What the disk-tier blocks take in the checkpoint.
     pub disk_bytes: u64,
 }
 

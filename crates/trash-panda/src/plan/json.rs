@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{Plan, PlanError};
 
+/// The `format` field of every plan file.
 pub const PLAN_FORMAT: &str = "trash-panda-plan";
+/// The plan-file version this build writes and the only one it reads.
 pub const PLAN_VERSION: u64 = 2;
 
 #[derive(Serialize)]
@@ -76,6 +78,8 @@ impl Plan {
         serde_json::from_value(value).map_err(json)
     }
 
+    /// Reads a plan file written by [`Plan::to_json`]; see [`Plan::from_json`] for what is
+    /// checked.
     pub fn from_json_file(path: &Path) -> Result<Plan, PlanError> {
         let text = std::fs::read_to_string(path).map_err(|source| PlanError::Io {
             path: path.to_path_buf(),

@@ -50,6 +50,7 @@ impl std::str::FromStr for Tier {
 pub struct BlockPlan {
     /// The block's name prefix, e.g. `model.layers.12.`.
     pub name: String,
+    /// Where the block lives between uses.
     pub tier: Tier,
     /// Bytes in the tier's form: the checkpoint's bytes on disk, the storage dtype's in RAM and
     /// on the device.
@@ -73,13 +74,16 @@ pub struct BlockPlan {
     /// (on the CPU); 0 when it is staged there.
     #[serde(default)]
     pub mapped: u64,
+    /// How many tensors the block holds.
     pub tensors: usize,
 }
 
 /// The weights outside the blocks (embeddings, final norm, heads): always resident.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutsidePlan {
+    /// How many tensors lie outside the blocks.
     pub tensors: usize,
+    /// Their bytes in the checkpoint file.
     pub file_bytes: u64,
     /// Counted on the device in the compute dtype: these weights are used as they are, every pass.
     pub expanded_bytes: u64,
@@ -90,60 +94,131 @@ pub struct OutsidePlan {
 /// A plan: every block's tier, the budgets, and what it was made from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
+    /// Every block, in plan order (the model's block order).
     pub blocks: Vec<BlockPlan>,
+    /// The weights outside the blocks.
     pub outside: OutsidePlan,
     /// True for a plan written by hand with [`Plan::manual`].
     pub manual: bool,
     /// False for a manual plan not yet matched against a model (see [`Plan::resolve`]): its
     /// blocks are the prefixes the user gave and it has no sizes, figures or budgets.
     pub resolved: bool,
+    /// The machine's memory figures the plan was made for; `None` for an unresolved manual plan.
     pub figures: Option<Figures>,
+    /// The options the plan was made with.
     pub options: PlanOptions,
+    /// What each tier may hold and what the runtime holds beside the weights; `None` for an
+    /// unresolved manual plan.
     pub budgets: Option<Budgets>,
+    /// What the planner wants the user to know about this plan (it still made it).
     pub warnings: Vec<Warning>,
 }
 
 /// Errors of the planner.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
+    /// Opening or reading the checkpoint's headers failed.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// A block prefix given for the model matches no tensor of the checkpoint.
     #[error("block prefix {prefix:?} matches no tensor{}", near_list(near))]
-    UnknownPrefix { prefix: String, near: Vec<String> },
+    UnknownPrefix {
+        /// The prefix, with its trailing dot.
+        prefix: String,
+        /// Up to three tensor names close to it, for the message.
+        near: Vec<String>,
+    },
+    /// A prefix given to edit a plan (or in a manual plan's lists) matches no block of it.
     #[error("block prefix {prefix:?} matches no block{}", near_list(near))]
-    NoBlockMatches { prefix: String, near: Vec<String> },
+    NoBlockMatches {
+        /// The prefix as given.
+        prefix: String,
+        /// Up to three block names close to it, for the message.
+        near: Vec<String>,
+    },
+    /// A block index given to edit a plan is past its last block.
     #[error("block index {index} is out of range: the plan has {count} blocks")]
-    IndexOutOfRange { index: usize, count: usize },
+    IndexOutOfRange {
+        /// The index given, from 0.
+        index: usize,
+        /// Blocks in the plan.
+        count: usize,
+    },
+    /// Two entries of one selection, one prefix list or one manual plan name the same block.
     #[error("block {block:?} is named twice ({first:?} and {second:?})")]
     NamedTwice {
+        /// The block named twice.
         block: String,
+        /// The entry that named it first, as given.
         first: String,
+        /// The entry that named it again, as given.
         second: String,
     },
+    /// One block prefix contains another (`blocks.` and `blocks.1.`), so a tensor would belong
+    /// to two blocks.
     #[error("block prefixes {first:?} and {second:?} overlap: one contains the other")]
-    OverlappingPrefixes { first: String, second: String },
+    OverlappingPrefixes {
+        /// The prefix given earlier.
+        first: String,
+        /// The prefix given later.
+        second: String,
+    },
+    /// A block prefix is empty or only a dot.
     #[error("empty block prefix: a prefix names a module, e.g. \"blocks.0.\"")]
     EmptyPrefix,
+    /// Resolving a manual plan left blocks of the model in none of its tier lists.
     #[error("{count} block(s) are in no list of the manual plan: {}", names.join(", "))]
-    Unassigned { count: usize, names: Vec<String> },
+    Unassigned {
+        /// How many blocks are left out.
+        count: usize,
+        /// Their names (all of them).
+        names: Vec<String>,
+    },
+    /// A tier name is not a tier or one of its aliases.
     #[error(
         "unknown tier {name:?}: expected device, ram or disk (or an alias: {})",
         crate::rules::tier_aliases()
     )]
-    UnknownTier { name: String },
+    UnknownTier {
+        /// The name as given.
+        name: String,
+    },
+    /// The compute dtype asked for is not f32, f16 or bf16.
     #[error("compute dtype {dtype} is not supported: expected f32, f16 or bf16")]
-    ComputeDtype { dtype: crate::DType },
+    ComputeDtype {
+        /// The dtype asked for.
+        dtype: crate::DType,
+    },
+    /// The storage dtype asked for is not bf16 or fp8 (e4m3fn).
     #[error("storage dtype {dtype} is not supported: expected bf16 or fp8 (e4m3fn), or none to keep weights as stored")]
-    StorageDtype { dtype: crate::DType },
+    StorageDtype {
+        /// The dtype asked for.
+        dtype: crate::DType,
+    },
+    /// An operation needs a resolved plan and was given a manual one not yet matched against a
+    /// model. (The core itself does not return it today; it is there for its callers.)
     #[error("this plan has not been matched against a model: call resolve() first")]
     Unresolved,
+    /// Plan JSON that is not JSON, not of [`PLAN_FORMAT`], or has a field missing or wrong.
     #[error("not a trash-panda plan: {reason}")]
-    Json { reason: String },
+    Json {
+        /// What is wrong, in words.
+        reason: String,
+    },
+    /// A plan file of a [`PLAN_VERSION`] this build does not read.
     #[error("plan format version {found} is not supported: this build reads version {supported}")]
-    Version { found: u64, supported: u64 },
+    Version {
+        /// The version the file gives.
+        found: u64,
+        /// The version this build reads.
+        supported: u64,
+    },
+    /// A plan file could not be read.
     #[error("cannot read plan file {path}: {source}")]
     Io {
+        /// The plan file.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
@@ -163,6 +238,8 @@ impl Plan {
         self.options.compute()
     }
 
+    /// The tier of the block named exactly `block` (its full prefix, trailing dot included);
+    /// `None` when no block has that name.
     pub fn tier_of(&self, block: &str) -> Option<Tier> {
         self.blocks.iter().find(|b| b.name == block).map(|b| b.tier)
     }

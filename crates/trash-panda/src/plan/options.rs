@@ -14,12 +14,16 @@ pub enum MinFreeRam {
     /// 8% of the machine's RAM, clamped to 1..4 GB.
     #[default]
     Auto,
+    /// Exactly this many bytes.
     Bytes(u64),
 }
 
 impl MinFreeRam {
+    /// The share of the machine's RAM that `auto` keeps free, before clamping.
     pub const AUTO_FRACTION: f64 = 0.08;
+    /// The least `auto` keeps free, in bytes.
     pub const AUTO_MIN: u64 = 1_000_000_000;
+    /// The most `auto` keeps free, in bytes.
     pub const AUTO_MAX: u64 = 4_000_000_000;
 
     /// The reserve in bytes for a machine with `total_ram`.
@@ -53,6 +57,7 @@ pub struct PlanOptions {
     pub resident_blocks: Option<usize>,
     /// A cap on the device memory the plan uses, below the free VRAM.
     pub max_vram: Option<u64>,
+    /// RAM left to the rest of the machine.
     pub min_free_ram: MinFreeRam,
     /// Device memory kept free for activations when `activation_vram` is not given.
     pub headroom_vram: u64,
@@ -81,7 +86,9 @@ pub struct PlanOptions {
 }
 
 impl PlanOptions {
+    /// The default `headroom_vram`, in bytes.
     pub const DEFAULT_HEADROOM_VRAM: u64 = rules::DEFAULT_HEADROOM_VRAM;
+    /// The default `lookahead`, in blocks.
     pub const DEFAULT_LOOKAHEAD: usize = rules::DEFAULT_LOOKAHEAD;
 
     /// The compute dtype (bf16 until one is chosen or inferred).
@@ -123,6 +130,7 @@ impl Default for PlanOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ComputeDevice {
+    /// A GPU, whose memory holds the device tier.
     Gpu,
     /// The CPU, whose RAM then holds the device tier too.
     Cpu,
@@ -132,6 +140,7 @@ pub enum ComputeDevice {
 /// [`Figures::probe`] fills it from the machine.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Figures {
+    /// The machine's RAM, what is available of it, and any cgroup limit.
     pub memory: MemoryFigures,
     /// Free memory of the GPU; `None` when there is no GPU and the CPU computes.
     pub free_vram: Option<u64>,

@@ -8,40 +8,78 @@ use super::options::Figures;
 use super::{Plan, Tier};
 use crate::units::format_bytes;
 
+/// What a warning is about, with its figures (bytes unless said otherwise). In JSON the variant
+/// is the `kind` field, in snake case, beside the figures.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WarningKind {
     /// Not even the smallest block fits in the device budget.
     NothingFitsOnDevice {
+        /// What resident blocks may take on the device.
         device_budget: u64,
+        /// The smallest block's bytes once loaded in the storage dtype.
         smallest_block: u64,
     },
     /// The device tier is larger than its budget (forced `resident_blocks` or an edit).
-    DeviceOverBudget { used: u64, budget: u64 },
+    DeviceOverBudget {
+        /// Bytes the device tier takes.
+        used: u64,
+        /// Bytes it may take.
+        budget: u64,
+    },
     /// Blocks that did not fit in RAM are read from disk every pass.
-    SpillsToDisk { blocks: usize, bytes: u64 },
+    SpillsToDisk {
+        /// How many blocks are in the disk tier.
+        blocks: usize,
+        /// Their bytes in the checkpoint.
+        bytes: u64,
+    },
     /// The RAM tier is larger than its budget (an edit).
-    RamOverBudget { used: u64, budget: u64 },
+    RamOverBudget {
+        /// Bytes the RAM tier takes.
+        used: u64,
+        /// Bytes it may take.
+        budget: u64,
+    },
     /// A cgroup limit below the machine's RAM decides what the process may use.
-    CgroupBelowRam { limit: u64, total_ram: u64 },
+    CgroupBelowRam {
+        /// The cgroup's memory limit.
+        limit: u64,
+        /// The machine's RAM.
+        total_ram: u64,
+    },
     /// Streaming this block (one slot plus its expansion) needs more than the device has left
     /// after the CUDA floor, the reserve and the outside weights: running the model will fail.
     BlockLargerThanDevice {
+        /// The block's name.
         block: String,
+        /// What it needs on the device: its slot plus its expansion.
         needed: u64,
+        /// What the device has left for it.
         available: u64,
     },
     /// The activation reserve is the default guess, not a measurement.
-    HeadroomNotMeasured { headroom: u64 },
+    HeadroomNotMeasured {
+        /// The reserve used (`headroom_vram`).
+        headroom: u64,
+    },
     /// Windows figures: the plan leaves less GPU memory free than the activation reserve, and
     /// the driver spills what does not fit into shared system memory instead of failing.
-    SharedGpuMemory { free: u64, headroom: u64 },
+    SharedGpuMemory {
+        /// GPU memory the plan leaves free.
+        free: u64,
+        /// The activation reserve.
+        headroom: u64,
+    },
 }
 
+/// One warning of a plan: its kind and figures, and the sentence a person reads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Warning {
+    /// What it is about; flattened into the warning's JSON object.
     #[serde(flatten)]
     pub kind: WarningKind,
+    /// The message, made from `kind` when the warning is made.
     pub message: String,
 }
 

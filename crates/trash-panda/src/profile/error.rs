@@ -6,29 +6,47 @@
 pub enum ProfileError {
     /// `Profile::new` got a different number of block names and tiers.
     #[error("profile: {names} block names but {tiers} tiers")]
-    LengthMismatch { names: usize, tiers: usize },
+    LengthMismatch {
+        /// Block names given.
+        names: usize,
+        /// Tiers given.
+        tiers: usize,
+    },
 
     /// An event names a block index the profile was not created with.
     #[error("profile: block index {block} is out of range (the model has {blocks} blocks)")]
-    UnknownBlock { block: usize, blocks: usize },
+    UnknownBlock {
+        /// The index the event gives.
+        block: usize,
+        /// Blocks the profile was created with.
+        blocks: usize,
+    },
 
     /// An event ends before it starts (two clocks mixed, or start and end swapped).
     #[error(
         "profile: block {block} ({name}): {what} ends at {end} s, before its start at {start} s"
     )]
     EndBeforeStart {
+        /// The block's index.
         block: usize,
+        /// The block's name.
         name: String,
+        /// Which kind of event: "run" or "copy".
         what: &'static str,
+        /// Its start, in seconds on the caller's clock.
         start: f64,
+        /// Its end, in seconds on the same clock.
         end: f64,
     },
 
     /// A time is NaN, infinite or negative where only a finite, non-negative value makes sense.
     #[error("profile: {what}: {field} is {value}, expected a finite number of seconds >= 0")]
     BadSeconds {
+        /// The event or summary the time belongs to, in words.
         what: String,
+        /// The field holding it.
         field: &'static str,
+        /// The value given.
         value: f64,
     },
 }

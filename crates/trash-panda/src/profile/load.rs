@@ -12,9 +12,13 @@ use crate::DType;
 /// What one tier (or the weights outside the blocks) took at load time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct LoadedTier {
+    /// Blocks in the tier (0 for the outside weights).
     pub blocks: u64,
+    /// Tensors loaded.
     pub tensors: u64,
+    /// Their bytes, as held in the tier.
     pub bytes: u64,
+    /// Wall-clock seconds the tier's part of the load took.
     pub seconds: f64,
 }
 
@@ -23,19 +27,27 @@ pub struct LoadedTier {
 pub struct LoadReport {
     /// The checkpoint's file, or the folder of its shards.
     pub checkpoint: String,
+    /// The compute device as torch writes it (`cuda:0`, `cpu`).
     pub device: String,
     /// torch's name of the compute dtype ("bfloat16").
     pub compute_dtype: String,
+    /// Wall-clock seconds of the whole load.
     pub seconds: f64,
+    /// The weights outside the blocks.
     pub outside: LoadedTier,
+    /// The device tier.
     pub device_tier: LoadedTier,
+    /// The RAM tier.
     pub ram: LoadedTier,
+    /// The disk tier.
     pub disk: LoadedTier,
-    /// "mapped", "in memory" or "in memory as <storage dtype>".
+    /// "mapped", "in memory" or "in memory as `<storage dtype>`".
     pub ram_source: String,
     /// How the disk tier is read ("direct", "buffered"), when a block is on disk.
     pub disk_mode: Option<String>,
+    /// Why the disk tier is read that way, in words; empty when there is nothing to say.
     pub disk_mode_reason: String,
+    /// Bytes of the engine's staging pool; 0 when no block streams.
     pub staging_bytes: u64,
     /// Embedding tables left in the checkpoint's map (counted within outside or device).
     pub mapped_bytes: u64,

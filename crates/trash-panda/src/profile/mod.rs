@@ -71,10 +71,12 @@ impl Profile {
         })
     }
 
+    /// The block names the profile was created with; events index into them.
     pub fn block_names(&self) -> &[String] {
         &self.names
     }
 
+    /// The tier of each block, in the order of [`block_names`](Self::block_names).
     pub fn block_tiers(&self) -> &[Tier] {
         &self.tiers
     }
@@ -150,6 +152,12 @@ impl Profile {
         }
     }
 
+    /// Records what the load did, replacing an earlier record.
+    ///
+    /// # Errors
+    ///
+    /// [`ProfileError::BadSeconds`] when the load's, a tier's or the RAM read's seconds are
+    /// negative or not finite; the profile is then left as it was.
     pub fn set_load(&mut self, load: LoadSummary) -> Result<(), ProfileError> {
         let what = || "stream_load".to_string();
         check_seconds(what, "seconds", load.seconds)?;
@@ -167,6 +175,12 @@ impl Profile {
         Ok(())
     }
 
+    /// Records the engine's counters, replacing an earlier record.
+    ///
+    /// # Errors
+    ///
+    /// [`ProfileError::BadSeconds`] when `buffer_wait_seconds` is negative or not finite; the
+    /// profile is then left as it was.
     pub fn set_engine(&mut self, engine: EngineSummary) -> Result<(), ProfileError> {
         check_seconds(
             || "engine".to_string(),
@@ -190,18 +204,22 @@ impl Profile {
             .chain((!self.current.is_empty()).then_some(self.current.as_slice()))
     }
 
+    /// Every copy recorded, in the order they were recorded, over all passes.
     pub fn copies(&self) -> &[CopyRun] {
         &self.copies
     }
 
+    /// The load's record, if [`set_load`](Self::set_load) was called.
     pub fn load(&self) -> Option<&LoadSummary> {
         self.load.as_ref()
     }
 
+    /// The engine's counters, if [`set_engine`](Self::set_engine) was called.
     pub fn engine(&self) -> Option<&EngineSummary> {
         self.engine.as_ref()
     }
 
+    /// The memory readings last set, in the order they were taken.
     pub fn memory_points(&self) -> &[MemoryPoint] {
         &self.memory
     }

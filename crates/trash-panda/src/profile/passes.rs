@@ -11,17 +11,23 @@ pub struct PassStats {
     pub index: usize,
     /// From the first run's start to the last run's end, in the caller's clock.
     pub start: f64,
+    /// The pass's wall-clock length in seconds (see `start`).
     pub seconds: f64,
     /// Seconds the main thread waited for blocks (staged and gpu waits together).
     pub waited_seconds: f64,
+    /// Of `waited_seconds`, those spent waiting for blocks to be staged.
     pub staged_seconds: f64,
+    /// Of `waited_seconds`, those spent waiting for copies to the device.
     pub gpu_seconds: f64,
     /// Bytes moved from each tier during the pass, and their rate over the pass's time. The rate
     /// is what the pass sustained, not the drive's speed: it only nears the drive's speed when the
     /// pass is waiting for its reads.
     pub ram_bytes: u64,
+    /// `ram_bytes` over the pass's seconds, in GB/s (10^9 bytes).
     pub ram_gbps: f64,
+    /// Bytes moved from the disk tier during the pass.
     pub disk_bytes: u64,
+    /// `disk_bytes` over the pass's seconds, in GB/s (10^9 bytes).
     pub disk_gbps: f64,
     /// Block runs in the pass.
     pub blocks: usize,

@@ -7,7 +7,9 @@ use crate::DType;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceTier {
+    /// Held in host RAM (in private memory or mapped from the file) between passes.
     Ram,
+    /// Read from the checkpoint file for each pass.
     Disk,
 }
 
@@ -16,18 +18,29 @@ pub enum SourceTier {
 /// made; the storage conversion needs both).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamTensor {
+    /// The tensor's name in the checkpoint.
     pub name: String,
+    /// Index into the list of files the engine was made with.
     pub file: usize,
+    /// Byte offset of the tensor's first byte in that file (from the file's start, not from the
+    /// end of the safetensors header).
     pub start: u64,
+    /// Byte offset one past the tensor's last byte; `end - start` must equal the bytes of
+    /// `shape` elements of `dtype`.
     pub end: u64,
+    /// The dtype of the bytes in the file.
     pub dtype: DType,
+    /// Elements along each dimension, outermost first; empty for a scalar.
     pub shape: Vec<usize>,
 }
 
 /// A block whose weights are staged before it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamBlock {
+    /// The block's key (e.g. `model.layers.3`), as the plan and the run order name it.
     pub name: String,
+    /// Where the block waits between passes.
     pub tier: SourceTier,
+    /// Its tensors, in the order the block's description lists them.
     pub tensors: Vec<StreamTensor>,
 }

@@ -18,12 +18,15 @@ pub const FP8_MIN_ELEMENTS: u64 = 1 << 20;
 /// Python loader convert by it: one rule for all three.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Conversion {
+    /// Left in its file dtype.
     Keep,
     /// Cast to bf16, rounding to nearest even.
     ToBf16,
     /// Quantized to e4m3fn with one f32 scale per row.
     ToFp8 {
+        /// The weight's first dimension: one scale per row.
         rows: usize,
+        /// The weight's second dimension (elements per row).
         cols: usize,
     },
 }
@@ -66,6 +69,7 @@ pub fn needs_expansion(held: DType, compute: DType, scaled: bool) -> bool {
 pub struct ExpansionInput {
     /// The dtype the tensor is held in (file, or storage dtype).
     pub held: DType,
+    /// Elements in the tensor (the product of its shape).
     pub elements: u64,
     /// Whether a scale applies (a checkpoint scale tensor, or per-row scales from a storage
     /// conversion to fp8).

@@ -8,21 +8,30 @@ pub enum RuleError {
     /// conversion).
     #[error("invalid engine option {option} = {value}: expected {expected}")]
     InvalidOptions {
+        /// The option's name, as the user spells it (e.g. `storage_dtype`).
         option: &'static str,
+        /// The value given, as text.
         value: String,
+        /// What the option accepts, for the message.
         expected: &'static str,
     },
 
     /// A staging alignment the layout cannot keep.
     #[error("staging alignment {align} is not supported: expected a power of two from 64 to 4096")]
-    Alignment { align: usize },
+    Alignment {
+        /// The alignment asked for, in bytes.
+        align: usize,
+    },
 
     /// The description of a block does not fit its files (bad file index, a range that does not
     /// hold the tensor's shape).
     #[error("block {block} ({name}): {reason}")]
     InvalidBlock {
+        /// The block's index in the list the engine was given.
         block: usize,
+        /// The block's name.
         name: String,
+        /// What does not fit, in words.
         reason: String,
     },
 }

@@ -105,6 +105,7 @@ pub fn asked_staging_buffers(setting: usize) -> Option<usize> {
 /// pool's own figures (the same whichever stage streams), not the stage's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SharedStaging {
+    /// How many staging buffers the pool holds.
     pub buffers: usize,
     /// Bytes of each buffer (whole pages).
     pub buffer_bytes: u64,

@@ -30,8 +30,11 @@ pub struct TensorLocation {
 /// What the planner needs of one tensor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorSizes {
+    /// The tensor's name in the checkpoint.
     pub name: String,
+    /// The dtype it is stored in, in the file.
     pub dtype: DType,
+    /// Elements along each dimension, outermost first; empty for a scalar.
     pub shape: Vec<usize>,
     /// Bytes in the checkpoint file.
     pub file_bytes: u64,
@@ -42,6 +45,8 @@ pub struct TensorSizes {
 }
 
 impl TensorSizes {
+    /// Sizes made by hand (tests, tools): `file_bytes` is the shape's elements times the dtype's
+    /// size, and there is no location.
     pub fn new(name: impl Into<String>, dtype: DType, shape: &[usize]) -> Self {
         let numel: usize = shape.iter().product();
         TensorSizes {
@@ -59,6 +64,7 @@ impl TensorSizes {
         self
     }
 
+    /// Elements in the tensor (the product of its shape; 1 for a scalar).
     pub fn numel(&self) -> u64 {
         self.shape.iter().product::<usize>() as u64
     }

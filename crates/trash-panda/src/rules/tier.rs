@@ -15,6 +15,7 @@ pub enum Tier {
 }
 
 impl Tier {
+    /// The tier's own name, lower-case, as plans, logs and options write it.
     pub const fn name(self) -> &'static str {
         match self {
             Tier::Device => "device",
@@ -65,12 +66,16 @@ impl std::fmt::Display for Tier {
 /// A figure for each tier a block can be in.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ByTier {
+    /// The figure for a block on the device tier.
     pub device: u64,
+    /// The figure for a block on the RAM tier.
     pub ram: u64,
+    /// The figure for a block on the disk tier.
     pub disk: u64,
 }
 
 impl ByTier {
+    /// The figure for `tier`.
     pub fn get(&self, tier: Tier) -> u64 {
         match tier {
             Tier::Device => self.device,

@@ -17,12 +17,19 @@ pub enum StreamError {
         file.display()
     )]
     Read {
+        /// The block's index among the engine's streamed blocks.
         block: usize,
+        /// The block's name.
         name: String,
+        /// The tensor's name.
         tensor: String,
+        /// The checkpoint file.
         file: PathBuf,
+        /// Offset of the tensor's first byte in the file.
         start: u64,
+        /// Offset one past the tensor's last byte.
         end: u64,
+        /// The read error.
         #[source]
         source: Box<IoError>,
     },
@@ -32,11 +39,17 @@ pub enum StreamError {
         "block {block} ({name}): converting tensor {tensor} from {from} to {to} failed: {source}"
     )]
     Convert {
+        /// The block's index among the engine's streamed blocks.
         block: usize,
+        /// The block's name.
         name: String,
+        /// The tensor's name.
         tensor: String,
+        /// The tensor's dtype in the file.
         from: DType,
+        /// The storage dtype.
         to: DType,
+        /// The kernel's error.
         #[source]
         source: Box<DtypeError>,
     },
@@ -44,14 +57,20 @@ pub enum StreamError {
     /// An engine option has a value the engine does not support.
     #[error("invalid engine option {option} = {value}: expected {expected}")]
     InvalidOptions {
+        /// The option's name.
         option: &'static str,
+        /// The value given, as text.
         value: String,
+        /// What the option accepts.
         expected: &'static str,
     },
 
     /// A staging alignment the layout cannot keep.
     #[error("staging alignment {align} is not supported: expected a power of two from 64 to 4096")]
-    Alignment { align: usize },
+    Alignment {
+        /// The alignment asked for, in bytes.
+        align: usize,
+    },
 
     /// The engine configuration's staging buffers are smaller than a block needs: the
     /// configuration was derived from a plan made for other tensors.
@@ -60,9 +79,13 @@ pub enum StreamError {
          {buffer}: the plan was made for other tensors; plan the model again"
     )]
     StagingTooSmall {
+        /// The block's index among the engine's streamed blocks.
         block: usize,
+        /// The block's name.
         name: String,
+        /// Staging bytes the block needs.
         needs: usize,
+        /// Bytes each buffer holds.
         buffer: usize,
     },
 
@@ -73,9 +96,13 @@ pub enum StreamError {
          pool's buffers hold {buffer}: size the pool for the largest block of every stage"
     )]
     PoolTooSmall {
+        /// The block's index among the engine's streamed blocks.
         block: usize,
+        /// The block's name.
         name: String,
+        /// Staging bytes the block needs.
         needs: usize,
+        /// Bytes each buffer holds.
         buffer: usize,
     },
 
@@ -85,9 +112,13 @@ pub enum StreamError {
          {holder}; park that engine when its turn ends"
     )]
     PoolHeld {
+        /// The name the engine goes by with the shared pool.
         engine: String,
+        /// The block's index among the engine's streamed blocks.
         block: usize,
+        /// The block's name.
         name: String,
+        /// The name of the engine that holds the pool now.
         holder: String,
     },
 
@@ -97,14 +128,18 @@ pub enum StreamError {
         holders.join(", ")
     )]
     ParkWhileLeased {
+        /// The name the engine goes by with the shared pool.
         engine: String,
+        /// The leased blocks, each as `block <index> (<name>)`.
         holders: Vec<String>,
     },
 
     /// A checkpoint file could not be opened, mapped or measured when the engine was created.
     #[error("cannot open checkpoint file {}: {source}", file.display())]
     Open {
+        /// The checkpoint file.
         file: PathBuf,
+        /// The I/O error.
         #[source]
         source: Box<IoError>,
     },
@@ -112,26 +147,40 @@ pub enum StreamError {
     /// The description of a block does not fit the files (bad file index, range past the end).
     #[error("block {block} ({name}): {reason}")]
     InvalidBlock {
+        /// The block's index among the engine's streamed blocks.
         block: usize,
+        /// The block's name.
         name: String,
+        /// What is wrong, in words.
         reason: String,
     },
 
     /// `acquire` (or an order) named a block index the engine does not have.
     #[error("unknown block index {block} (the engine has {count} streamed blocks)")]
-    UnknownBlock { block: usize, count: usize },
+    UnknownBlock {
+        /// The index given.
+        block: usize,
+        /// Streamed blocks the engine has.
+        count: usize,
+    },
 
     /// `Lease::tensor` was asked for a tensor the block does not have.
     #[error("block {block} ({name}) has no tensor {tensor}")]
     UnknownTensor {
+        /// The block's index among the engine's streamed blocks.
         block: usize,
+        /// The block's name.
         name: String,
+        /// The tensor asked for: its name, or `#<index>`.
         tensor: String,
     },
 
     /// The run order given to `set_order` is not usable.
     #[error("invalid run order: {reason}")]
-    InvalidOrder { reason: String },
+    InvalidOrder {
+        /// Why the order is refused.
+        reason: String,
+    },
 
     /// Every staging buffer is held by a lease, so the block asked for can never be staged until
     /// one is released (acquiring more than `lookahead + 1` blocks without releasing).
@@ -140,36 +189,60 @@ pub enum StreamError {
         holders.join(", ")
     )]
     AllLeased {
+        /// The block's index among the engine's streamed blocks.
         block: usize,
+        /// The block's name.
         name: String,
+        /// Staging buffers the engine has.
         buffers: usize,
+        /// The blocks in the buffers, each as `block <index> (<name>)`.
         holders: Vec<String>,
     },
 
     /// The block is already leased; a block is staged in one buffer at a time.
     #[error("block {block} ({name}) is already leased; release it before acquiring it again")]
-    AlreadyLeased { block: usize, name: String },
+    AlreadyLeased {
+        /// The block's index among the engine's streamed blocks.
+        block: usize,
+        /// The block's name.
+        name: String,
+    },
 
     /// A worker panicked while staging the block (a bug); the engine itself keeps working.
     #[error("a worker panicked while staging block {block} ({name}): {message}")]
     WorkerPanicked {
+        /// The block's index among the engine's streamed blocks.
         block: usize,
+        /// The block's name.
         name: String,
+        /// The panic's message, when it was a string.
         message: String,
     },
 
     /// No worker thread is left to stage blocks.
     #[error("no staging worker is running (they exited after a panic) while acquiring block {block} ({name})")]
-    WorkersGone { block: usize, name: String },
+    WorkersGone {
+        /// The block's index among the engine's streamed blocks.
+        block: usize,
+        /// The block's name.
+        name: String,
+    },
 
     /// The engine was stopped while the block was being staged.
     #[error("the stream engine is shutting down (block {block} ({name}) was not staged)")]
-    ShuttingDown { block: usize, name: String },
+    ShuttingDown {
+        /// The block's index among the engine's streamed blocks.
+        block: usize,
+        /// The block's name.
+        name: String,
+    },
 
     /// The staging buffers or a RAM-tier copy could not be allocated.
     #[error("cannot allocate {what}: {source}")]
     Alloc {
+        /// What was being allocated, in words.
         what: String,
+        /// The allocation error.
         #[source]
         source: Box<IoError>,
     },
@@ -177,6 +250,7 @@ pub enum StreamError {
     /// A worker thread could not be started.
     #[error("cannot start a staging worker thread: {source}")]
     Spawn {
+        /// The error from starting the thread.
         #[source]
         source: std::io::Error,
     },

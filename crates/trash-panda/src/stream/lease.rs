@@ -12,7 +12,9 @@ use crate::io::AlignedBuf;
 /// Names a tensor of a block: its index in the block's tensor list, or its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TensorKey<'a> {
+    /// Index in the block's tensor list, from 0.
     Index(usize),
+    /// The tensor's name in the checkpoint.
     Name(&'a str),
 }
 

@@ -70,7 +70,10 @@ pub enum RamSource {
     Mapped,
     /// Read into private memory by [`Engine::load_ram_tier`] with `threads` parallel readers
     /// (or by the first worker that needs it), so no pass waits for the drive.
-    InMemory { threads: usize },
+    InMemory {
+        /// Reads in flight at once while the tier is read in (at least 1).
+        threads: usize,
+    },
 }
 
 /// How a block of the mapped RAM tier is read while its pages are not in memory yet (the first
@@ -86,7 +89,10 @@ pub enum ColdRead {
     Populate,
     /// Positional reads through the page cache straight into the staging buffer, `in_flight`
     /// requests at once; they leave the pages cached, so later passes copy from the map.
-    Pread { in_flight: usize },
+    Pread {
+        /// Requests in flight at once, per worker.
+        in_flight: usize,
+    },
 }
 
 impl ColdRead {
@@ -111,6 +117,7 @@ pub struct EngineOptions {
     /// How disk-tier blocks (and the in-memory RAM tier's load) are read. `Direct` by default: a
     /// streamed pass must not evict the page cache the RAM tier lives in.
     pub disk_mode: ReadMode,
+    /// How the RAM tier is held: mapped, or read into private memory.
     pub ram_source: RamSource,
     /// How cold blocks of a mapped RAM tier are read.
     pub cold_read: ColdRead,
@@ -132,8 +139,9 @@ pub struct EngineOptions {
     /// Staging buffers, as the plan counted them; `None`: one more than the maximum depth. At
     /// least one.
     pub buffers: Option<usize>,
-    /// The deepest the staging grows where the compute waits for blocks (see [`depth`]), within
-    /// the buffers; `None`: `lookahead`, a fixed depth.
+    /// The deepest the staging grows where the compute waits for blocks (a block the compute
+    /// waited for is staged one block earlier the next pass; passes without waits bring it back),
+    /// within the buffers; `None`: `lookahead`, a fixed depth.
     pub max_lookahead: Option<usize>,
     /// Disk-tier blocks that [`in_place_eligible`] allows are used in place from private maps of
     /// their files (the CPU computes from the page cache's pages) instead of being copied into a
@@ -317,6 +325,7 @@ impl Engine {
         })
     }
 
+    /// The options the engine was made with.
     pub fn options(&self) -> &EngineOptions {
         &self.options
     }

@@ -32,6 +32,7 @@ impl StagingSource {
         }
     }
 
+    /// The source's name in traces and logs: "disk", "ram_warm" or "ram_cold".
     pub fn name(self) -> &'static str {
         match self {
             StagingSource::Disk => "disk",
@@ -45,13 +46,17 @@ impl StagingSource {
 /// [`clock_seconds`](crate::profile::clock_seconds), the clock the Python hooks time runs with.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Staging {
+    /// The block's index among the engine's streamed blocks.
     pub block: usize,
     /// Index of the worker thread (0-based, as in its name `tp-stage-N`).
     pub worker: usize,
+    /// When the staging began, in seconds on that clock.
     pub start: f64,
+    /// When the staging ended, in seconds on the same clock as `start`.
     pub end: f64,
     /// Tensor bytes staged.
     pub bytes: u64,
+    /// Where the bytes came from.
     pub source: StagingSource,
 }
 

@@ -7,7 +7,9 @@ use crate::profile::DepthPass;
 /// What the engine did for one block since the last reset.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct BlockStats {
+    /// The block's name.
     pub name: String,
+    /// The tier it streams from.
     pub tier: SourceTier,
     /// Times the block was staged (read into a staging buffer).
     pub stagings: u64,
@@ -21,6 +23,7 @@ pub struct BlockStats {
     pub hits: u64,
     /// Acquires that had to wait (`in_flight` of them found the read already started).
     pub misses: u64,
+    /// Of `misses`, those that found the block's read already started.
     pub in_flight: u64,
     /// Seconds the acquiring thread waited for the block.
     pub wait_seconds: f64,
@@ -53,14 +56,18 @@ impl BlockStats {
 /// figure of the profile, and `buffer_waits` its "worker waited for a free pinned buffer" line.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct EngineStats {
+    /// Per block, in the engine's block order.
     pub blocks: Vec<BlockStats>,
     /// Tensor bytes staged from the RAM tier and from the disk tier.
     pub ram_bytes: u64,
+    /// Tensor bytes staged from the disk tier.
     pub disk_bytes: u64,
     /// Of `ram_bytes`, those read from the drive because their pages were not in memory (a
     /// mapped RAM tier's first pass), the blocks they came in, and the workers' seconds on them.
     pub ram_cold_bytes: u64,
+    /// Blocks those cold bytes came in.
     pub ram_cold_blocks: u64,
+    /// Worker seconds on the cold blocks, summed over workers.
     pub ram_cold_seconds: f64,
     /// Worker threads of the engine.
     pub workers: u64,
@@ -68,11 +75,15 @@ pub struct EngineStats {
     pub read_seconds: f64,
     /// Seconds acquiring threads waited for blocks.
     pub compute_waited_seconds: f64,
+    /// Blocks acquired.
     pub acquires: u64,
+    /// Acquires that found their block already staged.
     pub hits: u64,
+    /// Acquires that had to wait for their block.
     pub misses: u64,
     /// Times a worker had a block to stage but no free staging buffer, and how long it waited.
     pub buffer_waits: u64,
+    /// Seconds those workers waited, summed.
     pub buffer_wait_seconds: f64,
     /// Staged blocks whose buffer was taken for another block before they were acquired.
     pub reclaimed_unused: u64,

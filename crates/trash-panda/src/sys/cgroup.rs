@@ -19,6 +19,7 @@ pub struct CgroupMemory {
     pub version: u8,
     /// The cgroup directory the limit was read from.
     pub path: String,
+    /// The limit in bytes (`memory.max` or `memory.limit_in_bytes`).
     pub limit: u64,
     /// The cgroup's current usage, when readable.
     pub usage: Option<u64>,

@@ -13,7 +13,9 @@ use super::{read_text, SysError, SysRoots};
 /// The mount that holds a path.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MountInfo {
+    /// Where the filesystem is mounted, e.g. `/home`.
     pub mount_point: String,
+    /// The filesystem type as the mount table names it (`ext4`, `nfs`, `overlay`, ...).
     pub fs_type: String,
     /// The mounted device or source, e.g. `/dev/vda1`.
     pub source: String,
@@ -90,10 +92,15 @@ fn unescape(field: &str) -> String {
 /// The result of a cold sequential read of a fresh file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReadProbe {
+    /// The folder the probe file was written in.
     pub dir: PathBuf,
+    /// Bytes written to the probe file.
     pub file_bytes: u64,
+    /// Bytes read back before the file ended or the time limit passed.
     pub bytes_read: u64,
+    /// Seconds the reading took.
     pub seconds: f64,
+    /// `bytes_read / seconds` in MB/s (10^6 bytes); 0 when no time was measured.
     pub mb_per_s: f64,
     /// False when the page cache could not be dropped (always on Windows and macOS, which cannot
     /// evict one file's pages), so the figure may be a warm read.

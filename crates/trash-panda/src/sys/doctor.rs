@@ -19,28 +19,42 @@ use crate::units::format_bytes;
 pub const CPU_FLAGS_OF_INTEREST: [&str; 5] =
     ["avx2", "avx512f", "avx512_bf16", "avx512_fp16", "f16c"];
 
+/// The CPU, as far as the conversion kernels care.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CpuInfo {
+    /// The model name the system gives.
     pub model: String,
+    /// Hardware threads the system reports.
     pub logical_cores: usize,
     /// The flags of [`CPU_FLAGS_OF_INTEREST`] this CPU has.
     pub flags: Vec<String>,
 }
 
+/// What `trash-panda doctor` prints: the machine as the planner and the engine see it. Each
+/// probe that can fail holds its error as text, so one failed probe does not hide the others.
 #[derive(Debug, Clone, Serialize)]
 pub struct DoctorReport {
+    /// The system's name and version (`PRETTY_NAME` of `os-release` on Linux).
     pub os: Result<String, String>,
+    /// The kernel's name and release (`uname`'s sysname and release; "unknown" if it fails).
     pub kernel: String,
+    /// The machine's architecture as the system reports it (`x86_64`, `aarch64`).
     pub arch: String,
+    /// The CPU.
     pub cpu: Result<CpuInfo, String>,
+    /// RAM, swap and cgroup figures.
     pub memory: Result<MemoryFigures, String>,
+    /// The GPUs NVML sees.
     pub gpus: GpuProbe,
+    /// The mount holding the path asked about; `None` when no path was given.
     pub mount: Option<Result<MountInfo, String>>,
+    /// The read-speed test; `None` when it was not asked for.
     pub read_probe: Option<Result<ReadProbe, String>>,
 }
 
 /// How much the read-speed probe writes and how long it reads.
 pub const PROBE_FILE_BYTES: u64 = 256 << 20;
+/// The longest the read-speed probe reads, in seconds (see [`PROBE_FILE_BYTES`]).
 pub const PROBE_SECONDS: u64 = 2;
 
 impl DoctorReport {

@@ -16,7 +16,9 @@ pub struct MemoryFigures {
     pub total_ram: u64,
     /// MemAvailable: what can be allocated without swapping.
     pub available_ram: u64,
+    /// SwapTotal: swap space, in bytes.
     pub swap_total: u64,
+    /// SwapFree: unused swap space, in bytes.
     pub swap_free: u64,
     /// The tightest memory limit of the process's cgroup, if any.
     pub cgroup: Option<CgroupMemory>,

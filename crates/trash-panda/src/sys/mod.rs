@@ -27,33 +27,58 @@ pub use rss::{current_rss, private_memory, RssMeasure, RssSampler, RssStats};
 /// Errors of the sys module.
 #[derive(Debug, thiserror::Error)]
 pub enum SysError {
+    /// A file a probe needs (under `/proc` or `/sys`, or their test roots) could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
     /// A system call of a probe failed (Windows and macOS, where there is no file to name).
     #[error("{call} failed: {source}")]
     Call {
+        /// The call's name, as the system documents it.
         call: &'static str,
+        /// The error the system reported.
         #[source]
         source: std::io::Error,
     },
+    /// A file the probe read lacks a field it needs (e.g. `MemTotal` in `meminfo`).
     #[error("{path}: field {field} is missing")]
-    MissingField { path: PathBuf, field: &'static str },
+    MissingField {
+        /// The file.
+        path: PathBuf,
+        /// The field's name as the file spells it.
+        field: &'static str,
+    },
+    /// A field of a probed file holds something that is not the number expected.
     #[error("{path}: cannot parse {field} from {value:?}")]
     Parse {
+        /// The file.
         path: PathBuf,
+        /// The field's name as the file spells it.
         field: &'static str,
+        /// The text found.
         value: String,
     },
+    /// No line of the mount table holds the path asked about.
     #[error("{path}: no mount holds this path")]
-    NoMount { path: PathBuf },
+    NoMount {
+        /// The path, made absolute.
+        path: PathBuf,
+    },
+    /// A step of the read-speed probe failed (creating, writing or reading its file). The RSS
+    /// sampler also reports a failure to start its thread as this variant, with `dir` the
+    /// `statm` file it reads.
     #[error("read-speed probe in {dir}: {what}: {source}")]
     Probe {
+        /// The folder the probe file was written in.
         dir: PathBuf,
+        /// The step that failed, as a verb phrase.
         what: &'static str,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
@@ -62,8 +87,11 @@ pub enum SysError {
 /// Where the probes look for `/proc`, `/sys` and `/etc`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SysRoots {
+    /// Stands for `/proc`.
     pub proc: PathBuf,
+    /// Stands for `/sys`.
     pub sys: PathBuf,
+    /// Stands for `/etc` (only `os-release` is read there).
     pub etc: PathBuf,
 }
 

@@ -13,10 +13,15 @@ use super::platform::{DynLib, NVML_LIBRARIES};
 /// One GPU as NVML sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuDevice {
+    /// NVML's index of the GPU (not necessarily CUDA's when `CUDA_VISIBLE_DEVICES` is set).
     pub index: u32,
+    /// The product name.
     pub name: String,
+    /// Memory in bytes.
     pub total: u64,
+    /// Free memory in bytes.
     pub free: u64,
+    /// Used memory in bytes, as NVML counts it.
     pub used: u64,
 }
 
@@ -25,11 +30,20 @@ pub struct GpuDevice {
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum GpuProbe {
     /// NVML could not be loaded: no NVIDIA driver on this machine.
-    NoDriver { reason: String },
+    NoDriver {
+        /// Why loading failed, in words.
+        reason: String,
+    },
     /// The driver is there but NVML reported an error.
-    Failed { reason: String },
+    Failed {
+        /// NVML's error, in words.
+        reason: String,
+    },
+    /// NVML answered.
     Found {
+        /// The driver's version string.
         driver: String,
+        /// Every GPU, in NVML's order; may be empty.
         devices: Vec<GpuDevice>,
     },
 }

@@ -38,6 +38,7 @@ pub const MERGE_GAP: u64 = 64 << 10;
 /// One tensor's place in the staging buffer of its block, and what its bytes are there.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct StagedTensor {
+    /// The tensor's name in the checkpoint.
     pub name: String,
     /// Offset of the tensor's first byte in the staging buffer.
     pub offset: usize,
@@ -45,6 +46,7 @@ pub struct StagedTensor {
     pub len: usize,
     /// The dtype of the bytes in the buffer: the file's, or the storage dtype it was converted to.
     pub dtype: DType,
+    /// Elements along each dimension, outermost first.
     pub shape: Vec<usize>,
     /// Where the per-row dequantization scales of a tensor the engine quantized to fp8 lie;
     /// `None` for every other tensor (a checkpoint's own scale tensors are tensors of their own).
@@ -55,7 +57,9 @@ pub struct StagedTensor {
 /// per row; multiply a row by its scale to get the values back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct StagedScale {
+    /// Offset of the first scale in the staging buffer, in bytes.
     pub offset: usize,
+    /// Length of the scales in bytes (4 per row).
     pub len: usize,
 }
 
