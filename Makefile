@@ -68,11 +68,12 @@ docs-venv:
 # The documentation site, to target/site/ (mkdocs.yml). Strict: a broken link or anchor, a page
 # left out of the nav or an API name mkdocstrings cannot find fails it. The settings page is
 # made from the core's table through the extension, so the extension is built first.
-# Then the core's Rust API reference, to target/doc/trash_panda/ (a few seconds once the crate
-# has been checked); as strict: a broken intra-doc link or bad HTML in a doc comment fails it.
+# Then the core's Rust API reference (a few seconds once the crate has been checked), copied into
+# the site under rust/; as strict: a broken intra-doc link or bad HTML in a doc comment fails it.
 docs: docs-venv ext
 	NO_MKDOCS_2_WARNING=1 PYTHONPATH= .venv-docs/bin/python -m mkdocs build --strict
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -p trash-panda --no-deps
+	rm -rf target/site/rust && cp -r target/doc target/site/rust
 
 test: rust-test lint docs py-test stubs cross
 
