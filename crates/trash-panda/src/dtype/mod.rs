@@ -14,6 +14,8 @@
 //! Large jobs (a million elements or more) are split over `threads` scoped threads (`0` means
 //! every core); smaller ones run on the calling thread.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod cast;
 mod fp8;
 mod kind;
@@ -27,9 +29,12 @@ pub use fp8::{f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, fp8_e5m2_to_f32, FP8_E4M3FN_
 pub use kind::{DType, ACCEPTED_DTYPE_NAMES, ALL_DTYPES};
 pub use quant::{quantize_fp8, QuantGranularity};
 pub use scale::{classify_scale, expand, rows_cols, Scale, ScaleLayout, SCALE_BLOCK};
+pub use simd::{
+    best_simd_level, simd_level, supported_simd_levels, with_simd_level, SimdLevel, SIMD_CHOICES,
+};
 
 /// Errors of the dtype module.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum DtypeError {
     #[error("unknown dtype {name:?}: expected one of {accepted}")]
     UnknownName {
@@ -69,6 +74,16 @@ pub enum DtypeError {
         cols: usize,
         expected: usize,
         actual: usize,
+    },
+    #[error("{0}")]
+    SimdSetting(String),
+    #[error(
+        "{origin} asks for the {level} kernels, which this CPU cannot run: it runs {supported}"
+    )]
+    SimdUnsupported {
+        origin: &'static str,
+        level: SimdLevel,
+        supported: String,
     },
     #[error("block scales need a block size of at least 1, got 0")]
     ZeroBlock,
