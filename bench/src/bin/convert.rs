@@ -4,11 +4,15 @@
 //! reused; the figure is GB/s of output written, best of several repetitions, next to a plain
 //! `copy_from_slice` of the same output size on the same number of threads.
 //!
-//! `cargo run --release -p trash-panda-bench --bin bench-convert [-- --reps N --mib M]`
+//! `cargo run --release -p trash-panda-bench --bin bench-convert [-- --reps N --mib M]`; the
+//! header names the CPU and the kernel level that ran, which `TRASH_PANDA_SIMD` (portable, avx2,
+//! avx512, auto) forces.
 
 use std::time::{Duration, Instant};
 
-use trash_panda::dtype::{cast, expand, quantize_fp8, DType, QuantGranularity, Scale};
+use trash_panda::dtype::{
+    best_simd_level, cast, expand, quantize_fp8, simd_level, DType, QuantGranularity, Scale,
+};
 
 struct Case {
     name: &'static str,
@@ -145,8 +149,24 @@ fn main() {
                 .map(|m| m.trim().to_string())
         })
         .unwrap_or_else(|| "unknown".into());
+    // TRASH_PANDA_SIMD picks the path (`TRASH_PANDA_SIMD=avx2 make bench-convert`); a level this
+    // CPU lacks stops here rather than measuring another one.
+    let level = match simd_level() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("bench-convert: {e}");
+            std::process::exit(2);
+        }
+    };
+    let how = if std::env::var("TRASH_PANDA_SIMD").is_ok_and(|v| !v.trim().is_empty()) {
+        "forced by TRASH_PANDA_SIMD"
+    } else {
+        "auto"
+    };
     println!(
-        "# bench-convert: {cpu}, {cores} cores, {} MiB written per case, best of {reps}",
+        "# bench-convert: {cpu}, {cores} cores, {level} kernels ({how}; best here: {}), \
+         {} MiB written per case, best of {reps}",
+        best_simd_level(),
         out_bytes >> 20
     );
 

@@ -104,6 +104,14 @@ pub const SETTINGS: &[Setting] = &[
         doc: "show a progress bar on stderr for a load longer than 2 s when stderr is a terminal",
     },
     Setting {
+        name: "simd",
+        kind: Kind::Choice(crate::dtype::SIMD_CHOICES),
+        default: "auto",
+        doc: "which compiled dtype-conversion kernels run: auto (the fastest this CPU has), \
+              portable, avx2 or avx512; read once per process; a level the CPU lacks makes every \
+              conversion fail rather than run another one",
+    },
+    Setting {
         name: "log",
         kind: Kind::Text,
         default: "",

@@ -1,9 +1,21 @@
 //! fp8 quantization round trips, and every error path of the dtype kernels.
 
 use trash_panda::dtype::{
-    cast, expand, f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, quantize_fp8, DType, DtypeError,
-    QuantGranularity, Scale,
+    cast, expand, f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, quantize_fp8, supported_simd_levels,
+    with_simd_level, DType, DtypeError, QuantGranularity, Scale,
 };
+
+/// Runs `body` once on every kernel level this CPU has, forced, so a machine with AVX-512 tests
+/// the AVX2 and portable paths too; a failure names the level.
+fn on_every_level(body: impl Fn()) {
+    for level in supported_simd_levels() {
+        let run = std::panic::AssertUnwindSafe(|| with_simd_level(level, &body).unwrap());
+        if let Err(e) = std::panic::catch_unwind(run) {
+            eprintln!("the failure above is on the {level} kernels");
+            std::panic::resume_unwind(e);
+        }
+    }
+}
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
     let mut x = seed | 1;
@@ -49,129 +61,135 @@ fn reference(x: &[f32], rows: usize, cols: usize, per_row: bool) -> (Vec<u8>, Ve
 
 #[test]
 fn quantize_matches_the_formula_and_round_trips() {
-    for (rows, cols, threads) in [(37, 129, 1), (1100, 1000, 2), (1, 5000, 1)] {
-        let x = values(rows * cols, 7);
-        let src = f32_bytes(&x);
-        for per_row in [false, true] {
-            let g = if per_row {
-                QuantGranularity::PerRow
-            } else {
-                QuantGranularity::PerTensor
-            };
-            let mut q = vec![0u8; rows * cols];
-            let mut s = vec![0f32; if per_row { rows } else { 1 }];
-            quantize_fp8(&src, DType::F32, (rows, cols), g, &mut q, &mut s, threads).unwrap();
-            let (wq, ws) = reference(&x, rows, cols, per_row);
-            assert_eq!(s, ws, "scales {rows}x{cols} per_row={per_row}");
-            assert!(q == wq, "codes {rows}x{cols} per_row={per_row}");
-            for (i, (&c, &v)) in q.iter().zip(&x).enumerate() {
-                let k = s[if per_row { i / cols } else { 0 }];
-                let scaled = v / k;
-                let back = fp8_e4m3fn_to_f32(c);
-                // Half an fp8 ulp at the value's binade (subnormal step 2^-9 below 2^-6).
-                let e = scaled.abs().log2().floor().max(-6.0);
-                let half_ulp = 2f32.powf(e - 3.0) / 2.0;
-                assert!(
-                    (back - scaled).abs() <= half_ulp * 1.0001,
-                    "{i}: {scaled} -> {back}"
-                );
+    on_every_level(|| {
+        for (rows, cols, threads) in [(37, 129, 1), (1100, 1000, 2), (1, 5000, 1)] {
+            let x = values(rows * cols, 7);
+            let src = f32_bytes(&x);
+            for per_row in [false, true] {
+                let g = if per_row {
+                    QuantGranularity::PerRow
+                } else {
+                    QuantGranularity::PerTensor
+                };
+                let mut q = vec![0u8; rows * cols];
+                let mut s = vec![0f32; if per_row { rows } else { 1 }];
+                quantize_fp8(&src, DType::F32, (rows, cols), g, &mut q, &mut s, threads).unwrap();
+                let (wq, ws) = reference(&x, rows, cols, per_row);
+                assert_eq!(s, ws, "scales {rows}x{cols} per_row={per_row}");
+                assert!(q == wq, "codes {rows}x{cols} per_row={per_row}");
+                for (i, (&c, &v)) in q.iter().zip(&x).enumerate() {
+                    let k = s[if per_row { i / cols } else { 0 }];
+                    let scaled = v / k;
+                    let back = fp8_e4m3fn_to_f32(c);
+                    // Half an fp8 ulp at the value's binade (subnormal step 2^-9 below 2^-6).
+                    let e = scaled.abs().log2().floor().max(-6.0);
+                    let half_ulp = 2f32.powf(e - 3.0) / 2.0;
+                    assert!(
+                        (back - scaled).abs() <= half_ulp * 1.0001,
+                        "{i}: {scaled} -> {back}"
+                    );
+                }
             }
         }
-    }
+    });
 }
 
 #[test]
 fn quantize_keeps_nan_and_handles_zero_and_inf() {
-    let x = [
-        0.0f32,
-        f32::NAN,
-        -f32::NAN,
-        1.0,
-        -2.0,
-        f32::INFINITY,
-        0.0,
-        0.0,
-    ];
-    let mut q = [0u8; 8];
-    let mut s = [0f32; 2];
-    quantize_fp8(
-        &f32_bytes(&x),
-        DType::F32,
-        (2, 4),
-        QuantGranularity::PerRow,
-        &mut q,
-        &mut s,
-        1,
-    )
-    .unwrap();
-    assert_eq!(s[0], 1.0 / 448.0);
-    assert_eq!(&q[..4], &[0x00, 0x7F, 0xFF, 0x7E]);
-    assert_eq!(s[1], 1.0, "an infinite amax falls back to scale 1");
-    assert_eq!(
-        &q[4..],
-        &[0xC0, 0x7E, 0x00, 0x00],
-        "-2 stays -2, inf saturates"
-    );
-    let zeros = [0u8; 64];
-    let mut s = [0f32];
-    quantize_fp8(
-        &zeros,
-        DType::BF16,
-        (4, 8),
-        QuantGranularity::PerTensor,
-        &mut q[..0].to_vec(),
-        &mut s,
-        1,
-    )
-    .unwrap_err();
-    let mut q = [1u8; 32];
-    quantize_fp8(
-        &zeros,
-        DType::BF16,
-        (4, 8),
-        QuantGranularity::PerTensor,
-        &mut q,
-        &mut s,
-        1,
-    )
-    .unwrap();
-    assert_eq!(
-        (s[0], q),
-        (1.0, [0u8; 32]),
-        "zero tensor: scale 1, zero codes"
-    );
+    on_every_level(|| {
+        let x = [
+            0.0f32,
+            f32::NAN,
+            -f32::NAN,
+            1.0,
+            -2.0,
+            f32::INFINITY,
+            0.0,
+            0.0,
+        ];
+        let mut q = [0u8; 8];
+        let mut s = [0f32; 2];
+        quantize_fp8(
+            &f32_bytes(&x),
+            DType::F32,
+            (2, 4),
+            QuantGranularity::PerRow,
+            &mut q,
+            &mut s,
+            1,
+        )
+        .unwrap();
+        assert_eq!(s[0], 1.0 / 448.0);
+        assert_eq!(&q[..4], &[0x00, 0x7F, 0xFF, 0x7E]);
+        assert_eq!(s[1], 1.0, "an infinite amax falls back to scale 1");
+        assert_eq!(
+            &q[4..],
+            &[0xC0, 0x7E, 0x00, 0x00],
+            "-2 stays -2, inf saturates"
+        );
+        let zeros = [0u8; 64];
+        let mut s = [0f32];
+        quantize_fp8(
+            &zeros,
+            DType::BF16,
+            (4, 8),
+            QuantGranularity::PerTensor,
+            &mut q[..0].to_vec(),
+            &mut s,
+            1,
+        )
+        .unwrap_err();
+        let mut q = [1u8; 32];
+        quantize_fp8(
+            &zeros,
+            DType::BF16,
+            (4, 8),
+            QuantGranularity::PerTensor,
+            &mut q,
+            &mut s,
+            1,
+        )
+        .unwrap();
+        assert_eq!(
+            (s[0], q),
+            (1.0, [0u8; 32]),
+            "zero tensor: scale 1, zero codes"
+        );
+    });
 }
 
 #[test]
 fn quantize_other_sources_match_f32() {
-    let x = values(4096, 3);
-    let mut bf = vec![0u8; 4096 * 2];
-    cast(&f32_bytes(&x), DType::F32, &mut bf, DType::BF16, 1).unwrap();
-    let mut wide = vec![0u8; 4096 * 4];
-    cast(&bf, DType::BF16, &mut wide, DType::F32, 1).unwrap();
-    let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 4096]);
-    let (mut sa, mut sb) = ([0f32; 64], [0f32; 64]);
-    quantize_fp8(
-        &bf,
-        DType::BF16,
-        (64, 64),
-        QuantGranularity::PerRow,
-        &mut a,
-        &mut sa,
-        1,
-    )
-    .unwrap();
-    quantize_fp8(
-        &wide,
-        DType::F32,
-        (64, 64),
-        QuantGranularity::PerRow,
-        &mut b,
-        &mut sb,
-        1,
-    )
-    .unwrap();
-    assert_eq!((a, sa), (b, sb));
+    on_every_level(|| {
+        let x = values(4096, 3);
+        let mut bf = vec![0u8; 4096 * 2];
+        cast(&f32_bytes(&x), DType::F32, &mut bf, DType::BF16, 1).unwrap();
+        let mut wide = vec![0u8; 4096 * 4];
+        cast(&bf, DType::BF16, &mut wide, DType::F32, 1).unwrap();
+        let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 4096]);
+        let (mut sa, mut sb) = ([0f32; 64], [0f32; 64]);
+        quantize_fp8(
+            &bf,
+            DType::BF16,
+            (64, 64),
+            QuantGranularity::PerRow,
+            &mut a,
+            &mut sa,
+            1,
+        )
+        .unwrap();
+        quantize_fp8(
+            &wide,
+            DType::F32,
+            (64, 64),
+            QuantGranularity::PerRow,
+            &mut b,
+            &mut sb,
+            1,
+        )
+        .unwrap();
+        assert_eq!((a, sa), (b, sb));
+    });
 }
 
 #[test]

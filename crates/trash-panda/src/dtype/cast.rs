@@ -157,6 +157,7 @@ pub fn cast(
     threads: usize,
 ) -> Result<(), DtypeError> {
     check_cast_dtypes("cast", src_dtype, dst_dtype)?;
+    simd::simd_level()?;
     let n = src.len() / src_dtype.size();
     if !src.len().is_multiple_of(src_dtype.size()) {
         return Err(DtypeError::RaggedBytes {

@@ -14,6 +14,8 @@
 //! Large jobs (a million elements or more) are split over `threads` scoped threads (`0` means
 //! every core); smaller ones run on the calling thread.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod cast;
 mod fp8;
 mod kind;
@@ -27,9 +29,12 @@ pub use fp8::{f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, fp8_e5m2_to_f32, FP8_E4M3FN_
 pub use kind::{DType, ACCEPTED_DTYPE_NAMES, ALL_DTYPES};
 pub use quant::{quantize_fp8, QuantGranularity};
 pub use scale::{classify_scale, expand, rows_cols, Scale, ScaleLayout, SCALE_BLOCK};
+pub use simd::{
+    best_simd_level, simd_level, supported_simd_levels, with_simd_level, SimdLevel, SIMD_CHOICES,
+};
 
 /// Errors of the dtype module.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum DtypeError {
     /// A dtype name (from a user or a setting) names no dtype.
     #[error("unknown dtype {name:?}: expected one of {accepted}")]
@@ -100,6 +105,23 @@ pub enum DtypeError {
         expected: usize,
         /// Values it holds.
         actual: usize,
+    },
+    /// `TRASH_PANDA_SIMD` (or a level forced in code) names no kernel level; the message lists
+    /// the accepted values.
+    #[error("{0}")]
+    SimdSetting(String),
+    /// A kernel level was asked for (by `TRASH_PANDA_SIMD` or in code) that this CPU cannot
+    /// run; conversions fail rather than quietly run another path.
+    #[error(
+        "{origin} asks for the {level} kernels, which this CPU cannot run: it runs {supported}"
+    )]
+    SimdUnsupported {
+        /// Who asked: the setting or the code that forced it.
+        origin: &'static str,
+        /// The level asked for.
+        level: SimdLevel,
+        /// The levels this CPU runs, best first.
+        supported: String,
     },
     /// A block scale (or [`classify_scale`]) was given a block size of 0.
     #[error("block scales need a block size of at least 1, got 0")]

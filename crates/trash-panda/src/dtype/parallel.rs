@@ -6,6 +6,8 @@
 
 use std::ops::Range;
 
+use super::simd;
+
 /// Below this many elements a conversion runs on the calling thread: spawning costs tens of
 /// microseconds, about what one core needs for a million elements.
 pub(crate) const PARALLEL_MIN_ELEMS: usize = 1 << 20;
@@ -69,6 +71,8 @@ pub(crate) fn split_run<A, B, F>(
         f(0..units, a, b);
         return;
     }
+    // A level forced on the caller's thread holds on its workers too.
+    let forced = simd::forced();
     std::thread::scope(|scope| {
         let (mut a_rest, mut b_rest) = (a, b);
         let last = parts.len() - 1;
@@ -82,7 +86,7 @@ pub(crate) fn split_run<A, B, F>(
             if i == last {
                 f(r, a_part, b_part);
             } else {
-                scope.spawn(move || f(r, a_part, b_part));
+                scope.spawn(move || simd::with_forced(forced, || f(r, a_part, b_part)));
             }
         }
     });
@@ -99,11 +103,12 @@ where
     if parts.len() <= 1 {
         return vec![f(0..units)];
     }
+    let forced = simd::forced();
     std::thread::scope(|scope| {
         let f = &f;
         let handles: Vec<_> = parts
             .into_iter()
-            .map(|r| scope.spawn(move || f(r)))
+            .map(|r| scope.spawn(move || simd::with_forced(forced, || f(r))))
             .collect();
         handles
             .into_iter()

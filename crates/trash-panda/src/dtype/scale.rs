@@ -2,7 +2,9 @@
 //! in checkpoints.
 
 use super::cast::check_cast_dtypes;
-use super::simd::{self, convert_inline, level, multiversion, Level};
+#[cfg(target_arch = "x86_64")]
+use super::simd::SimdLevel;
+use super::simd::{self, convert_inline, multiversion};
 use super::{check_bytes, elements, parallel, DType, DtypeError};
 
 /// The tile of the block-wise scale layout (`weight_scale_inv`): 128 x 128 weights per scale.
@@ -156,6 +158,7 @@ pub fn expand(
         });
     }
     check_cast_dtypes("expand", src_dtype, dst_dtype)?;
+    simd::simd_level()?;
     let (rows, cols) = shape;
     let n = elements(shape)?;
     check_bytes("expand source", src_dtype, n, src.len())?;
@@ -200,6 +203,17 @@ multiversion! {
         let (ss, ds) = (src_t.size(), dst_t.size());
         if cols == 0 {
             return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let (DType::F8E4M3, DType::BF16, Scale::Block { scales, block }) = (src_t, dst_t, scale) {
+            // Block scales give runs of 128, too short for a table each; the kernel shares one
+            // per tile over the tile's rows, which on AVX2 triples the staged loops' speed.
+            if matches!(simd::level(), SimdLevel::Avx2 | SimdLevel::Avx512) {
+                // SAFETY: `level()` returns these levels only when this CPU has AVX2 and FMA, the
+                // features the kernel is compiled with.
+                unsafe { super::avx2::e4m3_to_bf16_blocks(src, dst, cols, first_row, scales, *block) };
+                return;
+            }
         }
         let rows = src.chunks_exact(cols * ss).zip(dst.chunks_exact_mut(cols * ds));
         for (i, (s, d)) in rows.enumerate() {
