@@ -36,6 +36,9 @@ pub struct Setting {
     pub doc: &'static str,
 }
 
+/// The values of the `simd` setting, `TRASH_PANDA_SIMD`: which dtype kernels run.
+pub const SIMD_CHOICES: &[&str] = &["auto", "portable", "avx2", "avx512"];
+
 /// Every setting, with its default.
 pub const SETTINGS: &[Setting] = &[
     Setting {
@@ -105,7 +108,7 @@ pub const SETTINGS: &[Setting] = &[
     },
     Setting {
         name: "simd",
-        kind: Kind::Choice(crate::dtype::SIMD_CHOICES),
+        kind: Kind::Choice(SIMD_CHOICES),
         default: "auto",
         doc: "which compiled dtype-conversion kernels run: auto (the fastest this CPU has), \
               portable, avx2 or avx512; read once per process; a level the CPU lacks makes every \

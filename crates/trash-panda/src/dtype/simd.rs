@@ -34,8 +34,8 @@ pub enum SimdLevel {
     Avx512,
 }
 
-/// The values `TRASH_PANDA_SIMD` accepts, in the order the settings table lists them.
-pub const SIMD_CHOICES: &[&str] = &["auto", "portable", "avx2", "avx512"];
+/// The values `TRASH_PANDA_SIMD` accepts (the settings table owns them: it sits below dtype).
+pub use crate::settings::SIMD_CHOICES;
 
 impl SimdLevel {
     /// Every level, slowest first.
