@@ -38,3 +38,16 @@ pub fn ensure_file(dir: &Path, prefix: &str, size: u64) -> std::io::Result<PathB
     f.sync_all()?;
     Ok(path)
 }
+
+/// The CPU's model name from /proc/cpuinfo (Linux), for a results file; "unknown CPU" elsewhere.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}

@@ -140,15 +140,7 @@ fn main() {
     let reps = arg("--reps", 7);
     let out_bytes = arg("--mib", 128) << 20;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
+    let cpu = trash_panda_bench::cpu_model();
     // TRASH_PANDA_SIMD picks the path (`TRASH_PANDA_SIMD=avx2 make bench-convert`); a level this
     // CPU lacks stops here rather than measuring another one.
     let level = match simd_level() {

@@ -137,21 +137,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rows.push(row);
     }
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/fill.md");
-    // Where and when, for the results page: the date from `date`, the CPU from /proc/cpuinfo.
+    // Where and when, for the results page.
     let date = std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M UTC"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_else(|_| "unknown".into());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+    let cpu = trash_panda_bench::cpu_model();
     let text = format!(
         "# Staging fill rate from a warm RAM tier (`bench-fill`)\n\n- date: {date}\n- machine: \
          {cpu}, {cores} cores\n- method: `make bench-fill`; {} MiB file of \

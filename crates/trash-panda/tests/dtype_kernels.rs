@@ -2,23 +2,12 @@
 //! the format definitions and the `half` crate.
 
 use half::{bf16, f16};
+mod common;
+use common::on_every_level;
 use trash_panda::dtype::{
     bf16_bits_to_f32, cast, expand, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits,
-    f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, fp8_e5m2_to_f32, supported_simd_levels, with_simd_level,
-    DType, Scale,
+    f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, fp8_e5m2_to_f32, DType, Scale,
 };
-
-/// Runs `body` once on every kernel level this CPU has, forced, so a machine with AVX-512 tests
-/// the AVX2 and portable paths too; a failure names the level.
-fn on_every_level(body: impl Fn()) {
-    for level in supported_simd_levels() {
-        let run = std::panic::AssertUnwindSafe(|| with_simd_level(level, &body).unwrap());
-        if let Err(e) = std::panic::catch_unwind(run) {
-            eprintln!("the failure above is on the {level} kernels");
-            std::panic::resume_unwind(e);
-        }
-    }
-}
 
 const WIDE: [DType; 4] = [DType::F64, DType::F32, DType::F16, DType::BF16];
 const SOURCES: [DType; 6] = [

@@ -1,21 +1,11 @@
 //! fp8 quantization round trips, and every error path of the dtype kernels.
 
+mod common;
+use common::on_every_level;
 use trash_panda::dtype::{
-    cast, expand, f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, quantize_fp8, supported_simd_levels,
-    with_simd_level, DType, DtypeError, QuantGranularity, Scale,
+    cast, expand, f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, quantize_fp8, DType, DtypeError,
+    QuantGranularity, Scale,
 };
-
-/// Runs `body` once on every kernel level this CPU has, forced, so a machine with AVX-512 tests
-/// the AVX2 and portable paths too; a failure names the level.
-fn on_every_level(body: impl Fn()) {
-    for level in supported_simd_levels() {
-        let run = std::panic::AssertUnwindSafe(|| with_simd_level(level, &body).unwrap());
-        if let Err(e) = std::panic::catch_unwind(run) {
-            eprintln!("the failure above is on the {level} kernels");
-            std::panic::resume_unwind(e);
-        }
-    }
-}
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
     let mut x = seed | 1;

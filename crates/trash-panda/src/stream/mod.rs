@@ -5,13 +5,11 @@
 //! block out of the [`Lease`]'s buffer, and releases the lease (or drops it). Blocks come from the
 //! RAM tier (a memory map, or a private copy read up front) or from the disk tier (O_DIRECT or
 //! buffered reads straight into the staging buffer); the binding then copies a staging buffer to
-//! a device slot (README.md, "On a GPU"), or the CPU computes from it.
+//! a device slot (docs/guides/platforms.md), or the CPU computes from it.
 //!
-//! Where each tensor sits in a staging buffer is the [`StagedLayout`]'s, and the blocks the engine
-//! is given ([`StreamBlock`]) are described there too: both belong to [`crate::rules`] (the
-//! planner counts a block by [`block_figures`], from the same layout, before any engine exists),
-//! and are re-exported here for the binding and the tools. What this module adds is the runtime:
-//! the pool, the workers, the reads and copies, the leases.
+//! The [`StagedLayout`] (where each tensor sits in a buffer) and [`StreamBlock`] belong to
+//! [`crate::rules`], where the planner counts a block by [`block_figures`] before any engine
+//! exists; this module adds the runtime: the pool, the workers, the reads and copies, the leases.
 //!
 //! With a storage dtype ([`EngineOptions::storage`]) the RAM tier is converted once, on load,
 //! into private memory, and its blocks are staged in that form; the staged layout says what each

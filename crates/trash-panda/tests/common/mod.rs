@@ -1,6 +1,6 @@
 //! Helpers shared by the integration tests: scratch folders on the real disk, a small
-//! deterministic generator, the synthetic stage the profile tests read, and a wait for reads
-//! queued at the drive.
+//! deterministic generator, the synthetic stage the profile tests read, a wait for reads
+//! queued at the drive, and a run of a test on every kernel level the CPU has.
 #![allow(dead_code)]
 
 pub mod plan_model;
@@ -61,5 +61,19 @@ pub fn until_waiting(q: &trash_panda::io::ReadQueue, n: usize) {
             q.waiting()
         );
         std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Runs `body` once on every kernel level this CPU has, forced, so a machine with AVX-512 tests
+/// the AVX2 and portable paths too; a failure names the level.
+pub fn on_every_level(body: impl Fn()) {
+    for level in trash_panda::dtype::supported_simd_levels() {
+        let run = std::panic::AssertUnwindSafe(|| {
+            trash_panda::dtype::with_simd_level(level, &body).unwrap()
+        });
+        if let Err(e) = std::panic::catch_unwind(run) {
+            eprintln!("the failure above is on the {level} kernels");
+            std::panic::resume_unwind(e);
+        }
     }
 }
