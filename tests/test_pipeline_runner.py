@@ -517,3 +517,23 @@ def test_blocks_given_back_beside_a_running_stage_do_not_hide_its_activations(fo
         # blur the reading by a megabyte or so, far less than half of them.
         assert peak[0] >= activations - freed // 2, (peak[0], activations, freed)
         assert torch.equal(one_run(pipe), want)  # its blocks are read again at its turn
+
+
+@pytest.mark.parametrize("budget", ["tight", "roomy"])
+def test_loads_read_past_the_page_cache_when_the_files_could_not_stay_in_it(
+    folder: Path, want: torch.Tensor, budget: str
+) -> None:
+    """A budget that could not hold the stages and their files' pages together reads past the
+    page cache (a copy through it would only take CPU from the running stage), one that can
+    reads through it; the images are the plain pipeline's either way, and the report says which
+    and why."""
+    files = sum(p.stat().st_size for p in folder.rglob("*.safetensors"))
+    ram = files + files // 2 if budget == "tight" else 4 * files + (64 << 20)
+    with tp.Pipeline(stages(folder, min_free_ram=0), ram=ram) as pipe:
+        for _ in range(2):
+            assert torch.equal(one_run(pipe), want)
+        lanes = [s.state.lane for s in pipe._loaded.values() if s.state.lane is not None]
+        assert lanes and all(lane.direct is (budget == "tight") for lane in lanes)
+        first = pipe.report().splitlines()[0]
+        assert first.startswith("loads: direct reads" if budget == "tight" else "loads: buffered reads"), first
+        assert f"{files / 1e9:.2f} GB" in first, first

@@ -171,3 +171,69 @@ def test_an_ahead_lanes_read_waits_behind_a_run_lanes(tmp_path: Path) -> None:
     assert served == [(run.lane_id, 4), (ahead.lane_id, None)]
     assert all(torch.equal(r, torch.arange(4096) % 256) for r in results)
     assert ahead.stats()[1] == 1  # it waited
+
+
+def _uncached(path: Path) -> None:
+    import os
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _takes_o_direct(path: Path) -> bool:
+    import os
+
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "O_DIRECT"), reason="O_DIRECT and posix_fadvise (Linux)")
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_direct_lane_reads_past_the_page_cache_into_pages_placed_like_the_file(
+    tmp_path: Path, direct: bool
+) -> None:
+    """Through a ``direct`` lane, tensors read into pages of their own land at the same place in
+    their page as in the file (so the read needs no bounce buffer) and leave nothing in the page
+    cache; through a buffered lane the file's pages stay cached. Either way, the bytes are the
+    file's, at offsets that line up with no page."""
+    from safetensors.torch import save_file
+
+    from trash_panda.checkpoint import Checkpoint
+    from trash_panda.offload.materialize import DIRECT_ALIGN, FRESH_BYTES, read_many
+
+    g = torch.Generator().manual_seed(5)
+    # An odd-sized first tensor puts the others at offsets no page lines up with.
+    tensors = {
+        "a": torch.randn(7, generator=g),
+        "b": torch.randn(3 * FRESH_BYTES // 4 + 5, generator=g),
+        "c": torch.randn(2 * FRESH_BYTES // 2 + 3, generator=g).to(torch.bfloat16),
+    }
+    path = tmp_path / "odd.safetensors"
+    save_file(tensors, str(path))
+    ckpt = Checkpoint(path)
+    infos = [ckpt.info(n) for n in ("b", "c")]
+    assert all(i.start % DIRECT_ALIGN for i in infos)
+    if direct and not _takes_o_direct(path):
+        pytest.skip("this file system refuses O_DIRECT (tmpfs): a direct lane reads buffered there")
+    _uncached(path)
+    if _core.cached_bytes(path) > DIRECT_ALIGN:
+        pytest.skip("this file system keeps the file cached after posix_fadvise")
+    lane = _core.ReadLane([path], 1, direct=direct)
+    assert lane.direct is direct
+    read = read_many(infos, threads=2, lane=lane)
+    for info, t in zip(infos, read, strict=True):
+        assert torch.equal(t, tensors[info.name])
+        assert t.data_ptr() % DIRECT_ALIGN == info.start % DIRECT_ALIGN
+    cached = _core.cached_bytes(path)
+    if direct:
+        # The partial pages at each tensor's ends go through a bounce buffer, still direct.
+        assert cached <= 2 * DIRECT_ALIGN, cached
+    else:
+        assert cached > sum(i.nbytes for i in infos) // 2, cached

@@ -456,8 +456,9 @@ def read_block(
     """Reads byte ranges of several files into CPU tensors in one call without the GIL: `requests`
     is a list of (path, file offset, destination). Each file's ranges are read in file order by
     `threads` readers; with a `lane`, every read waits in its queue for a place at the drive as
-    the block at `position` of the lane's run order (`None`: needed now). Returns (bytes,
-    seconds).
+    the block at `position` of the lane's run order (`None`: needed now), and reads past the page
+    cache when the lane is `direct` (straight into destinations that line up with the file
+    modulo 4096 bytes, through a bounce buffer otherwise). Returns (bytes, seconds).
     """
 
 @final
@@ -465,9 +466,14 @@ class ReadLane:
     """One model's lane of the read queue of the drive its checkpoint lies on (see the core's
     `io::Lane` and `io::drive_queue`): the queue has `DRIVE_IN_FLIGHT` places for every model of
     the process reading that drive; the lane ranks this model's reads by its run order of
-    `blocks` blocks and by its priority ("run" before "ahead").
+    `blocks` blocks and by its priority ("run" before "ahead"). With `direct`, `read_block`'s
+    reads through the lane go past the page cache.
     """
-    def __new__(cls, files: Sequence[str | PathLike[str]], blocks: int, priority: str = "run") -> ReadLane: ...
+    def __new__(
+        cls, files: Sequence[str | PathLike[str]], blocks: int, priority: str = "run", direct: bool = False
+    ) -> ReadLane: ...
+    @property
+    def direct(self) -> bool: ...
     @property
     def depth(self) -> int: ...
     @property
@@ -760,7 +766,18 @@ def full_order(first: list[str], blocks: list[str]) -> list[int]:
     """
 
 # pipeline: memory handed over between a pipeline's stages
-__all__ += ["Allowance", "AllowanceStats", "Free", "Holds", "Replan", "StageRecord", "pipeline_report", "replan"]
+__all__ += [
+    "Allowance",
+    "AllowanceStats",
+    "Free",
+    "Holds",
+    "LoadReads",
+    "Replan",
+    "StageRecord",
+    "load_reads",
+    "pipeline_report",
+    "replan",
+]
 
 @final
 class Holds:
@@ -805,6 +822,20 @@ class Replan:
     def actual(self) -> int: ...
     @property
     def margin(self) -> int: ...
+
+@final
+class LoadReads:
+    """How a pipeline's loads read its stages' weights: through the page cache or past it."""
+    @property
+    def direct(self) -> bool: ...
+    @property
+    def reason(self) -> str: ...
+
+def load_reads(files: int, ram: int) -> LoadReads:
+    """How a pipeline whose stages' files hold `files` bytes together, allowed `ram` bytes, reads
+    them at its loads: past the page cache unless the files stay cached beside what the stages
+    hold; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
+    """
 
 def replan(predicted: Free, actual: Free) -> Replan | None:
     """Whether a stage planned for `predicted` must be planned again for `actual` (None: keep it)."""

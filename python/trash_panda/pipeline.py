@@ -152,6 +152,7 @@ class Pipeline:
         self._closed = False
         self.records: list[_core.StageRecord] = []
         self._staging = SharedStaging(self.device)  # one staging pool for every stage
+        self._reads: _core.LoadReads | None = None  # through the page cache or past it (_load_args)
 
     def __enter__(self) -> Pipeline:
         return self
@@ -183,8 +184,9 @@ class Pipeline:
 
     def report(self) -> str:
         """Every stage of every run so far: how it was loaded, the free memory predicted for it
-        against what it found, and where its time went."""
-        return _core.pipeline_report(self.records)
+        against what it found, and where its time went; first, how its loads read."""
+        text = _core.pipeline_report(self.records)
+        return text if self._reads is None else f"loads: {self._reads}\n{text}"
 
     def close(self) -> None:
         """Releases every stage still loaded, and prints the report with
@@ -567,6 +569,10 @@ class Pipeline:
         return model
 
     def _load_args(self, spec: Stage) -> dict[str, Any]:
+        if self._reads is None:
+            # Decided once, at the first load, for the budget with nothing held.
+            files = sum(os.path.getsize(f) for s in self.stages for f in Checkpoint(s.path).files)
+            self._reads = _core.load_reads(files, self._free().after_release(self._held()).ram)
         return {
             "device": self.device,
             "order": spec.order,
@@ -574,6 +580,7 @@ class Pipeline:
             "shared": {k: spec.options[k] for k in _SHARED if k in spec.options},
             "key": os.path.abspath(os.fspath(spec.key if spec.key is not None else spec.path)),
             "staging_pool": self._staging.pool,
+            "direct": self._reads.direct,
         }
 
     def _release(self, name: str) -> None:

@@ -63,11 +63,13 @@ fn read_tensors(
 /// One model's lane of the read queue of the drive its checkpoint lies on (see the core's
 /// `io::Lane` and `io::drive_queue`): the queue has `DRIVE_IN_FLIGHT` places for every model of
 /// the process reading that drive; the lane ranks this model's reads by its run order of
-/// `blocks` blocks and by its priority ("run" before "ahead").
+/// `blocks` blocks and by its priority ("run" before "ahead"). With `direct`, `read_block`'s
+/// reads through the lane go past the page cache.
 #[pyclass(name = "ReadLane", module = "trash_panda._core", frozen)]
 #[derive(Debug)]
 pub(crate) struct PyReadLane {
     pub(crate) inner: Lane,
+    direct: bool,
 }
 
 fn parse_priority(name: &str) -> PyResult<Priority> {
@@ -91,8 +93,14 @@ impl PyReadLane {
     /// A new lane on the queue of the drive holding `files[0]` (a checkpoint's files lie on one
     /// drive as a rule; its other files are not looked at).
     #[new]
-    #[pyo3(signature = (files, blocks, priority="run"))]
-    fn new(py: Python<'_>, files: Vec<PathBuf>, blocks: usize, priority: &str) -> PyResult<Self> {
+    #[pyo3(signature = (files, blocks, priority="run", direct=false))]
+    fn new(
+        py: Python<'_>,
+        files: Vec<PathBuf>,
+        blocks: usize,
+        priority: &str,
+        direct: bool,
+    ) -> PyResult<Self> {
         let priority = parse_priority(priority)?;
         let first = files.first().ok_or_else(|| {
             crate::errors::raise(
@@ -103,7 +111,14 @@ impl PyReadLane {
         let queue = without_gil(py, || drive_queue(first)).map_err(ToPyErr::to_py)?;
         Ok(PyReadLane {
             inner: queue.lane(blocks, priority),
+            direct,
         })
+    }
+
+    /// Whether `read_block` reads through this lane past the page cache.
+    #[getter]
+    fn direct(&self) -> bool {
+        self.direct
     }
 
     /// Reads at the drive at once (the queue's, shared with every lane).
@@ -254,8 +269,9 @@ impl PyHeldPlace {
 /// Reads byte ranges of several files into CPU tensors in one call without the GIL: `requests`
 /// is a list of (path, file offset, destination). Each file's ranges are read in file order by
 /// `threads` readers; with a `lane`, every read waits in its queue for a place at the drive as
-/// the block at `position` of the lane's run order (`None`: needed now). Returns (bytes,
-/// seconds).
+/// the block at `position` of the lane's run order (`None`: needed now), and reads past the page
+/// cache when the lane is `direct` (straight into destinations that line up with the file
+/// modulo 4096 bytes, through a bounce buffer otherwise). Returns (bytes, seconds).
 #[pyfunction]
 #[pyo3(signature = (requests, threads=2, lane=None, position=None))]
 fn read_block(
@@ -292,13 +308,17 @@ fn read_block(
         threads: threads.max(1),
         ..ReadOptions::default()
     };
+    let mode = match lane {
+        Some(l) if l.direct => ReadMode::Direct,
+        _ => ReadMode::Buffered,
+    };
     let lane = lane.map(|l| l.inner.clone());
     let need = position.map_or(Need::Now, Need::Block);
     let stats = without_gil(py, || {
         let never = AtomicBool::new(false);
-        let mut total = ReadStats::new(0, 0.0, ReadMode::Buffered);
+        let mut total = ReadStats::new(0, 0.0, mode);
         for (path, reqs) in &mut files {
-            let reader = FileReader::open(path, ReadMode::Buffered)?;
+            let reader = FileReader::open(path, mode)?;
             let gate = lane.as_ref().map(|l| (l, need));
             let read = read_ranges_queued(&reader, reqs, &options, &never, gate)?;
             total += read.expect("never stopped");

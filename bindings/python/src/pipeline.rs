@@ -7,8 +7,10 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use trash_panda::engine_config::{EngineConfig, EngineSettings};
+use trash_panda::io::ReadMode;
 use trash_panda::pipeline::{
-    replan, report, Allowance, Arrival, Departure, Free, Holds, Replan, StageRecord,
+    load_reads, replan, report, Allowance, Arrival, Departure, Free, Holds, LoadReads, Replan,
+    StageRecord,
 };
 
 use crate::errors::{raise, Kind};
@@ -469,7 +471,47 @@ fn pipeline_report(records: Vec<PyRef<'_, PyStageRecord>>) -> String {
     report(&records)
 }
 
+/// How a pipeline's loads read its stages' weights: through the page cache or past it.
+#[pyclass(name = "LoadReads", module = "trash_panda._core", frozen)]
+#[derive(Debug, Clone)]
+pub(crate) struct PyLoadReads {
+    inner: LoadReads,
+}
+
+#[pymethods]
+impl PyLoadReads {
+    /// Whether the loads read past the page cache (O_DIRECT where the file system allows it).
+    #[getter]
+    fn direct(&self) -> bool {
+        self.inner.mode == ReadMode::Direct
+    }
+    /// Why, in a sentence for the report.
+    #[getter]
+    fn reason(&self) -> &str {
+        &self.inner.reason
+    }
+    fn __str__(&self) -> String {
+        self.inner.to_string()
+    }
+    fn __repr__(&self) -> String {
+        format!("LoadReads(direct={})", self.direct())
+    }
+}
+
+/// How a pipeline whose stages' files hold `files` bytes together, allowed `ram` bytes, reads
+/// them at its loads: past the page cache unless the files stay cached beside what the stages
+/// hold; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
+#[pyfunction(name = "load_reads")]
+fn py_load_reads(files: u64, ram: u64) -> PyResult<PyLoadReads> {
+    let settings = EngineSettings::from_env().map_err(ToPyErr::to_py)?;
+    Ok(PyLoadReads {
+        inner: load_reads(settings.disk_mode, files, ram),
+    })
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyLoadReads>()?;
+    m.add_function(wrap_pyfunction!(py_load_reads, m)?)?;
     m.add_class::<PyHolds>()?;
     m.add_class::<PyFree>()?;
     m.add_class::<PyReplan>()?;

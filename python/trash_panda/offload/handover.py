@@ -251,12 +251,13 @@ def load_stage(
     key: str,
     ahead: bool,
     staging_pool: _core.StagingPool | None = None,
+    direct: bool = False,
 ) -> LoadedStage:
     """Loads ``model`` by ``plan`` with its resident blocks on a loader thread, as
     ``stage(overlap=True)`` does; ``ahead`` (a stage read while another runs) puts every read
     behind an allowance that starts empty, for the caller to fill. On an error the model is
     left unloaded. ``staging_pool`` (the pipeline's) is its engine's staging buffers where its
-    plan counted it."""
+    plan counted it. ``direct``: its reads go past the page cache."""
     from .setup import load_and_hook
 
     path = ckpt.files[0] if len(ckpt.files) == 1 else os.path.dirname(ckpt.files[0])
@@ -275,6 +276,7 @@ def load_stage(
             "device": device,
             **shared,
             **({} if staging_pool is None else {"staging_pool": staging_pool, "holder": name}),
+            **({"direct": True} if direct else {}),
         },
         allowance=gate,
     )

@@ -44,6 +44,7 @@ class LoadRequest:
     key_map: KeyMap
     skip_prefixes: list[str] | None
     device: torch.device
+    direct: bool = False  # reads past the page cache (a pipeline's loads: pipeline/reads.rs)
 
 
 def stream_load(
@@ -116,6 +117,7 @@ def load_deferred(
     ahead: bool = False,
     staging_pool: _core.StagingPool | None = None,
     holder: str = "model",
+    direct: bool = False,
 ) -> tuple[_core.LoadReport, list[BlockState]]:
     """stream_load() that leaves the resident blocks unread (on the meta device) and returns
     them, for a loader that fills them while the model runs (``overlap=True``). Given a list
@@ -124,7 +126,8 @@ def load_deferred(
     first call or on the loader (offload/outside.py). ``ahead`` (a pipeline's stage loaded
     while another runs) reads through a lane that gives way to the running model's, and leaves
     a RAM tier held in memory unread, for the loader. ``staging_pool`` (a pipeline's) is the
-    engine's staging buffers, under the name ``holder``, where the plan counted it."""
+    engine's staging buffers, under the name ``holder``, where the plan counted it. ``direct``:
+    the model's reads go past the page cache (``_core.load_reads`` says when)."""
     from torch import nn
 
     if not isinstance(model, nn.Module):
@@ -133,7 +136,7 @@ def load_deferred(
         raise ArgumentError("model: it is already loaded by stream_load; release() it first")
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
     request = LoadRequest(
-        plan, None, None, compute_dtype, storage_dtype, key_map, skip_prefixes, resolve_device(device)
+        plan, None, None, compute_dtype, storage_dtype, key_map, skip_prefixes, resolve_device(device), direct
     )
     deferred: list[BlockState] = []
     try:
@@ -238,7 +241,7 @@ def _stream_load(
 
     # The model's lane of its drive's queue, ranked in definition order until an order is given
     # (install_offload's order=, the overlap loader's): every read below goes through it.
-    lane = _core.ReadLane(files, len(blocks), "ahead" if ahead else "run")
+    lane = _core.ReadLane(files, len(blocks), "ahead" if ahead else "run", direct=req.direct)
     threads = max(1, int(setting("ram_threads")))
     here = [b for b in blocks if b.tier == Tier.DEVICE and deferred is None]  # the resident blocks read here
     to_read = sum(s.info.nbytes for s in outside) + sum(s.info.nbytes for b in here for s in b.tensors)

@@ -36,7 +36,7 @@ def read_many(
     (``None``: needed now)."""
     import torch
 
-    out = [_fresh(tuple(info.shape), torch_dtype(info.dtype), info.nbytes) for info in infos]
+    out = [_fresh(tuple(info.shape), torch_dtype(info.dtype), info.nbytes, info.start) for info in infos]
     requests = [
         (os.fspath(info.file), info.start, t.reshape(-1).view(torch.uint8))
         for info, t in zip(infos, out, strict=True)
@@ -49,14 +49,19 @@ def read_many(
 
 # Tensors from this size on are read into pages of their own (an anonymous map), not the heap.
 FRESH_BYTES = 1 << 20
+# The alignment of memory and file offsets a direct read needs (the core's io::DIRECT_ALIGN); a
+# map starts on a page, and every system's page is a multiple of it.
+DIRECT_ALIGN = 4096
 
 
-def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> torch.Tensor:
+def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int, offset: int | None = None) -> torch.Tensor:
     """An uninitialised CPU tensor; from ``FRESH_BYTES`` on, in new pages of its own, given back
     to the system when it is freed. From the heap it could take pages another stage's
     activations just freed, and a memory meter that reads the process's private memory could
     not tell the read from the activations (offload/meter.py); glibc would also keep its pages
-    after a release."""
+    after a release. Given the tensor's ``offset`` in its file, its first byte lies at the same
+    place in its page as in the file's, so a direct read (``ReadLane(direct=True)``) lands in it
+    with no bounce buffer and no copy but for the two partial pages at its ends."""
     import mmap
 
     import torch
@@ -70,13 +75,13 @@ def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> torch.Ten
         # nor the release of a block given back (a give-back beside a running stage came out
         # as that stage's activations). No large pages asked for: where the kernel compacts
         # memory to make them at the fault, a read of 2.3 GB took 11 s instead of 6.
-        pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        shift = 0 if offset is None or offset % dtype.itemsize else offset % DIRECT_ALIGN
+        pages = mmap.mmap(-1, shift + nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     else:
         # Windows, where an anonymous map is a section the private bytes leave out: its heap
         # gives a block this large a virtual allocation of its own, returned when freed.
         return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(pages, dtype=torch.uint8)
-    return flat.view(dtype).reshape(shape)
+    return torch.frombuffer(pages, dtype=dtype, count=nbytes // dtype.itemsize, offset=shift).reshape(shape)
 
 
 def _materialize_group(
@@ -187,7 +192,8 @@ def materialize_all(
         if device.type != "cpu" or not _final_as_read(spec, storage, expand):
             rest.append(spec)
             continue
-        final.append((spec, torch.empty(tuple(spec.info.shape), dtype=torch_dtype(spec.info.dtype))))
+        info = spec.info
+        final.append((spec, _fresh(tuple(info.shape), torch_dtype(info.dtype), info.nbytes, info.start)))
     requests = [
         (os.fspath(spec.info.file), spec.info.start, t.reshape(-1).view(torch.uint8))
         for spec, t in final

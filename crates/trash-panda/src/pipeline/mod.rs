@@ -1,8 +1,8 @@
 //! The memory that moves between the stages of a pipeline: what a loaded stage holds and gives
 //! back when it is released ([`Holds`]), the free memory predicted at the next stage's start
 //! ([`Free::after_release`]), when a stage planned for that prediction is planned again
-//! ([`replan`]), and the allowance the next stage's early reads take their memory from
-//! ([`Allowance`]).
+//! ([`replan`]), the allowance the next stage's early reads take their memory from
+//! ([`Allowance`]), and whether the stages' loads read through the page cache ([`load_reads`]).
 //!
 //! A stage is planned once, for the memory expected to be free when it starts; its reads begin
 //! while the stage before it still computes, each taking its bytes from the allowance, which
@@ -11,9 +11,11 @@
 mod allowance;
 mod error;
 mod holds;
+mod reads;
 mod report;
 
 pub use allowance::{Allowance, AllowanceStats};
 pub use error::PipelineError;
 pub use holds::{replan, Free, Holds, Replan, REPLAN_MARGIN_FRACTION, REPLAN_MARGIN_MIN};
+pub use reads::{load_reads, LoadReads};
 pub use report::{report, Arrival, Departure, StageRecord};
