@@ -79,8 +79,9 @@ pub const SETTINGS: &[Setting] = &[
         name: "disk_mode",
         kind: Kind::Choice(&["auto", "direct", "buffered"]),
         default: "auto",
-        doc: "how the disk tier reads: direct (O_DIRECT, bypasses the page cache), buffered, or auto \
-              (buffered when the disk tier fits in the page cache next to the RAM tier, else direct)",
+        doc: "how the disk tier, and a pipeline's loads, read: direct (O_DIRECT, bypasses the page \
+              cache), buffered, or auto (buffered when the disk tier fits in the page cache next to \
+              the RAM tier, or a pipeline's files beside what its stages hold; else direct)",
     },
     Setting {
         name: "ram_in_memory",
