@@ -831,10 +831,11 @@ class LoadReads:
     @property
     def reason(self) -> str: ...
 
-def load_reads(files: int, ram: int) -> LoadReads:
-    """How a pipeline whose stages' files hold `files` bytes together, allowed `ram` bytes, reads
-    them at its loads: past the page cache unless the files stay cached beside what the stages
-    hold; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
+def load_reads(files: int, ram: int, vram: int | None = None) -> LoadReads:
+    """How a pipeline whose stages' files hold `files` bytes together reads them at its loads,
+    allowed `ram` bytes of RAM (and `vram` of device memory on a GPU): past the page cache unless
+    the files stay cached beside what the stages hold in RAM; `TRASH_PANDA_DISK_MODE` other than
+    `auto` wins.
     """
 
 def replan(predicted: Free, actual: Free) -> Replan | None:

@@ -572,7 +572,8 @@ class Pipeline:
         if self._reads is None:
             # Decided once, at the first load, for the budget with nothing held.
             files = sum(os.path.getsize(f) for s in self.stages for f in Checkpoint(s.path).files)
-            self._reads = _core.load_reads(files, self._free().after_release(self._held()).ram)
+            budget = self._free().after_release(self._held())
+            self._reads = _core.load_reads(files, budget.ram, budget.vram)
         return {
             "device": self.device,
             "order": spec.order,

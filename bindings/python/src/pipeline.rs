@@ -498,14 +498,16 @@ impl PyLoadReads {
     }
 }
 
-/// How a pipeline whose stages' files hold `files` bytes together, allowed `ram` bytes, reads
-/// them at its loads: past the page cache unless the files stay cached beside what the stages
-/// hold; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
+/// How a pipeline whose stages' files hold `files` bytes together reads them at its loads,
+/// allowed `ram` bytes of RAM (and `vram` of device memory on a GPU): past the page cache unless
+/// the files stay cached beside what the stages hold in RAM; `TRASH_PANDA_DISK_MODE` other than
+/// `auto` wins.
 #[pyfunction(name = "load_reads")]
-fn py_load_reads(files: u64, ram: u64) -> PyResult<PyLoadReads> {
+#[pyo3(signature = (files, ram, vram=None))]
+fn py_load_reads(files: u64, ram: u64, vram: Option<u64>) -> PyResult<PyLoadReads> {
     let settings = EngineSettings::from_env().map_err(ToPyErr::to_py)?;
     Ok(PyLoadReads {
-        inner: load_reads(settings.disk_mode, files, ram),
+        inner: load_reads(settings.disk_mode, files, ram, vram),
     })
 }
 

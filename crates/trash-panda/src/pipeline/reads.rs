@@ -30,10 +30,10 @@ impl fmt::Display for LoadReads {
 }
 
 /// The mode for loading stages whose files hold `files` bytes together, in a pipeline allowed
-/// `ram` bytes: buffered when the files fit in the page cache beside everything the pipeline
-/// can hold (the lesser of its budget and the files themselves), else direct; a `choice` other
-/// than `auto` wins.
-pub fn load_reads(choice: DiskModeChoice, files: u64, ram: u64) -> LoadReads {
+/// `ram` bytes of RAM (and `vram` of device memory, on a GPU): buffered when the files fit in
+/// the page cache beside everything the stages can hold in RAM (what of the files the device
+/// memory cannot hold, at most the budget), else direct; a `choice` other than `auto` wins.
+pub fn load_reads(choice: DiskModeChoice, files: u64, ram: u64, vram: Option<u64>) -> LoadReads {
     let gb = |b: u64| b as f64 / 1e9;
     if let Some(mode) = choice.mode() {
         return LoadReads {
@@ -41,14 +41,14 @@ pub fn load_reads(choice: DiskModeChoice, files: u64, ram: u64) -> LoadReads {
             reason: format!("{} reads, as TRASH_PANDA_DISK_MODE says", mode.as_str()),
         };
     }
-    let held = ram.min(files);
+    let held = ram.min(files.saturating_sub(vram.unwrap_or(0)));
     let spare = ram - held;
     if files <= spare {
         LoadReads {
             mode: ReadMode::Buffered,
             reason: format!(
                 "buffered reads: the stages' {:.2} GB of files stay in the page cache beside what \
-                 the stages hold ({:.2} GB spare in the {:.2} GB budget)",
+                 the stages hold in RAM ({:.2} GB spare in the {:.2} GB budget)",
                 gb(files),
                 gb(spare),
                 gb(ram)
@@ -59,7 +59,7 @@ pub fn load_reads(choice: DiskModeChoice, files: u64, ram: u64) -> LoadReads {
             mode: ReadMode::Direct,
             reason: format!(
                 "direct reads: the stages' {:.2} GB of files would not stay in the page cache \
-                 ({:.2} GB spare in the {:.2} GB budget beside what the stages hold), so a copy \
+                 ({:.2} GB spare in the {:.2} GB budget beside what the stages hold in RAM), so a copy \
                  through it would only take CPU from the running stage",
                 gb(files),
                 gb(spare),
@@ -76,27 +76,43 @@ mod tests {
     #[test]
     fn direct_when_the_files_cannot_stay_cached_beside_the_stages() {
         // The bench's case: 4 GB of files, a 3 GB budget the stages fill.
-        let r = load_reads(DiskModeChoice::Auto, 4_000_000_000, 3_000_000_000);
+        let r = load_reads(DiskModeChoice::Auto, 4_000_000_000, 3_000_000_000, None);
         assert_eq!(r.mode, ReadMode::Direct);
         assert!(r.reason.contains("4.00 GB"), "{}", r.reason);
         // The stages fit, but not twice over: their pages would be evicted by their own loads.
-        let r = load_reads(DiskModeChoice::Auto, 4_000_000_000, 7_999_999_999);
+        let r = load_reads(DiskModeChoice::Auto, 4_000_000_000, 7_999_999_999, None);
+        assert_eq!(r.mode, ReadMode::Direct);
+        // On a GPU the stages hold in RAM what the device cannot: here 3 of the 4 GB.
+        let r = load_reads(
+            DiskModeChoice::Auto,
+            4_000_000_000,
+            6_999_999_999,
+            Some(1_000_000_000),
+        );
         assert_eq!(r.mode, ReadMode::Direct);
     }
 
     #[test]
     fn buffered_when_the_budget_holds_the_stages_and_their_files() {
-        let r = load_reads(DiskModeChoice::Auto, 4_000_000_000, 8_000_000_000);
+        let r = load_reads(DiskModeChoice::Auto, 4_000_000_000, 8_000_000_000, None);
         assert_eq!(r.mode, ReadMode::Buffered);
         assert!(r.reason.contains("4.00 GB spare"), "{}", r.reason);
+        // A GPU that holds every stage leaves the RAM to the page cache.
+        let r = load_reads(
+            DiskModeChoice::Auto,
+            4_000_000_000,
+            4_000_000_000,
+            Some(8_000_000_000),
+        );
+        assert_eq!(r.mode, ReadMode::Buffered);
     }
 
     #[test]
     fn the_setting_wins() {
-        let r = load_reads(DiskModeChoice::Buffered, 4_000_000_000, 1);
+        let r = load_reads(DiskModeChoice::Buffered, 4_000_000_000, 1, None);
         assert_eq!(r.mode, ReadMode::Buffered);
         assert!(r.reason.contains("TRASH_PANDA_DISK_MODE"));
-        let r = load_reads(DiskModeChoice::Direct, 1, u64::MAX);
+        let r = load_reads(DiskModeChoice::Direct, 1, u64::MAX, None);
         assert_eq!(r.mode, ReadMode::Direct);
     }
 }
