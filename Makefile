@@ -55,6 +55,7 @@ py-test: build
 stubs: build
 	$(PY) -m mypy.stubtest trash_panda._core
 	$(PY) -m mypy
+	$(PY) -m mypy --config-file bench/mypy.ini
 
 # Windows and macOS: clippy for both, the core's and the CLI's tests under Wine, the Windows
 # exe against the Linux binary, the Windows wheel (scripts/cross.sh says what it skips and why).

@@ -90,11 +90,11 @@ def write_checkpoint(path: Path, model: nn.Module, dtype: torch.dtype, seed: int
         for name, shape in shapes:
             if name.endswith("norm.weight") or name.endswith("norm_out.weight"):
                 t = torch.ones(shape, dtype=dtype)
-                f.write(memoryview(t.view(torch.uint8).numpy()))
+                f.write(t.view(torch.uint8).numpy().data)
                 continue
             if name.endswith(".bias"):
                 t = torch.zeros(shape, dtype=dtype)
-                f.write(memoryview(t.view(torch.uint8).numpy()))
+                f.write(t.view(torch.uint8).numpy().data)
                 continue
             rows = shape[0]
             cols = 1
@@ -104,7 +104,7 @@ def write_checkpoint(path: Path, model: nn.Module, dtype: torch.dtype, seed: int
             std = 1.0 / max(cols, 1) ** 0.5
             for r in range(0, rows, step):
                 chunk = torch.randn((min(step, rows - r), cols), generator=gen, dtype=torch.float32).mul_(std)
-                f.write(memoryview(chunk.to(dtype).view(torch.uint8).numpy()))
+                f.write(chunk.to(dtype).view(torch.uint8).numpy().data)
         f.flush()
         os.fsync(f.fileno())
     tmp.rename(path)

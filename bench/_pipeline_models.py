@@ -164,8 +164,9 @@ def plain(m: Model) -> nn.Module:
 
     model = meta(m)
     model.load_state_dict(load_file(str(m.path)), strict=False, assign=True)
-    if hasattr(model, "tie_weights"):
-        model.tie_weights()  # assign=True put a new tensor under one name of a tied pair
+    tie_weights = getattr(model, "tie_weights", None)  # transformers' models have it
+    if tie_weights is not None:
+        tie_weights()  # assign=True put a new tensor under one name of a tied pair
     return model
 
 
@@ -212,4 +213,5 @@ def denoise(
 
 
 def decode(vae: nn.Module, latents: torch.Tensor) -> torch.Tensor:
-    return vae.decode(latents / 1.5305 + 0.0609).sample
+    # diffusers' AutoencoderKL.decode, which nn.Module's typing cannot see.
+    return vae.decode(latents / 1.5305 + 0.0609).sample  # type: ignore[operator]

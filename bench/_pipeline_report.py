@@ -59,7 +59,7 @@ def plot(got: dict[str, dict[str, Any]], budget: int, path: Path) -> None:
     for i, (way, r) in enumerate(ok.items()):
         lanes, meter = axes[2 * i], axes[2 * i + 1]
         for s in r["spans"]:
-            y = pm.STAGES.index(s["stage"])
+            y: float = pm.STAGES.index(s["stage"])  # a float: the loader reads' bars below sit between lanes
             c = colors[s["stage"]]
             lanes.barh(y, s["ready"] - s["t0"], left=s["t0"], height=0.35, color=c, alpha=0.35)
             lanes.barh(y, s["t1"] - s["ready"], left=s["ready"], height=0.35, color=c)

@@ -109,7 +109,9 @@ def first_pass(path: Path, n_blocks: int) -> tuple[float, int, int, str]:
     x = torch.randn(1, D, dtype=torch.bfloat16)
     from trash_panda.offload.state import get_state
 
-    engine = get_state(model).engine
+    state = get_state(model)
+    assert state is not None and state.engine is not None  # offloaded, streamed blocks: an engine
+    engine = state.engine
     # The workers stage the first blocks as soon as the engine exists; those bytes were read
     # before the timer and are not counted.
     time.sleep(1.0)
@@ -253,9 +255,9 @@ def main() -> None:
     rows = []
     for name, vals in m.rows.items():
         ratios = [g / b for (g, _), b in zip(vals, best, strict=False)]
-        plain = m.rows[PLAIN]
+        plain_rows = m.rows[PLAIN]
         vs_plain = (
-            " / ".join(f"{g / p:.2f}" for (g, _), (p, _) in zip(vals, plain, strict=False))
+            " / ".join(f"{g / p:.2f}" for (g, _), (p, _) in zip(vals, plain_rows, strict=False))
             if name.startswith("(b)")
             else "-"
         )

@@ -150,13 +150,13 @@ def main() -> None:
     model = build_meta(N_BLOCKS, D, F, torch.bfloat16)
     tp.stream_load(model, path, plan=Plan.manual(resident=prefixes, streamed=[]), device="cpu")
     with torch.inference_mode():
-        ref, _ = timed(lambda: model(x))
+        ref, _ = timed(lambda model=model: model(x))
         per_block = []
         blk_x = x
         for b in model.blocks[:4]:
             _, s = timed(lambda b=b: b(blk_x))
             per_block.append(s)
-        passes = [timed(lambda: model(x))[1] for _ in range(3)]
+        passes = [timed(lambda model=model: model(x))[1] for _ in range(3)]
         clock = BlockClock(model.blocks)
         model(x)
         clock.remove()
@@ -175,7 +175,7 @@ def main() -> None:
         f"read of a block at dd speed {block_bytes / dd[0] / 1e6:.0f} ms  load {loadavg()}",
         flush=True,
     )
-    model = None
+    del model
     gc.collect()
     _core.trim_heap()
 
@@ -205,6 +205,7 @@ def main() -> None:
                         out, secs = timed(lambda model=model: model(x))
                         device = device_read_bytes(path) - dev0
                         s1 = h.stats()
+                        assert s0 is not None and s1 is not None  # streamed blocks: the model has an engine
                         # The streamed blocks' runs (the resident ones are recorded too).
                         runs = [r for r in h.runs[r0:] if r[0] >= RESIDENT]
                         marks = clock.marks[m0:]
@@ -256,7 +257,7 @@ def main() -> None:
                         )
                 clock.remove()
                 tp.release(model, h)
-                model = h = None
+                del model, h
                 gc.collect()
                 _core.trim_heap()
 

@@ -36,8 +36,11 @@ from torch import nn
 import trash_panda as tp
 from trash_panda import _core
 from trash_panda.offload.copy_pipeline import CudaDevice
+from trash_panda.offload.cuda import DeviceBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+# Its signature differs between revisions (see model_pass); None when tests/vtdevice.py is missing.
+predict_step: Callable[..., dict[str, Any]] | None
 try:
     from vtdevice import predict_step
 
@@ -101,10 +104,10 @@ def model_pass(
         return f"{type(e).__name__}: {e}"
 
 
-def fill_rate(handle: Any, since: float) -> float | None:
+def fill_rate(handle: tp.OffloadHandle, since: float) -> float | None:
     """Bytes per second of one worker's warm RAM-tier staging (copies from the page cache into
     a pinned buffer), from the engine's own record; None when nothing was staged."""
-    state = handle._state
+    state = handle.state
     if state.engine is None:
         return None
     done = [s for s in state.engine.stagings() if s.start >= since and s.source == "ram_warm" and s.end > s.start]
@@ -129,6 +132,7 @@ def run_setting(
     link = CudaDevice(x.device).link_bandwidth(env["block_bytes"])
     handle = tp.install_offload(model)
     backend = handle.backend
+    assert isinstance(backend, DeviceBackend)  # the model is on CUDA
     direct = bool(getattr(backend.pipeline, "images", None))
     walls = []
     with torch.no_grad():

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -155,7 +156,8 @@ def child(system: str, passes: int) -> dict[str, object]:
     return res
 
 
-def run(system: str, passes: int) -> dict[str, object]:
+def run(system: str, passes: int) -> dict[str, Any]:
+    """The child's result, as JSON gives it back (or why it failed)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(
@@ -207,27 +209,27 @@ def main() -> None:
     speeds.append(drive())
     print("drive (after):", {k: round(v, 2) for k, v in speeds[1].items()}, flush=True)
     best = statistics.mean(max(s.values()) for s in speeds)
-    compute = statistics.median(results["compute"]["passes"])  # type: ignore[arg-type]
+    compute = statistics.median(results["compute"]["passes"])
     rows = []
     for system in ("trash-panda", "accelerate", "diffusers"):
         r = results[system]
         if "error" in r:
             rows.append([system, "failed: " + str(r["error"])[:80]] + [""] * 8)
             continue
-        disk_bytes = int(r["disk_blocks"]) * block_bytes  # type: ignore[call-overload]
+        disk_bytes = int(r["disk_blocks"]) * block_bytes
         floor = max(compute, disk_bytes / (best * 1e9))
         secs = r["passes"]
-        med = statistics.median(secs)  # type: ignore[arg-type]
-        dev = statistics.median(r["device"]) / 1e9  # type: ignore[arg-type]
+        med = statistics.median(secs)
+        dev = statistics.median(r["device"]) / 1e9
         rows.append(
             [
                 system,
                 f"{r['load_s']:.1f}",
-                f"{int(r['written']) / 1e9:.2f}",  # type: ignore[call-overload]
+                f"{int(r['written']) / 1e9:.2f}",
                 f"{int(r['rss_rise']) / 1e9:.2f}",
-                f"{disk_bytes / 1e9:.2f}",  # type: ignore[call-overload]
+                f"{disk_bytes / 1e9:.2f}",
                 " / ".join(f"{s:.2f}" for s in secs),
-                f"{dev:.2f} ({dev / med:.2f} GB/s)",  # type: ignore[attr-defined]
+                f"{dev:.2f} ({dev / med:.2f} GB/s)",
                 f"{floor:.2f}",
                 f"{med / floor:.2f}",
                 "yes" if r["same"] else f"no (max diff {r.get('max_diff')})",
@@ -259,7 +261,7 @@ def main() -> None:
         "- drive over the whole file, best of dd (1 and 2 streams) and O_DIRECT (2 and 4 in flight): "
         + "; ".join(", ".join(f"{k} {v:.2f}" for k, v in s.items()) for s in speeds)
         + f" GB/s; mean of the best {best:.2f} GB/s",
-        f"- compute, every block resident: {' / '.join(f'{s:.2f}' for s in results['compute']['passes'])} s "  # type: ignore[attr-defined]
+        f"- compute, every block resident: {' / '.join(f'{s:.2f}' for s in results['compute']['passes'])} s "
         f"(median {compute:.2f} s)",
         "- each system in its own subprocess; the load is timed from the model built on meta (diffusers: "
         "the plain load of the file included, as its group offloading starts from a loaded model); "

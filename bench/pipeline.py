@@ -217,7 +217,7 @@ def child(way: str, preset: str, steps: int, budget: int, drop: bool, out: Path)
         if way == "model_offload":
             from diffusers import DiffusionPipeline
 
-            class Holder(DiffusionPipeline):  # type: ignore[misc]
+            class Holder(DiffusionPipeline):
                 model_cpu_offload_seq = "llm->text->transformer->vae"
 
                 def __init__(self, llm: Any, text: Any, transformer: Any, vae: Any) -> None:
@@ -239,12 +239,14 @@ def child(way: str, preset: str, steps: int, budget: int, drop: bool, out: Path)
         for r in range(1, runs + 1):
             images.append(one_run(r, rec, enter, steps))
     elif way == "stage":
-        opts = {"device": "cpu", "ram": budget, "min_free_ram": 0, "overlap": True, "order_file_destination": orders}
+        # stage()'s own options by name (checked), the plan's and the load's through its **kwargs.
+        opts: dict[str, Any] = {"device": "cpu", "ram": budget, "min_free_ram": 0}
 
         @contextmanager
         def enter(name: str) -> Iterator[torch.nn.Module]:
             m = ms[name]
-            with tp.stage(functools.partial(pm.meta, m), m.path, **opts) as (model, _plan, handle):
+            build = functools.partial(pm.meta, m)
+            with tp.stage(build, m.path, overlap=True, order_file_destination=orders, **opts) as (model, _plan, handle):
                 enter.handle = handle  # type: ignore[attr-defined]
                 yield model
 

@@ -65,7 +65,7 @@ def pipeline_at(rev: str) -> type[CopyPipeline]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look themselves up there
     spec.loader.exec_module(module)
-    return module.CopyPipeline  # type: ignore[no-any-return]
+    return module.CopyPipeline
 
 
 def sweep(link: float, launch_s: float, pipeline: type[CopyPipeline]) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from _common import DATA, RESULTS, build_meta, loadavg, machine, md_table, write_checkpoint
+from _common import DATA, RESULTS, Block, build_meta, loadavg, machine, md_table, write_checkpoint
 
 D, F = 4096, 16384
 SLACK = 256 << 20
@@ -77,7 +77,9 @@ def child(mode: str, path: str, blocks: int) -> None:
         out["staging_bytes"] = int(report.staging_bytes or 0)
         out["resident_bytes"] = int(report.device_tier.bytes + report.outside.bytes)
         out["streamed_bytes"] = int(report.disk.bytes + report.ram.bytes)
-        out["checksum_ok"] = bool(torch.isfinite(model.blocks[0].up.weight[:4].float()).all())
+        first = model.blocks[0]
+        assert isinstance(first, Block)
+        out["checksum_ok"] = bool(torch.isfinite(first.up.weight[:4].float()).all())
     out.update(start=start, peak=peak, end=end)
     print("RESULT " + json.dumps(out))
 
