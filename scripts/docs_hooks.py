@@ -8,6 +8,8 @@
 - Each benchmark's result file (``bench/results/*.md``, written by the benchmark scripts) is a
   page of its own under Figures, as the script wrote it, headed by the date, machine and method
   the file states; the figures page's table of them is made from the same files.
+- The troubleshooting page's part on the core's errors, and its table of the Python exceptions,
+  are made from the code (scripts/error_docs.py); an error with no advice fails the build.
 - The build ends with one line: pages written and the time it took.
 """
 
@@ -17,6 +19,7 @@ import importlib.machinery
 import importlib.util
 import os.path
 import re
+import sys
 import time
 from pathlib import Path, PurePosixPath
 from types import ModuleType
@@ -33,6 +36,9 @@ RESULTS_NAV = "Benchmark results"
 NOT_STATED = "not stated in the file"
 # A Markdown link or image target; titles and angle brackets are not used in these pages.
 LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import error_docs  # noqa: E402  (beside this file, plain Python)
 
 _started = 0.0
 _pages = 0
@@ -247,6 +253,10 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         markdown = markdown.replace(RESULTS_MARKER, results_table(result_files(), page.file.src_uri))
     if SETTINGS_MARKER in markdown:
         markdown = markdown.replace(SETTINGS_MARKER, settings_table(load_core().settings()))
+    if error_docs.MARKER in markdown:
+        markdown = markdown.replace(error_docs.MARKER, error_docs.section())
+    if error_docs.CLASSES_MARKER in markdown:
+        markdown = markdown.replace(error_docs.CLASSES_MARKER, error_docs.classes_section())
     return markdown
 
 
