@@ -138,16 +138,16 @@ def h() -> None:
 
 def test_the_drift_check_fails_until_the_script_writes_the_runtime_docs() -> None:
     class Runtime:
-        A = type("A", (), {"__doc__": "A thing."})
+        A = type("A", (), {"__doc__": "A thing.", "x": property(doc="The x.")})
         B = type("B", (), {"__doc__": 'New words, on\ntwo lines with a \\ and a quote: "'})
         g = type("g", (), {"__doc__": "Doubles `n`."})
         h = type("h", (), {"__doc__": None})
 
     found = stub_docs.drift(STUB_SOURCE, Runtime)
-    assert [line.split(":")[0] for line in found] == ["A", "B", "g", "h"], found
+    assert [line.split(":")[0] for line in found] == ["A", "A.x", "B", "g", "h"], found
     written = stub_docs.with_docs(STUB_SOURCE, stub_docs.runtime_docs(STUB_SOURCE, Runtime))
     assert stub_docs.drift(written, Runtime) == [], written
     # Written twice, the stub is unchanged, and the members' decorators stay with their members.
     assert stub_docs.with_docs(written, stub_docs.runtime_docs(written, Runtime)) == written
-    assert '    """A thing."""\n    @property\n    def x' in written, written
+    assert '    """A thing."""\n    @property\n    def x(self) -> int:\n        """The x."""\n' in written, written
     assert "def h() -> None:\n    ...\n" in written, written
