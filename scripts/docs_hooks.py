@@ -15,12 +15,14 @@
 
 from __future__ import annotations
 
+import html
 import importlib.machinery
 import importlib.util
 import os.path
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import Any
@@ -271,15 +273,29 @@ def on_post_build(config: Any) -> None:
     print(f"docs: {_pages} pages written to {config['site_dir']} in {took:.1f} s")
 
 
-ROLE = re.compile(r":(?:func|class|meth|attr|mod|data|exc|obj):`(~?)\.?([^`]+)`")
+ROLE = re.compile(r":(?:func|class|meth|attr|mod|data|exc|obj):`(~?)(\.?[^`]+)`")
+
+
+def roles_as_refs(text: str, target: Callable[[str], str | None]) -> str:
+    """``text`` with every Sphinx role (``:func:`trash_panda.plan```) as inline code showing the
+    full name, or its last part where the role asks for that (``~``). Where ``target`` finds the
+    object the role names (it is given the name as written, a leading dot included), the code is
+    a cross-reference to it: an autorefs link marked optional, so an object that no API page
+    shows stays code instead of failing the strict build. For griffe_roles.py."""
+
+    def one(m: re.Match[str]) -> str:
+        written = m.group(2)
+        name = written.lstrip(".")
+        code = f"`{name.rsplit('.', 1)[-1] if m.group(1) else name}`"
+        found = target(written)
+        if found is None:
+            return code
+        shown = html.escape(code.strip("`"))
+        return f'<autoref identifier="{html.escape(found)}" optional><code>{shown}</code></autoref>'
+
+    return ROLE.sub(one, text)
 
 
 def roles_as_code(text: str) -> str:
-    """``text`` with every Sphinx role (``:func:`trash_panda.plan```) as inline code: the full
-    name, or its last part where the role asks for that (``~``). For griffe_roles.py."""
-
-    def one(m: re.Match[str]) -> str:
-        name = m.group(2)
-        return f"`{name.rsplit('.', 1)[-1] if m.group(1) else name}`"
-
-    return ROLE.sub(one, text)
+    """``text`` with every Sphinx role as inline code (``roles_as_refs`` finding no target)."""
+    return roles_as_refs(text, lambda _name: None)
