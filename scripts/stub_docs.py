@@ -93,7 +93,7 @@ def _literal(doc: str, indent: str) -> str:
 
 
 def with_docs(source: str, docs: dict[str, str]) -> str:
-    """``source`` with the docstring of each class and function in ``docs`` set to its value."""
+    """``source`` with the docstring of each class, function and member in ``docs`` set to its value."""
     lines = source.split("\n")
     nodes = [(name, n) for name, n in _documented(ast.parse(source)) if name in docs]
     # Bottom up: an edit changes the line numbers of what follows it, never of what precedes (a
