@@ -6,8 +6,10 @@
   none (unless ``INTERNAL`` gives the reason no user meets it).
 - The Python package's errors, and the binding's own, are quoted on the page by hand, as the
   warnings are (tests/test_troubleshooting.py): a reworded message fails here until the page
-  follows, and a new one fails until it has an entry. ``ArgumentError`` is the exception: each
-  such message names the argument and what it takes, and one entry covers them."""
+  follows, and a new one fails until it has an entry. An ``ArgumentError`` that says what the
+  argument takes (``expected ...``) needs none: its message is the fix, and one entry covers
+  them. The binding's ``ArgumentError``s check the arguments the package passes to ``_core``;
+  those of a user's values (sizes, dtypes, settings) are the core's errors, listed with them."""
 
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ _spec.loader.exec_module(error_docs)
 PACKAGE = ROOT / "python" / "trash_panda"
 BINDING = ROOT / "bindings" / "python" / "src"
 SECTION = "### From the Python package"
-# The classes of trash_panda.errors a message is raised as; ArgumentError is covered as a class.
+ARGUMENTS = "### Argument errors"
+# The classes of trash_panda.errors a message is raised as (ArgumentError's are checked apart).
 CLASSES = {"TrashPandaError", "CheckpointError", "ReadError", "DtypeError", "PlanError", "StreamError"}
 CLASSES |= {"SystemProbeError", "TraceError", "ValueError", "RuntimeError", "TypeError", "OSError"}
 
@@ -41,6 +44,7 @@ TEXT_FROM_ELSEWHERE = {
     "offload/cleanup.py:30": "the first error of a cleanup, raised again as it was",
     "offload/cpu.py:118": "modified_error() in offload/swap.py builds it (its return is quoted)",
     "offload/matching.py:25": "the core's DtypeError::ScaleShape, listed with the core's errors",
+    "dtype.py:85": "the core's DtypeError::ScaleShape, listed with the core's errors",
     "offload/restore.py:67": "refusal() in offload/restore.py builds it (its return is quoted)",
     "trace.py:153": "_no_values() in trace.py builds it (its return is quoted)",
     "stream.rs:562": "the core's ScaleReadError, listed with the core's errors",
@@ -65,7 +69,7 @@ def _text(arg: ast.expr | None) -> str | None:
 
 def python_sites(package: Path = PACKAGE) -> tuple[list[Site], list[str]]:
     """(each raise or built exception with its literal text, the raises with no literal text).
-    ArgumentError's are left out: its own entry covers them."""
+    An ArgumentError that says what it expects is left out: its class's entry covers it."""
     sites, opaque = [], []
     for path in sorted(package.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -82,12 +86,13 @@ def python_sites(package: Path = PACKAGE) -> tuple[list[Site], list[str]]:
             where = f"{path.relative_to(package).as_posix()}:{node.lineno}"
             call = raised if isinstance(raised, ast.Call) else None
             name = call.func.id if call is not None and isinstance(call.func, ast.Name) else None
-            if name == "ArgumentError" or (isinstance(node, ast.Return) and name not in CLASSES):
+            if isinstance(node, ast.Return) and name not in CLASSES:
                 continue
-            text = _text(call.args[0]) if call is not None and call.args and name in CLASSES else None
+            known = name in CLASSES or name == "ArgumentError"
+            text = _text(call.args[0]) if call is not None and call.args and known else None
             if text is None:
                 opaque.append(where)
-            else:
+            elif name != "ArgumentError" or "expected" not in text:
                 sites.append(Site(where, text))
     return sites, opaque
 
@@ -110,15 +115,14 @@ def binding_sites(root: Path = BINDING) -> tuple[list[Site], list[str]]:
     return sites, opaque
 
 
-def quotes(page: str) -> list[str]:
-    """The quoted text that starts each entry of the page's Python errors."""
-    section = page.split(f"\n{SECTION}\n", 1)[1].split("\n#", 1)[0]
-    return re.findall(r"^- `([^`]+)`", section, flags=re.M)
+def _sections(page: str) -> str:
+    """The page's two sections of quoted errors, one after the other."""
+    return "\n".join(page.split(f"\n{title}\n", 1)[1].split("\n#", 1)[0] for title in (ARGUMENTS, SECTION))
 
 
 def _page_gaps(page: str, sites: list[Site]) -> tuple[list[str], list[str]]:
-    # The warnings' check, on this section's quotes: it reads "## Warnings" by name.
-    return gaps(f"\n## Warnings\n{page.split(f'{SECTION}', 1)[1].split(chr(10) + '#', 1)[0]}", sites, {})
+    # The warnings' check, on these sections' quotes: it reads "## Warnings" by name.
+    return gaps(f"\n## Warnings\n{_sections(page)}", sites, {})
 
 
 def test_every_python_error_has_an_entry_and_every_entry_is_an_error() -> None:
@@ -145,15 +149,18 @@ def test_the_check_fails_on_a_python_error_with_no_entry(tmp_path: Path) -> None
         "def g():\n"
         '    raise ArgumentError("x: expected a number")\n'
         "def h():\n"
-        '    raise StreamError("a new error nobody wrote down")\n',
+        '    raise StreamError("a new error nobody wrote down")\n'
+        "def i():\n"
+        '    raise ArgumentError("x: a new argument error")\n',
         encoding="utf-8",
     )
     sites, opaque = python_sites(tmp_path)
-    assert [s.where for s in sites] == ["m.py:2", "m.py:6"] and opaque == []
-    page = f"# T\n\n{SECTION}\n\n- `was eaten; feed it`: feed it.\n- `gone error`: gone.\n\n## Next\n"
+    assert [s.where for s in sites] == ["m.py:2", "m.py:6", "m.py:8"] and opaque == []
+    page = f"# T\n\n{ARGUMENTS}\n\n- `gone too`: gone.\n\n{SECTION}\n\n- `was eaten; feed it`: feed it.\n"
+    page += "- `gone error`: gone.\n\n## Next\n"
     stale, missing = _page_gaps(page, sites)
-    assert stale == ["gone error"]
-    assert missing == ["m.py:6: 'a new error nobody wrote down'"]
+    assert stale == ["gone too", "gone error"]
+    assert missing == ["m.py:6: 'a new error nobody wrote down'", "m.py:8: 'x: a new argument error'"]
 
 
 def test_every_core_error_has_advice_or_a_reason() -> None:
