@@ -8,16 +8,21 @@
 - Each benchmark's result file (``bench/results/*.md``, written by the benchmark scripts) is a
   page of its own under Figures, as the script wrote it, headed by the date, machine and method
   the file states; the figures page's table of them is made from the same files.
+- The troubleshooting page's part on the core's errors, and its table of the Python exceptions,
+  are made from the code (scripts/error_docs.py); an error with no advice fails the build.
 - The build ends with one line: pages written and the time it took.
 """
 
 from __future__ import annotations
 
+import html
 import importlib.machinery
 import importlib.util
 import os.path
 import re
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import Any
@@ -33,6 +38,9 @@ RESULTS_NAV = "Benchmark results"
 NOT_STATED = "not stated in the file"
 # A Markdown link or image target; titles and angle brackets are not used in these pages.
 LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import error_docs  # noqa: E402  (beside this file, plain Python)
 
 _started = 0.0
 _pages = 0
@@ -247,6 +255,10 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         markdown = markdown.replace(RESULTS_MARKER, results_table(result_files(), page.file.src_uri))
     if SETTINGS_MARKER in markdown:
         markdown = markdown.replace(SETTINGS_MARKER, settings_table(load_core().settings()))
+    if error_docs.MARKER in markdown:
+        markdown = markdown.replace(error_docs.MARKER, error_docs.section())
+    if error_docs.CLASSES_MARKER in markdown:
+        markdown = markdown.replace(error_docs.CLASSES_MARKER, error_docs.classes_section())
     return markdown
 
 
@@ -261,15 +273,29 @@ def on_post_build(config: Any) -> None:
     print(f"docs: {_pages} pages written to {config['site_dir']} in {took:.1f} s")
 
 
-ROLE = re.compile(r":(?:func|class|meth|attr|mod|data|exc|obj):`(~?)\.?([^`]+)`")
+ROLE = re.compile(r":(?:func|class|meth|attr|mod|data|exc|obj):`(~?)(\.?[^`]+)`")
+
+
+def roles_as_refs(text: str, target: Callable[[str], str | None]) -> str:
+    """``text`` with every Sphinx role (``:func:`trash_panda.plan```) as inline code showing the
+    full name, or its last part where the role asks for that (``~``). Where ``target`` finds the
+    object the role names (it is given the name as written, a leading dot included), the code is
+    a cross-reference to it: an autorefs link marked optional, so an object that no API page
+    shows stays code instead of failing the strict build. For griffe_roles.py."""
+
+    def one(m: re.Match[str]) -> str:
+        written = m.group(2)
+        name = written.lstrip(".")
+        code = f"`{name.rsplit('.', 1)[-1] if m.group(1) else name}`"
+        found = target(written)
+        if found is None:
+            return code
+        shown = html.escape(code.strip("`"))
+        return f'<autoref identifier="{html.escape(found)}" optional><code>{shown}</code></autoref>'
+
+    return ROLE.sub(one, text)
 
 
 def roles_as_code(text: str) -> str:
-    """``text`` with every Sphinx role (``:func:`trash_panda.plan```) as inline code: the full
-    name, or its last part where the role asks for that (``~``). For griffe_roles.py."""
-
-    def one(m: re.Match[str]) -> str:
-        name = m.group(2)
-        return f"`{name.rsplit('.', 1)[-1] if m.group(1) else name}`"
-
-    return ROLE.sub(one, text)
+    """``text`` with every Sphinx role as inline code (``roles_as_refs`` finding no target)."""
+    return roles_as_refs(text, lambda _name: None)

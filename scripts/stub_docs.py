@@ -6,8 +6,10 @@ this after changing a doc comment (tests/test_api_docs.py fails until it is run)
 
     .venv/bin/python scripts/stub_docs.py
 
-Only the module's own classes and functions are written; a name whose runtime doc is empty gets
-no docstring, and one the stub documents by itself is replaced, so the runtime doc always wins.
+The module's own classes and functions are written, and the public methods and properties of its
+classes (``Class.member``: a property's doc is its getter's; a setter gets none, as the site
+shows the property once). A name whose runtime doc is empty gets no docstring, and one the stub
+documents by itself is replaced, so the runtime doc always wins.
 """
 
 from __future__ import annotations
@@ -32,26 +34,48 @@ def normal(doc: str | None) -> str:
     return "\n".join(line.rstrip() for line in inspect.cleandoc(doc or "").splitlines()).strip()
 
 
-def _documented(tree: ast.Module) -> list[ast.ClassDef | ast.FunctionDef]:
-    return [n for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef) and not n.name.startswith("_")]
+Def = ast.ClassDef | ast.FunctionDef
+
+
+def _public(nodes: list[ast.stmt]) -> list[Def]:
+    return [n for n in nodes if isinstance(n, Def) and not n.name.startswith("_")]
+
+
+def _is_setter(node: Def) -> bool:
+    return any(isinstance(d, ast.Attribute) and d.attr in ("setter", "deleter") for d in node.decorator_list)
+
+
+def _documented(tree: ast.Module) -> list[tuple[str, Def]]:
+    """Each public class and function with its name, and each public member of a class as
+    ``Class.member`` (its property setters left out: the getter holds the property's doc)."""
+    found: list[tuple[str, Def]] = []
+    for node in _public(tree.body):
+        found.append((node.name, node))
+        if isinstance(node, ast.ClassDef):
+            found += [(f"{node.name}.{m.name}", m) for m in _public(node.body) if not _is_setter(m)]
+    return found
 
 
 def runtime_docs(source: str, module: ModuleType) -> dict[str, str]:
-    """The runtime doc of each public class and function of the stub (empty when it has none)."""
-    return {n.name: _runtime(module, n.name) for n in _documented(ast.parse(source))}
+    """The runtime doc of each public class, function and member of the stub (empty when it has
+    none)."""
+    return {name: _runtime(module, name) for name, _ in _documented(ast.parse(source))}
 
 
 def _runtime(module: ModuleType, name: str) -> str:
-    return normal(getattr(getattr(module, name, None), "__doc__", None))
+    obj: object = module
+    for part in name.split("."):
+        obj = getattr(obj, part, None)
+    return normal(getattr(obj, "__doc__", None))
 
 
 def drift(source: str, module: ModuleType) -> list[str]:
     """The names whose stub docstring is not the runtime one, each with what differs."""
     found = []
-    for node in _documented(ast.parse(source)):
-        want, have = _runtime(module, node.name), normal(ast.get_docstring(node))
+    for name, node in _documented(ast.parse(source)):
+        want, have = _runtime(module, name), normal(ast.get_docstring(node))
         if want != have:
-            found.append(f"{node.name}: stub {have[:60]!r}, runtime {want[:60]!r}")
+            found.append(f"{name}: stub {have[:60]!r}, runtime {want[:60]!r}")
     return found
 
 
@@ -69,12 +93,13 @@ def _literal(doc: str, indent: str) -> str:
 
 
 def with_docs(source: str, docs: dict[str, str]) -> str:
-    """``source`` with the docstring of each class and function in ``docs`` set to its value."""
+    """``source`` with the docstring of each class, function and member in ``docs`` set to its value."""
     lines = source.split("\n")
-    nodes = [n for n in _documented(ast.parse(source)) if n.name in docs]
-    # Bottom up: an edit changes the line numbers of what follows it, never of what precedes.
-    for node in sorted(nodes, key=lambda n: n.lineno, reverse=True):
-        doc, first = docs[node.name], node.body[0]
+    nodes = [(name, n) for name, n in _documented(ast.parse(source)) if name in docs]
+    # Bottom up: an edit changes the line numbers of what follows it, never of what precedes (a
+    # class's members come after its own first line, so they are written before it).
+    for name, node in sorted(nodes, key=lambda named: named[1].lineno, reverse=True):
+        doc, first = docs[name], node.body[0]
         indent = " " * (node.col_offset + 4)
         old = ast.get_docstring(node, clean=False) is not None
         # A decorated first member starts at its first decorator, above its `def`.
@@ -109,6 +134,7 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "ruff", "format", "--quiet", str(STUB)], check=True)
     empty = sorted(n for n, d in runtime_docs(updated, module).items() if not d)
     print(f"stub_docs: {STUB.relative_to(ROOT)} matches the runtime docs; no runtime doc: {empty or 'none'}")
+    print(f"stub_docs: {len(empty)} of {len(runtime_docs(updated, module))} names have no runtime doc")
     return 0
 
 

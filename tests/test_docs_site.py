@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -45,12 +46,12 @@ def test_a_pipe_in_a_description_stays_in_its_cell() -> None:
     assert line.count("|") - line.count("\\|") == 5, line
 
 
-def _site(tmp_path: Path, index: str) -> subprocess.CompletedProcess[str]:
+def _site(tmp_path: Path, index: str, config: str = "") -> subprocess.CompletedProcess[str]:
     (tmp_path / "docs").mkdir(exist_ok=True)
     (tmp_path / "docs" / "index.md").write_text(index, encoding="utf-8")
     (tmp_path / "data.txt").write_text("beside the docs\n", encoding="utf-8")
     hooks = (ROOT / "scripts" / "docs_hooks.py").as_posix()
-    (tmp_path / "mkdocs.yml").write_text(f"site_name: t\nstrict: true\nhooks: ['{hooks}']\n", encoding="utf-8")
+    (tmp_path / "mkdocs.yml").write_text(f"site_name: t\nstrict: true\nhooks: ['{hooks}']\n{config}", encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": "", "NO_MKDOCS_2_WARNING": "1"}
     return subprocess.run(
         [str(MKDOCS), "build", "-f", str(tmp_path / "mkdocs.yml")],
@@ -149,9 +150,51 @@ def test_the_figures_page_shows_every_result_file_of_the_repository() -> None:
     assert docs_hooks.result_files() == sorted((ROOT / "bench" / "results").glob("*.md"))
 
 
-def test_sphinx_roles_in_docstrings_show_as_code() -> None:
-    """The API pages show ``:func:`trash_panda.plan``` as code, not as the role's markup."""
+def test_sphinx_roles_in_docstrings_show_as_code_or_links() -> None:
+    """The API pages show ``:func:`trash_panda.plan``` as code, not as the role's markup, and link
+    it where the target is found."""
     roles_as_code = docs_hooks.roles_as_code
     text = "see :func:`trash_panda.plan`, :class:`~.registry.HookRegistry` and :meth:`.Plan.edit`"
     assert roles_as_code(text) == "see `trash_panda.plan`, `HookRegistry` and `Plan.edit`"
     assert roles_as_code("no roles: `x`") == "no roles: `x`"
+    found = {"trash_panda.plan": "trash_panda.plan.plan", ".registry.HookRegistry": "p.registry.HookRegistry"}
+    linked = docs_hooks.roles_as_refs(text, found.get)
+    assert linked == (
+        'see <autoref identifier="trash_panda.plan.plan" optional><code>trash_panda.plan</code></autoref>, '
+        '<autoref identifier="p.registry.HookRegistry" optional><code>HookRegistry</code></autoref> and `Plan.edit`'
+    )
+
+
+ROLES_PACKAGE = {
+    "__init__.py": ('"""A package."""\n\nfrom .tools import shown, tool\n\n__all__ = ["shown", "tool"]\n'),
+    "tools.py": (
+        '"""Tools."""\n\n\n'
+        "def shown() -> None:\n"
+        '    """Calls :func:`tool`, :class:`~.hidden.Thing` and :func:`not_there`."""\n\n\n'
+        "def tool() -> None:\n"
+        '    """A tool; see :func:`pkg.shown`."""\n'
+    ),
+    "hidden.py": '"""Not on any page."""\n\n\nclass Thing:\n    """A thing."""\n',
+}
+
+
+@pytest.mark.skipif(not MKDOCS.exists(), reason="no docs environment: `make docs` makes .venv-docs")
+def test_roles_link_to_documented_names_and_stay_code_otherwise(tmp_path: Path) -> None:
+    """The extension in a real build: a role to a name the page shows is a link, one to an
+    object no page shows (or to none at all) is code, and the strict build stays clean."""
+    (tmp_path / "pkg").mkdir()
+    for name, text in ROLES_PACKAGE.items():
+        (tmp_path / "pkg" / name).write_text(text, encoding="utf-8")
+    roles = (ROOT / "scripts" / "griffe_roles.py").as_posix()
+    config = (
+        "use_directory_urls: false\nplugins:\n  - mkdocstrings:\n      handlers:\n        python:\n"
+        f"          paths: [.]\n          options:\n            extensions: ['{roles}:SphinxRoles']\n"
+        "            show_source: false\n"
+    )
+    built = _site(tmp_path, "# API\n\n::: pkg\n", config)
+    assert built.returncode == 0, built.stderr
+    page = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert re.search(r'<a class="autorefs[^"]*"[^>]*href="#pkg\.tool"><code>tool</code></a>', page), page
+    assert re.search(r'href="#pkg\.shown"><code>pkg\.shown</code></a>', page)
+    assert '<span title="pkg.hidden.Thing"><code>Thing</code></span>' in page
+    assert "<code>not_there</code>" in page and ":func:" not in page

@@ -74,13 +74,15 @@ class TensorInfo:
     @property
     def name(self) -> str: ...
     @property
-    def dtype(self) -> str: ...
+    def dtype(self) -> str:
+        """The dtype as written in the header ("BF16", "F8_E4M3", ...)."""
     @property
     def shape(self) -> list[int]: ...
     @property
     def file(self) -> str: ...
     @property
-    def file_index(self) -> int: ...
+    def file_index(self) -> int:
+        """Index of `file` in the checkpoint's files."""
     @property
     def start(self) -> int: ...
     @property
@@ -107,14 +109,26 @@ class Checkpoint:
     """An opened checkpoint."""
     def __new__(cls, path: str | PathLike[str]) -> Checkpoint: ...
     @property
-    def files(self) -> list[str]: ...
+    def files(self) -> list[str]:
+        """The files of the checkpoint (one, or the shards)."""
     def __len__(self) -> int: ...
     def __contains__(self, name: str, /) -> bool: ...
-    def tensors(self) -> list[TensorInfo]: ...
-    def info_of(self, name: str) -> TensorInfo: ...
-    def view(self, name: str, lane: ReadLane | None = None) -> TensorBytes: ...
-    def check_holds(self, name: str) -> None: ...
-    def close(self) -> None: ...
+    def tensors(self) -> list[TensorInfo]:
+        """Every tensor, by file and then by offset."""
+    def info_of(self, name: str) -> TensorInfo:
+        """The entry of one tensor."""
+    def view(self, name: str, lane: ReadLane | None = None) -> TensorBytes:
+        """The tensor's bytes as a zero-copy view of a private map of its file. With a `lane`, its
+        pages are read in now, holding a place in the lane's drive queue as a read needed now
+        (so the drive serves it in turn with the models' reads); without, they are read when
+        first touched.
+        """
+    def check_holds(self, name: str) -> None:
+        """Raises CheckpointError if the file holding tensor `name` no longer reaches its end
+        (truncated or rewritten since it was opened): reading a view of it would crash.
+        """
+    def close(self) -> None:
+        """Drops the maps made by `view`; views already given to torch keep theirs alive."""
 
 def dtype_header_name(name: str) -> str:
     """The safetensors header name of a dtype written the way users write it ("bf16", "fp8", ...)."""
@@ -163,13 +177,17 @@ def measure_drive(paths: Sequence[str | PathLike[str]], max_bytes: int = 5368709
 class DriveRate:
     """The drive's read rate, measured with unbuffered reads (see `measure_drive`)."""
     @property
-    def bytes(self) -> int: ...
+    def bytes(self) -> int:
+        """Bytes read."""
     @property
-    def seconds(self) -> float: ...
+    def seconds(self) -> float:
+        """Wall-clock seconds the reads took."""
     @property
-    def in_flight(self) -> int: ...
+    def in_flight(self) -> int:
+        """Requests kept in flight."""
     @property
-    def gb_per_s(self) -> float: ...
+    def gb_per_s(self) -> float:
+        """GB/s (10^9 bytes)."""
 
 def cli_main(argv: list[str]) -> int:
     """Runs the command line (argv[0] included) and returns its exit code."""
@@ -178,26 +196,35 @@ def cli_main(argv: list[str]) -> int:
 class Plan:
     """A plan: which block lives on the device, in RAM and on disk."""
     @staticmethod
-    def manual(resident: list[str], streamed: list[str], streamed_tier: str = "ram") -> Plan: ...
+    def manual(resident: list[str], streamed: list[str], streamed_tier: str = "ram") -> Plan:
+        """A plan written by hand; matched against the model when it is loaded."""
     @staticmethod
     def from_json(text: str) -> Plan: ...
     def to_json(self) -> str: ...
-    def assign(self, tier: str, indices: list[int] | None = None, prefixes: list[str] | None = None) -> None: ...
+    def assign(self, tier: str, indices: list[int] | None = None, prefixes: list[str] | None = None) -> None:
+        """Moves blocks (by position or by name prefix) to `tier`."""
     @property
-    def blocks(self) -> list[BlockPlan]: ...
+    def blocks(self) -> list[BlockPlan]:
+        """Every block in plan order."""
     @property
-    def budgets(self) -> Budgets | None: ...
+    def budgets(self) -> Budgets | None:
+        """The budgets (None for a manual plan not matched against a model yet)."""
     @property
     def warnings(self) -> list[str]: ...
     @property
     def resolved(self) -> bool: ...
     @property
-    def compute_dtype(self) -> str: ...
+    def compute_dtype(self) -> str:
+        """The dtype the blocks compute in ("BF16", "F16" or "F32")."""
     @property
-    def storage_dtype(self) -> str | None: ...
+    def storage_dtype(self) -> str | None:
+        """The storage dtype ("BF16", "F8_E4M3") or None (weights as stored)."""
     @property
     def lookahead(self) -> int: ...
-    def shared_staging(self) -> tuple[int, int]: ...
+    def shared_staging(self) -> tuple[int, int]:
+        """(buffers, bytes of each) of the shared staging pool the blocks need in whichever tiers
+        they are put: a pipeline sizes its pool by the largest of its stages'.
+        """
     def resolve(
         self,
         tensors: list[tuple[str, TensorInfo]],
@@ -206,7 +233,8 @@ class Plan:
         has_gpu: bool,
         ram: int | None = None,
         **options: Any,
-    ) -> Plan: ...
+    ) -> Plan:
+        """This plan applied to a model's tensors (a manual plan gets its sizes and budgets here)."""
 
 @final
 class BlockPlan:
@@ -214,15 +242,18 @@ class BlockPlan:
     @property
     def name(self) -> str: ...
     @property
-    def tier(self) -> str: ...
+    def tier(self) -> str:
+        """ "device", "ram" or "disk"."""
     @property
     def stored_bytes(self) -> int: ...
     @property
     def expanded_bytes(self) -> int: ...
     @property
-    def staged_bytes(self) -> int: ...
+    def staged_bytes(self) -> int:
+        """Staging-buffer bytes the block needs in its tier (0 when resident)."""
     @property
-    def expansion_bytes(self) -> int: ...
+    def expansion_bytes(self) -> int:
+        """Expansion-buffer bytes the block needs in its tier."""
     @property
     def tensors(self) -> int: ...
 
@@ -238,13 +269,17 @@ class Budgets:
     @property
     def reserve_measured(self) -> bool: ...
     @property
-    def cuda_floor(self) -> int: ...
+    def cuda_floor(self) -> int:
+        """`CUDA_CONTEXT_FLOOR` when a GPU computes, else 0."""
     @property
     def staging_buffers(self) -> int: ...
     @property
     def staging_buffer_bytes(self) -> int: ...
     @property
-    def shared_staging(self) -> bool: ...
+    def shared_staging(self) -> bool:
+        """True when the staging buffers counted are a pipeline's shared pool (planned with
+        `staging_pool`): the pipeline holds them, counted once for all its stages.
+        """
     @property
     def host_staging(self) -> int: ...
     @property
@@ -254,7 +289,10 @@ class Budgets:
     @property
     def expansion(self) -> int: ...
     @property
-    def mapped_window(self) -> int: ...
+    def mapped_window(self) -> int:
+        """The checkpoint pages a disk-tier block used in place maps while it runs (the CPU on
+        Linux), 0 when none is.
+        """
     @property
     def outside(self) -> int: ...
     @property
@@ -272,7 +310,11 @@ class Budgets:
     @property
     def disk_bytes(self) -> int: ...
     @property
-    def held_on_device(self) -> int: ...
+    def held_on_device(self) -> int:
+        """Everything the runtime holds beside the weights on the device: device slots and the
+        expansion buffer (on the CPU, the host staging pool, the mapped window and the expansion
+        buffer).
+        """
 
 @final
 class EngineConfig:
@@ -281,13 +323,15 @@ class EngineConfig:
     @property
     def gpu(self) -> bool: ...
     @property
-    def compute_dtype(self) -> str: ...
+    def compute_dtype(self) -> str:
+        """ "BF16", "F16" or "F32"."""
     @property
     def storage_dtype(self) -> str | None: ...
     @property
     def lookahead(self) -> int: ...
     @property
-    def align(self) -> int: ...
+    def align(self) -> int:
+        """Offset alignment of staged tensors and of tensors in the expansion buffer."""
     @property
     def staging_buffers(self) -> int: ...
     @property
@@ -297,19 +341,30 @@ class EngineConfig:
     @property
     def expansion_bytes(self) -> int: ...
     @property
-    def mapped_window_bytes(self) -> int: ...
+    def mapped_window_bytes(self) -> int:
+        """The checkpoint pages a disk-tier block used in place maps while it runs."""
     @property
-    def disk_mode(self) -> str: ...
+    def disk_mode(self) -> str:
+        """ "direct" or "buffered"."""
     @property
     def disk_mode_reason(self) -> str: ...
     @property
     def workers(self) -> int: ...
     @property
-    def ram_in_memory_threads(self) -> int | None: ...
+    def ram_in_memory_threads(self) -> int | None:
+        """Threads reading the RAM tier into private memory; None when it is mapped."""
     @property
-    def pin_ram_tier(self) -> bool: ...
-    def maps_lookup_table(self, info: TensorInfo) -> bool: ...
-    def expansion(self, dtypes: list[str], elements: list[int], scaled: list[bool]) -> list[int | None]: ...
+    def pin_ram_tier(self) -> bool:
+        """Whether a RAM tier in private memory is pinned and copied to the GPU directly."""
+    def maps_lookup_table(self, info: TensorInfo) -> bool:
+        """Whether `info`, a tensor the model only reads by rows (an embedding table), is left in a
+        private map of its file rather than read into memory.
+        """
+    def expansion(self, dtypes: list[str], elements: list[int], scaled: list[bool]) -> list[int | None]:
+        """Where each tensor of a resident block goes in the expansion buffer (None: used as it is
+        held), by the rule the plan counts with: tensors held in `dtypes` (header names), of
+        `elements` elements, `scaled` when a scale applies.
+        """
 
 def scale_layout(name: str, weight: list[int], scale: list[int], block: int = 128) -> str:
     """How scale tensor `name` of shape `scale` applies to a weight of shape `weight`: "tensor",
@@ -438,7 +493,12 @@ class LoadReport:
         ram_in_memory_threads: int | None = None,
         storage: str | None = None,
         loader: tuple[int, int, float, float] | None = None,
-    ) -> str: ...
+    ) -> str:
+        """The profile's figures of this load (a LoadSummary as JSON, what `profile_report` takes):
+        `ram_in_memory_threads` readers read the RAM tier into memory, as `storage` (a dtype
+        name) if given (None: it is mapped); `loader` is stage(overlap=True)'s loader thread as
+        (blocks, bytes, seconds, waited seconds).
+        """
 
 def read_tensors(
     path: str | PathLike[str], requests: list[tuple[int, Any]], threads: int = 2, direct: bool = False
@@ -475,33 +535,51 @@ class ReadLane:
     @property
     def direct(self) -> bool: ...
     @property
-    def depth(self) -> int: ...
+    def depth(self) -> int:
+        """Reads at the drive at once (the queue's, shared with every lane)."""
     @property
-    def blocks(self) -> int: ...
+    def blocks(self) -> int:
+        """Blocks in the lane's run order."""
     @blocks.setter
     def blocks(self, blocks: int) -> None: ...
     @property
-    def current(self) -> int: ...
+    def current(self) -> int:
+        """The position of the block being run."""
     @property
-    def priority(self) -> str: ...
+    def priority(self) -> str:
+        """ "run" or "ahead"."""
     @priority.setter
     def priority(self, priority: str) -> None: ...
     @property
-    def queue_id(self) -> int: ...
+    def queue_id(self) -> int:
+        """An identity of the drive's queue: equal for two lanes on the same queue."""
     @property
-    def lane_id(self) -> int: ...
-    def advance(self, position: int) -> None: ...
-    def stats(self) -> tuple[int, int, float]: ...
-    def queue_stats(self) -> tuple[int, int, float]: ...
-    def record(self, on: bool) -> None: ...
-    def served(self) -> list[tuple[int, int | None]]: ...
-    def waiting(self) -> int: ...
-    def hold_place(self) -> HeldPlace: ...
+    def lane_id(self) -> int:
+        """The lane's id in its queue (a dropped lane's id is reused)."""
+    def advance(self, position: int) -> None:
+        """The block at `position` of the run order runs now: waiting reads rank from it."""
+    def stats(self) -> tuple[int, int, float]:
+        """This lane's (grants, grants that waited, seconds waited in all)."""
+    def queue_stats(self) -> tuple[int, int, float]:
+        """The same for the whole queue: every lane of the drive, including lanes since dropped."""
+    def record(self, on: bool) -> None:
+        """Starts (or stops) recording the order the queue serves reads in (tests)."""
+    def served(self) -> list[tuple[int, int | None]]:
+        """The reads the queue served since `record(True)`, every lane's: (lane id, position or
+        None for a read needed now).
+        """
+    def waiting(self) -> int:
+        """Reads waiting for a place in the queue now, all lanes together."""
+    def hold_place(self) -> HeldPlace:
+        """Takes a place at the drive as a read needed now and holds it until `release_place`, as a
+        slow read would (tests observe the order served behind it).
+        """
 
 @final
 class HeldPlace:
     """A place at the drive held by `ReadLane.hold_place` until `release()`."""
-    def release(self) -> None: ...
+    def release(self) -> None:
+        """Frees the place (once; later calls do nothing)."""
 
 def trim_heap() -> bool:
     """Gives memory the C allocator holds free back to the system (after a release)."""
@@ -543,8 +621,10 @@ def clock() -> float:
 class RssSampler:
     """Samples the process's resident memory on a thread until `stop()`."""
     def __new__(cls, interval_ms: int = 1, private: bool = False) -> RssSampler: ...
-    def peak(self) -> int: ...
-    def stop(self) -> tuple[int, int, int]: ...
+    def peak(self) -> int:
+        """The peak so far."""
+    def stop(self) -> tuple[int, int, int]:
+        """Stops sampling: (start, peak, end) in bytes."""
 
 @final
 class Lease:
@@ -552,17 +632,33 @@ class Lease:
     @property
     def block(self) -> int: ...
     @property
-    def waited(self) -> float: ...
+    def waited(self) -> float:
+        """Seconds `acquire` waited for the block to be staged."""
     @property
-    def hit(self) -> bool: ...
-    def block_bytes(self) -> TensorBytes: ...
+    def hit(self) -> bool:
+        """True when the block was already staged at `acquire`."""
+    def block_bytes(self) -> TensorBytes:
+        """The whole staged block as bytes (a zero-copy view for torch.from_dlpack)."""
     @property
-    def in_place(self) -> bool: ...
-    def forget_tensor(self, tensor: int) -> None: ...
-    def view(self, tensor: int) -> TensorBytes: ...
-    def expand_into(self, items: list[tuple[int, Any]], dtype: str, threads: int | None = None) -> None: ...
-    def discard(self) -> None: ...
-    def release(self) -> None: ...
+    def in_place(self) -> bool:
+        """True when the block is used in place from the map of its files (the views are the
+        file's pages, and ``block_bytes`` is empty).
+        """
+    def forget_tensor(self, tensor: int) -> None:
+        """Gives back the pages of one tensor of a block used in place once its views are no
+        longer read (a later read maps them again); nothing for a staged block.
+        """
+    def view(self, tensor: int) -> TensorBytes:
+        """One tensor's staged bytes, by index in the block's layout."""
+    def expand_into(self, items: list[tuple[int, Any]], dtype: str, threads: int | None = None) -> None:
+        """Expands staged tensors into CPU tensors in one call, without the GIL: each item is (the
+        tensor's index in the block's layout, a contiguous CPU tensor of the engine's compute
+        dtype and the tensor's size). The scale, its layout and the dtypes come from the core.
+        """
+    def discard(self) -> None:
+        """Marks the staged bytes as spoiled: the block is staged again before its next run."""
+    def release(self) -> None:
+        """Gives the buffer back once every view of it is gone."""
 
 @final
 class StagedTensor:
@@ -570,41 +666,55 @@ class StagedTensor:
     @property
     def name(self) -> str: ...
     @property
-    def offset(self) -> int: ...
+    def offset(self) -> int:
+        """Offset of its first byte in the staging buffer (and in a device slot)."""
     @property
     def length(self) -> int: ...
     @property
-    def dtype(self) -> str: ...
+    def dtype(self) -> str:
+        """The dtype of the staged bytes (header name)."""
     @property
     def shape(self) -> list[int]: ...
     @property
-    def own_scale(self) -> tuple[int, int] | None: ...
+    def own_scale(self) -> tuple[int, int] | None:
+        """(offset, length) of the per-row f32 scales the engine made quantizing it on load."""
     @property
-    def scale_index(self) -> int | None: ...
+    def scale_index(self) -> int | None:
+        """The block's checkpoint scale tensor that scales it, by index in the layout."""
     @property
-    def scale_layout(self) -> str | None: ...
+    def scale_layout(self) -> str | None:
+        """ "tensor", "row" or "block" when a scale applies."""
     @property
-    def expand_at(self) -> int | None: ...
+    def expand_at(self) -> int | None:
+        """Offset in the expansion buffer; None: used in place (or a scale tensor)."""
     @property
-    def is_scale(self) -> bool: ...
+    def is_scale(self) -> bool:
+        """A checkpoint scale tensor, consumed by its weight's expansion."""
 
 @final
 class EngineStats:
     """The prefetch engine's counters."""
     @property
-    def ram_bytes(self) -> int: ...
+    def ram_bytes(self) -> int:
+        """Tensor bytes staged from the RAM tier."""
     @property
-    def disk_bytes(self) -> int: ...
+    def disk_bytes(self) -> int:
+        """Tensor bytes staged from the disk tier."""
     @property
-    def ram_cold_bytes(self) -> int: ...
+    def ram_cold_bytes(self) -> int:
+        """Of the RAM tier's bytes, those read from the drive (pages not in memory: a first pass)."""
     @property
-    def ram_cold_blocks(self) -> int: ...
+    def ram_cold_blocks(self) -> int:
+        """Blocks of the RAM tier read from the drive."""
     @property
-    def ram_cold_seconds(self) -> float: ...
+    def ram_cold_seconds(self) -> float:
+        """Workers' seconds on those blocks, summed over workers."""
     @property
-    def read_seconds(self) -> float: ...
+    def read_seconds(self) -> float:
+        """Seconds workers spent staging, summed over workers."""
     @property
-    def compute_waited_seconds(self) -> float: ...
+    def compute_waited_seconds(self) -> float:
+        """Seconds the compute thread waited for staged blocks."""
     @property
     def acquires(self) -> int: ...
     @property
@@ -612,7 +722,8 @@ class EngineStats:
     @property
     def misses(self) -> int: ...
     @property
-    def buffer_waits(self) -> int: ...
+    def buffer_waits(self) -> int:
+        """Times a worker waited for a free pinned buffer, and for how long."""
     @property
     def buffer_wait_seconds(self) -> float: ...
     @property
@@ -624,17 +735,22 @@ class EngineStats:
 class Staging:
     """One block a worker read into a staging buffer, timed on `clock()`."""
     @property
-    def block(self) -> int: ...
+    def block(self) -> int:
+        """The engine's index of the block."""
     @property
-    def worker(self) -> int: ...
+    def worker(self) -> int:
+        """The worker thread, from 0."""
     @property
-    def start(self) -> float: ...
+    def start(self) -> float:
+        """Seconds on `clock()`."""
     @property
     def end(self) -> float: ...
     @property
-    def bytes(self) -> int: ...
+    def bytes(self) -> int:
+        """Tensor bytes staged."""
     @property
-    def source(self) -> Literal["disk", "ram_warm", "ram_cold"]: ...
+    def source(self) -> Literal["disk", "ram_warm", "ram_cold"]:
+        """ "disk", "ram_warm" (pages in memory) or "ram_cold" (pages read from the drive)."""
 
 @final
 class StagingPool:
@@ -642,17 +758,25 @@ class StagingPool:
     and written once; engines made with it (`Engine(..., pool=)`) stage into them in turn.
     """
     def __new__(cls, size: int, count: int) -> StagingPool: ...
-    def buffers(self) -> list[tuple[int, int]]: ...
+    def buffers(self) -> list[tuple[int, int]]:
+        """(address, length) of every buffer, for registering them as pinned memory once: they
+        never move while the pool lives.
+        """
     @property
-    def buffer_bytes(self) -> int: ...
+    def buffer_bytes(self) -> int:
+        """Bytes of each buffer."""
     @property
-    def count(self) -> int: ...
+    def count(self) -> int:
+        """Number of buffers."""
     @property
-    def bytes(self) -> int: ...
+    def bytes(self) -> int:
+        """Bytes of every buffer together."""
     @property
-    def holder(self) -> str | None: ...
+    def holder(self) -> str | None:
+        """The name of the engine that has the buffers now (None when no engine streams)."""
     @property
-    def users(self) -> int: ...
+    def users(self) -> int:
+        """Engines (and their leases) that still hold a reference to the pool's memory."""
 
 @final
 class Engine:
@@ -665,32 +789,78 @@ class Engine:
         pool: StagingPool | None = None,
         holder: str | None = None,
     ) -> Engine: ...
-    def park(self) -> bool: ...
-    def set_order(self, order: list[int]) -> None: ...
-    def order(self) -> list[int]: ...
-    def recorded_order(self) -> list[int]: ...
-    def clear_recorded_order(self) -> None: ...
-    def acquire(self, block: int) -> Lease: ...
-    def try_lease(self, block: int) -> Lease | None: ...
-    def share_reads(self, lane: ReadLane, positions: list[int]) -> None: ...
-    def advance(self, block: int) -> None: ...
-    def set_last_pass(self, last: bool) -> None: ...
-    def next_blocks(self, block: int) -> list[int]: ...
-    def stage_ram_tier_ahead(self) -> bool: ...
-    def wait_idle(self, timeout: float) -> bool: ...
-    def release_pages(self, block: int, keep_cache: bool = False) -> int: ...
-    def ram_image(self, block: int) -> TensorBytes | None: ...
-    def ram_image_buffers(self) -> list[tuple[int, int]]: ...
-    def load_ram_tier(self) -> tuple[int, float]: ...
-    def staging_buffers(self) -> list[tuple[int, int]]: ...
-    def layout(self, block: int) -> list[StagedTensor]: ...
+    def park(self) -> bool:
+        """Gives the shared pool's buffers back (waiting, without the GIL, for blocks being staged
+        into them); whether it had them. False for an engine with buffers of its own.
+        """
+    def set_order(self, order: list[int]) -> None:
+        """Sets the run order (engine block indices); blocks left out follow in definition order."""
+    def order(self) -> list[int]:
+        """The run order in use (engine block indices, every block once)."""
+    def recorded_order(self) -> list[int]:
+        """The order blocks were first acquired in."""
+    def clear_recorded_order(self) -> None:
+        """Forgets the recorded order (new hooks on the same model record their own)."""
+    def acquire(self, block: int) -> Lease:
+        """Waits (without the GIL) until `block` is staged, and leases its buffer."""
+    def try_lease(self, block: int) -> Lease | None:
+        """Leases `block` if it is staged now (None otherwise), without counting a run: for copying
+        it to the device ahead of its run. Call `advance(block)` when it runs.
+        """
+    def share_reads(self, lane: ReadLane, positions: list[int]) -> None:
+        """Makes the engine's drive reads wait in `lane` (the model's), shared with the model's
+        other readers; `positions[b]` is engine block `b`'s position in the lane's run order.
+        Called again, it replaces the positions.
+        """
+    def advance(self, block: int) -> None:
+        """Counts a run of `block` leased with `try_lease`, and stages the blocks after it."""
+    def set_last_pass(self, last: bool) -> None:
+        """Marks the pass under way as the last (True): nothing past the end of the order is staged,
+        and queued blocks past it are dropped. False wraps into the next pass again.
+        """
+    def next_blocks(self, block: int) -> list[int]:
+        """The blocks staged ahead once `block` runs, nearest first (none past the end of the order
+        in a last pass): what a device copying ahead copies.
+        """
+    def stage_ram_tier_ahead(self) -> bool:
+        """Stages the RAM tier ahead like the other tiers from now on (it was held back to be copied
+        straight from memory, which its failed pinning rules out); whether anything changed.
+        """
+    def wait_idle(self, timeout: float) -> bool:
+        """Waits (without the GIL) until the workers have nothing queued or in hand, or `timeout`
+        seconds pass; whether they are idle.
+        """
+    def release_pages(self, block: int, keep_cache: bool = False) -> int:
+        """Gives back a RAM-tier block's memory (its mapped pages, and their page cache unless
+        `keep_cache`); the bytes given back.
+        """
+    def ram_image(self, block: int) -> TensorBytes | None:
+        """The in-memory RAM tier's bytes of `block`, laid out as staged (a zero-copy view), or None
+        when the block is not held in private memory. Such blocks are not staged ahead when the
+        configuration pins the RAM tier: copy them from here and count the run with `advance`.
+        """
+    def ram_image_buffers(self) -> list[tuple[int, int]]:
+        """(address, length) of every in-memory RAM-tier block, for registering them as pinned."""
+    def load_ram_tier(self) -> tuple[int, float]:
+        """Reads the RAM tier into private memory now (only with ram_in_memory); (bytes, seconds)."""
+    def staging_buffers(self) -> list[tuple[int, int]]:
+        """(address, length) of each staging buffer, for registering them as pinned memory."""
+    def layout(self, block: int) -> list[StagedTensor]:
+        """Each tensor of `block` as staged, with what the backends do with it."""
     def staging_bytes(self) -> int: ...
-    def in_place(self, block: int) -> bool: ...
-    def disk_read_mode(self) -> str | None: ...
-    def stats(self) -> EngineStats: ...
-    def stagings(self) -> list[Staging]: ...
+    def in_place(self, block: int) -> bool:
+        """True when `block` is used in place from the map of its files (its leases are views of
+        the file's pages).
+        """
+    def disk_read_mode(self) -> str | None:
+        """The mode disk reads really use ("direct", or "buffered" after a refused O_DIRECT)."""
+    def stats(self) -> EngineStats:
+        """The engine's statistics since the last reset."""
+    def stagings(self) -> list[Staging]:
+        """The workers' most recent stagings (at most 4096), oldest first; a reset keeps them."""
     def reset_stats(self) -> None: ...
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Stops the workers. Buffers still leased are freed when their leases go."""
     @property
     def closed(self) -> bool: ...
 
@@ -717,23 +887,39 @@ ORDER_SUFFIX: str
 class OrderRead:
     """What reading an order file gave: the order, or why the file was not used."""
     @property
-    def path(self) -> Path: ...
+    def path(self) -> Path:
+        """The file that was read, for the warning."""
     @property
-    def usable(self) -> bool: ...
+    def usable(self) -> bool:
+        """Whether the file held an order that fits the model."""
     @property
-    def blocks(self) -> list[str] | None: ...
+    def blocks(self) -> list[str] | None:
+        """The file's blocks as the model spells them, in the file's order (None if not usable)."""
     @property
-    def indices(self) -> list[int] | None: ...
+    def indices(self) -> list[int] | None:
+        """The positions of those blocks among the model's blocks (None if not usable)."""
     @property
-    def reason(self) -> str | None: ...
+    def reason(self) -> str | None:
+        """Why the file was not used, as a tag: "absent", "torn", "not-json", "wrong-format",
+        "wrong-version", "malformed", "too-large", "unknown-block" or "duplicate".
+        """
     @property
-    def detail(self) -> str | None: ...
+    def detail(self) -> str | None:
+        """Why the file was not used, in words."""
     @property
-    def block(self) -> str | None: ...
+    def block(self) -> str | None:
+        """The block name at fault, for "unknown-block" and "duplicate"."""
     @property
-    def outside(self) -> dict[str, int] | None: ...
-    def outside_for(self, modules: list[str]) -> dict[str, int]: ...
-    def warning(self) -> str | None: ...
+    def outside(self) -> dict[str, int] | None:
+        """The file's outside modules: name -> how many blocks of the run order start before its
+        first use (None if not usable; empty when the file has none, as older files).
+        """
+    def outside_for(self, modules: list[str]) -> dict[str, int]:
+        """The file's outside positions when every name in them is one of `modules` (the model's
+        modules outside its blocks that hold weights), else empty: the core's rule.
+        """
+    def warning(self) -> str | None:
+        """The one warning line for a file that exists but was ignored; None otherwise."""
 
 def order_file_path(checkpoint: str | PathLike[str], destination: str | PathLike[str] | None = None) -> Path:
     """The order file of `checkpoint` (a file, an index or a folder), next to it or in `destination`."""
@@ -784,38 +970,60 @@ class Holds:
     """What a loaded stage holds that its release gives back, in bytes."""
     def __new__(cls, ram: int = 0, vram: int = 0) -> Holds: ...
     @staticmethod
-    def of(stage: str, plan: Plan) -> Holds: ...
+    def of(stage: str, plan: Plan) -> Holds:
+        """What `stage` (its name, for errors), loaded by `plan` under the current settings, holds."""
     @staticmethod
-    def needed(stage: str, plan: Plan) -> Holds: ...
-    def fits(self, free: Free) -> bool: ...
-    def beyond(self, free: Free) -> Holds: ...
+    def needed(stage: str, plan: Plan) -> Holds:
+        """What `stage`, loaded by `plan`, needs free at its start: what it holds and the free
+        memory its plan leaves alone.
+        """
+    def fits(self, free: Free) -> bool:
+        """Whether this much fits in `free`."""
+    def beyond(self, free: Free) -> Holds:
+        """What of this does not fit in `free`."""
     @property
-    def ram(self) -> int: ...
+    def ram(self) -> int:
+        """Private RAM."""
     @property
-    def vram(self) -> int: ...
-    def plus(self, other: Holds) -> Holds: ...
-    def less(self, part: Holds) -> Holds: ...
+    def vram(self) -> int:
+        """Device memory (a GPU's; 0 on the CPU)."""
+    def plus(self, other: Holds) -> Holds:
+        """The sum of two holdings."""
+    def less(self, part: Holds) -> Holds:
+        """What is left once `part` is taken out (none below zero)."""
 
 @final
 class Free:
     """Free memory in bytes: RAM the process can use, and free VRAM where a GPU computes."""
     def __new__(cls, ram: int, vram: int | None = None) -> Free: ...
     @staticmethod
-    def probe(vram: int | None = None) -> Free: ...
+    def probe(vram: int | None = None) -> Free:
+        """The memory free now as a plan made now counts it; `vram` is the device's free memory
+        (None off a GPU).
+        """
     @property
     def ram(self) -> int: ...
     @property
     def vram(self) -> int | None: ...
-    def after_release(self, released: Holds) -> Free: ...
-    def with_shared_pool(self, pool: int) -> Free: ...
-    def less(self, taken: Holds) -> Free: ...
-    def within(self, ram: int | None, vram: int | None, held: Holds) -> Free: ...
+    def after_release(self, released: Holds) -> Free:
+        """The memory free once `released` is given back."""
+    def with_shared_pool(self, pool: int) -> Free:
+        """The memory free for planning a stage beside a shared staging pool of `pool` bytes,
+        which every stage's plan counts itself: the pool's RAM back (before `within`).
+        """
+    def less(self, taken: Holds) -> Free:
+        """The memory left free once `taken` is taken (none below zero)."""
+    def within(self, ram: int | None, vram: int | None, held: Holds) -> Free:
+        """The memory free within a budget of `ram` (and `vram`) bytes, less what is `held`,
+        never more than this.
+        """
 
 @final
 class Replan:
     """Why a stage is planned again at its start: the memory that missed the prediction."""
     @property
-    def memory(self) -> str: ...
+    def memory(self) -> str:
+        """ "RAM" or "VRAM"."""
     @property
     def predicted(self) -> int: ...
     @property
@@ -866,11 +1074,13 @@ class Allowance:
     def open(self) -> None: ...
     def close(self) -> None: ...
     @property
-    def available(self) -> int | None: ...
+    def available(self) -> int | None:
+        """Bytes a read may take now without waiting (None once opened: no limit)."""
     @property
     def is_open(self) -> bool: ...
     @property
-    def waiting(self) -> int: ...
+    def waiting(self) -> int:
+        """Takes waiting for memory now."""
     @property
     def stage(self) -> str: ...
     def stats(self) -> AllowanceStats: ...

@@ -159,12 +159,17 @@ pub enum Source {
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
     /// The name asked for is not in [`SETTINGS`] (names are matched exactly, lower-case).
+    ///
+    /// What to do: use a setting the message lists (the site's Settings guide has them all).
     #[error("unknown setting {name:?}: the settings are {}", names())]
     Unknown {
         /// The name as asked for.
         name: String,
     },
     /// A value given for a known setting does not parse under its [`Kind`].
+    ///
+    /// What to do: give the setting a value the message says it accepts; if it came from a
+    /// `TRASH_PANDA_*` variable, fix or unset the variable.
     #[error("{}: {value:?} is not valid: expected {accepted}", origin(name, from))]
     BadValue {
         /// The setting's name, as in the table.

@@ -1,15 +1,38 @@
 //! Byte sizes as users write them ("9GB", "1.5GiB", "500MB").
 //!
-//! Decimal units (kB, MB, GB, TB) are powers of 1000 and binary units (KiB, MiB, GiB, TiB) powers
-//! of 1024, as in the options of the spec (`max_vram="9GB"` means 9 000 000 000 bytes). A bare
-//! number is bytes and may use an exponent (`1e9`).
+//! Decimal units (kB, MB, GB, TB, or K, M, G, T alone) are powers of 1000 and binary units (KiB,
+//! MiB, GiB, TiB) powers of 1024, as in the options of the spec (`max_vram="9GB"` means
+//! 9 000 000 000 bytes). A bare number is bytes and may use an exponent (`1e9`).
 
-/// What [`parse_bytes`] accepts, quoted in its errors.
+/// What [`parse_bytes`] accepts, quoted in its errors: every spelling `unit_factor` takes is
+/// named (a test checks both ways), so a user is never told less than the parser accepts.
 pub const ACCEPTED_SIZES: &str = "a non-negative number of bytes (\"123456\", \"1e9\") optionally \
-     followed by a unit: B, kB/KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of \
-     1024), case-insensitive, e.g. \"9GB\", \"1.5 GiB\", \"500MB\"";
+     followed by a unit: B; kB or K, MB or M, GB or G, TB or T (powers of 1000); KiB, MiB, GiB, \
+     TiB (powers of 1024); any case, e.g. \"9GB\", \"9G\", \"1.5 GiB\", \"500MB\"";
+
+/// Every unit spelling [`parse_bytes`] takes (any case), with its factor: the one table the
+/// parser reads and [`ACCEPTED_SIZES`] is checked against.
+const UNITS: [(&str, f64); 14] = [
+    ("", 1.0),
+    ("B", 1.0),
+    ("kB", 1e3),
+    ("K", 1e3),
+    ("MB", 1e6),
+    ("M", 1e6),
+    ("GB", 1e9),
+    ("G", 1e9),
+    ("TB", 1e12),
+    ("T", 1e12),
+    ("KiB", 1024.0),
+    ("MiB", 1048576.0),
+    ("GiB", 1073741824.0),
+    ("TiB", 1099511627776.0),
+];
 
 /// Errors of the units module.
+///
+/// What to do: write the size as the message lists: bytes, or a number and a unit such as `"9GB"`
+/// or `"1.5GiB"`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UnitsError {
     /// The text was empty or only whitespace.
@@ -42,19 +65,10 @@ pub enum UnitsError {
 }
 
 fn unit_factor(unit: &str) -> Option<f64> {
-    let f = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "m" | "mb" => 1e6,
-        "g" | "gb" => 1e9,
-        "t" | "tb" => 1e12,
-        "kib" => 1024.0,
-        "mib" => 1024.0 * 1024.0,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        _ => return None,
-    };
-    Some(f)
+    UNITS
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(unit))
+        .map(|&(_, factor)| factor)
 }
 
 /// Parses a byte size such as `"9GB"`, `"1.5 GiB"`, `"1e9"` or `"123456"`.
@@ -138,6 +152,22 @@ pub fn format_gb(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accepted_sizes_names_every_unit_the_parser_takes() {
+        let named: Vec<&str> = ACCEPTED_SIZES
+            .split(|c: char| !c.is_ascii_alphabetic())
+            .filter(|w| UNITS.iter().any(|(u, _)| !u.is_empty() && u == w))
+            .collect();
+        for (unit, factor) in UNITS.iter().filter(|(u, _)| !u.is_empty()) {
+            assert!(
+                named.contains(unit),
+                "{unit} is parsed but not named in ACCEPTED_SIZES"
+            );
+            let lower = format!("2{}", unit.to_ascii_lowercase());
+            assert_eq!(parse_bytes(&lower), Ok((2.0 * factor) as u64), "{lower}");
+        }
+    }
 
     #[test]
     fn accepts() {

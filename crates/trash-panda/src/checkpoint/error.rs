@@ -9,6 +9,9 @@ use crate::dtype::DType;
 /// A problem with one safetensors file's length field or JSON header.
 ///
 /// Offsets in `data_offsets` are relative to the data section, as in the file.
+///
+/// What to do: the file is damaged or is not a safetensors file. Download or convert it again (a
+/// download that stopped early is the usual cause); the message names the file and the entry.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HeaderError {
@@ -44,6 +47,9 @@ pub enum HeaderError {
     },
 
     /// Reading the length field or the JSON failed (an I/O error, or the file ended early).
+    ///
+    /// What to do: the drive or file system failed while reading the header (the I/O error says
+    /// how). Check the file can be read (`cat FILE > /dev/null`), then load again.
     #[error("cannot read {len} bytes at offset {offset}: {source}")]
     Read {
         /// Offset in the file where the read started, in bytes.
@@ -251,10 +257,16 @@ pub enum HeaderError {
 }
 
 /// Errors of the checkpoint module. Every message starts with the file it is about.
+///
+/// What to do: the index (`*.safetensors.index.json`) and its shards do not agree. Download the
+/// checkpoint again, whole; an index edited by hand must list every tensor of every shard, once.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
     /// A file or folder of the checkpoint could not be opened, read, listed or measured.
+    ///
+    /// What to do: check the path exists and can be read by this user; for a folder, that it can be
+    /// listed.
     #[error("{}: cannot {action}: {source}", path.display())]
     Io {
         /// The file or folder the action was on.
@@ -268,6 +280,9 @@ pub enum CheckpointError {
 
     /// The file's own header is wrong; `kind` says how (it is part of the message, not a source,
     /// so error chains do not print it twice).
+    ///
+    /// What to do: the `HeaderError` entries say what is wrong; the file is damaged or is not a
+    /// safetensors file: download or convert it again.
     #[error("{}: {kind}", path.display())]
     Header {
         /// The safetensors file whose header is wrong.
@@ -277,6 +292,9 @@ pub enum CheckpointError {
     },
 
     /// The folder given holds neither a `*.safetensors` file nor a `*.safetensors.index.json`.
+    ///
+    /// What to do: give the folder that holds the weights (for a hub download, the snapshot folder
+    /// with the `.safetensors` files), or the file itself.
     #[error(
         "{}: folder holds no *.safetensors file and no *.safetensors.index.json",
         path.display()
@@ -375,6 +393,9 @@ pub enum CheckpointError {
     },
 
     /// A shard file named by `weight_map` does not exist.
+    ///
+    /// What to do: the download is incomplete: fetch the shard the message names, or download the
+    /// checkpoint again.
     #[error(
         "{}: weight_map maps tensor {tensor:?} to shard {}, which does not exist",
         path.display(),
@@ -404,12 +425,13 @@ pub enum CheckpointError {
         shard: PathBuf,
     },
 
-    /// A shard's header holds a tensor that `weight_map` does not list. The message starts with the
-    /// shard; [`CheckpointError::path`] is still the index.
+    /// A shard's header holds a tensor that `weight_map` does not list. Like every index error,
+    /// the message starts with the index (given, or found in the folder given), which is
+    /// [`CheckpointError::path`]; the shard comes after.
     #[error(
-        "{}: tensor {tensor:?} is not listed in the weight_map of {}",
-        shard.display(),
-        path.display()
+        "{}: weight_map does not list tensor {tensor:?}, which shard {} holds",
+        path.display(),
+        shard.display()
     )]
     TensorNotInIndex {
         /// The index file.
@@ -421,6 +443,9 @@ pub enum CheckpointError {
     },
 
     /// Two files of the checkpoint hold a tensor of the same name.
+    ///
+    /// What to do: the folder holds two checkpoints (an old shard beside a new one, or one file and
+    /// its shards): remove the files that do not belong, or give the index file.
     #[error(
         "{}: tensor {tensor:?} is also in {}; a name may appear in one file only",
         path.display(),
@@ -437,6 +462,9 @@ pub enum CheckpointError {
 
     /// A tensor's bytes lie past the file's current end: the file shrank or was rewritten after the
     /// checkpoint was opened.
+    ///
+    /// What to do: another program rewrote or shortened the file while it was loaded. Leave
+    /// checkpoints alone while a model uses them, and load the model again.
     #[error(
         "{}: tensor {tensor:?} ends at byte {end} but the file now has {len} bytes: it was \
          truncated or rewritten after it was opened; load the model again",

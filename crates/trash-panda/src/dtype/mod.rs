@@ -37,6 +37,9 @@ pub use simd::{
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum DtypeError {
     /// A dtype name (from a user or a setting) names no dtype.
+    ///
+    /// What to do: use one of the names the message lists (`"bf16"`, `"fp8"`, `torch.bfloat16`,
+    /// ...).
     #[error("unknown dtype {name:?}: expected one of {accepted}")]
     UnknownName {
         /// The name as given.
@@ -46,6 +49,9 @@ pub enum DtypeError {
     },
     /// A kernel was asked for a pair of dtypes it does not convert (an integer source, an fp8
     /// destination of `cast`, ...).
+    ///
+    /// What to do: convert between the pairs the message names: float to float with `cast`, fp8 to
+    /// a float with `expand`, a float to e4m3 with `quantize_fp8`.
     #[error("{op} from {src} to {dst} is not supported: expected {expected}")]
     Unsupported {
         /// The kernel: "cast", "expand" or "quantize_fp8".
@@ -58,6 +64,9 @@ pub enum DtypeError {
         expected: &'static str,
     },
     /// A buffer given to a kernel is not exactly the size its element count and dtype need.
+    ///
+    /// What to do: pass buffers of the sizes the message gives: as many elements as the shape, of
+    /// the dtype named.
     #[error(
         "{what} holds {actual_bytes} bytes: expected {expected_elems} {dtype} elements \
          ({expected_bytes} bytes)"
@@ -75,6 +84,9 @@ pub enum DtypeError {
         actual_bytes: usize,
     },
     /// A buffer whose element count is taken from its length holds a partial element.
+    ///
+    /// What to do: pass a buffer whose length is a multiple of the element size (a tensor's own
+    /// bytes are).
     #[error("{what} holds {bytes} bytes, not a whole number of {dtype} elements")]
     RaggedBytes {
         /// Which buffer, e.g. "cast source".
@@ -85,6 +97,8 @@ pub enum DtypeError {
         bytes: usize,
     },
     /// `rows x cols` does not fit in a `usize`.
+    ///
+    /// What to do: the shape is wrong (a stray huge dimension): pass the weight's real shape.
     #[error("shape ({rows}, {cols}) has more elements than memory can address")]
     ShapeOverflow {
         /// Rows of the shape.
@@ -93,6 +107,9 @@ pub enum DtypeError {
         cols: usize,
     },
     /// A per-row or block scale holds another number of values than the weight's shape needs.
+    ///
+    /// What to do: pass one scale per row (per-row) or one per tile of the block grid (block) of
+    /// the weight's shape.
     #[error("{kind} scales for shape ({rows}, {cols}) hold {actual} values: expected {expected}")]
     ScaleLength {
         /// "per-row" or "block".
@@ -108,10 +125,16 @@ pub enum DtypeError {
     },
     /// `TRASH_PANDA_SIMD` (or a level forced in code) names no kernel level; the message lists
     /// the accepted values.
+    ///
+    /// What to do: set `TRASH_PANDA_SIMD` to one of the levels the message lists, or unset it
+    /// (`auto`).
     #[error("{0}")]
     SimdSetting(String),
     /// A kernel level was asked for (by `TRASH_PANDA_SIMD` or in code) that this CPU cannot
     /// run; conversions fail rather than quietly run another path.
+    ///
+    /// What to do: unset `TRASH_PANDA_SIMD` (or set it to a level the message says this CPU runs);
+    /// `auto` picks the fastest one.
     #[error(
         "{origin} asks for the {level} kernels, which this CPU cannot run: it runs {supported}"
     )]
@@ -124,10 +147,16 @@ pub enum DtypeError {
         supported: String,
     },
     /// A block scale (or [`classify_scale`]) was given a block size of 0.
+    ///
+    /// What to do: give a block size of 1 or more (checkpoints use 128).
     #[error("block scales need a block size of at least 1, got 0")]
     ZeroBlock,
     /// A checkpoint's scale tensor has a shape that is neither one value, one per row, nor one
     /// per tile of the block grid of its weight.
+    ///
+    /// What to do: the checkpoint pairs this weight with a scale of a layout the library does not
+    /// read (not one value, one per row or one per square tile). Report it with the model's name;
+    /// or load a checkpoint of the model without fp8 scales.
     #[error(
         "scale tensor {name:?} has shape {scale:?}, which fits none of: one value, one per row \
          ({rows}), or one per {block}x{block} block of a weight of shape {weight:?}"

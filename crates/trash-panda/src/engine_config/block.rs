@@ -122,6 +122,9 @@ pub enum ScaleReadError {
     #[error(transparent)]
     Stream(#[from] StreamError),
     /// The checkpoint scale tensor's values could not be made f32.
+    ///
+    /// What to do: the checkpoint's scale tensor is not in a float dtype: the checkpoint is of a
+    /// kind the library does not read. Report it with the model's name.
     #[error("tensor {tensor}: {source}")]
     Dtype {
         /// The scale tensor's name.

@@ -30,6 +30,9 @@ use crate::DType;
 #[derive(Debug, thiserror::Error)]
 pub enum EngineConfigError {
     /// The plan has no budgets: a manual plan not yet resolved for a model.
+    ///
+    /// What to do: a manual plan is matched against its model before it runs: pass it to
+    /// `stream_load()` or `stage()` with the model, or use the plan `resolved_for()` returns.
     #[error("the plan has not been matched against a model, so it has no sizes: resolve it first")]
     Unresolved,
     /// A `TRASH_PANDA_*` setting the configuration reads has a bad value.

@@ -8,6 +8,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum IoError {
     /// The file could not be opened (or its size could not be read).
+    ///
+    /// What to do: check the file exists and can be read by this user; it may have been moved or
+    /// deleted after the plan was made.
     #[error("cannot open {}: {source}", path.display())]
     Open {
         /// The file.
@@ -18,6 +21,10 @@ pub enum IoError {
     },
 
     /// The file could not be memory-mapped.
+    ///
+    /// What to do: the file system does not map files (some network and FUSE mounts do not): copy
+    /// the checkpoint to a local drive, or set `TRASH_PANDA_RAM_IN_MEMORY=1` to read the RAM tier
+    /// instead.
     #[error("cannot map {}: {source}", path.display())]
     Map {
         /// The file.
@@ -28,6 +35,9 @@ pub enum IoError {
     },
 
     /// A read system call failed.
+    ///
+    /// What to do: the drive failed a read (the I/O error says how): check the drive (`dmesg`), or
+    /// copy the checkpoint to another drive.
     #[error("cannot read {} bytes {offset}..{} ({len} bytes): {source}", path.display(), offset + len)]
     Read {
         /// The file.
@@ -42,6 +52,9 @@ pub enum IoError {
     },
 
     /// The requested range does not lie inside the file.
+    ///
+    /// What to do: the file is shorter than its header says: it changed after it was opened, or it
+    /// is damaged. Load the model again; download the file again if it repeats.
     #[error(
         "range {offset}..{} of {} is beyond the end of the file ({file_size} bytes)",
         offset.saturating_add(*len),
@@ -59,6 +72,9 @@ pub enum IoError {
     },
 
     /// The file ended early: it shrank after it was opened.
+    ///
+    /// What to do: the file shrank while it was read: another program rewrote it. Leave checkpoints
+    /// alone while they are loaded, and load again.
     #[error(
         "{} ended at byte {got_to} while reading bytes {offset}..{} (was it truncated?)",
         path.display(),
@@ -89,6 +105,9 @@ pub enum IoError {
     },
 
     /// An aligned buffer could not be allocated.
+    ///
+    /// What to do: the machine is out of memory for the buffers: plan with less (`lookahead`,
+    /// `pinned_buffers`, a smaller `ram=`) or free memory.
     #[error("cannot allocate {len} bytes aligned to {align}: {reason}")]
     Alloc {
         /// Bytes asked for.
@@ -100,6 +119,9 @@ pub enum IoError {
     },
 
     /// Page cache control (`posix_fadvise`, `mincore`) failed or is not available here.
+    ///
+    /// What to do: the file system refuses page-cache control (some network mounts): set
+    /// `TRASH_PANDA_DISK_MODE=buffered`, or copy the checkpoint to a local drive.
     #[error("page cache control ({op}) on {} failed: {source}", path.display())]
     Cache {
         /// The file.

@@ -8,6 +8,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum OrderError {
     /// The checkpoint path gives no name to build the order file's name from (`/`, `.json`).
+    ///
+    /// What to do: give a checkpoint path that names a file or folder, or pass
+    /// `order_file_destination=` to say where the order file goes.
     #[error("order file: cannot name the order file of checkpoint {path}: {why}")]
     NoName {
         /// The checkpoint path (file or folder) as given.
@@ -17,6 +20,9 @@ pub enum OrderError {
     },
 
     /// The order file exists but could not be read (permissions, a folder in its place).
+    ///
+    /// What to do: fix the file's permissions, or remove what is in its place; the next run writes
+    /// it again.
     #[error("order file {path}: cannot read it: {source}")]
     Read {
         /// The order file.
@@ -27,6 +33,10 @@ pub enum OrderError {
     },
 
     /// Writing the order file failed at `step`; the previous file, if any, is left as it was.
+    ///
+    /// What to do: free space or permissions where the message says, or pass
+    /// `order_file_destination=` to write it elsewhere. A stage reports this as a warning and runs
+    /// on.
     #[error("order file {path}: cannot write it ({step}): {source}")]
     Write {
         /// The order file (not the temporary file it is written through).
@@ -40,6 +50,9 @@ pub enum OrderError {
     },
 
     /// An order names a block the model does not have.
+    ///
+    /// What to do: name blocks of this model in `order=`, as the message lists them (an order from
+    /// another model or plan does not apply).
     #[error(
         "order names {name}, which is not a block of the model (blocks: {})",
         crate::rules::run_order::list_blocks(.blocks)
@@ -52,6 +65,8 @@ pub enum OrderError {
     },
 
     /// An order names the same block twice (with or without its trailing dot).
+    ///
+    /// What to do: name each block once in `order=`.
     #[error("order names {name} twice")]
     DuplicateBlock {
         /// The block's name.
@@ -66,6 +81,8 @@ pub enum OrderError {
     },
 
     /// An empty block name (or a lone dot) in an order to be written; `position` counts from 0.
+    ///
+    /// What to do: every entry of the order must name a block: remove the empty one.
     #[error("order: entry {position} is an empty block name")]
     EmptyName {
         /// Index of the entry in the order, from 0.

@@ -5,6 +5,9 @@
 pub enum PipelineError {
     /// The allowance was closed (the stage it served was dropped) while a read waited for
     /// `wanted` bytes of it.
+    ///
+    /// What to do: a stage's model was released while another stage waited for its memory. Release
+    /// the models of a pipeline through the pipeline (`close()`), not one by one while it runs.
     #[error("the allowance of stage {stage:?} was closed while a read waited for {wanted} bytes")]
     Closed {
         /// The stage's name.
@@ -14,6 +17,9 @@ pub enum PipelineError {
     },
 
     /// A plan without budgets (a manual plan not resolved for a model) cannot say what it holds.
+    ///
+    /// What to do: give each stage a plan made for its model (or planning options), not a manual
+    /// plan that was never resolved.
     #[error("the plan of stage {stage:?} is not resolved for a model: it has no budgets to predict from")]
     Unresolved {
         /// The stage's name.

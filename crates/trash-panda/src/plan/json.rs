@@ -1,4 +1,5 @@
-//! The plan as JSON (see docs/plan-format.md): `{"format": "trash-panda-plan", "version": 1, ...}`.
+//! The plan as JSON (see docs/plan-format.md): `{"format": "trash-panda-plan", "version": 2, ...}`
+//! ([`PLAN_VERSION`]).
 
 use std::path::Path;
 

@@ -121,6 +121,9 @@ pub enum PlanError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     /// A block prefix given for the model matches no tensor of the checkpoint.
+    ///
+    /// What to do: use a prefix of the checkpoint's tensor names, trailing dot included (the
+    /// message lists near names); with `key_map`, the model's names.
     #[error("block prefix {prefix:?} matches no tensor{}", near_list(near))]
     UnknownPrefix {
         /// The prefix, with its trailing dot.
@@ -129,6 +132,9 @@ pub enum PlanError {
         near: Vec<String>,
     },
     /// A prefix given to edit a plan (or in a manual plan's lists) matches no block of it.
+    ///
+    /// What to do: name a block the plan has (`print(plan)` lists them; the message lists near
+    /// ones).
     #[error("block prefix {prefix:?} matches no block{}", near_list(near))]
     NoBlockMatches {
         /// The prefix as given.
@@ -137,6 +143,8 @@ pub enum PlanError {
         near: Vec<String>,
     },
     /// A block index given to edit a plan is past its last block.
+    ///
+    /// What to do: block positions count from 0 to the number of blocks minus one.
     #[error("block index {index} is out of range: the plan has {count} blocks")]
     IndexOutOfRange {
         /// The index given, from 0.
@@ -145,6 +153,8 @@ pub enum PlanError {
         count: usize,
     },
     /// Two entries of one selection, one prefix list or one manual plan name the same block.
+    ///
+    /// What to do: name each block once: drop one of the two entries the message shows.
     #[error("block {block:?} is named twice ({first:?} and {second:?})")]
     NamedTwice {
         /// The block named twice.
@@ -156,6 +166,9 @@ pub enum PlanError {
     },
     /// One block prefix contains another (`blocks.` and `blocks.1.`), so a tensor would belong
     /// to two blocks.
+    ///
+    /// What to do: give prefixes of one level: `blocks.1.` and `blocks.2.`, or `blocks.` alone, not
+    /// both.
     #[error("block prefixes {first:?} and {second:?} overlap: one contains the other")]
     OverlappingPrefixes {
         /// The prefix given earlier.
@@ -164,9 +177,14 @@ pub enum PlanError {
         second: String,
     },
     /// A block prefix is empty or only a dot.
+    ///
+    /// What to do: give a module's name with its trailing dot, such as `"model.layers.0."`.
     #[error("empty block prefix: a prefix names a module, e.g. \"blocks.0.\"")]
     EmptyPrefix,
     /// Resolving a manual plan left blocks of the model in none of its tier lists.
+    ///
+    /// What to do: a manual plan must put every block in a list: add the blocks the message names
+    /// to `device`, `ram` or `disk`.
     #[error("{count} block(s) are in no list of the manual plan: {}", names.join(", "))]
     Unassigned {
         /// How many blocks are left out.
@@ -175,6 +193,9 @@ pub enum PlanError {
         names: Vec<String>,
     },
     /// A tier name is not a tier or one of its aliases.
+    ///
+    /// What to do: use `"device"`, `"ram"` or `"disk"` (or an alias the message lists), or a
+    /// `Tier`.
     #[error(
         "unknown tier {name:?}: expected device, ram or disk (or an alias: {})",
         crate::rules::tier_aliases()
@@ -184,28 +205,35 @@ pub enum PlanError {
         name: String,
     },
     /// The compute dtype asked for is not f32, f16 or bf16.
+    ///
+    /// What to do: pass `compute_dtype=` as `torch.float32`, `torch.float16` or `torch.bfloat16`.
     #[error("compute dtype {dtype} is not supported: expected f32, f16 or bf16")]
     ComputeDtype {
         /// The dtype asked for.
         dtype: crate::DType,
     },
     /// The storage dtype asked for is not bf16 or fp8 (e4m3fn).
+    ///
+    /// What to do: pass `storage_dtype=` as `"bf16"` or `"fp8"`, or leave it out to keep the
+    /// weights as stored.
     #[error("storage dtype {dtype} is not supported: expected bf16 or fp8 (e4m3fn), or none to keep weights as stored")]
     StorageDtype {
         /// The dtype asked for.
         dtype: crate::DType,
     },
-    /// An operation needs a resolved plan and was given a manual one not yet matched against a
-    /// model. (The core itself does not return it today; it is there for its callers.)
-    #[error("this plan has not been matched against a model: call resolve() first")]
-    Unresolved,
     /// Plan JSON that is not JSON, not of [`PLAN_FORMAT`], or has a field missing or wrong.
+    ///
+    /// What to do: the file is not a plan written by `Plan.save()` (or it was edited into another
+    /// shape): save the plan again.
     #[error("not a trash-panda plan: {reason}")]
     Json {
         /// What is wrong, in words.
         reason: String,
     },
     /// A plan file of a [`PLAN_VERSION`] this build does not read.
+    ///
+    /// What to do: the plan was saved by another version of trash-panda: make the plan again with
+    /// this one.
     #[error("plan format version {found} is not supported: this build reads version {supported}")]
     Version {
         /// The version the file gives.
@@ -214,6 +242,8 @@ pub enum PlanError {
         supported: u64,
     },
     /// A plan file could not be read.
+    ///
+    /// What to do: check the plan file's path and permissions.
     #[error("cannot read plan file {path}: {source}")]
     Io {
         /// The plan file.

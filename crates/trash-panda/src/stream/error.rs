@@ -12,6 +12,10 @@ use crate::DType;
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
     /// A worker could not read a block's tensor from its file.
+    ///
+    /// What to do: the drive failed a read (the I/O error says how): check the drive (`dmesg`), or
+    /// copy the checkpoint to another drive. A file changed since the load reads as this too: load
+    /// again.
     #[error(
         "block {block} ({name}): reading tensor {tensor} (bytes {start}..{end} of {}) failed: {source}",
         file.display()
@@ -35,6 +39,9 @@ pub enum StreamError {
     },
 
     /// Converting a RAM-tier tensor to the storage dtype failed.
+    ///
+    /// What to do: the tensor cannot be stored in `storage_dtype` (the kernel's error says why):
+    /// load without `storage_dtype`, or report it with the model's name.
     #[error(
         "block {block} ({name}): converting tensor {tensor} from {from} to {to} failed: {source}"
     )]
@@ -55,6 +62,8 @@ pub enum StreamError {
     },
 
     /// An engine option has a value the engine does not support.
+    ///
+    /// What to do: set the option to a value the message says it accepts.
     #[error("invalid engine option {option} = {value}: expected {expected}")]
     InvalidOptions {
         /// The option's name.
@@ -74,6 +83,9 @@ pub enum StreamError {
 
     /// The engine configuration's staging buffers are smaller than a block needs: the
     /// configuration was derived from a plan made for other tensors.
+    ///
+    /// What to do: the plan was made for another checkpoint (or the checkpoint changed since): make
+    /// the plan again for the files you load.
     #[error(
         "block {block} ({name}) needs {needs} bytes of staging buffer but the plan's buffers hold \
          {buffer}: the plan was made for other tensors; plan the model again"
@@ -91,6 +103,9 @@ pub enum StreamError {
 
     /// The shared staging pool's buffers are smaller than a block of this engine needs: the
     /// pool was sized for other stages' blocks.
+    ///
+    /// What to do: size the shared `StagingPool` for every stage that uses it: make it from the
+    /// largest of the stages' plans (a `Pipeline` does).
     #[error(
         "block {block} ({name}) needs {needs} bytes of staging buffer but the shared staging \
          pool's buffers hold {buffer}: size the pool for the largest block of every stage"
@@ -107,6 +122,9 @@ pub enum StreamError {
     },
 
     /// The engine was asked to stream while another engine has the shared staging pool.
+    ///
+    /// What to do: models that share a `StagingPool` run one at a time: finish (or release) the one
+    /// the message names before another streams. A `Pipeline` does this for you.
     #[error(
         "{engine} cannot stage block {block} ({name}): the shared staging pool is held by \
          {holder}; park that engine when its turn ends"
@@ -123,6 +141,10 @@ pub enum StreamError {
     },
 
     /// `park` was called while leases still hold staging buffers of the shared pool.
+    ///
+    /// What to do: a stage ended while one of its blocks was still in use. In a `Pipeline` this is
+    /// a warning and the stage is released; with a pool of your own, release the model before the
+    /// next one streams.
     #[error(
         "{engine} cannot give the shared staging pool back: leases still hold {}",
         holders.join(", ")
@@ -135,6 +157,9 @@ pub enum StreamError {
     },
 
     /// A checkpoint file could not be opened, mapped or measured when the engine was created.
+    ///
+    /// What to do: check the file still exists and can be read; it may have been moved or deleted
+    /// after the plan was made.
     #[error("cannot open checkpoint file {}: {source}", file.display())]
     Open {
         /// The checkpoint file.
@@ -145,6 +170,9 @@ pub enum StreamError {
     },
 
     /// The description of a block does not fit the files (bad file index, range past the end).
+    ///
+    /// What to do: the plan does not fit the files (made for another checkpoint, or the files
+    /// changed since): make the plan again for the files you load.
     #[error("block {block} ({name}): {reason}")]
     InvalidBlock {
         /// The block's index among the engine's streamed blocks.
@@ -176,6 +204,9 @@ pub enum StreamError {
     },
 
     /// The run order given to `set_order` is not usable.
+    ///
+    /// What to do: give `order=` the names of the plan's streamed blocks, each once; the message
+    /// says what is wrong.
     #[error("invalid run order: {reason}")]
     InvalidOrder {
         /// Why the order is refused.
@@ -229,6 +260,9 @@ pub enum StreamError {
     },
 
     /// The engine was stopped while the block was being staged.
+    ///
+    /// What to do: the model was released while a forward still ran (in another thread, or a
+    /// callback): release it only after its last forward has returned.
     #[error("the stream engine is shutting down (block {block} ({name}) was not staged)")]
     ShuttingDown {
         /// The block's index among the engine's streamed blocks.
@@ -238,6 +272,9 @@ pub enum StreamError {
     },
 
     /// The staging buffers or a RAM-tier copy could not be allocated.
+    ///
+    /// What to do: the machine is out of memory for the staging buffers or the RAM tier: plan with
+    /// less (`lookahead`, `pinned_buffers`, `ram=`), or free memory.
     #[error("cannot allocate {what}: {source}")]
     Alloc {
         /// What was being allocated, in words.
@@ -248,6 +285,9 @@ pub enum StreamError {
     },
 
     /// A worker thread could not be started.
+    ///
+    /// What to do: the system refused a thread (a thread or process limit such as `ulimit -u`):
+    /// raise the limit, or lower `TRASH_PANDA_WORKERS`.
     #[error("cannot start a staging worker thread: {source}")]
     Spawn {
         /// The error from starting the thread.

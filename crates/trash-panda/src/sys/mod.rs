@@ -25,6 +25,10 @@ pub use nvml::{GpuDevice, GpuProbe};
 pub use rss::{current_rss, private_memory, RssMeasure, RssSampler, RssStats};
 
 /// Errors of the sys module.
+///
+/// What to do: the machine's memory figures could not be read (a sandbox that hides `/proc`, an
+/// unusual kernel). Give them yourself: `plan(..., ram="32GB", vram="10GB")` skips the probe;
+/// report the message if the figures should be readable.
 #[derive(Debug, thiserror::Error)]
 pub enum SysError {
     /// A file a probe needs (under `/proc` or `/sys`, or their test roots) could not be read.
@@ -69,9 +73,10 @@ pub enum SysError {
         /// The path, made absolute.
         path: PathBuf,
     },
-    /// A step of the read-speed probe failed (creating, writing or reading its file). The RSS
-    /// sampler also reports a failure to start its thread as this variant, with `dir` the
-    /// `statm` file it reads.
+    /// A step of the read-speed probe failed (creating, writing or reading its file).
+    ///
+    /// What to do: the read-speed probe writes a file in the folder it measures: give a folder on
+    /// the same drive that this user can write to, with a few hundred MB free.
     #[error("read-speed probe in {dir}: {what}: {source}")]
     Probe {
         /// The folder the probe file was written in.
@@ -79,6 +84,18 @@ pub enum SysError {
         /// The step that failed, as a verb phrase.
         what: &'static str,
         /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A probe's own thread could not be started (the RSS sampler's).
+    ///
+    /// What to do: the system refused a thread (a thread or process limit such as `ulimit -u`):
+    /// raise the limit.
+    #[error("cannot start the {what} thread: {source}")]
+    Thread {
+        /// The thread's job, for the message ("RSS sampler").
+        what: &'static str,
+        /// The error from starting the thread.
         #[source]
         source: std::io::Error,
     },

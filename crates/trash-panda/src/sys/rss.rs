@@ -5,7 +5,7 @@
 //! `status`: it is one short line, cheap enough to read every millisecond. Windows gives the
 //! working set, macOS the task's resident size.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
@@ -184,9 +184,8 @@ impl RssSampler {
                     std::thread::park_timeout(interval);
                 }
             })
-            .map_err(|source| SysError::Probe {
-                dir: PathBuf::from(STATM),
-                what: "starting the RSS sampler thread",
+            .map_err(|source| SysError::Thread {
+                what: "RSS sampler",
                 source,
             })?;
         Ok(RssSampler {
