@@ -533,7 +533,8 @@ class ReadLane:
         cls, files: Sequence[str | PathLike[str]], blocks: int, priority: str = "run", direct: bool = False
     ) -> ReadLane: ...
     @property
-    def direct(self) -> bool: ...
+    def direct(self) -> bool:
+        """Whether `read_block` reads through this lane past the page cache."""
     @property
     def depth(self) -> int:
         """Reads at the drive at once (the queue's, shared with every lane)."""
@@ -1035,9 +1036,11 @@ class Replan:
 class LoadReads:
     """How a pipeline's loads read its stages' weights: through the page cache or past it."""
     @property
-    def direct(self) -> bool: ...
+    def direct(self) -> bool:
+        """Whether the loads read past the page cache (O_DIRECT where the file system allows it)."""
     @property
-    def reason(self) -> str: ...
+    def reason(self) -> str:
+        """Why, in a sentence for the report."""
 
 def load_reads(files: int, ram: int, vram: int | None = None) -> LoadReads:
     """How a pipeline whose stages' files hold `files` bytes together reads them at its loads,
