@@ -547,6 +547,10 @@ class Pipeline:
             floor = budgets.min_free_ram if budgets is not None else 0
             following.give(max(0, free.vram if free.vram is not None else free.ram - floor))
         elif following is not None and given_now:
+            # No CUDA event waited for: the allocator gives a freed block only to the stream it
+            # was made on, the default one the stage computed on and the loader copies on, so
+            # the copies queue after the kernels that read it (another compute stream would
+            # need record_stream).
             following.give(given_now)
 
     def _others(self, spec: Stage) -> list[LoadedStage]:
