@@ -56,8 +56,9 @@ stubs: build
 	$(PY) -m mypy.stubtest trash_panda._core
 	$(PY) -m mypy
 
-# Windows and macOS: clippy for both, the core's and the CLI's tests under Wine, the Windows
-# exe against the Linux binary, the Windows wheel (scripts/cross.sh says what it skips and why).
+# Windows, macOS and Arm: clippy for both, the core's and the CLI's tests under Wine, the Windows
+# exe against the Linux binary, the Windows wheel, the core's dtype tests for aarch64 Linux under
+# QEMU (scripts/cross.sh says what it skips and why).
 cross: venv
 	@bash scripts/cross.sh
 
