@@ -57,8 +57,9 @@ stubs: build
 	$(PY) -m mypy
 	$(PY) -m mypy --config-file bench/mypy.ini
 
-# Windows and macOS: clippy for both, the core's and the CLI's tests under Wine, the Windows
-# exe against the Linux binary, the Windows wheel (scripts/cross.sh says what it skips and why).
+# Windows, macOS and Arm: clippy for both, the core's and the CLI's tests under Wine, the Windows
+# exe against the Linux binary, the Windows wheel, the core's dtype tests for aarch64 Linux under
+# QEMU (scripts/cross.sh says what it skips and why).
 cross: venv
 	@bash scripts/cross.sh
 

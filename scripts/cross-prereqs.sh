@@ -8,15 +8,19 @@
 # prerequisite is only sought while some check still needs it, so each check is dropped once,
 # for the first thing it lacks.
 #
-# Needs WIN, MAC and MATURIN set. Leaves the ids of the checks to run, in order, in cross_plan:
+# Needs WIN, MAC, ARM and MATURIN set. Leaves the ids of the checks to run, in order, in cross_plan:
 #   clippy-windows          clippy of the core and the CLI for Windows    (the Rust target)
 #   clippy-windows-binding  clippy of the binding for Windows             (+ mingw-w64)
 #   clippy-macos            clippy of the core, the CLI and the binding   (the Rust target)
 #   wine-tests              the core's and the CLI's tests under Wine     (+ mingw-w64, wine)
 #   wine-parity             trash-panda.exe against the Linux binary      (+ mingw-w64, wine)
 #   wheel-windows           the abi3 wheel for Windows                    (+ mingw-w64, maturin)
+#   qemu-arm-tests          the core's dtype tests for aarch64 Linux      (the Rust target,
+#                           under QEMU user-mode emulation                 + qemu-user and the
+#                                                                            aarch64 cross gcc)
 
-cross_plan=(clippy-windows clippy-windows-binding clippy-macos wine-tests wine-parity wheel-windows)
+cross_plan=(clippy-windows clippy-windows-binding clippy-macos wine-tests wine-parity wheel-windows
+  qemu-arm-tests)
 cross_why=
 cross_apt_updated=0
 
@@ -28,6 +32,7 @@ cross_describe() {
     wine-tests) echo "the tests under Wine" ;;
     wine-parity) echo "trash-panda.exe against the Linux binary" ;;
     wheel-windows) echo "the Windows wheel" ;;
+    qemu-arm-tests) echo "the aarch64 dtype tests under QEMU" ;;
     *) echo "$1" ;;
   esac
 }
@@ -139,5 +144,24 @@ cross_prereqs() {
 
   if cross_wants wheel-windows && [ ! -x "$MATURIN" ]; then
     cross_drop "$MATURIN (run make venv)" wheel-windows
+  fi
+
+  # The aarch64 tests: the Rust target, the cross gcc as linker (with the target's C library:
+  # Debian only recommends it, and recommendations are not installed) and qemu-aarch64.
+  if ! cross_rust_target "$ARM"; then cross_drop "Rust target $ARM ($cross_why)" qemu-arm-tests; fi
+  if cross_wants qemu-arm-tests && ! cross_arm_tools; then
+    if ! { cross_apt_install qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross \
+      && cross_arm_tools; }; then
+      cross_drop "qemu-user or the aarch64 cross gcc ($cross_why)" qemu-arm-tests
+    fi
+  fi
+}
+
+# Fails, with cross_why set, when the aarch64 linker, its C library or qemu-aarch64 is missing.
+cross_arm_tools() {
+  cross_on_path aarch64-linux-gnu-gcc qemu-aarch64 || return 1
+  if [ ! -f /usr/aarch64-linux-gnu/lib/crt1.o ]; then
+    cross_why="no aarch64 C library in /usr/aarch64-linux-gnu"
+    return 1
   fi
 }

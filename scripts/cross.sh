@@ -4,8 +4,11 @@
 #      aarch64-apple-darwin;
 #   2. the core's and the CLI's test suites built for Windows and run under Wine;
 #   3. trash-panda.exe under Wine against the Linux binary (inspect, plan --json);
-#   4. the abi3 wheel for Windows (build only).
-# What it needs (the Rust targets, mingw-w64, wine) it installs first, when missing
+#   4. the abi3 wheel for Windows (build only);
+#   5. the core's dtype tests built for aarch64-unknown-linux-gnu and run under QEMU user-mode
+#      emulation, so the NEON kernels are checked bit for bit on an x86 machine.
+# What it needs (the Rust targets, mingw-w64, wine, qemu-user and the aarch64 cross gcc) it
+# installs first, when missing
 # (scripts/cross-prereqs.sh). Where that is impossible (no network, no root), the checks that need
 # it are skipped with one line: `make test` never fails for lack of a download. Anything that
 # runs and fails, fails.
@@ -18,6 +21,7 @@ CARGO=${CARGO:-cargo}
 MATURIN=${MATURIN:-.venv/bin/maturin}
 WIN=x86_64-pc-windows-gnu
 MAC=aarch64-apple-darwin
+ARM=aarch64-unknown-linux-gnu
 cache=${TRASH_PANDA_CACHE:-$HOME/.cache/trash-panda}
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 start=$(date +%s)
@@ -157,5 +161,37 @@ names = zipfile.ZipFile(sys.argv[1]).namelist()
 assert "trash_panda/_core.pyd" in names, names
 print("cross: built", sys.argv[1].rsplit("/", 1)[-1])
 EOF
+fi
+# 5. The dtype tests for aarch64 under QEMU: the level tests then run portable and neon, and
+# one test fails unless neon is the level the emulated CPU gets. A target dir of their own keeps
+# the host builds warm; optimized (opt-level 2), since emulation makes debug code crawl. The
+# threaded test over every pair and a million elements takes minutes emulated, and checks no
+# kernel that the other tests leave out: skipped here.
+if cross_planned qemu-arm-tests; then
+  say "dtype tests for $ARM under QEMU (the neon kernels)"
+  qemu_start=$(date +%s)
+  qlog=$(mktemp)
+  qemu_test() {
+    CARGO_TARGET_DIR="$target_dir/qemu" CARGO_PROFILE_DEV_OPT_LEVEL=2 \
+      CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+      CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
+      $CARGO test --target "$ARM" -p trash-panda "$@" >>"$qlog" 2>&1
+  }
+  if ! { qemu_test --lib -- dtype:: \
+    && qemu_test --test dtype_kernels --test dtype_quant \
+      -- --skip every_pair_threads_and_alignment_match_the_reference; }; then
+    grep -vE '^\s+(Compiling|Checking)' "$qlog" | tail -60
+    rm -f "$qlog"
+    say "dtype tests failed for $ARM under QEMU"
+    exit 1
+  fi
+  if ! grep -q '^test dtype::neon::tests::the_neon_level_runs_here \.\.\. ok$' "$qlog"; then
+    rm -f "$qlog"
+    say "the neon level did not run under QEMU"
+    exit 1
+  fi
+  awk -v s=$(( $(date +%s) - qemu_start )) '/^test result/ { p += $4; f += $6; i += $8 } END {
+    printf "cross: under QEMU: %d passed, %d failed, %d ignored in %d s\n", p, f, i, s }' "$qlog"
+  rm -f "$qlog"
 fi
 say "done in $(( $(date +%s) - start )) s"

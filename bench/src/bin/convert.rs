@@ -6,7 +6,7 @@
 //!
 //! `cargo run --release -p trash-panda-bench --bin bench-convert [-- --reps N --mib M]`; the
 //! header names the CPU and the kernel level that ran, which `TRASH_PANDA_SIMD` (portable, avx2,
-//! avx512, auto) forces.
+//! avx512, neon, auto) forces.
 
 use std::time::{Duration, Instant};
 

@@ -37,7 +37,7 @@ pub struct Setting {
 }
 
 /// The values of the `simd` setting, `TRASH_PANDA_SIMD`: which dtype kernels run.
-pub const SIMD_CHOICES: &[&str] = &["auto", "portable", "avx2", "avx512"];
+pub const SIMD_CHOICES: &[&str] = &["auto", "portable", "avx2", "avx512", "neon"];
 
 /// Every setting, with its default.
 pub const SETTINGS: &[Setting] = &[
@@ -112,8 +112,8 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Choice(SIMD_CHOICES),
         default: "auto",
         doc: "which compiled dtype-conversion kernels run: auto (the fastest this CPU has), \
-              portable, avx2 or avx512; read once per process; a level the CPU lacks makes every \
-              conversion fail rather than run another one",
+              portable, avx2, avx512 (x86-64) or neon (aarch64); read once per process; a level \
+              the CPU lacks makes every conversion fail rather than run another one",
     },
     Setting {
         name: "log",

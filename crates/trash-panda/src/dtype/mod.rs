@@ -19,6 +19,8 @@ mod avx2;
 mod cast;
 mod fp8;
 mod kind;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 mod parallel;
 mod quant;
 mod scale;

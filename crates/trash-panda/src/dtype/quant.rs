@@ -117,6 +117,11 @@ multiversion! {
             // features the kernel is compiled with.
             return unsafe { super::avx2::bf16_amax_bits(src) };
         }
+        #[cfg(target_arch = "aarch64")]
+        if neon_kernels(src_t) {
+            // SAFETY: `neon_kernels` holds only at the Neon level, which this CPU runs.
+            return unsafe { super::neon::half_amax_bits(src, src_t) };
+        }
         let mut buf = [0f32; CHUNK];
         let mut best = 0u32;
         let ss = src_t.size();
@@ -150,8 +155,23 @@ fn bf16_kernels(src_t: DType) -> bool {
     src_t == DType::BF16 && matches!(level(), SimdLevel::Avx2 | SimdLevel::Avx512)
 }
 
+/// Whether the NEON kernels quantize `src_t`: bf16 and f16, whose staged loops divide and
+/// encode through the f32 buffer (see `dtype/neon`).
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+fn neon_kernels(src_t: DType) -> bool {
+    use super::simd::{level, SimdLevel};
+    matches!(src_t, DType::BF16 | DType::F16) && level() == SimdLevel::Neon
+}
+
 #[inline(always)]
 fn encode_scaled_inline(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32) {
+    #[cfg(target_arch = "aarch64")]
+    if neon_kernels(src_t) {
+        // SAFETY: `neon_kernels` holds only at the Neon level, which this CPU runs.
+        unsafe { super::neon::half_to_e4m3(src, src_t, dst, scale) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if bf16_kernels(src_t) {
         // SAFETY: `bf16_kernels` holds only at a level whose CPU has AVX2 and FMA, the features
@@ -202,6 +222,14 @@ multiversion! {
                 *out = k;
                 // SAFETY: as above.
                 unsafe { super::avx2::bf16_to_e4m3_divided(s, d, k) };
+                continue;
+            }
+            #[cfg(target_arch = "aarch64")]
+            if neon_kernels(src_t) {
+                // SAFETY: `neon_kernels` holds only at the Neon level, which this CPU runs.
+                let k = scale_for(unsafe { super::neon::half_amax_bits(s, src_t) });
+                *out = k;
+                encode_scaled_inline(s, src_t, d, k);
                 continue;
             }
             let mut buf = [0f32; CHUNK];

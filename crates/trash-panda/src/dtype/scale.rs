@@ -2,7 +2,7 @@
 //! in checkpoints.
 
 use super::cast::check_cast_dtypes;
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 use super::simd::SimdLevel;
 use super::simd::{self, convert_inline, multiversion};
 use super::{check_bytes, elements, parallel, DType, DtypeError};
@@ -212,6 +212,18 @@ multiversion! {
                 // SAFETY: `level()` returns these levels only when this CPU has AVX2 and FMA, the
                 // features the kernel is compiled with.
                 unsafe { super::avx2::e4m3_to_bf16_blocks(src, dst, cols, first_row, scales, *block) };
+                return;
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        if let (DType::F8E4M3 | DType::F8E5M2, Scale::Block { scales, block }) = (src_t, scale) {
+            // As on AVX2: one table per tile, shared over the tile's rows.
+            if simd::level() == SimdLevel::Neon {
+                // SAFETY: `level()` returns Neon only when this CPU has NEON, the feature the
+                // kernel is compiled with.
+                unsafe {
+                    super::neon::fp8_blocks(src, src_t, dst, dst_t, cols, first_row, scales, *block)
+                };
                 return;
             }
         }

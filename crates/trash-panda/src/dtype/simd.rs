@@ -32,14 +32,23 @@ pub enum SimdLevel {
     Avx2,
     /// x86-64 with AVX-512 F, BW and VL (and AVX2, FMA).
     Avx512,
+    /// aarch64 with NEON (every Apple Silicon and Graviton CPU): the hand-written kernels of
+    /// `dtype/neon` for fp8, bf16 and f16, the portable loops for the rest.
+    Neon,
 }
 
 /// The values `TRASH_PANDA_SIMD` accepts (the settings table owns them: it sits below dtype).
 pub use crate::settings::SIMD_CHOICES;
 
 impl SimdLevel {
-    /// Every level, slowest first.
-    pub const ALL: [SimdLevel; 3] = [SimdLevel::Portable, SimdLevel::Avx2, SimdLevel::Avx512];
+    /// Every level, each architecture's slowest first (a CPU has the portable one and those of
+    /// its own architecture only).
+    pub const ALL: [SimdLevel; 4] = [
+        SimdLevel::Portable,
+        SimdLevel::Avx2,
+        SimdLevel::Avx512,
+        SimdLevel::Neon,
+    ];
 
     /// The name `TRASH_PANDA_SIMD` uses.
     pub const fn name(self) -> &'static str {
@@ -47,6 +56,7 @@ impl SimdLevel {
             SimdLevel::Portable => "portable",
             SimdLevel::Avx2 => "avx2",
             SimdLevel::Avx512 => "avx512",
+            SimdLevel::Neon => "neon",
         }
     }
 
@@ -65,7 +75,9 @@ impl SimdLevel {
                     && std::is_x86_feature_detected!("avx512bw")
                     && std::is_x86_feature_detected!("avx512vl")
             }
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            SimdLevel::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            // Each architecture's levels are unsupported on the others.
             _ => false,
         }
     }
@@ -200,7 +212,9 @@ macro_rules! multiversion {
                     // avx2 and fma on this CPU (forced and configured levels are checked too).
                     unsafe { avx2($($arg),*) }
                 }
-                // Off x86-64 the AVX levels are never supported, so never returned.
+                // Off x86-64 the AVX levels are never supported, so never returned. Neon runs the
+                // portable build: NEON is part of the aarch64 targets' baseline already, and its
+                // hand-written kernels are called from the loops themselves.
                 _ => body($($arg),*),
             }
         }
@@ -219,6 +233,14 @@ pub(crate) fn convert_inline(
     dst_t: DType,
     scale: Option<f32>,
 ) {
+    #[cfg(target_arch = "aarch64")]
+    if level() == SimdLevel::Neon {
+        // SAFETY: `level()` returns Neon only when this CPU has NEON, the feature the kernels
+        // are compiled with.
+        if unsafe { super::neon::convert(src, src_t, dst, dst_t, scale) } {
+            return;
+        }
+    }
     if scale.is_none() && direct(src, src_t, dst, dst_t) {
         return;
     }
@@ -486,7 +508,7 @@ mod tests {
         assert!(
             e.contains("TRASH_PANDA_SIMD")
                 && e.contains("sse9")
-                && e.contains("auto, portable, avx2, avx512"),
+                && e.contains("auto, portable, avx2, avx512, neon"),
             "{e}"
         );
         for l in SimdLevel::ALL.into_iter().filter(|l| !l.is_supported()) {

@@ -1,0 +1,320 @@
+//! The NEON kernels against the scalar references, every code or pattern over a set of scales.
+//! Under QEMU (`make test`'s qemu-arm-tests) these run on an emulated aarch64 CPU.
+
+use super::expand::{fp8_to_f32, fp8_to_half, half_run};
+use super::narrow::{f32_to_half, half_to_f32};
+use super::*;
+use crate::dtype::{
+    best_simd_level, bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits,
+    f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, fp8_e5m2_to_f32, supported_simd_levels, SimdLevel,
+};
+
+const FP8: [DType; 2] = [DType::F8E4M3, DType::F8E5M2];
+
+fn scales() -> Vec<f32> {
+    let mut k = vec![
+        1.0,
+        -1.0,
+        0.0,
+        -0.0,
+        0.37,
+        1e-3,
+        448.0,
+        3.0e38,
+        1.0e-30,
+        // Subnormal products: the smallest fp8 values times these land below 2^-126.
+        1.0e-36,
+        f32::from_bits(1),
+        f32::MIN_POSITIVE,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::MAX,
+    ];
+    let mut x = 0x9E37_79B9u32;
+    for _ in 0..24 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        k.push(f32::from_bits(
+            (x & 0x807F_FFFF) | ((100 + (x >> 23) % 40) << 23),
+        ));
+    }
+    k
+}
+
+fn decode(c: u8, t: DType) -> f32 {
+    if t == DType::F8E5M2 {
+        fp8_e5m2_to_f32(c)
+    } else {
+        fp8_e4m3fn_to_f32(c)
+    }
+}
+
+/// The reference result of code `c` times `k` in `dst_t`, as the destination's bits.
+fn want(c: u8, t: DType, dst_t: DType, k: Option<f32>) -> u32 {
+    let x = match k {
+        Some(k) => decode(c, t) * k,
+        None => decode(c, t),
+    };
+    match dst_t {
+        DType::BF16 => u32::from(f32_to_bf16_bits(x)),
+        DType::F16 => u32::from(f32_to_f16_bits(x)),
+        _ => x.to_bits(),
+    }
+}
+
+fn got(bytes: &[u8]) -> u32 {
+    let mut b = [0u8; 4];
+    b[..bytes.len()].copy_from_slice(bytes);
+    u32::from_le_bytes(b)
+}
+
+/// Compares the expansion of every code in `src` (at column `i` of a run whose scale
+/// `k_of(i)` gives) with the reference, naming the first difference.
+fn check(src: &[u8], t: DType, out: &[u8], dst_t: DType, k_of: impl Fn(usize) -> Option<f32>) {
+    for (i, (c, g)) in src.iter().zip(out.chunks_exact(dst_t.size())).enumerate() {
+        let k = k_of(i);
+        let (x, g) = (decode(*c, t), got(g));
+        // Which NaN a product of two NaNs gives is not defined; only that it is one.
+        if x.is_nan() && k.is_some_and(f32::is_nan) {
+            let nan = match dst_t {
+                DType::F32 => f32::from_bits(g).is_nan(),
+                DType::BF16 => bf16_bits_to_f32(g as u16).is_nan(),
+                _ => f16_bits_to_f32(g as u16).is_nan(),
+            };
+            assert!(nan, "{t}->{dst_t} code {c:#04x}: {g:#x} is no NaN");
+            continue;
+        }
+        let ctx = format!("{t}->{dst_t} at {i}: code {c:#04x} scale {k:?}");
+        assert_eq!(g, want(*c, t, dst_t, k), "{ctx}");
+    }
+}
+
+#[test]
+fn the_neon_level_runs_here() {
+    // The qemu-arm-tests check of `make test` relies on this: the emulated CPU has NEON, so
+    // every test that loops over the levels runs these kernels.
+    eprintln!("simd levels on this CPU: {:?}", supported_simd_levels());
+    assert!(SimdLevel::Neon.is_supported());
+    assert_eq!(
+        supported_simd_levels(),
+        [SimdLevel::Portable, SimdLevel::Neon]
+    );
+    assert_eq!(best_simd_level(), SimdLevel::Neon);
+}
+
+#[test]
+fn fp8_expansion_equals_the_reference_on_every_code() {
+    // Every code several times over (past the table threshold), shifted by 0 and 3, so the
+    // vector body, the tail and every lane see every code; and a short run, computed.
+    let codes: Vec<u8> = (0..=255u8).cycle().take(256 * 3 + 35).collect();
+    let mut ks: Vec<Option<f32>> = scales().into_iter().map(Some).collect();
+    ks.push(None);
+    for t in FP8 {
+        for k in ks.iter().copied() {
+            for src in [&codes[..], &codes[3..], &codes[5..300]] {
+                for dst_t in [DType::BF16, DType::F16, DType::F32] {
+                    let mut out = vec![0u8; src.len() * dst_t.size()];
+                    // SAFETY: the test runs on aarch64, whose every CPU has NEON.
+                    assert!(unsafe { convert(src, t, &mut out, dst_t, k) });
+                    check(src, t, &out, dst_t, |_| k);
+                }
+                // The computed path alone, table-sized runs included.
+                if let Some(k) = k {
+                    for dst_t in [DType::BF16, DType::F16] {
+                        let mut out = vec![0u8; src.len() * 2];
+                        // SAFETY: the test runs on aarch64, whose every CPU has NEON.
+                        unsafe { half_run(src, t, &mut out, dst_t, Some(k), None) };
+                        check(src, t, &out, dst_t, |_| Some(k));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_direct_kernels_handle_unaligned_and_short_slices() {
+    let codes: Vec<u8> = (0..=255u8).collect();
+    for t in FP8 {
+        for len in [0, 1, 15, 16, 17, 33] {
+            let src = &codes[7..7 + len];
+            let mut out = vec![0u8; 4 * len + 1];
+            // SAFETY: the test runs on aarch64, whose every CPU has NEON.
+            unsafe { fp8_to_f32(src, t, &mut out[1..], None) };
+            check(src, t, &out[1..], DType::F32, |_| None);
+            // SAFETY: as above.
+            unsafe { fp8_to_half(src, t, &mut out[1..=2 * len], DType::F16, Some(0.5)) };
+            check(src, t, &out[1..=2 * len], DType::F16, |_| Some(0.5));
+        }
+    }
+}
+
+#[test]
+fn fp8_blocks_equal_the_reference() {
+    let all = scales();
+    for (rows, cols, block, first_row) in [
+        (300usize, 200usize, 128usize, 0usize),
+        (70, 333, 64, 37),
+        (5, 40, 128, 250),
+        (9, 10, 3, 1),
+    ] {
+        let tiles = cols.div_ceil(block);
+        let grid = (first_row + rows).div_ceil(block) * tiles;
+        // Cycle through the scale set (NaN and infinity included) over the tiles.
+        let ks: Vec<f32> = (0..grid).map(|t| all[(t * 7) % all.len()]).collect();
+        let src: Vec<u8> = (0..rows * cols).map(|i| (i * 37 + i / 255) as u8).collect();
+        for t in FP8 {
+            for dst_t in [DType::BF16, DType::F16, DType::F32] {
+                let mut out = vec![0u8; src.len() * dst_t.size()];
+                // SAFETY: the test runs on aarch64, whose every CPU has NEON.
+                unsafe { fp8_blocks(&src, t, &mut out, dst_t, cols, first_row, &ks, block) };
+                check(&src, t, &out, dst_t, |i| {
+                    let (r, c) = (first_row + i / cols, i % cols);
+                    Some(ks[r / block * tiles + c / block])
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn every_16_bit_pattern_widens_exactly() {
+    // Every pattern, from an odd offset, plus 5 so the tail sees some.
+    let pats: Vec<u16> = (0..=u16::MAX).chain(0x7C00..0x7C05).collect();
+    let mut src: Vec<u8> = vec![0];
+    src.extend(pats.iter().flat_map(|h| h.to_le_bytes()));
+    for t in [DType::BF16, DType::F16] {
+        let mut out = vec![0u8; pats.len() * 4];
+        // SAFETY: the test runs on aarch64, whose every CPU has NEON.
+        unsafe { half_to_f32(&src[1..], t, &mut out) };
+        for (h, g) in pats.iter().zip(out.chunks_exact(4)) {
+            let want = match t {
+                DType::BF16 => bf16_bits_to_f32(*h),
+                _ => f16_bits_to_f32(*h),
+            };
+            assert_eq!(got(g), want.to_bits(), "{t} {h:#06x}");
+        }
+    }
+}
+
+#[test]
+fn f32_narrows_like_the_reference() {
+    // A prime stride over every exponent, and dense runs at the f16 subnormal, overflow and
+    // rounding boundaries and among the NaNs.
+    let mut pats: Vec<u32> = (0..=u32::MAX).step_by(65_537).collect();
+    for base in [
+        0x3300_0000u32,
+        0x3880_0000 - 0x800,
+        0x477F_E000,
+        0x7F80_0000,
+        0x3F80_7FF0,
+    ] {
+        pats.extend(base..base + 0x1000);
+    }
+    let neg: Vec<u32> = pats.iter().map(|w| w ^ 0x8000_0000).collect();
+    pats.extend(neg);
+    let src: Vec<u8> = pats.iter().flat_map(|w| w.to_le_bytes()).collect();
+    for dst_t in [DType::BF16, DType::F16] {
+        let mut out = vec![0u8; pats.len() * 2 + 1];
+        // SAFETY: the test runs on aarch64, whose every CPU has NEON.
+        unsafe { f32_to_half(&src, &mut out[1..], dst_t) };
+        for (w, g) in pats.iter().zip(out[1..].chunks_exact(2)) {
+            let x = f32::from_bits(*w);
+            let want = match dst_t {
+                DType::BF16 => f32_to_bf16_bits(x),
+                _ => f32_to_f16_bits(x),
+            };
+            assert_eq!(got(g), u32::from(want), "{dst_t} of {w:#010x}");
+        }
+    }
+}
+
+#[test]
+fn half_amax_equals_the_reference() {
+    let mut x = 0x2545_F491u32;
+    let mut pats: Vec<u16> = (0..1000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u16
+        })
+        .collect();
+    pats.extend([
+        0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x7F81, 0x7C00, 0xFC01, 0x0001, 0x8000,
+    ]);
+    for t in [DType::BF16, DType::F16] {
+        for len in [0, 1, 15, 16, 17, 100, pats.len()] {
+            for start in [0, 5] {
+                let v = &pats[start.min(len)..len.max(start.min(len))];
+                let bytes: Vec<u8> = v.iter().flat_map(|h| h.to_le_bytes()).collect();
+                let want = v
+                    .iter()
+                    .map(|h| {
+                        let x = match t {
+                            DType::BF16 => bf16_bits_to_f32(*h),
+                            _ => f16_bits_to_f32(*h),
+                        };
+                        if x.is_nan() {
+                            0
+                        } else {
+                            x.to_bits() & 0x7FFF_FFFF
+                        }
+                    })
+                    .max()
+                    .unwrap_or(0);
+                // SAFETY: the test runs on aarch64, whose every CPU has NEON.
+                let got = unsafe { half_amax_bits(&bytes, t) };
+                assert_eq!(got, want, "{t} len {len} start {start}");
+            }
+        }
+    }
+}
+
+#[test]
+fn half_to_e4m3_equals_the_reference_on_every_pattern() {
+    // Every pattern, plus 7 so the tail sees some too.
+    let src: Vec<u8> = (0..=u16::MAX)
+        .chain(0x3C00..0x3C07)
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    let ks = [
+        1.0f32,
+        1.0 / 448.0,
+        0.37,
+        3.0,
+        // Results far below the e4m3 subnormals and into f32 subnormals.
+        1.0e30,
+        3.0e38,
+        // Results that overflow f32 and saturate.
+        1.0e-30,
+        f32::from_bits(1),
+        -0.5,
+        0.0,
+        f32::INFINITY,
+    ];
+    for t in [DType::BF16, DType::F16] {
+        for k in ks {
+            let mut out = vec![0u8; src.len() / 2];
+            // SAFETY: the test runs on aarch64, whose every CPU has NEON.
+            unsafe { half_to_e4m3(&src, t, &mut out, k) };
+            for (s, g) in src.chunks_exact(2).zip(&out) {
+                let h = u16::from_le_bytes([s[0], s[1]]);
+                let x = match t {
+                    DType::BF16 => bf16_bits_to_f32(h),
+                    _ => f16_bits_to_f32(h),
+                };
+                let v = (x / k).clamp(-448.0, 448.0);
+                // A NaN's sign after a division is not defined; its shape is.
+                if v.is_nan() {
+                    assert_eq!(g & 0x7F, 0x7F, "{t} {h:#06x} scale {k:e}");
+                    continue;
+                }
+                assert_eq!(*g, f32_to_fp8_e4m3fn(v), "{t} {h:#06x} scale {k:e}");
+            }
+        }
+    }
+}
