@@ -8,8 +8,12 @@ this after changing a doc comment (tests/test_api_docs.py fails until it is run)
 
 The module's own classes and functions are written, and the public methods and properties of its
 classes (``Class.member``: a property's doc is its getter's; a setter gets none, as the site
-shows the property once). A name whose runtime doc is empty gets no docstring, and one the stub
-documents by itself is replaced, so the runtime doc always wins.
+shows the property once), and the attributes a class declares (``seconds: float``, a property
+with a setter), each followed by its docstring. A name whose runtime doc is empty gets no
+docstring, and one the stub documents by itself is replaced, so the runtime doc always wins.
+
+Every one of these names must have a runtime doc: the script lists those that have none, and
+tests/test_api_docs.py fails on them (a setter and a dunder method need none).
 """
 
 from __future__ import annotations
@@ -41,6 +45,27 @@ def _public(nodes: list[ast.stmt]) -> list[Def]:
     return [n for n in nodes if isinstance(n, Def) and not n.name.startswith("_")]
 
 
+def _attributes(cls: ast.ClassDef) -> list[tuple[str, ast.AnnAssign, ast.Expr | None]]:
+    """Each public attribute the class declares (``name: type``), with the string statement
+    right after it, its docstring, or None."""
+    found = []
+    for node, after in zip(cls.body, [*cls.body[1:], None], strict=True):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and not node.target.id.startswith("_"):
+            doc = (
+                after if isinstance(after, ast.Expr) and isinstance(getattr(after.value, "value", None), str) else None
+            )
+            found.append((f"{cls.name}.{node.target.id}", node, doc))
+    return found
+
+
+def _all_attributes(tree: ast.Module) -> list[tuple[str, ast.AnnAssign, ast.Expr | None]]:
+    return [a for node in _public(tree.body) if isinstance(node, ast.ClassDef) for a in _attributes(node)]
+
+
+def _attribute_doc(doc: ast.Expr | None) -> str:
+    return normal(doc.value.value) if doc is not None and isinstance(doc.value, ast.Constant) else ""
+
+
 def _is_setter(node: Def) -> bool:
     return any(isinstance(d, ast.Attribute) and d.attr in ("setter", "deleter") for d in node.decorator_list)
 
@@ -56,10 +81,23 @@ def _documented(tree: ast.Module) -> list[tuple[str, Def]]:
     return found
 
 
+def _names(tree: ast.Module) -> list[str]:
+    """The documented names, in the stub's order."""
+    nodes: list[tuple[str, ast.stmt]] = [*_documented(tree), *((n, a) for n, a, _ in _all_attributes(tree))]
+    return [name for name, _ in sorted(nodes, key=lambda named: named[1].lineno)]
+
+
 def runtime_docs(source: str, module: ModuleType) -> dict[str, str]:
-    """The runtime doc of each public class, function and member of the stub (empty when it has
-    none)."""
-    return {name: _runtime(module, name) for name, _ in _documented(ast.parse(source))}
+    """The runtime doc of each public class, function, member and attribute of the stub (empty
+    when it has none)."""
+    return {name: _runtime(module, name) for name in _names(ast.parse(source))}
+
+
+def undocumented(source: str, module: ModuleType) -> list[str]:
+    """The public classes, functions, members and attributes of the stub with no runtime doc:
+    their Rust items have no doc comment. A property's setter and a dunder method are not
+    counted (the getter holds the property's doc; the stub leaves dunders out)."""
+    return sorted(name for name, doc in runtime_docs(source, module).items() if not doc)
 
 
 def _runtime(module: ModuleType, name: str) -> str:
@@ -71,9 +109,12 @@ def _runtime(module: ModuleType, name: str) -> str:
 
 def drift(source: str, module: ModuleType) -> list[str]:
     """The names whose stub docstring is not the runtime one, each with what differs."""
+    tree = ast.parse(source)
+    stub = {name: normal(ast.get_docstring(node)) for name, node in _documented(tree)}
+    stub |= {name: _attribute_doc(doc) for name, _, doc in _all_attributes(tree)}
     found = []
-    for name, node in _documented(ast.parse(source)):
-        want, have = _runtime(module, name), normal(ast.get_docstring(node))
+    for name in _names(tree):
+        want, have = _runtime(module, name), stub[name]
         if want != have:
             found.append(f"{name}: stub {have[:60]!r}, runtime {want[:60]!r}")
     return found
@@ -95,10 +136,17 @@ def _literal(doc: str, indent: str) -> str:
 def with_docs(source: str, docs: dict[str, str]) -> str:
     """``source`` with the docstring of each class, function and member in ``docs`` set to its value."""
     lines = source.split("\n")
-    nodes = [(name, n) for name, n in _documented(ast.parse(source)) if name in docs]
+    tree = ast.parse(source)
+    nodes: list[tuple[str, ast.stmt]] = [(name, n) for name, n in _documented(tree) if name in docs]
+    attributes = {name: doc for name, _, doc in _all_attributes(tree) if name in docs}
+    nodes += [(name, n) for name, n, _ in _all_attributes(tree) if name in docs]
     # Bottom up: an edit changes the line numbers of what follows it, never of what precedes (a
     # class's members come after its own first line, so they are written before it).
     for name, node in sorted(nodes, key=lambda named: named[1].lineno, reverse=True):
+        if isinstance(node, ast.AnnAssign):
+            _attribute_with_doc(lines, node, attributes[name], docs[name])
+            continue
+        assert isinstance(node, Def)
         doc, first = docs[name], node.body[0]
         indent = " " * (node.col_offset + 4)
         old = ast.get_docstring(node, clean=False) is not None
@@ -121,6 +169,16 @@ def with_docs(source: str, docs: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def _attribute_with_doc(lines: list[str], node: ast.AnnAssign, old: ast.Expr | None, doc: str) -> None:
+    """Sets the docstring after attribute ``node`` (``old``, if it has one) to ``doc``, in place."""
+    body = [_literal(doc, " " * node.col_offset)] if doc else []
+    if old is not None:
+        lines[old.lineno - 1 : old.end_lineno or old.lineno] = body
+    else:
+        end = node.end_lineno or node.lineno
+        lines[end:end] = body
+
+
 def main() -> int:
     source = STUB.read_text(encoding="utf-8")
     module = load_core()
@@ -132,9 +190,11 @@ def main() -> int:
         STUB.write_text(updated, encoding="utf-8")
         # The blank lines around the new docstrings are the formatter's to choose (`make lint`).
         subprocess.run([sys.executable, "-m", "ruff", "format", "--quiet", str(STUB)], check=True)
-    empty = sorted(n for n, d in runtime_docs(updated, module).items() if not d)
+    empty = undocumented(updated, module)
     print(f"stub_docs: {STUB.relative_to(ROOT)} matches the runtime docs; no runtime doc: {empty or 'none'}")
     print(f"stub_docs: {len(empty)} of {len(runtime_docs(updated, module))} names have no runtime doc")
+    if empty:
+        print("stub_docs: give each a /// doc comment in bindings/python/src (tests/test_api_docs.py fails until then)")
     return 0
 
 

@@ -133,6 +133,58 @@ def test_stub_docstrings_are_the_rust_doc_comments() -> None:
     assert drift == [], f"_core.pyi differs from the binding's docs; run `{stub_docs.COMMAND}`:\n" + "\n".join(drift)
 
 
+def test_every_core_member_has_a_doc() -> None:
+    # Each class, function, method, property and attribute of _core the stub declares; stubtest
+    # holds the stub to the runtime's names, so a new member is in both.
+    missing = stub_docs.undocumented(STUB.read_text(encoding="utf-8"), _core)
+    assert missing == [], "give these a /// doc comment in bindings/python/src, then run " + (
+        f"`{stub_docs.COMMAND}`: {missing}"
+    )
+
+
+def test_the_member_check_finds_an_undocumented_member() -> None:
+    source = '''class A:
+    """A thing."""
+
+    size: int
+    count: int
+    @property
+    def x(self) -> int: ...
+    @x.setter
+    def x(self, value: int) -> None: ...
+    def f(self) -> None: ...
+    def g(self) -> None: ...
+    def __len__(self) -> int: ...
+
+def h() -> None: ...
+'''
+
+    def documented(self: object) -> None:
+        """Does something."""
+
+    def bare(self: object) -> None:
+        pass
+
+    class Runtime:
+        # The setter of `x` and the dunder need no doc of their own; `count`, `g` and `h` do.
+        A = type(
+            "A",
+            (),
+            {
+                "__doc__": "A thing.",
+                "size": property(doc="Bytes."),
+                "count": property(),
+                "x": property(lambda self: 1, lambda self, value: None, doc="The x."),
+                "f": documented,
+                "g": bare,
+                "__len__": lambda self: 0,
+            },
+        )
+        h = bare
+
+    assert stub_docs.undocumented(source, Runtime) == ["A.count", "A.g", "h"]
+
+
 STUB_SOURCE = '''@final
 class A:
     @property
@@ -141,6 +193,9 @@ class A:
 class B:
     """Old words."""
 
+    n: int
+    m: str
+    """Old words of m."""
     def f(self) -> None: ...
 
 def g(
@@ -154,15 +209,26 @@ def h() -> None:
 def test_the_drift_check_fails_until_the_script_writes_the_runtime_docs() -> None:
     class Runtime:
         A = type("A", (), {"__doc__": "A thing.", "x": property(doc="The x.")})
-        B = type("B", (), {"__doc__": 'New words, on\ntwo lines with a \\ and a quote: "'})
+        B = type(
+            "B",
+            (),
+            {
+                "__doc__": 'New words, on\ntwo lines with a \\ and a quote: "',
+                "n": property(doc="Bytes."),
+                "m": property(),
+            },
+        )
         g = type("g", (), {"__doc__": "Doubles `n`."})
         h = type("h", (), {"__doc__": None})
 
     found = stub_docs.drift(STUB_SOURCE, Runtime)
-    assert [line.split(":")[0] for line in found] == ["A", "A.x", "B", "g", "h"], found
+    assert [line.split(":")[0] for line in found] == ["A", "A.x", "B", "B.n", "B.m", "g", "h"], found
     written = stub_docs.with_docs(STUB_SOURCE, stub_docs.runtime_docs(STUB_SOURCE, Runtime))
     assert stub_docs.drift(written, Runtime) == [], written
     # Written twice, the stub is unchanged, and the members' decorators stay with their members.
     assert stub_docs.with_docs(written, stub_docs.runtime_docs(written, Runtime)) == written
     assert '    """A thing."""\n    @property\n    def x(self) -> int:\n        """The x."""\n' in written, written
     assert "def h() -> None:\n    ...\n" in written, written
+    # An attribute's docstring is the string right after it: written there, and taken out when
+    # the runtime has none.
+    assert '    n: int\n    """Bytes."""\n    m: str\n    def f(self) -> None: ...\n' in written, written

@@ -72,23 +72,29 @@ __version__: str
 class TensorInfo:
     """One tensor's entry in the index."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The tensor's name in the checkpoint, e.g. "model.layers.3.mlp.up_proj.weight"."""
     @property
     def dtype(self) -> str:
         """The dtype as written in the header ("BF16", "F8_E4M3", ...)."""
     @property
-    def shape(self) -> list[int]: ...
+    def shape(self) -> list[int]:
+        """Elements along each dimension, outermost first; empty for a scalar."""
     @property
-    def file(self) -> str: ...
+    def file(self) -> str:
+        """The path of the checkpoint file that holds it."""
     @property
     def file_index(self) -> int:
         """Index of `file` in the checkpoint's files."""
     @property
-    def start(self) -> int: ...
+    def start(self) -> int:
+        """Offset of its first byte in `file`, counted from the file's start (header included)."""
     @property
-    def end(self) -> int: ...
+    def end(self) -> int:
+        """Offset one past its last byte in `file`."""
     @property
-    def nbytes(self) -> int: ...
+    def nbytes(self) -> int:
+        """Bytes of its data in the file: `end - start`."""
 
 @final
 class TensorBytes:
@@ -199,8 +205,12 @@ class Plan:
     def manual(resident: list[str], streamed: list[str], streamed_tier: str = "ram") -> Plan:
         """A plan written by hand; matched against the model when it is loaded."""
     @staticmethod
-    def from_json(text: str) -> Plan: ...
-    def to_json(self) -> str: ...
+    def from_json(text: str) -> Plan:
+        """Reads a plan from the JSON `to_json` writes; a PlanError for another format or version."""
+    def to_json(self) -> str:
+        """The plan as JSON, format name and version first: save it to load the model the same way
+        later (`from_json` reads it back).
+        """
     def assign(self, tier: str, indices: list[int] | None = None, prefixes: list[str] | None = None) -> None:
         """Moves blocks (by position or by name prefix) to `tier`."""
     @property
@@ -210,9 +220,15 @@ class Plan:
     def budgets(self) -> Budgets | None:
         """The budgets (None for a manual plan not matched against a model yet)."""
     @property
-    def warnings(self) -> list[str]: ...
+    def warnings(self) -> list[str]:
+        """What the planner wants the user to know about this plan (it still made it), one message
+        each.
+        """
     @property
-    def resolved(self) -> bool: ...
+    def resolved(self) -> bool:
+        """False for a manual plan not matched against a model yet (`resolve` does it): it has no
+        sizes or budgets.
+        """
     @property
     def compute_dtype(self) -> str:
         """The dtype the blocks compute in ("BF16", "F16" or "F32")."""
@@ -220,7 +236,8 @@ class Plan:
     def storage_dtype(self) -> str | None:
         """The storage dtype ("BF16", "F8_E4M3") or None (weights as stored)."""
     @property
-    def lookahead(self) -> int: ...
+    def lookahead(self) -> int:
+        """Streamed blocks staged ahead of the one that runs."""
     def shared_staging(self) -> tuple[int, int]:
         """(buffers, bytes of each) of the shared staging pool the blocks need in whichever tiers
         they are put: a pipeline sizes its pool by the largest of its stages'.
@@ -240,14 +257,19 @@ class Plan:
 class BlockPlan:
     """One block of a plan."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The block's name prefix, e.g. "model.layers.12."."""
     @property
     def tier(self) -> str:
         """ "device", "ram" or "disk"."""
     @property
-    def stored_bytes(self) -> int: ...
+    def stored_bytes(self) -> int:
+        """Bytes in its tier's form: the checkpoint's on disk, the storage dtype's in RAM and on the
+        device.
+        """
     @property
-    def expanded_bytes(self) -> int: ...
+    def expanded_bytes(self) -> int:
+        """Bytes once expanded to the compute dtype, scale tensors dropped: what it takes to run."""
     @property
     def staged_bytes(self) -> int:
         """Staging-buffer bytes the block needs in its tier (0 when resident)."""
@@ -255,60 +277,95 @@ class BlockPlan:
     def expansion_bytes(self) -> int:
         """Expansion-buffer bytes the block needs in its tier."""
     @property
-    def tensors(self) -> int: ...
+    def tensors(self) -> int:
+        """How many tensors the block holds."""
 
 @final
 class Budgets:
     """The budgets of a plan, in bytes (see docs/plan-format.md)."""
     @property
-    def gpu(self) -> bool: ...
+    def gpu(self) -> bool:
+        """True when the plan sizes the device tier as a GPU's (a free VRAM was given); False when the
+        CPU computes: RAM is then the device's memory, and the device and RAM tiers share it.
+        """
     @property
-    def device_limit(self) -> int: ...
+    def device_limit(self) -> int:
+        """The device memory the plan may use: the free VRAM with a GPU; on the CPU, the RAM left
+        after `min_free_ram`, the host staging and the mapped window. Capped by `max_vram` if given.
+        """
     @property
-    def reserve(self) -> int: ...
+    def reserve(self) -> int:
+        """Memory kept for activations: `activation_vram` if given, else `headroom_vram` with a GPU
+        and 0 on the CPU.
+        """
     @property
-    def reserve_measured(self) -> bool: ...
+    def reserve_measured(self) -> bool:
+        """True when `reserve` is the measured `activation_vram` given to the planner, False when it
+        is the `headroom_vram` guess.
+        """
     @property
     def cuda_floor(self) -> int:
         """`CUDA_CONTEXT_FLOOR` when a GPU computes, else 0."""
     @property
-    def staging_buffers(self) -> int: ...
+    def staging_buffers(self) -> int:
+        """Host staging buffers (pinned on CUDA) when a block streams, else 0."""
     @property
-    def staging_buffer_bytes(self) -> int: ...
+    def staging_buffer_bytes(self) -> int:
+        """Bytes of each staging buffer (and device slot): the largest streamed block as staged."""
     @property
     def shared_staging(self) -> bool:
         """True when the staging buffers counted are a pipeline's shared pool (planned with
         `staging_pool`): the pipeline holds them, counted once for all its stages.
         """
     @property
-    def host_staging(self) -> int: ...
+    def host_staging(self) -> int:
+        """Bytes of the host staging pool: `staging_buffers` x `staging_buffer_bytes`."""
     @property
-    def device_slots(self) -> int: ...
+    def device_slots(self) -> int:
+        """Device slots a staged block is copied into: one per staging buffer on a GPU, 0 on the CPU."""
     @property
-    def device_slot_bytes(self) -> int: ...
+    def device_slot_bytes(self) -> int:
+        """Device memory of the device slots: `device_slots` x `staging_buffer_bytes`."""
     @property
-    def expansion(self) -> int: ...
+    def expansion(self) -> int:
+        """The expansion buffer: the largest expansion to the compute dtype a hooked block needs."""
     @property
     def mapped_window(self) -> int:
         """The checkpoint pages a disk-tier block used in place maps while it runs (the CPU on
         Linux), 0 when none is.
         """
     @property
-    def outside(self) -> int: ...
+    def outside(self) -> int:
+        """The weights outside the blocks (embeddings, final norm, heads) in the compute dtype: on the
+        device, or in RAM without a GPU.
+        """
     @property
-    def device_budget(self) -> int: ...
+    def device_budget(self) -> int:
+        """What resident (device-tier) blocks may take: `device_limit` less `cuda_floor`, `reserve`,
+        `device_slot_bytes`, `expansion` and `outside` (0 rather than below).
+        """
     @property
-    def device_used(self) -> int: ...
+    def device_used(self) -> int:
+        """What the device-tier blocks take, in their stored form."""
     @property
-    def usable_ram(self) -> int: ...
+    def usable_ram(self) -> int:
+        """RAM this process could use when the plan was made (MemAvailable within a cgroup's limit
+        and, on Windows, the commit headroom).
+        """
     @property
-    def min_free_ram(self) -> int: ...
+    def min_free_ram(self) -> int:
+        """RAM the plan leaves to the rest of the machine: the `min_free_ram` option resolved."""
     @property
-    def ram_budget(self) -> int: ...
+    def ram_budget(self) -> int:
+        """What RAM-tier blocks may take: `usable_ram` less `min_free_ram`, the host staging and the
+        mapped window; on the CPU, less also the device tier, `reserve`, `expansion` and `outside`.
+        """
     @property
-    def ram_used(self) -> int: ...
+    def ram_used(self) -> int:
+        """What the RAM-tier blocks take, in their stored form."""
     @property
-    def disk_bytes(self) -> int: ...
+    def disk_bytes(self) -> int:
+        """What the disk-tier blocks take in the checkpoint, read from it every pass."""
     @property
     def held_on_device(self) -> int:
         """Everything the runtime holds beside the weights on the device: device slots and the
@@ -321,25 +378,40 @@ class EngineConfig:
     """The runtime figures of a plan under the current TRASH_PANDA_* settings."""
     def __new__(cls, plan: Plan) -> EngineConfig: ...
     @property
-    def gpu(self) -> bool: ...
+    def gpu(self) -> bool:
+        """Whether the plan is a GPU's (device slots, 512-byte alignment); False when the CPU
+        computes.
+        """
     @property
     def compute_dtype(self) -> str:
         """ "BF16", "F16" or "F32"."""
     @property
-    def storage_dtype(self) -> str | None: ...
+    def storage_dtype(self) -> str | None:
+        """The dtype weights are converted to on load ("BF16" or "F8_E4M3"); None: kept as stored."""
     @property
-    def lookahead(self) -> int: ...
+    def lookahead(self) -> int:
+        """Streamed blocks staged ahead of the one that runs, at the start."""
     @property
     def align(self) -> int:
         """Offset alignment of staged tensors and of tensors in the expansion buffer."""
     @property
-    def staging_buffers(self) -> int: ...
+    def staging_buffers(self) -> int:
+        """Host staging buffers (pinned on CUDA) the plan counted; 0 when no block streams."""
     @property
-    def staging_buffer_bytes(self) -> int: ...
+    def staging_buffer_bytes(self) -> int:
+        """Bytes of each staging buffer: the largest streamed block as staged in its tier, rounded
+        up to whole pages.
+        """
     @property
-    def device_slots(self) -> int: ...
+    def device_slots(self) -> int:
+        """Device slots a staged block is copied into: one per staging buffer on a GPU, 0 on the
+        CPU, which computes from the staging buffers.
+        """
     @property
-    def expansion_bytes(self) -> int: ...
+    def expansion_bytes(self) -> int:
+        """Bytes of the expansion buffer: the largest expansion to the compute dtype any hooked
+        block needs in its tier.
+        """
     @property
     def mapped_window_bytes(self) -> int:
         """The checkpoint pages a disk-tier block used in place maps while it runs."""
@@ -347,9 +419,13 @@ class EngineConfig:
     def disk_mode(self) -> str:
         """ "direct" or "buffered"."""
     @property
-    def disk_mode_reason(self) -> str: ...
+    def disk_mode_reason(self) -> str:
+        """Why the disk tier is read that way, in words for the load report; empty when no block is
+        on disk.
+        """
     @property
-    def workers(self) -> int: ...
+    def workers(self) -> int:
+        """Threads that fill staging buffers (`TRASH_PANDA_WORKERS`, at least 1)."""
     @property
     def ram_in_memory_threads(self) -> int | None:
         """Threads reading the RAM tier into private memory; None when it is mapped."""
@@ -457,13 +533,17 @@ class TierLoad:
     """
     def __new__(cls, blocks: int = 0, tensors: int = 0, bytes: int = 0, seconds: float = 0.0) -> TierLoad: ...
     @property
-    def blocks(self) -> int: ...
+    def blocks(self) -> int:
+        """Blocks in the tier (0 for the weights outside the blocks)."""
     @property
-    def tensors(self) -> int: ...
+    def tensors(self) -> int:
+        """Tensors loaded."""
     @property
-    def bytes(self) -> int: ...
+    def bytes(self) -> int:
+        """Bytes of those tensors, as the tier holds them."""
     @property
-    def seconds(self) -> float: ...
+    def seconds(self) -> float:
+        """Wall-clock seconds the tier's part of the load took."""
     def __eq__(self, other: object, /) -> bool: ...
 
 @final
@@ -471,23 +551,38 @@ class LoadReport:
     """Bytes and seconds of a load, per tier. ``str(report)`` is a short table."""
     def __new__(cls, checkpoint: str, device: str, compute_dtype: str) -> LoadReport: ...
     @property
-    def checkpoint(self) -> str: ...
+    def checkpoint(self) -> str:
+        """The checkpoint's file, or the folder of its shards."""
     @property
-    def device(self) -> str: ...
+    def device(self) -> str:
+        """The compute device as torch writes it ("cuda:0", "cpu")."""
     @property
-    def compute_dtype(self) -> str: ...
+    def compute_dtype(self) -> str:
+        """torch's name of the compute dtype ("bfloat16")."""
     seconds: float
+    """Wall-clock seconds of the whole load."""
     outside: TierLoad
+    """What the weights outside the blocks (embeddings, final norm, heads) took."""
     device_tier: TierLoad
+    """What the device tier took."""
     ram: TierLoad
+    """What the RAM tier took."""
     disk: TierLoad
+    """What the disk tier took."""
     ram_source: str
+    """How the RAM tier is held: "mapped", "in memory" or "in memory as <storage dtype>"."""
     disk_mode: str | None
+    """How the disk tier is read ("direct" or "buffered"); None when no block is on disk."""
     disk_mode_reason: str
+    """Why the disk tier is read that way, in words; empty when there is nothing to say."""
     staging_bytes: int
+    """Bytes of the engine's staging pool; 0 when no block streams."""
     mapped_bytes: int
+    """Bytes of embedding tables left in the checkpoint's map (counted within outside or device)."""
     kept_buffers: list[str]
+    """The names of the model's buffers not in the checkpoint, kept as its construction made them."""
     unexpected: list[str]
+    """Checkpoint tensors the model has no place for."""
     def summary(
         self,
         ram_in_memory_threads: int | None = None,
@@ -631,7 +726,8 @@ class RssSampler:
 class Lease:
     """A staged block, leased from the engine."""
     @property
-    def block(self) -> int: ...
+    def block(self) -> int:
+        """The engine's index of the leased block."""
     @property
     def waited(self) -> float:
         """Seconds `acquire` waited for the block to be staged."""
@@ -665,17 +761,20 @@ class Lease:
 class StagedTensor:
     """One tensor of a staged block, and what the backends do with it before the block runs."""
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The tensor's name in the checkpoint."""
     @property
     def offset(self) -> int:
         """Offset of its first byte in the staging buffer (and in a device slot)."""
     @property
-    def length(self) -> int: ...
+    def length(self) -> int:
+        """Its length in bytes in the staging buffer."""
     @property
     def dtype(self) -> str:
         """The dtype of the staged bytes (header name)."""
     @property
-    def shape(self) -> list[int]: ...
+    def shape(self) -> list[int]:
+        """Elements along each dimension, outermost first; empty for a scalar."""
     @property
     def own_scale(self) -> tuple[int, int] | None:
         """(offset, length) of the per-row f32 scales the engine made quantizing it on load."""
@@ -717,20 +816,26 @@ class EngineStats:
     def compute_waited_seconds(self) -> float:
         """Seconds the compute thread waited for staged blocks."""
     @property
-    def acquires(self) -> int: ...
+    def acquires(self) -> int:
+        """Runs of blocks counted: each `acquire`, and each `advance` after a `try_lease`."""
     @property
-    def hits(self) -> int: ...
+    def hits(self) -> int:
+        """Acquires that found their block already staged."""
     @property
-    def misses(self) -> int: ...
+    def misses(self) -> int:
+        """Acquires that had to wait for their block."""
     @property
     def buffer_waits(self) -> int:
         """Times a worker waited for a free pinned buffer, and for how long."""
     @property
-    def buffer_wait_seconds(self) -> float: ...
+    def buffer_wait_seconds(self) -> float:
+        """Seconds workers waited for a free staging buffer, summed over workers."""
     @property
-    def out_of_order(self) -> int: ...
+    def out_of_order(self) -> int:
+        """Acquires of a block other than the one the run order says comes next."""
     @property
-    def failures(self) -> int: ...
+    def failures(self) -> int:
+        """Stagings that failed (the block's next `acquire` raises the error)."""
 
 @final
 class Staging:
@@ -745,7 +850,8 @@ class Staging:
     def start(self) -> float:
         """Seconds on `clock()`."""
     @property
-    def end(self) -> float: ...
+    def end(self) -> float:
+        """When the staging ended: seconds on `clock()`, like `start`."""
     @property
     def bytes(self) -> int:
         """Tensor bytes staged."""
@@ -848,7 +954,10 @@ class Engine:
         """(address, length) of each staging buffer, for registering them as pinned memory."""
     def layout(self, block: int) -> list[StagedTensor]:
         """Each tensor of `block` as staged, with what the backends do with it."""
-    def staging_bytes(self) -> int: ...
+    def staging_bytes(self) -> int:
+        """Bytes of the staging buffers the engine stages into, all together (a shared pool's when
+        it was made with one).
+        """
     def in_place(self, block: int) -> bool:
         """True when `block` is used in place from the map of its files (its leases are views of
         the file's pages).
@@ -859,11 +968,17 @@ class Engine:
         """The engine's statistics since the last reset."""
     def stagings(self) -> list[Staging]:
         """The workers' most recent stagings (at most 4096), oldest first; a reset keeps them."""
-    def reset_stats(self) -> None: ...
+    def reset_stats(self) -> None:
+        """Starts the statistics again, for measuring from here (a new pass): `stats()` counts from
+        now on; the RAM tier's load figures and `stagings()` are kept.
+        """
     def close(self) -> None:
         """Stops the workers. Buffers still leased are freed when their leases go."""
     @property
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """True once `close` was called: the workers are stopped, and every other call but `close`
+        raises a StreamError.
+        """
 
 # ---- order files (crates/trash-panda/src/order) ----
 
@@ -1003,9 +1118,11 @@ class Free:
         (None off a GPU).
         """
     @property
-    def ram(self) -> int: ...
+    def ram(self) -> int:
+        """RAM the process can use, in bytes."""
     @property
-    def vram(self) -> int | None: ...
+    def vram(self) -> int | None:
+        """Free device memory in bytes; None when the CPU computes."""
     def after_release(self, released: Holds) -> Free:
         """The memory free once `released` is given back."""
     def with_shared_pool(self, pool: int) -> Free:
@@ -1026,11 +1143,16 @@ class Replan:
     def memory(self) -> str:
         """ "RAM" or "VRAM"."""
     @property
-    def predicted(self) -> int: ...
+    def predicted(self) -> int:
+        """Bytes of that memory the stage was planned to find free."""
     @property
-    def actual(self) -> int: ...
+    def actual(self) -> int:
+        """Bytes of that memory free at the stage's start."""
     @property
-    def margin(self) -> int: ...
+    def margin(self) -> int:
+        """The largest gap in bytes, either way, between `predicted` and `actual` that would have
+        kept the plan.
+        """
 
 @final
 class LoadReads:
@@ -1056,13 +1178,17 @@ def replan(predicted: Free, actual: Free) -> Replan | None:
 class AllowanceStats:
     """What an allowance has done."""
     @property
-    def taken(self) -> int: ...
+    def taken(self) -> int:
+        """Bytes the reads took, waiting or not."""
     @property
-    def given(self) -> int: ...
+    def given(self) -> int:
+        """Bytes the running stage gave back with `give`."""
     @property
-    def waits(self) -> int: ...
+    def waits(self) -> int:
+        """Takes that had to wait for memory."""
     @property
-    def wait_seconds(self) -> float: ...
+    def wait_seconds(self) -> float:
+        """Seconds those takes waited, summed."""
 
 @final
 class Allowance:
@@ -1071,22 +1197,39 @@ class Allowance:
     `open` lifts the limit when the stage starts; `close` fails every wait.
     """
     def __new__(cls, stage: str, bytes: int) -> Allowance: ...
-    def take(self, bytes: int) -> None: ...
-    def try_take(self, bytes: int) -> bool: ...
-    def give(self, bytes: int) -> None: ...
-    def open(self) -> None: ...
-    def close(self) -> None: ...
+    def take(self, bytes: int) -> None:
+        """Takes `bytes` for a read, waiting (without the GIL) until they are there or the
+        allowance is opened; a StreamError once it is closed. A read larger than anything
+        the running stage can give back waits for the next stage's start.
+        """
+    def try_take(self, bytes: int) -> bool:
+        """Takes `bytes` if they are there now, without waiting; whether it took them (False once
+        closed).
+        """
+    def give(self, bytes: int) -> None:
+        """Adds `bytes` the running stage freed, waking the takes that now fit."""
+    def open(self) -> None:
+        """Lifts the limit: call it when the stage the reads are for starts, as its plan holds from
+        then on; waiting and later takes go through.
+        """
+    def close(self) -> None:
+        """Fails every waiting and later take: call it when the stage the reads are for is
+        dropped.
+        """
     @property
     def available(self) -> int | None:
         """Bytes a read may take now without waiting (None once opened: no limit)."""
     @property
-    def is_open(self) -> bool: ...
+    def is_open(self) -> bool:
+        """Whether `open` was called: reads then take without limit."""
     @property
     def waiting(self) -> int:
         """Takes waiting for memory now."""
     @property
-    def stage(self) -> str: ...
-    def stats(self) -> AllowanceStats: ...
+    def stage(self) -> str:
+        """The name of the stage the reads are for."""
+    def stats(self) -> AllowanceStats:
+        """What the allowance has done so far (a copy, which later takes do not change)."""
 
 @final
 class StageRecord:
@@ -1112,35 +1255,58 @@ class StageRecord:
         given_back: int = 0,
     ) -> StageRecord: ...
     @property
-    def run(self) -> int: ...
+    def run(self) -> int:
+        """The run's number, as the caller counts its runs."""
     @property
-    def stage(self) -> str: ...
+    def stage(self) -> str:
+        """The stage's name."""
     @property
-    def arrival(self) -> str: ...
+    def arrival(self) -> str:
+        """How its weights were there when its turn came: "kept", "read_ahead", "read_at_start" or
+        "replanned".
+        """
     @property
-    def departure(self) -> str: ...
+    def departure(self) -> str:
+        """What became of it at its end: "kept", "released", "final_pass" or "failed"."""
     @property
-    def read_before_start(self) -> int: ...
+    def read_before_start(self) -> int:
+        """Bytes it already held when its turn came, read while the stage before it computed."""
     @property
-    def holds(self) -> int: ...
+    def holds(self) -> int:
+        """Bytes its plan holds in all."""
     @property
-    def file_bytes(self) -> int: ...
+    def file_bytes(self) -> int:
+        """Bytes of its checkpoint; 0 when kept."""
     @property
-    def cached_at_load(self) -> int: ...
+    def cached_at_load(self) -> int:
+        """Bytes of its checkpoint already in the page cache when its load began; 0 when kept."""
     @property
-    def waited(self) -> float: ...
+    def waited(self) -> float:
+        """Seconds its calls waited for weights not read yet."""
     @property
-    def seconds(self) -> float: ...
+    def seconds(self) -> float:
+        """Seconds from its start to its end."""
     @property
-    def peak(self) -> int: ...
+    def peak(self) -> int:
+        """Its peak activation memory in bytes, remembered for its next plan (0: not measured)."""
     @property
-    def read_again(self) -> int: ...
+    def read_again(self) -> int:
+        """Bytes of its blocks given to other stages since its last run and read again at its start
+        (for a stage kept loaded).
+        """
     @property
-    def given_back(self) -> int: ...
+    def given_back(self) -> int:
+        """Bytes of its blocks given to the next stage, by its final pass or at its end (for a stage
+        kept loaded; the rest stays for the next run).
+        """
     @property
-    def predicted(self) -> Free | None: ...
+    def predicted(self) -> Free | None:
+        """The free memory its plan was made for; None when it was kept loaded."""
     @property
-    def actual(self) -> Free | None: ...
+    def actual(self) -> Free | None:
+        """The memory free at its start, what it already held counted as free; None when it was kept
+        loaded.
+        """
 
 def pipeline_report(records: list[StageRecord]) -> str:
     """The report of the stages of a pipeline's runs, in the order they ran."""

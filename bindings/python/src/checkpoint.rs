@@ -18,20 +18,25 @@ use crate::gil::without_gil;
 #[pyclass(name = "TensorInfo", module = "trash_panda._core", frozen)]
 #[derive(Debug, Clone)]
 pub(crate) struct PyTensorInfo {
+    /// The tensor's name in the checkpoint, e.g. "model.layers.3.mlp.up_proj.weight".
     #[pyo3(get)]
     name: String,
     /// The dtype as written in the header ("BF16", "F8_E4M3", ...).
     #[pyo3(get)]
     dtype: String,
+    /// Elements along each dimension, outermost first; empty for a scalar.
     #[pyo3(get)]
     shape: Vec<usize>,
+    /// The path of the checkpoint file that holds it.
     #[pyo3(get)]
     file: PathBuf,
     /// Index of `file` in the checkpoint's files.
     #[pyo3(get)]
     file_index: usize,
+    /// Offset of its first byte in `file`, counted from the file's start (header included).
     #[pyo3(get)]
     start: u64,
+    /// Offset one past its last byte in `file`.
     #[pyo3(get)]
     end: u64,
 }
@@ -69,6 +74,7 @@ impl PyTensorInfo {
 
 #[pymethods]
 impl PyTensorInfo {
+    /// Bytes of its data in the file: `end - start`.
     #[getter]
     fn nbytes(&self) -> u64 {
         self.end - self.start

@@ -28,6 +28,8 @@ impl PyEngineConfig {
         Ok(PyEngineConfig { inner })
     }
 
+    /// Whether the plan is a GPU's (device slots, 512-byte alignment); False when the CPU
+    /// computes.
     #[getter]
     fn gpu(&self) -> bool {
         self.inner.gpu
@@ -39,11 +41,13 @@ impl PyEngineConfig {
         self.inner.compute_dtype.safetensors_name()
     }
 
+    /// The dtype weights are converted to on load ("BF16" or "F8_E4M3"); None: kept as stored.
     #[getter]
     fn storage_dtype(&self) -> Option<&'static str> {
         self.inner.storage_dtype.map(DType::safetensors_name)
     }
 
+    /// Streamed blocks staged ahead of the one that runs, at the start.
     #[getter]
     fn lookahead(&self) -> usize {
         self.inner.lookahead
@@ -55,21 +59,28 @@ impl PyEngineConfig {
         self.inner.align
     }
 
+    /// Host staging buffers (pinned on CUDA) the plan counted; 0 when no block streams.
     #[getter]
     fn staging_buffers(&self) -> usize {
         self.inner.held.staging_buffers
     }
 
+    /// Bytes of each staging buffer: the largest streamed block as staged in its tier, rounded
+    /// up to whole pages.
     #[getter]
     fn staging_buffer_bytes(&self) -> u64 {
         self.inner.held.staging_buffer_bytes
     }
 
+    /// Device slots a staged block is copied into: one per staging buffer on a GPU, 0 on the
+    /// CPU, which computes from the staging buffers.
     #[getter]
     fn device_slots(&self) -> usize {
         self.inner.held.device_slots
     }
 
+    /// Bytes of the expansion buffer: the largest expansion to the compute dtype any hooked
+    /// block needs in its tier.
     #[getter]
     fn expansion_bytes(&self) -> u64 {
         self.inner.held.expansion_bytes
@@ -87,11 +98,14 @@ impl PyEngineConfig {
         self.inner.disk_mode.as_str()
     }
 
+    /// Why the disk tier is read that way, in words for the load report; empty when no block is
+    /// on disk.
     #[getter]
     fn disk_mode_reason(&self) -> String {
         self.inner.disk_mode_reason.clone()
     }
 
+    /// Threads that fill staging buffers (`TRASH_PANDA_WORKERS`, at least 1).
     #[getter]
     fn workers(&self) -> usize {
         self.inner.workers

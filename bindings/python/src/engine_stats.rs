@@ -70,14 +70,17 @@ impl PyEngineStats {
     fn compute_waited_seconds(&self) -> f64 {
         self.inner.compute_waited_seconds
     }
+    /// Runs of blocks counted: each `acquire`, and each `advance` after a `try_lease`.
     #[getter]
     fn acquires(&self) -> u64 {
         self.inner.acquires
     }
+    /// Acquires that found their block already staged.
     #[getter]
     fn hits(&self) -> u64 {
         self.inner.hits
     }
+    /// Acquires that had to wait for their block.
     #[getter]
     fn misses(&self) -> u64 {
         self.inner.misses
@@ -87,14 +90,17 @@ impl PyEngineStats {
     fn buffer_waits(&self) -> u64 {
         self.inner.buffer_waits
     }
+    /// Seconds workers waited for a free staging buffer, summed over workers.
     #[getter]
     fn buffer_wait_seconds(&self) -> f64 {
         self.inner.buffer_wait_seconds
     }
+    /// Acquires of a block other than the one the run order says comes next.
     #[getter]
     fn out_of_order(&self) -> u64 {
         self.inner.out_of_order
     }
+    /// Stagings that failed (the block's next `acquire` raises the error).
     #[getter]
     fn failures(&self) -> u64 {
         self.inner.failures
@@ -164,6 +170,7 @@ impl PyStaging {
     fn start(&self) -> f64 {
         self.inner.start
     }
+    /// When the staging ended: seconds on `clock()`, like `start`.
     #[getter]
     fn end(&self) -> f64 {
         self.inner.end

@@ -30,18 +30,22 @@ impl PyTierLoad {
         }
     }
 
+    /// Blocks in the tier (0 for the weights outside the blocks).
     #[getter]
     fn blocks(&self) -> u64 {
         self.inner.blocks
     }
+    /// Tensors loaded.
     #[getter]
     fn tensors(&self) -> u64 {
         self.inner.tensors
     }
+    /// Bytes of those tensors, as the tier holds them.
     #[getter]
     fn bytes(&self) -> u64 {
         self.inner.bytes
     }
+    /// Wall-clock seconds the tier's part of the load took.
     #[getter]
     fn seconds(&self) -> f64 {
         self.inner.seconds
@@ -78,19 +82,23 @@ impl PyLoadReport {
         }
     }
 
+    /// The checkpoint's file, or the folder of its shards.
     #[getter]
     fn checkpoint(&self) -> &str {
         &self.inner.checkpoint
     }
+    /// The compute device as torch writes it ("cuda:0", "cpu").
     #[getter]
     fn device(&self) -> &str {
         &self.inner.device
     }
+    /// torch's name of the compute dtype ("bfloat16").
     #[getter]
     fn compute_dtype(&self) -> &str {
         &self.inner.compute_dtype
     }
 
+    /// Wall-clock seconds of the whole load.
     #[getter]
     fn seconds(&self) -> f64 {
         self.inner.seconds
@@ -100,6 +108,7 @@ impl PyLoadReport {
         self.inner.seconds = value;
     }
 
+    /// What the weights outside the blocks (embeddings, final norm, heads) took.
     #[getter]
     fn outside(&self) -> PyTierLoad {
         self.inner.outside.into()
@@ -108,6 +117,7 @@ impl PyLoadReport {
     fn set_outside(&mut self, value: PyTierLoad) {
         self.inner.outside = value.inner;
     }
+    /// What the device tier took.
     #[getter]
     fn device_tier(&self) -> PyTierLoad {
         self.inner.device_tier.into()
@@ -116,6 +126,7 @@ impl PyLoadReport {
     fn set_device_tier(&mut self, value: PyTierLoad) {
         self.inner.device_tier = value.inner;
     }
+    /// What the RAM tier took.
     #[getter]
     fn ram(&self) -> PyTierLoad {
         self.inner.ram.into()
@@ -124,6 +135,7 @@ impl PyLoadReport {
     fn set_ram(&mut self, value: PyTierLoad) {
         self.inner.ram = value.inner;
     }
+    /// What the disk tier took.
     #[getter]
     fn disk(&self) -> PyTierLoad {
         self.inner.disk.into()
@@ -133,6 +145,7 @@ impl PyLoadReport {
         self.inner.disk = value.inner;
     }
 
+    /// How the RAM tier is held: "mapped", "in memory" or "in memory as <storage dtype>".
     #[getter]
     fn ram_source(&self) -> &str {
         &self.inner.ram_source
@@ -141,6 +154,7 @@ impl PyLoadReport {
     fn set_ram_source(&mut self, value: String) {
         self.inner.ram_source = value;
     }
+    /// How the disk tier is read ("direct" or "buffered"); None when no block is on disk.
     #[getter]
     fn disk_mode(&self) -> Option<&str> {
         self.inner.disk_mode.as_deref()
@@ -149,6 +163,7 @@ impl PyLoadReport {
     fn set_disk_mode(&mut self, value: Option<String>) {
         self.inner.disk_mode = value;
     }
+    /// Why the disk tier is read that way, in words; empty when there is nothing to say.
     #[getter]
     fn disk_mode_reason(&self) -> &str {
         &self.inner.disk_mode_reason
@@ -157,6 +172,7 @@ impl PyLoadReport {
     fn set_disk_mode_reason(&mut self, value: String) {
         self.inner.disk_mode_reason = value;
     }
+    /// Bytes of the engine's staging pool; 0 when no block streams.
     #[getter]
     fn staging_bytes(&self) -> u64 {
         self.inner.staging_bytes
@@ -165,7 +181,7 @@ impl PyLoadReport {
     fn set_staging_bytes(&mut self, value: u64) {
         self.inner.staging_bytes = value;
     }
-    /// Embedding tables left in the checkpoint's map (counted within outside or device).
+    /// Bytes of embedding tables left in the checkpoint's map (counted within outside or device).
     #[getter]
     fn mapped_bytes(&self) -> u64 {
         self.inner.mapped_bytes
@@ -174,6 +190,7 @@ impl PyLoadReport {
     fn set_mapped_bytes(&mut self, value: u64) {
         self.inner.mapped_bytes = value;
     }
+    /// The names of the model's buffers not in the checkpoint, kept as its construction made them.
     #[getter]
     fn kept_buffers(&self) -> Vec<String> {
         self.inner.kept_buffers.clone()
@@ -182,6 +199,7 @@ impl PyLoadReport {
     fn set_kept_buffers(&mut self, value: Vec<String>) {
         self.inner.kept_buffers = value;
     }
+    /// Checkpoint tensors the model has no place for.
     #[getter]
     fn unexpected(&self) -> Vec<String> {
         self.inner.unexpected.clone()

@@ -124,11 +124,13 @@ impl PyFree {
         Ok(PyFree { inner })
     }
 
+    /// RAM the process can use, in bytes.
     #[getter]
     fn ram(&self) -> u64 {
         self.inner.ram
     }
 
+    /// Free device memory in bytes; None when the CPU computes.
     #[getter]
     fn vram(&self) -> Option<u64> {
         self.inner.vram
@@ -187,14 +189,18 @@ impl PyReplan {
     fn memory(&self) -> &'static str {
         self.inner.memory
     }
+    /// Bytes of that memory the stage was planned to find free.
     #[getter]
     fn predicted(&self) -> u64 {
         self.inner.predicted
     }
+    /// Bytes of that memory free at the stage's start.
     #[getter]
     fn actual(&self) -> u64 {
         self.inner.actual
     }
+    /// The largest gap in bytes, either way, between `predicted` and `actual` that would have
+    /// kept the plan.
     #[getter]
     fn margin(&self) -> u64 {
         self.inner.margin
@@ -217,12 +223,16 @@ fn py_replan(predicted: &PyFree, actual: &PyFree) -> Option<PyReplan> {
 #[pyclass(name = "AllowanceStats", module = "trash_panda._core", frozen)]
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PyAllowanceStats {
+    /// Bytes the reads took, waiting or not.
     #[pyo3(get)]
     taken: u64,
+    /// Bytes the running stage gave back with `give`.
     #[pyo3(get)]
     given: u64,
+    /// Takes that had to wait for memory.
     #[pyo3(get)]
     waits: u64,
+    /// Seconds those takes waited, summed.
     #[pyo3(get)]
     wait_seconds: f64,
 }
@@ -245,23 +255,33 @@ impl PyAllowance {
         }
     }
 
+    /// Takes `bytes` for a read, waiting (without the GIL) until they are there or the
+    /// allowance is opened; a StreamError once it is closed. A read larger than anything
+    /// the running stage can give back waits for the next stage's start.
     fn take(&self, py: Python<'_>, bytes: u64) -> PyResult<()> {
         let inner = self.inner.clone();
         without_gil(py, move || inner.take(bytes)).map_err(ToPyErr::to_py)
     }
 
+    /// Takes `bytes` if they are there now, without waiting; whether it took them (False once
+    /// closed).
     fn try_take(&self, bytes: u64) -> bool {
         self.inner.try_take(bytes)
     }
 
+    /// Adds `bytes` the running stage freed, waking the takes that now fit.
     fn give(&self, bytes: u64) {
         self.inner.give(bytes);
     }
 
+    /// Lifts the limit: call it when the stage the reads are for starts, as its plan holds from
+    /// then on; waiting and later takes go through.
     fn open(&self) {
         self.inner.open();
     }
 
+    /// Fails every waiting and later take: call it when the stage the reads are for is
+    /// dropped.
     fn close(&self) {
         self.inner.close();
     }
@@ -272,6 +292,7 @@ impl PyAllowance {
         (!self.inner.is_open()).then(|| self.inner.available())
     }
 
+    /// Whether `open` was called: reads then take without limit.
     #[getter]
     fn is_open(&self) -> bool {
         self.inner.is_open()
@@ -283,11 +304,13 @@ impl PyAllowance {
         self.inner.waiting()
     }
 
+    /// The name of the stage the reads are for.
     #[getter]
     fn stage(&self) -> &str {
         self.inner.stage()
     }
 
+    /// What the allowance has done so far (a copy, which later takes do not change).
     fn stats(&self) -> PyAllowanceStats {
         let s = self.inner.stats();
         PyAllowanceStats {
@@ -393,14 +416,18 @@ impl PyStageRecord {
         })
     }
 
+    /// The run's number, as the caller counts its runs.
     #[getter]
     fn run(&self) -> u32 {
         self.inner.run
     }
+    /// The stage's name.
     #[getter]
     fn stage(&self) -> &str {
         &self.inner.stage
     }
+    /// How its weights were there when its turn came: "kept", "read_ahead", "read_at_start" or
+    /// "replanned".
     #[getter]
     fn arrival(&self) -> &'static str {
         ARRIVALS
@@ -408,6 +435,7 @@ impl PyStageRecord {
             .find(|(_, a)| *a == self.inner.arrival)
             .map_or("", |(n, _)| n)
     }
+    /// What became of it at its end: "kept", "released", "final_pass" or "failed".
     #[getter]
     fn departure(&self) -> &'static str {
         DEPARTURES
@@ -415,46 +443,60 @@ impl PyStageRecord {
             .find(|(_, d)| *d == self.inner.departure)
             .map_or("", |(n, _)| n)
     }
+    /// Bytes it already held when its turn came, read while the stage before it computed.
     #[getter]
     fn read_before_start(&self) -> u64 {
         self.inner.read_before_start
     }
+    /// Bytes its plan holds in all.
     #[getter]
     fn holds(&self) -> u64 {
         self.inner.holds
     }
+    /// Bytes of its checkpoint; 0 when kept.
     #[getter]
     fn file_bytes(&self) -> u64 {
         self.inner.file_bytes
     }
+    /// Bytes of its checkpoint already in the page cache when its load began; 0 when kept.
     #[getter]
     fn cached_at_load(&self) -> u64 {
         self.inner.cached_at_load
     }
+    /// Seconds its calls waited for weights not read yet.
     #[getter]
     fn waited(&self) -> f64 {
         self.inner.waited
     }
+    /// Seconds from its start to its end.
     #[getter]
     fn seconds(&self) -> f64 {
         self.inner.seconds
     }
+    /// Its peak activation memory in bytes, remembered for its next plan (0: not measured).
     #[getter]
     fn peak(&self) -> u64 {
         self.inner.peak
     }
+    /// Bytes of its blocks given to other stages since its last run and read again at its start
+    /// (for a stage kept loaded).
     #[getter]
     fn read_again(&self) -> u64 {
         self.inner.read_again
     }
+    /// Bytes of its blocks given to the next stage, by its final pass or at its end (for a stage
+    /// kept loaded; the rest stays for the next run).
     #[getter]
     fn given_back(&self) -> u64 {
         self.inner.given_back
     }
+    /// The free memory its plan was made for; None when it was kept loaded.
     #[getter]
     fn predicted(&self) -> Option<PyFree> {
         self.inner.predicted.map(|inner| PyFree { inner })
     }
+    /// The memory free at its start, what it already held counted as free; None when it was kept
+    /// loaded.
     #[getter]
     fn actual(&self) -> Option<PyFree> {
         self.inner.actual.map(|inner| PyFree { inner })

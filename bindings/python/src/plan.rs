@@ -180,6 +180,7 @@ impl PyPlan {
         Ok(PyPlan { inner })
     }
 
+    /// Reads a plan from the JSON `to_json` writes; a PlanError for another format or version.
     #[staticmethod]
     fn from_json(text: &str) -> PyResult<Self> {
         Ok(PyPlan {
@@ -187,6 +188,8 @@ impl PyPlan {
         })
     }
 
+    /// The plan as JSON, format name and version first: save it to load the model the same way
+    /// later (`from_json` reads it back).
     fn to_json(&self) -> String {
         self.inner.to_json()
     }
@@ -254,6 +257,8 @@ impl PyPlan {
         self.inner.budgets.clone().map(|inner| PyBudgets { inner })
     }
 
+    /// What the planner wants the user to know about this plan (it still made it), one message
+    /// each.
     #[getter]
     fn warnings(&self) -> Vec<String> {
         self.inner
@@ -263,6 +268,8 @@ impl PyPlan {
             .collect()
     }
 
+    /// False for a manual plan not matched against a model yet (`resolve` does it): it has no
+    /// sizes or budgets.
     #[getter]
     fn resolved(&self) -> bool {
         self.inner.resolved
@@ -283,6 +290,7 @@ impl PyPlan {
             .map(DType::safetensors_name)
     }
 
+    /// Streamed blocks staged ahead of the one that runs.
     #[getter]
     fn lookahead(&self) -> usize {
         self.inner.options.lookahead
@@ -319,15 +327,20 @@ impl PyPlan {
 #[pyclass(name = "BlockPlan", module = "trash_panda._core", frozen, get_all)]
 #[derive(Debug, Clone)]
 pub(crate) struct PyBlockPlan {
+    /// The block's name prefix, e.g. "model.layers.12.".
     name: String,
     /// "device", "ram" or "disk".
     tier: &'static str,
+    /// Bytes in its tier's form: the checkpoint's on disk, the storage dtype's in RAM and on the
+    /// device.
     stored_bytes: u64,
+    /// Bytes once expanded to the compute dtype, scale tensors dropped: what it takes to run.
     expanded_bytes: u64,
     /// Staging-buffer bytes the block needs in its tier (0 when resident).
     staged_bytes: u64,
     /// Expansion-buffer bytes the block needs in its tier.
     expansion_bytes: u64,
+    /// How many tensors the block holds.
     tensors: usize,
 }
 
@@ -354,18 +367,26 @@ pub(crate) struct PyBudgets {
 
 #[pymethods]
 impl PyBudgets {
+    /// True when the plan sizes the device tier as a GPU's (a free VRAM was given); False when the
+    /// CPU computes: RAM is then the device's memory, and the device and RAM tiers share it.
     #[getter]
     fn gpu(&self) -> bool {
         self.inner.gpu
     }
+    /// The device memory the plan may use: the free VRAM with a GPU; on the CPU, the RAM left
+    /// after `min_free_ram`, the host staging and the mapped window. Capped by `max_vram` if given.
     #[getter]
     fn device_limit(&self) -> u64 {
         self.inner.device_limit
     }
+    /// Memory kept for activations: `activation_vram` if given, else `headroom_vram` with a GPU
+    /// and 0 on the CPU.
     #[getter]
     fn reserve(&self) -> u64 {
         self.inner.reserve
     }
+    /// True when `reserve` is the measured `activation_vram` given to the planner, False when it
+    /// is the `headroom_vram` guess.
     #[getter]
     fn reserve_measured(&self) -> bool {
         self.inner.reserve_measured
@@ -375,10 +396,12 @@ impl PyBudgets {
     fn cuda_floor(&self) -> u64 {
         self.inner.cuda_floor
     }
+    /// Host staging buffers (pinned on CUDA) when a block streams, else 0.
     #[getter]
     fn staging_buffers(&self) -> usize {
         self.inner.staging_buffers
     }
+    /// Bytes of each staging buffer (and device slot): the largest streamed block as staged.
     #[getter]
     fn staging_buffer_bytes(&self) -> u64 {
         self.inner.staging_buffer_bytes
@@ -389,18 +412,22 @@ impl PyBudgets {
     fn shared_staging(&self) -> bool {
         self.inner.shared_staging
     }
+    /// Bytes of the host staging pool: `staging_buffers` x `staging_buffer_bytes`.
     #[getter]
     fn host_staging(&self) -> u64 {
         self.inner.host_staging
     }
+    /// Device slots a staged block is copied into: one per staging buffer on a GPU, 0 on the CPU.
     #[getter]
     fn device_slots(&self) -> usize {
         self.inner.device_slots
     }
+    /// Device memory of the device slots: `device_slots` x `staging_buffer_bytes`.
     #[getter]
     fn device_slot_bytes(&self) -> u64 {
         self.inner.device_slot_bytes
     }
+    /// The expansion buffer: the largest expansion to the compute dtype a hooked block needs.
     #[getter]
     fn expansion(&self) -> u64 {
         self.inner.expansion
@@ -411,34 +438,46 @@ impl PyBudgets {
     fn mapped_window(&self) -> u64 {
         self.inner.mapped_window
     }
+    /// The weights outside the blocks (embeddings, final norm, heads) in the compute dtype: on the
+    /// device, or in RAM without a GPU.
     #[getter]
     fn outside(&self) -> u64 {
         self.inner.outside
     }
+    /// What resident (device-tier) blocks may take: `device_limit` less `cuda_floor`, `reserve`,
+    /// `device_slot_bytes`, `expansion` and `outside` (0 rather than below).
     #[getter]
     fn device_budget(&self) -> u64 {
         self.inner.device_budget
     }
+    /// What the device-tier blocks take, in their stored form.
     #[getter]
     fn device_used(&self) -> u64 {
         self.inner.device_used
     }
+    /// RAM this process could use when the plan was made (MemAvailable within a cgroup's limit
+    /// and, on Windows, the commit headroom).
     #[getter]
     fn usable_ram(&self) -> u64 {
         self.inner.usable_ram
     }
+    /// RAM the plan leaves to the rest of the machine: the `min_free_ram` option resolved.
     #[getter]
     fn min_free_ram(&self) -> u64 {
         self.inner.min_free_ram
     }
+    /// What RAM-tier blocks may take: `usable_ram` less `min_free_ram`, the host staging and the
+    /// mapped window; on the CPU, less also the device tier, `reserve`, `expansion` and `outside`.
     #[getter]
     fn ram_budget(&self) -> u64 {
         self.inner.ram_budget
     }
+    /// What the RAM-tier blocks take, in their stored form.
     #[getter]
     fn ram_used(&self) -> u64 {
         self.inner.ram_used
     }
+    /// What the disk-tier blocks take in the checkpoint, read from it every pass.
     #[getter]
     fn disk_bytes(&self) -> u64 {
         self.inner.disk_bytes

@@ -288,6 +288,8 @@ impl PyEngine {
             .collect())
     }
 
+    /// Bytes of the staging buffers the engine stages into, all together (a shared pool's when
+    /// it was made with one).
     fn staging_bytes(&self) -> PyResult<usize> {
         Ok(self.engine()?.staging_bytes())
     }
@@ -314,6 +316,8 @@ impl PyEngine {
         Ok(stagings.into_iter().map(PyStaging::from).collect())
     }
 
+    /// Starts the statistics again, for measuring from here (a new pass): `stats()` counts from
+    /// now on; the RAM tier's load figures and `stagings()` are kept.
     fn reset_stats(&self) -> PyResult<()> {
         self.engine()?.reset_stats();
         Ok(())
@@ -331,6 +335,8 @@ impl PyEngine {
         Ok(())
     }
 
+    /// True once `close` was called: the workers are stopped, and every other call but `close`
+    /// raises a StreamError.
     #[getter]
     fn closed(&self) -> PyResult<bool> {
         Ok(self
@@ -345,12 +351,15 @@ impl PyEngine {
 #[pyclass(name = "StagedTensor", module = "trash_panda._core", frozen, get_all)]
 #[derive(Debug, Clone)]
 pub(crate) struct PyStagedTensor {
+    /// The tensor's name in the checkpoint.
     name: String,
     /// Offset of its first byte in the staging buffer (and in a device slot).
     offset: usize,
+    /// Its length in bytes in the staging buffer.
     length: usize,
     /// The dtype of the staged bytes (header name).
     dtype: &'static str,
+    /// Elements along each dimension, outermost first; empty for a scalar.
     shape: Vec<usize>,
     /// (offset, length) of the per-row f32 scales the engine made quantizing it on load.
     own_scale: Option<(usize, usize)>,
@@ -417,6 +426,7 @@ impl PyLease {
 
 #[pymethods]
 impl PyLease {
+    /// The engine's index of the leased block.
     #[getter]
     fn block(&self) -> PyResult<usize> {
         Ok(self.cell()?.0.block())
