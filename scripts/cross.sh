@@ -164,15 +164,16 @@ EOF
 fi
 # 5. The dtype tests for aarch64 under QEMU: the level tests then run portable and neon, and
 # one test fails unless neon is the level the emulated CPU gets. A target dir of their own keeps
-# the host builds warm; optimized (opt-level 2), since emulation makes debug code crawl. The
-# threaded test over every pair and a million elements takes minutes emulated, and checks no
-# kernel that the other tests leave out: skipped here.
+# the host builds warm, under the user's cache as the venv is, so a fresh clone (CI) builds only
+# the core and not its dependencies again; optimized (opt-level 2), since emulation makes debug
+# code crawl. The threaded test over every pair and a million elements takes minutes emulated,
+# and checks no kernel that the other tests leave out: skipped here.
 if cross_planned qemu-arm-tests; then
   say "dtype tests for $ARM under QEMU (the neon kernels)"
   qemu_start=$(date +%s)
   qlog=$(mktemp)
   qemu_test() {
-    CARGO_TARGET_DIR="$target_dir/qemu" CARGO_PROFILE_DEV_OPT_LEVEL=2 \
+    CARGO_TARGET_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/trash-panda/target-qemu" CARGO_PROFILE_DEV_OPT_LEVEL=2 \
       CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
       CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
       $CARGO test --target "$ARM" -p trash-panda "$@" >>"$qlog" 2>&1

@@ -196,9 +196,7 @@ def _takes_o_direct(path: Path) -> bool:
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "O_DIRECT"), reason="O_DIRECT and posix_fadvise (Linux)")
 @pytest.mark.parametrize("direct", [True, False])
-def test_a_direct_lane_reads_past_the_page_cache_into_pages_placed_like_the_file(
-    tmp_path: Path, direct: bool
-) -> None:
+def test_a_direct_lane_reads_past_the_page_cache_into_pages_placed_like_the_file(tmp_path: Path, direct: bool) -> None:
     """Through a ``direct`` lane, tensors read into pages of their own land at the same place in
     their page as in the file (so the read needs no bounce buffer) and leave nothing in the page
     cache; through a buffered lane the file's pages stay cached. Either way, the bytes are the
