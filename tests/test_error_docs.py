@@ -40,14 +40,15 @@ CLASSES = {"TrashPandaError", "CheckpointError", "ReadError", "DtypeError", "Pla
 CLASSES |= {"SystemProbeError", "TraceError", "ValueError", "RuntimeError", "TypeError", "OSError"}
 
 # Raises whose text is made elsewhere, with where: the entry for that text covers them.
+# Named by file and enclosing function, not line, so an edit above them does not move them.
 TEXT_FROM_ELSEWHERE = {
-    "offload/cleanup.py:30": "the first error of a cleanup, raised again as it was",
-    "offload/cpu.py:118": "modified_error() in offload/swap.py builds it (its return is quoted)",
-    "offload/matching.py:25": "the core's DtypeError::ScaleShape, listed with the core's errors",
-    "dtype.py:85": "the core's DtypeError::ScaleShape, listed with the core's errors",
-    "offload/restore.py:67": "refusal() in offload/restore.py builds it (its return is quoted)",
-    "trace.py:153": "_no_values() in trace.py builds it (its return is quoted)",
-    "stream.rs:562": "the core's ScaleReadError, listed with the core's errors",
+    "offload/cleanup.py:done": "the first error of a cleanup, raised again as it was",
+    "offload/cpu.py:done": "modified_error() in offload/swap.py builds it (its return is quoted)",
+    "offload/matching.py:_scale_kind": "the core's DtypeError::ScaleShape, listed with the core's errors",
+    "dtype.py:expand": "the core's DtypeError::ScaleShape, listed with the core's errors",
+    "offload/restore.py:check_restore_fits": "refusal() in offload/restore.py builds it (its return is quoted)",
+    "trace.py:_trace": "_no_values() in trace.py builds it (its return is quoted)",
+    "stream.rs:expand_into": "the core's ScaleReadError, listed with the core's errors",
 }
 # Functions that return a message as text for a raise elsewhere: each returned text is quoted.
 MESSAGE_BUILDERS = {"refusal"}
@@ -68,11 +69,18 @@ def _text(arg: ast.expr | None) -> str | None:
 
 
 def python_sites(package: Path = PACKAGE) -> tuple[list[Site], list[str]]:
-    """(each raise or built exception with its literal text, the raises with no literal text).
+    """(each raise or built exception with its literal text, the raises with no literal text,
+    named by file and enclosing function).
     An ArgumentError that says what it expects is left out: its class's entry covers it."""
     sites, opaque = [], []
     for path in sorted(package.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
+        functions = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+        def enclosing(line: int, functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = functions) -> str:
+            inside = [f for f in functions if f.lineno <= line <= (f.end_lineno or f.lineno)]
+            return max(inside, key=lambda f: f.lineno).name if inside else "<module>"
+
         for f in ast.walk(tree):
             if isinstance(f, ast.FunctionDef) and f.name in MESSAGE_BUILDERS:
                 for r in ast.walk(f):
@@ -91,7 +99,7 @@ def python_sites(package: Path = PACKAGE) -> tuple[list[Site], list[str]]:
             known = name in CLASSES or name == "ArgumentError"
             text = _text(call.args[0]) if call is not None and call.args and known else None
             if text is None:
-                opaque.append(where)
+                opaque.append(f"{path.relative_to(package).as_posix()}:{enclosing(node.lineno)}")
             elif name != "ArgumentError" or "expected" not in text:
                 sites.append(Site(where, text))
     return sites, opaque
@@ -108,7 +116,8 @@ def binding_sites(root: Path = BINDING) -> tuple[list[Site], list[str]]:
                 continue
             where = f"{path.name}:{source.count(chr(10), 0, m.start()) + 1}"
             if m.group(3) is None:
-                opaque.append(where)
+                functions = re.findall(r"\bfn (\w+)", source[: m.start()])
+                opaque.append(f"{path.name}:{functions[-1] if functions else '<module>'}")
                 continue
             text = re.sub(r"\\\n\s*", "", m.group(3)[1:-1]).replace('\\"', '"')
             sites.append(Site(where, re.sub(r"\{[^{}]*\}", HOLE, text)))
