@@ -30,7 +30,8 @@ pub use kind::{DType, ACCEPTED_DTYPE_NAMES, ALL_DTYPES};
 pub use quant::{quantize_fp8, QuantGranularity};
 pub use scale::{classify_scale, expand, rows_cols, Scale, ScaleLayout, SCALE_BLOCK};
 pub use simd::{
-    best_simd_level, simd_level, supported_simd_levels, with_simd_level, SimdLevel, SIMD_CHOICES,
+    best_simd_level, kernel_path, simd_level, supported_simd_levels, with_simd_level, SimdLevel,
+    SIMD_CHOICES,
 };
 
 /// Errors of the dtype module.

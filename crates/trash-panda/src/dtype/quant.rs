@@ -1,7 +1,7 @@
 //! Quantization of float tensors to fp8 e4m3fn with per-tensor or per-row scales.
 
 use super::fp8::{f32_bits_to_e4m3, FP8_E4M3FN_MAX};
-use super::simd::{decode, multiversion, CHUNK};
+use super::simd::{decode, multiversion, Stores, CHUNK};
 use super::{check_bytes, elements, parallel, simd, DType, DtypeError};
 
 /// Which values share one quantization scale.
@@ -72,6 +72,7 @@ pub fn quantize_fp8(
         });
     }
     let threads = parallel::effective_threads(threads, n);
+    let stores = Stores::for_output(dst.len());
     let ss = src_dtype.size();
     match granularity {
         QuantGranularity::PerTensor => {
@@ -83,13 +84,13 @@ pub fn quantize_fp8(
             scales[0] = s;
             let none: &mut [u8] = &mut [];
             parallel::split_run(n, grain, threads, (dst, 1), (none, 0), |r, d, _| {
-                encode_scaled(&src[r.start * ss..r.end * ss], src_dtype, d, s);
+                encode_scaled(&src[r.start * ss..r.end * ss], src_dtype, d, s, stores);
             });
         }
         QuantGranularity::PerRow => {
             parallel::split_run(rows, 1, threads, (dst, cols), (scales, 1), |r, d, sc| {
                 let s = &src[r.start * cols * ss..r.end * cols * ss];
-                quantize_rows(s, src_dtype, d, sc, cols);
+                quantize_rows(s, src_dtype, d, sc, cols, stores);
             });
         }
     }
@@ -115,7 +116,7 @@ multiversion! {
         if bf16_kernels(src_t) {
             // SAFETY: `bf16_kernels` holds only at a level whose CPU has AVX2 and FMA, the
             // features the kernel is compiled with.
-            return unsafe { super::avx2::bf16_amax_bits(src) };
+            return unsafe { super::avx2::quant::bf16_amax_bits(src) };
         }
         let mut buf = [0f32; CHUNK];
         let mut best = 0u32;
@@ -135,8 +136,8 @@ multiversion! {
 
 multiversion! {
     /// `e4m3fn(clamp(x / scale, -448, 448))` for every element.
-    fn encode_scaled(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32) {
-        encode_scaled_inline(src, src_t, dst, scale)
+    fn encode_scaled(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32, stores: Stores) {
+        encode_scaled_inline(src, src_t, dst, scale, stores)
     }
 }
 
@@ -151,14 +152,16 @@ fn bf16_kernels(src_t: DType) -> bool {
 }
 
 #[inline(always)]
-fn encode_scaled_inline(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32) {
+fn encode_scaled_inline(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32, stores: Stores) {
     #[cfg(target_arch = "x86_64")]
     if bf16_kernels(src_t) {
         // SAFETY: `bf16_kernels` holds only at a level whose CPU has AVX2 and FMA, the features
         // the kernel is compiled with.
-        unsafe { super::avx2::bf16_to_e4m3_divided(src, dst, scale) };
+        unsafe { super::avx2::quant::bf16_to_e4m3_divided(src, dst, scale, stores) };
         return;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = stores;
     let mut buf = [0f32; CHUNK];
     let ss = src_t.size();
     for (s, d) in src.chunks(CHUNK * ss).zip(dst.chunks_mut(CHUNK)) {
@@ -184,7 +187,14 @@ fn encode_scaled_inline(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32) {
 
 multiversion! {
     /// Per-row quantization of whole rows.
-    fn quantize_rows(src: &[u8], src_t: DType, dst: &mut [u8], scales: &mut [f32], cols: usize) {
+    fn quantize_rows(
+        src: &[u8],
+        src_t: DType,
+        dst: &mut [u8],
+        scales: &mut [f32],
+        cols: usize,
+        stores: Stores,
+    ) {
         let ss = src_t.size();
         if cols == 0 {
             scales.fill(1.0);
@@ -198,10 +208,10 @@ multiversion! {
             if fused {
                 // SAFETY: `bf16_kernels` holds only at a level whose CPU has AVX2 and FMA, the
                 // features these kernels are compiled with.
-                let k = scale_for(unsafe { super::avx2::bf16_amax_bits(s) });
+                let k = scale_for(unsafe { super::avx2::quant::bf16_amax_bits(s) });
                 *out = k;
                 // SAFETY: as above.
-                unsafe { super::avx2::bf16_to_e4m3_divided(s, d, k) };
+                unsafe { super::avx2::quant::bf16_to_e4m3_divided(s, d, k, stores) };
                 continue;
             }
             let mut buf = [0f32; CHUNK];
@@ -216,7 +226,7 @@ multiversion! {
             }
             let k = scale_for(best);
             *out = k;
-            encode_scaled_inline(s, src_t, d, k);
+            encode_scaled_inline(s, src_t, d, k, stores);
         }
     }
 }

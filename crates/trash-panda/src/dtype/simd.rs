@@ -22,6 +22,45 @@ use std::sync::OnceLock;
 /// Elements per staged chunk: 1 KiB of f32, small enough for L1 alongside the streams.
 pub(crate) const CHUNK: usize = 256;
 
+/// How a kernel writes its output vectors (only the hand-written x86-64 kernels stream; the
+/// others always store plainly).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stores {
+    /// Plain stores: the output stays in cache for whoever reads it next.
+    Cached,
+    /// Non-temporal stores around the cache, for outputs too large to stay there anyway.
+    Streaming,
+}
+
+/// Outputs of at least this many bytes (the whole job's, not one thread's) are streamed: well
+/// past a core's L2, and past what the next reader would find in L3 on a busy machine.
+pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
+
+impl Stores {
+    /// The stores for a job writing `bytes` in all.
+    pub(crate) fn for_output(bytes: usize) -> Stores {
+        if bytes >= STREAM_MIN_BYTES {
+            Stores::Streaming
+        } else {
+            Stores::Cached
+        }
+    }
+
+    /// How many leading elements (of `size` output bytes each, `n` in all) to write before the
+    /// vector loop so that its stores at `dst` are 32-byte aligned, as streaming stores must be;
+    /// and the stores the loop then uses (cached when `dst` can never be aligned).
+    pub(crate) fn head(self, dst: *const u8, size: usize, n: usize) -> (usize, Stores) {
+        if self == Stores::Cached {
+            return (0, self);
+        }
+        let off = (dst as usize).wrapping_neg() % 32;
+        if !off.is_multiple_of(size) {
+            return (0, Stores::Cached);
+        }
+        (n.min(off / size), self)
+    }
+}
+
 /// An instruction-set level the kernels are compiled for. Every level gives the same bits; they
 /// differ only in speed, which is why tests and benchmarks can force one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -176,6 +215,27 @@ pub(crate) fn level() -> SimdLevel {
     }
 }
 
+/// The code that converts `src` to `dst` at this thread's level (see [`simd_level`]), for
+/// benchmarks and logs: "hand-written avx2" for the kernels of the `avx2` module, else the
+/// generic loops and the level they are compiled for. `dst` = fp8 e4m3 means quantization.
+pub fn kernel_path(src: DType, dst: DType) -> String {
+    let lvl = level();
+    #[cfg(target_arch = "x86_64")]
+    if matches!(lvl, SimdLevel::Avx2 | SimdLevel::Avx512) {
+        use DType::*;
+        let hand = match (src, dst) {
+            (F8E4M3, BF16) => Some("table"),
+            (F32, BF16) => Some("round and pack"),
+            (BF16, F8E4M3) => Some("divide and encode"),
+            _ => None,
+        };
+        if let Some(how) = hand {
+            return format!("hand-written avx2 ({how})");
+        }
+    }
+    format!("generic loops ({lvl})")
+}
+
 /// Defines `pub(crate) fn $name` that runs `$body` compiled for the best instruction set found.
 macro_rules! multiversion {
     ($(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
@@ -218,23 +278,21 @@ pub(crate) fn convert_inline(
     dst: &mut [u8],
     dst_t: DType,
     scale: Option<f32>,
+    stores: Stores,
 ) {
-    if scale.is_none() && direct(src, src_t, dst, dst_t) {
+    #[cfg(target_arch = "x86_64")]
+    if (src_t, dst_t) == (DType::F8E4M3, DType::BF16)
+        && matches!(level(), SimdLevel::Avx2 | SimdLevel::Avx512)
+    {
+        // The most common expansion, scaled or not (a scale of 1 is exact): the table kernel
+        // beats the staging loops and the direct loop at both levels (see avx2/mod.rs).
+        // SAFETY: `level()` returns these levels only when this CPU has AVX2 and FMA, the
+        // features the kernel is compiled with.
+        unsafe { super::avx2::fp8::e4m3_to_bf16_scaled(src, dst, scale.unwrap_or(1.0), stores) };
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    if let (DType::F8E4M3, DType::BF16, Some(k)) = (src_t, dst_t, scale) {
-        // The most common scaled expansion: the staging loops reach a third of the table
-        // kernel's speed on AVX2 and two thirds on AVX-512. On short runs (block scales) the
-        // AVX2 kernel computes, which beats the AVX2 staging loops but not the AVX-512 ones.
-        let lvl = level();
-        let table = super::avx2::uses_table(src.len(), k);
-        if lvl == SimdLevel::Avx2 || (lvl == SimdLevel::Avx512 && table) {
-            // SAFETY: `level()` returns these levels only when this CPU has AVX2 and FMA, the
-            // features the kernel is compiled with.
-            unsafe { super::avx2::e4m3_to_bf16_scaled(src, dst, k) };
-            return;
-        }
+    if scale.is_none() && direct(src, src_t, dst, dst_t, stores) {
+        return;
     }
     // Without a scale a 16-bit destination must see the f64 rounded once, hence round-to-odd;
     // with one, the reference first rounds to f32 (`w.to(float32) * scale`).
@@ -267,15 +325,31 @@ pub(crate) fn convert_inline(
 
 multiversion! {
     /// [`convert_inline`] for one contiguous run, compiled for the CPU.
-    fn convert(src: &[u8], src_t: DType, dst: &mut [u8], dst_t: DType, scale: Option<f32>) {
-        convert_inline(src, src_t, dst, dst_t, scale)
+    fn convert(
+        src: &[u8],
+        src_t: DType,
+        dst: &mut [u8],
+        dst_t: DType,
+        scale: Option<f32>,
+        stores: Stores,
+    ) {
+        convert_inline(src, src_t, dst, dst_t, scale, stores)
     }
 }
 
 /// Loops for the pairs that need no staging. Returns false for the others.
 #[inline(always)]
-fn direct(src: &[u8], src_t: DType, dst: &mut [u8], dst_t: DType) -> bool {
+fn direct(src: &[u8], src_t: DType, dst: &mut [u8], dst_t: DType, stores: Stores) -> bool {
     use DType::*;
+    #[cfg(target_arch = "x86_64")]
+    if (src_t, dst_t) == (F32, BF16) && matches!(level(), SimdLevel::Avx2 | SimdLevel::Avx512) {
+        // SAFETY: `level()` returns these levels only when this CPU has AVX2 and FMA, the
+        // features the kernel is compiled with.
+        unsafe { super::avx2::cast::f32_to_bf16(src, dst, stores) };
+        return true;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = stores;
     match (src_t, dst_t) {
         (a, b) if a == b => dst.copy_from_slice(src),
         (F8E4M3, BF16) => map_8_16(src, dst, e4m3_to_bf16_bits),
@@ -439,7 +513,8 @@ mod tests {
                     let s = &src[3..3 + n * st.size()];
                     let run = |l| {
                         let mut out = vec![0u8; n * dt.size()];
-                        with_simd_level(l, || convert(s, st, &mut out, dt, scale)).unwrap();
+                        with_simd_level(l, || convert(s, st, &mut out, dt, scale, Stores::Cached))
+                            .unwrap();
                         out
                     };
                     let portable = run(SimdLevel::Portable);

@@ -1,0 +1,392 @@
+//! fp8 -> 16-bit kernels with a scale.
+
+use core::arch::x86_64::*;
+
+use super::{fence, store, Stores};
+use crate::dtype::cast::f32_bits_to_bf16_bf;
+use crate::dtype::fp8::e4m3_to_f32_bits;
+
+/// Below this many codes building a table (sixteen scalar products) costs more than it saves.
+const TABLE_MIN: usize = 256;
+
+/// Whether [`e4m3_to_bf16_scaled`] looks `n` codes times `k` up in a table (else it computes).
+pub(crate) fn uses_table(n: usize, k: f32) -> bool {
+    n >= TABLE_MIN && Table::holds(k)
+}
+
+/// e4m3fn codes times `k`, rounded to bf16: equal to decoding each code to f32 exactly,
+/// multiplying by `k` in f32 and rounding to nearest even (NaN -> `0x7FC0 | sign`). `dst` holds
+/// two bytes per code of `src`. With `k` = 1 it is the plain conversion.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn e4m3_to_bf16_scaled(src: &[u8], dst: &mut [u8], k: f32, stores: Stores) {
+    let n = src.len().min(dst.len() / 2);
+    if uses_table(n, k) {
+        let table = Table::new(k);
+        let (head, stores) = stores.head(dst.as_ptr(), 2, n);
+        e4m3_to_bf16_computed(&src[..head], &mut dst[..2 * head], k);
+        let done = head + lookup(&src[head..n], &mut dst[2 * head..2 * n], &table, stores);
+        fence(stores);
+        e4m3_to_bf16_computed(&src[done..n], &mut dst[2 * done..2 * n], k);
+    } else {
+        e4m3_to_bf16_computed(&src[..n], &mut dst[..2 * n], k);
+    }
+}
+
+/// The results of one scale `k` as four 16-byte `vpshufb` tables (each in both 128-bit halves).
+///
+/// A normal code is `(1 + j/8) 2^(e-7)` (exponent field e, mantissa j), so its product with `k`
+/// is that of `1 + j/8` with its exponent moved by `e - 7`; while every product stays a normal
+/// f32 (|k| within 2^-100..2^100, [`Table::holds`]), moving the exponent commutes with both
+/// roundings (to f32, then to bf16), so the bf16 result is `B[j] + ((e - 7) << 7)`, with
+/// `B[j] = bf16((1 + j/8) k)`. The eight subnormal codes get their own eight results `S[m]`.
+///
+/// [`lookup`] indexes the normal table with `mag - 8`, whose low nibble is `j` and the
+/// exponent's low bit (flipped), and whose sign bit (set for the subnormals) makes `vpshufb`
+/// give zero; the subnormal table with `mag + 0x78`, which is the other way round. So an entry
+/// of the normal table holds `B[j] + ((e & 1) - 7) << 7`, and the rest of the exponent,
+/// `(e >> 1) << 8`, and the code's sign are added to the high byte by a third, fixed lookup.
+struct Table {
+    /// The scale.
+    k: f32,
+    /// Low and high bytes of the normal results, by `(mag - 8) & 15`.
+    normal: [__m256i; 2],
+    /// Low and high bytes of the subnormal results, by `(mag + 8) & 15`.
+    sub: [__m256i; 2],
+}
+
+impl Table {
+    /// Whether the exponent-moving identity holds for every code times `k`.
+    fn holds(k: f32) -> bool {
+        let a = k.abs();
+        // False for NaN; 2^-100 and 2^100 are exact f32 constants.
+        (f32::from_bits(0x0D80_0000)..=f32::from_bits(0x7180_0000)).contains(&a)
+    }
+
+    /// The tables of `k`; [`Table::holds`] must hold for `k`.
+    #[target_feature(enable = "avx2,fma")]
+    fn new(k: f32) -> Table {
+        let product = |code: u8| {
+            let x = f32::from_bits(e4m3_to_f32_bits(code)) * k;
+            f32_bits_to_bf16_bf(x.to_bits())
+        };
+        let mut bytes = [[0u8; 16]; 4];
+        for i in 0..16u8 {
+            // Entry i of the normal table: mantissa j = i & 7 and exponent low bit 1 - i / 8;
+            // the code 0x38 | j is 1 + j/8 (e = 7).
+            let low_bit = 1 - u16::from(i >> 3);
+            let v = product(0x38 | (i & 7))
+                .wrapping_add(low_bit << 7)
+                .wrapping_sub(7 << 7);
+            bytes[0][usize::from(i)] = v as u8;
+            bytes[1][usize::from(i)] = (v >> 8) as u8;
+            if i >= 8 {
+                let s = product(i - 8);
+                bytes[2][usize::from(i)] = s as u8;
+                bytes[3][usize::from(i)] = (s >> 8) as u8;
+            }
+        }
+        // SAFETY: each row of `bytes` is 16 bytes, the size of the unaligned load.
+        let load = |row: &[u8; 16]| unsafe {
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(row.as_ptr().cast()))
+        };
+        Table {
+            k,
+            normal: [load(&bytes[0]), load(&bytes[1])],
+            sub: [load(&bytes[2]), load(&bytes[3])],
+        }
+    }
+}
+
+/// Looks up the codes of `src` in `table` into `dst` (two bytes per code), 32 at a time;
+/// returns how many it did (the rest, under 32, is the caller's). With streaming stores `dst`
+/// is 32-byte aligned, and the caller fences once it is done (a fence per call would stall
+/// every short run of a block scale).
+#[target_feature(enable = "avx2,fma")]
+fn lookup(src: &[u8], dst: &mut [u8], table: &Table, stores: Stores) -> usize {
+    let n = src.len().min(dst.len() / 2);
+    let [nl, nh] = table.normal;
+    let [sl, sh] = table.sub;
+    // The high byte's addend by `code >> 4` = sign, then the exponent's upper three bits.
+    let addend = _mm256_setr_epi8(
+        0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121, 0, 1, 2, 3, 4, 5,
+        6, 7, -128, -127, -126, -125, -124, -123, -122, -121,
+    );
+    let mut i = 0;
+    while i + 32 <= n {
+        // SAFETY: i + 32 <= n <= src.len(), so the 32 bytes at src[i..] are in bounds; loadu has
+        // no alignment requirement.
+        let c = unsafe { _mm256_loadu_si256(src.as_ptr().add(i).cast()) };
+        let mag = _mm256_and_si256(c, _mm256_set1_epi8(0x7F));
+        if _mm256_movemask_epi8(_mm256_cmpeq_epi8(mag, _mm256_set1_epi8(0x7F))) != 0 {
+            // A NaN code (rare; the identity does not cover it): these 32 are computed.
+            e4m3_to_bf16_computed(&src[i..i + 32], &mut dst[2 * i..2 * i + 64], table.k);
+            i += 32;
+            continue;
+        }
+        let normal = _mm256_sub_epi8(mag, _mm256_set1_epi8(8));
+        let sub = _mm256_add_epi8(mag, _mm256_set1_epi8(0x78));
+        let lo = _mm256_or_si256(
+            _mm256_shuffle_epi8(nl, normal),
+            _mm256_shuffle_epi8(sl, sub),
+        );
+        let hi = _mm256_or_si256(
+            _mm256_shuffle_epi8(nh, normal),
+            _mm256_shuffle_epi8(sh, sub),
+        );
+        // Bytes shifted by four within 16-bit lanes: the low nibble is the byte's own high one.
+        let top = _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi8(0x0F));
+        let hi = _mm256_add_epi8(hi, _mm256_shuffle_epi8(addend, top));
+        // Byte unpacks work within 128-bit halves: a = codes 0-7 | 16-23, b = 8-15 | 24-31.
+        let a = _mm256_unpacklo_epi8(lo, hi);
+        let b = _mm256_unpackhi_epi8(lo, hi);
+        // SAFETY: 2 * (i + 32) <= 2 * n <= dst.len(), so the 64 bytes at dst[2 * i..] are in
+        // bounds; aligned when streaming (the caller aligned dst, and each step adds 64).
+        unsafe {
+            let d = dst.as_mut_ptr().add(2 * i);
+            store(d, _mm256_permute2x128_si256(a, b, 0x20), stores);
+            store(d.add(32), _mm256_permute2x128_si256(a, b, 0x31), stores);
+        }
+        i += 32;
+    }
+    i
+}
+
+/// Whole rows `first_row..` of an e4m3fn -> bf16 expansion with `block` x `block` scales
+/// (`scales` row-major over the tile grid, as `Scale::Block`). A tile's table is shared by
+/// `block` rows, so each block row builds one per tile and every row of it looks its segments
+/// up.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn e4m3_to_bf16_blocks(
+    src: &[u8],
+    dst: &mut [u8],
+    cols: usize,
+    first_row: usize,
+    scales: &[f32],
+    block: usize,
+    stores: Stores,
+) {
+    if cols == 0 || block == 0 {
+        return;
+    }
+    let tiles = cols.div_ceil(block);
+    let mut tables: Vec<Option<Table>> = Vec::new();
+    let mut tables_of = usize::MAX;
+    let rows = src.chunks_exact(cols).zip(dst.chunks_exact_mut(2 * cols));
+    for (i, (s, d)) in rows.enumerate() {
+        let block_row = (first_row + i) / block;
+        let ks = &scales[block_row * tiles..][..tiles];
+        if block_row != tables_of {
+            // Scales the table does not hold for (see `Table`) are computed instead.
+            tables = ks
+                .iter()
+                .map(|&k| Table::holds(k).then(|| Table::new(k)))
+                .collect();
+            tables_of = block_row;
+        }
+        let segments = s.chunks(block).zip(d.chunks_mut(2 * block));
+        for ((s, d), (k, table)) in segments.zip(ks.iter().zip(&tables)) {
+            let done = match table {
+                Some(t) => {
+                    let (head, stores) = stores.head(d.as_ptr(), 2, s.len());
+                    e4m3_to_bf16_computed(&s[..head], &mut d[..2 * head], *k);
+                    head + lookup(&s[head..], &mut d[2 * head..], t, stores)
+                }
+                None => 0,
+            };
+            e4m3_to_bf16_computed(&s[done..], &mut d[2 * done..], *k);
+        }
+    }
+    fence(stores);
+}
+
+/// [`e4m3_to_bf16_scaled`] computing each result in registers (any `k`, any length).
+#[target_feature(enable = "avx2,fma")]
+fn e4m3_to_bf16_computed(src: &[u8], dst: &mut [u8], k: f32) {
+    let n = src.len().min(dst.len() / 2);
+    let kv = _mm256_set1_ps(k);
+    // The subnormal codes m = 0..7 are m * 2^-9; `vpermps` reads this with the low 3 bits.
+    let sub_table = _mm256_setr_ps(
+        0.0,
+        1.0 / 512.0,
+        2.0 / 512.0,
+        3.0 / 512.0,
+        4.0 / 512.0,
+        5.0 / 512.0,
+        6.0 / 512.0,
+        7.0 / 512.0,
+    );
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: i + 16 <= n <= src.len(), so the 16 bytes at src[i..] are in bounds;
+        // loadu has no alignment requirement.
+        let bytes = unsafe { _mm_loadu_si128(src.as_ptr().add(i).cast()) };
+        let lo = decode_scale(_mm256_cvtepu8_epi32(bytes), kv, sub_table);
+        let hi = decode_scale(
+            _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)),
+            kv,
+            sub_table,
+        );
+        // Every lane holds a value below 0x1_0000, so the unsigned-saturating pack is exact; it
+        // interleaves 128-bit halves, which the 64-bit permute puts back in order.
+        let packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0b11_01_10_00);
+        // SAFETY: 2 * (i + 16) <= 2 * n <= dst.len(), so the 32 bytes at dst[2 * i..] are in
+        // bounds; storeu has no alignment requirement.
+        unsafe { _mm256_storeu_si256(dst.as_mut_ptr().add(2 * i).cast(), packed) };
+        i += 16;
+    }
+    for (s, d) in src[i..n].iter().zip(dst[2 * i..].chunks_exact_mut(2)) {
+        let x = f32::from_bits(e4m3_to_f32_bits(*s)) * k;
+        d.copy_from_slice(&f32_bits_to_bf16_bf(x.to_bits()).to_le_bytes());
+    }
+}
+
+/// Eight codes (one per 32-bit lane) times `kv`, as bf16 bits in the low half of each lane.
+#[target_feature(enable = "avx2,fma")]
+fn decode_scale(c: __m256i, kv: __m256, sub_table: __m256) -> __m256i {
+    let mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));
+    let sign = _mm256_and_si256(_mm256_slli_epi32(c, 24), _mm256_set1_epi32(i32::MIN));
+    // Normal codes: rebias the exponent from 7 to 127 in place.
+    let normal = _mm256_add_epi32(_mm256_slli_epi32(mag, 20), _mm256_set1_epi32(120 << 23));
+    let sub = _mm256_permutevar8x32_ps(sub_table, mag);
+    // mag - 8 is negative exactly for the subnormals; blendv reads that sign bit.
+    let below = _mm256_castsi256_ps(_mm256_sub_epi32(mag, _mm256_set1_epi32(8)));
+    let v = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(normal), sub, below));
+    // The NaN code 0x7F decodes through `normal` to 0x43F0_0000; OR-ing 0x7FF0_0000 gives
+    // exactly the NaN pattern of the reference (0x7FF0_0000).
+    let nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7F));
+    let v = _mm256_or_si256(v, _mm256_and_si256(nan, _mm256_set1_epi32(0x7FF0_0000)));
+    let x = _mm256_castsi256_ps(_mm256_or_si256(v, sign));
+    // A NaN code gives its own NaN (any finite or infinite scale); see the module notes for two.
+    let p = _mm256_mul_ps(x, kv);
+    // bf16 rounding as `f32_bits_to_bf16_bf`: add 0x7FFF plus the kept lsb, truncate.
+    let w = _mm256_castps_si256(p);
+    let hi = _mm256_srli_epi32(w, 16);
+    let bias = _mm256_add_epi32(
+        _mm256_and_si256(hi, _mm256_set1_epi32(1)),
+        _mm256_set1_epi32(0x7FFF),
+    );
+    let rounded = _mm256_srli_epi32(_mm256_add_epi32(w, bias), 16);
+    let is_nan = _mm256_castps_si256(_mm256_cmp_ps(p, p, _CMP_UNORD_Q));
+    let nan_out = _mm256_or_si256(
+        _mm256_and_si256(hi, _mm256_set1_epi32(0x8000)),
+        _mm256_set1_epi32(0x7FC0),
+    );
+    _mm256_blendv_epi8(rounded, nan_out, is_nan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::avx2::test_scales as scales;
+    use crate::dtype::{f32_to_bf16_bits, fp8_e4m3fn_to_f32, SimdLevel};
+
+    /// Checks `got` (two bytes per code of `src`, code i scaled by `k_of(i)`) against the
+    /// scalar reference.
+    fn check(src: &[u8], got: &[u8], k_of: impl Fn(usize) -> f32, what: &str) {
+        for (i, (c, g)) in src.iter().zip(got.chunks_exact(2)).enumerate() {
+            let k = k_of(i);
+            let x = fp8_e4m3fn_to_f32(*c);
+            let g = u16::from_le_bytes([g[0], g[1]]);
+            // Which NaN a product of two NaNs gives is not defined (LLVM may swap the operands);
+            // only the quiet-NaN shape is.
+            if x.is_nan() && k.is_nan() {
+                assert_eq!(g & 0x7FFF, 0x7FC0, "{what}: code {c:#04x}");
+                continue;
+            }
+            let want = f32_to_bf16_bits(x * k);
+            assert_eq!(
+                g,
+                want,
+                "{what}: element {i} code {c:#04x} scale {k:e} ({:#010x})",
+                k.to_bits()
+            );
+        }
+    }
+
+    /// The test scales plus the edges of the table's range and scales whose products round up
+    /// into the next binade.
+    fn table_scales() -> Vec<f32> {
+        let mut ks = scales();
+        for w in [
+            0x0D80_0000u32,
+            0x7180_0000,
+            0x0D7F_FFFF,
+            0x7180_0001,
+            0x3FFF_FFFF,
+            0x3F7F_FFFF,
+        ] {
+            ks.push(f32::from_bits(w));
+            ks.push(-f32::from_bits(w));
+        }
+        ks
+    }
+
+    #[test]
+    fn e4m3_to_bf16_scaled_equals_the_reference_on_every_code() {
+        if !SimdLevel::Avx2.is_supported() {
+            return;
+        }
+        // Every code nine times over (past the table's threshold), shifted by 0 and 3, so the
+        // vector body, the tail and every lane position each see every code; runs without a
+        // NaN code too, which take the table's fast path throughout.
+        let codes: Vec<u8> = (0..=255u8).cycle().take(256 * 9 + 35).collect();
+        let no_nan: Vec<u8> = codes
+            .iter()
+            .map(|c| if c & 0x7F == 0x7F { 0x7E } else { *c })
+            .collect();
+        for k in table_scales() {
+            for src in [&codes[..], &codes[3..], &no_nan[..], &no_nan[5..]] {
+                let mut got = vec![0u8; src.len() * 2];
+                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                unsafe { e4m3_to_bf16_computed(src, &mut got, k) };
+                check(src, &got, |_| k, "computed");
+                for stores in [Stores::Cached, Stores::Streaming] {
+                    for off in [0usize, 2, 6, 1] {
+                        let mut buf = vec![0u8; src.len() * 2 + 64];
+                        let got = &mut buf[off..off + src.len() * 2];
+                        // SAFETY: as above.
+                        unsafe { e4m3_to_bf16_scaled(src, got, k, stores) };
+                        check(src, got, |_| k, &format!("table {stores:?} offset {off}"));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn e4m3_to_bf16_blocks_equals_the_reference() {
+        if !SimdLevel::Avx2.is_supported() {
+            return;
+        }
+        let all = table_scales();
+        for (rows, cols, block, first_row) in [
+            (300usize, 200usize, 128usize, 0usize),
+            (70, 333, 64, 37),
+            (5, 40, 128, 250),
+        ] {
+            let tiles = cols.div_ceil(block);
+            let grid = (first_row + rows).div_ceil(block) * tiles;
+            // Cycle through the scale set (NaN and infinity included) over the tiles.
+            let ks: Vec<f32> = (0..grid).map(|t| all[(t * 7) % all.len()]).collect();
+            let src: Vec<u8> = (0..rows * cols).map(|i| (i * 37 + i / 255) as u8).collect();
+            let k_of = |i: usize| {
+                let (r, col) = (first_row + i / cols, i % cols);
+                ks[r / block * tiles + col / block]
+            };
+            for stores in [Stores::Cached, Stores::Streaming] {
+                for off in [0usize, 2] {
+                    let mut buf = vec![0u8; src.len() * 2 + 64];
+                    let got = &mut buf[off..off + src.len() * 2];
+                    // SAFETY: the CPU has AVX2 and FMA (checked above).
+                    unsafe { e4m3_to_bf16_blocks(&src, got, cols, first_row, &ks, block, stores) };
+                    check(
+                        &src,
+                        got,
+                        k_of,
+                        &format!("blocks {rows}x{cols} {stores:?} {off}"),
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! Hand-written AVX2 kernels for the conversions the autovectorized loops leave far from memory
+//! speed on AVX2-only CPUs (issue 24); AVX-512 CPUs run them too where they beat its loops.
+//!
+//! Why the generic path is slow there: a scaled conversion decodes a chunk to an f32 buffer,
+//! scales it, and encodes it, three loops with a load and a store per element each, and on AVX2
+//! (no mask registers, no byte-to-dword conversions LLVM picks well) each comes out as a long
+//! chain of unpacks and blends; quantizing also divides and encodes through the same buffer.
+//!
+//! - [`fp8`]: e4m3 -> bf16 times a scale, by `vpshufb` tables of the 128 results of a scale.
+//! - [`cast`]: f32 -> bf16, one pass of integer rounding and a pack.
+//! - [`quant`]: bf16 -> e4m3 quantization, amax on the 16-bit patterns and a fused
+//!   divide-and-encode.
+//!
+//! Every kernel computes what the branch-free element functions compute (the same integer
+//! rounding, the same f32 multiply or division), so results are bit for bit those of the
+//! portable path; the tests check every code against the scalar references over a set of scales.
+//! The one exception is not a difference: which of two NaN operands a multiply returns is not
+//! defined (LLVM may swap the operands of any multiply), so a NaN code times a NaN scale is only
+//! checked to be a quiet NaN.
+//!
+//! Large outputs are written with non-temporal stores ([`Stores::Streaming`]): a plain store
+//! first reads the line it fills, so a kernel writing two bytes per byte read moves half again
+//! as much memory as it needs, where `memcpy` (`rep movsb`) does not.
+
+use core::arch::x86_64::*;
+
+pub(crate) use super::simd::Stores;
+
+pub(crate) mod cast;
+pub(crate) mod fp8;
+pub(crate) mod quant;
+
+/// Writes `v` to the 32 bytes at `p`.
+///
+/// # Safety
+/// The 32 bytes at `p` are writable; with [`Stores::Streaming`] `p` is 32-byte aligned. A
+/// streaming kernel calls [`fence`] before it returns.
+#[inline(always)]
+pub(crate) unsafe fn store(p: *mut u8, v: __m256i, how: Stores) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match how {
+            Stores::Cached => _mm256_storeu_si256(p.cast(), v),
+            Stores::Streaming => _mm256_stream_si256(p.cast(), v),
+        }
+    }
+}
+
+/// Orders a kernel's streaming stores before whatever the thread does next (joining the
+/// scope that hands the output on included): non-temporal stores are weakly ordered.
+#[inline(always)]
+pub(crate) fn fence(how: Stores) {
+    if how == Stores::Streaming {
+        // SAFETY: sfence has no preconditions (SSE, in every x86-64 CPU).
+        unsafe { _mm_sfence() };
+    }
+}
+
+/// Scales the kernel tests run over: the special values, the edges of f32, and a spread of
+/// finite patterns in the range scales live in.
+#[cfg(test)]
+pub(crate) fn test_scales() -> Vec<f32> {
+    let mut k = vec![
+        1.0,
+        -1.0,
+        0.0,
+        -0.0,
+        0.37,
+        1e-3,
+        448.0,
+        3.0e38,
+        1.0e-30,
+        // Subnormal products: the smallest e4m3 value (2^-9) times these lands below 2^-126.
+        1.0e-36,
+        f32::from_bits(1),
+        f32::MIN_POSITIVE,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::MAX,
+    ];
+    let mut x = 0x9E37_79B9u32;
+    for _ in 0..64 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        // Any finite pattern, most of them in the range scales live in.
+        let w = (x & 0x807F_FFFF) | ((100 + (x >> 23) % 40) << 23);
+        k.push(f32::from_bits(w));
+    }
+    k
+}
