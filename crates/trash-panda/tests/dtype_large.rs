@@ -92,14 +92,16 @@ fn fp8_expansion_streams_and_splits_to_the_same_bits() {
 
 #[test]
 fn wide_casts_stream_and_split_to_the_same_bits() {
-    // 8.7 MB of bf16 out; the output starts 6 bytes into its buffer.
+    // 8.7 MB of bf16 or f16 out; the output starts 6 bytes into its buffer.
     let n = 4_333_333;
     let raw = data(n * 4, 13, DType::F32);
-    same_everywhere("f32->bf16", |threads| {
-        let mut out = vec![0u8; n * 2 + 6];
-        cast(&raw, DType::F32, &mut out[6..], DType::BF16, threads).unwrap();
-        out
-    });
+    for dt in [DType::BF16, DType::F16] {
+        same_everywhere(&format!("f32->{dt}"), |threads| {
+            let mut out = vec![0u8; n * 2 + 6];
+            cast(&raw, DType::F32, &mut out[6..], dt, threads).unwrap();
+            out
+        });
+    }
 }
 
 #[test]

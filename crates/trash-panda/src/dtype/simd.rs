@@ -67,7 +67,7 @@ impl Stores {
 pub enum SimdLevel {
     /// Plain Rust, whatever the target's baseline vectorizes (SSE2 on x86-64, NEON on aarch64).
     Portable,
-    /// x86-64 with AVX2 and FMA.
+    /// x86-64 with AVX2, FMA and F16C (every AVX2 CPU has the last two).
     Avx2,
     /// x86-64 with AVX-512 F, BW and VL (and AVX2, FMA).
     Avx512,
@@ -95,7 +95,9 @@ impl SimdLevel {
             SimdLevel::Portable => true,
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => {
-                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+                std::is_x86_feature_detected!("avx2")
+                    && std::is_x86_feature_detected!("fma")
+                    && std::is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => {
@@ -226,6 +228,7 @@ pub fn kernel_path(src: DType, dst: DType) -> String {
         let hand = match (src, dst) {
             (F8E4M3, BF16) => Some("table"),
             (F32, BF16) => Some("round and pack"),
+            (F32, F16) => Some("f16c"),
             (BF16, F8E4M3) => Some("divide and encode"),
             _ => None,
         };
@@ -342,10 +345,19 @@ multiversion! {
 fn direct(src: &[u8], src_t: DType, dst: &mut [u8], dst_t: DType, stores: Stores) -> bool {
     use DType::*;
     #[cfg(target_arch = "x86_64")]
-    if (src_t, dst_t) == (F32, BF16) && matches!(level(), SimdLevel::Avx2 | SimdLevel::Avx512) {
-        // SAFETY: `level()` returns these levels only when this CPU has AVX2 and FMA, the
-        // features the kernel is compiled with.
-        unsafe { super::avx2::cast::f32_to_bf16(src, dst, stores) };
+    if src_t == F32
+        && matches!(dst_t, BF16 | F16)
+        && matches!(level(), SimdLevel::Avx2 | SimdLevel::Avx512)
+    {
+        // SAFETY: `level()` returns these levels only when this CPU has AVX2, FMA and F16C
+        // (`SimdLevel::is_supported`), the features the kernels are compiled with.
+        unsafe {
+            if dst_t == BF16 {
+                super::avx2::cast::f32_to_bf16(src, dst, stores);
+            } else {
+                super::avx2::cast::f32_to_f16(src, dst, stores);
+            }
+        }
         return true;
     }
     #[cfg(not(target_arch = "x86_64"))]

@@ -97,13 +97,10 @@ impl Table {
     }
 }
 
-/// Looks up the codes of `src` in `table` into `dst` (two bytes per code), 32 at a time;
-/// returns how many it did (the rest, under 32, is the caller's). With streaming stores `dst`
-/// is 32-byte aligned, and the caller fences once it is done (a fence per call would stall
-/// every short run of a block scale).
+/// The bf16 results of the 32 codes `c` (`mag` = `c & 0x7F`, no NaN among them) by `table`,
+/// as two registers of low and high bytes in code order.
 #[target_feature(enable = "avx2,fma")]
-fn lookup(src: &[u8], dst: &mut [u8], table: &Table, stores: Stores) -> usize {
-    let n = src.len().min(dst.len() / 2);
+fn bytes_of(c: __m256i, mag: __m256i, table: &Table) -> (__m256i, __m256i) {
     let [nl, nh] = table.normal;
     let [sl, sh] = table.sub;
     // The high byte's addend by `code >> 4` = sign, then the exponent's upper three bits.
@@ -111,40 +108,68 @@ fn lookup(src: &[u8], dst: &mut [u8], table: &Table, stores: Stores) -> usize {
         0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121, 0, 1, 2, 3, 4, 5,
         6, 7, -128, -127, -126, -125, -124, -123, -122, -121,
     );
+    let normal = _mm256_sub_epi8(mag, _mm256_set1_epi8(8));
+    let sub = _mm256_add_epi8(mag, _mm256_set1_epi8(0x78));
+    let lo = _mm256_or_si256(
+        _mm256_shuffle_epi8(nl, normal),
+        _mm256_shuffle_epi8(sl, sub),
+    );
+    let hi = _mm256_or_si256(
+        _mm256_shuffle_epi8(nh, normal),
+        _mm256_shuffle_epi8(sh, sub),
+    );
+    // Bytes shifted by four within 16-bit lanes: the low nibble is the byte's own high one.
+    let top = _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi8(0x0F));
+    (lo, _mm256_add_epi8(hi, _mm256_shuffle_epi8(addend, top)))
+}
+
+/// The 32 codes at `src` and their magnitudes, and whether one of them is a NaN.
+///
+/// # Safety
+/// The 32 bytes at `src` are readable.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn load_codes(src: *const u8) -> (__m256i, __m256i, bool) {
+    // SAFETY: the caller's contract; loadu has no alignment requirement.
+    let c = unsafe { _mm256_loadu_si256(src.cast()) };
+    let mag = _mm256_and_si256(c, _mm256_set1_epi8(0x7F));
+    let nan = _mm256_movemask_epi8(_mm256_cmpeq_epi8(mag, _mm256_set1_epi8(0x7F))) != 0;
+    (c, mag, nan)
+}
+
+/// Interleaves 32 low and high bytes into the 64 bytes at `d`.
+///
+/// # Safety
+/// The 64 bytes at `d` are writable, and 32-byte aligned when streaming.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn store_64(d: *mut u8, lo: __m256i, hi: __m256i, stores: Stores) {
+    // Byte unpacks work within 128-bit halves: a = codes 0-7 | 16-23, b = 8-15 | 24-31.
+    let a = _mm256_unpacklo_epi8(lo, hi);
+    let b = _mm256_unpackhi_epi8(lo, hi);
+    // SAFETY: the caller's contract.
+    unsafe {
+        store(d, _mm256_permute2x128_si256(a, b, 0x20), stores);
+        store(d.add(32), _mm256_permute2x128_si256(a, b, 0x31), stores);
+    }
+}
+
+/// Looks up the codes of `src` in `table` into `dst` (two bytes per code), 32 at a time;
+/// returns how many it did (the rest, under 32, is the caller's). With streaming stores `dst`
+/// is 32-byte aligned, and the caller fences once it is done.
+#[target_feature(enable = "avx2,fma")]
+fn lookup(src: &[u8], dst: &mut [u8], table: &Table, stores: Stores) -> usize {
+    let n = src.len().min(dst.len() / 2);
     let mut i = 0;
     while i + 32 <= n {
-        // SAFETY: i + 32 <= n <= src.len(), so the 32 bytes at src[i..] are in bounds; loadu has
-        // no alignment requirement.
-        let c = unsafe { _mm256_loadu_si256(src.as_ptr().add(i).cast()) };
-        let mag = _mm256_and_si256(c, _mm256_set1_epi8(0x7F));
-        if _mm256_movemask_epi8(_mm256_cmpeq_epi8(mag, _mm256_set1_epi8(0x7F))) != 0 {
+        // SAFETY: i + 32 <= n <= src.len(): the 32 bytes at src[i..] are in bounds.
+        let (c, mag, nan) = unsafe { load_codes(src.as_ptr().add(i)) };
+        if nan {
             // A NaN code (rare; the identity does not cover it): these 32 are computed.
             e4m3_to_bf16_computed(&src[i..i + 32], &mut dst[2 * i..2 * i + 64], table.k);
-            i += 32;
-            continue;
-        }
-        let normal = _mm256_sub_epi8(mag, _mm256_set1_epi8(8));
-        let sub = _mm256_add_epi8(mag, _mm256_set1_epi8(0x78));
-        let lo = _mm256_or_si256(
-            _mm256_shuffle_epi8(nl, normal),
-            _mm256_shuffle_epi8(sl, sub),
-        );
-        let hi = _mm256_or_si256(
-            _mm256_shuffle_epi8(nh, normal),
-            _mm256_shuffle_epi8(sh, sub),
-        );
-        // Bytes shifted by four within 16-bit lanes: the low nibble is the byte's own high one.
-        let top = _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi8(0x0F));
-        let hi = _mm256_add_epi8(hi, _mm256_shuffle_epi8(addend, top));
-        // Byte unpacks work within 128-bit halves: a = codes 0-7 | 16-23, b = 8-15 | 24-31.
-        let a = _mm256_unpacklo_epi8(lo, hi);
-        let b = _mm256_unpackhi_epi8(lo, hi);
-        // SAFETY: 2 * (i + 32) <= 2 * n <= dst.len(), so the 64 bytes at dst[2 * i..] are in
-        // bounds; aligned when streaming (the caller aligned dst, and each step adds 64).
-        unsafe {
-            let d = dst.as_mut_ptr().add(2 * i);
-            store(d, _mm256_permute2x128_si256(a, b, 0x20), stores);
-            store(d.add(32), _mm256_permute2x128_si256(a, b, 0x31), stores);
+        } else {
+            let (lo, hi) = bytes_of(c, mag, table);
+            // SAFETY: 2 * (i + 32) <= 2 * n <= dst.len(): the 64 bytes at dst[2 * i..] are in
+            // bounds; aligned when streaming (the caller aligned dst, and each step adds 64).
+            unsafe { store_64(dst.as_mut_ptr().add(2 * i), lo, hi, stores) };
         }
         i += 32;
     }
@@ -153,8 +178,7 @@ fn lookup(src: &[u8], dst: &mut [u8], table: &Table, stores: Stores) -> usize {
 
 /// Whole rows `first_row..` of an e4m3fn -> bf16 expansion with `block` x `block` scales
 /// (`scales` row-major over the tile grid, as `Scale::Block`). A tile's table is shared by
-/// `block` rows, so each block row builds one per tile and every row of it looks its segments
-/// up.
+/// `block` rows, so each block row builds one per tile and every row of it looks them up.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn e4m3_to_bf16_blocks(
     src: &[u8],
@@ -183,20 +207,74 @@ pub(crate) fn e4m3_to_bf16_blocks(
                 .collect();
             tables_of = block_row;
         }
-        let segments = s.chunks(block).zip(d.chunks_mut(2 * block));
-        for ((s, d), (k, table)) in segments.zip(ks.iter().zip(&tables)) {
-            let done = match table {
-                Some(t) => {
-                    let (head, stores) = stores.head(d.as_ptr(), 2, s.len());
-                    e4m3_to_bf16_computed(&s[..head], &mut d[..2 * head], *k);
-                    head + lookup(&s[head..], &mut d[2 * head..], t, stores)
-                }
-                None => 0,
-            };
-            e4m3_to_bf16_computed(&s[done..], &mut d[2 * done..], *k);
+        if block < 32 {
+            computed_tiles(s, d, 0, ks, block);
+        } else {
+            row_of_tiles(s, d, ks, &tables, block, stores);
         }
     }
     fence(stores);
+}
+
+/// One row of [`e4m3_to_bf16_blocks`] (`block` >= 32): the row is one stream of 32-code steps
+/// aligned for streaming stores, not one per tile (a tile's 256 bytes would leave cache lines
+/// half streamed and half stored, which stalls); a step across two tiles looks up both tables
+/// and takes each code from its own.
+#[target_feature(enable = "avx2,fma")]
+fn row_of_tiles(
+    s: &[u8],
+    d: &mut [u8],
+    ks: &[f32],
+    tables: &[Option<Table>],
+    block: usize,
+    stores: Stores,
+) {
+    let n = s.len().min(d.len() / 2);
+    let iota = _mm256_setr_epi8(
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
+        25, 26, 27, 28, 29, 30, 31,
+    );
+    let (head, stores) = stores.head(d.as_ptr(), 2, n);
+    computed_tiles(&s[..head], &mut d[..2 * head], 0, ks, block);
+    let mut i = head;
+    while i + 32 <= n {
+        let (t0, t1) = (i / block, (i + 31) / block);
+        // SAFETY: i + 32 <= n <= s.len(): the 32 bytes at s[i..] are in bounds.
+        let (c, mag, nan) = unsafe { load_codes(s.as_ptr().add(i)) };
+        match (&tables[t0], &tables[t1]) {
+            (Some(a), Some(b)) if !nan => {
+                let (mut lo, mut hi) = bytes_of(c, mag, a);
+                if t1 != t0 {
+                    // Codes before the tile edge (at most 31, as block >= 32) keep table a's.
+                    let (lo_b, hi_b) = bytes_of(c, mag, b);
+                    let edge = _mm256_set1_epi8((t1 * block - i) as i8);
+                    let first = _mm256_cmpgt_epi8(edge, iota);
+                    lo = _mm256_blendv_epi8(lo_b, lo, first);
+                    hi = _mm256_blendv_epi8(hi_b, hi, first);
+                }
+                // SAFETY: 2 * (i + 32) <= 2 * n <= d.len(): the 64 bytes at d[2 * i..] are in
+                // bounds; aligned when streaming (`head` aligned d + 2 * head; steps add 64).
+                unsafe { store_64(d.as_mut_ptr().add(2 * i), lo, hi, stores) };
+            }
+            // A NaN code, or a scale without a table: computed, tile by tile.
+            _ => computed_tiles(&s[i..i + 32], &mut d[2 * i..2 * i + 64], i, ks, block),
+        }
+        i += 32;
+    }
+    computed_tiles(&s[i..n], &mut d[2 * i..2 * n], i, ks, block);
+}
+
+/// Codes `src` (of a row, starting at column `col`) times their tiles' scales `ks`, computed.
+#[target_feature(enable = "avx2,fma")]
+fn computed_tiles(src: &[u8], dst: &mut [u8], col: usize, ks: &[f32], block: usize) {
+    let mut done = 0;
+    while done < src.len() {
+        let at = col + done;
+        let len = (block - at % block).min(src.len() - done);
+        let d = &mut dst[2 * done..2 * (done + len)];
+        e4m3_to_bf16_computed(&src[done..done + len], d, ks[at / block]);
+        done += len;
+    }
 }
 
 /// [`e4m3_to_bf16_scaled`] computing each result in registers (any `k`, any length).
@@ -363,6 +441,8 @@ mod tests {
             (300usize, 200usize, 128usize, 0usize),
             (70, 333, 64, 37),
             (5, 40, 128, 250),
+            (33, 97, 32, 5),
+            (40, 100, 16, 3),
         ] {
             let tiles = cols.div_ceil(block);
             let grid = (first_row + rows).div_ceil(block) * tiles;
@@ -374,7 +454,7 @@ mod tests {
                 ks[r / block * tiles + col / block]
             };
             for stores in [Stores::Cached, Stores::Streaming] {
-                for off in [0usize, 2] {
+                for off in [0usize, 2, 6, 1] {
                     let mut buf = vec![0u8; src.len() * 2 + 64];
                     let got = &mut buf[off..off + src.len() * 2];
                     // SAFETY: the CPU has AVX2 and FMA (checked above).
