@@ -214,10 +214,14 @@ fn main() {
     // Buffers allocated once and reused by every case; the largest source is f32 or bf16 at
     // twice the output size.
     let mut src_all = vec![0u8; out_bytes * 2];
-    let mut dst = vec![0u8; out_bytes];
+    // The output starts on a 64-byte boundary, as torch's CPU allocator places tensors (a
+    // large Vec is only 16-byte aligned); `--misalign B` shifts it by B bytes.
+    let mut dst_buf = vec![0u8; out_bytes + 128];
+    let lead = dst_buf.as_ptr().align_offset(64) + arg("--misalign", 0) % 64;
+    let dst = &mut dst_buf[lead..lead + out_bytes];
     // Touch everything first: fresh pages (even read-only zero pages) would skew the timings.
     fill_random(&mut src_all, 5);
-    fill_random(&mut dst, 3);
+    fill_random(dst, 3);
     let mut scales = vec![1.0f32; out_bytes];
 
     // One and two threads (the columns), whatever the core count; memcpy on as many.
@@ -225,9 +229,7 @@ fn main() {
     let memcpy: Vec<f64> = thread_counts
         .iter()
         .map(|&threads| {
-            let t = best_of(reps, || {
-                parallel_copy(&mut dst, &src_all[..out_bytes], threads)
-            });
+            let t = best_of(reps, || parallel_copy(dst, &src_all[..out_bytes], threads));
             gbps(out_bytes, t)
         })
         .collect();
@@ -259,9 +261,7 @@ fn main() {
         let (mut speeds, mut ratios) = (Vec::new(), Vec::new());
         for &threads in &thread_counts {
             // memcpy again right before the case: the machine's bandwidth drifts.
-            let copy = best_of(reps, || {
-                parallel_copy(&mut dst, &src_all[..out_bytes], threads)
-            });
+            let copy = best_of(reps, || parallel_copy(dst, &src_all[..out_bytes], threads));
             let t = best_of(reps, || {
                 let r = match case.name {
                     n if n.contains("quantize") => {
@@ -271,12 +271,12 @@ fn main() {
                             (QuantGranularity::PerRow, rows)
                         };
                         let s = &mut scales[..groups];
-                        quantize_fp8(src, case.src_dtype, (rows, cols), g, &mut dst, s, threads)
+                        quantize_fp8(src, case.src_dtype, (rows, cols), g, dst, s, threads)
                     }
                     n if n.contains("per-tensor") => expand(
                         src,
                         case.src_dtype,
-                        &mut dst,
+                        dst,
                         case.dst_dtype,
                         (rows, cols),
                         &Scale::PerTensor(0.0123),
@@ -285,7 +285,7 @@ fn main() {
                     n if n.contains("per-row") => expand(
                         src,
                         case.src_dtype,
-                        &mut dst,
+                        dst,
                         case.dst_dtype,
                         (rows, cols),
                         &Scale::PerRow(&row_scales),
@@ -294,7 +294,7 @@ fn main() {
                     n if n.contains("block") => expand(
                         src,
                         case.src_dtype,
-                        &mut dst,
+                        dst,
                         case.dst_dtype,
                         (rows, cols),
                         &Scale::Block {
@@ -306,13 +306,13 @@ fn main() {
                     _ if case.src_dtype.is_fp8() => expand(
                         src,
                         case.src_dtype,
-                        &mut dst,
+                        dst,
                         case.dst_dtype,
                         (rows, cols),
                         &Scale::None,
                         threads,
                     ),
-                    _ => cast(src, case.src_dtype, &mut dst, case.dst_dtype, threads),
+                    _ => cast(src, case.src_dtype, dst, case.dst_dtype, threads),
                 };
                 if let Err(e) = r {
                     panic!("{}: {e}", case.name);

@@ -178,6 +178,7 @@ pub fn cast(
         |r, d, _| {
             let s = &src[r.start * src_dtype.size()..r.end * src_dtype.size()];
             simd::convert(s, src_dtype, d, dst_dtype, None, stores);
+            stores.fence();
         },
     );
     Ok(())

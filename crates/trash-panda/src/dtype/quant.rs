@@ -85,12 +85,14 @@ pub fn quantize_fp8(
             let none: &mut [u8] = &mut [];
             parallel::split_run(n, grain, threads, (dst, 1), (none, 0), |r, d, _| {
                 encode_scaled(&src[r.start * ss..r.end * ss], src_dtype, d, s, stores);
+                stores.fence();
             });
         }
         QuantGranularity::PerRow => {
             parallel::split_run(rows, 1, threads, (dst, cols), (scales, 1), |r, d, sc| {
                 let s = &src[r.start * cols * ss..r.end * cols * ss];
                 quantize_rows(s, src_dtype, d, sc, cols, stores);
+                stores.fence();
             });
         }
     }

@@ -178,6 +178,7 @@ pub fn expand(
             parallel::split_run(n, grain, threads, (dst, ds), (none, 0), |r, d, _| {
                 let s = &src[r.start * ss..r.end * ss];
                 simd::convert(s, src_dtype, d, dst_dtype, k, stores);
+                stores.fence();
             });
         }
         Scale::PerRow(_) | Scale::Block { .. } => {
@@ -186,6 +187,7 @@ pub fn expand(
                 let s = &src[r.start * cols * ss..r.end * cols * ss];
                 let rows_at = (r.start, cols);
                 expand_rows(s, src_dtype, d, dst_dtype, rows_at, scale, stores);
+                stores.fence();
             });
         }
     }

@@ -46,6 +46,17 @@ impl Stores {
         }
     }
 
+    /// Orders this thread's streaming stores before whatever it does next (joining the scope
+    /// that hands the output on included): non-temporal stores are weakly ordered. Called once
+    /// per thread after its share of a job.
+    pub(crate) fn fence(self) {
+        #[cfg(target_arch = "x86_64")]
+        if self == Stores::Streaming {
+            // SAFETY: sfence has no preconditions (SSE, in every x86-64 CPU).
+            unsafe { core::arch::x86_64::_mm_sfence() };
+        }
+    }
+
     /// How many leading elements (of `size` output bytes each, `n` in all) to write before the
     /// vector loop so that its stores at `dst` are 32-byte aligned, as streaming stores must be;
     /// and the stores the loop then uses (cached when `dst` can never be aligned).

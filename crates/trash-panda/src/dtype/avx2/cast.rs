@@ -8,7 +8,7 @@
 
 use core::arch::x86_64::*;
 
-use super::{fence, store, Stores};
+use super::{store, Stores};
 use crate::dtype::cast::{f32_bits_to_bf16_bf, f32_bits_to_f16_bf};
 
 /// Eight f32 patterns rounded to nearest even bf16 in the low half of each 32-bit lane, as
@@ -63,7 +63,6 @@ pub(crate) fn f32_to_bf16(src: &[u8], dst: &mut [u8], stores: Stores) {
         unsafe { store(dst.as_mut_ptr().add(2 * i), v, stores) };
         i += 16;
     }
-    fence(stores);
     scalar(&src[4 * i..4 * n], &mut dst[2 * i..2 * n]);
 }
 
@@ -91,7 +90,6 @@ pub(crate) fn f32_to_f16(src: &[u8], dst: &mut [u8], stores: Stores) {
         unsafe { store(dst.as_mut_ptr().add(2 * i), _mm256_set_m128i(b, a), stores) };
         i += 16;
     }
-    fence(stores);
     scalar_f16(&src[4 * i..4 * n], &mut dst[2 * i..2 * n]);
 }
 

@@ -2,11 +2,13 @@
 
 use core::arch::x86_64::*;
 
-use super::{fence, store, Stores};
+use super::cast::{pack_16, round_bf16};
+use super::{store, Stores};
 use crate::dtype::cast::f32_bits_to_bf16_bf;
 use crate::dtype::fp8::e4m3_to_f32_bits;
 
-/// Below this many codes building a table (sixteen scalar products) costs more than it saves.
+/// Below this many codes building a table (sixteen scalar products) costs more than it saves;
+/// at least 32, a whole lookup step.
 const TABLE_MIN: usize = 256;
 
 /// Whether [`e4m3_to_bf16_scaled`] looks `n` codes times `k` up in a table (else it computes).
@@ -23,10 +25,14 @@ pub(crate) fn e4m3_to_bf16_scaled(src: &[u8], dst: &mut [u8], k: f32, stores: St
     if uses_table(n, k) {
         let table = Table::new(k);
         let (head, stores) = stores.head(dst.as_ptr(), 2, n);
-        e4m3_to_bf16_computed(&src[..head], &mut dst[..2 * head], k);
+        // The head and the tail (under 32 codes each) come out of whole 32-code windows, which
+        // n >= TABLE_MIN >= 32 guarantees.
+        let one = (Some(&table), Some(&table), 32);
+        let computed = |s: &[u8], d: &mut [u8]| e4m3_to_bf16_computed(s, d, k);
+        window(&src[..32], 0, &mut dst[..2 * head], one, computed);
         let done = head + lookup(&src[head..n], &mut dst[2 * head..2 * n], &table, stores);
-        fence(stores);
-        e4m3_to_bf16_computed(&src[done..n], &mut dst[2 * done..2 * n], k);
+        let (tail, rest) = (&mut dst[2 * done..2 * n], n - done);
+        window(&src[n - 32..n], 32 - rest, tail, one, computed);
     } else {
         e4m3_to_bf16_computed(&src[..n], &mut dst[..2 * n], k);
     }
@@ -62,39 +68,53 @@ impl Table {
         (f32::from_bits(0x0D80_0000)..=f32::from_bits(0x7180_0000)).contains(&a)
     }
 
-    /// The tables of `k`; [`Table::holds`] must hold for `k`.
+    /// The tables of `k`; [`Table::holds`] must hold for `k`. Built in registers: a table per
+    /// row of a per-row scale is built 8192 codes apart, often enough to show.
     #[target_feature(enable = "avx2,fma")]
     fn new(k: f32) -> Table {
-        let product = |code: u8| {
-            let x = f32::from_bits(e4m3_to_f32_bits(code)) * k;
-            f32_bits_to_bf16_bf(x.to_bits())
-        };
-        let mut bytes = [[0u8; 16]; 4];
-        for i in 0..16u8 {
-            // Entry i of the normal table: mantissa j = i & 7 and exponent low bit 1 - i / 8;
-            // the code 0x38 | j is 1 + j/8 (e = 7).
-            let low_bit = 1 - u16::from(i >> 3);
-            let v = product(0x38 | (i & 7))
-                .wrapping_add(low_bit << 7)
-                .wrapping_sub(7 << 7);
-            bytes[0][usize::from(i)] = v as u8;
-            bytes[1][usize::from(i)] = (v >> 8) as u8;
-            if i >= 8 {
-                let s = product(i - 8);
-                bytes[2][usize::from(i)] = s as u8;
-                bytes[3][usize::from(i)] = (s >> 8) as u8;
-            }
-        }
-        // SAFETY: each row of `bytes` is 16 bytes, the size of the unaligned load.
-        let load = |row: &[u8; 16]| unsafe {
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(row.as_ptr().cast()))
-        };
+        let kv = _mm256_set1_ps(k);
+        // The codes' values are exact f32 constants (1 + j/8 for 0x38 | j, m/512 for m < 8), so
+        // each product is the reference's `decode(code) * k`, rounded as `f32_bits_to_bf16_bf`
+        // does (no NaN: k is finite).
+        let units = _mm256_setr_ps(1.0, 1.125, 1.25, 1.375, 1.5, 1.625, 1.75, 1.875);
+        let subs = _mm256_mul_ps(
+            _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0),
+            _mm256_set1_ps(1.0 / 512.0),
+        );
+        let b = round_bf16(_mm256_castps_si256(_mm256_mul_ps(units, kv)));
+        let s = round_bf16(_mm256_castps_si256(_mm256_mul_ps(subs, kv)));
+        // Entry j has the exponent's low bit 1, entry 8 + j has it 0: B[j] + ((bit - 7) << 7).
+        // Every B[j] has an exponent of at least 27 (|k| >= 2^-100), so no difference is
+        // negative and the saturating pack is exact.
+        let normal = pack_16(
+            _mm256_sub_epi32(b, _mm256_set1_epi32(6 << 7)),
+            _mm256_sub_epi32(b, _mm256_set1_epi32(7 << 7)),
+        );
+        // The subnormal results sit at entries 8..=15.
+        let sub = pack_16(_mm256_setzero_si256(), s);
         Table {
             k,
-            normal: [load(&bytes[0]), load(&bytes[1])],
-            sub: [load(&bytes[2]), load(&bytes[3])],
+            normal: split_bytes(normal),
+            sub: split_bytes(sub),
         }
     }
+}
+
+/// Sixteen 16-bit values as their low bytes and their high bytes, each 16-byte table in both
+/// 128-bit halves (as `vpshufb` reads it).
+#[target_feature(enable = "avx2,fma")]
+fn split_bytes(v: __m256i) -> [__m256i; 2] {
+    // Within each half: the even (low) bytes, then the odd (high) ones.
+    let order = _mm256_setr_epi8(
+        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5,
+        7, 9, 11, 13, 15,
+    );
+    // low bytes 0-7, low 8-15, high 0-7, high 8-15 in 64-bit quarters.
+    let q = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, order), 0b11_01_10_00);
+    [
+        _mm256_permute2x128_si256(q, q, 0x00),
+        _mm256_permute2x128_si256(q, q, 0x11),
+    ]
 }
 
 /// The bf16 results of the 32 codes `c` (`mag` = `c & 0x7F`, no NaN among them) by `table`,
@@ -154,7 +174,7 @@ unsafe fn store_64(d: *mut u8, lo: __m256i, hi: __m256i, stores: Stores) {
 
 /// Looks up the codes of `src` in `table` into `dst` (two bytes per code), 32 at a time;
 /// returns how many it did (the rest, under 32, is the caller's). With streaming stores `dst`
-/// is 32-byte aligned, and the caller fences once it is done.
+/// is 32-byte aligned.
 #[target_feature(enable = "avx2,fma")]
 fn lookup(src: &[u8], dst: &mut [u8], table: &Table, stores: Stores) -> usize {
     let n = src.len().min(dst.len() / 2);
@@ -213,13 +233,85 @@ pub(crate) fn e4m3_to_bf16_blocks(
             row_of_tiles(s, d, ks, &tables, block, stores);
         }
     }
-    fence(stores);
 }
 
-/// One row of [`e4m3_to_bf16_blocks`] (`block` >= 32): the row is one stream of 32-code steps
-/// aligned for streaming stores, not one per tile (a tile's 256 bytes would leave cache lines
-/// half streamed and half stored, which stalls); a step across two tiles looks up both tables
-/// and takes each code from its own.
+/// The results of 32 codes whose first `before` take table `a` and the rest table `b` (a step
+/// across a tile edge looks up both tables and takes each code from its own); `None` for a NaN
+/// code or a tile without a table.
+#[target_feature(enable = "avx2,fma")]
+fn step(
+    codes: (__m256i, __m256i, bool),
+    a: Option<&Table>,
+    b: Option<&Table>,
+    before: usize,
+) -> Option<(__m256i, __m256i)> {
+    let (c, mag, nan) = codes;
+    let (a, b) = (a?, b?);
+    if nan {
+        return None;
+    }
+    let (lo, hi) = bytes_of(c, mag, a);
+    if before >= 32 {
+        return Some((lo, hi));
+    }
+    let iota = _mm256_setr_epi8(
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
+        25, 26, 27, 28, 29, 30, 31,
+    );
+    let (lo_b, hi_b) = bytes_of(c, mag, b);
+    let first = _mm256_cmpgt_epi8(_mm256_set1_epi8(before as i8), iota);
+    Some((
+        _mm256_blendv_epi8(lo_b, lo, first),
+        _mm256_blendv_epi8(hi_b, hi, first),
+    ))
+}
+
+/// The tables of the 32 codes at column `i` of a row of `block`-code tiles (at least 32) and
+/// how many of them are before the tile edge (32: none is after it), as [`step`] takes them.
+fn tiles_at(
+    tables: &[Option<Table>],
+    i: usize,
+    block: usize,
+) -> (Option<&Table>, Option<&Table>, usize) {
+    let (t0, t1) = (i / block, (i + 31) / block);
+    let table = |t: usize| tables.get(t).and_then(Option::as_ref);
+    let before = if t1 == t0 { 32 } else { t1 * block - i };
+    (table(t0), table(t1), before)
+}
+
+/// Codes `at..` of the 32-code window `win` into `dst` (which holds fewer than 32 results),
+/// through a stack buffer: the head before aligned stores and the tail after them, by table
+/// rather than one at a time. The tables are [`step`]'s; where it gives `None`,
+/// `fallback(codes, dst)` computes them.
+#[target_feature(enable = "avx2,fma")]
+fn window(
+    win: &[u8],
+    at: usize,
+    dst: &mut [u8],
+    (a, b, before): (Option<&Table>, Option<&Table>, usize),
+    fallback: impl FnOnce(&[u8], &mut [u8]),
+) {
+    let count = dst.len() / 2;
+    if count == 0 || win.len() < 32 || at + count > 32 {
+        fallback(&win[at..at + count], dst);
+        return;
+    }
+    // SAFETY: `win` holds at least 32 bytes (checked above).
+    let codes = unsafe { load_codes(win.as_ptr()) };
+    match step(codes, a, b, before) {
+        Some((lo, hi)) => {
+            let mut buf = [0u8; 64];
+            // SAFETY: `buf` is 64 writable bytes; plain stores need no alignment.
+            unsafe { store_64(buf.as_mut_ptr(), lo, hi, Stores::Cached) };
+            dst.copy_from_slice(&buf[2 * at..2 * (at + count)]);
+        }
+        None => fallback(&win[at..at + count], dst),
+    }
+}
+
+/// One row of [`e4m3_to_bf16_blocks`] (`block` >= 32): the row is one run of 32-code steps
+/// aligned for streaming stores, not one run per tile (a tile's 256 bytes would leave cache
+/// lines half streamed and half stored plainly, which stalls).
 #[target_feature(enable = "avx2,fma")]
 fn row_of_tiles(
     s: &[u8],
@@ -230,38 +322,56 @@ fn row_of_tiles(
     stores: Stores,
 ) {
     let n = s.len().min(d.len() / 2);
-    let iota = _mm256_setr_epi8(
-        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
-        25, 26, 27, 28, 29, 30, 31,
-    );
+    if n < 32 {
+        computed_tiles(&s[..n], &mut d[..2 * n], 0, ks, block);
+        return;
+    }
     let (head, stores) = stores.head(d.as_ptr(), 2, n);
-    computed_tiles(&s[..head], &mut d[..2 * head], 0, ks, block);
+    let fallback = |s: &[u8], d: &mut [u8]| computed_tiles(s, d, 0, ks, block);
+    window(
+        &s[..32],
+        0,
+        &mut d[..2 * head],
+        tiles_at(tables, 0, block),
+        fallback,
+    );
     let mut i = head;
+    // The tile of column i and the column of its right edge, kept as i steps (a division per
+    // step would cost as much as the lookup).
+    let (mut t, mut edge) = (i / block, (i / block + 1) * block);
     while i + 32 <= n {
-        let (t0, t1) = (i / block, (i + 31) / block);
         // SAFETY: i + 32 <= n <= s.len(): the 32 bytes at s[i..] are in bounds.
-        let (c, mag, nan) = unsafe { load_codes(s.as_ptr().add(i)) };
-        match (&tables[t0], &tables[t1]) {
-            (Some(a), Some(b)) if !nan => {
-                let (mut lo, mut hi) = bytes_of(c, mag, a);
-                if t1 != t0 {
-                    // Codes before the tile edge (at most 31, as block >= 32) keep table a's.
-                    let (lo_b, hi_b) = bytes_of(c, mag, b);
-                    let edge = _mm256_set1_epi8((t1 * block - i) as i8);
-                    let first = _mm256_cmpgt_epi8(edge, iota);
-                    lo = _mm256_blendv_epi8(lo_b, lo, first);
-                    hi = _mm256_blendv_epi8(hi_b, hi, first);
-                }
-                // SAFETY: 2 * (i + 32) <= 2 * n <= d.len(): the 64 bytes at d[2 * i..] are in
-                // bounds; aligned when streaming (`head` aligned d + 2 * head; steps add 64).
-                unsafe { store_64(d.as_mut_ptr().add(2 * i), lo, hi, stores) };
-            }
+        let codes = unsafe { load_codes(s.as_ptr().add(i)) };
+        let a = tables.get(t).and_then(Option::as_ref);
+        let b = tables.get(t + 1).and_then(Option::as_ref);
+        let (b, before) = if i + 32 <= edge {
+            (a, 32)
+        } else {
+            (b, edge - i)
+        };
+        match step(codes, a, b, before) {
+            // SAFETY: 2 * (i + 32) <= 2 * n <= d.len(): the 64 bytes at d[2 * i..] are in
+            // bounds; aligned when streaming (`head` aligned d + 2 * head; steps add 64).
+            Some((lo, hi)) => unsafe { store_64(d.as_mut_ptr().add(2 * i), lo, hi, stores) },
             // A NaN code, or a scale without a table: computed, tile by tile.
-            _ => computed_tiles(&s[i..i + 32], &mut d[2 * i..2 * i + 64], i, ks, block),
+            None => computed_tiles(&s[i..i + 32], &mut d[2 * i..2 * i + 64], i, ks, block),
         }
         i += 32;
+        if i >= edge {
+            t += 1;
+            edge += block;
+        }
     }
-    computed_tiles(&s[i..n], &mut d[2 * i..2 * n], i, ks, block);
+    let (start, rest) = (n - 32, n - i);
+    let fallback = |s: &[u8], d: &mut [u8]| computed_tiles(s, d, i, ks, block);
+    let tail = &mut d[2 * i..2 * n];
+    window(
+        &s[start..n],
+        32 - rest,
+        tail,
+        tiles_at(tables, start, block),
+        fallback,
+    );
 }
 
 /// Codes `src` (of a row, starting at column `col`) times their tiles' scales `ks`, computed.

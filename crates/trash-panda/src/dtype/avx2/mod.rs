@@ -20,7 +20,11 @@
 //!
 //! Large outputs are written with non-temporal stores ([`Stores::Streaming`]): a plain store
 //! first reads the line it fills, so a kernel writing two bytes per byte read moves half again
-//! as much memory as it needs, where `memcpy` (`rep movsb`) does not.
+//! as much memory as it needs, where `memcpy` (`rep movsb`) does not. Streamed runs are aligned
+//! (a few elements before them are stored plainly), and a cache line is never written partly
+//! streamed and partly plain except at the ends of a run (each tile of a block scale would
+//! otherwise be one; see `fp8::row_of_tiles`). The kernels do not fence: the thread's closure
+//! in the splitter fences once ([`Stores::fence`]), not once per row.
 
 use core::arch::x86_64::*;
 
@@ -33,8 +37,8 @@ pub(crate) mod quant;
 /// Writes `v` to the 32 bytes at `p`.
 ///
 /// # Safety
-/// The 32 bytes at `p` are writable; with [`Stores::Streaming`] `p` is 32-byte aligned. A
-/// streaming kernel calls [`fence`] before it returns.
+/// The 32 bytes at `p` are writable; with [`Stores::Streaming`] `p` is 32-byte aligned. The
+/// thread that ran a streaming kernel calls [`Stores::fence`] before its output is handed on.
 #[inline(always)]
 pub(crate) unsafe fn store(p: *mut u8, v: __m256i, how: Stores) {
     // SAFETY: the caller's contract.
@@ -43,16 +47,6 @@ pub(crate) unsafe fn store(p: *mut u8, v: __m256i, how: Stores) {
             Stores::Cached => _mm256_storeu_si256(p.cast(), v),
             Stores::Streaming => _mm256_stream_si256(p.cast(), v),
         }
-    }
-}
-
-/// Orders a kernel's streaming stores before whatever the thread does next (joining the
-/// scope that hands the output on included): non-temporal stores are weakly ordered.
-#[inline(always)]
-pub(crate) fn fence(how: Stores) {
-    if how == Stores::Streaming {
-        // SAFETY: sfence has no preconditions (SSE, in every x86-64 CPU).
-        unsafe { _mm_sfence() };
     }
 }
 

@@ -2,7 +2,7 @@
 
 use core::arch::x86_64::*;
 
-use super::{fence, store, Stores};
+use super::{store, Stores};
 use crate::dtype::fp8::f32_bits_to_e4m3;
 
 /// The bits of max |x| over the non-NaN bf16 values of `src` as f32 bits (0 when there are
@@ -101,7 +101,6 @@ pub(crate) fn bf16_to_e4m3_divided(src: &[u8], dst: &mut [u8], k: f32, stores: S
         } else {
             divided_any(&src[2 * head..2 * n], &mut dst[head..n], k, stores)
         };
-    fence(stores);
     scalar(&src[2 * i..2 * n], &mut dst[i..n], k);
 }
 
