@@ -2,8 +2,6 @@
 //! in checkpoints.
 
 use super::cast::check_cast_dtypes;
-#[cfg(target_arch = "x86_64")]
-use super::simd::SimdLevel;
 use super::simd::{self, convert_inline, multiversion, Stores};
 use super::{check_bytes, elements, parallel, DType, DtypeError};
 
@@ -212,17 +210,17 @@ multiversion! {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if let (DType::F8E4M3, DType::BF16, Scale::Block { scales, block }) = (src_t, dst_t, scale) {
+        if let (Some(fmt), Scale::Block { scales, block }) =
+            (super::avx2::fp8_to_bf16(src_t, dst_t), scale)
+        {
             // Block scales give runs of 128, too short for a table each; the kernel shares one
             // per tile over the tile's rows.
-            if matches!(simd::level(), SimdLevel::Avx2 | SimdLevel::Avx512) {
-                // SAFETY: `level()` returns these levels only when this CPU has AVX2 and FMA, the
-                // features the kernel is compiled with.
-                unsafe {
-                    super::avx2::fp8::e4m3_to_bf16_blocks(src, dst, cols, first_row, scales, *block, stores)
-                };
-                return;
-            }
+            // SAFETY: `fp8_to_bf16` answers only at a level whose CPU has AVX2, FMA and F16C,
+            // the features the kernel is compiled with.
+            unsafe {
+                super::avx2::fp8::fp8_to_bf16_blocks(fmt, src, dst, rows_at, scales, *block, stores)
+            };
+            return;
         }
         let rows = src.chunks_exact(cols * ss).zip(dst.chunks_exact_mut(cols * ds));
         for (i, (s, d)) in rows.enumerate() {

@@ -237,7 +237,7 @@ pub fn kernel_path(src: DType, dst: DType) -> String {
     if matches!(lvl, SimdLevel::Avx2 | SimdLevel::Avx512) {
         use DType::*;
         let hand = match (src, dst) {
-            (F8E4M3, BF16) => Some("table"),
+            (F8E4M3 | F8E5M2, BF16) => Some("table"),
             (F32, BF16) => Some("round and pack"),
             (F32, F16) => Some("f16c"),
             (BF16, F8E4M3) => Some("divide and encode"),
@@ -295,14 +295,14 @@ pub(crate) fn convert_inline(
     stores: Stores,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if (src_t, dst_t) == (DType::F8E4M3, DType::BF16)
-        && matches!(level(), SimdLevel::Avx2 | SimdLevel::Avx512)
-    {
-        // The most common expansion, scaled or not (a scale of 1 is exact): the table kernel
-        // beats the staging loops and the direct loop at both levels (see avx2/mod.rs).
-        // SAFETY: `level()` returns these levels only when this CPU has AVX2 and FMA, the
+    if let Some(fmt) = super::avx2::fp8_to_bf16(src_t, dst_t) {
+        // fp8 -> bf16, scaled or not (a scale of 1 is exact): the table kernel beats the
+        // staging loops and the direct loops at both levels (see avx2/mod.rs).
+        // SAFETY: `fp8_to_bf16` answers only at a level whose CPU has AVX2, FMA and F16C, the
         // features the kernel is compiled with.
-        unsafe { super::avx2::fp8::e4m3_to_bf16_scaled(src, dst, scale.unwrap_or(1.0), stores) };
+        unsafe {
+            super::avx2::fp8::fp8_to_bf16_scaled(fmt, src, dst, scale.unwrap_or(1.0), stores)
+        };
         return;
     }
     if scale.is_none() && direct(src, src_t, dst, dst_t, stores) {

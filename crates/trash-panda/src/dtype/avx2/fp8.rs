@@ -2,10 +2,10 @@
 
 use core::arch::x86_64::*;
 
-use super::cast::{pack_16, round_bf16};
-use super::{store, Stores};
+use super::table::{bytes_of, load_codes, step, store_64, tiles_at, Fp8, Table};
+use super::Stores;
 use crate::dtype::cast::f32_bits_to_bf16_bf;
-use crate::dtype::fp8::e4m3_to_f32_bits;
+use crate::dtype::fp8::{e4m3_to_f32_bits, e5m2_to_f32_bits};
 
 /// Below this many codes building a table (sixteen scalar products) costs more than it saves;
 /// at least 32, a whole lookup step.
@@ -16,159 +16,41 @@ pub(crate) fn uses_table(n: usize, k: f32) -> bool {
     n >= TABLE_MIN && Table::holds(k)
 }
 
-/// e4m3fn codes times `k`, rounded to bf16: equal to decoding each code to f32 exactly,
-/// multiplying by `k` in f32 and rounding to nearest even (NaN -> `0x7FC0 | sign`). `dst` holds
-/// two bytes per code of `src`. With `k` = 1 it is the plain conversion.
+/// fp8 codes (of `fmt`) times `k`, rounded to bf16: equal to decoding each code to f32
+/// exactly, multiplying by `k` in f32 and rounding to nearest even (NaN -> `0x7FC0 | sign`).
+/// `dst` holds two bytes per code of `src`. With `k` = 1 it is the plain conversion.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) fn e4m3_to_bf16_scaled(src: &[u8], dst: &mut [u8], k: f32, stores: Stores) {
+pub(crate) fn fp8_to_bf16_scaled(fmt: Fp8, src: &[u8], dst: &mut [u8], k: f32, stores: Stores) {
     let n = src.len().min(dst.len() / 2);
     if uses_table(n, k) {
-        let table = Table::new(k);
+        let table = Table::new(k, fmt);
         let (head, stores) = stores.head(dst.as_ptr(), 2, n);
         // The head and the tail (under 32 codes each) come out of whole 32-code windows, which
         // n >= TABLE_MIN >= 32 guarantees.
         let one = (Some(&table), Some(&table), 32);
-        let computed = |s: &[u8], d: &mut [u8]| e4m3_to_bf16_computed(s, d, k);
-        window(&src[..32], 0, &mut dst[..2 * head], one, computed);
+        let fallback = |s: &[u8], d: &mut [u8]| computed(fmt, s, d, k);
+        window(fmt, &src[..32], 0, &mut dst[..2 * head], one, fallback);
         let done = head + lookup(&src[head..n], &mut dst[2 * head..2 * n], &table, stores);
         let (tail, rest) = (&mut dst[2 * done..2 * n], n - done);
-        window(&src[n - 32..n], 32 - rest, tail, one, computed);
+        window(fmt, &src[n - 32..n], 32 - rest, tail, one, fallback);
     } else {
-        e4m3_to_bf16_computed(&src[..n], &mut dst[..2 * n], k);
+        computed(fmt, &src[..n], &mut dst[..2 * n], k);
     }
 }
 
-/// The results of one scale `k` as four 16-byte `vpshufb` tables (each in both 128-bit halves).
-///
-/// A normal code is `(1 + j/8) 2^(e-7)` (exponent field e, mantissa j), so its product with `k`
-/// is that of `1 + j/8` with its exponent moved by `e - 7`; while every product stays a normal
-/// f32 (|k| within 2^-100..2^100, [`Table::holds`]), moving the exponent commutes with both
-/// roundings (to f32, then to bf16), so the bf16 result is `B[j] + ((e - 7) << 7)`, with
-/// `B[j] = bf16((1 + j/8) k)`. The eight subnormal codes get their own eight results `S[m]`.
-///
-/// [`lookup`] indexes the normal table with `mag - 8`, whose low nibble is `j` and the
-/// exponent's low bit (flipped), and whose sign bit (set for the subnormals) makes `vpshufb`
-/// give zero; the subnormal table with `mag + 0x78`, which is the other way round. So an entry
-/// of the normal table holds `B[j] + ((e & 1) - 7) << 7`, and the rest of the exponent,
-/// `(e >> 1) << 8`, and the code's sign are added to the high byte by a third, fixed lookup.
-struct Table {
-    /// The scale.
-    k: f32,
-    /// Low and high bytes of the normal results, by `(mag - 8) & 15`.
-    normal: [__m256i; 2],
-    /// Low and high bytes of the subnormal results, by `(mag + 8) & 15`.
-    sub: [__m256i; 2],
-}
-
-impl Table {
-    /// Whether the exponent-moving identity holds for every code times `k`.
-    fn holds(k: f32) -> bool {
-        let a = k.abs();
-        // False for NaN; 2^-100 and 2^100 are exact f32 constants.
-        (f32::from_bits(0x0D80_0000)..=f32::from_bits(0x7180_0000)).contains(&a)
-    }
-
-    /// The tables of `k`; [`Table::holds`] must hold for `k`. Built in registers: a table per
-    /// row of a per-row scale is built 8192 codes apart, often enough to show.
-    #[target_feature(enable = "avx2,fma")]
-    fn new(k: f32) -> Table {
-        let kv = _mm256_set1_ps(k);
-        // The codes' values are exact f32 constants (1 + j/8 for 0x38 | j, m/512 for m < 8), so
-        // each product is the reference's `decode(code) * k`, rounded as `f32_bits_to_bf16_bf`
-        // does (no NaN: k is finite).
-        let units = _mm256_setr_ps(1.0, 1.125, 1.25, 1.375, 1.5, 1.625, 1.75, 1.875);
-        let subs = _mm256_mul_ps(
-            _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0),
-            _mm256_set1_ps(1.0 / 512.0),
-        );
-        let b = round_bf16(_mm256_castps_si256(_mm256_mul_ps(units, kv)));
-        let s = round_bf16(_mm256_castps_si256(_mm256_mul_ps(subs, kv)));
-        // Entry j has the exponent's low bit 1, entry 8 + j has it 0: B[j] + ((bit - 7) << 7).
-        // Every B[j] has an exponent of at least 27 (|k| >= 2^-100), so no difference is
-        // negative and the saturating pack is exact.
-        let normal = pack_16(
-            _mm256_sub_epi32(b, _mm256_set1_epi32(6 << 7)),
-            _mm256_sub_epi32(b, _mm256_set1_epi32(7 << 7)),
-        );
-        // The subnormal results sit at entries 8..=15.
-        let sub = pack_16(_mm256_setzero_si256(), s);
-        Table {
-            k,
-            normal: split_bytes(normal),
-            sub: split_bytes(sub),
+/// Codes of `fmt` times `k` without a table: in registers for e4m3, one at a time for e5m2
+/// (which only reaches here for NaN and infinity codes, heads and tails, and scales the table
+/// does not hold for).
+#[target_feature(enable = "avx2,fma")]
+fn computed(fmt: Fp8, src: &[u8], dst: &mut [u8], k: f32) {
+    match fmt {
+        Fp8::E4m3 => e4m3_to_bf16_computed(src, dst, k),
+        Fp8::E5m2 => {
+            for (c, d) in src.iter().zip(dst.chunks_exact_mut(2)) {
+                let x = f32::from_bits(e5m2_to_f32_bits(*c)) * k;
+                d.copy_from_slice(&f32_bits_to_bf16_bf(x.to_bits()).to_le_bytes());
+            }
         }
-    }
-}
-
-/// Sixteen 16-bit values as their low bytes and their high bytes, each 16-byte table in both
-/// 128-bit halves (as `vpshufb` reads it).
-#[target_feature(enable = "avx2,fma")]
-fn split_bytes(v: __m256i) -> [__m256i; 2] {
-    // Within each half: the even (low) bytes, then the odd (high) ones.
-    let order = _mm256_setr_epi8(
-        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5,
-        7, 9, 11, 13, 15,
-    );
-    // low bytes 0-7, low 8-15, high 0-7, high 8-15 in 64-bit quarters.
-    let q = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, order), 0b11_01_10_00);
-    [
-        _mm256_permute2x128_si256(q, q, 0x00),
-        _mm256_permute2x128_si256(q, q, 0x11),
-    ]
-}
-
-/// The bf16 results of the 32 codes `c` (`mag` = `c & 0x7F`, no NaN among them) by `table`,
-/// as two registers of low and high bytes in code order.
-#[target_feature(enable = "avx2,fma")]
-fn bytes_of(c: __m256i, mag: __m256i, table: &Table) -> (__m256i, __m256i) {
-    let [nl, nh] = table.normal;
-    let [sl, sh] = table.sub;
-    // The high byte's addend by `code >> 4` = sign, then the exponent's upper three bits.
-    let addend = _mm256_setr_epi8(
-        0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121, 0, 1, 2, 3, 4, 5,
-        6, 7, -128, -127, -126, -125, -124, -123, -122, -121,
-    );
-    let normal = _mm256_sub_epi8(mag, _mm256_set1_epi8(8));
-    let sub = _mm256_add_epi8(mag, _mm256_set1_epi8(0x78));
-    let lo = _mm256_or_si256(
-        _mm256_shuffle_epi8(nl, normal),
-        _mm256_shuffle_epi8(sl, sub),
-    );
-    let hi = _mm256_or_si256(
-        _mm256_shuffle_epi8(nh, normal),
-        _mm256_shuffle_epi8(sh, sub),
-    );
-    // Bytes shifted by four within 16-bit lanes: the low nibble is the byte's own high one.
-    let top = _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi8(0x0F));
-    (lo, _mm256_add_epi8(hi, _mm256_shuffle_epi8(addend, top)))
-}
-
-/// The 32 codes at `src` and their magnitudes, and whether one of them is a NaN.
-///
-/// # Safety
-/// The 32 bytes at `src` are readable.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn load_codes(src: *const u8) -> (__m256i, __m256i, bool) {
-    // SAFETY: the caller's contract; loadu has no alignment requirement.
-    let c = unsafe { _mm256_loadu_si256(src.cast()) };
-    let mag = _mm256_and_si256(c, _mm256_set1_epi8(0x7F));
-    let nan = _mm256_movemask_epi8(_mm256_cmpeq_epi8(mag, _mm256_set1_epi8(0x7F))) != 0;
-    (c, mag, nan)
-}
-
-/// Interleaves 32 low and high bytes into the 64 bytes at `d`.
-///
-/// # Safety
-/// The 64 bytes at `d` are writable, and 32-byte aligned when streaming.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn store_64(d: *mut u8, lo: __m256i, hi: __m256i, stores: Stores) {
-    // Byte unpacks work within 128-bit halves: a = codes 0-7 | 16-23, b = 8-15 | 24-31.
-    let a = _mm256_unpacklo_epi8(lo, hi);
-    let b = _mm256_unpackhi_epi8(lo, hi);
-    // SAFETY: the caller's contract.
-    unsafe {
-        store(d, _mm256_permute2x128_si256(a, b, 0x20), stores);
-        store(d.add(32), _mm256_permute2x128_si256(a, b, 0x31), stores);
     }
 }
 
@@ -181,10 +63,11 @@ fn lookup(src: &[u8], dst: &mut [u8], table: &Table, stores: Stores) -> usize {
     let mut i = 0;
     while i + 32 <= n {
         // SAFETY: i + 32 <= n <= src.len(): the 32 bytes at src[i..] are in bounds.
-        let (c, mag, nan) = unsafe { load_codes(src.as_ptr().add(i)) };
+        let (c, mag, nan) = unsafe { load_codes(src.as_ptr().add(i), table.fmt) };
         if nan {
-            // A NaN code (rare; the identity does not cover it): these 32 are computed.
-            e4m3_to_bf16_computed(&src[i..i + 32], &mut dst[2 * i..2 * i + 64], table.k);
+            // A NaN or infinite code (rare; the identity does not cover them): computed.
+            let d = &mut dst[2 * i..2 * i + 64];
+            computed(table.fmt, &src[i..i + 32], d, table.k);
         } else {
             let (lo, hi) = bytes_of(c, mag, table);
             // SAFETY: 2 * (i + 32) <= 2 * n <= dst.len(): the 64 bytes at dst[2 * i..] are in
@@ -196,15 +79,15 @@ fn lookup(src: &[u8], dst: &mut [u8], table: &Table, stores: Stores) -> usize {
     i
 }
 
-/// Whole rows `first_row..` of an e4m3fn -> bf16 expansion with `block` x `block` scales
+/// Whole rows `first_row..` (of `cols` codes) of an fp8 (`fmt`) -> bf16 expansion with `block` x `block` scales
 /// (`scales` row-major over the tile grid, as `Scale::Block`). A tile's table is shared by
 /// `block` rows, so each block row builds one per tile and every row of it looks them up.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) fn e4m3_to_bf16_blocks(
+pub(crate) fn fp8_to_bf16_blocks(
+    fmt: Fp8,
     src: &[u8],
     dst: &mut [u8],
-    cols: usize,
-    first_row: usize,
+    (first_row, cols): (usize, usize),
     scales: &[f32],
     block: usize,
     stores: Stores,
@@ -223,60 +106,16 @@ pub(crate) fn e4m3_to_bf16_blocks(
             // Scales the table does not hold for (see `Table`) are computed instead.
             tables = ks
                 .iter()
-                .map(|&k| Table::holds(k).then(|| Table::new(k)))
+                .map(|&k| Table::holds(k).then(|| Table::new(k, fmt)))
                 .collect();
             tables_of = block_row;
         }
         if block < 32 {
-            computed_tiles(s, d, 0, ks, block);
+            computed_tiles(fmt, s, d, 0, ks, block);
         } else {
-            row_of_tiles(s, d, ks, &tables, block, stores);
+            row_of_tiles(fmt, s, d, ks, &tables, block, stores);
         }
     }
-}
-
-/// The results of 32 codes whose first `before` take table `a` and the rest table `b` (a step
-/// across a tile edge looks up both tables and takes each code from its own); `None` for a NaN
-/// code or a tile without a table.
-#[target_feature(enable = "avx2,fma")]
-fn step(
-    codes: (__m256i, __m256i, bool),
-    a: Option<&Table>,
-    b: Option<&Table>,
-    before: usize,
-) -> Option<(__m256i, __m256i)> {
-    let (c, mag, nan) = codes;
-    let (a, b) = (a?, b?);
-    if nan {
-        return None;
-    }
-    let (lo, hi) = bytes_of(c, mag, a);
-    if before >= 32 {
-        return Some((lo, hi));
-    }
-    let iota = _mm256_setr_epi8(
-        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
-        25, 26, 27, 28, 29, 30, 31,
-    );
-    let (lo_b, hi_b) = bytes_of(c, mag, b);
-    let first = _mm256_cmpgt_epi8(_mm256_set1_epi8(before as i8), iota);
-    Some((
-        _mm256_blendv_epi8(lo_b, lo, first),
-        _mm256_blendv_epi8(hi_b, hi, first),
-    ))
-}
-
-/// The tables of the 32 codes at column `i` of a row of `block`-code tiles (at least 32) and
-/// how many of them are before the tile edge (32: none is after it), as [`step`] takes them.
-fn tiles_at(
-    tables: &[Option<Table>],
-    i: usize,
-    block: usize,
-) -> (Option<&Table>, Option<&Table>, usize) {
-    let (t0, t1) = (i / block, (i + 31) / block);
-    let table = |t: usize| tables.get(t).and_then(Option::as_ref);
-    let before = if t1 == t0 { 32 } else { t1 * block - i };
-    (table(t0), table(t1), before)
 }
 
 /// Codes `at..` of the 32-code window `win` into `dst` (which holds fewer than 32 results),
@@ -285,6 +124,7 @@ fn tiles_at(
 /// `fallback(codes, dst)` computes them.
 #[target_feature(enable = "avx2,fma")]
 fn window(
+    fmt: Fp8,
     win: &[u8],
     at: usize,
     dst: &mut [u8],
@@ -297,7 +137,7 @@ fn window(
         return;
     }
     // SAFETY: `win` holds at least 32 bytes (checked above).
-    let codes = unsafe { load_codes(win.as_ptr()) };
+    let codes = unsafe { load_codes(win.as_ptr(), fmt) };
     match step(codes, a, b, before) {
         Some((lo, hi)) => {
             let mut buf = [0u8; 64];
@@ -314,6 +154,7 @@ fn window(
 /// lines half streamed and half stored plainly, which stalls).
 #[target_feature(enable = "avx2,fma")]
 fn row_of_tiles(
+    fmt: Fp8,
     s: &[u8],
     d: &mut [u8],
     ks: &[f32],
@@ -323,12 +164,13 @@ fn row_of_tiles(
 ) {
     let n = s.len().min(d.len() / 2);
     if n < 32 {
-        computed_tiles(&s[..n], &mut d[..2 * n], 0, ks, block);
+        computed_tiles(fmt, &s[..n], &mut d[..2 * n], 0, ks, block);
         return;
     }
     let (head, stores) = stores.head(d.as_ptr(), 2, n);
-    let fallback = |s: &[u8], d: &mut [u8]| computed_tiles(s, d, 0, ks, block);
+    let fallback = |s: &[u8], d: &mut [u8]| computed_tiles(fmt, s, d, 0, ks, block);
     window(
+        fmt,
         &s[..32],
         0,
         &mut d[..2 * head],
@@ -341,7 +183,7 @@ fn row_of_tiles(
     let (mut t, mut edge) = (i / block, (i / block + 1) * block);
     while i + 32 <= n {
         // SAFETY: i + 32 <= n <= s.len(): the 32 bytes at s[i..] are in bounds.
-        let codes = unsafe { load_codes(s.as_ptr().add(i)) };
+        let codes = unsafe { load_codes(s.as_ptr().add(i), fmt) };
         let a = tables.get(t).and_then(Option::as_ref);
         let b = tables.get(t + 1).and_then(Option::as_ref);
         let (b, before) = if i + 32 <= edge {
@@ -354,7 +196,7 @@ fn row_of_tiles(
             // bounds; aligned when streaming (`head` aligned d + 2 * head; steps add 64).
             Some((lo, hi)) => unsafe { store_64(d.as_mut_ptr().add(2 * i), lo, hi, stores) },
             // A NaN code, or a scale without a table: computed, tile by tile.
-            None => computed_tiles(&s[i..i + 32], &mut d[2 * i..2 * i + 64], i, ks, block),
+            None => computed_tiles(fmt, &s[i..i + 32], &mut d[2 * i..2 * i + 64], i, ks, block),
         }
         i += 32;
         if i >= edge {
@@ -363,9 +205,10 @@ fn row_of_tiles(
         }
     }
     let (start, rest) = (n - 32, n - i);
-    let fallback = |s: &[u8], d: &mut [u8]| computed_tiles(s, d, i, ks, block);
+    let fallback = |s: &[u8], d: &mut [u8]| computed_tiles(fmt, s, d, i, ks, block);
     let tail = &mut d[2 * i..2 * n];
     window(
+        fmt,
         &s[start..n],
         32 - rest,
         tail,
@@ -376,13 +219,13 @@ fn row_of_tiles(
 
 /// Codes `src` (of a row, starting at column `col`) times their tiles' scales `ks`, computed.
 #[target_feature(enable = "avx2,fma")]
-fn computed_tiles(src: &[u8], dst: &mut [u8], col: usize, ks: &[f32], block: usize) {
+fn computed_tiles(fmt: Fp8, src: &[u8], dst: &mut [u8], col: usize, ks: &[f32], block: usize) {
     let mut done = 0;
     while done < src.len() {
         let at = col + done;
         let len = (block - at % block).min(src.len() - done);
         let d = &mut dst[2 * done..2 * (done + len)];
-        e4m3_to_bf16_computed(&src[done..done + len], d, ks[at / block]);
+        computed(fmt, &src[done..done + len], d, ks[at / block]);
         done += len;
     }
 }
@@ -466,14 +309,23 @@ fn decode_scale(c: __m256i, kv: __m256, sub_table: __m256) -> __m256i {
 mod tests {
     use super::*;
     use crate::dtype::avx2::test_scales as scales;
-    use crate::dtype::{f32_to_bf16_bits, fp8_e4m3fn_to_f32, SimdLevel};
+    use crate::dtype::{f32_to_bf16_bits, fp8_e4m3fn_to_f32, fp8_e5m2_to_f32, SimdLevel};
+
+    const FORMATS: [Fp8; 2] = [Fp8::E4m3, Fp8::E5m2];
+
+    fn decode(fmt: Fp8, c: u8) -> f32 {
+        match fmt {
+            Fp8::E4m3 => fp8_e4m3fn_to_f32(c),
+            Fp8::E5m2 => fp8_e5m2_to_f32(c),
+        }
+    }
 
     /// Checks `got` (two bytes per code of `src`, code i scaled by `k_of(i)`) against the
     /// scalar reference.
-    fn check(src: &[u8], got: &[u8], k_of: impl Fn(usize) -> f32, what: &str) {
+    fn check(fmt: Fp8, src: &[u8], got: &[u8], k_of: impl Fn(usize) -> f32, what: &str) {
         for (i, (c, g)) in src.iter().zip(got.chunks_exact(2)).enumerate() {
             let k = k_of(i);
-            let x = fp8_e4m3fn_to_f32(*c);
+            let x = decode(fmt, *c);
             let g = u16::from_le_bytes([g[0], g[1]]);
             // Which NaN a product of two NaNs gives is not defined (LLVM may swap the operands);
             // only the quiet-NaN shape is.
@@ -485,7 +337,7 @@ mod tests {
             assert_eq!(
                 g,
                 want,
-                "{what}: element {i} code {c:#04x} scale {k:e} ({:#010x})",
+                "{fmt:?} {what}: element {i} code {c:#04x} scale {k:e} ({:#010x})",
                 k.to_bits()
             );
         }
@@ -510,7 +362,7 @@ mod tests {
     }
 
     #[test]
-    fn e4m3_to_bf16_scaled_equals_the_reference_on_every_code() {
+    fn fp8_to_bf16_scaled_equals_the_reference_on_every_code() {
         if !SimdLevel::Avx2.is_supported() {
             return;
         }
@@ -520,21 +372,30 @@ mod tests {
         let codes: Vec<u8> = (0..=255u8).cycle().take(256 * 9 + 35).collect();
         let no_nan: Vec<u8> = codes
             .iter()
-            .map(|c| if c & 0x7F == 0x7F { 0x7E } else { *c })
+            .map(|c| if c & 0x7F >= 0x7C { 0x3B } else { *c })
             .collect();
         for k in table_scales() {
             for src in [&codes[..], &codes[3..], &no_nan[..], &no_nan[5..]] {
                 let mut got = vec![0u8; src.len() * 2];
-                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
                 unsafe { e4m3_to_bf16_computed(src, &mut got, k) };
-                check(src, &got, |_| k, "computed");
-                for stores in [Stores::Cached, Stores::Streaming] {
+                check(Fp8::E4m3, src, &got, |_| k, "computed");
+                for (fmt, stores) in FORMATS
+                    .map(|f| [(f, Stores::Cached), (f, Stores::Streaming)])
+                    .concat()
+                {
                     for off in [0usize, 2, 6, 1] {
                         let mut buf = vec![0u8; src.len() * 2 + 64];
                         let got = &mut buf[off..off + src.len() * 2];
                         // SAFETY: as above.
-                        unsafe { e4m3_to_bf16_scaled(src, got, k, stores) };
-                        check(src, got, |_| k, &format!("table {stores:?} offset {off}"));
+                        unsafe { fp8_to_bf16_scaled(fmt, src, got, k, stores) };
+                        check(
+                            fmt,
+                            src,
+                            got,
+                            |_| k,
+                            &format!("table {stores:?} offset {off}"),
+                        );
                     }
                 }
             }
@@ -542,7 +403,7 @@ mod tests {
     }
 
     #[test]
-    fn e4m3_to_bf16_blocks_equals_the_reference() {
+    fn fp8_to_bf16_blocks_equals_the_reference() {
         if !SimdLevel::Avx2.is_supported() {
             return;
         }
@@ -563,13 +424,18 @@ mod tests {
                 let (r, col) = (first_row + i / cols, i % cols);
                 ks[r / block * tiles + col / block]
             };
-            for stores in [Stores::Cached, Stores::Streaming] {
+            for (fmt, stores) in FORMATS
+                .map(|f| [(f, Stores::Cached), (f, Stores::Streaming)])
+                .concat()
+            {
                 for off in [0usize, 2, 6, 1] {
                     let mut buf = vec![0u8; src.len() * 2 + 64];
                     let got = &mut buf[off..off + src.len() * 2];
-                    // SAFETY: the CPU has AVX2 and FMA (checked above).
-                    unsafe { e4m3_to_bf16_blocks(&src, got, cols, first_row, &ks, block, stores) };
+                    let at = (first_row, cols);
+                    // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+                    unsafe { fp8_to_bf16_blocks(fmt, &src, got, at, &ks, block, stores) };
                     check(
+                        fmt,
                         &src,
                         got,
                         k_of,

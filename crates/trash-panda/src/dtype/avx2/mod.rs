@@ -29,10 +29,29 @@
 use core::arch::x86_64::*;
 
 pub(crate) use super::simd::Stores;
+use super::simd::{level, SimdLevel};
+use super::DType;
 
 pub(crate) mod cast;
 pub(crate) mod fp8;
 pub(crate) mod quant;
+mod table;
+
+pub(crate) use table::Fp8;
+
+/// The fp8 format of an fp8 -> bf16 conversion the table kernels run at this thread's level
+/// (AVX2 or AVX-512), if it is one.
+#[inline]
+pub(crate) fn fp8_to_bf16(src: DType, dst: DType) -> Option<Fp8> {
+    if dst != DType::BF16 || !matches!(level(), SimdLevel::Avx2 | SimdLevel::Avx512) {
+        return None;
+    }
+    match src {
+        DType::F8E4M3 => Some(Fp8::E4m3),
+        DType::F8E5M2 => Some(Fp8::E5m2),
+        _ => None,
+    }
+}
 
 /// Writes `v` to the 32 bytes at `p`.
 ///

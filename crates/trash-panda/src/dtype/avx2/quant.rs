@@ -1,4 +1,14 @@
 //! bf16 -> e4m3fn quantization kernels.
+//!
+//! The amax runs on the 16-bit patterns, sixteen to a register. The encode divides (a true
+//! f32 division, as the reference does) and rounds in integers; for the positive finite scales
+//! quantization makes, it works on magnitudes, puts the signs back a byte at a time and sends
+//! the rare 32 values holding a NaN to the scalar code, which took the loop from about 2.0 to
+//! 2.4 GB/s of codes in cache on this Xeon. It stays bound by the divider (four `vdivps` per
+//! 32 codes) and the 32-bit lanes of the encoder: a multiply by the reciprocal is not the
+//! division's rounding, and exact ways round that (a per-row table of the 128 bf16 mantissas'
+//! quotients, or a reciprocal with a check for quotients next to an e4m3 rounding edge) are
+//! left for later (issue 24).
 
 use core::arch::x86_64::*;
 
