@@ -60,10 +60,11 @@ fn computed(fmt: Fp8, src: &[u8], dst: &mut [u8], k: f32) {
 #[target_feature(enable = "avx2,fma")]
 fn lookup(src: &[u8], dst: &mut [u8], table: &Table, stores: Stores) -> usize {
     let n = src.len().min(dst.len() / 2);
+    let finite = table.fmt.finite();
     let mut i = 0;
     while i + 32 <= n {
         // SAFETY: i + 32 <= n <= src.len(): the 32 bytes at src[i..] are in bounds.
-        let (c, mag, nan) = unsafe { load_codes(src.as_ptr().add(i), table.fmt) };
+        let (c, mag, nan) = unsafe { load_codes(src.as_ptr().add(i), finite) };
         if nan {
             // A NaN or infinite code (rare; the identity does not cover them): computed.
             let d = &mut dst[2 * i..2 * i + 64];
@@ -137,7 +138,7 @@ fn window(
         return;
     }
     // SAFETY: `win` holds at least 32 bytes (checked above).
-    let codes = unsafe { load_codes(win.as_ptr(), fmt) };
+    let codes = unsafe { load_codes(win.as_ptr(), fmt.finite()) };
     match step(codes, a, b, before) {
         Some((lo, hi)) => {
             let mut buf = [0u8; 64];
@@ -178,12 +179,13 @@ fn row_of_tiles(
         fallback,
     );
     let mut i = head;
+    let finite = fmt.finite();
     // The tile of column i and the column of its right edge, kept as i steps (a division per
     // step would cost as much as the lookup).
     let (mut t, mut edge) = (i / block, (i / block + 1) * block);
     while i + 32 <= n {
         // SAFETY: i + 32 <= n <= s.len(): the 32 bytes at s[i..] are in bounds.
-        let codes = unsafe { load_codes(s.as_ptr().add(i), fmt) };
+        let codes = unsafe { load_codes(s.as_ptr().add(i), finite) };
         let a = tables.get(t).and_then(Option::as_ref);
         let b = tables.get(t + 1).and_then(Option::as_ref);
         let (b, before) = if i + 32 <= edge {

@@ -1,30 +1,45 @@
 //! Hand-written AVX2 kernels for the conversions the autovectorized loops leave far from memory
-//! speed on AVX2-only CPUs (issue 24); AVX-512 CPUs run them too where they beat its loops.
+//! speed on AVX2-only CPUs (issue 24); AVX-512 CPUs run them too, as they beat its loops.
 //!
 //! Why the generic path is slow there: a scaled conversion decodes a chunk to an f32 buffer,
 //! scales it, and encodes it, three loops with a load and a store per element each, and on AVX2
 //! (no mask registers, no byte-to-dword conversions LLVM picks well) each comes out as a long
 //! chain of unpacks and blends; quantizing also divides and encodes through the same buffer.
 //!
-//! - [`fp8`]: e4m3 -> bf16 times a scale, by `vpshufb` tables of the 128 results of a scale.
-//! - [`cast`]: f32 -> bf16, one pass of integer rounding and a pack.
+//! - [`fp8`] and `table`: fp8 (e4m3fn and e5m2) -> bf16, unscaled or times a per-tensor,
+//!   per-row or block scale, by `vpshufb` tables of one scale's results (the exponent moved in
+//!   integers; see `table::Table`): about 24 GB/s of bf16 in cache on this Xeon (per-tensor and
+//!   per-row scales; 9-12 with block scales), against 10.7 for the per-row 128-entry tables
+//!   before and 9 for the unscaled generic loop.
+//! - [`cast`]: f32 -> bf16 (integer rounding and a pack, NaNs sent to the scalar code) and
+//!   f32 -> f16 (F16C, which rounds as the reference does).
 //! - [`quant`]: bf16 -> e4m3 quantization, amax on the 16-bit patterns and a fused
-//!   divide-and-encode.
+//!   divide-and-encode (bound by the divider; see there).
+//!
+//! Measured and left to the generic loops (issue 24 item 2; `TRASH_PANDA_SIMD=avx2 make
+//! bench-convert` on this Xeon, one thread, times memcpy): bf16 -> f32 0.65 (a widening, at
+//! memory speed in cache); fp8 e4m3 -> f32 per-row 0.48; fp8 e4m3 -> f16 per-row 0.16 and
+//! f16 -> e4m3 quantize 0.05, which are far from memcpy and want kernels of their own (the
+//! exponent trick of the bf16 tables does not hold across f16's narrow range; an F16C decode
+//! would serve the quantize).
 //!
 //! Every kernel computes what the branch-free element functions compute (the same integer
 //! rounding, the same f32 multiply or division), so results are bit for bit those of the
 //! portable path; the tests check every code against the scalar references over a set of scales.
 //! The one exception is not a difference: which of two NaN operands a multiply returns is not
 //! defined (LLVM may swap the operands of any multiply), so a NaN code times a NaN scale is only
-//! checked to be a quiet NaN.
+//! checked to be a quiet NaN. The kernels assume MXCSR's defaults (no flush-to-zero, no
+//! denormals-are-zero), as the compiled loops do.
 //!
 //! Large outputs are written with non-temporal stores ([`Stores::Streaming`]): a plain store
 //! first reads the line it fills, so a kernel writing two bytes per byte read moves half again
 //! as much memory as it needs, where `memcpy` (`rep movsb`) does not. Streamed runs are aligned
-//! (a few elements before them are stored plainly), and a cache line is never written partly
-//! streamed and partly plain except at the ends of a run (each tile of a block scale would
-//! otherwise be one; see `fp8::row_of_tiles`). The kernels do not fence: the thread's closure
-//! in the splitter fences once ([`Stores::fence`]), not once per row.
+//! (a few elements before them are written through a stack buffer), and a cache line is never
+//! written partly streamed and partly plain except at the ends of a run (each tile of a block
+//! scale would otherwise be one, hence `fp8::row_of_tiles`): such a line costs a read for
+//! ownership that stalls the stores behind it, which made a per-row scale 30% slower on a
+//! 16-byte aligned output. The kernels do not fence: the splitter's closure fences once per
+//! thread ([`Stores::fence`]).
 
 use core::arch::x86_64::*;
 

@@ -25,12 +25,13 @@ impl Fp8 {
         }
     }
 
-    /// The largest finite magnitude.
-    fn last_finite(self) -> i8 {
-        match self {
+    /// The largest finite magnitude, in every byte (for [`load_codes`]).
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn finite(self) -> __m256i {
+        _mm256_set1_epi8(match self {
             Fp8::E4m3 => 0x7E,
             Fp8::E5m2 => 0x7B,
-        }
+        })
     }
 }
 
@@ -58,6 +59,8 @@ pub(crate) struct Table {
     sub: [__m256i; 2],
     /// The high byte's addend by `code >> 4`.
     addend: __m256i,
+    /// `s` and `0x80 - s` in every byte, to index the two tables.
+    indices: [__m256i; 2],
 }
 
 impl Table {
@@ -143,6 +146,10 @@ impl Table {
             normal: split_bytes(normal),
             sub: split_bytes(sub),
             addend,
+            indices: [
+                _mm256_set1_epi8(fmt.subnormals()),
+                _mm256_set1_epi8(i8::MIN.wrapping_sub(fmt.subnormals())),
+            ],
         }
     }
 }
@@ -170,9 +177,8 @@ fn split_bytes(v: __m256i) -> [__m256i; 2] {
 pub(crate) fn bytes_of(c: __m256i, mag: __m256i, table: &Table) -> (__m256i, __m256i) {
     let [nl, nh] = table.normal;
     let [sl, sh] = table.sub;
-    let subs = table.fmt.subnormals();
-    let normal = _mm256_sub_epi8(mag, _mm256_set1_epi8(subs));
-    let sub = _mm256_add_epi8(mag, _mm256_set1_epi8(i8::MIN.wrapping_sub(subs)));
+    let normal = _mm256_sub_epi8(mag, table.indices[0]);
+    let sub = _mm256_add_epi8(mag, table.indices[1]);
     let lo = _mm256_or_si256(
         _mm256_shuffle_epi8(nl, normal),
         _mm256_shuffle_epi8(sl, sub),
@@ -189,18 +195,19 @@ pub(crate) fn bytes_of(c: __m256i, mag: __m256i, table: &Table) -> (__m256i, __m
     )
 }
 
-/// The 32 codes of `fmt` at `src` and their magnitudes, and whether one of them is a NaN (or
-/// an infinity): a code the tables do not cover.
+/// The 32 codes at `src` and their magnitudes, and whether one of them is above `finite` (the
+/// largest finite magnitude in every byte, [`Fp8::finite`]): a NaN or an infinity, which the
+/// tables do not cover.
 ///
 /// # Safety
 /// The 32 bytes at `src` are readable.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn load_codes(src: *const u8, fmt: Fp8) -> (__m256i, __m256i, bool) {
+pub(crate) unsafe fn load_codes(src: *const u8, finite: __m256i) -> (__m256i, __m256i, bool) {
     // SAFETY: the caller's contract; loadu has no alignment requirement.
     let c = unsafe { _mm256_loadu_si256(src.cast()) };
     let mag = _mm256_and_si256(c, _mm256_set1_epi8(0x7F));
     // Magnitudes are below 0x80, so the signed compare is the unsigned one.
-    let special = _mm256_cmpgt_epi8(mag, _mm256_set1_epi8(fmt.last_finite()));
+    let special = _mm256_cmpgt_epi8(mag, finite);
     (c, mag, _mm256_movemask_epi8(special) != 0)
 }
 
