@@ -76,6 +76,7 @@ fn fp8_expansion_streams_and_splits_to_the_same_bits() {
     for (st, dt, scales) in [
         (DType::F8E4M3, DType::BF16, &scales[..]),
         (DType::F8E5M2, DType::BF16, &scales[..]),
+        (DType::F8E4M3, DType::F32, &scales[..]),
     ] {
         // One byte more, so the source slice starts unaligned.
         let raw = data(n + 1, 11, st);

@@ -231,13 +231,14 @@ pub(crate) fn level() -> SimdLevel {
 /// The code that converts `src` to `dst` at this thread's level (see [`simd_level`]), for
 /// benchmarks and logs: "hand-written avx2" for the kernels of the `avx2` module, else the
 /// generic loops and the level they are compiled for. `dst` = fp8 e4m3 means quantization.
+/// (Block scales with an f32 destination take the generic loops whatever this says.)
 pub fn kernel_path(src: DType, dst: DType) -> String {
     let lvl = level();
     #[cfg(target_arch = "x86_64")]
     if matches!(lvl, SimdLevel::Avx2 | SimdLevel::Avx512) {
         use DType::*;
         let hand = match (src, dst) {
-            (F8E4M3 | F8E5M2, BF16) => Some("table"),
+            (F8E4M3 | F8E5M2, BF16 | F32) => Some("table"),
             (F32, BF16) => Some("round and pack"),
             (F32, F16) => Some("f16c"),
             (BF16, F8E4M3) => Some("divide and encode"),
@@ -302,6 +303,15 @@ pub(crate) fn convert_inline(
         // features the kernel is compiled with.
         unsafe {
             super::avx2::fp8::fp8_to_bf16_scaled(fmt, src, dst, scale.unwrap_or(1.0), stores)
+        };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(fmt) = super::avx2::fp8_to_f32(src_t, dst_t) {
+        // fp8 -> f32 the same way, four bytes a result.
+        // SAFETY: as above.
+        unsafe {
+            super::avx2::wide::fp8_to_f32_scaled(fmt, src, dst, scale.unwrap_or(1.0), stores)
         };
         return;
     }
