@@ -23,6 +23,7 @@ mod parallel;
 mod quant;
 mod scale;
 mod simd;
+mod stores;
 
 pub use cast::{bf16_bits_to_f32, cast, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits};
 pub use fp8::{f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, fp8_e5m2_to_f32, FP8_E4M3FN_MAX};

@@ -14,6 +14,7 @@ use super::cast::{f16_to_f32_bits_bf, f32_bits_to_bf16_bf, f32_bits_to_f16_bf, f
 use super::fp8::{
     e4m3_to_bf16_bits, e4m3_to_f32_bits, e5m2_to_bf16_bits, e5m2_to_f32_bits, f32_bits_to_e4m3,
 };
+pub(crate) use super::stores::Stores;
 use super::{DType, DtypeError};
 use crate::settings;
 use std::cell::Cell;
@@ -21,56 +22,6 @@ use std::sync::OnceLock;
 
 /// Elements per staged chunk: 1 KiB of f32, small enough for L1 alongside the streams.
 pub(crate) const CHUNK: usize = 256;
-
-/// How a kernel writes its output vectors (only the hand-written x86-64 kernels stream; the
-/// others always store plainly).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stores {
-    /// Plain stores: the output stays in cache for whoever reads it next.
-    Cached,
-    /// Non-temporal stores around the cache, for outputs too large to stay there anyway.
-    Streaming,
-}
-
-/// Outputs of at least this many bytes (the whole job's, not one thread's) are streamed: well
-/// past a core's L2, and past what the next reader would find in L3 on a busy machine.
-pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
-
-impl Stores {
-    /// The stores for a job writing `bytes` in all.
-    pub(crate) fn for_output(bytes: usize) -> Stores {
-        if bytes >= STREAM_MIN_BYTES {
-            Stores::Streaming
-        } else {
-            Stores::Cached
-        }
-    }
-
-    /// Orders this thread's streaming stores before whatever it does next (joining the scope
-    /// that hands the output on included): non-temporal stores are weakly ordered. Called once
-    /// per thread after its share of a job.
-    pub(crate) fn fence(self) {
-        #[cfg(target_arch = "x86_64")]
-        if self == Stores::Streaming {
-            // SAFETY: sfence has no preconditions (SSE, in every x86-64 CPU).
-            unsafe { core::arch::x86_64::_mm_sfence() };
-        }
-    }
-
-    /// How many leading elements (of `size` output bytes each, `n` in all) to write before the
-    /// vector loop so that its stores at `dst` are 32-byte aligned, as streaming stores must be;
-    /// and the stores the loop then uses (cached when `dst` can never be aligned).
-    pub(crate) fn head(self, dst: *const u8, size: usize, n: usize) -> (usize, Stores) {
-        if self == Stores::Cached {
-            return (0, self);
-        }
-        let off = (dst as usize).wrapping_neg() % 32;
-        if !off.is_multiple_of(size) {
-            return (0, Stores::Cached);
-        }
-        (n.min(off / size), self)
-    }
-}
 
 /// An instruction-set level the kernels are compiled for. Every level gives the same bits; they
 /// differ only in speed, which is why tests and benchmarks can force one.
