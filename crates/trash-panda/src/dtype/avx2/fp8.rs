@@ -180,31 +180,40 @@ fn row_of_tiles(
     );
     let mut i = head;
     let finite = fmt.finite();
-    // The tile of column i and the column of its right edge, kept as i steps (a division per
-    // step would cost as much as the lookup).
-    let (mut t, mut edge) = (i / block, (i / block + 1) * block);
+    let mut t = i / block;
     while i + 32 <= n {
-        // SAFETY: i + 32 <= n <= s.len(): the 32 bytes at s[i..] are in bounds.
-        let codes = unsafe { load_codes(s.as_ptr().add(i), finite) };
-        let a = tables.get(t).and_then(Option::as_ref);
-        let b = tables.get(t + 1).and_then(Option::as_ref);
-        let (b, before) = if i + 32 <= edge {
-            (a, 32)
-        } else {
-            (b, edge - i)
-        };
-        match step(codes, a, b, before) {
-            // SAFETY: 2 * (i + 32) <= 2 * n <= d.len(): the 64 bytes at d[2 * i..] are in
-            // bounds; aligned when streaming (`head` aligned d + 2 * head; steps add 64).
-            Some((lo, hi)) => unsafe { store_64(d.as_mut_ptr().add(2 * i), lo, hi, stores) },
-            // A NaN code, or a scale without a table: computed, tile by tile.
-            None => computed_tiles(fmt, &s[i..i + 32], &mut d[2 * i..2 * i + 64], i, ks, block),
+        // The steps inside tile t run as one lookup with its table in registers; then the
+        // step across its edge, if any (per-step bookkeeping halved the speed in cache).
+        let edge = ((t + 1) * block).min(n);
+        match tables.get(t).and_then(Option::as_ref) {
+            Some(a) => i += lookup(&s[i..edge], &mut d[2 * i..2 * edge], a, stores),
+            None => {
+                while i + 32 <= edge {
+                    computed_tiles(fmt, &s[i..i + 32], &mut d[2 * i..2 * i + 64], i, ks, block);
+                    i += 32;
+                }
+            }
         }
-        i += 32;
-        if i >= edge {
-            t += 1;
-            edge += block;
+        if i + 32 > n {
+            break;
         }
+        if i < edge {
+            // SAFETY: i + 32 <= n <= s.len(): the 32 bytes at s[i..] are in bounds.
+            let codes = unsafe { load_codes(s.as_ptr().add(i), finite) };
+            let table = |t: usize| tables.get(t).and_then(Option::as_ref);
+            match step(codes, table(t), table(t + 1), edge - i) {
+                // SAFETY: 2 * (i + 32) <= 2 * n <= d.len(): the 64 bytes at d[2 * i..] are in
+                // bounds; aligned when streaming (`head` aligned d + 2 * head; steps add 64).
+                Some((lo, hi)) => unsafe { store_64(d.as_mut_ptr().add(2 * i), lo, hi, stores) },
+                // A NaN code, or a scale without a table: computed, tile by tile.
+                None => {
+                    let dd = &mut d[2 * i..2 * i + 64];
+                    computed_tiles(fmt, &s[i..i + 32], dd, i, ks, block);
+                }
+            }
+            i += 32;
+        }
+        t += 1;
     }
     let (start, rest) = (n - 32, n - i);
     let fallback = |s: &[u8], d: &mut [u8]| computed_tiles(fmt, s, d, i, ks, block);
