@@ -9,7 +9,7 @@
 //! - [`fp8`] and `table`: fp8 (e4m3fn and e5m2) -> bf16, unscaled or times a per-tensor,
 //!   per-row or block scale, by `vpshufb` tables of one scale's results (the exponent moved in
 //!   integers; see `table::Table`): about 24 GB/s of bf16 in cache on this Xeon (per-tensor and
-//!   per-row scales; 9-12 with block scales), against 10.7 for the per-row 128-entry tables
+//!   per-row scales; 13-15 with block scales), against 10.7 for the per-row 128-entry tables
 //!   before and 9 for the unscaled generic loop.
 //! - [`wide`]: fp8 -> f32, unscaled or times a per-tensor or per-row scale, by the same tables
 //!   four bytes a result (block scales with an f32 destination stay generic).
