@@ -77,6 +77,7 @@ fn fp8_expansion_streams_and_splits_to_the_same_bits() {
         (DType::F8E4M3, DType::BF16, &scales[..]),
         (DType::F8E5M2, DType::BF16, &scales[..]),
         (DType::F8E4M3, DType::F32, &scales[..]),
+        (DType::F8E4M3, DType::F16, &scales[..3]),
     ] {
         // One byte more, so the source slice starts unaligned.
         let raw = data(n + 1, 11, st);

@@ -189,7 +189,7 @@ pub fn kernel_path(src: DType, dst: DType) -> String {
     if matches!(lvl, SimdLevel::Avx2 | SimdLevel::Avx512) {
         use DType::*;
         let hand = match (src, dst) {
-            (F8E4M3 | F8E5M2, BF16 | F32) => Some("table"),
+            (F8E4M3 | F8E5M2, BF16 | F32 | F16) => Some("table"),
             (F32, BF16) => Some("round and pack"),
             (F32, F16) => Some("f16c"),
             (BF16, F8E4M3) => Some("divide and encode"),
@@ -258,12 +258,11 @@ pub(crate) fn convert_inline(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if let Some(fmt) = super::avx2::fp8_to_f32(src_t, dst_t) {
-        // fp8 -> f32 the same way, four bytes a result.
+    if let Some((fmt, half)) = super::avx2::fp8_to_wide(src_t, dst_t) {
+        // fp8 -> f32 or f16 the same way, four bytes a result (then F16C for f16).
+        let k = scale.unwrap_or(1.0);
         // SAFETY: as above.
-        unsafe {
-            super::avx2::wide::fp8_to_f32_scaled(fmt, src, dst, scale.unwrap_or(1.0), stores)
-        };
+        unsafe { super::avx2::wide::fp8_to_wide_scaled(fmt, half, src, dst, k, stores) };
         return;
     }
     if scale.is_none() && direct(src, src_t, dst, dst_t, stores) {

@@ -11,8 +11,8 @@
 //!   integers; see `table::Table`): about 24 GB/s of bf16 in cache on this Xeon (per-tensor and
 //!   per-row scales; 13-15 with block scales), against 10.7 for the per-row 128-entry tables
 //!   before and 9 for the unscaled generic loop.
-//! - [`wide`]: fp8 -> f32, unscaled or times a per-tensor or per-row scale, by the same tables
-//!   four bytes a result (block scales with an f32 destination stay generic).
+//! - [`wide`]: fp8 -> f32 and f16, unscaled or times a per-tensor or per-row scale, by the same
+//!   tables four bytes a result, F16C rounding to f16 (block scales stay generic here).
 //! - [`cast`]: f32 -> bf16 (integer rounding and a pack, NaNs sent to the scalar code) and
 //!   f32 -> f16 (F16C, which rounds as the reference does).
 //! - [`quant`]: bf16 -> e4m3 quantization, amax on the 16-bit patterns and a fused
@@ -20,10 +20,8 @@
 //!
 //! Measured and left to the generic loops (issue 24 item 2; `TRASH_PANDA_SIMD=avx2 make
 //! bench-convert` on this Xeon, one thread, times memcpy): bf16 -> f32 0.69 (a widening, at
-//! memory speed in cache: fine); fp8 e4m3 -> f16 per-row 0.19 and f16 -> e4m3 quantize 0.05,
-//! which are far from memcpy and want kernels of their own (the exponent trick of the tables
-//! does not hold across f16's narrow range; an F16C decode would serve the quantize), and
-//! fp8 -> f32 with block scales.
+//! memory speed in cache: fine); f16 -> e4m3 quantize 0.05, far from memcpy (an F16C decode
+//! into the bf16 kernel's encoder would serve it), and fp8 -> f32 or f16 with block scales.
 //!
 //! Every kernel computes what the branch-free element functions compute (the same integer
 //! rounding, the same f32 multiply or division), so results are bit for bit those of the
@@ -64,10 +62,13 @@ pub(crate) fn fp8_to_bf16(src: DType, dst: DType) -> Option<Fp8> {
     fp8_tables(src, dst, DType::BF16)
 }
 
-/// As [`fp8_to_bf16`], for fp8 -> f32 ([`wide`]).
+/// As [`fp8_to_bf16`], for fp8 -> f32 and f16 ([`wide`]): the format, and whether the
+/// destination is f16.
 #[inline]
-pub(crate) fn fp8_to_f32(src: DType, dst: DType) -> Option<Fp8> {
+pub(crate) fn fp8_to_wide(src: DType, dst: DType) -> Option<(Fp8, bool)> {
     fp8_tables(src, dst, DType::F32)
+        .map(|f| (f, false))
+        .or_else(|| fp8_tables(src, dst, DType::F16).map(|f| (f, true)))
 }
 
 fn fp8_tables(src: DType, dst: DType, want: DType) -> Option<Fp8> {

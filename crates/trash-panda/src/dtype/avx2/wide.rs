@@ -1,6 +1,7 @@
-//! fp8 -> f32 times a scale (or not), by the exponent-moving tables of `table`, four bytes a
-//! result: the generic loops reach half of memcpy on AVX2 (a widening to 32-bit lanes, a
-//! decode, a multiply, each through the f32 buffer).
+//! fp8 -> f32 and f16 times a scale (or not), by the exponent-moving tables of `table`, four
+//! bytes a result (then F16C's rounding for f16): the generic loops reach half of memcpy (f32)
+//! and a fifth (f16) on AVX2, a widening, a decode, a multiply and an encode through the f32
+//! buffer.
 //!
 //! The identity of `table::Table` holds for f32 results as for bf16 ones (the same exponent
 //! range; one rounding instead of two): a normal code's product is `F[m] + ((e - bias) << 23)`
@@ -12,6 +13,7 @@ use core::arch::x86_64::*;
 
 use super::table::{load_codes, Fp8, Table};
 use super::{store, Stores};
+use crate::dtype::cast::f32_bits_to_f16_bf;
 use crate::dtype::fp8::{e4m3_to_f32_bits, e5m2_to_f32_bits};
 
 /// The four-byte results of one scale: sixteen normal and sixteen subnormal entries per byte.
@@ -82,19 +84,29 @@ impl Table32 {
     }
 }
 
-/// fp8 codes (of `fmt`) times `k` to f32 (`dst` holds four bytes per code): the bits of
-/// decoding each code exactly and multiplying by `k` in f32. With `k` = 1 it is the plain
-/// conversion (the product is exact; a NaN comes back as it went in, already quiet).
-#[target_feature(enable = "avx2,fma")]
-pub(crate) fn fp8_to_f32_scaled(fmt: Fp8, src: &[u8], dst: &mut [u8], k: f32, stores: Stores) {
-    let n = src.len().min(dst.len() / 4);
+/// fp8 codes (of `fmt`) times `k` to f32, or with `half` on to f16 (`dst` holds four or two
+/// bytes per code): the bits of decoding each code exactly, multiplying by `k` in f32, and for
+/// f16 rounding that by F16C's conversion, which rounds as `f32_bits_to_f16_bf` does. With
+/// `k` = 1 it is the plain conversion (the product is exact; a NaN comes back as it went in,
+/// already quiet).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn fp8_to_wide_scaled(
+    fmt: Fp8,
+    half: bool,
+    src: &[u8],
+    dst: &mut [u8],
+    k: f32,
+    stores: Stores,
+) {
+    let size = if half { 2 } else { 4 };
+    let n = src.len().min(dst.len() / size);
     if n < 256 || !Table::holds(k) {
-        scalar(fmt, &src[..n], &mut dst[..4 * n], k);
+        scalar(fmt, half, &src[..n], &mut dst[..size * n], k);
         return;
     }
     let table = Table32::new(k, fmt);
-    let (head, stores) = stores.head(dst.as_ptr(), 4, n);
-    scalar(fmt, &src[..head], &mut dst[..4 * head], k);
+    let (head, stores) = stores.head(dst.as_ptr(), size, n);
+    scalar(fmt, half, &src[..head], &mut dst[..size * head], k);
     let finite = fmt.finite();
     let mut i = head;
     while i + 32 <= n {
@@ -102,7 +114,8 @@ pub(crate) fn fp8_to_f32_scaled(fmt: Fp8, src: &[u8], dst: &mut [u8], k: f32, st
         let (c, mag, special) = unsafe { load_codes(src.as_ptr().add(i), finite) };
         if special {
             // A NaN or infinite code (rare; the identity does not cover them).
-            scalar(fmt, &src[i..i + 32], &mut dst[4 * i..4 * i + 128], k);
+            let d = &mut dst[size * i..size * (i + 32)];
+            scalar(fmt, half, &src[i..i + 32], d, k);
         } else {
             let normal = _mm256_sub_epi8(mag, table.indices[0]);
             let sub = _mm256_add_epi8(mag, table.indices[1]);
@@ -123,29 +136,49 @@ pub(crate) fn fp8_to_f32_scaled(fmt: Fp8, src: &[u8], dst: &mut [u8], k: f32, st
             let q1 = _mm256_unpackhi_epi16(p01l, p23l);
             let q2 = _mm256_unpacklo_epi16(p01h, p23h);
             let q3 = _mm256_unpackhi_epi16(p01h, p23h);
-            // SAFETY: 4 * (i + 32) <= 4 * n <= dst.len(): the 128 bytes at dst[4 * i..] are in
-            // bounds; aligned when streaming (`head` aligned dst + 4 * head; steps add 128).
+            let f = [
+                _mm256_permute2x128_si256(q0, q1, 0x20),
+                _mm256_permute2x128_si256(q2, q3, 0x20),
+                _mm256_permute2x128_si256(q0, q1, 0x31),
+                _mm256_permute2x128_si256(q2, q3, 0x31),
+            ];
+            // SAFETY: size * (i + 32) <= size * n <= dst.len(): the 128 (f32) or 64 (f16)
+            // bytes at dst[size * i..] are in bounds; aligned when streaming (`head` aligned
+            // dst + size * head; steps add 32 * size).
             unsafe {
-                let d = dst.as_mut_ptr().add(4 * i);
-                store(d, _mm256_permute2x128_si256(q0, q1, 0x20), stores);
-                store(d.add(32), _mm256_permute2x128_si256(q2, q3, 0x20), stores);
-                store(d.add(64), _mm256_permute2x128_si256(q0, q1, 0x31), stores);
-                store(d.add(96), _mm256_permute2x128_si256(q2, q3, 0x31), stores);
+                let d = dst.as_mut_ptr().add(size * i);
+                if half {
+                    let h = |v: __m256i| {
+                        _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_castsi256_ps(v))
+                    };
+                    store(d, _mm256_set_m128i(h(f[1]), h(f[0])), stores);
+                    store(d.add(32), _mm256_set_m128i(h(f[3]), h(f[2])), stores);
+                } else {
+                    for (j, v) in f.into_iter().enumerate() {
+                        store(d.add(32 * j), v, stores);
+                    }
+                }
             }
         }
         i += 32;
     }
-    scalar(fmt, &src[i..n], &mut dst[4 * i..4 * n], k);
+    scalar(fmt, half, &src[i..n], &mut dst[size * i..size * n], k);
 }
 
-/// One code at a time, as the reference: decode exactly, multiply in f32.
-fn scalar(fmt: Fp8, src: &[u8], dst: &mut [u8], k: f32) {
-    for (c, d) in src.iter().zip(dst.chunks_exact_mut(4)) {
+/// One code at a time, as the reference: decode exactly, multiply in f32 (and round to f16).
+fn scalar(fmt: Fp8, half: bool, src: &[u8], dst: &mut [u8], k: f32) {
+    let size = if half { 2 } else { 4 };
+    for (c, d) in src.iter().zip(dst.chunks_exact_mut(size)) {
         let bits = match fmt {
             Fp8::E4m3 => e4m3_to_f32_bits(*c),
             Fp8::E5m2 => e5m2_to_f32_bits(*c),
         };
-        d.copy_from_slice(&(f32::from_bits(bits) * k).to_le_bytes());
+        let x = f32::from_bits(bits) * k;
+        if half {
+            d.copy_from_slice(&f32_bits_to_f16_bf(x.to_bits()).to_le_bytes());
+        } else {
+            d.copy_from_slice(&x.to_le_bytes());
+        }
     }
 }
 
@@ -153,10 +186,10 @@ fn scalar(fmt: Fp8, src: &[u8], dst: &mut [u8], k: f32) {
 mod tests {
     use super::*;
     use crate::dtype::avx2::test_scales;
-    use crate::dtype::{fp8_e4m3fn_to_f32, fp8_e5m2_to_f32, SimdLevel};
+    use crate::dtype::{f32_to_f16_bits, fp8_e4m3fn_to_f32, fp8_e5m2_to_f32, SimdLevel};
 
     #[test]
-    fn fp8_to_f32_scaled_equals_the_reference_on_every_code() {
+    fn fp8_to_f32_and_f16_equal_the_reference_on_every_code() {
         if !SimdLevel::Avx2.is_supported() {
             return;
         }
@@ -172,38 +205,51 @@ mod tests {
             -f32::from_bits(0x7180_0000),
             1.999_999_9,
         ]);
+        let cases = [
+            (Stores::Cached, 0),
+            (Stores::Streaming, 4),
+            (Stores::Streaming, 12),
+            (Stores::Streaming, 1),
+        ];
         for k in ks {
             for fmt in [Fp8::E4m3, Fp8::E5m2] {
                 for src in [&codes[..], &codes[3..], &finite[..], &finite[5..]] {
-                    for (stores, off) in [
-                        (Stores::Cached, 0),
-                        (Stores::Streaming, 4),
-                        (Stores::Streaming, 12),
-                        (Stores::Streaming, 1),
-                    ] {
-                        let mut buf = vec![0u8; src.len() * 4 + 64];
-                        let got = &mut buf[off..off + src.len() * 4];
-                        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
-                        unsafe { fp8_to_f32_scaled(fmt, src, got, k, stores) };
-                        for (i, (c, g)) in src.iter().zip(got.chunks_exact(4)).enumerate() {
-                            let x = match fmt {
-                                Fp8::E4m3 => fp8_e4m3fn_to_f32(*c),
-                                Fp8::E5m2 => fp8_e5m2_to_f32(*c),
-                            };
-                            let g = u32::from_le_bytes([g[0], g[1], g[2], g[3]]);
-                            if x.is_nan() && k.is_nan() {
-                                assert!(f32::from_bits(g).is_nan(), "{fmt:?} code {c:#04x}");
-                                continue;
-                            }
-                            let want = (x * k).to_bits();
-                            assert_eq!(
-                                g, want,
-                                "{fmt:?} {stores:?} {off}: element {i} code {c:#04x} scale {k:e}"
-                            );
-                        }
+                    for ((stores, off), half) in
+                        cases.into_iter().flat_map(|c| [(c, false), (c, true)])
+                    {
+                        check(fmt, half, src, k, stores, off);
                     }
                 }
             }
+        }
+    }
+
+    fn check(fmt: Fp8, half: bool, src: &[u8], k: f32, stores: Stores, off: usize) {
+        let size = if half { 2 } else { 4 };
+        let mut buf = vec![0u8; src.len() * 4 + 64];
+        let got = &mut buf[off..off + src.len() * size];
+        // SAFETY: the caller checked the CPU has AVX2, FMA and F16C.
+        unsafe { fp8_to_wide_scaled(fmt, half, src, got, k, stores) };
+        for (i, (c, g)) in src.iter().zip(got.chunks_exact(size)).enumerate() {
+            let x = match fmt {
+                Fp8::E4m3 => fp8_e4m3fn_to_f32(*c),
+                Fp8::E5m2 => fp8_e5m2_to_f32(*c),
+            };
+            // Which NaN a product of two NaNs gives is not defined.
+            if x.is_nan() && k.is_nan() {
+                continue;
+            }
+            let (g, want) = if half {
+                let g = u32::from(u16::from_le_bytes([g[0], g[1]]));
+                (g, u32::from(f32_to_f16_bits(x * k)))
+            } else {
+                (
+                    u32::from_le_bytes([g[0], g[1], g[2], g[3]]),
+                    (x * k).to_bits(),
+                )
+            };
+            let what = format!("{fmt:?} f16 {half} {stores:?} {off}: element {i} code {c:#04x}");
+            assert_eq!(g, want, "{what} scale {k:e}");
         }
     }
 }
