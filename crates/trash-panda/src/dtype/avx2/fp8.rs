@@ -11,7 +11,7 @@ use crate::dtype::fp8::{e4m3_to_f32_bits, e5m2_to_f32_bits};
 /// at least 32, a whole lookup step.
 const TABLE_MIN: usize = 256;
 
-/// Whether [`e4m3_to_bf16_scaled`] looks `n` codes times `k` up in a table (else it computes).
+/// Whether [`fp8_to_bf16_scaled`] looks `n` codes times `k` up in a table (else it computes).
 pub(crate) fn uses_table(n: usize, k: f32) -> bool {
     n >= TABLE_MIN && Table::holds(k)
 }
@@ -150,7 +150,7 @@ fn window(
     }
 }
 
-/// One row of [`e4m3_to_bf16_blocks`] (`block` >= 32): the row is one run of 32-code steps
+/// One row of [`fp8_to_bf16_blocks`] (`block` >= 32): the row is one run of 32-code steps
 /// aligned for streaming stores, not one run per tile (a tile's 256 bytes would leave cache
 /// lines half streamed and half stored plainly, which stalls).
 #[target_feature(enable = "avx2,fma")]
@@ -241,7 +241,7 @@ fn computed_tiles(fmt: Fp8, src: &[u8], dst: &mut [u8], col: usize, ks: &[f32], 
     }
 }
 
-/// [`e4m3_to_bf16_scaled`] computing each result in registers (any `k`, any length).
+/// [`fp8_to_bf16_scaled`] for e4m3, computing each result in registers (any `k`, any length).
 #[target_feature(enable = "avx2,fma")]
 fn e4m3_to_bf16_computed(src: &[u8], dst: &mut [u8], k: f32) {
     let n = src.len().min(dst.len() / 2);

@@ -43,11 +43,13 @@ impl Fp8 {
 /// roundings (to f32, then to bf16), so the bf16 result is `B[j] + ((e - 7) << 7)`, with
 /// `B[j] = bf16((1 + j/8) k)`. The eight subnormal codes get their own eight results `S[m]`.
 ///
-/// [`lookup`] indexes the normal table with `mag - 8`, whose low nibble is `j` and the
-/// exponent's low bit (flipped), and whose sign bit (set for the subnormals) makes `vpshufb`
-/// give zero; the subnormal table with `mag + 0x78`, which is the other way round. So an entry
-/// of the normal table holds `B[j] + ((e & 1) - 7) << 7`, and the rest of the exponent,
-/// `(e >> 1) << 8`, and the code's sign are added to the high byte by a third, fixed lookup.
+/// The lookup ([`bytes_of`]) indexes the normal table with `mag - 8`, whose low nibble is `j`
+/// and the exponent's low bit (flipped), and whose sign bit (set for the subnormals) makes
+/// `vpshufb` give zero; the subnormal table with `mag + 0x78`, which is the other way round.
+/// So an entry of the normal table holds `B[j] + ((e & 1) - 7) << 7`, and the rest of the
+/// exponent, `(e >> 1) << 8`, and the code's sign are added to the high byte by a third lookup.
+/// e5m2 is the same with two mantissa bits, two exponent bits in the nibble, bias 15 and four
+/// subnormal codes (`mag - 4`, `mag + 0x7C`).
 pub(crate) struct Table {
     /// The format of the codes.
     pub(crate) fmt: Fp8,
