@@ -108,22 +108,24 @@ fn wide_casts_stream_and_split_to_the_same_bits() {
 
 #[test]
 fn quantization_streams_and_splits_to_the_same_bits() {
-    // 8.4 M codes from bf16 (the source with a hand-written kernel), past the streaming
+    // 8.4 M codes from bf16 and f16 (the sources with hand-written kernels), past the streaming
     // threshold; the output starts 3 bytes into its buffer; the scales are compared too.
     let (rows, cols) = (2053usize, 4111usize);
     let n = rows * cols;
-    let raw = data(n * 2, 17, DType::BF16);
-    for (g, groups) in [
-        (QuantGranularity::PerRow, rows),
-        (QuantGranularity::PerTensor, 1),
-    ] {
-        same_everywhere(&format!("bf16 {g:?}"), |threads| {
-            let mut out = vec![0u8; n + 3];
-            let mut scales = vec![0f32; groups];
-            let q = &mut out[3..];
-            quantize_fp8(&raw, DType::BF16, (rows, cols), g, q, &mut scales, threads).unwrap();
-            out.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
-            out
-        });
+    for st in [DType::BF16, DType::F16] {
+        let raw = data(n * 2, 17, st);
+        for (g, groups) in [
+            (QuantGranularity::PerRow, rows),
+            (QuantGranularity::PerTensor, 1),
+        ] {
+            same_everywhere(&format!("{st} {g:?}"), |threads| {
+                let mut out = vec![0u8; n + 3];
+                let mut scales = vec![0f32; groups];
+                let q = &mut out[3..];
+                quantize_fp8(&raw, st, (rows, cols), g, q, &mut scales, threads).unwrap();
+                out.extend(scales.iter().flat_map(|s| s.to_le_bytes()));
+                out
+            });
+        }
     }
 }

@@ -115,10 +115,10 @@ multiversion! {
     /// rules) is enough.
     fn amax_bits(src: &[u8], src_t: DType) -> u32 {
         #[cfg(target_arch = "x86_64")]
-        if bf16_kernels(src_t) {
-            // SAFETY: `bf16_kernels` holds only at a level whose CPU has AVX2 and FMA, the
-            // features the kernel is compiled with.
-            return unsafe { super::avx2::quant::bf16_amax_bits(src) };
+        if let Some(half) = half_kernels(src_t) {
+            // SAFETY: `half_kernels` answers only at a level whose CPU has AVX2, FMA and F16C,
+            // the features the kernel is compiled with.
+            return unsafe { super::avx2::quant::amax_bits_16(src, half) };
         }
         let mut buf = [0f32; CHUNK];
         let mut best = 0u32;
@@ -143,23 +143,32 @@ multiversion! {
     }
 }
 
-/// Whether the AVX2 kernels quantize `src_t`: bf16, the usual source, whose staged loops reach
-/// a few percent of memory speed on AVX2 and AVX-512 alike (the division and the encoder's
-/// subnormal shifts do not vectorize well through the f32 buffer).
+/// Which 16-bit source the AVX2 kernels quantize, if `src_t` is one (bf16, the usual source,
+/// or f16), at a level that runs them: their staged loops reach a few percent of memory speed
+/// on AVX2 and AVX-512 alike (the division and the encoder's subnormal shifts do not vectorize
+/// well through the f32 buffer).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn bf16_kernels(src_t: DType) -> bool {
+fn half_kernels(src_t: DType) -> Option<super::avx2::quant::Half> {
+    use super::avx2::quant::Half;
     use super::simd::{level, SimdLevel};
-    src_t == DType::BF16 && matches!(level(), SimdLevel::Avx2 | SimdLevel::Avx512)
+    if !matches!(level(), SimdLevel::Avx2 | SimdLevel::Avx512) {
+        return None;
+    }
+    match src_t {
+        DType::BF16 => Some(Half::Bf16),
+        DType::F16 => Some(Half::F16),
+        _ => None,
+    }
 }
 
 #[inline(always)]
 fn encode_scaled_inline(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32, stores: Stores) {
     #[cfg(target_arch = "x86_64")]
-    if bf16_kernels(src_t) {
-        // SAFETY: `bf16_kernels` holds only at a level whose CPU has AVX2 and FMA, the features
-        // the kernel is compiled with.
-        unsafe { super::avx2::quant::bf16_to_e4m3_divided(src, dst, scale, stores) };
+    if let Some(half) = half_kernels(src_t) {
+        // SAFETY: `half_kernels` answers only at a level whose CPU has AVX2, FMA and F16C, the
+        // features the kernel is compiled with.
+        unsafe { super::avx2::quant::divided_16(src, dst, scale, stores, half) };
         return;
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -204,16 +213,16 @@ multiversion! {
         }
         let rows = src.chunks_exact(cols * ss).zip(dst.chunks_exact_mut(cols));
         #[cfg(target_arch = "x86_64")]
-        let fused = bf16_kernels(src_t);
+        let fused = half_kernels(src_t);
         for ((s, d), out) in rows.zip(scales.iter_mut()) {
             #[cfg(target_arch = "x86_64")]
-            if fused {
-                // SAFETY: `bf16_kernels` holds only at a level whose CPU has AVX2 and FMA, the
-                // features these kernels are compiled with.
-                let k = scale_for(unsafe { super::avx2::quant::bf16_amax_bits(s) });
+            if let Some(half) = fused {
+                // SAFETY: `half_kernels` answers only at a level whose CPU has AVX2, FMA and
+                // F16C, the features these kernels are compiled with.
+                let k = scale_for(unsafe { super::avx2::quant::amax_bits_16(s, half) });
                 *out = k;
                 // SAFETY: as above.
-                unsafe { super::avx2::quant::bf16_to_e4m3_divided(s, d, k, stores) };
+                unsafe { super::avx2::quant::divided_16(s, d, k, stores, half) };
                 continue;
             }
             let mut buf = [0f32; CHUNK];

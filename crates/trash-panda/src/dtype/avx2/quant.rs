@@ -1,4 +1,4 @@
-//! bf16 -> e4m3fn quantization kernels.
+//! bf16 and f16 -> e4m3fn quantization kernels (f16 widened by F16C, bf16 by a shift).
 //!
 //! The amax runs on the 16-bit patterns, sixteen to a register. The encode divides (a true
 //! f32 division, as the reference does) and rounds in integers; for the positive finite scales
@@ -13,13 +13,50 @@
 use core::arch::x86_64::*;
 
 use super::{store, Stores};
+use crate::dtype::cast::f16_to_f32_bits_bf;
 use crate::dtype::fp8::f32_bits_to_e4m3;
 
-/// The bits of max |x| over the non-NaN bf16 values of `src` as f32 bits (0 when there are
-/// none): what `amax_bits` gives for a bf16 source. Works on the 16-bit patterns directly,
-/// sixteen to a register, since widening to f32 only appends zero bits.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) fn bf16_amax_bits(src: &[u8]) -> u32 {
+/// The 16-bit float sources the kernels take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Half {
+    /// bf16: widened by appending zero bits.
+    Bf16,
+    /// f16: widened by F16C (exactly; a NaN quieted, which the quantizer does not look at).
+    F16,
+}
+
+impl Half {
+    /// The infinity's magnitude pattern: above it lie the NaNs.
+    fn inf(self) -> i16 {
+        match self {
+            Half::Bf16 => 0x7F80,
+            Half::F16 => 0x7C00,
+        }
+    }
+
+    /// One value's f32 bits.
+    fn widen(self, h: u16) -> u32 {
+        match self {
+            Half::Bf16 => u32::from(h) << 16,
+            Half::F16 => f16_to_f32_bits_bf(h),
+        }
+    }
+
+    /// Eight values (a 128-bit register of them) as f32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn widen_8(self, h: __m128i) -> __m256 {
+        match self {
+            Half::Bf16 => _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)),
+            Half::F16 => _mm256_cvtph_ps(h),
+        }
+    }
+}
+
+/// The bits of max |x| over the non-NaN values (bf16 or f16, `half`) of `src` as f32 bits (0
+/// when there are none): what `amax_bits` gives for such a source. Works on the 16-bit
+/// patterns directly, sixteen to a register: their magnitudes order like the values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn amax_bits_16(src: &[u8], half: Half) -> u32 {
     let n = src.len() / 2;
     let mut best = _mm256_setzero_si256();
     let mut i = 0;
@@ -29,7 +66,7 @@ pub(crate) fn bf16_amax_bits(src: &[u8]) -> u32 {
         let h = unsafe { _mm256_loadu_si256(src.as_ptr().add(2 * i).cast()) };
         let a = _mm256_and_si256(h, _mm256_set1_epi16(0x7FFF));
         // NaNs count as 0; `a` is below 0x8000, so the signed compare is the unsigned one.
-        let nan = _mm256_cmpgt_epi16(a, _mm256_set1_epi16(0x7F80));
+        let nan = _mm256_cmpgt_epi16(a, _mm256_set1_epi16(half.inf()));
         best = _mm256_max_epu16(best, _mm256_andnot_si256(nan, a));
         i += 16;
     }
@@ -39,9 +76,9 @@ pub(crate) fn bf16_amax_bits(src: &[u8]) -> u32 {
     let mut m = lanes.into_iter().max().unwrap_or(0);
     for s in src[2 * i..2 * n].chunks_exact(2) {
         let a = u16::from_le_bytes([s[0], s[1]]) & 0x7FFF;
-        m = m.max(if a > 0x7F80 { 0 } else { a });
+        m = m.max(if a > half.inf() as u16 { 0 } else { a });
     }
-    u32::from(m) << 16
+    half.widen(m)
 }
 
 /// Eight f32 values (already divided by the scale) to e4m3fn codes, one per 32-bit lane, as
@@ -92,36 +129,37 @@ fn encode_magnitude(v: __m256) -> __m256i {
     _mm256_blendv_epi8(normal, sub, is_sub)
 }
 
-/// `e4m3fn(clamp(x / k, -448, 448))` for the bf16 values of `src` into `dst` (one byte each):
-/// what `encode_scaled` gives for a bf16 source. The division is a true one, so `k` need not be
+/// `e4m3fn(clamp(x / k, -448, 448))` for the bf16 or f16 (`half`) values of `src` into `dst`
+/// (one byte each): what `encode_scaled` gives for such a source. The division is a true one, so `k` need not be
 /// a power of two; the clamp is the encoder's saturation.
 ///
 /// For the scales quantization makes (positive and finite) the quotient's sign is the value's
 /// and only a NaN value gives a NaN, so the loop divides magnitudes, puts the signs back a byte
 /// at a time, and sends the rare 32 values holding a NaN to the scalar code; other scales take
 /// the general loop.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) fn bf16_to_e4m3_divided(src: &[u8], dst: &mut [u8], k: f32, stores: Stores) {
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn divided_16(src: &[u8], dst: &mut [u8], k: f32, stores: Stores, half: Half) {
     let n = (src.len() / 2).min(dst.len());
     let (head, stores) = stores.head(dst.as_ptr(), 1, n);
-    scalar(&src[..2 * head], &mut dst[..head], k);
+    scalar(&src[..2 * head], &mut dst[..head], k, half);
+    let (s, d) = (&src[2 * head..2 * n], &mut dst[head..n]);
     let i = head
         + if k > 0.0 && k.is_finite() {
-            divided_positive(&src[2 * head..2 * n], &mut dst[head..n], k, stores)
+            divided_positive(s, d, k, stores, half)
         } else {
-            divided_any(&src[2 * head..2 * n], &mut dst[head..n], k, stores)
+            divided_any(s, d, k, stores, half)
         };
-    scalar(&src[2 * i..2 * n], &mut dst[i..n], k);
+    scalar(&src[2 * i..2 * n], &mut dst[i..n], k, half);
 }
 
-fn scalar(src: &[u8], dst: &mut [u8], k: f32) {
+fn scalar(src: &[u8], dst: &mut [u8], k: f32, half: Half) {
     for (s, d) in src.chunks_exact(2).zip(dst) {
-        let x = f32::from_bits(u32::from(u16::from_le_bytes([s[0], s[1]])) << 16);
+        let x = f32::from_bits(half.widen(u16::from_le_bytes([s[0], s[1]])));
         *d = f32_bits_to_e4m3((x / k).to_bits());
     }
 }
 
-/// Two registers of 16 bf16 values each (64 source bytes at `p`).
+/// Two registers of 16 values each (64 source bytes at `p`).
 ///
 /// # Safety
 /// The 64 bytes at `p` are readable.
@@ -145,27 +183,24 @@ fn pack_codes(a: __m256i, b: __m256i, c: __m256i, d: __m256i) -> __m256i {
     _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
-/// The vector loop of [`bf16_to_e4m3_divided`] for a positive finite `k`; returns how many
+/// The vector loop of [`divided_16`] for a positive finite `k`; returns how many
 /// values it did (from the start; the rest, under 32, is the caller's).
-#[target_feature(enable = "avx2,fma")]
-fn divided_positive(src: &[u8], dst: &mut [u8], k: f32, stores: Stores) -> usize {
+#[target_feature(enable = "avx2,fma,f16c")]
+fn divided_positive(src: &[u8], dst: &mut [u8], k: f32, stores: Stores, half: Half) -> usize {
     let n = (src.len() / 2).min(dst.len());
     let kv = _mm256_set1_ps(k);
-    let quarter = |m: __m128i| {
-        let x = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(m), 16));
-        encode_magnitude(_mm256_div_ps(x, kv))
-    };
+    let quarter = |m: __m128i| encode_magnitude(_mm256_div_ps(half.widen_8(m), kv));
     let mut i = 0;
     while i + 32 <= n {
         // SAFETY: 2 * (i + 32) <= 2 * n <= src.len(): the 64 bytes at src[2 * i..] are in bounds.
         let (h0, h1) = unsafe { load_64(src.as_ptr().add(2 * i)) };
         let m0 = _mm256_and_si256(h0, _mm256_set1_epi16(0x7FFF));
         let m1 = _mm256_and_si256(h1, _mm256_set1_epi16(0x7FFF));
-        // NaNs are above 0x7F80 (the magnitudes are below 0x8000: the signed compare works).
-        let inf = _mm256_set1_epi16(0x7F80);
+        // NaNs are above the infinity (magnitudes are below 0x8000: the signed compare works).
+        let inf = _mm256_set1_epi16(half.inf());
         let nan = _mm256_or_si256(_mm256_cmpgt_epi16(m0, inf), _mm256_cmpgt_epi16(m1, inf));
         if _mm256_movemask_epi8(nan) != 0 {
-            scalar(&src[2 * i..2 * i + 64], &mut dst[i..i + 32], k);
+            scalar(&src[2 * i..2 * i + 64], &mut dst[i..i + 32], k, half);
             i += 32;
             continue;
         }
@@ -189,16 +224,13 @@ fn divided_positive(src: &[u8], dst: &mut [u8], k: f32, stores: Stores) -> usize
     i
 }
 
-/// The vector loop of [`bf16_to_e4m3_divided`] for any `k` (negative, zero or infinite ones
+/// The vector loop of [`divided_16`] for any `k` (negative, zero or infinite ones
 /// only reach here from tests), with [`encode_e4m3`]'s full encoder.
-#[target_feature(enable = "avx2,fma")]
-fn divided_any(src: &[u8], dst: &mut [u8], k: f32, stores: Stores) -> usize {
+#[target_feature(enable = "avx2,fma,f16c")]
+fn divided_any(src: &[u8], dst: &mut [u8], k: f32, stores: Stores, half: Half) -> usize {
     let n = (src.len() / 2).min(dst.len());
     let kv = _mm256_set1_ps(k);
-    let quarter = |h: __m128i| {
-        let x = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-        encode_e4m3(_mm256_div_ps(x, kv))
-    };
+    let quarter = |h: __m128i| encode_e4m3(_mm256_div_ps(half.widen_8(h), kv));
     let mut i = 0;
     while i + 32 <= n {
         // SAFETY: 2 * (i + 32) <= 2 * n <= src.len(): the 64 bytes at src[2 * i..] are in bounds.
@@ -222,8 +254,16 @@ mod tests {
     use super::*;
     use crate::dtype::SimdLevel;
 
+    /// A 16-bit pattern's value, by the scalar references.
+    fn value(half: Half, h: u16) -> f32 {
+        match half {
+            Half::Bf16 => crate::dtype::bf16_bits_to_f32(h),
+            Half::F16 => crate::dtype::f16_bits_to_f32(h),
+        }
+    }
+
     #[test]
-    fn bf16_amax_equals_the_reference() {
+    fn amax_equals_the_reference() {
         if !SimdLevel::Avx2.is_supported() {
             return;
         }
@@ -236,35 +276,34 @@ mod tests {
                 x as u16
             })
             .collect();
-        pats.extend([0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x7F81, 0x0001, 0x8000]);
-        for len in [0, 1, 15, 16, 17, 100, pats.len()] {
-            for start in [0, 5] {
-                let v = &pats[start.min(len)..len.max(start.min(len))];
-                let bytes: Vec<u8> = v.iter().flat_map(|h| h.to_le_bytes()).collect();
-                let want = v
-                    .iter()
-                    .map(|h| {
-                        let a = (u32::from(*h) << 16) & 0x7FFF_FFFF;
-                        if a > 0x7F80_0000 {
-                            0
-                        } else {
-                            a
-                        }
-                    })
-                    .max()
-                    .unwrap_or(0);
-                // SAFETY: the CPU has AVX2 and FMA (checked above).
-                let got = unsafe { bf16_amax_bits(&bytes) };
-                assert_eq!(got, want, "len {len} start {start}");
+        pats.extend([
+            0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x7F81, 0x0001, 0x8000, 0x7C00, 0x7C01,
+        ]);
+        for half in [Half::Bf16, Half::F16] {
+            for len in [0, 1, 15, 16, 17, 100, pats.len()] {
+                for start in [0, 5] {
+                    let v = &pats[start.min(len)..len.max(start.min(len))];
+                    let bytes: Vec<u8> = v.iter().flat_map(|h| h.to_le_bytes()).collect();
+                    let want = v
+                        .iter()
+                        .map(|h| value(half, *h).abs())
+                        .filter(|a| !a.is_nan())
+                        .fold(0f32, f32::max)
+                        .to_bits();
+                    // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+                    let got = unsafe { amax_bits_16(&bytes, half) };
+                    assert_eq!(got, want, "{half:?} len {len} start {start}");
+                }
             }
         }
     }
+
     #[test]
-    fn bf16_to_e4m3_equals_the_reference_on_every_bf16() {
+    fn quantize_16_equals_the_reference_on_every_pattern() {
         if !SimdLevel::Avx2.is_supported() {
             return;
         }
-        // Every bf16 pattern, plus 7 so the tail sees some too.
+        // Every 16-bit pattern, plus 7 so the tail sees some too.
         let src: Vec<u8> = (0..=u16::MAX)
             .chain(0x3C00..0x3C07)
             .flat_map(u16::to_le_bytes)
@@ -292,26 +331,28 @@ mod tests {
                 .filter(|k| k.is_finite() && *k > 0.0)
                 .step_by(3),
         );
-        for (j, k) in ks.into_iter().enumerate() {
-            // Alternate the stores and the output's alignment (the head before aligned stores).
-            let stores = [Stores::Cached, Stores::Streaming][j % 2];
-            let off = j % 5;
-            let mut buf = vec![0u8; src.len() / 2 + 64];
-            let got = &mut buf[off..off + src.len() / 2];
-            // SAFETY: the CPU has AVX2 and FMA (checked above).
-            unsafe { bf16_to_e4m3_divided(&src, got, k, stores) };
-            for (s, g) in src.chunks_exact(2).zip(got.iter()) {
-                let h = u16::from_le_bytes([s[0], s[1]]);
-                let v = f32::from_bits(u32::from(h) << 16) / k;
-                let v = if v > 448.0 { 448.0 } else { v };
-                let v = if v < -448.0 { -448.0 } else { v };
-                let want = crate::dtype::f32_to_fp8_e4m3fn(v);
-                // A NaN's sign after a division is not defined; its shape is.
-                if v.is_nan() {
-                    assert_eq!(g & 0x7F, 0x7F, "bf16 {h:#06x} scale {k:e}");
-                    continue;
+        for half in [Half::Bf16, Half::F16] {
+            for (j, &k) in ks.iter().enumerate() {
+                // Alternate the stores and the output's alignment (the head before them).
+                let stores = [Stores::Cached, Stores::Streaming][j % 2];
+                let off = j % 5;
+                let mut buf = vec![0u8; src.len() / 2 + 64];
+                let got = &mut buf[off..off + src.len() / 2];
+                // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+                unsafe { divided_16(&src, got, k, stores, half) };
+                for (s, g) in src.chunks_exact(2).zip(got.iter()) {
+                    let h = u16::from_le_bytes([s[0], s[1]]);
+                    let v = value(half, h) / k;
+                    let v = if v > 448.0 { 448.0 } else { v };
+                    let v = if v < -448.0 { -448.0 } else { v };
+                    let want = crate::dtype::f32_to_fp8_e4m3fn(v);
+                    // A NaN's sign after a division is not defined; its shape is.
+                    if v.is_nan() {
+                        assert_eq!(g & 0x7F, 0x7F, "{half:?} {h:#06x} scale {k:e}");
+                        continue;
+                    }
+                    assert_eq!(*g, want, "{half:?} {h:#06x} scale {k:e}");
                 }
-                assert_eq!(*g, want, "bf16 {h:#06x} scale {k:e}");
             }
         }
     }
