@@ -15,13 +15,13 @@
 //!   tables four bytes a result, F16C rounding to f16 (block scales stay generic here).
 //! - [`cast`]: f32 -> bf16 (integer rounding and a pack, NaNs sent to the scalar code) and
 //!   f32 -> f16 (F16C, which rounds as the reference does).
-//! - [`quant`]: bf16 -> e4m3 quantization, amax on the 16-bit patterns and a fused
+//! - [`quant`]: bf16 and f16 -> e4m3 quantization, amax on the 16-bit patterns and a fused
 //!   divide-and-encode (bound by the divider; see there).
 //!
 //! Measured and left to the generic loops (issue 24 item 2; `TRASH_PANDA_SIMD=avx2 make
 //! bench-convert` on this Xeon, one thread, times memcpy): bf16 -> f32 0.69 (a widening, at
-//! memory speed in cache: fine); f16 -> e4m3 quantize 0.05, far from memcpy (an F16C decode
-//! into the bf16 kernel's encoder would serve it), and fp8 -> f32 or f16 with block scales.
+//! memory speed in cache: fine); fp8 -> f32 or f16 with block scales (not measured; the bf16
+//! block rows could be shared); quantizing f32 sources.
 //!
 //! Every kernel computes what the branch-free element functions compute (the same integer
 //! rounding, the same f32 multiply or division), so results are bit for bit those of the
