@@ -1,17 +1,21 @@
 //! Conversion throughput against memcpy, measured in the same run.
 //!
 //! Every case writes about 128 MiB into a buffer allocated once, touched before timing, and
-//! reused; the figure is GB/s of output written, best of several repetitions, next to a plain
-//! `copy_from_slice` of the same output size on the same number of threads.
+//! reused; the figure is GB/s of output written, best of several repetitions, on one and on two
+//! threads, each next to a plain `copy_from_slice` of the same output size on as many threads
+//! timed right before it.
 //!
-//! `cargo run --release -p trash-panda-bench --bin bench-convert [-- --reps N --mib M]`; the
-//! header names the CPU and the kernel level that ran, which `TRASH_PANDA_SIMD` (portable, avx2,
-//! avx512, neon, auto) forces.
+//! `cargo run --release -p trash-panda-bench --bin bench-convert [-- --reps N --mib M --kib K
+//! --only TEXT]`; the header names the CPU and the kernel level that ran, which
+//! `TRASH_PANDA_SIMD` (portable, avx2, avx512, neon, auto) forces, and each row the code that ran
+//! (a hand-written kernel or the generic loops). `--kib` sizes the output for in-cache runs that
+//! time the kernels alone; `--only` runs the cases whose name holds the text.
 
 use std::time::{Duration, Instant};
 
 use trash_panda::dtype::{
-    best_simd_level, cast, expand, quantize_fp8, simd_level, DType, QuantGranularity, Scale,
+    best_simd_level, cast, expand, kernel_path, quantize_fp8, simd_level, DType, QuantGranularity,
+    Scale,
 };
 
 struct Case {
@@ -20,9 +24,14 @@ struct Case {
     dst_dtype: DType,
 }
 
-const CASES: [Case; 7] = [
+const CASES: [Case; 14] = [
     Case {
         name: "fp8 e4m3 -> bf16",
+        src_dtype: DType::F8E4M3,
+        dst_dtype: DType::BF16,
+    },
+    Case {
+        name: "fp8 e4m3 -> bf16, per-tensor scale",
         src_dtype: DType::F8E4M3,
         dst_dtype: DType::BF16,
     },
@@ -37,7 +46,22 @@ const CASES: [Case; 7] = [
         dst_dtype: DType::BF16,
     },
     Case {
+        name: "fp8 e4m3 -> f16, per-row scale",
+        src_dtype: DType::F8E4M3,
+        dst_dtype: DType::F16,
+    },
+    Case {
+        name: "fp8 e4m3 -> f32, per-row scale",
+        src_dtype: DType::F8E4M3,
+        dst_dtype: DType::F32,
+    },
+    Case {
         name: "fp8 e5m2 -> bf16",
+        src_dtype: DType::F8E5M2,
+        dst_dtype: DType::BF16,
+    },
+    Case {
+        name: "fp8 e5m2 -> bf16, per-row scale",
         src_dtype: DType::F8E5M2,
         dst_dtype: DType::BF16,
     },
@@ -52,8 +76,23 @@ const CASES: [Case; 7] = [
         dst_dtype: DType::BF16,
     },
     Case {
+        name: "f32 -> f16",
+        src_dtype: DType::F32,
+        dst_dtype: DType::F16,
+    },
+    Case {
         name: "bf16 -> fp8 e4m3, per-row quantize",
         src_dtype: DType::BF16,
+        dst_dtype: DType::F8E4M3,
+    },
+    Case {
+        name: "bf16 -> fp8 e4m3, per-tensor quantize",
+        src_dtype: DType::BF16,
+        dst_dtype: DType::F8E4M3,
+    },
+    Case {
+        name: "f16 -> fp8 e4m3, per-row quantize",
+        src_dtype: DType::F16,
         dst_dtype: DType::F8E4M3,
     },
 ];
@@ -127,6 +166,15 @@ fn gbps(bytes: usize, t: Duration) -> f64 {
     bytes as f64 / t.as_secs_f64() / 1e9
 }
 
+/// The text after `name` on the command line, if given.
+fn arg_str(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
     args.iter()
@@ -138,7 +186,8 @@ fn arg(name: &str, default: usize) -> usize {
 
 fn main() {
     let reps = arg("--reps", 7);
-    let out_bytes = arg("--mib", 128) << 20;
+    // `--kib` (for in-cache runs that time the kernels' own speed) overrides `--mib`.
+    let out_bytes = arg("--kib", arg("--mib", 128) << 10) << 10;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let cpu = trash_panda_bench::cpu_model();
     // TRASH_PANDA_SIMD picks the path (`TRASH_PANDA_SIMD=avx2 make bench-convert`); a level this
@@ -157,55 +206,86 @@ fn main() {
     };
     println!(
         "# bench-convert: {cpu}, {cores} cores, {level} kernels ({how}; best here: {}), \
-         {} MiB written per case, best of {reps}",
+         {} KiB written per case, best of {reps}",
         best_simd_level(),
-        out_bytes >> 20
+        out_bytes >> 10
     );
 
     // Buffers allocated once and reused by every case; the largest source is f32 or bf16 at
     // twice the output size.
     let mut src_all = vec![0u8; out_bytes * 2];
-    let mut dst = vec![0u8; out_bytes];
+    // The output starts on a 64-byte boundary, as torch's CPU allocator places tensors (a
+    // large Vec is only 16-byte aligned); `--misalign B` shifts it by B bytes.
+    let mut dst_buf = vec![0u8; out_bytes + 128];
+    let lead = dst_buf.as_ptr().align_offset(64) + arg("--misalign", 0) % 64;
+    let dst = &mut dst_buf[lead..lead + out_bytes];
     // Touch everything first: fresh pages (even read-only zero pages) would skew the timings.
     fill_random(&mut src_all, 5);
-    fill_random(&mut dst, 3);
+    fill_random(dst, 3);
     let mut scales = vec![1.0f32; out_bytes];
 
-    println!("| conversion | threads | GB/s written | memcpy GB/s | ratio |");
-    println!("|---|---:|---:|---:|---:|");
-    for threads in [1, cores] {
-        let memcpy = best_of(reps, || {
-            parallel_copy(&mut dst, &src_all[..out_bytes], threads);
-        });
-        let memcpy_gbps = gbps(out_bytes, memcpy);
-        println!(
-            "| memcpy (copy_from_slice) | {threads} | {memcpy_gbps:.2} | {memcpy_gbps:.2} | 1.00 |"
+    // One and two threads (the issue's columns), whatever the core count; memcpy on as many.
+    let thread_counts = [1usize, 2];
+    let memcpy: Vec<f64> = thread_counts
+        .iter()
+        .map(|&threads| {
+            let t = best_of(reps, || parallel_copy(dst, &src_all[..out_bytes], threads));
+            gbps(out_bytes, t)
+        })
+        .collect();
+    println!(
+        "memcpy (copy_from_slice) at the start: {:.2} GB/s on 1 thread, {:.2} GB/s on 2; each \
+         ratio below is against a memcpy timed right before the case",
+        memcpy[0], memcpy[1]
+    );
+    println!();
+    println!(
+        "| conversion | path | 1 thread GB/s | x memcpy | 2 threads GB/s | x memcpy | 2 vs 1 thread |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    // `--only TEXT` runs the cases whose name contains it.
+    let only = arg_str("--only").unwrap_or_default();
+    for case in CASES.iter().filter(|c| c.name.contains(only.as_str())) {
+        let n = out_bytes / case.dst_dtype.size();
+        fill_values(
+            &mut src_all[..n * case.src_dtype.size()],
+            case.src_dtype,
+            cores,
         );
-        for case in &CASES {
-            let n = out_bytes / case.dst_dtype.size();
-            let src = &mut src_all[..n * case.src_dtype.size()];
-            fill_values(src, case.src_dtype, cores);
-            let src: &[u8] = src;
-            let cols = 8192.min(n);
-            let rows = n / cols;
-            let row_scales: Vec<f32> = (0..rows).map(|i| 0.001 + i as f32 * 1e-6).collect();
-            let tiles = rows.div_ceil(128) * cols.div_ceil(128);
-            let block_scales: Vec<f32> = (0..tiles).map(|i| 0.002 + i as f32 * 1e-7).collect();
+        let src: &[u8] = &src_all[..n * case.src_dtype.size()];
+        let cols = 8192.min(n);
+        let rows = n / cols;
+        let row_scales: Vec<f32> = (0..rows).map(|i| 0.001 + i as f32 * 1e-6).collect();
+        let tiles = rows.div_ceil(128) * cols.div_ceil(128);
+        let block_scales: Vec<f32> = (0..tiles).map(|i| 0.002 + i as f32 * 1e-7).collect();
+        let (mut speeds, mut ratios) = (Vec::new(), Vec::new());
+        for &threads in &thread_counts {
+            // memcpy again right before the case: the machine's bandwidth drifts.
+            let copy = best_of(reps, || parallel_copy(dst, &src_all[..out_bytes], threads));
             let t = best_of(reps, || {
                 let r = match case.name {
-                    n if n.contains("quantize") => quantize_fp8(
+                    n if n.contains("quantize") => {
+                        let (g, groups) = if n.contains("per-tensor") {
+                            (QuantGranularity::PerTensor, 1)
+                        } else {
+                            (QuantGranularity::PerRow, rows)
+                        };
+                        let s = &mut scales[..groups];
+                        quantize_fp8(src, case.src_dtype, (rows, cols), g, dst, s, threads)
+                    }
+                    n if n.contains("per-tensor") => expand(
                         src,
                         case.src_dtype,
+                        dst,
+                        case.dst_dtype,
                         (rows, cols),
-                        QuantGranularity::PerRow,
-                        &mut dst,
-                        &mut scales[..rows],
+                        &Scale::PerTensor(0.0123),
                         threads,
                     ),
                     n if n.contains("per-row") => expand(
                         src,
                         case.src_dtype,
-                        &mut dst,
+                        dst,
                         case.dst_dtype,
                         (rows, cols),
                         &Scale::PerRow(&row_scales),
@@ -214,7 +294,7 @@ fn main() {
                     n if n.contains("block") => expand(
                         src,
                         case.src_dtype,
-                        &mut dst,
+                        dst,
                         case.dst_dtype,
                         (rows, cols),
                         &Scale::Block {
@@ -226,24 +306,30 @@ fn main() {
                     _ if case.src_dtype.is_fp8() => expand(
                         src,
                         case.src_dtype,
-                        &mut dst,
+                        dst,
                         case.dst_dtype,
                         (rows, cols),
                         &Scale::None,
                         threads,
                     ),
-                    _ => cast(src, case.src_dtype, &mut dst, case.dst_dtype, threads),
+                    _ => cast(src, case.src_dtype, dst, case.dst_dtype, threads),
                 };
                 if let Err(e) = r {
                     panic!("{}: {e}", case.name);
                 }
             });
-            let g = gbps(out_bytes, t);
-            println!(
-                "| {} | {threads} | {g:.2} | {memcpy_gbps:.2} | {:.2} |",
-                case.name,
-                g / memcpy_gbps
-            );
+            speeds.push(gbps(out_bytes, t));
+            ratios.push(copy.as_secs_f64() / t.as_secs_f64());
         }
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            case.name,
+            kernel_path(case.src_dtype, case.dst_dtype),
+            speeds[0],
+            ratios[0],
+            speeds[1],
+            ratios[1],
+            speeds[1] / speeds[0]
+        );
     }
 }

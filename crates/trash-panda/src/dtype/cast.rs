@@ -168,6 +168,7 @@ pub fn cast(
     }
     check_bytes("cast destination", dst_dtype, n, dst.len())?;
     let threads = parallel::effective_threads(threads, n);
+    let stores = simd::Stores::for_output(dst.len());
     parallel::split_run(
         n,
         parallel::ELEMENT_GRAIN,
@@ -176,7 +177,8 @@ pub fn cast(
         (&mut [] as &mut [u8], 0),
         |r, d, _| {
             let s = &src[r.start * src_dtype.size()..r.end * src_dtype.size()];
-            simd::convert(s, src_dtype, d, dst_dtype, None);
+            simd::convert(s, src_dtype, d, dst_dtype, None, stores);
+            stores.fence();
         },
     );
     Ok(())

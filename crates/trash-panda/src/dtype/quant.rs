@@ -1,7 +1,7 @@
 //! Quantization of float tensors to fp8 e4m3fn with per-tensor or per-row scales.
 
 use super::fp8::{f32_bits_to_e4m3, FP8_E4M3FN_MAX};
-use super::simd::{decode, multiversion, CHUNK};
+use super::simd::{decode, multiversion, Stores, CHUNK};
 use super::{check_bytes, elements, parallel, simd, DType, DtypeError};
 
 /// Which values share one quantization scale.
@@ -72,6 +72,7 @@ pub fn quantize_fp8(
         });
     }
     let threads = parallel::effective_threads(threads, n);
+    let stores = Stores::for_output(dst.len());
     let ss = src_dtype.size();
     match granularity {
         QuantGranularity::PerTensor => {
@@ -83,13 +84,15 @@ pub fn quantize_fp8(
             scales[0] = s;
             let none: &mut [u8] = &mut [];
             parallel::split_run(n, grain, threads, (dst, 1), (none, 0), |r, d, _| {
-                encode_scaled(&src[r.start * ss..r.end * ss], src_dtype, d, s);
+                encode_scaled(&src[r.start * ss..r.end * ss], src_dtype, d, s, stores);
+                stores.fence();
             });
         }
         QuantGranularity::PerRow => {
             parallel::split_run(rows, 1, threads, (dst, cols), (scales, 1), |r, d, sc| {
                 let s = &src[r.start * cols * ss..r.end * cols * ss];
-                quantize_rows(s, src_dtype, d, sc, cols);
+                quantize_rows(s, src_dtype, d, sc, cols, stores);
+                stores.fence();
             });
         }
     }
@@ -112,10 +115,10 @@ multiversion! {
     /// rules) is enough.
     fn amax_bits(src: &[u8], src_t: DType) -> u32 {
         #[cfg(target_arch = "x86_64")]
-        if bf16_kernels(src_t) {
-            // SAFETY: `bf16_kernels` holds only at a level whose CPU has AVX2 and FMA, the
-            // features the kernel is compiled with.
-            return unsafe { super::avx2::bf16_amax_bits(src) };
+        if let Some(half) = half_kernels(src_t) {
+            // SAFETY: `half_kernels` answers only at a level whose CPU has AVX2, FMA and F16C,
+            // the features the kernel is compiled with.
+            return unsafe { super::avx2::quant::amax_bits_16(src, half) };
         }
         #[cfg(target_arch = "aarch64")]
         if neon_kernels(src_t) {
@@ -140,19 +143,28 @@ multiversion! {
 
 multiversion! {
     /// `e4m3fn(clamp(x / scale, -448, 448))` for every element.
-    fn encode_scaled(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32) {
-        encode_scaled_inline(src, src_t, dst, scale)
+    fn encode_scaled(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32, stores: Stores) {
+        encode_scaled_inline(src, src_t, dst, scale, stores)
     }
 }
 
-/// Whether the AVX2 kernels quantize `src_t`: bf16, the usual source, whose staged loops reach
-/// a few percent of memory speed on AVX2 and AVX-512 alike (the division and the encoder's
-/// subnormal shifts do not vectorize well through the f32 buffer).
+/// Which 16-bit source the AVX2 kernels quantize, if `src_t` is one (bf16, the usual source,
+/// or f16), at a level that runs them: their staged loops reach a few percent of memory speed
+/// on AVX2 and AVX-512 alike (the division and the encoder's subnormal shifts do not vectorize
+/// well through the f32 buffer).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn bf16_kernels(src_t: DType) -> bool {
+fn half_kernels(src_t: DType) -> Option<super::avx2::quant::Half> {
+    use super::avx2::quant::Half;
     use super::simd::{level, SimdLevel};
-    src_t == DType::BF16 && matches!(level(), SimdLevel::Avx2 | SimdLevel::Avx512)
+    if !matches!(level(), SimdLevel::Avx2 | SimdLevel::Avx512) {
+        return None;
+    }
+    match src_t {
+        DType::BF16 => Some(Half::Bf16),
+        DType::F16 => Some(Half::F16),
+        _ => None,
+    }
 }
 
 /// Whether the NEON kernels quantize `src_t`: bf16 and f16, whose staged loops divide and
@@ -165,7 +177,7 @@ fn neon_kernels(src_t: DType) -> bool {
 }
 
 #[inline(always)]
-fn encode_scaled_inline(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32) {
+fn encode_scaled_inline(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32, stores: Stores) {
     #[cfg(target_arch = "aarch64")]
     if neon_kernels(src_t) {
         // SAFETY: `neon_kernels` holds only at the Neon level, which this CPU runs.
@@ -173,12 +185,14 @@ fn encode_scaled_inline(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32) {
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if bf16_kernels(src_t) {
-        // SAFETY: `bf16_kernels` holds only at a level whose CPU has AVX2 and FMA, the features
-        // the kernel is compiled with.
-        unsafe { super::avx2::bf16_to_e4m3_divided(src, dst, scale) };
+    if let Some(half) = half_kernels(src_t) {
+        // SAFETY: `half_kernels` answers only at a level whose CPU has AVX2, FMA and F16C, the
+        // features the kernel is compiled with.
+        unsafe { super::avx2::quant::divided_16(src, dst, scale, stores, half) };
         return;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = stores;
     let mut buf = [0f32; CHUNK];
     let ss = src_t.size();
     for (s, d) in src.chunks(CHUNK * ss).zip(dst.chunks_mut(CHUNK)) {
@@ -204,7 +218,14 @@ fn encode_scaled_inline(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32) {
 
 multiversion! {
     /// Per-row quantization of whole rows.
-    fn quantize_rows(src: &[u8], src_t: DType, dst: &mut [u8], scales: &mut [f32], cols: usize) {
+    fn quantize_rows(
+        src: &[u8],
+        src_t: DType,
+        dst: &mut [u8],
+        scales: &mut [f32],
+        cols: usize,
+        stores: Stores,
+    ) {
         let ss = src_t.size();
         if cols == 0 {
             scales.fill(1.0);
@@ -212,16 +233,16 @@ multiversion! {
         }
         let rows = src.chunks_exact(cols * ss).zip(dst.chunks_exact_mut(cols));
         #[cfg(target_arch = "x86_64")]
-        let fused = bf16_kernels(src_t);
+        let fused = half_kernels(src_t);
         for ((s, d), out) in rows.zip(scales.iter_mut()) {
             #[cfg(target_arch = "x86_64")]
-            if fused {
-                // SAFETY: `bf16_kernels` holds only at a level whose CPU has AVX2 and FMA, the
-                // features these kernels are compiled with.
-                let k = scale_for(unsafe { super::avx2::bf16_amax_bits(s) });
+            if let Some(half) = fused {
+                // SAFETY: `half_kernels` answers only at a level whose CPU has AVX2, FMA and
+                // F16C, the features these kernels are compiled with.
+                let k = scale_for(unsafe { super::avx2::quant::amax_bits_16(s, half) });
                 *out = k;
                 // SAFETY: as above.
-                unsafe { super::avx2::bf16_to_e4m3_divided(s, d, k) };
+                unsafe { super::avx2::quant::divided_16(s, d, k, stores, half) };
                 continue;
             }
             #[cfg(target_arch = "aarch64")]
@@ -229,7 +250,7 @@ multiversion! {
                 // SAFETY: `neon_kernels` holds only at the Neon level, which this CPU runs.
                 let k = scale_for(unsafe { super::neon::half_amax_bits(s, src_t) });
                 *out = k;
-                encode_scaled_inline(s, src_t, d, k);
+                encode_scaled_inline(s, src_t, d, k, stores);
                 continue;
             }
             let mut buf = [0f32; CHUNK];
@@ -244,7 +265,7 @@ multiversion! {
             }
             let k = scale_for(best);
             *out = k;
-            encode_scaled_inline(s, src_t, d, k);
+            encode_scaled_inline(s, src_t, d, k, stores);
         }
     }
 }

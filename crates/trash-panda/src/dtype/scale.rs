@@ -2,9 +2,9 @@
 //! in checkpoints.
 
 use super::cast::check_cast_dtypes;
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(target_arch = "aarch64")]
 use super::simd::SimdLevel;
-use super::simd::{self, convert_inline, multiversion};
+use super::simd::{self, convert_inline, multiversion, Stores};
 use super::{check_bytes, elements, parallel, DType, DtypeError};
 
 /// The tile of the block-wise scale layout (`weight_scale_inv`): 128 x 128 weights per scale.
@@ -166,6 +166,7 @@ pub fn expand(
     scale.validate(rows, cols)?;
     let threads = parallel::effective_threads(threads, n);
     let (ss, ds) = (src_dtype.size(), dst_dtype.size());
+    let stores = simd::Stores::for_output(dst.len());
     let none: &mut [u8] = &mut [];
     match *scale {
         Scale::None | Scale::PerTensor(_) => {
@@ -175,14 +176,18 @@ pub fn expand(
             };
             let grain = parallel::ELEMENT_GRAIN;
             parallel::split_run(n, grain, threads, (dst, ds), (none, 0), |r, d, _| {
-                simd::convert(&src[r.start * ss..r.end * ss], src_dtype, d, dst_dtype, k);
+                let s = &src[r.start * ss..r.end * ss];
+                simd::convert(s, src_dtype, d, dst_dtype, k, stores);
+                stores.fence();
             });
         }
         Scale::PerRow(_) | Scale::Block { .. } => {
             let row_bytes = cols * ds;
             parallel::split_run(rows, 1, threads, (dst, row_bytes), (none, 0), |r, d, _| {
                 let s = &src[r.start * cols * ss..r.end * cols * ss];
-                expand_rows(s, src_dtype, d, dst_dtype, cols, r.start, scale);
+                let rows_at = (r.start, cols);
+                expand_rows(s, src_dtype, d, dst_dtype, rows_at, scale, stores);
+                stores.fence();
             });
         }
     }
@@ -190,30 +195,34 @@ pub fn expand(
 }
 
 multiversion! {
-    /// Rows `first_row..` of a row- or block-scaled expansion (`src` and `dst` hold whole rows).
+    /// Rows `first_row..` (`rows_at` = `(first_row, cols)`) of a row- or block-scaled
+    /// expansion (`src` and `dst` hold whole rows).
     fn expand_rows(
         src: &[u8],
         src_t: DType,
         dst: &mut [u8],
         dst_t: DType,
-        cols: usize,
-        first_row: usize,
+        rows_at: (usize, usize),
         scale: &Scale<'_>,
+        stores: Stores,
     ) {
+        let (first_row, cols) = rows_at;
         let (ss, ds) = (src_t.size(), dst_t.size());
         if cols == 0 {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if let (DType::F8E4M3, DType::BF16, Scale::Block { scales, block }) = (src_t, dst_t, scale) {
+        if let (Some(fmt), Scale::Block { scales, block }) =
+            (super::avx2::fp8_to_bf16(src_t, dst_t), scale)
+        {
             // Block scales give runs of 128, too short for a table each; the kernel shares one
-            // per tile over the tile's rows, which on AVX2 triples the staged loops' speed.
-            if matches!(simd::level(), SimdLevel::Avx2 | SimdLevel::Avx512) {
-                // SAFETY: `level()` returns these levels only when this CPU has AVX2 and FMA, the
-                // features the kernel is compiled with.
-                unsafe { super::avx2::e4m3_to_bf16_blocks(src, dst, cols, first_row, scales, *block) };
-                return;
-            }
+            // per tile over the tile's rows.
+            // SAFETY: `fp8_to_bf16` answers only at a level whose CPU has AVX2, FMA and F16C,
+            // the features the kernel is compiled with.
+            unsafe {
+                super::avx2::fp8::fp8_to_bf16_blocks(fmt, src, dst, rows_at, scales, *block, stores)
+            };
+            return;
         }
         #[cfg(target_arch = "aarch64")]
         if let (DType::F8E4M3 | DType::F8E5M2, Scale::Block { scales, block }) = (src_t, scale) {
@@ -231,17 +240,17 @@ multiversion! {
         for (i, (s, d)) in rows.enumerate() {
             let row = first_row + i;
             match *scale {
-                Scale::PerRow(k) => convert_inline(s, src_t, d, dst_t, Some(k[row])),
+                Scale::PerRow(k) => convert_inline(s, src_t, d, dst_t, Some(k[row]), stores),
                 Scale::Block { scales, block } => {
                     let tiles = cols.div_ceil(block);
                     let tile_row = &scales[row / block * tiles..][..tiles];
                     let segs = s.chunks(block * ss).zip(d.chunks_mut(block * ds));
                     for ((s, d), k) in segs.zip(tile_row) {
-                        convert_inline(s, src_t, d, dst_t, Some(*k));
+                        convert_inline(s, src_t, d, dst_t, Some(*k), stores);
                     }
                 }
-                Scale::None => convert_inline(s, src_t, d, dst_t, None),
-                Scale::PerTensor(k) => convert_inline(s, src_t, d, dst_t, Some(k)),
+                Scale::None => convert_inline(s, src_t, d, dst_t, None, stores),
+                Scale::PerTensor(k) => convert_inline(s, src_t, d, dst_t, Some(k), stores),
             }
         }
     }

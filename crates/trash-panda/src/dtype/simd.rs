@@ -14,6 +14,7 @@ use super::cast::{f16_to_f32_bits_bf, f32_bits_to_bf16_bf, f32_bits_to_f16_bf, f
 use super::fp8::{
     e4m3_to_bf16_bits, e4m3_to_f32_bits, e5m2_to_bf16_bits, e5m2_to_f32_bits, f32_bits_to_e4m3,
 };
+pub(crate) use super::stores::Stores;
 use super::{DType, DtypeError};
 use crate::settings;
 use std::cell::Cell;
@@ -28,7 +29,7 @@ pub(crate) const CHUNK: usize = 256;
 pub enum SimdLevel {
     /// Plain Rust, whatever the target's baseline vectorizes (SSE2 on x86-64, NEON on aarch64).
     Portable,
-    /// x86-64 with AVX2 and FMA.
+    /// x86-64 with AVX2, FMA and F16C (every AVX2 CPU has the last two).
     Avx2,
     /// x86-64 with AVX-512 F, BW and VL (and AVX2, FMA).
     Avx512,
@@ -66,7 +67,9 @@ impl SimdLevel {
             SimdLevel::Portable => true,
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx2 => {
-                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+                std::is_x86_feature_detected!("avx2")
+                    && std::is_x86_feature_detected!("fma")
+                    && std::is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => {
@@ -188,6 +191,42 @@ pub(crate) fn level() -> SimdLevel {
     }
 }
 
+/// The code that converts `src` to `dst` at this thread's level (see [`simd_level`]), for
+/// benchmarks and logs: "hand-written avx2" or "hand-written neon" for the kernels of those
+/// modules, else the generic loops and the level they are compiled for. `dst` = fp8 e4m3 means
+/// quantization. (Block scales with an f32 destination take the generic loops on AVX2 whatever
+/// this says.)
+pub fn kernel_path(src: DType, dst: DType) -> String {
+    let lvl = level();
+    #[cfg(target_arch = "aarch64")]
+    if lvl == SimdLevel::Neon {
+        use DType::*;
+        if matches!(
+            (src, dst),
+            (F8E4M3 | F8E5M2, BF16 | F32 | F16) | (F32, BF16 | F16) | (BF16 | F16, F32 | F8E4M3)
+        ) {
+            return "hand-written neon".to_owned();
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = (src, dst);
+    #[cfg(target_arch = "x86_64")]
+    if matches!(lvl, SimdLevel::Avx2 | SimdLevel::Avx512) {
+        use DType::*;
+        let hand = match (src, dst) {
+            (F8E4M3 | F8E5M2, BF16 | F32 | F16) => Some("table"),
+            (F32, BF16) => Some("round and pack"),
+            (F32, F16) => Some("f16c"),
+            (BF16 | F16, F8E4M3) => Some("divide and encode"),
+            _ => None,
+        };
+        if let Some(how) = hand {
+            return format!("hand-written avx2 ({how})");
+        }
+    }
+    format!("generic loops ({lvl})")
+}
+
 /// Defines `pub(crate) fn $name` that runs `$body` compiled for the best instruction set found.
 macro_rules! multiversion {
     ($(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
@@ -232,6 +271,7 @@ pub(crate) fn convert_inline(
     dst: &mut [u8],
     dst_t: DType,
     scale: Option<f32>,
+    stores: Stores,
 ) {
     #[cfg(target_arch = "aarch64")]
     if level() == SimdLevel::Neon {
@@ -241,22 +281,27 @@ pub(crate) fn convert_inline(
             return;
         }
     }
-    if scale.is_none() && direct(src, src_t, dst, dst_t) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(fmt) = super::avx2::fp8_to_bf16(src_t, dst_t) {
+        // fp8 -> bf16, scaled or not (a scale of 1 is exact): the table kernel beats the
+        // staging loops and the direct loops at both levels (see avx2/mod.rs).
+        // SAFETY: `fp8_to_bf16` answers only at a level whose CPU has AVX2, FMA and F16C, the
+        // features the kernel is compiled with.
+        unsafe {
+            super::avx2::fp8::fp8_to_bf16_scaled(fmt, src, dst, scale.unwrap_or(1.0), stores)
+        };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if let (DType::F8E4M3, DType::BF16, Some(k)) = (src_t, dst_t, scale) {
-        // The most common scaled expansion: the staging loops reach a third of the table
-        // kernel's speed on AVX2 and two thirds on AVX-512. On short runs (block scales) the
-        // AVX2 kernel computes, which beats the AVX2 staging loops but not the AVX-512 ones.
-        let lvl = level();
-        let table = super::avx2::uses_table(src.len(), k);
-        if lvl == SimdLevel::Avx2 || (lvl == SimdLevel::Avx512 && table) {
-            // SAFETY: `level()` returns these levels only when this CPU has AVX2 and FMA, the
-            // features the kernel is compiled with.
-            unsafe { super::avx2::e4m3_to_bf16_scaled(src, dst, k) };
-            return;
-        }
+    if let Some((fmt, half)) = super::avx2::fp8_to_wide(src_t, dst_t) {
+        // fp8 -> f32 or f16 the same way, four bytes a result (then F16C for f16).
+        let k = scale.unwrap_or(1.0);
+        // SAFETY: as above.
+        unsafe { super::avx2::wide::fp8_to_wide_scaled(fmt, half, src, dst, k, stores) };
+        return;
+    }
+    if scale.is_none() && direct(src, src_t, dst, dst_t, stores) {
+        return;
     }
     // Without a scale a 16-bit destination must see the f64 rounded once, hence round-to-odd;
     // with one, the reference first rounds to f32 (`w.to(float32) * scale`).
@@ -289,15 +334,40 @@ pub(crate) fn convert_inline(
 
 multiversion! {
     /// [`convert_inline`] for one contiguous run, compiled for the CPU.
-    fn convert(src: &[u8], src_t: DType, dst: &mut [u8], dst_t: DType, scale: Option<f32>) {
-        convert_inline(src, src_t, dst, dst_t, scale)
+    fn convert(
+        src: &[u8],
+        src_t: DType,
+        dst: &mut [u8],
+        dst_t: DType,
+        scale: Option<f32>,
+        stores: Stores,
+    ) {
+        convert_inline(src, src_t, dst, dst_t, scale, stores)
     }
 }
 
 /// Loops for the pairs that need no staging. Returns false for the others.
 #[inline(always)]
-fn direct(src: &[u8], src_t: DType, dst: &mut [u8], dst_t: DType) -> bool {
+fn direct(src: &[u8], src_t: DType, dst: &mut [u8], dst_t: DType, stores: Stores) -> bool {
     use DType::*;
+    #[cfg(target_arch = "x86_64")]
+    if src_t == F32
+        && matches!(dst_t, BF16 | F16)
+        && matches!(level(), SimdLevel::Avx2 | SimdLevel::Avx512)
+    {
+        // SAFETY: `level()` returns these levels only when this CPU has AVX2, FMA and F16C
+        // (`SimdLevel::is_supported`), the features the kernels are compiled with.
+        unsafe {
+            if dst_t == BF16 {
+                super::avx2::cast::f32_to_bf16(src, dst, stores);
+            } else {
+                super::avx2::cast::f32_to_f16(src, dst, stores);
+            }
+        }
+        return true;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = stores;
     match (src_t, dst_t) {
         (a, b) if a == b => dst.copy_from_slice(src),
         (F8E4M3, BF16) => map_8_16(src, dst, e4m3_to_bf16_bits),
@@ -461,7 +531,8 @@ mod tests {
                     let s = &src[3..3 + n * st.size()];
                     let run = |l| {
                         let mut out = vec![0u8; n * dt.size()];
-                        with_simd_level(l, || convert(s, st, &mut out, dt, scale)).unwrap();
+                        with_simd_level(l, || convert(s, st, &mut out, dt, scale, Stores::Cached))
+                            .unwrap();
                         out
                     };
                     let portable = run(SimdLevel::Portable);
