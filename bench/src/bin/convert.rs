@@ -11,6 +11,7 @@
 //! (a hand-written kernel or the generic loops). `--kib` sizes the output for in-cache runs that
 //! time the kernels alone; `--only` runs the cases whose name holds the text.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use trash_panda::dtype::{
@@ -185,6 +186,16 @@ fn arg(name: &str, default: usize) -> usize {
 }
 
 fn main() {
+    // Every line goes to stdout and, for a full run, to bench/results/convert-<level>.md.
+    let mut report = String::new();
+    macro_rules! emit {
+        ($($t:tt)*) => {{
+            let line = format!($($t)*);
+            println!("{line}");
+            report.push_str(&line);
+            report.push('\n');
+        }};
+    }
     let reps = arg("--reps", 7);
     // `--kib` (for in-cache runs that time the kernels' own speed) overrides `--mib`.
     let out_bytes = arg("--kib", arg("--mib", 128) << 10) << 10;
@@ -204,7 +215,7 @@ fn main() {
     } else {
         "auto"
     };
-    println!(
+    emit!(
         "# bench-convert: {cpu}, {cores} cores, {level} kernels ({how}; best here: {}), \
          {} KiB written per case, best of {reps}",
         best_simd_level(),
@@ -233,16 +244,17 @@ fn main() {
             gbps(out_bytes, t)
         })
         .collect();
-    println!(
+    emit!(
         "memcpy (copy_from_slice) at the start: {:.2} GB/s on 1 thread, {:.2} GB/s on 2; each \
          ratio below is against a memcpy timed right before the case",
-        memcpy[0], memcpy[1]
+        memcpy[0],
+        memcpy[1]
     );
-    println!();
-    println!(
+    emit!("");
+    emit!(
         "| conversion | path | 1 thread GB/s | x memcpy | 2 threads GB/s | x memcpy | 2 vs 1 thread |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    emit!("|---|---|---:|---:|---:|---:|---:|");
     // `--only TEXT` runs the cases whose name contains it.
     let only = arg_str("--only").unwrap_or_default();
     for case in CASES.iter().filter(|c| c.name.contains(only.as_str())) {
@@ -321,7 +333,7 @@ fn main() {
             speeds.push(gbps(out_bytes, t));
             ratios.push(copy.as_secs_f64() / t.as_secs_f64());
         }
-        println!(
+        emit!(
             "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             case.name,
             kernel_path(case.src_dtype, case.dst_dtype),
@@ -331,5 +343,30 @@ fn main() {
             ratios[1],
             speeds[1] / speeds[0]
         );
+    }
+    if only.is_empty() && std::env::args().all(|a| a != "--kib") {
+        write_report(&report, level, reps, out_bytes);
+    }
+}
+
+/// The run's report as a results page (bench/results/convert-<level>.md), with when, where and
+/// how, for the site's figures.
+fn write_report(report: &str, level: trash_panda::dtype::SimdLevel, reps: usize, bytes: usize) {
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|_| "unknown".into());
+    let (title, table) = report.split_once('\n').unwrap_or((report, ""));
+    let text = format!(
+        "{title}\n\n- date: {date}\n- method: `make bench-convert` (`TRASH_PANDA_SIMD={level}` \
+         forces this level); {} MiB written per case into a reused 64-byte aligned buffer, best \
+         of {reps}, on 1 and 2 threads; GB/s of output; memcpy = `copy_from_slice` of the output's \
+         size on as many threads, timed right before each case\n\n{table}",
+        bytes >> 20
+    );
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("results/convert-{level}.md"));
+    if let Err(e) = std::fs::write(&out, text) {
+        eprintln!("bench-convert: could not write {}: {e}", out.display());
     }
 }
