@@ -8,7 +8,8 @@
 # prerequisite is only sought while some check still needs it, so each check is dropped once,
 # for the first thing it lacks.
 #
-# Needs WIN, MAC, ARM and MATURIN set. Leaves the ids of the checks to run, in order, in cross_plan:
+# Needs WIN, MAC, ARM, ARM_SYSROOT and MATURIN set. Leaves the ids of the checks to run, in
+# order, in cross_plan:
 #   clippy-windows          clippy of the core and the CLI for Windows    (the Rust target)
 #   clippy-windows-binding  clippy of the binding for Windows             (+ mingw-w64)
 #   clippy-macos            clippy of the core, the CLI and the binding   (the Rust target)
@@ -158,10 +159,11 @@ cross_prereqs() {
 }
 
 # Fails, with cross_why set, when the aarch64 linker, its C library or qemu-aarch64 is missing.
+# ARM_SYSROOT is where Debian's cross packages put the target's C library (a test moves it).
 cross_arm_tools() {
   cross_on_path aarch64-linux-gnu-gcc qemu-aarch64 || return 1
-  if [ ! -f /usr/aarch64-linux-gnu/lib/crt1.o ]; then
-    cross_why="no aarch64 C library in /usr/aarch64-linux-gnu"
+  if [ ! -f "$ARM_SYSROOT/lib/crt1.o" ]; then
+    cross_why="no aarch64 C library in $ARM_SYSROOT"
     return 1
   fi
 }

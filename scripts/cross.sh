@@ -22,6 +22,7 @@ MATURIN=${MATURIN:-.venv/bin/maturin}
 WIN=x86_64-pc-windows-gnu
 MAC=aarch64-apple-darwin
 ARM=aarch64-unknown-linux-gnu
+ARM_SYSROOT=${TRASH_PANDA_ARM_SYSROOT:-/usr/aarch64-linux-gnu}
 cache=${TRASH_PANDA_CACHE:-$HOME/.cache/trash-panda}
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 start=$(date +%s)
@@ -175,7 +176,7 @@ if cross_planned qemu-arm-tests; then
   qemu_test() {
     CARGO_TARGET_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/trash-panda/target-qemu" CARGO_PROFILE_DEV_OPT_LEVEL=2 \
       CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
-      CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" \
+      CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L $ARM_SYSROOT" \
       $CARGO test --target "$ARM" -p trash-panda "$@" >>"$qlog" 2>&1
   }
   if ! { qemu_test --lib -- dtype:: \

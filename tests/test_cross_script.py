@@ -1,12 +1,13 @@
-"""scripts/cross.sh gets every prerequisite (the Rust targets, mingw-w64, wine, maturin) before any
-check needs it, and where one cannot be had it skips exactly the checks that need it, with one
-line, and exits 0.
+"""scripts/cross.sh gets every prerequisite (the Rust targets, mingw-w64, wine, maturin, qemu-user
+and the aarch64 cross gcc) before any check needs it, and where one cannot be had it skips
+exactly the checks that need it, with one line, and exits 0.
 
 The script runs against a PATH of stand-ins in a temporary folder (rustup, apt-get, id, sudo,
-mingw's tools, wine, cargo, maturin) with the system's own tools (bash, grep, ...) linked beside
-them: nothing is installed or downloaded and no real cargo runs. The stand-in cargo fails the
-way pyo3's build script does when the binding is checked for Windows without mingw's dlltool on
-PATH, so running the Windows clippy before mingw is installed fails the script again."""
+mingw's tools, wine, qemu, cargo, maturin) with the system's own tools (bash, grep, ...) linked
+beside them: nothing is installed or downloaded and no real cargo runs. The stand-in cargo
+answers the QEMU run as the dtype tests would, and fails the way pyo3's build script does when
+the binding is checked for Windows without mingw's dlltool on PATH, so running the Windows
+clippy before mingw is installed fails the script again."""
 
 from __future__ import annotations
 
@@ -24,13 +25,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "cross.sh"
 WIN = "x86_64-pc-windows-gnu"
 MAC = "aarch64-apple-darwin"
-ALL = ["clippy-windows", "clippy-windows-binding", "clippy-macos", "wine-tests", "wine-parity", "wheel-windows"]
-# What apt-get's stand-in puts on PATH for each package.
+ARM = "aarch64-unknown-linux-gnu"
+WINDOWS = ["clippy-windows", "clippy-windows-binding", "clippy-macos", "wine-tests", "wine-parity", "wheel-windows"]
+ALL = [*WINDOWS, "qemu-arm-tests"]
+# What apt-get's stand-in puts on PATH for each package (the C library goes to the sysroot).
 PACKAGES = {
     "mingw-w64": ["x86_64-w64-mingw32-gcc", "x86_64-w64-mingw32-dlltool"],
     "wine": ["wine", "wineserver"],
     "wine64": [],
+    "qemu-user": ["qemu-aarch64"],
+    "gcc-aarch64-linux-gnu": ["aarch64-linux-gnu-gcc"],
+    "libc6-dev-arm64-cross": [],
 }
+ARM_PACKAGES = ["qemu-user", "gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross"]
+SKIP_ARM = "skipping the aarch64 dtype tests under QEMU"
 # The system tools the script itself calls; anything else it looks for is a stand-in or absent.
 SYSTEM = ["bash", "sh", "env", "dirname", "basename", "date", "grep", "sed", "awk", "cat", "cp", "chmod"]
 SYSTEM += ["rm", "ls", "mkdir", "mktemp", "sha256sum", "cut", "tail", "touch", "flock", "true"]
@@ -50,7 +58,7 @@ SKIP_WINE = "skipping the tests under Wine, trash-panda.exe against the Linux bi
 class Machine:
     """What the stand-in machine has and what its tools do."""
 
-    targets: list[str] = field(default_factory=lambda: [WIN, MAC])  # installed
+    targets: list[str] = field(default_factory=lambda: [WIN, MAC, ARM])  # installed
     rustup: bool = True
     rustup_adds: bool = False  # `rustup target add` works (a network)
     on_path: list[str] = field(default_factory=list)  # mingw-w64, wine: installed already
@@ -59,6 +67,7 @@ class Machine:
     apt_get: bool = True
     apt_installs: list[str] = field(default_factory=list)  # packages apt-get can install
     maturin: bool = True
+    arm_tools: bool = True  # qemu-aarch64, the aarch64 gcc and its C library: installed already
 
 
 def _tool(path: Path, body: str, shebang: str = "/bin/sh") -> None:
@@ -72,6 +81,7 @@ def _logger(log: Path, name: str) -> str:
 
 def _stand_ins(tmp: Path, m: Machine) -> tuple[dict[str, str], Path]:
     bin_, repo, log = tmp / "bin", tmp / "repo", tmp / "calls.log"
+    sysroot = tmp / "aarch64-linux-gnu"
     bin_.mkdir()
     log.touch()
     for name in SYSTEM:
@@ -85,8 +95,11 @@ def _stand_ins(tmp: Path, m: Machine) -> tuple[dict[str, str], Path]:
         (repo / pkg).mkdir(parents=True)
         for t in tools:
             _tool(repo / pkg / t, _logger(log, t))
-            if pkg in m.on_path:
+            if pkg in m.on_path or (m.arm_tools and pkg in ARM_PACKAGES):
                 shutil.copy2(repo / pkg / t, bin_ / t)
+    if m.arm_tools:
+        (sysroot / "lib").mkdir(parents=True)
+        (sysroot / "lib" / "crt1.o").touch()
 
     _tool(bin_ / "id", f"echo {m.uid}\n")
     if m.sudo == "nopasswd":
@@ -112,6 +125,7 @@ for p in "$@"; do
   case $p in -*) continue ;; esac
   case " {installs} " in *" $p "*) ;; *) echo "E: Unable to locate package $p" >&2; exit 100 ;; esac
   cp "{repo}/$p/"* "{bin_}/" 2>/dev/null || true
+  [ "$p" != libc6-dev-arm64-cross ] || {{ mkdir -p "{sysroot}/lib" && touch "{sysroot}/lib/crt1.o"; }}
 done
 """,
         )
@@ -131,6 +145,10 @@ done
     case $1 in build|test) command -v x86_64-w64-mingw32-gcc >/dev/null || exit 101 ;; esac ;;
 esac
 [ -z "$FAIL_CLIPPY" ] || [ "$1" != clippy ] || exit 101
+case "$1 $*" in "test "*" --target {ARM} "*)
+  echo "test dtype::neon::tests::the_neon_level_runs_here ... ok"
+  echo "test result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out" ;;
+esac
 """,
     )
     maturin = tmp / "maturin"
@@ -156,6 +174,7 @@ with zipfile.ZipFile(os.path.join(out, "dumpsterpanda-0.1.0-cp310-abi3-win_amd64
         "MATURIN": str(maturin),
         "CARGO_TARGET_DIR": str(tmp / "target"),
         "TRASH_PANDA_CACHE": str(tmp / "cache"),
+        "TRASH_PANDA_ARM_SYSROOT": str(sysroot),
     }
     return env, log
 
@@ -202,6 +221,12 @@ def clippy(target: str, *packages: str) -> str:
 
 
 ALL_PACKAGES = ("trash-panda", "trash-panda-cli", "trash-panda-python")
+# The dtype tests for aarch64 under QEMU, as the script calls cargo for them.
+QEMU = [
+    f"cargo test --target {ARM} -p trash-panda --lib -- dtype::",
+    f"cargo test --target {ARM} -p trash-panda --test dtype_kernels --test dtype_quant"
+    " -- --skip every_pair_threads_and_alignment_match_the_reference",
+]
 ROOTLESS = "not root and no passwordless sudo for apt-get"
 
 # name: (machine, the lines that say what is skipped, the checks that run)
@@ -212,13 +237,32 @@ CASES: dict[str, tuple[Machine, list[str], list[str]]] = {
         [
             f"cross: no Rust target {WIN} (rustup target add failed): {SKIP_WIN}",
             f"cross: no Rust target {MAC} (rustup target add failed): skipping clippy for macOS",
+            f"cross: no Rust target {ARM} (rustup target add failed): {SKIP_ARM}",
         ],
         [],
     ),
     "no macOS target": (
         Machine(targets=[WIN], on_path=["mingw-w64", "wine"]),
-        [f"cross: no Rust target {MAC} (rustup target add failed): skipping clippy for macOS"],
+        [
+            f"cross: no Rust target {MAC} (rustup target add failed): skipping clippy for macOS",
+            f"cross: no Rust target {ARM} (rustup target add failed): {SKIP_ARM}",
+        ],
         ["clippy-windows", "clippy-windows-binding", "wine-tests", "wine-parity", "wheel-windows"],
+    ),
+    "no aarch64 target": (
+        Machine(targets=[WIN, MAC], on_path=["mingw-w64", "wine"]),
+        [f"cross: no Rust target {ARM} (rustup target add failed): {SKIP_ARM}"],
+        WINDOWS,
+    ),
+    "no qemu or aarch64 gcc, apt-get fails": (
+        Machine(on_path=["mingw-w64", "wine"], arm_tools=False),
+        [f"cross: no qemu-user or the aarch64 cross gcc (apt-get failed): {SKIP_ARM}"],
+        WINDOWS,
+    ),
+    "apt-get installs qemu and the aarch64 gcc": (
+        Machine(on_path=["mingw-w64", "wine"], arm_tools=False, apt_installs=ARM_PACKAGES),
+        [],
+        ALL,
     ),
     "rustup adds the targets": (
         Machine(targets=[], rustup_adds=True, on_path=["mingw-w64", "wine"]),
@@ -230,38 +274,39 @@ CASES: dict[str, tuple[Machine, list[str], list[str]]] = {
         [
             f"cross: no Rust target {WIN} (no rustup to add it): {SKIP_WIN}",
             f"cross: no Rust target {MAC} (no rustup to add it): skipping clippy for macOS",
+            f"cross: no Rust target {ARM} (no rustup to add it): {SKIP_ARM}",
         ],
         [],
     ),
     "no mingw or wine, apt-get fails": (
         Machine(),
         [f"cross: no mingw-w64 (apt-get failed): {SKIP_MINGW}"],
-        ["clippy-windows", "clippy-macos"],
+        ["clippy-windows", "clippy-macos", "qemu-arm-tests"],
     ),
     "no mingw or wine, not root, no sudo": (
         Machine(uid=1000),
         [f"cross: no mingw-w64 ({ROOTLESS}): {SKIP_MINGW}"],
-        ["clippy-windows", "clippy-macos"],
+        ["clippy-windows", "clippy-macos", "qemu-arm-tests"],
     ),
     "no mingw, sudo asks for a password": (
         Machine(uid=1000, sudo="password", on_path=["wine"], apt_installs=["mingw-w64"]),
         [f"cross: no mingw-w64 ({ROOTLESS}): {SKIP_MINGW}"],
-        ["clippy-windows", "clippy-macos"],
+        ["clippy-windows", "clippy-macos", "qemu-arm-tests"],
     ),
     "no mingw, no apt-get": (
         Machine(apt_get=False, on_path=["wine"]),
         [f"cross: no mingw-w64 (no apt-get to install it): {SKIP_MINGW}"],
-        ["clippy-windows", "clippy-macos"],
+        ["clippy-windows", "clippy-macos", "qemu-arm-tests"],
     ),
     "mingw there, no wine, apt-get fails": (
         Machine(on_path=["mingw-w64"]),
         [f"cross: no wine (apt-get failed): {SKIP_WINE}"],
-        ["clippy-windows", "clippy-windows-binding", "clippy-macos", "wheel-windows"],
+        ["clippy-windows", "clippy-windows-binding", "clippy-macos", "wheel-windows", "qemu-arm-tests"],
     ),
     "apt-get installs mingw, not wine": (
         Machine(apt_installs=["mingw-w64"]),
         [f"cross: no wine (apt-get failed): {SKIP_WINE}"],
-        ["clippy-windows", "clippy-windows-binding", "clippy-macos", "wheel-windows"],
+        ["clippy-windows", "clippy-windows-binding", "clippy-macos", "wheel-windows", "qemu-arm-tests"],
     ),
     "apt-get installs both": (Machine(apt_installs=["mingw-w64", "wine", "wine64"]), [], ALL),
     "passwordless sudo installs both": (
@@ -272,7 +317,7 @@ CASES: dict[str, tuple[Machine, list[str], list[str]]] = {
     "no maturin": (
         Machine(on_path=["mingw-w64", "wine"], maturin=False),
         ["cross: no {maturin} (run make venv): skipping the Windows wheel"],
-        ["clippy-windows", "clippy-windows-binding", "clippy-macos", "wine-tests", "wine-parity"],
+        ["clippy-windows", "clippy-windows-binding", "clippy-macos", "wine-tests", "wine-parity", "qemu-arm-tests"],
     ),
 }
 
@@ -298,6 +343,7 @@ def test_installs_before_the_first_check(tmp_path: Path) -> None:
         f"rustup target add {MAC}",
         "apt-get -y -q -o DPkg::Lock::Timeout=300 install --no-install-recommends mingw-w64",
         "apt-get -y -q -o DPkg::Lock::Timeout=300 install --no-install-recommends wine wine64",
+        f"rustup target add {ARM}",
     ]
 
 
@@ -325,11 +371,11 @@ def test_nothing_tried_without_root_or_apt_get(tmp_path: Path, case: str) -> Non
     [
         (
             "no mingw or wine, apt-get fails",
-            [clippy(WIN, "trash-panda", "trash-panda-cli"), clippy(MAC, *ALL_PACKAGES)],
+            [clippy(WIN, "trash-panda", "trash-panda-cli"), clippy(MAC, *ALL_PACKAGES), *QEMU],
             False,
         ),
-        ("apt-get installs mingw, not wine", [clippy(WIN, *ALL_PACKAGES), clippy(MAC, *ALL_PACKAGES)], True),
-        ("mingw there, no wine, apt-get fails", [clippy(WIN, *ALL_PACKAGES), clippy(MAC, *ALL_PACKAGES)], True),
+        ("apt-get installs mingw, not wine", [clippy(WIN, *ALL_PACKAGES), clippy(MAC, *ALL_PACKAGES), *QEMU], True),
+        ("mingw there, no wine, apt-get fails", [clippy(WIN, *ALL_PACKAGES), clippy(MAC, *ALL_PACKAGES), *QEMU], True),
         ("no Rust targets, rustup cannot add them", [], False),
     ],
 )
