@@ -18,6 +18,8 @@
 mod avx2;
 mod cast;
 mod fp8;
+#[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
+mod kernel_tests;
 mod kind;
 #[cfg(target_arch = "aarch64")]
 mod neon;

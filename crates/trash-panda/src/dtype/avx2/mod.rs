@@ -98,38 +98,8 @@ pub(crate) unsafe fn store(p: *mut u8, v: __m256i, how: Stores) {
     }
 }
 
-/// Scales the kernel tests run over: the special values, the edges of f32, and a spread of
-/// finite patterns in the range scales live in.
+/// Scales the kernel tests run over (the shared list, with a wide spread of finite ones).
 #[cfg(test)]
 pub(crate) fn test_scales() -> Vec<f32> {
-    let mut k = vec![
-        1.0,
-        -1.0,
-        0.0,
-        -0.0,
-        0.37,
-        1e-3,
-        448.0,
-        3.0e38,
-        1.0e-30,
-        // Subnormal products: the smallest e4m3 value (2^-9) times these lands below 2^-126.
-        1.0e-36,
-        f32::from_bits(1),
-        f32::MIN_POSITIVE,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        -f32::NAN,
-        f32::MAX,
-    ];
-    let mut x = 0x9E37_79B9u32;
-    for _ in 0..64 {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        // Any finite pattern, most of them in the range scales live in.
-        let w = (x & 0x807F_FFFF) | ((100 + (x >> 23) % 40) << 23);
-        k.push(f32::from_bits(w));
-    }
-    k
+    crate::dtype::kernel_tests::scales(64)
 }

@@ -267,15 +267,7 @@ mod tests {
         if !SimdLevel::Avx2.is_supported() {
             return;
         }
-        let mut x = 0x2545_F491u32;
-        let mut pats: Vec<u16> = (0..1000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x as u16
-            })
-            .collect();
+        let mut pats = crate::dtype::kernel_tests::patterns_16(1000);
         pats.extend([
             0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x7F81, 0x0001, 0x8000, 0x7C00, 0x7C01,
         ]);

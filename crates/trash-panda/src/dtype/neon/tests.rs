@@ -12,36 +12,7 @@ use crate::dtype::{
 const FP8: [DType; 2] = [DType::F8E4M3, DType::F8E5M2];
 
 fn scales() -> Vec<f32> {
-    let mut k = vec![
-        1.0,
-        -1.0,
-        0.0,
-        -0.0,
-        0.37,
-        1e-3,
-        448.0,
-        3.0e38,
-        1.0e-30,
-        // Subnormal products: the smallest fp8 values times these land below 2^-126.
-        1.0e-36,
-        f32::from_bits(1),
-        f32::MIN_POSITIVE,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        -f32::NAN,
-        f32::MAX,
-    ];
-    let mut x = 0x9E37_79B9u32;
-    for _ in 0..24 {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        k.push(f32::from_bits(
-            (x & 0x807F_FFFF) | ((100 + (x >> 23) % 40) << 23),
-        ));
-    }
-    k
+    crate::dtype::kernel_tests::scales(24)
 }
 
 fn decode(c: u8, t: DType) -> f32 {
@@ -234,15 +205,7 @@ fn f32_narrows_like_the_reference() {
 
 #[test]
 fn half_amax_equals_the_reference() {
-    let mut x = 0x2545_F491u32;
-    let mut pats: Vec<u16> = (0..1000)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u16
-        })
-        .collect();
+    let mut pats = crate::dtype::kernel_tests::patterns_16(1000);
     pats.extend([
         0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x7F81, 0x7C00, 0xFC01, 0x0001, 0x8000,
     ]);
