@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import os
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _core
@@ -25,6 +23,7 @@ from .checkpoint import Checkpoint
 from .errors import ArgumentError
 from .pipeline_ahead import Pending
 from .pipeline_run import PipelineRun
+from .pipeline_stage import Stage
 from .pipeline_staging import SharedStaging
 from .plan import plan as make_plan
 from .stage import remember_activation, remembered_activation
@@ -40,51 +39,6 @@ __all__ = ["Pipeline", "PipelineRun", "Stage"]
 
 # Keyword arguments that go to stream_load() as well as to plan().
 _SHARED = ("key_map", "skip_prefixes")
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One model of a pipeline: ``build_fn()`` returns it on the meta device (called once: the
-    pipeline loads and releases that module as often as it needs; for a stage read ahead, on the
-    pipeline's own thread while the stage before it runs), ``path`` is its
-    checkpoint (a file, an index of shards, or a folder), ``options`` go to
-    :func:`trash_panda.plan` (``max_vram``, ``resident_blocks``, ``compute_dtype``, ...).
-    ``order`` names the blocks that run first; without it the order file next to the
-    checkpoint (or in ``order_file_destination``) gives it and is written after a run, as
-    :func:`trash_panda.stage` does. ``key`` is what its peak activation memory is remembered
-    under (default: the checkpoint path)."""
-
-    name: str
-    build_fn: Callable[[], nn.Module]
-    path: str | os.PathLike[str]
-    options: dict[str, Any] = field(default_factory=dict)
-    order: list[str] | None = None
-    order_file_destination: str | os.PathLike[str] | None = None
-    key: str | os.PathLike[str] | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ArgumentError(f"name: expected a non-empty str, got {self.name!r}")
-        if not callable(self.build_fn):
-            raise ArgumentError(
-                f"stage {self.name}: build_fn: expected a callable that returns the model, "
-                f"got {type(self.build_fn).__name__}"
-            )
-        if isinstance(self.path, Checkpoint):
-            files = self.path.files
-            object.__setattr__(self, "path", files[0] if len(files) == 1 else os.path.dirname(files[0]))
-        if not isinstance(self.path, str | os.PathLike):
-            raise ArgumentError(f"stage {self.name}: path: expected a checkpoint path, got {type(self.path).__name__}")
-        order = self.order
-        if order is not None and (isinstance(order, str) or not all(isinstance(n, str) for n in order)):
-            raise ArgumentError(f"stage {self.name}: order: expected a list of block names")
-        accepted = set(inspect.signature(make_plan).parameters) - {"model", "checkpoint", "device"}
-        unknown = sorted(set(self.options) - accepted)
-        if unknown:
-            raise ArgumentError(
-                f"stage {self.name}: {', '.join(unknown)}: not plan() options; expected some of "
-                f"{', '.join(sorted(accepted))} (the pipeline gives the device)"
-            )
 
 
 class Pipeline:
