@@ -302,3 +302,60 @@ def test_the_cpu_gauge_sees_a_large_read_arrive_and_leave(tmp_path: Path) -> Non
     # Other threads may allocate meanwhile: a margin of 16 MiB on 64.
     assert grown > n - 16 * 2**20, (grown, n)
     assert shrunk < 16 * 2**20, (shrunk, n)
+
+
+def test_pages_the_pool_keeps_stay_in_the_baseline() -> None:
+    """A pipeline's pool keeps the pages of blocks given back beside a running stage for the
+    next reads: private memory does not drop, and the window's baseline must not move either,
+    or the kept pages would count as the running stage's activations."""
+    from trash_panda.offload.materialize import FRESH_BYTES, _fresh
+
+    gauge = FakeGauge()
+    gauge.exact = False
+    meter = Meter(gauge)
+    _core.pool_pages_for(3 * FRESH_BYTES + (1 << 20))
+    try:
+        blocks = [_fresh((FRESH_BYTES,), torch.uint8, FRESH_BYTES) for _ in range(3)]
+        _core.pool_pages_for(3 * FRESH_BYTES + (1 << 20))  # the reads of the stage read next
+        gauge.set(10_000)
+        a = meter.start()
+        gauge.set(10_200)  # activations
+
+        def free() -> int:
+            blocks.clear()  # into the pool: the private memory stays where it was
+            return 3 * FRESH_BYTES
+
+        assert meter.freed_beside(free) == 3 * FRESH_BYTES
+        assert _core.page_pool_stats().pooled >= 3 * FRESH_BYTES
+        assert meter.stop(a) == 200
+    finally:
+        _core.pool_pages_for(0)
+
+
+def test_a_read_into_pooled_pages_takes_off_no_activations() -> None:
+    """A read into pages the pool kept adds no memory: what private memory grows by meanwhile is
+    the running stage's activations, and stays in its window, however much the read brought."""
+    from trash_panda.offload.meter import allocated
+
+    gauge = FakeGauge()
+    gauge.exact = False
+    meter = Meter(gauge)
+    a = meter.start()
+
+    def put() -> int:
+        allocated(1000, 0)  # 1000 bytes read into pooled pages
+        gauge.set(gauge.now + 300)  # the running stage allocates meanwhile
+        return 1000
+
+    assert meter.moved_in(put) == 1000
+    assert meter.stop(a) == 300
+
+    b = meter.start()
+
+    def put_new() -> int:
+        allocated(1000, 600)  # 600 of them new pages
+        gauge.set(gauge.now + 600 + 200)
+        return 1000
+
+    meter.moved_in(put_new)
+    assert meter.stop(b) == 200
