@@ -490,12 +490,13 @@ def report(
     notes = []
     runner = ok.get("pipeline")
     if runner is not None:
-        notes.append(
-            f"runner / floor: {runner['total'] / floor:.2f}x; "
-            f"its run 1 / the one-run floor: {run_total(runner, 1) / floor_run:.2f}x; "
-            f"runner / the floor with the stages' order: {runner['total'] / (first + warm):.2f}x "
-            f"(run 1 {run_total(runner, 1) / first:.2f}x, run 2 {run_total(runner, 2) / warm:.2f}x)"
-        )
+        if warm:  # plain ran: the warm compute is known
+            notes.append(
+                f"runner / floor: {runner['total'] / floor:.2f}x; "
+                f"its run 1 / the one-run floor: {run_total(runner, 1) / floor_run:.2f}x; "
+                f"runner / the floor with the stages' order: {runner['total'] / (first + warm):.2f}x "
+                f"(run 1 {run_total(runner, 1) / first:.2f}x, run 2 {run_total(runner, 2) / warm:.2f}x)"
+            )
         for way, r in ok.items():
             if way != "pipeline":
                 notes.append(
