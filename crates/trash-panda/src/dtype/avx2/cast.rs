@@ -100,7 +100,8 @@ pub(crate) fn f32_to_f16(src: &[u8], dst: &mut [u8], stores: Stores) {
 /// These loops read two bytes per byte written, and on the Xeon of issue 24 (a KVM guest) one
 /// core's demand loads and the hardware prefetcher read about 7 GB/s, which held f32 -> bf16 at
 /// 0.30-0.34x memcpy; a software prefetch 2-4 KiB ahead (one per 64-byte line) brought it to
-/// 0.45-0.48x, 8 KiB ahead fell back (see BENCHMARK.md, issue 24).
+/// 0.45-0.51x, as fast as a bare read of the source; 8 KiB ahead fell back (see BENCHMARK.md,
+/// issue 24).
 pub(crate) const PREFETCH_AHEAD: usize = 4096;
 
 /// Asks for the source line `PREFETCH_AHEAD` bytes past `src[at]` (a hint: past the end of
