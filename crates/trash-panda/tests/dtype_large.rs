@@ -93,6 +93,31 @@ fn fp8_expansion_streams_and_splits_to_the_same_bits() {
 }
 
 #[test]
+fn block_scales_on_whole_tiles_stream_and_split_to_the_same_bits() {
+    // The usual block-scaled shape: rows of whole 128-code tiles into a 64-byte aligned output,
+    // so every streamed row starts on a step and runs tile by tile; 1000 rows (8.7 MB of bf16)
+    // split mid block row on two threads.
+    let (rows, cols) = (1000usize, 34 * 128usize);
+    let n = rows * cols;
+    let tiles = rows.div_ceil(128) * cols.div_ceil(128);
+    let block_scales: Vec<f32> = (0..tiles).map(|t| 0.5 + t as f32 * 0.013).collect();
+    let scale = Scale::Block {
+        scales: &block_scales,
+        block: 128,
+    };
+    for st in [DType::F8E4M3, DType::F8E5M2] {
+        let raw = data(n, 19, st);
+        same_everywhere(&format!("{st}->bf16 whole tiles"), |threads| {
+            let mut out = vec![0u8; n * 2 + 64];
+            let lead = out.as_ptr().align_offset(64);
+            let d = &mut out[lead..lead + n * 2];
+            expand(&raw, st, d, DType::BF16, (rows, cols), &scale, threads).unwrap();
+            d.to_vec()
+        });
+    }
+}
+
+#[test]
 fn wide_casts_stream_and_split_to_the_same_bits() {
     // 8.7 MB of bf16 or f16 out; the output starts 6 bytes into its buffer.
     let n = 4_333_333;

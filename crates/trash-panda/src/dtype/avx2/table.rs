@@ -173,14 +173,43 @@ fn split_bytes(v: __m256i) -> [__m256i; 2] {
     ]
 }
 
+/// The registers of a [`Table`] that depend on the format alone, not on the scale.
+#[derive(Clone, Copy)]
+pub(crate) struct Fixed {
+    addend: __m256i,
+    indices: [__m256i; 2],
+}
+
+impl Table {
+    /// Its format's part, the same for every table of the format: a loop over many tables
+    /// (one per tile of a block scale) keeps it in registers and reads four per table.
+    pub(crate) fn fixed(&self) -> Fixed {
+        Fixed {
+            addend: self.addend,
+            indices: self.indices,
+        }
+    }
+}
+
 /// The bf16 results of the 32 codes `c` (`mag` = `c & 0x7F`, no NaN among them) by `table`,
 /// as two registers of low and high bytes in code order.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn bytes_of(c: __m256i, mag: __m256i, table: &Table) -> (__m256i, __m256i) {
+    bytes_with(c, mag, table, &table.fixed())
+}
+
+/// [`bytes_of`] with the format's registers given (`fixed`, of a table of the same format).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn bytes_with(
+    c: __m256i,
+    mag: __m256i,
+    table: &Table,
+    fixed: &Fixed,
+) -> (__m256i, __m256i) {
     let [nl, nh] = table.normal;
     let [sl, sh] = table.sub;
-    let normal = _mm256_sub_epi8(mag, table.indices[0]);
-    let sub = _mm256_add_epi8(mag, table.indices[1]);
+    let normal = _mm256_sub_epi8(mag, fixed.indices[0]);
+    let sub = _mm256_add_epi8(mag, fixed.indices[1]);
     let lo = _mm256_or_si256(
         _mm256_shuffle_epi8(nl, normal),
         _mm256_shuffle_epi8(sl, sub),
@@ -193,7 +222,7 @@ pub(crate) fn bytes_of(c: __m256i, mag: __m256i, table: &Table) -> (__m256i, __m
     let top = _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi8(0x0F));
     (
         lo,
-        _mm256_add_epi8(hi, _mm256_shuffle_epi8(table.addend, top)),
+        _mm256_add_epi8(hi, _mm256_shuffle_epi8(fixed.addend, top)),
     )
 }
 
