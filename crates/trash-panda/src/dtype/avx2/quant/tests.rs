@@ -165,3 +165,22 @@ fn reciprocal_quotients_equal_the_division_exhaustively() {
     }
     quotients_equal_the_division(1);
 }
+
+/// The table's build declines it when its model fails, which keeps the output exact but would
+/// hide a broken build behind the reciprocal loop: check that every scale a real tensor has
+/// gets one.
+#[test]
+fn the_bf16_table_is_built_for_every_ordinary_scale() {
+    if !SimdLevel::Avx2.is_supported() {
+        return;
+    }
+    let ordinary = |k: &f32| (2.0f32.powi(-100)..=2.0f32.powi(100)).contains(k);
+    for k in crate::dtype::avx2::test_scales()
+        .iter()
+        .filter(|k| ordinary(k))
+    {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+        let t = unsafe { super::table::Bf16Table::new(*k, 4096) };
+        assert!(t.is_some(), "scale {k:e}");
+    }
+}
