@@ -3,7 +3,8 @@
 //! bug on one architecture is tried on the other.
 
 /// The special scales (signed zeros, infinities, NaNs, the edges of f32, products that fall
-/// below 2^-126 for the smallest fp8 values), then `spread` pseudo-random finite scales, most in
+/// below 2^-126 for the smallest fp8 values, awkward reciprocals, the ends of ranges kernels
+/// treat apart), then `spread` pseudo-random finite scales, most in
 /// the range real scales live in.
 pub(crate) fn scales(spread: usize) -> Vec<f32> {
     let mut k = vec![
@@ -24,6 +25,28 @@ pub(crate) fn scales(spread: usize) -> Vec<f32> {
         f32::NAN,
         -f32::NAN,
         f32::MAX,
+        // Powers of two, and the lower end of the range the x86 quantizer's reciprocal takes
+        // (2^-90) and just under it, where it divides.
+        0.5,
+        2.0f32.powi(-20),
+        1024.0,
+        2.0f32.powi(-64),
+        2.0f32.powi(64),
+        2.0f32.powi(-90),
+        f32::from_bits(0x0A7F_FFFF),
+        // Significands whose reciprocals round badly (all ones, one past a power of two, 4/3).
+        f32::from_bits(0x3FFF_FFFF),
+        f32::from_bits(0x3C7F_FFFF),
+        f32::from_bits(0x3F80_0001),
+        f32::from_bits(0x3FAA_AAAB),
+        3.0 / 1024.0,
+        // amax / 448 of rows whose largest value is these bf16 or f16 values.
+        f32::from_bits(0x4049_0000) / 448.0,
+        f32::from_bits(0x3D4C_0000) / 448.0,
+        f32::from_bits(0x3BFF_0000) / 448.0,
+        f32::from_bits(0x4B7F_0000) / 448.0,
+        65504.0 / 448.0,
+        0.000_123_4 / 448.0,
     ];
     let mut x = 0x9E37_79B9u32;
     for _ in 0..spread {

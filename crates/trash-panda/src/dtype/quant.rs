@@ -188,7 +188,7 @@ fn encode_scaled_inline(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32, st
     if let Some(half) = half_kernels(src_t) {
         // SAFETY: `half_kernels` answers only at a level whose CPU has AVX2, FMA and F16C, the
         // features the kernel is compiled with.
-        unsafe { super::avx2::quant::divided_16(src, dst, scale, stores, half) };
+        unsafe { super::avx2::quant::divided_16(src, dst, scale, stores, half, 0) };
         return;
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -242,7 +242,7 @@ multiversion! {
                 let k = scale_for(unsafe { super::avx2::quant::amax_bits_16(s, half) });
                 *out = k;
                 // SAFETY: as above.
-                unsafe { super::avx2::quant::divided_16(s, d, k, stores, half) };
+                unsafe { super::avx2::quant::divided_16(s, d, k, stores, half, s.len()) };
                 continue;
             }
             #[cfg(target_arch = "aarch64")]

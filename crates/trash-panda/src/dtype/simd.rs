@@ -217,7 +217,7 @@ pub fn kernel_path(src: DType, dst: DType) -> String {
             (F8E4M3 | F8E5M2, BF16 | F32 | F16) => Some("table"),
             (F32, BF16) => Some("round and pack"),
             (F32, F16) => Some("f16c"),
-            (BF16 | F16, F8E4M3) => Some("divide and encode"),
+            (BF16 | F16, F8E4M3) => Some("reciprocal or table, and encode"),
             _ => None,
         };
         if let Some(how) = hand {

@@ -1,0 +1,172 @@
+//! bf16 -> e4m3fn by a per-scale table of one binade's codes: no arithmetic on floats at all in
+//! the loop, byte operations on 32 values at a time.
+//!
+//! Why it is exact. For a fixed scale k, the code of a bf16 magnitude (exponent field e,
+//! mantissa m) depends on e only by a shift once the quotient is a normal e4m3 value: doubling x
+//! doubles RN(x / k) exactly (no f32 overflow or underflow there) and adds 8 to its e4m3 code.
+//! So with e_lo the first binade whose quotients are all at least 2^-6 (the smallest normal),
+//! code(e, m) = T[m] + 8 * (e - e_lo) for e >= e_lo, saturated at 0x7E (the codes rise with the
+//! value, so everything that would pass 448 does). Five binades under e_lo reach the subnormal
+//! codes; below them every quotient is under 2^-10 and rounds to 0 (e_lo being the first normal
+//! binade, 2^(e_lo - 1) / k < 2^-6). T is computed per scale by the true division and the full
+//! encoder. It is monotone, and one e4m3 step is at least 1/16 of the value while eight bf16
+//! mantissas span under 7/128 of it, so T rises at most once in each run of eight mantissas:
+//! a 16-entry base and a 16-entry position (of the rise) describe it, two `vpshufb`. The build
+//! checks that claim on the computed T and declines the table (the reciprocal loop runs) if it
+//! ever failed. Blocks holding a value in the five subnormal binades, an infinity or a NaN take
+//! the reciprocal code.
+
+use core::arch::x86_64::*;
+
+use super::{encode_e4m3, load_block, reciprocal_bf16_block, store, Reciprocal, Stores};
+
+/// Below this many values the table's build (a division of 128 values and a scan) costs more
+/// than it saves.
+const MIN_VALUES: usize = 2048;
+
+/// One scale's codes, as the loop uses them.
+pub(super) struct Bf16Table {
+    /// T at the start of each run of eight mantissas (m = 8b), both lanes.
+    base: __m256i,
+    /// For each run, the offset in it (0..6) after which T is one more, 7 if it does not rise.
+    rise: __m256i,
+    /// e_lo: the first exponent field whose quotients are all normal in e4m3, at least 6.
+    e_lo: u8,
+}
+
+impl Bf16Table {
+    /// The table for `k`, or `None` where the reciprocal loop is the better choice (`n` values
+    /// are too few) or the table does not apply.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn new(k: f32, n: usize) -> Option<Bf16Table> {
+        if n < MIN_VALUES {
+            return None;
+        }
+        let e_lo = first_normal_binade(k)?;
+        // T for the binade e_lo: eight divisions of eight values, as the reference divides.
+        let mut t = [0u32; 128];
+        let kv = _mm256_set1_ps(k);
+        for (j, out) in t.chunks_exact_mut(8).enumerate() {
+            let m = _mm256_add_epi32(
+                _mm256_set1_epi32((j * 8) as i32),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            );
+            let x = _mm256_or_si256(
+                _mm256_set1_epi32((e_lo as i32) << 23),
+                _mm256_slli_epi32(m, 16),
+            );
+            let codes = encode_e4m3(_mm256_div_ps(_mm256_castsi256_ps(x), kv));
+            // SAFETY: `out` is eight u32s, the 32 bytes the unaligned store writes.
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), codes) };
+        }
+        let (mut base, mut rise) = ([0u8; 16], [7u8; 16]);
+        for (b, run) in t.chunks_exact(8).enumerate() {
+            base[b] = u8::try_from(run[0]).ok()?;
+            if let Some(j) = run.iter().position(|&c| c != run[0]) {
+                rise[b] = (j - 1) as u8;
+            }
+            // The claim the loop rests on: the run is base, then base + 1 after the rise.
+            let fits = run
+                .iter()
+                .enumerate()
+                .all(|(j, &c)| c == run[0] + u32::from(j as u8 > rise[b]));
+            // T stays under 25 (its binade's quotients are under 2^-4), so 8 * 28 + T fits a byte.
+            if !fits || run[7] > 24 {
+                return None;
+            }
+        }
+        // SAFETY: each array is 16 bytes, the size of the unaligned loads.
+        let (base, rise) = unsafe {
+            (
+                _mm_loadu_si128(base.as_ptr().cast()),
+                _mm_loadu_si128(rise.as_ptr().cast()),
+            )
+        };
+        Some(Bf16Table {
+            base: _mm256_broadcastsi128_si256(base),
+            rise: _mm256_broadcastsi128_si256(rise),
+            e_lo,
+        })
+    }
+}
+
+/// The smallest exponent field e with RN(2^(e - 127) / k) >= 2^-6, if it is in 6..=254.
+fn first_normal_binade(k: f32) -> Option<u8> {
+    let pow = |e: u32| f32::from_bits(e << 23);
+    let min_normal = f32::from_bits(0x3C80_0000);
+    let mut e = (k.to_bits() >> 23).saturating_sub(6).clamp(1, 254);
+    while e > 1 && pow(e - 1) / k >= min_normal {
+        e -= 1;
+    }
+    while e <= 254 && pow(e) / k < min_normal {
+        e += 1;
+    }
+    (6..=254).contains(&e).then_some(e as u8)
+}
+
+/// The table loop of [`super::divided_16`] for bf16; returns how many values it did (a multiple
+/// of 32), all but the last few unless more than one block in eight needed the reciprocal code,
+/// in which case it stops early and leaves the rest to the reciprocal loop.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn bf16_by_table(
+    src: &[u8],
+    dst: &mut [u8],
+    t: &Bf16Table,
+    r: Reciprocal,
+    stores: Stores,
+    ahead: usize,
+) -> usize {
+    let n = (src.len() / 2).min(dst.len());
+    let byte = |v: u8| _mm256_set1_epi8(v as i8);
+    let lo_mask = _mm256_set1_epi16(0xFF);
+    let (mut i, mut slow) = (0, 0);
+    while i + 32 <= n {
+        // SAFETY: 2 * (i + 32) <= 2 * n <= src.len().
+        let (h, m, over) = unsafe { load_block(src, i, r.bf16_limit, ahead) };
+        // The low bytes (exponent lsb, mantissa) and high bytes (sign, exponent >> 1) of the
+        // 32 values, in `packs`' lane order: 0-7, 16-23 | 8-15, 24-31.
+        let lo = _mm256_packus_epi16(
+            _mm256_and_si256(h[0], lo_mask),
+            _mm256_and_si256(h[1], lo_mask),
+        );
+        let hi = _mm256_packus_epi16(_mm256_srli_epi16(h[0], 8), _mm256_srli_epi16(h[1], 8));
+        let half_e = _mm256_and_si256(hi, byte(0x7F));
+        // e = 2 * (e >> 1) + the lsb, which is the sign bit of `lo`.
+        let lsb = _mm256_cmpgt_epi8(_mm256_setzero_si256(), lo);
+        let e = _mm256_sub_epi8(_mm256_add_epi8(half_e, half_e), lsb);
+        // The five subnormal binades (e - (e_lo - 5) in 0..=4, wrapping) and e = 255.
+        let from_sub = _mm256_sub_epi8(e, byte(t.e_lo - 5));
+        let sub = _mm256_cmpeq_epi8(_mm256_min_epu8(from_sub, byte(4)), from_sub);
+        let special = _mm256_or_si256(sub, _mm256_cmpeq_epi8(e, byte(0xFF)));
+        let codes = if _mm256_movemask_epi8(special) != 0 {
+            // Where such blocks are common (uniformly spread exponents, as random bits have)
+            // the reciprocal loop, which does not test for them, does the rest faster.
+            slow += 1;
+            if slow > 16 && slow * 8 > i / 32 {
+                return i;
+            }
+            reciprocal_bf16_block(h, m, over, r)
+        } else {
+            // 8 * (e - e_lo + 6), 0 for every e under e_lo - 6 (their codes are 0), capped at
+            // 8 * 28 (saturated long before); the shift moves no bit across a byte.
+            let d = _mm256_min_epu8(_mm256_subs_epu8(e, byte(t.e_lo - 6)), byte(28));
+            let d8 = _mm256_slli_epi16(d, 3);
+            let run = _mm256_and_si256(_mm256_srli_epi16(lo, 3), byte(0x0F));
+            let rises = _mm256_cmpgt_epi8(
+                _mm256_and_si256(lo, byte(7)),
+                _mm256_shuffle_epi8(t.rise, run),
+            );
+            let tm = _mm256_sub_epi8(_mm256_shuffle_epi8(t.base, run), rises);
+            // T + 8 * (e - e_lo), floored at 0 and saturated at 448.
+            let code = _mm256_subs_epu8(_mm256_add_epi8(d8, tm), byte(48));
+            let code = _mm256_min_epu8(code, byte(0x7E));
+            let code = _mm256_or_si256(code, _mm256_and_si256(hi, byte(0x80)));
+            _mm256_permute4x64_epi64(code, 0b11_01_10_00)
+        };
+        // SAFETY: i + 32 <= n <= dst.len(): the 32 bytes at dst[i..] are in bounds, and aligned
+        // when streaming (the caller aligned dst; each step adds 32).
+        unsafe { store(dst.as_mut_ptr().add(i), codes, stores) };
+        i += 32;
+    }
+    i
+}

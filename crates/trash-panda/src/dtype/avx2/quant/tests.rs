@@ -1,0 +1,186 @@
+//! The quantization kernels against the scalar references: every 16-bit pattern over many
+//! scales, and the reciprocal quotient against the division on every significand pair that
+//! decides it.
+
+use super::*;
+use crate::dtype::SimdLevel;
+
+/// A 16-bit pattern's value, by the scalar references.
+fn value(half: Half, h: u16) -> f32 {
+    match half {
+        Half::Bf16 => crate::dtype::bf16_bits_to_f32(h),
+        Half::F16 => crate::dtype::f16_bits_to_f32(h),
+    }
+}
+
+#[test]
+fn amax_equals_the_reference() {
+    if !SimdLevel::Avx2.is_supported() {
+        return;
+    }
+    let mut pats = crate::dtype::kernel_tests::patterns_16(1000);
+    pats.extend([
+        0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x7F81, 0x0001, 0x8000, 0x7C00, 0x7C01,
+    ]);
+    for half in [Half::Bf16, Half::F16] {
+        for len in [0, 1, 15, 16, 17, 100, pats.len()] {
+            for start in [0, 5] {
+                let v = &pats[start.min(len)..len.max(start.min(len))];
+                let bytes: Vec<u8> = v.iter().flat_map(|h| h.to_le_bytes()).collect();
+                let want = v
+                    .iter()
+                    .map(|h| value(half, *h).abs())
+                    .filter(|a| !a.is_nan())
+                    .fold(0f32, f32::max)
+                    .to_bits();
+                // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+                let got = unsafe { amax_bits_16(&bytes, half) };
+                assert_eq!(got, want, "{half:?} len {len} start {start}");
+            }
+        }
+    }
+}
+
+#[test]
+fn quantize_16_equals_the_reference_on_every_pattern() {
+    if !SimdLevel::Avx2.is_supported() {
+        return;
+    }
+    // Every 16-bit pattern, plus 7 so the tail sees some too.
+    let src: Vec<u8> = (0..=u16::MAX)
+        .chain(0x3C00..0x3C07)
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    let mut ks = vec![
+        1.0f32,
+        1.0 / 448.0,
+        0.37,
+        3.0,
+        // Results far below the e4m3 subnormals and into f32 subnormals.
+        1.0e30,
+        3.0e38,
+        // Results that overflow f32 and saturate.
+        1.0e-30,
+        f32::from_bits(1),
+        f32::MIN_POSITIVE,
+        -0.5,
+        0.0,
+        f32::INFINITY,
+    ];
+    // Positive finite scales as quantization makes them (amax / 448), over many binades.
+    ks.extend(
+        crate::dtype::avx2::test_scales()
+            .into_iter()
+            .filter(|k| k.is_finite() && *k > 0.0),
+    );
+    for half in [Half::Bf16, Half::F16] {
+        for (j, &k) in ks.iter().enumerate() {
+            // Alternate the stores and the output's alignment (the head before them).
+            let stores = [Stores::Cached, Stores::Streaming][j % 2];
+            let off = j % 5;
+            let mut buf = vec![0u8; src.len() / 2 + 64];
+            let got = &mut buf[off..off + src.len() / 2];
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+            unsafe { divided_16(&src, got, k, stores, half, 64 * (j % 3)) };
+            // Runs of 1000 values, too few for the bf16 table: the reciprocal loop does them.
+            let mut small = vec![0u8; src.len() / 2];
+            for (s, d) in src.chunks(2000).zip(small.chunks_mut(1000)) {
+                // SAFETY: as above.
+                unsafe { divided_16(s, d, k, Stores::Cached, half, 0) };
+            }
+            for ((s, g), g_small) in src.chunks_exact(2).zip(got.iter()).zip(small) {
+                assert_eq!(*g, g_small, "{half:?} table or not, scale {k:e}");
+                let h = u16::from_le_bytes([s[0], s[1]]);
+                let v = value(half, h) / k;
+                let v = if v > 448.0 { 448.0 } else { v };
+                let v = if v < -448.0 { -448.0 } else { v };
+                let want = crate::dtype::f32_to_fp8_e4m3fn(v);
+                // A NaN's sign after a division is not defined; its shape is.
+                if v.is_nan() {
+                    assert_eq!(g & 0x7F, 0x7F, "{half:?} {h:#06x} scale {k:e}");
+                    continue;
+                }
+                assert_eq!(*g, want, "{half:?} {h:#06x} scale {k:e}");
+            }
+        }
+    }
+}
+
+/// Checks [`Reciprocal::quotient`] against the division for every 11-bit significand x (all
+/// bf16 and f16 significands) in [1, 2) and every `step`-th 24-bit significand k in [1, 2),
+/// plus the extreme ones. Both computations commute with powers of two as long as nothing
+/// leaves f32's normal range, which the kernel's range of scales guarantees where the code
+/// depends on the quotient (see the module comment), so this covers every value and scale.
+fn quotients_equal_the_division(step: usize) {
+    let xs: Vec<f32> = (0..1024u32)
+        .map(|j| f32::from_bits(0x3F80_0000 | (j << 13)))
+        .collect();
+    let mantissas = (0..1u32 << 23)
+        .step_by(step)
+        .chain([1, 2, 0x7F_FFFF, 0x7F_FFFE, 0x40_0000, 0x3F_FFFF]);
+    for km in mantissas {
+        let k = f32::from_bits(0x3F80_0000 | km);
+        let r = Reciprocal {
+            k,
+            y: 1.0 / k,
+            bf16_limit: 0x7F7F,
+        };
+        for x8 in xs.chunks_exact(8) {
+            // SAFETY: the caller checked that the CPU has AVX2 and FMA; `x8` is 8 floats.
+            let (got, want) = unsafe {
+                let x = _mm256_loadu_ps(x8.as_ptr());
+                (r.quotient(x), _mm256_div_ps(x, _mm256_set1_ps(k)))
+            };
+            let (mut g, mut w) = ([0f32; 8], [0f32; 8]);
+            // SAFETY: each array is 32 bytes, the size of the unaligned stores.
+            unsafe {
+                _mm256_storeu_ps(g.as_mut_ptr(), got);
+                _mm256_storeu_ps(w.as_mut_ptr(), want);
+            }
+            for j in 0..8 {
+                assert_eq!(
+                    g[j].to_bits(),
+                    w[j].to_bits(),
+                    "{} / {k:e} ({km:#x})",
+                    x8[j]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn reciprocal_quotients_equal_the_division() {
+    if !SimdLevel::Avx2.is_supported() {
+        return;
+    }
+    quotients_equal_the_division(997);
+}
+
+#[test]
+#[ignore = "2^33 quotients: run with --release --ignored (about a minute)"]
+fn reciprocal_quotients_equal_the_division_exhaustively() {
+    if !SimdLevel::Avx2.is_supported() {
+        return;
+    }
+    quotients_equal_the_division(1);
+}
+
+/// The table's build declines it when its model fails, which keeps the output exact but would
+/// hide a broken build behind the reciprocal loop: check that every scale a real tensor has
+/// gets one.
+#[test]
+fn the_bf16_table_is_built_for_every_ordinary_scale() {
+    if !SimdLevel::Avx2.is_supported() {
+        return;
+    }
+    let ordinary = |k: &f32| (2.0f32.powi(-100)..=2.0f32.powi(100)).contains(k);
+    for k in crate::dtype::avx2::test_scales()
+        .iter()
+        .filter(|k| ordinary(k))
+    {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+        let t = unsafe { super::table::Bf16Table::new(*k, 4096) };
+        assert!(t.is_some(), "scale {k:e}");
+    }
+}
