@@ -476,7 +476,13 @@ def report(
         f"transformer's file before / after the ways: {' / '.join(f'{d:.2f}' for d in drive)} GB/s",
         "- compute, warm (plain's third run, every weight in memory): "
         + ", ".join(f"{s} {compute.get(s, 0):.2f} s" for s in pm.STAGES)
-        + f"; {warm:.2f} s a run",
+        + f"; {warm:.2f} s a run"
+        + (
+            f" (plain's runs 1 and 2, weights in memory too: {run_total(plain, 1):.2f} and "
+            f"{run_total(plain, 2):.2f} s: the machine's speed drifts between runs by that much)"
+            if plain is not None
+            else ""
+        ),
         f"- floor of the two runs: max(2 x {warm:.2f} s, {total_bytes / 1e9:.2f} GB / {speed:.2f} GB/s) = "
         f"{floor:.2f} s (one run: {floor_run:.2f} s)",
         f"- the floor with the stages' order (no runner beats it): run 1 cannot end before the weights of "
