@@ -64,10 +64,6 @@ __all__ = [
     "storage_conversion",
     "tier_name",
     "trim_heap",
-    "take_pages",
-    "pool_pages_for",
-    "PoolStats",
-    "page_pool_stats",
 ]
 
 __version__: str
@@ -680,37 +676,6 @@ class HeldPlace:
     """A place at the drive held by `ReadLane.hold_place` until `release()`."""
     def release(self) -> None:
         """Frees the place (once; later calls do nothing)."""
-
-def take_pages(nbytes: int) -> tuple[Any, int]:
-    """Pages for at least `nbytes` bytes, page-aligned and uninitialised, from the process's pool
-    (pages of freed tensors the pool kept, or new ones): (a DLPack capsule of a 1-D uint8 CPU
-    tensor for `torch.from_dlpack`, the bytes by which it grew the process's memory). When torch
-    frees the tensor its pages go back to the pool, which keeps them while reads to come want
-    them (`pool_pages_for`).
-    """
-
-def pool_pages_for(nbytes: int) -> int:
-    """The reads to come will take `nbytes`: up to that, the pages of freed `take_pages` tensors
-    stay in the pool for them (each read taking its share off), and what the pool holds beyond
-    it goes back to the system now; 0 gives back all. Returns the bytes given back. One figure
-    for the process (a pipeline sets it as its stages' reads come and go).
-    """
-
-@final
-class PoolStats:
-    """What the page pool has done since the process started."""
-    @property
-    def reused(self) -> int:
-        """Bytes handed out from pages freed earlier."""
-    @property
-    def fresh(self) -> int:
-        """Bytes handed out in new pages."""
-    @property
-    def pooled(self) -> int:
-        """Bytes in the pool now."""
-
-def page_pool_stats() -> PoolStats:
-    """The page pool's figures so far."""
 
 def trim_heap() -> bool:
     """Gives memory the C allocator holds free back to the system (after a release)."""

@@ -107,7 +107,6 @@ class Pipeline:
         self.records: list[_core.StageRecord] = []
         self._staging = SharedStaging(self.device)  # one staging pool for every stage
         self._reads: _core.LoadReads | None = None  # through the page cache or past it (_load_args)
-        self._pages_at_start = _core.page_pool_stats()  # for the report: reads into freed pages
 
     def __enter__(self) -> Pipeline:
         return self
@@ -141,16 +140,7 @@ class Pipeline:
         """Every stage of every run so far: how it was loaded, the free memory predicted for it
         against what it found, and where its time went; first, how its loads read."""
         text = _core.pipeline_report(self.records)
-        if self._reads is None:
-            return text
-        now, then = _core.page_pool_stats(), self._pages_at_start
-        reused, fresh = now.reused - then.reused, now.fresh - then.fresh
-        pages = (
-            f"pages: {reused / 1e9:.2f} GB of the reads went into pages stages had freed, "
-            f"{fresh / 1e9:.2f} GB into new ones (the process's pool, this pipeline's share unknown "
-            "when several pipelines run at once)"
-        )
-        return f"loads: {self._reads}\n{pages}\n{text}"
+        return text if self._reads is None else f"loads: {self._reads}\n{text}"
 
     def close(self) -> None:
         """Releases every stage still loaded, and prints the report with
@@ -161,7 +151,6 @@ class Pipeline:
         self._settle()
         from .offload.cleanup import Cleanup
 
-        _core.pool_pages_for(0)  # no reads to come: what the stages free goes to the system
         steps = Cleanup()
         for name in list(self._loaded):
             steps.run(self._release, name)
@@ -190,30 +179,6 @@ class Pipeline:
         for s in self._loaded.values():
             held = held.plus(s.held_now())
         return held
-
-    def _reads_coming(self, extra: int = 0, given_to: _core.Allowance | None = None) -> None:
-        """Tells the core's page pool how many bytes the stages' reads may take from now on:
-        up to that, the pages of the blocks a stage frees are kept for those reads, which then
-        find them faulted in and need no zeroing; the rest goes back to the system, where the
-        running stage's activations get their memory. A stage read ahead counts only what its
-        allowance lets it read now (the rest of the memory freed is for the running stage);
-        ``given_to``, an allowance about to be given the bytes freed next, counts whole, as
-        does ``extra``, a load at its turn about to start. Only CPU stages read into pages of
-        their own."""
-        if self.device.type != "cpu":
-            return
-        coming = extra
-        for s in self._loaded.values():
-            left = s.pending().ram
-            gate = s.allowance
-            if gate is not None and gate is not given_to and gate.available is not None:
-                left = min(left, gate.available)
-            coming += left
-        from .offload.meter import meter_for
-
-        # What the pool gives back now is nobody's activations: the running stage's window,
-        # which saw those pages in its baseline, moves down by them.
-        meter_for(self.device).freed_beside(functools.partial(_core.pool_pages_for, coming))
 
     def _plan(self, spec: Stage, model: nn.Module, ckpt: Checkpoint, free: _core.Free) -> Plan:
         """The stage's plan for ``free``, with its remembered activation memory."""
@@ -244,9 +209,6 @@ class Pipeline:
         for s in others:
             everything = everything.after_release(s.held_now())
         best = self._plan(spec, model, ckpt, everything)
-        # A load at its turn reads into what is freed for it; one read ahead only into what
-        # its allowance is given later (_give_now).
-        self._reads_coming(best.holds(spec.name).ram if running is None else 0)
         gained = self._make_room(spec, best.needs(spec.name), free, others, running)
         return free.after_release(gained), best
 
@@ -318,7 +280,6 @@ class Pipeline:
         elif loaded is not None:
             info["arrival"] = "kept"
             if loaded.given:  # given back since its last run, and not read ahead: read now
-                self._reads_coming(loaded.given_back)
                 self._make_room(spec, loaded._in_blocks(loaded.given_back), self._free(), self._others(spec), None)
                 loaded.refill(None)
             elif loaded.allowance is not None:  # read again ahead of its turn
@@ -343,8 +304,6 @@ class Pipeline:
         loaded.last_used = self._ticks
         loaded.to_give, loaded.release_after, loaded.final = 0, not self.keep, False
         self._loaded[spec.name] = loaded
-        # What was freed for this stage's reads and is not taken goes to its activations.
-        self._reads_coming()
         if self.prefetch and index + 1 < len(self.stages):
             self._read_ahead_later(self.stages[index + 1], loaded)
         elif self.prefetch and self.keep and index > 0:
@@ -469,7 +428,6 @@ class Pipeline:
         else:
             now = free.ram - peak - budgets.min_free_ram
         loaded.allowance.give(max(0, now))
-        self._reads_coming()
 
     def _end(
         self, run: PipelineRun, index: int, loaded: LoadedStage, info: dict[str, Any], failure: BaseException | None
@@ -480,8 +438,6 @@ class Pipeline:
         from .offload.order import write_order
 
         following = self._ahead_allowance(index)
-        # What this stage frees now goes to the stage read ahead (below): kept for its reads.
-        self._reads_coming(given_to=following)
         spec = self.stages[index]
         if failure is None:
             peak = info.get("peak", 0)

@@ -99,8 +99,6 @@ class PipelineRun:
                 return current.to_give - done
 
         # A run of the pipeline again finds the freed RAM-tier pages in the page cache.
-        # Every block the pass frees goes to the stage read ahead: its pages are kept for it.
-        self.pipeline._reads_coming(given_to=following)
         with final_pass(current.handle, list(keep_prefixes), keep_page_cache=True, wanted=wanted) as fp:
             passing.append(fp)
             current.feed(fp, following)

@@ -1,6 +1,6 @@
 //! `trash_panda._core` reads into tensors (one file, or a whole block through a read lane), a
 //! model's lane of its drive's read queue, and page-cache helpers used by tests and benchmarks
-//! to make cold reads; the pool of pages reads land in.
+//! to make cold reads.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -9,11 +9,11 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use trash_panda::io::{
-    drive_queue, read_ranges_queued, read_ranges_with, FileReader, Lane, Need, PagePool, PageRun,
-    Priority, QueueStats, ReadMode, ReadOptions, ReadRequest, ReadStats,
+    drive_queue, read_ranges_queued, read_ranges_with, FileReader, Lane, Need, Priority,
+    QueueStats, ReadMode, ReadOptions, ReadRequest, ReadStats,
 };
 
-use crate::dlpack::{disjoint, export_capsule, Borrowed, ByteOwner};
+use crate::dlpack::{disjoint, Borrowed};
 use crate::errors::ToPyErr;
 use crate::gil::without_gil;
 
@@ -469,95 +469,7 @@ impl PyRssSampler {
     }
 }
 
-/// A run of the pool lent to a torch tensor: back to the pool when torch frees it.
-struct Lent(Option<PageRun>);
-
-impl ByteOwner for Lent {
-    fn raw_parts(&self) -> (*mut u8, usize) {
-        self.0
-            .as_ref()
-            .map_or((std::ptr::null_mut(), 0), |r| (r.as_ptr(), r.len()))
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        if let Some(run) = self.0.take() {
-            PagePool::global().give(run);
-        }
-    }
-}
-
-/// Pages for at least `nbytes` bytes, page-aligned and uninitialised, from the process's pool
-/// (pages of freed tensors the pool kept, or new ones): (a DLPack capsule of a 1-D uint8 CPU
-/// tensor for `torch.from_dlpack`, the bytes by which it grew the process's memory). When torch
-/// frees the tensor its pages go back to the pool, which keeps them while reads to come want
-/// them (`pool_pages_for`).
-#[pyfunction]
-fn take_pages(py: Python<'_>, nbytes: usize) -> PyResult<(Py<PyAny>, usize)> {
-    let (run, grown) =
-        without_gil(py, || PagePool::global().take_counted(nbytes)).map_err(ToPyErr::to_py)?;
-    Ok((export_capsule(py, Arc::new(Lent(Some(run))))?, grown))
-}
-
-/// The reads to come will take `nbytes`: up to that, the pages of freed `take_pages` tensors
-/// stay in the pool for them (each read taking its share off), and what the pool holds beyond
-/// it goes back to the system now; 0 gives back all. Returns the bytes given back. One figure
-/// for the process (a pipeline sets it as its stages' reads come and go).
-#[pyfunction]
-fn pool_pages_for(py: Python<'_>, nbytes: u64) -> u64 {
-    without_gil(py, || PagePool::global().keep_for(nbytes))
-}
-
-/// What the page pool has done since the process started.
-#[pyclass(name = "PoolStats", module = "trash_panda._core", frozen)]
-#[derive(Debug, Clone, Copy)]
-struct PyPoolStats {
-    inner: trash_panda::io::PoolStats,
-}
-
-#[pymethods]
-impl PyPoolStats {
-    /// Bytes handed out from pages freed earlier.
-    #[getter]
-    fn reused(&self) -> u64 {
-        self.inner.reused
-    }
-
-    /// Bytes handed out in new pages.
-    #[getter]
-    fn fresh(&self) -> u64 {
-        self.inner.fresh
-    }
-
-    /// Bytes in the pool now.
-    #[getter]
-    fn pooled(&self) -> u64 {
-        self.inner.pooled
-    }
-
-    fn __repr__(&self) -> String {
-        let s = self.inner;
-        format!(
-            "PoolStats(reused={}, fresh={}, pooled={})",
-            s.reused, s.fresh, s.pooled
-        )
-    }
-}
-
-/// The page pool's figures so far.
-#[pyfunction]
-fn page_pool_stats() -> PyPoolStats {
-    PyPoolStats {
-        inner: PagePool::global().stats(),
-    }
-}
-
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(take_pages, m)?)?;
-    m.add_function(wrap_pyfunction!(pool_pages_for, m)?)?;
-    m.add_class::<PyPoolStats>()?;
-    m.add_function(wrap_pyfunction!(page_pool_stats, m)?)?;
     m.add_function(wrap_pyfunction!(read_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(read_block, m)?)?;
     m.add_class::<PyReadLane>()?;

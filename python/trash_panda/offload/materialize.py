@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from .. import _core
 from .._dtypes import needs_expansion, torch_dtype
 from ..errors import CheckpointError
-from .meter import allocated
 from .registry import HOOKS_ATTR
 from .state import KEPT_BUFFERS_ATTR, STATE_ATTR, TensorSpec, get_state
 
@@ -68,24 +67,21 @@ def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int, offset: int 
     import torch
 
     if nbytes < FRESH_BYTES:
-        allocated(nbytes, nbytes)
         return torch.empty(shape, dtype=dtype)
-    if not hasattr(mmap, "MAP_PRIVATE"):
+    # The tensor holds the map: its pages go back with the tensor's last reference.
+    if hasattr(mmap, "MAP_PRIVATE"):
+        # Private, not Python's default shared map: shared anonymous pages are shmem, which the
+        # meter's private-memory gauge (and RssAnon) does not count, so it saw neither the read
+        # nor the release of a block given back (a give-back beside a running stage came out
+        # as that stage's activations). No large pages asked for: where the kernel compacts
+        # memory to make them at the fault, a read of 2.3 GB took 11 s instead of 6.
+        shift = 0 if offset is None or offset % dtype.itemsize else offset % DIRECT_ALIGN
+        pages = mmap.mmap(-1, shift + nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    else:
         # Windows, where an anonymous map is a section the private bytes leave out: its heap
         # gives a block this large a virtual allocation of its own, returned when freed.
-        allocated(nbytes, nbytes)
         return torch.empty(shape, dtype=dtype)
-    from torch.utils.dlpack import from_dlpack
-
-    # Private anonymous pages (counted by the meter's private-memory gauge, unlike shared ones)
-    # from the core's pool: new, or freed by a stage while a pipeline holds the pool, which
-    # saves the kernel zeroing them at the read. The tensor holds them; its last reference
-    # gives them back. No large pages asked for: where the kernel compacts memory to make
-    # them at the fault, a read of 2.3 GB took 11 s instead of 6.
-    shift = 0 if offset is None or offset % dtype.itemsize else offset % DIRECT_ALIGN
-    capsule, grown = _core.take_pages(shift + nbytes)
-    allocated(nbytes, grown)
-    return from_dlpack(capsule)[shift : shift + nbytes].view(dtype).reshape(shape)
+    return torch.frombuffer(pages, dtype=dtype, count=nbytes // dtype.itemsize, offset=shift).reshape(shape)
 
 
 def _materialize_group(

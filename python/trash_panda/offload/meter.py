@@ -225,22 +225,13 @@ class Meter:
             open_at_start = list(self.windows) if counting else []
             pauses_at_start = self._pauses_begun
             level = None if self.gauge.exact or not counting else self.gauge.current()
-        before = _allocated()
         nbytes = put()
-        after = _allocated()
         with self._lock:
             if open_at_start and not self._pauses and self._pauses_begun == pauses_at_start:
                 # Private memory may grow by less than the tensors' bytes: glibc hands out pages
-                # freed earlier and kept in its heap, the page pool pages a stage freed. Moving
-                # by more than it grew would take the difference off the activations; and where
-                # the read says how much it grew by, by no more than that, or what the running
-                # stage allocated meanwhile would be taken off instead.
-                moved = nbytes
-                if level is not None:
-                    moved = max(0, min(nbytes, self.gauge.current() - level))
-                    if after[0] > before[0]:
-                        grown = after[1] - before[1] + max(0, nbytes - (after[0] - before[0]))
-                        moved = min(moved, grown)
+                # freed earlier and kept in its heap. Moving by more than it grew would take the
+                # difference off the activations.
+                moved = nbytes if level is None else max(0, min(nbytes, self.gauge.current() - level))
                 for w in open_at_start:
                     if w in self.windows:
                         w.base += moved
@@ -251,24 +242,18 @@ class Meter:
     def freed_beside(self, free: Callable[[], int]) -> int:
         """Runs ``free``, which frees weights of a model that is not the one computing (a
         pipeline's idle stage giving back blocks, from the thread that sets the next stage up)
-        and returns their bytes on this device: the windows' baselines move down by them, but for
-        the pages the pool keeps (io/pages.rs). A pause would instead move them by all that
-        changed meanwhile, the computing stage's own activations with it. The peak of
-        ``free``'s own time is not read (it starts above where it ends); it takes
-        milliseconds, and runs under the meter's lock."""
+        and returns their bytes on this device: the windows' baselines move down by them. A
+        pause would instead move them by all that changed meanwhile, the computing stage's own
+        activations with it. The peak of ``free``'s own time is not read (it starts above
+        where it ends); it takes milliseconds, and runs under the meter's lock."""
         with self._lock:
             # Under the lock (a free takes milliseconds): a window opening meanwhile would read
             # its baseline before the drop and miss its activations by the bytes freed.
             self._fold(settle=False)
             open_at_start = list(self.windows)
-            pooled = _core.page_pool_stats().pooled
             nbytes = free()
-            # Pages a pipeline's pool keeps for the next reads stay the process's: the baseline
-            # moves by the rest only, or the pool would count as activations. Read from the
-            # pool, not the gauge, which also holds what the running stage allocates meanwhile.
-            kept = max(0, _core.page_pool_stats().pooled - pooled)
             for w in open_at_start:
-                w.base -= nbytes - min(nbytes, kept)
+                w.base -= nbytes
             if self.windows:
                 self.gauge.reset(settle=False)
         return nbytes
@@ -279,23 +264,6 @@ class Meter:
         peak = self.gauge.peak(settle)
         for w in self.windows:
             w.top = max(w.top, peak - w.base)
-
-
-# What the loaders' reads allocated on each thread: the bytes, and of those the ones in pages
-# the process did not have (see ``allocated``).
-_ALLOCATED = threading.local()
-
-
-def allocated(nbytes: int, grown: int) -> None:
-    """Counts a tensor allocated on this thread for a read: ``nbytes``, of which ``grown`` in
-    pages the process did not have (none when the page pool gave pages freed earlier).
-    ``Meter.moved_in`` takes no more than those off the open windows."""
-    _ALLOCATED.nbytes = _allocated()[0] + nbytes
-    _ALLOCATED.grown = _allocated()[1] + grown
-
-
-def _allocated() -> tuple[int, int]:
-    return getattr(_ALLOCATED, "nbytes", 0), getattr(_ALLOCATED, "grown", 0)
 
 
 _METERS: dict[str, Meter] = {}

@@ -1,8 +1,8 @@
 //! Byte sources: memory maps, positional reads, unbuffered reads, parallel range reads, the read
 //! queue that orders every read of a drive by need and by each model's lane (`schedule`), one
-//! per drive for the process (`drive_queue`), page cache control for cold measurements, and the
-//! pages reads land in (`pages`, a pool a pipeline keeps). What differs between Linux, Windows
-//! and macOS lives in `platform`, one module per system behind the same functions.
+//! per drive for the process (`drive_queue`), and page cache control for cold
+//! measurements. What differs between Linux, Windows and macOS lives in `platform`, one module
+//! per system behind the same functions.
 //!
 //! Everything here reports failures as [`IoError`], naming the file and the byte range.
 
@@ -12,7 +12,6 @@ mod drive;
 mod drive_queue;
 mod error;
 mod mapped;
-mod pages;
 mod parallel;
 mod platform;
 mod reader;
@@ -25,7 +24,6 @@ pub use drive::{measure_drive, DriveRate, DRIVE_IN_FLIGHT};
 pub use drive_queue::drive_queue;
 pub use error::IoError;
 pub use mapped::MappedFile;
-pub use pages::{PagePool, PageRun, PoolStats};
 pub use parallel::{
     read_ranges, read_ranges_queued, read_ranges_until, read_ranges_with, ReadOptions, ReadRequest,
     DEFAULT_CHUNK_SIZE,
