@@ -151,7 +151,7 @@ fn c_buffer_to_string(buffer: &[c_char]) -> String {
     let bytes: Vec<u8> = buffer
         .iter()
         .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
+        .map(|&c| c.to_ne_bytes()[0])
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }

@@ -16,8 +16,14 @@
 //! - `FCVTN`/`FCVTL` convert four f32 <-> f16 in one instruction, where the portable encoder
 //!   emulates the subnormal rounding with per-lane shifts. Rust's f16 vector types are not
 //!   stable, so these two are inline assembly ([`f16x8`], [`f16_widen`]).
-//! - Quantization finds the amax on the 16-bit patterns, eight to a register, and divides and
-//!   encodes in one pass, where `FCVTNU` does the subnormal rounding ([`narrow`]).
+//! - Quantization finds the amax on the 16-bit patterns, eight to a register, and takes the
+//!   quotients and encodes them in one pass, where `FCVTNU` does the subnormal rounding
+//!   ([`narrow`]). As the AVX2 kernel does (where dropping `vdivps` was measured to pay; on
+//!   Arm nothing was), scales in [2^-90, f32::MAX] get the quotient without `FDIV`, from the
+//!   reciprocal by Markstein's correction with `FMUL`, `FMLS` and `FMLA` (fused): the correctly
+//!   rounded quotient wherever the code depends on it (the proof and the exhaustive check are
+//!   in `dtype/avx2/quant.rs`: the same IEEE operations on the same range); other scales
+//!   divide.
 //!
 //! None of this was measured (no Arm machine in this project); the tables follow the AVX2
 //! kernels, which measured it on x86. bf16 -> f32 is only a widening shift, written here too so
@@ -25,7 +31,8 @@
 //! sources, quantization from f32 or fp8) runs the portable loops, which NEON vectorizes.
 //!
 //! Bit-exactness: every kernel computes what the scalar element functions compute (the same
-//! integer rounding, the same f32 multiply or division, and hardware conversions whose
+//! integer rounding, the same f32 multiply or division, or a quotient by Markstein's correction
+//! that equals the division where the code depends on it, and hardware conversions whose
 //! IEEE-defined results, NaN payloads included, are the reference's under the default FPCR that
 //! Rust assumes: round to nearest, no flush to zero, NaNs propagated). Tails shorter than a
 //! vector run the scalar functions themselves. The tests check every code and every 16-bit

@@ -1,5 +1,6 @@
 //! The 16-bit formats on NEON: bf16/f16 <-> f32 without a scale, and bf16/f16 -> e4m3fn
-//! quantization (the amax and the divide-and-encode pass).
+//! quantization (the amax, and the quotient-and-encode pass, which for the scales quantization
+//! makes takes the quotient without a division: see [`Reciprocal`]).
 
 use core::arch::aarch64::*;
 
@@ -133,43 +134,117 @@ pub(crate) unsafe fn half_amax_bits(src: &[u8], src_t: DType) -> u32 {
     widen_one(m, src_t)
 }
 
-/// Four f32 values (already divided by the scale) to e4m3fn codes, one per 32-bit lane, as
-/// `f32_bits_to_e4m3` gives them.
+/// The e4m3fn codes of four quotients q, given as `v = 512 * q` (at that scale the subnormal
+/// codes are the integers `FCVTNU` rounds to), one per 32-bit lane, as `f32_bits_to_e4m3`
+/// gives them for q, each with the sign bit of its lane of `s`. `v` may be infinite where
+/// 512 * q overflows: everything from 448 on saturates alike.
 #[target_feature(enable = "neon")]
 #[inline]
-fn e4m3x4(v: float32x4_t) -> uint32x4_t {
-    let w = vreinterpretq_u32_f32(v);
-    let a = vandq_u32(w, vdupq_n_u32(0x7FFF_FFFF));
-    let sign = vandq_u32(vshrq_n_u32::<24>(w), vdupq_n_u32(0x80));
+fn e4m3x4(v: float32x4_t, s: float32x4_t) -> uint32x4_t {
+    let a = vandq_u32(vreinterpretq_u32_f32(v), vdupq_n_u32(0x7FFF_FFFF));
+    let sign = vandq_u32(
+        vshrq_n_u32::<24>(vreinterpretq_u32_f32(s)),
+        vdupq_n_u32(0x80),
+    );
     // Normal range, as the scalar code: add just under half an ulp plus the kept lsb, truncate,
-    // rebias 127 -> 7 (wrapping for the small values the subnormal branch replaces).
+    // rebias 127 + 9 -> 7 (wrapping for the small values the subnormal branch replaces).
     let lsb = vandq_u32(vshrq_n_u32::<20>(a), vdupq_n_u32(1));
     let rounded = vaddq_u32(vaddq_u32(a, vdupq_n_u32(0x7_FFFF)), lsb);
-    let normal = vsubq_u32(vshrq_n_u32::<20>(rounded), vdupq_n_u32(120 << 3));
+    let normal = vsubq_u32(vshrq_n_u32::<20>(rounded), vdupq_n_u32(129 << 3));
     // Codes rise with the magnitude and 448 (or anything rounding to it) is 0x7E, so a min is
     // the saturation of everything at or above it, infinity and NaN included.
     let normal = vminq_u32(normal, vdupq_n_u32(0x7E));
-    // Below 2^-6: the count of 2^-9 steps, rounded to nearest even; the multiply by a power of
-    // two is exact and `FCVTNU` rounds ties to even, as the scalar shift-and-round does.
-    let steps = vmulq_f32(vreinterpretq_f32_u32(a), vdupq_n_f32(512.0));
-    let sub = vcvtnq_u32_f32(steps);
-    let code = vbslq_u32(vcltq_u32(a, vdupq_n_u32(0x3C80_0000)), sub, normal);
+    // Below 2^-6 (v < 8): the count of 2^-9 steps is v itself, rounded to nearest even by
+    // `FCVTNU`, as the scalar shift-and-round does.
+    let sub = vcvtnq_u32_f32(vreinterpretq_f32_u32(a));
+    let code = vbslq_u32(vcltq_u32(a, vdupq_n_u32(0x4100_0000)), sub, normal);
     // NaN: the saturated 0x7E | 1 = 0x7F.
     let nan = vcgtq_u32(a, vdupq_n_u32(0x7F80_0000));
     let code = vorrq_u32(code, vandq_u32(nan, vdupq_n_u32(1)));
     vorrq_u32(code, sign)
 }
 
+/// A scale the divide-free loop takes, prepared for [`Reciprocal::quotient`]: `k / 512`
+/// (exact: a power of two, far from the ends of the f32 range) and its correctly rounded
+/// reciprocal, so the loop computes `v = 512 * (x / k)` as the quotient by `k / 512`.
+#[derive(Clone, Copy)]
+pub(super) struct Reciprocal {
+    k: f32,
+    y: f32,
+}
+
+impl Reciprocal {
+    /// `k` if it is finite and at least 2^-90 (every scale `amax / 448` above 2^-81 is), the
+    /// range of the AVX2 kernel's reciprocal, where its proof holds; other scales divide.
+    pub(super) fn new(k: f32) -> Option<Reciprocal> {
+        if !(k >= f32::from_bits(0x0A80_0000) && k <= f32::MAX) {
+            return None;
+        }
+        let k = k / 512.0;
+        Some(Reciprocal { k, y: 1.0 / k })
+    }
+
+    /// `RN(x / k)` (k as stored: the scale / 512) for four values, by Markstein's correction:
+    /// `q0 = RN(x * y)`, `r = x - q0 * k` (exact: `FMLS` is fused), `q = RN(q0 + r * y)`
+    /// (`FMLA`). Exact wherever the code depends on it, as the AVX2 kernel's module comment
+    /// (`dtype/avx2/quant.rs`) shows for these same IEEE operations. The one sign it can lose
+    /// is a zero's: -0 gives +0 (the caller takes the signs from x).
+    ///
+    /// Where q0 is infinite (x infinite, or a product that overflows) the correction would be
+    /// inf - inf, a NaN: q0 is kept there, which saturates as the division does; a NaN x
+    /// stays NaN.
+    #[target_feature(enable = "neon")]
+    #[inline]
+    pub(super) fn quotient(self, x: float32x4_t) -> float32x4_t {
+        let (k, y) = (vdupq_n_f32(self.k), vdupq_n_f32(self.y));
+        let q0 = vmulq_f32(x, y);
+        let r = vfmsq_f32(x, q0, k);
+        let q = vfmaq_f32(q0, r, y);
+        vbslq_f32(vcaltq_f32(q0, vdupq_n_f32(f32::INFINITY)), q, q0)
+    }
+}
+
 /// `e4m3fn(clamp(x / k, -448, 448))` for the bf16 or f16 values of `src` into `dst` (one byte
-/// each): what `encode_scaled` gives for these sources. The division is a true one; the clamp
-/// is the encoder's saturation.
+/// each): what `encode_scaled` gives for these sources; the clamp is the encoder's saturation.
+/// Scales in [2^-90, f32::MAX] (all that quantization makes in practice) take the quotient
+/// without a division ([`Reciprocal`]); the others, and the scalar tail, divide.
 ///
 /// # Safety
 /// The CPU must have NEON.
 #[target_feature(enable = "neon")]
 pub(crate) unsafe fn half_to_e4m3(src: &[u8], src_t: DType, dst: &mut [u8], k: f32) {
     let n = (src.len() / 2).min(dst.len());
-    let kv = vdupq_n_f32(k);
+    let (src, dst) = (&src[..2 * n], &mut dst[..n]);
+    let i = match Reciprocal::new(k) {
+        // x, not the quotient, carries the sign: k is positive, and a -0 quotient comes out +0.
+        Some(r) => encode_16(src, src_t, dst, |x| e4m3x4(r.quotient(x), x)),
+        None => {
+            let kv = vdupq_n_f32(k);
+            encode_16(src, src_t, dst, |x| {
+                // Multiplying by 512 is exact, or overflows where the code saturates anyway.
+                let q = vdivq_f32(x, kv);
+                e4m3x4(vmulq_n_f32(q, 512.0), q)
+            })
+        }
+    };
+    for (s, d) in src[2 * i..].chunks_exact(2).zip(&mut dst[i..]) {
+        let x = f32::from_bits(widen_one(u16::from_le_bytes([s[0], s[1]]), src_t));
+        *d = f32_bits_to_e4m3((x / k).to_bits());
+    }
+}
+
+/// The codes that `code` gives for four widened values, sixteen values at a time, for the
+/// bf16 or f16 values of `src` into `dst`; returns how many it did (the rest, under 16, is the
+/// caller's).
+#[target_feature(enable = "neon")]
+#[inline]
+fn encode_16(
+    src: &[u8],
+    src_t: DType,
+    dst: &mut [u8],
+    code: impl Fn(float32x4_t) -> uint32x4_t,
+) -> usize {
+    let n = (src.len() / 2).min(dst.len());
     let mut i = 0;
     while i + 16 <= n {
         // SAFETY: 2 * (i + 16) <= 2 * n <= src.len(): the 32 bytes at src[2 * i..] are in
@@ -178,7 +253,8 @@ pub(crate) unsafe fn half_to_e4m3(src: &[u8], src_t: DType, dst: &mut [u8], k: f
             let p = src.as_ptr().add(2 * i);
             (load8(p, src_t), load8(p.add(16), src_t))
         };
-        let q = [a, b, c, d].map(|x| e4m3x4(vdivq_f32(x, kv)));
+        // Four calls, not `map(&code)`: through the reference LLVM left the closure out of line.
+        let q = [code(a), code(b), code(c), code(d)];
         // Codes fit a byte: the narrowing moves are exact.
         let first = vmovn_high_u32(vmovn_u32(q[0]), q[1]);
         let second = vmovn_high_u32(vmovn_u32(q[2]), q[3]);
@@ -187,8 +263,5 @@ pub(crate) unsafe fn half_to_e4m3(src: &[u8], src_t: DType, dst: &mut [u8], k: f
         unsafe { vst1q_u8(dst.as_mut_ptr().add(i), bytes) };
         i += 16;
     }
-    for (s, d) in src[2 * i..2 * n].chunks_exact(2).zip(&mut dst[i..n]) {
-        let x = f32::from_bits(widen_one(u16::from_le_bytes([s[0], s[1]]), src_t));
-        *d = f32_bits_to_e4m3((x / k).to_bits());
-    }
+    i
 }

@@ -2,7 +2,7 @@
 //! Under QEMU (`make test`'s qemu-arm-tests) these run on an emulated aarch64 CPU.
 
 use super::expand::{fp8_to_f32, fp8_to_half, half_run};
-use super::narrow::{f32_to_half, half_to_f32};
+use super::narrow::{f32_to_half, half_to_f32, Reciprocal};
 use super::*;
 use crate::dtype::{
     best_simd_level, bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits,
@@ -244,7 +244,7 @@ fn half_to_e4m3_equals_the_reference_on_every_pattern() {
         .chain(0x3C00..0x3C07)
         .flat_map(u16::to_le_bytes)
         .collect();
-    let ks = [
+    let mut ks = vec![
         1.0f32,
         1.0 / 448.0,
         0.37,
@@ -259,8 +259,11 @@ fn half_to_e4m3_equals_the_reference_on_every_pattern() {
         0.0,
         f32::INFINITY,
     ];
+    // The shared list: both ends of the divide-free range and just outside it, the worst
+    // reciprocals, and scales as quantization makes them.
+    ks.extend(scales());
     for t in [DType::BF16, DType::F16] {
-        for k in ks {
+        for &k in &ks {
             let mut out = vec![0u8; src.len() / 2];
             // SAFETY: the test runs on aarch64, whose every CPU has NEON.
             unsafe { half_to_e4m3(&src, t, &mut out, k) };
@@ -280,4 +283,54 @@ fn half_to_e4m3_equals_the_reference_on_every_pattern() {
             }
         }
     }
+}
+
+/// Checks [`Reciprocal::quotient`] against `FDIV` for every 11-bit significand x in [1, 2)
+/// (every bf16 and f16 significand), both signs, and every `step`-th 24-bit significand k in
+/// [1, 2) plus the extreme ones: the NEON instructions against the division on the pairs that
+/// decide the quotient. That the correction is exact on all 2^33 of them, and why that covers
+/// every value and scale, is the AVX2 kernel's test and comment (`dtype/avx2/quant.rs`).
+#[test]
+fn reciprocal_quotients_equal_the_division() {
+    let xs: Vec<f32> = (0..2048u32)
+        .map(|j| f32::from_bits(0x3F80_0000 | ((j & 1) << 31) | ((j >> 1) << 13)))
+        .collect();
+    let mantissas = (0..1u32 << 23)
+        .step_by(997)
+        .chain([1, 2, 0x7F_FFFF, 0x7F_FFFE, 0x40_0000, 0x3F_FFFF]);
+    for km in mantissas {
+        let k = f32::from_bits(0x3F80_0000 | km);
+        // The stored scale is k / 512 (exact): this one stores k itself.
+        let r = Reciprocal::new(512.0 * k).expect("in range");
+        for x4 in xs.chunks_exact(4) {
+            let (mut g, mut w) = ([0f32; 4], [0f32; 4]);
+            // SAFETY: the test runs on aarch64, whose every CPU has NEON; `x4`, `g` and `w` are
+            // four floats each, what the unaligned load and stores move.
+            unsafe {
+                let x = vld1q_f32(x4.as_ptr());
+                vst1q_f32(g.as_mut_ptr(), r.quotient(x));
+                vst1q_f32(w.as_mut_ptr(), vdivq_f32(x, vdupq_n_f32(k)));
+            }
+            for j in 0..4 {
+                assert_eq!(g[j].to_bits(), w[j].to_bits(), "{} / {k:e}", x4[j]);
+            }
+        }
+    }
+}
+
+/// The divide-free loop declines scales outside its range, which keeps the codes exact but
+/// would hide a wrong range check behind the division: every scale of the shared list inside
+/// [2^-90, f32::MAX] must get a reciprocal, the others none.
+#[test]
+fn the_reciprocal_takes_exactly_its_range() {
+    let range = f32::from_bits(0x0A80_0000)..=f32::MAX;
+    for k in scales() {
+        assert_eq!(
+            Reciprocal::new(k).is_some(),
+            range.contains(&k),
+            "scale {k:e}"
+        );
+    }
+    assert!(Reciprocal::new(2.0f32.powi(-90)).is_some());
+    assert!(Reciprocal::new(f32::from_bits(0x0A7F_FFFF)).is_none());
 }
