@@ -75,3 +75,42 @@ fn xorshift(mut x: u32) -> u32 {
     x ^= x << 5;
     x
 }
+
+/// Checks a kernel's amax of 16-bit floats (`amax(bytes, bf16)`, bf16 when true, else f16; the
+/// f32 bits of the largest magnitude, NaNs left out, 0 when none) against the scalar
+/// references, on patterns with every special value, at lengths around the vector widths and
+/// from an odd start.
+pub(crate) fn check_amax_16(amax: impl Fn(&[u8], bool) -> u32) {
+    use crate::dtype::{bf16_bits_to_f32, f16_bits_to_f32};
+
+    let mut pats = patterns_16(1000);
+    pats.extend([
+        0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x7F81, 0x7C00, 0x7C01, 0xFC01, 0x0001, 0x8000,
+    ]);
+    for bf16 in [true, false] {
+        for len in [0, 1, 15, 16, 17, 100, pats.len()] {
+            for start in [0, 5] {
+                let v = &pats[start.min(len)..len.max(start.min(len))];
+                let bytes: Vec<u8> = v.iter().flat_map(|h| h.to_le_bytes()).collect();
+                let want = v
+                    .iter()
+                    .map(|&h| {
+                        let x = if bf16 {
+                            bf16_bits_to_f32(h)
+                        } else {
+                            f16_bits_to_f32(h)
+                        };
+                        if x.is_nan() {
+                            0
+                        } else {
+                            x.to_bits() & 0x7FFF_FFFF
+                        }
+                    })
+                    .max()
+                    .unwrap_or(0);
+                let what = if bf16 { "bf16" } else { "f16" };
+                assert_eq!(amax(&bytes, bf16), want, "{what} len {len} start {start}");
+            }
+        }
+    }
+}

@@ -205,36 +205,11 @@ fn f32_narrows_like_the_reference() {
 
 #[test]
 fn half_amax_equals_the_reference() {
-    let mut pats = crate::dtype::kernel_tests::patterns_16(1000);
-    pats.extend([
-        0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x7F81, 0x7C00, 0xFC01, 0x0001, 0x8000,
-    ]);
-    for t in [DType::BF16, DType::F16] {
-        for len in [0, 1, 15, 16, 17, 100, pats.len()] {
-            for start in [0, 5] {
-                let v = &pats[start.min(len)..len.max(start.min(len))];
-                let bytes: Vec<u8> = v.iter().flat_map(|h| h.to_le_bytes()).collect();
-                let want = v
-                    .iter()
-                    .map(|h| {
-                        let x = match t {
-                            DType::BF16 => bf16_bits_to_f32(*h),
-                            _ => f16_bits_to_f32(*h),
-                        };
-                        if x.is_nan() {
-                            0
-                        } else {
-                            x.to_bits() & 0x7FFF_FFFF
-                        }
-                    })
-                    .max()
-                    .unwrap_or(0);
-                // SAFETY: the test runs on aarch64, whose every CPU has NEON.
-                let got = unsafe { half_amax_bits(&bytes, t) };
-                assert_eq!(got, want, "{t} len {len} start {start}");
-            }
-        }
-    }
+    crate::dtype::kernel_tests::check_amax_16(|bytes, bf16| {
+        let t = if bf16 { DType::BF16 } else { DType::F16 };
+        // SAFETY: the test runs on aarch64, whose every CPU has NEON.
+        unsafe { half_amax_bits(bytes, t) }
+    });
 }
 
 #[test]

@@ -18,27 +18,11 @@ fn amax_equals_the_reference() {
     if !SimdLevel::Avx2.is_supported() {
         return;
     }
-    let mut pats = crate::dtype::kernel_tests::patterns_16(1000);
-    pats.extend([
-        0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x7F81, 0x0001, 0x8000, 0x7C00, 0x7C01,
-    ]);
-    for half in [Half::Bf16, Half::F16] {
-        for len in [0, 1, 15, 16, 17, 100, pats.len()] {
-            for start in [0, 5] {
-                let v = &pats[start.min(len)..len.max(start.min(len))];
-                let bytes: Vec<u8> = v.iter().flat_map(|h| h.to_le_bytes()).collect();
-                let want = v
-                    .iter()
-                    .map(|h| value(half, *h).abs())
-                    .filter(|a| !a.is_nan())
-                    .fold(0f32, f32::max)
-                    .to_bits();
-                // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
-                let got = unsafe { amax_bits_16(&bytes, half) };
-                assert_eq!(got, want, "{half:?} len {len} start {start}");
-            }
-        }
-    }
+    crate::dtype::kernel_tests::check_amax_16(|bytes, bf16| {
+        let half = if bf16 { Half::Bf16 } else { Half::F16 };
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+        unsafe { amax_bits_16(bytes, half) }
+    });
 }
 
 #[test]
