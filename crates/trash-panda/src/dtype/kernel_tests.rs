@@ -114,3 +114,32 @@ pub(crate) fn check_amax_16(amax: impl Fn(&[u8], bool) -> u32) {
         }
     }
 }
+
+/// Every 16-bit pattern, then seven more so a kernel's tail sees some too, as little-endian
+/// bytes: the source of the quantize tests.
+pub(crate) fn every_pattern_16() -> Vec<u8> {
+    (0..=u16::MAX)
+        .chain(0x3C00..0x3C07)
+        .flat_map(u16::to_le_bytes)
+        .collect()
+}
+
+/// The scales every quantize test runs: ordinary ones, results far below the e4m3 subnormals
+/// and into f32's, results that overflow f32 and saturate, and the invalid ones the reference
+/// turns into NaN codes.
+pub(crate) fn quantize_scales() -> Vec<f32> {
+    vec![
+        1.0f32,
+        1.0 / 448.0,
+        0.37,
+        3.0,
+        1.0e30,
+        3.0e38,
+        1.0e-30,
+        f32::from_bits(1),
+        f32::MIN_POSITIVE,
+        -0.5,
+        0.0,
+        f32::INFINITY,
+    ]
+}

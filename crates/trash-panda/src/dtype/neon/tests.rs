@@ -214,26 +214,8 @@ fn half_amax_equals_the_reference() {
 
 #[test]
 fn half_to_e4m3_equals_the_reference_on_every_pattern() {
-    // Every pattern, plus 7 so the tail sees some too.
-    let src: Vec<u8> = (0..=u16::MAX)
-        .chain(0x3C00..0x3C07)
-        .flat_map(u16::to_le_bytes)
-        .collect();
-    let mut ks = vec![
-        1.0f32,
-        1.0 / 448.0,
-        0.37,
-        3.0,
-        // Results far below the e4m3 subnormals and into f32 subnormals.
-        1.0e30,
-        3.0e38,
-        // Results that overflow f32 and saturate.
-        1.0e-30,
-        f32::from_bits(1),
-        -0.5,
-        0.0,
-        f32::INFINITY,
-    ];
+    let src = crate::dtype::kernel_tests::every_pattern_16();
+    let mut ks = crate::dtype::kernel_tests::quantize_scales();
     // The shared list: both ends of the divide-free range and just outside it, the worst
     // reciprocals, and scales as quantization makes them.
     ks.extend(scales());
