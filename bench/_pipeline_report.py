@@ -1,5 +1,6 @@
 """The parts of bench/pipeline.py's report that are figures of their own: where the RSS peaked,
-the least any runner must read in a run, and the plot of the stages on one time line."""
+the least any runner must read in a run, the least time a cold first run can take in the
+stages' order, and the plot of the stages on one time line."""
 
 from __future__ import annotations
 
@@ -41,6 +42,21 @@ def least_reads(order: list[str], weights: dict[str, int], working: dict[str, in
                 held[order[j]] -= gone
                 over -= gone
     return read
+
+
+def ordered_first_run(sizes: dict[str, int], compute: dict[str, float], speed: float, steps: int) -> float:
+    """The least time any way can take for a cold first run: a stage's first call needs all its
+    weights, and every later stage waits for its output, so for each stage k the run lasts at
+    least the reads of the stages up to k, then what compute of k can only follow its first
+    call (the transformer's steps after the first; nothing of the others, to stay a bound) and
+    every later stage's warm compute. The largest of these, and at least the warm compute."""
+    best = sum(compute.values())
+    read = 0.0
+    for i, name in enumerate(pm.STAGES):
+        read += sizes[name] / 1e9 / speed
+        after = compute.get(name, 0.0) * (steps - 1) / steps if name == "transformer" else 0.0
+        best = max(best, read + after + sum(compute.get(n, 0.0) for n in pm.STAGES[i + 1 :]))
+    return best
 
 
 def plot(got: dict[str, dict[str, Any]], budget: int, path: Path) -> None:

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _pipeline_models as pm
 import torch
 from _common import RESULTS, cold, dd_direct, device_read_bytes, direct_read_speed, loadavg, machine, md_table
-from _pipeline_report import least_reads, peak_at, plot
+from _pipeline_report import least_reads, ordered_first_run, peak_at, plot
 
 WAYS = ("plain", "stage", "pipeline", "model_offload", "group_offload")
 WORK = pm.DATA / "pipeline-work"
@@ -372,21 +372,6 @@ def stage_seconds(res: dict[str, Any], run: int) -> dict[str, float]:
 def run_total(res: dict[str, Any], run: int) -> float:
     spans = [s for s in res["spans"] if s["run"] == run]
     return max(s["t1"] for s in spans) - min(s["t0"] for s in spans)
-
-
-def ordered_first_run(sizes: dict[str, int], compute: dict[str, float], speed: float, steps: int) -> float:
-    """The least time any way can take for a cold first run: a stage's first call needs all its
-    weights, and every later stage waits for its output, so for each stage k the run lasts at
-    least the reads of the stages up to k, then what compute of k can only follow its first
-    call (the transformer's steps after the first; nothing of the others, to stay a bound) and
-    every later stage's warm compute. The largest of these, and at least the warm compute."""
-    best = sum(compute.values())
-    read = 0.0
-    for i, name in enumerate(pm.STAGES):
-        read += sizes[name] / 1e9 / speed
-        after = compute.get(name, 0.0) * (steps - 1) / steps if name == "transformer" else 0.0
-        best = max(best, read + after + sum(compute.get(n, 0.0) for n in pm.STAGES[i + 1 :]))
-    return best
 
 
 def read_in(res: dict[str, Any], t0: float, t1: float) -> int:
