@@ -363,3 +363,41 @@ def test_memory_points_name_what_holds_a_tensor(tmp_path: Path) -> None:
     names = [t["name"] for t in memory_point("loaded")["large_tensors"]]  # type: ignore[union-attr]
     assert "Tiny.blocks.0.up.weight float32[2048, 512]" in names
     tp.release(model)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the page cache is dropped and measured on Linux")
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("budget", ["tight", "roomy", "setting"])
+def test_a_stage_reads_past_the_page_cache_when_its_file_could_not_stay_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overlap: bool, budget: str
+) -> None:
+    """A model on its own follows the pipeline's rule with its plan's RAM: a budget that holds
+    its weights but not also its file's pages reads past the page cache (nothing of the file
+    stays cached), a roomy one reads through it (the file stays for the next load), and
+    TRASH_PANDA_DISK_MODE wins over the rule; the outputs are the plain model's every way."""
+    torch.manual_seed(0)
+    ref = Tiny(dim=512, layers=4).eval()
+    path = save(ref, tmp_path / "m.safetensors")
+    with torch.no_grad():
+        want = ref(IDS)
+    del ref
+    size = path.stat().st_size
+    ram = size + size // 2 if budget != "roomy" else 4 * size + (64 << 20)
+    if budget == "setting":
+        monkeypatch.setenv("TRASH_PANDA_DISK_MODE", "buffered")
+    _core.drop_cache(path)
+    build = lambda: on_meta(Tiny, dim=512, layers=4)  # noqa: E731
+    with tp.stage(build, path, device="cpu", ram=ram, min_free_ram=0, overlap=overlap) as (m, p, _h):
+        assert all(b.tier.value == "device" for b in p.blocks), p  # every block held: the tight case's point
+        with torch.no_grad():
+            assert torch.equal(m(IDS), want)
+        lane = get_state(m).lane  # type: ignore[union-attr]
+        assert lane is not None and lane.direct is (budget == "tight")
+        cached = _core.cached_bytes(path)
+        if budget == "tight":
+            assert cached < 0.1 * size, (cached, size)
+        else:
+            assert cached > 0.9 * size, (cached, size)
+    reads = p.load_reads(size)
+    assert reads.direct is (budget == "tight")
+    assert reads.reason.startswith("direct reads: the model's" if budget == "tight" else "buffered reads"), reads

@@ -621,7 +621,7 @@ class ReadLane:
     """One model's lane of the read queue of the drive its checkpoint lies on (see the core's
     `io::Lane` and `io::drive_queue`): the queue has `DRIVE_IN_FLIGHT` places for every model of
     the process reading that drive; the lane ranks this model's reads by its run order of
-    `blocks` blocks and by its priority ("run" before "ahead"). With `direct`, `read_block`'s
+    `blocks` blocks and by its priority ("run" before "ahead" before "later"). With `direct`, `read_block`'s
     reads through the lane go past the page cache.
     """
     def __new__(
@@ -643,7 +643,7 @@ class ReadLane:
         """The position of the block being run."""
     @property
     def priority(self) -> str:
-        """ "run" or "ahead"."""
+        """ "run", "ahead" or "later"."""
     @priority.setter
     def priority(self, priority: str) -> None: ...
     @property
@@ -1078,6 +1078,7 @@ __all__ += [
     "StageRecord",
     "load_reads",
     "pipeline_report",
+    "plan_reads",
     "replan",
 ]
 
@@ -1169,6 +1170,12 @@ def load_reads(files: int, ram: int, vram: int | None = None) -> LoadReads:
     allowed `ram` bytes of RAM (and `vram` of device memory on a GPU): past the page cache unless
     the files stay cached beside what the stages hold in RAM; `TRASH_PANDA_DISK_MODE` other than
     `auto` wins.
+    """
+
+def plan_reads(plan: Plan, files: int) -> LoadReads:
+    """How one model loaded by `plan` on its own (not a pipeline's stage) reads its files of `files`
+    bytes: past the page cache unless they stay cached beside what the plan holds in RAM, within
+    the RAM the plan may use; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
     """
 
 def replan(predicted: Free, actual: Free) -> Replan | None:

@@ -184,6 +184,12 @@ class Plan:
         memory the plan leaves alone (free-RAM floor, activation reserve, CUDA context)."""
         return _core.Holds.needed(stage, self._core)
 
+    def load_reads(self, files: int) -> _core.LoadReads:
+        """How a model loaded by this (resolved) plan on its own reads its files of ``files``
+        bytes: past the page cache unless they stay cached beside what the plan holds in RAM
+        (``TRASH_PANDA_DISK_MODE`` other than ``auto`` wins)."""
+        return _core.plan_reads(self._core, files)
+
     def __str__(self) -> str:
         return str(self._core)
 

@@ -9,8 +9,8 @@ use pyo3::prelude::*;
 use trash_panda::engine_config::{EngineConfig, EngineSettings};
 use trash_panda::io::ReadMode;
 use trash_panda::pipeline::{
-    load_reads, replan, report, Allowance, Arrival, Departure, Free, Holds, LoadReads, Replan,
-    StageRecord,
+    load_reads, plan_reads, replan, report, Allowance, Arrival, Departure, Free, Holds, LoadReads,
+    Replan, StageRecord,
 };
 
 use crate::errors::{raise, Kind};
@@ -553,9 +553,22 @@ fn py_load_reads(files: u64, ram: u64, vram: Option<u64>) -> PyResult<PyLoadRead
     })
 }
 
+/// How one model loaded by `plan` on its own (not a pipeline's stage) reads its files of `files`
+/// bytes: past the page cache unless they stay cached beside what the plan holds in RAM, within
+/// the RAM the plan may use; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
+#[pyfunction(name = "plan_reads")]
+fn py_plan_reads(plan: PyRef<'_, PyPlan>, files: u64) -> PyResult<PyLoadReads> {
+    let settings = EngineSettings::from_env().map_err(ToPyErr::to_py)?;
+    let config = EngineConfig::from_plan(&plan.inner, &settings).map_err(ToPyErr::to_py)?;
+    let inner =
+        plan_reads(settings.disk_mode, files, &plan.inner, &config).map_err(ToPyErr::to_py)?;
+    Ok(PyLoadReads { inner })
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLoadReads>()?;
     m.add_function(wrap_pyfunction!(py_load_reads, m)?)?;
+    m.add_function(wrap_pyfunction!(py_plan_reads, m)?)?;
     m.add_class::<PyHolds>()?;
     m.add_class::<PyFree>()?;
     m.add_class::<PyReplan>()?;

@@ -79,9 +79,10 @@ pub const SETTINGS: &[Setting] = &[
         name: "disk_mode",
         kind: Kind::Choice(&["auto", "direct", "buffered"]),
         default: "auto",
-        doc: "how the disk tier, and a pipeline's loads, read: direct (O_DIRECT, bypasses the page \
+        doc: "how the disk tier, and every load, read: direct (O_DIRECT, bypasses the page \
               cache), buffered, or auto (buffered when the disk tier fits in the page cache next to \
-              the RAM tier, or a pipeline's files beside what its stages hold; else direct)",
+              the RAM tier, and a model's files beside what its plan holds, or a pipeline's beside \
+              what its stages hold; else direct)",
     },
     Setting {
         name: "ram_in_memory",

@@ -276,7 +276,7 @@ def load_stage(
             "device": device,
             **shared,
             **({} if staging_pool is None else {"staging_pool": staging_pool, "holder": name}),
-            **({"direct": True} if direct else {}),
+            "direct": direct,  # the pipeline's rule, not one stage's plan's
         },
         allowance=gate,
     )

@@ -44,7 +44,8 @@ class LoadRequest:
     key_map: KeyMap
     skip_prefixes: list[str] | None
     device: torch.device
-    direct: bool = False  # reads past the page cache (a pipeline's loads: pipeline/reads.rs)
+    # Reads past the page cache: a pipeline's rule for its stages, else (None) the plan's.
+    direct: bool | None = None
 
 
 def stream_load(
@@ -117,7 +118,7 @@ def load_deferred(
     ahead: bool = False,
     staging_pool: _core.StagingPool | None = None,
     holder: str = "model",
-    direct: bool = False,
+    direct: bool | None = None,
 ) -> tuple[_core.LoadReport, list[BlockState]]:
     """stream_load() that leaves the resident blocks unread (on the meta device) and returns
     them, for a loader that fills them while the model runs (``overlap=True``). Given a list
@@ -127,7 +128,8 @@ def load_deferred(
     while another runs) reads through a lane that gives way to the running model's, and leaves
     a RAM tier held in memory unread, for the loader. ``staging_pool`` (a pipeline's) is the
     engine's staging buffers, under the name ``holder``, where the plan counted it. ``direct``:
-    the model's reads go past the page cache (``_core.load_reads`` says when)."""
+    whether the model's reads go past the page cache (a pipeline's ``_core.load_reads``); None
+    leaves it to the plan (:func:`_reads_direct`)."""
     from torch import nn
 
     if not isinstance(model, nn.Module):
@@ -147,6 +149,15 @@ def load_deferred(
         raise
     clear_released(model)
     return report, deferred
+
+
+def _reads_direct(plan: Plan, files: list[str]) -> bool:
+    """Whether a model loaded on its own reads past the page cache: when its files would not
+    stay cached beside what its plan holds in RAM (``_core.plan_reads``). A plan without
+    budgets (the low-level form's) reads through the cache."""
+    if plan.budgets is None:
+        return False
+    return plan.load_reads(sum(os.path.getsize(f) for f in files)).direct
 
 
 def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
@@ -241,7 +252,8 @@ def _stream_load(
 
     # The model's lane of its drive's queue, ranked in definition order until an order is given
     # (install_offload's order=, the overlap loader's): every read below goes through it.
-    lane = _core.ReadLane(files, len(blocks), "ahead" if ahead else "run", direct=req.direct)
+    direct = _reads_direct(plan, files) if req.direct is None else req.direct
+    lane = _core.ReadLane(files, len(blocks), "ahead" if ahead else "run", direct=direct)
     threads = max(1, int(setting("ram_threads")))
     here = [b for b in blocks if b.tier == Tier.DEVICE and deferred is None]  # the resident blocks read here
     to_read = sum(s.info.nbytes for s in outside) + sum(s.info.nbytes for b in here for s in b.tensors)

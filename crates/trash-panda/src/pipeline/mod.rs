@@ -17,5 +17,5 @@ mod report;
 pub use allowance::{Allowance, AllowanceStats};
 pub use error::PipelineError;
 pub use holds::{replan, Free, Holds, Replan, REPLAN_MARGIN_FRACTION, REPLAN_MARGIN_MIN};
-pub use reads::{load_reads, LoadReads};
+pub use reads::{load_reads, plan_reads, LoadReads};
 pub use report::{report, Arrival, Departure, StageRecord};

@@ -7,12 +7,15 @@
 //! It buys something only when the pages stay cached until they are read again; the pipeline
 //! reads a stage again when the stages did not fit together, and then the page cache has no
 //! room to keep them either, unless the budget leaves it that room. The rule is the disk tier's
-//! ([`crate::engine_config::disk_mode`]), with the pipeline's budget for the plan's.
+//! ([`crate::engine_config::disk_mode`]), with the pipeline's budget for the plan's; one model
+//! loaded on its own ([`plan_reads`]) follows it with its plan's RAM and what the plan holds.
 
 use std::fmt;
 
-use crate::engine_config::DiskModeChoice;
+use super::{Holds, PipelineError};
+use crate::engine_config::{DiskModeChoice, EngineConfig};
 use crate::io::ReadMode;
+use crate::plan::Plan;
 
 /// The read mode of a pipeline's loads, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +37,35 @@ impl fmt::Display for LoadReads {
 /// the page cache beside everything the stages can hold in RAM (what of the files the device
 /// memory cannot hold, at most the budget), else direct; a `choice` other than `auto` wins.
 pub fn load_reads(choice: DiskModeChoice, files: u64, ram: u64, vram: Option<u64>) -> LoadReads {
+    let held = ram.min(files.saturating_sub(vram.unwrap_or(0)));
+    decide(choice, "the stages'", files, ram, held)
+}
+
+/// The mode for loading one model by `plan` (configured as `config`) from files of `files`
+/// bytes, outside a pipeline: buffered when the files fit in the page cache beside what the
+/// plan holds in RAM ([`Holds::of`]), within the RAM the plan may use (its usable RAM less the
+/// free RAM it leaves); a `choice` other than `auto` wins. A model that fits twice over keeps
+/// its file cached for the next load; one that does not would only push its own pages out.
+pub fn plan_reads(
+    choice: DiskModeChoice,
+    files: u64,
+    plan: &Plan,
+    config: &EngineConfig,
+) -> Result<LoadReads, PipelineError> {
+    let budgets = plan
+        .budgets
+        .as_ref()
+        .ok_or_else(|| PipelineError::Unresolved {
+            stage: "model".to_string(),
+        })?;
+    let ram = budgets.usable_ram.saturating_sub(budgets.min_free_ram);
+    let held = Holds::of("model", plan, config)?.ram.min(ram);
+    Ok(decide(choice, "the model's", files, ram, held))
+}
+
+/// The rule: `files` bytes (of `whose` files) stay in the page cache only beside `held` bytes
+/// in a `ram` budget.
+fn decide(choice: DiskModeChoice, whose: &str, files: u64, ram: u64, held: u64) -> LoadReads {
     let gb = |b: u64| b as f64 / 1e9;
     if let Some(mode) = choice.mode() {
         return LoadReads {
@@ -41,32 +73,32 @@ pub fn load_reads(choice: DiskModeChoice, files: u64, ram: u64, vram: Option<u64
             reason: format!("{} reads, as TRASH_PANDA_DISK_MODE says", mode.as_str()),
         };
     }
-    let held = ram.min(files.saturating_sub(vram.unwrap_or(0)));
-    let spare = ram - held;
-    if files <= spare {
-        LoadReads {
-            mode: ReadMode::Buffered,
-            reason: format!(
-                "buffered reads: the stages' {:.2} GB of files stay in the page cache beside what \
-                 the stages hold in RAM ({:.2} GB spare in the {:.2} GB budget)",
+    let spare = ram.saturating_sub(held);
+    let (mode, reason) = if files <= spare {
+        (
+            ReadMode::Buffered,
+            format!(
+                "buffered reads: {whose} {:.2} GB of files stay in the page cache beside what \
+                 is held in RAM ({:.2} GB spare in the {:.2} GB budget)",
                 gb(files),
                 gb(spare),
                 gb(ram)
             ),
-        }
+        )
     } else {
-        LoadReads {
-            mode: ReadMode::Direct,
-            reason: format!(
-                "direct reads: the stages' {:.2} GB of files would not stay in the page cache \
-                 ({:.2} GB spare in the {:.2} GB budget beside what the stages hold in RAM), so a copy \
-                 through it would only take CPU from the running stage",
+        (
+            ReadMode::Direct,
+            format!(
+                "direct reads: {whose} {:.2} GB of files would not stay in the page cache \
+                 ({:.2} GB spare in the {:.2} GB budget beside what is held in RAM), so a copy \
+                 through it would only take CPU from the compute",
                 gb(files),
                 gb(spare),
                 gb(ram)
             ),
-        }
-    }
+        )
+    };
+    LoadReads { mode, reason }
 }
 
 #[cfg(test)]
