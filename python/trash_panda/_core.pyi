@@ -621,7 +621,7 @@ class ReadLane:
     """One model's lane of the read queue of the drive its checkpoint lies on (see the core's
     `io::Lane` and `io::drive_queue`): the queue has `DRIVE_IN_FLIGHT` places for every model of
     the process reading that drive; the lane ranks this model's reads by its run order of
-    `blocks` blocks and by its priority ("run" before "ahead" before "later"). With `direct`, `read_block`'s
+    `blocks` blocks and by its priority ("run" before "ahead"). With `direct`, `read_block`'s
     reads through the lane go past the page cache.
     """
     def __new__(
@@ -643,7 +643,7 @@ class ReadLane:
         """The position of the block being run."""
     @property
     def priority(self) -> str:
-        """ "run", "ahead" or "later"."""
+        """ "run" or "ahead"."""
     @priority.setter
     def priority(self, priority: str) -> None: ...
     @property
