@@ -459,14 +459,13 @@ def report(
         "holding target/ (every process's reads)",
         f"- drive: best reader (O_DIRECT with 4 and 16 requests in flight, dd iflag=direct, the best) on the "
         f"transformer's file before / after the ways: {' / '.join(f'{d:.2f}' for d in drive)} GB/s",
-        "- compute, warm (plain's third run, every weight in memory): "
-        + ", ".join(f"{s} {compute.get(s, 0):.2f} s" for s in pm.STAGES)
-        + f"; {warm:.2f} s a run"
-        + (
-            f" (plain's runs 1 and 2, weights in memory too: {run_total(plain, 1):.2f} and "
+        (
+            "- compute, warm (plain's third run, every weight in memory): "
+            + ", ".join(f"{s} {compute.get(s, 0):.2f} s" for s in pm.STAGES)
+            + f"; {warm:.2f} s a run (plain's runs 1 and 2, weights in memory too: {run_total(plain, 1):.2f} and "
             f"{run_total(plain, 2):.2f} s: the machine's speed drifts between runs by that much)"
             if plain is not None
-            else ""
+            else "- compute, warm: not measured (the plain way did not run), so the floors below are the reads' alone"
         ),
         f"- floor of the two runs: max(2 x {warm:.2f} s, {total_bytes / 1e9:.2f} GB / {speed:.2f} GB/s) = "
         f"{floor:.2f} s (one run: {floor_run:.2f} s)",
