@@ -401,3 +401,9 @@ def test_a_stage_reads_past_the_page_cache_when_its_file_could_not_stay_in_it(
     reads = p.load_reads(size)
     assert reads.direct is (budget == "tight")
     assert reads.reason.startswith("direct reads: the model's" if budget == "tight" else "buffered reads"), reads
+    model = build()
+    report = tp.stream_load(model, path, plan=p, device="cpu")
+    try:
+        assert report.reads == reads.reason and f"loads: {reads.reason}" in str(report), str(report)
+    finally:
+        tp.release(model)

@@ -575,6 +575,10 @@ class LoadReport:
     """How the disk tier is read ("direct" or "buffered"); None when no block is on disk."""
     disk_mode_reason: str
     """Why the disk tier is read that way, in words; empty when there is nothing to say."""
+    reads: str
+    """How the load itself read (past the page cache or through it) and why, in words; empty
+    when it was not decided for this model alone (a pipeline's stage: its report says).
+    """
     staging_bytes: int
     """Bytes of the engine's staging pool; 0 when no block streams."""
     mapped_bytes: int

@@ -172,6 +172,16 @@ impl PyLoadReport {
     fn set_disk_mode_reason(&mut self, value: String) {
         self.inner.disk_mode_reason = value;
     }
+    /// How the load itself read (past the page cache or through it) and why, in words; empty
+    /// when it was not decided for this model alone (a pipeline's stage: its report says).
+    #[getter]
+    fn reads(&self) -> &str {
+        &self.inner.reads
+    }
+    #[setter]
+    fn set_reads(&mut self, value: String) {
+        self.inner.reads = value;
+    }
     /// Bytes of the engine's staging pool; 0 when no block streams.
     #[getter]
     fn staging_bytes(&self) -> u64 {

@@ -129,7 +129,7 @@ def load_deferred(
     a RAM tier held in memory unread, for the loader. ``staging_pool`` (a pipeline's) is the
     engine's staging buffers, under the name ``holder``, where the plan counted it. ``direct``:
     whether the model's reads go past the page cache (a pipeline's ``_core.load_reads``); None
-    leaves it to the plan (:func:`_reads_direct`)."""
+    leaves it to the plan (:func:`_plan_reads`)."""
     from torch import nn
 
     if not isinstance(model, nn.Module):
@@ -151,13 +151,13 @@ def load_deferred(
     return report, deferred
 
 
-def _reads_direct(plan: Plan, files: list[str]) -> bool:
-    """Whether a model loaded on its own reads past the page cache: when its files would not
-    stay cached beside what its plan holds in RAM (``_core.plan_reads``). A plan without
-    budgets (the low-level form's) reads through the cache."""
+def _plan_reads(plan: Plan, files: list[str]) -> _core.LoadReads | None:
+    """How a model loaded on its own reads: past the page cache when its files would not stay
+    cached beside what its plan holds in RAM (``_core.plan_reads``). None for a plan without
+    budgets (the low-level form's), which reads through the cache."""
     if plan.budgets is None:
-        return False
-    return plan.load_reads(sum(os.path.getsize(f) for f in files)).direct
+        return None
+    return plan.load_reads(sum(os.path.getsize(f) for f in files))
 
 
 def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
@@ -252,7 +252,11 @@ def _stream_load(
 
     # The model's lane of its drive's queue, ranked in definition order until an order is given
     # (install_offload's order=, the overlap loader's): every read below goes through it.
-    direct = _reads_direct(plan, files) if req.direct is None else req.direct
+    direct = req.direct
+    if direct is None:
+        reads = _plan_reads(plan, files)
+        direct = reads is not None and reads.direct
+        report.reads = "" if reads is None else reads.reason
     lane = _core.ReadLane(files, len(blocks), "ahead" if ahead else "run", direct=direct)
     threads = max(1, int(setting("ram_threads")))
     here = [b for b in blocks if b.tier == Tier.DEVICE and deferred is None]  # the resident blocks read here

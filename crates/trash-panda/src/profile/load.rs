@@ -47,6 +47,10 @@ pub struct LoadReport {
     pub disk_mode: Option<String>,
     /// Why the disk tier is read that way, in words; empty when there is nothing to say.
     pub disk_mode_reason: String,
+    /// How the load itself read (past the page cache or through it) and why, in words; empty
+    /// when it was not decided for this model alone (a pipeline's stage: its report says).
+    #[serde(default)]
+    pub reads: String,
     /// Bytes of the engine's staging pool; 0 when no block streams.
     pub staging_bytes: u64,
     /// Embedding tables left in the checkpoint's map (counted within outside or device).
@@ -72,6 +76,7 @@ impl LoadReport {
             ram_source: "mapped".to_string(),
             disk_mode: None,
             disk_mode_reason: String::new(),
+            reads: String::new(),
             staging_bytes: 0,
             mapped_bytes: 0,
             kept_buffers: Vec::new(),
@@ -188,6 +193,9 @@ impl fmt::Display for LoadReport {
         if !self.disk_mode_reason.is_empty() {
             write!(f, "\n  disk tier: {}", self.disk_mode_reason)?;
         }
+        if !self.reads.is_empty() {
+            write!(f, "\n  loads: {}", self.reads)?;
+        }
         if !self.kept_buffers.is_empty() {
             write!(
                 f,
@@ -243,6 +251,10 @@ mod tests {
             lines[6],
             "  7 checkpoint tensors the model has no place for: t0, t1, t2, t3, t4, t5 ..."
         );
+        assert!(!text.contains("loads:"), "{text}");
+        r.reads = "direct reads: why".into();
+        let text = r.to_string();
+        assert_eq!(text.lines().nth(6), Some("  loads: direct reads: why"));
     }
 
     #[test]
