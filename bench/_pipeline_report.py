@@ -4,6 +4,7 @@ stages' order, and the plot of the stages on one time line."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,47 @@ def plot(got: dict[str, dict[str, Any]], budget: int, path: Path) -> None:
     axes[-1].set_xlabel("seconds since the process started measuring")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+
+
+def _total(r: dict[str, Any]) -> float:
+    """A way's two runs and any load before them, as the main table counts them."""
+    spans = r["spans"]
+    load = sum(s["t1"] - s["t0"] for s in spans if s["run"] == 0)
+    runs = [[s for s in spans if s["run"] == n] for n in (1, 2)]
+    return load + sum(max(s["t1"] for s in x) - min(s["t0"] for s in x) for x in runs)
+
+
+def rounds_section(rounds: list[dict[str, dict[str, Any]]], sizes: dict[str, int], speed: float, steps: int) -> str:
+    """Every way's total in each round, the ways interleaved round by round, and the runner's
+    ratios with the floors of its own round (plain's warm run of that round): the machine's speed
+    drifts between minutes, so a ratio is only as good as the round it was taken in."""
+    ways = [w for w in rounds[0] if all("failed" not in r.get(w, {"failed": 1}) for r in rounds)]
+    lines = ["", f"## The ways in {len(rounds)} rounds, interleaved", ""]
+    lines += ["The tables and notes above are the last round's.", ""]
+    head = "| way | " + " | ".join(f"round {i + 1} s" for i in range(len(rounds))) + " | median s |"
+    lines += [head, "|---|" + "---:|" * (len(rounds) + 1)]
+    for w in ways:
+        totals = [_total(r[w]) for r in rounds]
+        lines.append(f"| {w} | " + " | ".join(f"{t:.1f}" for t in totals) + f" | {statistics.median(totals):.1f} |")
+    if "pipeline" in ways and "plain" in ways:
+        plain_floor, order_floor = [], []
+        for r in rounds:
+            spans = r["plain"]["spans"]
+            compute = {s["stage"]: s["t1"] - s["t0"] for s in spans if s["run"] == 3}
+            warm = sum(compute.values())
+            floor = max(2 * warm, sum(sizes.values()) / 1e9 / speed)
+            plain_floor.append(_total(r["pipeline"]) / floor)
+            order_floor.append(_total(r["pipeline"]) / (ordered_first_run(sizes, compute, speed, steps) + warm))
+        lines += [
+            "",
+            "- runner / the floor of its round: "
+            + ", ".join(f"{x:.2f}x" for x in plain_floor)
+            + f" (median {statistics.median(plain_floor):.2f}x); / the floor with the stages' order: "
+            + ", ".join(f"{x:.2f}x" for x in order_floor)
+            + f" (median {statistics.median(order_floor):.2f}x)",
+        ]
+    for w in ways:
+        if w != "pipeline" and "pipeline" in ways:
+            ratio = [_total(r["pipeline"]) / _total(r[w]) for r in rounds]
+            lines.append(f"- runner / {w}, round by round: " + ", ".join(f"{x:.2f}x" for x in ratio))
+    return "\n".join(lines) + "\n"

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _pipeline_models as pm
 import torch
 from _common import RESULTS, cold, dd_direct, device_read_bytes, direct_read_speed, loadavg, machine, md_table
-from _pipeline_report import least_reads, ordered_first_run, peak_at, plot
+from _pipeline_report import least_reads, ordered_first_run, peak_at, plot, rounds_section
 
 WAYS = ("plain", "stage", "pipeline", "model_offload", "group_offload")
 WORK = pm.DATA / "pipeline-work"
@@ -548,6 +548,7 @@ def main() -> None:
         action="store_true",
         help="drop the files from the page cache before the second run (the budget as the machine's RAM)",
     )
+    ap.add_argument("--rounds", type=int, default=1, help="run the ways this many times, interleaved")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--budget-bytes", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -567,17 +568,22 @@ def main() -> None:
     files = [m.path for m in ms.values()]
     drive = [best_reader(ms["transformer"].path)]
     print(f"{total / 1e9:.2f} GB, budget {budget / 1e9:.2f} GB, best reader {drive[0]:.2f} GB/s", flush=True)
-    got = {}
-    for way in args.ways.split(","):
-        got[way] = r = run_way(way, args, budget, files)
-        if "failed" not in r:
-            print(
-                f"  {way}: {r['process_s']:.1f} s in its process, peak RSS {r['peak_rss'] / 1e9:.2f} GB, "
-                f"read {r['read'] / 1e9:.2f} GB, load avg {loadavg()}",
-                flush=True,
-            )
+    rounds: list[dict[str, dict[str, Any]]] = []
+    for n in range(args.rounds):
+        got: dict[str, dict[str, Any]] = {}
+        for way in args.ways.split(","):
+            got[way] = r = run_way(way, args, budget, files)
+            if "failed" not in r:
+                print(
+                    f"  round {n + 1} {way}: {r['process_s']:.1f} s in its process, peak RSS "
+                    f"{r['peak_rss'] / 1e9:.2f} GB, read {r['read'] / 1e9:.2f} GB, load avg {loadavg()}",
+                    flush=True,
+                )
+        rounds.append(got)
     drive.append(best_reader(ms["transformer"].path))
     text = report(args, got, sizes, budget, drive)
+    if args.rounds > 1:
+        text += rounds_section(rounds, sizes, statistics.mean(drive), args.steps)
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "pipeline" if args.preset == "full" else f"pipeline-{args.preset}"
