@@ -106,12 +106,20 @@ def plot(got: dict[str, dict[str, Any]], budget: int, path: Path) -> None:
     fig.savefig(path, dpi=90)
 
 
-def _total(r: dict[str, Any]) -> float:
+def stage_seconds(res: dict[str, Any], run: int) -> dict[str, float]:
+    """Each stage's seconds in run ``run`` of a way (3: plain's warm run)."""
+    return {s["stage"]: s["t1"] - s["t0"] for s in res["spans"] if s["run"] == run}
+
+
+def run_total(res: dict[str, Any], run: int) -> float:
+    spans = [s for s in res["spans"] if s["run"] == run]
+    return max(s["t1"] for s in spans) - min(s["t0"] for s in spans)
+
+
+def way_total(res: dict[str, Any]) -> float:
     """A way's two runs and any load before them, as the main table counts them."""
-    spans = r["spans"]
-    load = sum(s["t1"] - s["t0"] for s in spans if s["run"] == 0)
-    runs = [[s for s in spans if s["run"] == n] for n in (1, 2)]
-    return load + sum(max(s["t1"] for s in x) - min(s["t0"] for s in x) for x in runs)
+    load = sum(s["t1"] - s["t0"] for s in res["spans"] if s["run"] == 0)
+    return load + run_total(res, 1) + run_total(res, 2)
 
 
 def rounds_section(rounds: list[dict[str, dict[str, Any]]], sizes: dict[str, int], speed: float, steps: int) -> str:
@@ -124,17 +132,16 @@ def rounds_section(rounds: list[dict[str, dict[str, Any]]], sizes: dict[str, int
     head = "| way | " + " | ".join(f"round {i + 1} s" for i in range(len(rounds))) + " | median s |"
     lines += [head, "|---|" + "---:|" * (len(rounds) + 1)]
     for w in ways:
-        totals = [_total(r[w]) for r in rounds]
+        totals = [way_total(r[w]) for r in rounds]
         lines.append(f"| {w} | " + " | ".join(f"{t:.1f}" for t in totals) + f" | {statistics.median(totals):.1f} |")
     if "pipeline" in ways and "plain" in ways:
         plain_floor, order_floor = [], []
         for r in rounds:
-            spans = r["plain"]["spans"]
-            compute = {s["stage"]: s["t1"] - s["t0"] for s in spans if s["run"] == 3}
+            compute = stage_seconds(r["plain"], 3)
             warm = sum(compute.values())
             floor = max(2 * warm, sum(sizes.values()) / 1e9 / speed)
-            plain_floor.append(_total(r["pipeline"]) / floor)
-            order_floor.append(_total(r["pipeline"]) / (ordered_first_run(sizes, compute, speed, steps) + warm))
+            plain_floor.append(way_total(r["pipeline"]) / floor)
+            order_floor.append(way_total(r["pipeline"]) / (ordered_first_run(sizes, compute, speed, steps) + warm))
         lines += [
             "",
             "- runner / the floor of its round: "
@@ -145,6 +152,6 @@ def rounds_section(rounds: list[dict[str, dict[str, Any]]], sizes: dict[str, int
         ]
     for w in ways:
         if w != "pipeline" and "pipeline" in ways:
-            ratio = [_total(r["pipeline"]) / _total(r[w]) for r in rounds]
+            ratio = [way_total(r["pipeline"]) / way_total(r[w]) for r in rounds]
             lines.append(f"- runner / {w}, round by round: " + ", ".join(f"{x:.2f}x" for x in ratio))
     return "\n".join(lines) + "\n"

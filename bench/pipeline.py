@@ -50,7 +50,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _pipeline_models as pm
 import torch
 from _common import RESULTS, cold, dd_direct, device_read_bytes, direct_read_speed, loadavg, machine, md_table
-from _pipeline_report import least_reads, ordered_first_run, peak_at, plot, rounds_section
+from _pipeline_report import (
+    least_reads,
+    ordered_first_run,
+    peak_at,
+    plot,
+    rounds_section,
+    run_total,
+    stage_seconds,
+    way_total,
+)
 
 WAYS = ("plain", "stage", "pipeline", "model_offload", "group_offload")
 WORK = pm.DATA / "pipeline-work"
@@ -365,15 +374,6 @@ def run_way(way: str, args: argparse.Namespace, budget: int, files: list[Path]) 
     return res
 
 
-def stage_seconds(res: dict[str, Any], run: int) -> dict[str, float]:
-    return {s["stage"]: s["t1"] - s["t0"] for s in res["spans"] if s["run"] == run}
-
-
-def run_total(res: dict[str, Any], run: int) -> float:
-    spans = [s for s in res["spans"] if s["run"] == run]
-    return max(s["t1"] for s in spans) - min(s["t0"] for s in spans)
-
-
 def read_in(res: dict[str, Any], t0: float, t1: float) -> int:
     """Bytes the drive read between t0 and t1 of the way's time line (its 50 ms samples)."""
     before = [b for t, b, _ in res["samples"] if t <= t0] or [0]
@@ -399,7 +399,7 @@ def report(
     for way, r in ok.items():
         load = sum(s["t1"] - s["t0"] for s in r["spans"] if s["run"] == 0)
         t1, t2 = run_total(r, 1), run_total(r, 2)
-        total = load + t1 + t2
+        total = way_total(r)
         r["total"] = total
         r1 = [s for s in r["spans"] if s["run"] == 1]
         r2 = [s for s in r["spans"] if s["run"] == 2]
