@@ -125,25 +125,27 @@ def inputs(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def denoise_step(denoiser: nn.Module, latents: torch.Tensor, text: torch.Tensor, step: int) -> torch.Tensor:
-    t = torch.full((latents.shape[0],), 1.0 - step / STEPS)
+    t = torch.full((latents.shape[0],), 1.0 - step / STEPS, device=latents.device)
     return latents - 0.25 * denoiser(latents, text, t)
 
 
-def plain(folder: Path) -> torch.Tensor:
-    """The reference: every component fully loaded with load_state_dict."""
+def plain(folder: Path, device: str = "cpu") -> torch.Tensor:
+    """The reference: every component fully loaded with load_state_dict on ``device`` (the image
+    comes back on the CPU)."""
     from safetensors.torch import load_file
 
     ids, latents = inputs()
     models = {}
     for name in COMPONENTS:
-        m = build(folder, name, device="cpu")
-        m.load_state_dict(load_file(str(folder / name / "diffusion_pytorch_model.safetensors")))
+        m = build(folder, name, device=device)
+        m.load_state_dict(load_file(str(folder / name / "diffusion_pytorch_model.safetensors"), device=str(device)))
         models[name] = m
     with torch.no_grad():
-        text = models["text_encoder"](ids)
+        text = models["text_encoder"](ids.to(device))
+        latents = latents.to(device)
         for step in range(STEPS):
             latents = denoise_step(models["transformer"], latents, text, step)
-        return models["vae"](latents)
+        return models["vae"](latents).cpu()
 
 
 def staged(folder: Path, device: str = "cpu", verbose: bool = False, **denoiser_plan: object) -> torch.Tensor:
@@ -211,12 +213,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = save_pipeline(args.folder or Path(tmp) / "pipeline")
         image = staged(folder, args.device, verbose=True)
-        want = plain(folder)
-        same = torch.equal(image, want)
-        print(f"image {tuple(image.shape)}: {'equal to' if same else 'DIFFERENT from'} the plain pipeline's")
+        want = plain(folder, args.device)
+        chained = torch.equal(image, want)
+        print(f"image {tuple(image.shape)}: {'equal to' if chained else 'DIFFERENT from'} the plain pipeline's")
         images = with_runner(folder, device=args.device, verbose=True)
-        same = all(torch.equal(i, want) for i in images)
-        print(f"{len(images)} runs of the Pipeline: {'equal to' if same else 'DIFFERENT from'} the plain pipeline's")
+        runner = all(torch.equal(i, want) for i in images)
+        print(f"{len(images)} runs of the Pipeline: {'equal to' if runner else 'DIFFERENT from'} the plain pipeline's")
+    if not (chained and runner):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

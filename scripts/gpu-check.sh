@@ -3,7 +3,9 @@
 #   1. the extension imports (built elsewhere and carried: python/trash_panda/_core.abi3.so);
 #   2. the `cuda` tests;
 #   3. the same tests under TORCH_CUDA_SANITIZER=1 (torch's stream-race checker);
-#   4. bench/gpu_stream.py (copy rates against torch's own pinned copy and the model's).
+#   4. examples/pipeline_stages.py on the GPU (chained stages and the Pipeline runner against the
+#      plain pipeline on the same device);
+#   5. bench/gpu_stream.py (copy rates against torch's own pinned copy and the model's).
 # It uses the python3 that has torch (or PYTHON=..., or a virtualenv given as an argument).
 # What is missing, an extension that does not import, or no GPU is said in one line, and it
 # stops in seconds. Each check has its own time limit, and all of them together fit in
@@ -27,8 +29,9 @@ export PYTHONPATH="$root/python:$root/tests" PYTHONUNBUFFERED=1 PYTHONDONTWRITEB
 # Seconds; the sum stays under 8 minutes with room for starting up.
 LIMIT_IMPORT=${LIMIT_IMPORT:-30}
 LIMIT_TESTS=${LIMIT_TESTS:-120}
-LIMIT_SANITIZER=${LIMIT_SANITIZER:-160}
-LIMIT_BENCH=${LIMIT_BENCH:-150}
+LIMIT_SANITIZER=${LIMIT_SANITIZER:-150}
+LIMIT_EXAMPLE=${LIMIT_EXAMPLE:-40}
+LIMIT_BENCH=${LIMIT_BENCH:-130}
 EXT=python/trash_panda/_core.abi3.so
 summary=()
 missing=()
@@ -38,9 +41,10 @@ say() { echo "gpu-check: $*"; }
 
 plan() {
   say "1. import:          $PY -c 'import trash_panda._core'                (limit ${LIMIT_IMPORT}s)"
-  say "2. cuda tests:      $PY -m pytest -q -m cuda tests/test_cuda.py tests/test_gpu_swap.py (limit ${LIMIT_TESTS}s)"
+  say "2. cuda tests:      $PY -m pytest -q -m cuda tests/test_cuda.py tests/test_gpu_swap.py tests/test_pipeline_devices.py (limit ${LIMIT_TESTS}s)"
   say "3. with sanitizer:  TORCH_CUDA_SANITIZER=1, the same tests            (limit ${LIMIT_SANITIZER}s)"
-  say "4. benchmark:       $PY bench/gpu_stream.py                           (limit ${LIMIT_BENCH}s)"
+  say "4. example:         $PY examples/pipeline_stages.py --device cuda     (limit ${LIMIT_EXAMPLE}s)"
+  say "5. benchmark:       $PY bench/gpu_stream.py                           (limit ${LIMIT_BENCH}s)"
 }
 
 # What is needed, checked in seconds.
@@ -104,9 +108,10 @@ run() {  # name limit command...
   esac
 }
 
-tests=(-m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py tests/test_gpu_swap.py)
+tests=(-m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py tests/test_gpu_swap.py tests/test_pipeline_devices.py)
 run "cuda tests" "$LIMIT_TESTS" "$PY" "${tests[@]}"
 run "cuda tests under TORCH_CUDA_SANITIZER" "$LIMIT_SANITIZER" env TORCH_CUDA_SANITIZER=1 "$PY" "${tests[@]}"
+run "pipeline example on the GPU" "$LIMIT_EXAMPLE" "$PY" examples/pipeline_stages.py --device cuda
 run "gpu_stream benchmark" "$LIMIT_BENCH" \
   "$PY" bench/gpu_stream.py --blocks 32 --resident 8 --passes 4 --workers 2 --lookahead 1 2
 
