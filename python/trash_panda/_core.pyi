@@ -133,6 +133,11 @@ class Checkpoint:
         """Raises CheckpointError if the file holding tensor `name` no longer reaches its end
         (truncated or rewritten since it was opened): reading a view of it would crash.
         """
+    def changed(self) -> str | None:
+        """None while every file is the one whose header was read; else which file changed and how
+        (rewritten, replaced, resized or gone): blocks read again by the old header's offsets
+        would not be the tensors it names.
+        """
     def close(self) -> None:
         """Drops the maps made by `view`; views already given to torch keep theirs alive."""
 
@@ -1264,6 +1269,7 @@ class StageRecord:
         peak: int = 0,
         read_again: int = 0,
         given_back: int = 0,
+        file_changed: str | None = None,
     ) -> StageRecord: ...
     @property
     def run(self) -> int:
@@ -1309,6 +1315,11 @@ class StageRecord:
     def given_back(self) -> int:
         """Bytes of its blocks given to the next stage, by its final pass or at its end (for a stage
         kept loaded; the rest stays for the next run).
+        """
+    @property
+    def file_changed(self) -> str | None:
+        """Why it was loaded afresh though kept from an earlier run: its checkpoint changed on disk
+        since (which file, and how). None otherwise.
         """
     @property
     def predicted(self) -> Free | None:

@@ -81,6 +81,12 @@ class Checkpoint:
         its end (truncated or rewritten since it was opened): reading a view of it would crash."""
         self._core.check_holds(name)
 
+    def changed(self) -> str | None:
+        """``None`` while every file is the one whose header was read when this opened; else which
+        file changed and how (rewritten, replaced by another file, resized, gone). A model that
+        reads its blocks again later by this header's offsets asks this first."""
+        return self._core.changed()
+
     def close(self) -> None:
         """Drops the file maps; tensors already read keep theirs alive until they are freed."""
         self._core.close()

@@ -63,7 +63,9 @@ class Pipeline:
     that others hold, it is taken from the stage needed again last (the runs going round the
     pipeline), and from that stage only the blocks missing, those it runs last: the rest stays,
     and the blocks given back are read again ahead of its next turn (for the first stage,
-    behind the last stage of the run before).
+    behind the last stage of the run before). A kept stage whose checkpoint changed on disk
+    since its load (written to, replaced, resized or removed) is loaded again from the file as
+    it is now, and the report says why.
     """
 
     def __init__(
@@ -107,6 +109,7 @@ class Pipeline:
         self.records: list[_core.StageRecord] = []
         self._staging = SharedStaging(self.device)  # one staging pool for every stage
         self._reads: _core.LoadReads | None = None  # through the page cache or past it (_load_args)
+        self._changes: dict[str, str] = {}  # kept stages let go because their file changed, why
 
     def __enter__(self) -> Pipeline:
         return self
@@ -263,7 +266,8 @@ class Pipeline:
         self._settle()
         spec = self.stages[index]
         self._ticks += 1
-        info: dict[str, Any] = {}
+        self._drop_changed(spec.name)
+        info: dict[str, Any] = {"file_changed": self._changes.pop(spec.name, None)}
         loaded = self._loaded.get(spec.name)
         if loaded is not None and loaded.runs == 0:
             before = loaded.holds.vram or loaded.holds.ram
@@ -379,6 +383,8 @@ class Pipeline:
         stage gives memory back (its end waits for this to be done, so none of it is lost)."""
         from .offload.handover import load_stage
 
+        if self._drop_changed(spec.name) and self._index(spec.name) == 0:
+            return  # a first stage not kept is loaded at its start (see _read_ahead_later)
         kept = self._loaded.get(spec.name)
         if kept is not None:  # kept from the run before, with blocks given back: read them again
             free = self._free().less(running.pending())
@@ -481,6 +487,7 @@ class Pipeline:
                 peak=info.get("peak", 0),
                 read_again=info.get("read_again", 0),
                 given_back=passed + given if departure == "kept" else 0,
+                file_changed=info.get("file_changed"),
             )
         )
         if departure == "kept":
@@ -506,6 +513,20 @@ class Pipeline:
             # the copies queue after the kernels that read it (another compute stream would
             # need record_stream).
             following.give(given_now)
+
+    def _drop_changed(self, name: str) -> bool:
+        """Releases the stage ``name`` kept from an earlier run when its checkpoint changed on disk
+        since its load: its blocks read again by the old header's offsets would not be its
+        tensors, and the user who rewrote the file means the new ones. Why goes to its record."""
+        loaded = self._loaded.get(name)
+        if loaded is None or loaded.runs == 0:
+            return False
+        change = loaded.state.checkpoint.changed()
+        if change is None:
+            return False
+        self._changes[name] = change
+        self._release(name)
+        return True
 
     def _others(self, spec: Stage) -> list[LoadedStage]:
         return [s for s in self._loaded.values() if s.name != spec.name]

@@ -291,6 +291,13 @@ impl PyCheckpoint {
         without_gil(py, || self.inner.check_holds(t)).map_err(ToPyErr::to_py)
     }
 
+    /// None while every file is the one whose header was read; else which file changed and how
+    /// (rewritten, replaced, resized or gone): blocks read again by the old header's offsets
+    /// would not be the tensors it names.
+    fn changed(&self, py: Python<'_>) -> Option<String> {
+        without_gil(py, || self.inner.changed()).map(|c| c.to_string())
+    }
+
     /// Drops the maps made by `view`; views already given to torch keep theirs alive.
     fn close(&self) -> PyResult<()> {
         self.maps

@@ -374,7 +374,7 @@ impl PyStageRecord {
     /// "released", "final_pass" or "failed".
     #[new]
     #[pyo3(signature = (run, stage, arrival, departure, *, predicted=None, actual=None, replan=None,
-        read_before_start=0, holds=0, file_bytes=0, cached_at_load=0, waited=0.0, seconds=0.0, peak=0, read_again=0, given_back=0))]
+        read_before_start=0, holds=0, file_bytes=0, cached_at_load=0, waited=0.0, seconds=0.0, peak=0, read_again=0, given_back=0, file_changed=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         run: u32,
@@ -393,6 +393,7 @@ impl PyStageRecord {
         peak: u64,
         read_again: u64,
         given_back: u64,
+        file_changed: Option<String>,
     ) -> PyResult<Self> {
         Ok(PyStageRecord {
             inner: StageRecord {
@@ -412,6 +413,7 @@ impl PyStageRecord {
                 departure: pick(&DEPARTURES, departure, "departure")?,
                 read_again,
                 given_back,
+                file_changed,
             },
         })
     }
@@ -489,6 +491,12 @@ impl PyStageRecord {
     #[getter]
     fn given_back(&self) -> u64 {
         self.inner.given_back
+    }
+    /// Why it was loaded afresh though kept from an earlier run: its checkpoint changed on disk
+    /// since (which file, and how). None otherwise.
+    #[getter]
+    fn file_changed(&self) -> Option<&str> {
+        self.inner.file_changed.as_deref()
     }
     /// The free memory its plan was made for; None when it was kept loaded.
     #[getter]

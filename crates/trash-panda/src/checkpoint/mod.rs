@@ -10,16 +10,20 @@ mod index;
 mod json;
 mod open;
 mod read;
+mod stamp;
 mod tensor;
 
 #[cfg(test)]
 mod header_tests;
 #[cfg(test)]
 mod open_tests;
+#[cfg(test)]
+mod stamp_tests;
 
 pub use error::{CheckpointError, HeaderError};
 pub use header::{parse_header, Header, HeaderEntry, MAX_HEADER_LEN};
 pub use read::{read_header, FileHeader, HeaderSource, LEN_FIELD};
+pub use stamp::{Change, FileChange};
 pub use tensor::TensorInfo;
 
 use std::collections::{BTreeMap, HashMap};
@@ -31,6 +35,8 @@ pub struct Checkpoint {
     files: Vec<PathBuf>,
     /// `__metadata__` of each file, parallel to `files`.
     metadata: Vec<BTreeMap<String, String>>,
+    /// What each file was when its header was read, parallel to `files`.
+    stamps: Vec<stamp::FileStamp>,
     /// By file, then by start offset.
     tensors: Vec<TensorInfo>,
     /// Tensor name -> position in `tensors`.
@@ -93,6 +99,13 @@ impl Checkpoint {
             });
         }
         Ok(())
+    }
+
+    /// The first of its files that is no longer what it was when its header was read (see
+    /// the `stamp` module): rewritten, replaced, resized or gone. A model that reads its
+    /// blocks again later asks this first, since the header's offsets hold only for that file.
+    pub fn changed(&self) -> Option<FileChange> {
+        stamp::first_change(&self.files, &self.stamps)
     }
 
     /// The `__metadata__` map of a file (empty if the file has none, or the index is out of

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use super::error::{CheckpointError, HeaderError};
 use super::index::parse_index;
 use super::read::{read_header, FileHeader};
+use super::stamp::FileStamp;
 use super::{Checkpoint, TensorInfo};
 
 const INDEX_SUFFIX: &str = ".safetensors.index.json";
@@ -130,13 +131,14 @@ fn open_index(index: &Path) -> Result<Checkpoint, CheckpointError> {
 struct Builder {
     files: Vec<PathBuf>,
     metadata: Vec<BTreeMap<String, String>>,
+    stamps: Vec<FileStamp>,
     tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
 }
 
 impl Builder {
     fn add_file(&mut self, path: PathBuf) -> Result<(), CheckpointError> {
-        let fh = read_file_header(&path)?;
+        let (fh, stamp) = read_file_header(&path)?;
         let file = self.files.len();
         let mut entries = fh.header.entries;
         entries.sort_by(|a, b| (a.begin, a.end, &a.name).cmp(&(b.begin, b.end, &b.name)));
@@ -183,6 +185,7 @@ impl Builder {
         }
         self.files.push(path);
         self.metadata.push(fh.header.metadata);
+        self.stamps.push(stamp);
         Ok(())
     }
 
@@ -190,19 +193,22 @@ impl Builder {
         Checkpoint {
             files: self.files,
             metadata: self.metadata,
+            stamps: self.stamps,
             tensors: self.tensors,
             by_name: self.by_name,
         }
     }
 }
 
-fn read_file_header(path: &Path) -> Result<FileHeader, CheckpointError> {
+/// The file's header, and the stamp of the file it was read from (the same open file).
+fn read_file_header(path: &Path) -> Result<(FileHeader, FileStamp), CheckpointError> {
     let file = File::open(path).map_err(io_err(path, "open"))?;
-    let len = file.metadata().map_err(io_err(path, "stat"))?.len();
-    read_header(&file, len).map_err(|kind| CheckpointError::Header {
+    let meta = file.metadata().map_err(io_err(path, "stat"))?;
+    let header = read_header(&file, meta.len()).map_err(|kind| CheckpointError::Header {
         path: path.to_path_buf(),
         kind,
-    })
+    })?;
+    Ok((header, FileStamp::of(&meta)))
 }
 
 fn has_suffix(path: &Path, suffix: &str) -> bool {

@@ -72,6 +72,9 @@ pub struct StageRecord {
     /// Kept at its end: bytes of its blocks given to the next stage, by its final pass or at
     /// its end (the rest stays for the next run).
     pub given_back: u64,
+    /// Loaded afresh though kept from an earlier run: its checkpoint changed on disk since that
+    /// load (which file, and how). `None` otherwise.
+    pub file_changed: Option<String>,
 }
 
 impl fmt::Display for Arrival {
@@ -160,6 +163,12 @@ impl fmt::Display for StageRecord {
         if let Some(r) = &self.replan {
             write!(f, "\n    planned again: {r}")?;
         }
+        if let Some(c) = &self.file_changed {
+            write!(
+                f,
+                "\n    not kept: its checkpoint changed since it was loaded ({c}), so it was loaded again"
+            )?;
+        }
         if self.peak > 0 {
             write!(f, "\n    peak activations {}", format_bytes(self.peak))?;
         }
@@ -205,6 +214,7 @@ mod tests {
             departure: Departure::Released,
             read_again: 0,
             given_back: 0,
+            file_changed: None,
         }
     }
 
@@ -245,6 +255,21 @@ mod tests {
         let text = r.to_string();
         assert!(
             text.contains("6.00 GB of its 6.00 GB file in the page cache"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_stage_whose_file_changed_says_why_it_was_not_kept() {
+        let mut r = record(Arrival::ReadAtStart);
+        assert!(!r.to_string().contains("changed"));
+        r.file_changed = Some("/m/dit.safetensors: it was written to".into());
+        let text = r.to_string();
+        assert!(
+            text.contains(
+                "not kept: its checkpoint changed since it was loaded \
+                 (/m/dit.safetensors: it was written to), so it was loaded again"
+            ),
             "{text}"
         );
     }
