@@ -537,9 +537,12 @@ class Pipeline:
         on meta takes a second of the caller's thread, every time it would be built again."""
         from torch import nn
 
+        from .offload.empty import no_init_on_meta
+
         model = self._models.get(spec.name)
         if model is None:
-            model = spec.build_fn()
+            with no_init_on_meta():
+                model = spec.build_fn()
             if not isinstance(model, nn.Module):
                 raise ArgumentError(
                     f"stage {spec.name}: build_fn returned {type(model).__name__}, not a torch.nn.Module"

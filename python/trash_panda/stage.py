@@ -116,10 +116,12 @@ def _stage(
     from torch import nn
 
     from .device import resolve_device
+    from .offload.empty import no_init_on_meta
     from .offload.meter import measured
     from .offload.setup import load_and_hook
 
-    model = build_fn()
+    with no_init_on_meta():
+        model = build_fn()
     if not isinstance(model, nn.Module):
         raise ArgumentError(f"build_fn: it returned {type(model).__name__}, not a torch.nn.Module")
     options = dict(kwargs)
