@@ -4,6 +4,7 @@
 mod common;
 
 use common::{Dir, Rng};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -361,6 +362,59 @@ fn truncated_file_gives_an_error_naming_block_and_file() {
                 other => panic!("{tag}: unexpected error {other}"),
             }
             drop(e);
+        }
+    });
+}
+
+#[test]
+fn a_file_written_to_while_loaded_gives_an_error_naming_it() {
+    guarded(60, || {
+        for (tag, ram_source, disk_mode, tier) in configs() {
+            let dir = Dir::new(&format!("changed_{tag}"));
+            let (files, blocks, data) = checkpoint(&dir.0, tier);
+            let opts = EngineOptions {
+                ram_source,
+                disk_mode,
+                lookahead: 1,
+                ..EngineOptions::default()
+            };
+            let e = Engine::new(blocks.clone(), files.clone(), opts).unwrap();
+            for b in 0..blocks.len() {
+                check_block(&e, &blocks, &data, b);
+            }
+            // Another program writes into file 0 in place: same length, other bytes, a later
+            // time (two seconds on, which no file system's clock confuses with the first).
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&files[0])
+                .unwrap();
+            f.seek(SeekFrom::Start(20_000)).unwrap();
+            f.write_all(&[0xA5; 64]).unwrap();
+            let was = std::fs::metadata(&files[0]).unwrap().modified().unwrap();
+            f.set_modified(was + Duration::from_secs(2)).unwrap();
+            drop(f);
+            let err = (0..2 * blocks.len()).find_map(|i| e.acquire(i % blocks.len()).err());
+            if tag == "ram-in-memory" {
+                // The RAM tier read into memory holds its own copy: it stays what was loaded.
+                assert!(err.is_none(), "{tag}: {err:?}");
+                for b in 0..blocks.len() {
+                    check_block(&e, &blocks, &data, b);
+                }
+                continue;
+            }
+            let err = err.unwrap_or_else(|| panic!("{tag}: no error after the file changed"));
+            let msg = err.to_string();
+            match &err {
+                StreamError::Read { block, file, .. } => {
+                    assert_eq!(file, &files[0], "{tag}: {msg}");
+                    assert!(blocks[*block].tensors.iter().any(|t| t.file == 0), "{tag}");
+                    assert!(
+                        msg.contains("changed after the model was loaded (it was written to)"),
+                        "{tag}: {msg}"
+                    );
+                }
+                other => panic!("{tag}: unexpected error {other}"),
+            }
         }
     });
 }

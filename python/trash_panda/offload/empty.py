@@ -70,14 +70,14 @@ def _initializers() -> frozenset[Any]:
     import torch
     from torch.nn import init
 
-    names = (
-        "uniform_ normal_ trunc_normal_ constant_ ones_ zeros_ eye_ dirac_ xavier_uniform_ "
-        "xavier_normal_ kaiming_uniform_ kaiming_normal_ orthogonal_ sparse_"
-    ).split()
-    methods = (
-        "normal_ uniform_ erfinv_ clamp_ clamp_min_ clamp_max_ exponential_ log_normal_ cauchy_ "
-        "geometric_ random_ bernoulli_"
-    ).split()
+    names = [
+        "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+        "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_",
+    ]  # fmt: skip
+    methods = [
+        "normal_", "uniform_", "erfinv_", "clamp_", "clamp_min_", "clamp_max_", "exponential_",
+        "log_normal_", "cauchy_", "geometric_", "random_", "bernoulli_",
+    ]  # fmt: skip
     found = [getattr(init, n) for n in names if hasattr(init, n)]
     found += [getattr(torch.Tensor, n) for n in methods if hasattr(torch.Tensor, n)]
     return frozenset(found)

@@ -460,6 +460,27 @@ pub enum CheckpointError {
         first: PathBuf,
     },
 
+    /// The file holding a tensor was written to after its header was read: a map of it shows
+    /// the new bytes, which the header's offsets do not describe.
+    ///
+    /// What to do: another program wrote over the checkpoint (copied a new one over it, as `cp`
+    /// does) while a model used it. Leave checkpoints alone while a model uses them (put a new
+    /// one at the path with a rename, which a loaded model does not see), and load the model
+    /// again.
+    #[error(
+        "{}: tensor {tensor:?} cannot be read: the file changed after it was opened ({change}); \
+         load the model again",
+        path.display()
+    )]
+    Changed {
+        /// The data file.
+        path: PathBuf,
+        /// The tensor's name.
+        tensor: String,
+        /// What changed.
+        change: crate::io::Change,
+    },
+
     /// A tensor's bytes lie past the file's current end: the file shrank or was rewritten after the
     /// checkpoint was opened.
     ///
@@ -502,7 +523,8 @@ impl CheckpointError {
             | CheckpointError::TensorNotInShard { path, .. }
             | CheckpointError::TensorNotInIndex { path, .. }
             | CheckpointError::DuplicateTensor { path, .. }
-            | CheckpointError::Truncated { path, .. } => path,
+            | CheckpointError::Truncated { path, .. }
+            | CheckpointError::Changed { path, .. } => path,
         }
     }
 }

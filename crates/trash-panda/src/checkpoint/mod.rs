@@ -10,7 +10,6 @@ mod index;
 mod json;
 mod open;
 mod read;
-mod stamp;
 mod tensor;
 
 #[cfg(test)]
@@ -20,10 +19,10 @@ mod open_tests;
 #[cfg(test)]
 mod stamp_tests;
 
+pub use crate::io::{Change, FileChange};
 pub use error::{CheckpointError, HeaderError};
 pub use header::{parse_header, Header, HeaderEntry, MAX_HEADER_LEN};
 pub use read::{read_header, FileHeader, HeaderSource, LEN_FIELD};
-pub use stamp::{Change, FileChange};
 pub use tensor::TensorInfo;
 
 use std::collections::{BTreeMap, HashMap};
@@ -36,7 +35,7 @@ pub struct Checkpoint {
     /// `__metadata__` of each file, parallel to `files`.
     metadata: Vec<BTreeMap<String, String>>,
     /// What each file was when its header was read, parallel to `files`.
-    stamps: Vec<stamp::FileStamp>,
+    stamps: Vec<crate::io::FileStamp>,
     /// By file, then by start offset.
     tensors: Vec<TensorInfo>,
     /// Tensor name -> position in `tensors`.
@@ -78,34 +77,49 @@ impl Checkpoint {
             .map_or(Path::new(""), PathBuf::as_path)
     }
 
-    /// Checks that the file holding `tensor` still reaches the tensor's end. A map of a file
-    /// truncated after it was opened faults (SIGBUS) on the pages past the new end, so code that
-    /// reads a tensor through a map asks this first.
+    /// Checks that the file holding `tensor` still reaches the tensor's end, and was not written
+    /// to since its header was read. A map of a file truncated after it was opened faults
+    /// (SIGBUS) on the pages past the new end, and one written to in place shows the new bytes,
+    /// which the header's offsets do not describe; code that reads a tensor through a map asks
+    /// this first. A file replaced at the path (a rename over it) passes: a map made before
+    /// still shows the file it was made of.
     pub fn check_holds(&self, tensor: &TensorInfo) -> Result<(), CheckpointError> {
         let path = self.file_of(tensor);
-        let len = std::fs::metadata(path)
-            .map_err(|source| CheckpointError::Io {
-                path: path.to_owned(),
-                action: "read its size",
-                source,
-            })?
-            .len();
-        if len < tensor.end {
+        let meta = std::fs::metadata(path).map_err(|source| CheckpointError::Io {
+            path: path.to_owned(),
+            action: "read its size",
+            source,
+        })?;
+        let change = self
+            .stamps
+            .get(tensor.file)
+            .and_then(|s| s.differs(&crate::io::FileStamp::of(&meta)));
+        if change == Some(Change::Replaced) {
+            return Ok(());
+        }
+        if meta.len() < tensor.end {
             return Err(CheckpointError::Truncated {
                 path: path.to_owned(),
                 tensor: tensor.name.clone(),
                 end: tensor.end,
-                len,
+                len: meta.len(),
             });
         }
-        Ok(())
+        match change {
+            None => Ok(()),
+            Some(change) => Err(CheckpointError::Changed {
+                path: path.to_owned(),
+                tensor: tensor.name.clone(),
+                change,
+            }),
+        }
     }
 
     /// The first of its files that is no longer what it was when its header was read (see
-    /// the `stamp` module): rewritten, replaced, resized or gone. A model that reads its
-    /// blocks again later asks this first, since the header's offsets hold only for that file.
+    /// [`FileStamp`](crate::io::FileStamp)): rewritten, replaced, resized or gone. A model that
+    /// reads its blocks again later asks this first: the header's offsets hold for that file only.
     pub fn changed(&self) -> Option<FileChange> {
-        stamp::first_change(&self.files, &self.stamps)
+        crate::io::first_change(&self.files, &self.stamps)
     }
 
     /// The `__metadata__` map of a file (empty if the file has none, or the index is out of

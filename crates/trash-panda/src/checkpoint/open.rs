@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use super::error::{CheckpointError, HeaderError};
 use super::index::parse_index;
 use super::read::{read_header, FileHeader};
-use super::stamp::FileStamp;
 use super::{Checkpoint, TensorInfo};
+use crate::io::FileStamp;
 
 const INDEX_SUFFIX: &str = ".safetensors.index.json";
 const SHARD_SUFFIX: &str = ".safetensors";

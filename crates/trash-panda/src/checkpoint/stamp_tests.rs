@@ -133,3 +133,45 @@ fn the_shard_that_changed_is_named() {
     fs::write(&b, &out).unwrap();
     assert_eq!(ck.changed().unwrap().path, b);
 }
+
+// Windows has no file identity here: a file renamed over it is told by its time, as a write.
+#[cfg(unix)]
+#[test]
+fn check_holds_refuses_a_file_written_to_but_not_one_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.safetensors");
+    write(&p, 64, 1);
+    let ck = Checkpoint::open(&p).unwrap();
+    let w = ck.get("w").unwrap();
+    ck.check_holds(w).unwrap();
+    // Replaced by a rename, even by a shorter file: a map made before still shows the old
+    // file, which is whole.
+    let q = dir.path().join("new.safetensors");
+    write(&q, 16, 2);
+    fs::rename(&q, &p).unwrap();
+    ck.check_holds(w).unwrap();
+    // Written to in place: a map shows the new bytes.
+    let ck = Checkpoint::open(&p).unwrap();
+    let w = ck.get("w").unwrap();
+    let was = modified(&p);
+    let mut f = File::options().write(true).open(&p).unwrap();
+    f.write_all(&[0u8; 8]).unwrap();
+    drop(f);
+    set_modified(&p, was + Duration::from_secs(2));
+    match ck.check_holds(w) {
+        Err(CheckpointError::Changed {
+            path,
+            tensor,
+            change,
+        }) => {
+            assert_eq!((path, tensor.as_str()), (p.clone(), "w"));
+            assert_eq!(change, Change::Modified);
+        }
+        other => panic!("{other:?}"),
+    }
+    let text = ck.check_holds(w).unwrap_err().to_string();
+    assert!(
+        text.contains("cannot be read: the file changed after it was opened (it was written to)"),
+        "{text}"
+    );
+}

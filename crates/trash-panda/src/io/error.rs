@@ -91,6 +91,24 @@ pub enum IoError {
         got_to: u64,
     },
 
+    /// The file is no longer the one whose header was read: written to, replaced by another
+    /// file, resized or removed since (see [`FileStamp`](super::FileStamp)).
+    ///
+    /// What to do: another program rewrote the checkpoint while the model used it, so the
+    /// header's offsets no longer find its tensors. Leave checkpoints alone while they are
+    /// loaded (write a new one under another name), and load the model again.
+    #[error(
+        "{} changed after the model was loaded ({change}): its blocks would no longer be the \
+         tensors its header names; load the model again",
+        path.display()
+    )]
+    Changed {
+        /// The file.
+        path: PathBuf,
+        /// What changed.
+        change: super::Change,
+    },
+
     /// A caller-supplied buffer cannot hold what was asked for.
     #[error("buffer of {have} bytes is too small for {need} bytes (reading {}, offset {offset})", path.display())]
     BufferTooSmall {
@@ -143,6 +161,7 @@ impl IoError {
             | IoError::Read { path, .. }
             | IoError::OutOfRange { path, .. }
             | IoError::UnexpectedEof { path, .. }
+            | IoError::Changed { path, .. }
             | IoError::BufferTooSmall { path, .. }
             | IoError::Cache { path, .. } => Some(path),
             IoError::Alloc { .. } => None,

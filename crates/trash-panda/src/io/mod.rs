@@ -16,6 +16,7 @@ mod parallel;
 mod platform;
 mod reader;
 mod schedule;
+mod stamp;
 mod stats;
 
 pub use aligned::{AlignedBuf, DIRECT_ALIGN};
@@ -32,4 +33,5 @@ pub(crate) use platform::page_size;
 pub use platform::read_exact_at;
 pub use reader::{FileReader, ReadMode};
 pub use schedule::{Lane, Need, Permit, Priority, QueueStats, ReadQueue, Served};
+pub use stamp::{first_change, Change, FileChange, FileStamp};
 pub use stats::ReadStats;

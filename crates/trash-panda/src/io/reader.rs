@@ -96,6 +96,11 @@ impl FileReader {
         &self.path
     }
 
+    /// The open file (its buffered handle), to look at its metadata.
+    pub fn file(&self) -> &File {
+        &self.buffered
+    }
+
     /// The file's size when it was opened.
     pub fn len(&self) -> u64 {
         self.size

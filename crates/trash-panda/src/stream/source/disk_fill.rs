@@ -55,6 +55,14 @@ impl CheckpointSource {
             // Realigned here, on the worker: the compute thread gets every tensor 64-byte aligned.
             layout.settle(run, dst);
         }
+        // After the reads: a file written to before they ended may have given them its new
+        // bytes, which the header's offsets do not describe.
+        for run in &layout.runs {
+            let reader = self.readers[run.file]
+                .as_ref()
+                .expect("opened for disk blocks");
+            self.check_file(block, run, reader.file())?;
+        }
         Ok(())
     }
 

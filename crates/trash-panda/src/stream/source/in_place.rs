@@ -52,6 +52,14 @@ impl CheckpointSource {
             .expect("opened for blocks used in place")
     }
 
+    /// Checks each file `block` (used in place) maps against what it was at the engine's open.
+    pub(super) fn check_in_place_files(&self, block: usize) -> Result<(), StreamError> {
+        for run in &self.layout.blocks[block].runs {
+            self.check_file(block, run, &self.in_place_file(run.file).file)?;
+        }
+        Ok(())
+    }
+
     /// Brings the pages of `block` (used in place) into the page cache, for runs with pages
     /// missing. Returns the bytes read from the drive.
     pub(super) fn fill_in_place(
@@ -66,7 +74,7 @@ impl CheckpointSource {
         let mut place = None;
         for run in &layout.runs {
             let f = self.in_place_file(run.file);
-            self.check_size(block, run, &f.file)?;
+            self.check_file(block, run, &f.file)?;
             if !self.in_place_run_is_cold(block, f, run) {
                 continue;
             }

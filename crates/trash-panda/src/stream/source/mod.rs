@@ -12,8 +12,8 @@ use super::copy::{copy_pairs, copy_threads};
 use super::reads::Reads;
 use super::{ColdRead, EngineOptions, RamSource, SourceTier, StreamBlock, StreamError};
 use crate::io::{
-    read_ranges_queued, AlignedBuf, FileReader, IoError, MappedFile, Need, ReadMode, ReadOptions,
-    ReadRequest, ReadStats, DIRECT_ALIGN,
+    read_ranges_queued, AlignedBuf, FileReader, FileStamp, IoError, MappedFile, Need, ReadMode,
+    ReadOptions, ReadRequest, ReadStats, DIRECT_ALIGN,
 };
 use crate::rules::layout::{Run, StagedLayout};
 
@@ -95,6 +95,13 @@ pub(crate) trait Source: Send + Sync {
         })
     }
 
+    /// Checks that the files a block used in place maps are still the ones the engine opened,
+    /// unchanged: its lease points into the map, whose pages show each file as it is now, so a
+    /// fill long before (the block may stay staged across passes) says nothing of today's bytes.
+    fn check_in_place(&self, _block: usize) -> Result<(), StreamError> {
+        Ok(())
+    }
+
     /// Gives back the pages a block used in place mapped while it ran (and, when the disk tier
     /// is read with O_DIRECT, drops them from the page cache too).
     fn forget(&self, _block: usize) {}
@@ -121,6 +128,9 @@ pub(crate) struct Refusals {
 pub(crate) struct CheckpointSource {
     blocks: Vec<StreamBlock>,
     files: Vec<PathBuf>,
+    /// What each file was when the engine opened it: a block is read only from the same file,
+    /// unchanged (see `check_file`).
+    stamps: Vec<FileStamp>,
     layout: Arc<StagedLayout>,
     /// For files holding RAM-tier blocks with `RamSource::Mapped`: the map, and the file to check
     /// its current size (reading a mapped page past a truncated end would raise SIGBUS).
@@ -185,16 +195,17 @@ impl CheckpointSource {
                 source: Box::new(source),
             }
         };
+        let mut stamps = Vec::with_capacity(files.len());
         let mut sizes = Vec::with_capacity(files.len());
         for (f, path) in files.iter().enumerate() {
-            let size = std::fs::metadata(path)
+            let meta = std::fs::metadata(path)
                 .map_err(|source| IoError::Open {
                     path: path.clone(),
                     source,
                 })
-                .map_err(open_err(f))?
-                .len();
-            sizes.push(size);
+                .map_err(open_err(f))?;
+            sizes.push(meta.len());
+            stamps.push(FileStamp::of(&meta));
         }
         for (i, b) in blocks.iter().enumerate() {
             if let Some(t) = b.tensors.iter().find(|t| t.end > sizes[t.file]) {
@@ -249,6 +260,7 @@ impl CheckpointSource {
         Ok(CheckpointSource {
             blocks,
             files,
+            stamps,
             layout,
             mapped,
             readers,
@@ -295,8 +307,10 @@ impl CheckpointSource {
         StreamError::read(block, &self.blocks[block], t, &self.files, source)
     }
 
-    /// An error naming the tensor if `file` no longer holds `run` (truncated since it was opened).
-    pub(super) fn check_size(
+    /// An error naming the tensor if `file` no longer holds `run` (truncated since it was opened)
+    /// or is no longer the file the engine opened, unchanged: written to, replaced or resized
+    /// since, when the header's offsets may find other bytes.
+    pub(super) fn check_file(
         &self,
         block: usize,
         run: &Run,
@@ -318,6 +332,13 @@ impl CheckpointSource {
                 offset: run.start,
                 len: run.len() as u64,
                 got_to: now.len().max(run.start),
+            };
+            return Err(self.read_error(block, run, e));
+        }
+        if let Some(change) = self.stamps[run.file].differs(&FileStamp::of(&now)) {
+            let e = IoError::Changed {
+                path: path.clone(),
+                change,
             };
             return Err(self.read_error(block, run, e));
         }
@@ -475,6 +496,10 @@ impl CheckpointSource {
 }
 
 impl Source for CheckpointSource {
+    fn check_in_place(&self, block: usize) -> Result<(), StreamError> {
+        self.check_in_place_files(block)
+    }
+
     fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<Filled, StreamError> {
         let cold_bytes = match (self.blocks[block].tier, self.ram_threads) {
             (SourceTier::Disk, _) if self.layout.is_in_place(block) => {

@@ -86,7 +86,7 @@ impl CheckpointSource {
             let (map, file) = self.mapped[run.file]
                 .as_ref()
                 .expect("mapped for RAM blocks");
-            self.check_size(block, run, file)?;
+            self.check_file(block, run, file)?;
             let range = run.start as usize..run.end as usize;
             if self.run_is_cold(block, map, run) {
                 cold_bytes += layout.run_bytes(run);

@@ -1,22 +1,29 @@
-"""A stage kept from an earlier run whose checkpoint changed on disk since its load is loaded again
-from the file as it is now: the next image is the new weights' (not the old ones', nor a mix of
-both read by the old header's offsets), and the report says why it was not kept."""
+"""A checkpoint rewritten while a model uses it. A pipeline's stage kept from an earlier run whose
+checkpoint changed on disk since its load is loaded again from the file as it is now: the next
+image is the new weights' (not the old ones', nor a mix of both read by the old header's
+offsets), and the report says why it was not kept. A model streaming from a file written to
+since its load gets an error naming the file instead of computing with the new bytes."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 from safetensors.torch import save_file
+from torch import nn
 
 import trash_panda as tp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import pipeline_stages as ps
 
+from models import Tiny, save
 from test_pipeline_runner import fixed_holds, fixed_stages, one_run, stages
 
 
@@ -86,3 +93,59 @@ def test_a_checkpoint_says_which_file_changed_and_how(tmp_path: Path) -> None:
     assert change is not None
     assert change.startswith(str(folder / "vae" / "diffusion_pytorch_model.safetensors") + ": ")
     assert change.endswith(("it was written to", "another file is at its path now")), change
+
+
+def _streamed(tmp_path: Path, tier: str) -> tuple[Path, nn.Module, nn.Module, Any]:
+    torch.manual_seed(0)
+    ref = Tiny(dim=64, layers=3, vocab=300).to(torch.bfloat16).eval()
+    path = save(ref, tmp_path / "m.safetensors", torch.bfloat16)
+    with torch.device("meta"):
+        model = Tiny(dim=64, layers=3, vocab=300).to(torch.bfloat16).eval()
+    plan = tp.Plan.manual(resident=["blocks.0."], streamed=["blocks.1.", "blocks.2."], streamed_tier=tier)
+    tp.stream_load(model, path, plan=plan, device="cpu")
+    return path, ref, model, tp.install_offload(model)
+
+
+def _other(tmp_path: Path) -> Path:
+    """Other weights of the same shapes, in a file of the same layout."""
+    torch.manual_seed(1)
+    return save(Tiny(dim=64, layers=3, vocab=300).to(torch.bfloat16).eval(), tmp_path / "o.safetensors", torch.bfloat16)
+
+
+@pytest.mark.parametrize("tier", ["disk", "ram"])
+def test_a_streamed_model_whose_file_was_written_over_is_an_error_naming_it(tmp_path: Path, tier: str) -> None:
+    path, ref, model, handle = _streamed(tmp_path, tier)
+    x = torch.tensor([[1, 2, 3]])
+    try:
+        with torch.no_grad():
+            assert torch.equal(model(x), ref(x))
+            # Copied over it as cp does: the same file, truncated and written again in place.
+            before = os.stat(path)
+            shutil.copyfile(_other(tmp_path), path)
+            assert os.stat(path).st_ino == before.st_ino
+            os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 2_000_000_000))
+            # The embedding, left in the file's map, is checked before each lookup (the engine's
+            # own reads are checked in the core's tests: crates/trash-panda/tests/stream_engine.rs).
+            changed = r"m\.safetensors: tensor \"embed\.weight\" cannot be read: the file changed after it was opened"
+            with pytest.raises(tp.CheckpointError, match=changed + r" \(it was written to\)"):
+                model(x)
+    finally:
+        tp.release(model, handle)
+
+
+@pytest.mark.parametrize("tier", ["disk", "ram"])
+def test_a_streamed_model_whose_file_was_replaced_keeps_reading_the_one_it_opened(tmp_path: Path, tier: str) -> None:
+    """safetensors' save_file puts a new file at the path: the engine's open file and its map are
+    still the old one, whole, so the model computes as loaded."""
+    path, ref, model, handle = _streamed(tmp_path, tier)
+    x = torch.tensor([[1, 2, 3]])
+    try:
+        with torch.no_grad():
+            assert torch.equal(model(x), ref(x))
+            before = os.stat(path).st_ino
+            os.replace(_other(tmp_path), path)
+            assert os.stat(path).st_ino != before
+            for _ in range(3):
+                assert torch.equal(model(x), ref(x))
+    finally:
+        tp.release(model, handle)

@@ -1,8 +1,9 @@
-//! What a checkpoint's file was when its header was read: its length, its modification time and
-//! (where the system gives one) the identity of the file behind the path. A model kept loaded
-//! across runs reads its blocks again by the offsets of that header; when the file has been
-//! rewritten or replaced since, those offsets may point into other bytes, so whoever reads again
-//! asks [`Checkpoint::changed`](super::Checkpoint::changed) first and loads afresh instead.
+//! What a file was when it was first looked at: its length, its modification time and (where the
+//! system gives one) the identity of the file behind the path. A checkpoint's tensors are read by
+//! the offsets of a header read once; when the file has been rewritten or replaced since, those
+//! offsets may point into other bytes. A checkpoint keeps one stamp per file from its header's
+//! read (`Checkpoint::changed`), and the engine one per file it reads, checked before each read
+//! of a block, so a rewrite gives an error instead of a mix of two files' bytes.
 //!
 //! A file rewritten in place to the same length within the same tick of the file system's
 //! clock cannot be told apart; every other rewrite, a replacement by rename, a length change
@@ -16,7 +17,7 @@ use std::time::SystemTime;
 
 /// One file's length, modification time and identity, as read when the checkpoint opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct FileStamp {
+pub struct FileStamp {
     len: u64,
     modified: Option<SystemTime>,
     /// Device and inode where the platform has them: a file replaced by a rename keeps neither.
@@ -24,7 +25,8 @@ pub(crate) struct FileStamp {
 }
 
 impl FileStamp {
-    pub(crate) fn of(meta: &Metadata) -> Self {
+    /// The stamp of a file's metadata (from its path or from an open file).
+    pub fn of(meta: &Metadata) -> Self {
         FileStamp {
             len: meta.len(),
             modified: meta.modified().ok(),
@@ -32,8 +34,16 @@ impl FileStamp {
         }
     }
 
-    /// How `now` differs from this stamp, in words; `None` when it does not.
-    fn differs(&self, now: &FileStamp) -> Option<Change> {
+    /// How the file at `path` now differs from this stamp; `None` when it does not.
+    pub fn change_at(&self, path: &Path) -> Option<Change> {
+        match std::fs::metadata(path) {
+            Ok(meta) => self.differs(&FileStamp::of(&meta)),
+            Err(e) => Some(Change::Gone(e.kind())),
+        }
+    }
+
+    /// How `now` differs from this stamp; `None` when it does not.
+    pub fn differs(&self, now: &FileStamp) -> Option<Change> {
         if let (Some(a), Some(b)) = (self.id, now.id) {
             if a != b {
                 return Some(Change::Replaced);
@@ -91,10 +101,9 @@ pub struct FileChange {
     pub change: Change,
 }
 
-impl fmt::Display for FileChange {
+impl fmt::Display for Change {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: ", self.path.display())?;
-        match &self.change {
+        match self {
             Change::Replaced => f.write_str("another file is at its path now"),
             Change::Length { was, now } => write!(f, "its length went from {was} to {now} bytes"),
             Change::Modified => f.write_str("it was written to"),
@@ -103,8 +112,14 @@ impl fmt::Display for FileChange {
     }
 }
 
+impl fmt::Display for FileChange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.change)
+    }
+}
+
 /// The first change among `files` against their `stamps` (parallel lists).
-pub(crate) fn first_change(files: &[PathBuf], stamps: &[FileStamp]) -> Option<FileChange> {
+pub fn first_change(files: &[PathBuf], stamps: &[FileStamp]) -> Option<FileChange> {
     files
         .iter()
         .zip(stamps)
@@ -112,12 +127,8 @@ pub(crate) fn first_change(files: &[PathBuf], stamps: &[FileStamp]) -> Option<Fi
 }
 
 fn change_of(path: &Path, was: &FileStamp) -> Option<FileChange> {
-    let change = match std::fs::metadata(path) {
-        Ok(meta) => was.differs(&FileStamp::of(&meta))?,
-        Err(e) => Change::Gone(e.kind()),
-    };
     Some(FileChange {
         path: path.to_owned(),
-        change,
+        change: was.change_at(path)?,
     })
 }
