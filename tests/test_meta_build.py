@@ -94,3 +94,26 @@ def test_the_shapes_of_a_model_built_without_weights_are_the_model_s() -> None:
     assert [(n, p.shape, p.dtype) for n, p in empty.named_parameters()] == [
         (n, p.shape, p.dtype) for n, p in real.named_parameters()
     ]
+
+
+def test_the_skip_holds_only_on_the_thread_that_builds() -> None:
+    """A Pipeline builds the next stage on a thread of its own while the running stage computes:
+    the mode that skips initializers must not reach the compute thread's calls."""
+    import threading
+
+    seen: list[int] = []
+    go, looked = threading.Event(), threading.Event()
+
+    def compute() -> None:
+        go.wait(timeout=60)
+        seen.append(torch._C._len_torch_function_stack())
+        looked.set()
+
+    t = threading.Thread(target=compute)
+    t.start()
+    with no_init_on_meta():
+        assert torch._C._len_torch_function_stack() == 1
+        go.set()
+        assert looked.wait(timeout=60)
+    t.join()
+    assert seen == [0] and torch._C._len_torch_function_stack() == 0
