@@ -1,6 +1,6 @@
 //! Disk-tier blocks used in place from the checkpoint's map: which blocks qualify, that their
-//! tensors are the file's bytes, that the pool stages nothing for them, that a truncated file is
-//! an error and not a crash, that with O_DIRECT reads the pages leave the page cache after
+//! tensors are the file's bytes, that the pool stages nothing for them, that a truncated file or
+//! one written to is an error and not a crash or other bytes, that with O_DIRECT reads the pages leave the page cache after
 //! use, and that the process never maps more of the checkpoint than the plan's window.
 
 mod common;
@@ -158,6 +158,42 @@ fn a_truncated_file_is_an_error_naming_it() {
         err.contains("block0.safetensors") && err.contains("blocks.0."),
         "{err}"
     );
+}
+
+#[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "blocks are used in place on Linux only"
+)]
+fn a_block_staged_before_its_file_was_written_to_is_an_error_at_its_lease() {
+    use std::io::{Seek, SeekFrom, Write};
+
+    let dir = Dir::new("in_place_written");
+    let (files, blocks) = checkpoint(&dir, &[(DType::BF16, 8), (DType::BF16, 8)], 10_000);
+    let e = Engine::new(blocks, files.clone(), options(ReadMode::Buffered)).unwrap();
+    for b in [0, 1, 0] {
+        e.release(e.acquire(b).unwrap());
+    }
+    // Block 1 is staged again already (look-ahead 1): its lease would point into pages that
+    // show the file as it is now.
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&files[1])
+        .unwrap();
+    f.seek(SeekFrom::Start(100)).unwrap();
+    f.write_all(&[0x5A; 64]).unwrap();
+    let was = std::fs::metadata(&files[1]).unwrap().modified().unwrap();
+    f.set_modified(was + std::time::Duration::from_secs(2))
+        .unwrap();
+    drop(f);
+    let err = e.acquire(1).unwrap_err().to_string();
+    assert!(
+        err.contains("block1.safetensors changed after the model was loaded (it was written to)")
+            && err.contains("blocks.1."),
+        "{err}"
+    );
+    // The other file is untouched: its block still comes.
+    e.release(e.acquire(0).unwrap());
 }
 
 #[test]

@@ -407,9 +407,7 @@ impl Engine {
     /// block's staging failed (the error names the tensor, file and range).
     pub fn acquire(&self, block: usize) -> Result<Lease, StreamError> {
         self.check(block)?;
-        if self.shared.layout.is_in_place(block) {
-            self.source.check_in_place(block)?;
-        }
+        self.source.check_in_place(block)?;
         self.take_pool(&mut self.shared.lock(), block)?;
         // Reads of this block rank first now, ahead of every look-ahead read.
         self.reads.advance(block);

@@ -57,13 +57,12 @@ impl CheckpointSource {
         }
         // After the reads: a file written to before they ended may have given them its new
         // bytes, which the header's offsets do not describe.
-        for run in &layout.runs {
-            let reader = self.readers[run.file]
+        self.check_files(block, |f| {
+            self.readers[f]
                 .as_ref()
-                .expect("opened for disk blocks");
-            self.check_file(block, run, reader.file())?;
-        }
-        Ok(())
+                .expect("opened for disk blocks")
+                .file()
+        })
     }
 
     /// Reads `dst.len()` bytes at file offset `at` in requests that end on multiples of the chunk

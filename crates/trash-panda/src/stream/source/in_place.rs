@@ -25,9 +25,10 @@ pub(crate) struct InPlaceFile {
     /// Private, so a model that writes to a weight changes its own copy of the page, never the
     /// file; the copy is dropped when the block's lease goes.
     map: MappedFile,
-    /// To check the file's size before its pages are handed out (a page past a truncated end
-    /// raises SIGBUS when touched) and to drop its pages from the page cache.
-    file: File,
+    /// To check the file before its pages are handed out (a page past a truncated end raises
+    /// SIGBUS when touched; a file written to shows other bytes) and to drop its pages from the
+    /// page cache.
+    pub(super) file: File,
 }
 
 impl InPlaceFile {
@@ -46,18 +47,10 @@ impl InPlaceFile {
 }
 
 impl CheckpointSource {
-    fn in_place_file(&self, file: usize) -> &InPlaceFile {
+    pub(super) fn in_place_file(&self, file: usize) -> &InPlaceFile {
         self.in_place[file]
             .as_ref()
             .expect("opened for blocks used in place")
-    }
-
-    /// Checks each file `block` (used in place) maps against what it was at the engine's open.
-    pub(super) fn check_in_place_files(&self, block: usize) -> Result<(), StreamError> {
-        for run in &self.layout.blocks[block].runs {
-            self.check_file(block, run, &self.in_place_file(run.file).file)?;
-        }
-        Ok(())
     }
 
     /// Brings the pages of `block` (used in place) into the page cache, for runs with pages

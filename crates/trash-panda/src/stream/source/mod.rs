@@ -17,6 +17,7 @@ use crate::io::{
 };
 use crate::rules::layout::{Run, StagedLayout};
 
+mod check;
 mod disk_fill;
 mod in_place;
 mod ram_fill;
@@ -95,9 +96,10 @@ pub(crate) trait Source: Send + Sync {
         })
     }
 
-    /// Checks that the files a block used in place maps are still the ones the engine opened,
-    /// unchanged: its lease points into the map, whose pages show each file as it is now, so a
-    /// fill long before (the block may stay staged across passes) says nothing of today's bytes.
+    /// For a block used in place, checks that the files it maps are still the ones the engine
+    /// opened, unchanged: its lease points into the map, whose pages show each file as it is
+    /// now, so a fill long before (the block may stay staged across passes) says nothing of
+    /// today's bytes. Nothing for other blocks.
     fn check_in_place(&self, _block: usize) -> Result<(), StreamError> {
         Ok(())
     }
@@ -285,66 +287,6 @@ impl CheckpointSource {
         })
     }
 
-    /// The error for a failed read of `run` of `block`, naming the tensor that holds byte `at`.
-    fn read_error(&self, block: usize, run: &Run, source: IoError) -> StreamError {
-        let at = match failed_at(&source) {
-            0 => run.start,
-            at => at,
-        };
-        let tensors = &self.blocks[block].tensors;
-        let t = run
-            .tensors
-            .iter()
-            .map(|&i| &tensors[i])
-            .find(|t| t.start <= at && at < t.end)
-            .or_else(|| {
-                run.tensors
-                    .iter()
-                    .map(|&i| &tensors[i])
-                    .find(|t| t.end > at)
-            })
-            .unwrap_or(&tensors[*run.tensors.last().expect("a run has a tensor")]);
-        StreamError::read(block, &self.blocks[block], t, &self.files, source)
-    }
-
-    /// An error naming the tensor if `file` no longer holds `run` (truncated since it was opened)
-    /// or is no longer the file the engine opened, unchanged: written to, replaced or resized
-    /// since, when the header's offsets may find other bytes.
-    pub(super) fn check_file(
-        &self,
-        block: usize,
-        run: &Run,
-        file: &File,
-    ) -> Result<(), StreamError> {
-        let path = &self.files[run.file];
-        let now = file.metadata().map_err(|source| {
-            let e = IoError::Read {
-                path: path.clone(),
-                offset: run.start,
-                len: run.len() as u64,
-                source,
-            };
-            self.read_error(block, run, e)
-        })?;
-        if now.len() < run.end {
-            let e = IoError::UnexpectedEof {
-                path: path.clone(),
-                offset: run.start,
-                len: run.len() as u64,
-                got_to: now.len().max(run.start),
-            };
-            return Err(self.read_error(block, run, e));
-        }
-        if let Some(change) = self.stamps[run.file].differs(&FileStamp::of(&now)) {
-            let e = IoError::Changed {
-                path: path.clone(),
-                change,
-            };
-            return Err(self.read_error(block, run, e));
-        }
-        Ok(())
-    }
-
     /// Populates `range` of `map` (`MADV_POPULATE_READ`). Where the system refuses (kernels
     /// before 5.14, or a test's refusal), that is remembered for every later call, the kernel's
     /// read-ahead is started instead, and false is returned: the caller's reads fault the pages in.
@@ -497,7 +439,10 @@ impl CheckpointSource {
 
 impl Source for CheckpointSource {
     fn check_in_place(&self, block: usize) -> Result<(), StreamError> {
-        self.check_in_place_files(block)
+        if !self.layout.is_in_place(block) {
+            return Ok(());
+        }
+        self.check_files(block, |f| &self.in_place_file(f).file)
     }
 
     fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<Filled, StreamError> {
