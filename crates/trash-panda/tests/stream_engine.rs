@@ -3,8 +3,7 @@
 
 mod common;
 
-use common::{Dir, Rng};
-use std::io::{Seek, SeekFrom, Write};
+use common::{write_over, Dir, Rng};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -382,17 +381,8 @@ fn a_file_written_to_while_loaded_gives_an_error_naming_it() {
             for b in 0..blocks.len() {
                 check_block(&e, &blocks, &data, b);
             }
-            // Another program writes into file 0 in place: same length, other bytes, a later
-            // time (two seconds on, which no file system's clock confuses with the first).
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&files[0])
-                .unwrap();
-            f.seek(SeekFrom::Start(20_000)).unwrap();
-            f.write_all(&[0xA5; 64]).unwrap();
-            let was = std::fs::metadata(&files[0]).unwrap().modified().unwrap();
-            f.set_modified(was + Duration::from_secs(2)).unwrap();
-            drop(f);
+            // Another program writes into file 0 in place.
+            write_over(&files[0], 20_000, &[0xA5; 64]);
             let err = (0..2 * blocks.len()).find_map(|i| e.acquire(i % blocks.len()).err());
             if tag == "ram-in-memory" {
                 // The RAM tier read into memory holds its own copy: it stays what was loaded.

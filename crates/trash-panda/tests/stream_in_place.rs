@@ -7,7 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{Dir, Rng};
+use common::{write_over, Dir, Rng};
 use trash_panda::io::{cached_bytes, can_drop_cache, drop_cache, ReadMode};
 use trash_panda::stream::{
     in_place_eligible, Engine, EngineOptions, SourceTier, StreamBlock, StreamTensor, TENSOR_ALIGN,
@@ -166,8 +166,6 @@ fn a_truncated_file_is_an_error_naming_it() {
     ignore = "blocks are used in place on Linux only"
 )]
 fn a_block_staged_before_its_file_was_written_to_is_an_error_at_its_lease() {
-    use std::io::{Seek, SeekFrom, Write};
-
     let dir = Dir::new("in_place_written");
     let (files, blocks) = checkpoint(&dir, &[(DType::BF16, 8), (DType::BF16, 8)], 10_000);
     let e = Engine::new(blocks, files.clone(), options(ReadMode::Buffered)).unwrap();
@@ -176,16 +174,7 @@ fn a_block_staged_before_its_file_was_written_to_is_an_error_at_its_lease() {
     }
     // Block 1 is staged again already (look-ahead 1): its lease would point into pages that
     // show the file as it is now.
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&files[1])
-        .unwrap();
-    f.seek(SeekFrom::Start(100)).unwrap();
-    f.write_all(&[0x5A; 64]).unwrap();
-    let was = std::fs::metadata(&files[1]).unwrap().modified().unwrap();
-    f.set_modified(was + std::time::Duration::from_secs(2))
-        .unwrap();
-    drop(f);
+    write_over(&files[1], 100, &[0x5A; 64]);
     let err = e.acquire(1).unwrap_err().to_string();
     assert!(
         err.contains("block1.safetensors changed after the model was loaded (it was written to)")

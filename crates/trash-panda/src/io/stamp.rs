@@ -120,15 +120,10 @@ impl fmt::Display for FileChange {
 
 /// The first change among `files` against their `stamps` (parallel lists).
 pub fn first_change(files: &[PathBuf], stamps: &[FileStamp]) -> Option<FileChange> {
-    files
-        .iter()
-        .zip(stamps)
-        .find_map(|(path, was)| change_of(path, was))
-}
-
-fn change_of(path: &Path, was: &FileStamp) -> Option<FileChange> {
-    Some(FileChange {
-        path: path.to_owned(),
-        change: was.change_at(path)?,
+    files.iter().zip(stamps).find_map(|(path, was)| {
+        Some(FileChange {
+            path: path.clone(),
+            change: was.change_at(path)?,
+        })
     })
 }

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: scratch folders on the real disk, a small
 //! deterministic generator, the synthetic stage the profile tests read, a wait for reads
-//! queued at the drive, and a run of a test on every kernel level the CPU has.
+//! queued at the drive, a run of a test on every kernel level the CPU has, and a write over a
+//! file as another program would make it.
 #![allow(dead_code)]
 
 pub mod plan_model;
@@ -76,4 +77,18 @@ pub fn on_every_level(body: impl Fn()) {
             std::panic::resume_unwind(e);
         }
     }
+}
+
+/// Writes `bytes` at `at` into `path` in place, as another program writing over a checkpoint
+/// would: same file, same length, other bytes, and a modification time two seconds on (which no
+/// file system's clock confuses with the one before).
+pub fn write_over(path: &Path, at: u64, bytes: &[u8]) {
+    use std::io::{Seek, SeekFrom, Write};
+
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.write_all(bytes).unwrap();
+    let was = std::fs::metadata(path).unwrap().modified().unwrap();
+    f.set_modified(was + std::time::Duration::from_secs(2))
+        .unwrap();
 }
