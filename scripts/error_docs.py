@@ -45,6 +45,9 @@ INTERNAL = {
     "ProfileError::UnknownBlock": "the events are recorded by the library for the plan's own blocks",
     "ProfileError::EndBeforeStart": "the events are timed by the library on one monotonic clock",
     "ProfileError::BadSeconds": "the events are timed by the library on one monotonic clock",
+    "PipelineError::NoSuchStage": "the pipeline runner offers only its own stages' places",
+    "PipelineError::GivesToItself": "the pipeline runner offers every loaded stage but the one needing room",
+    "PipelineError::HolderTwice": "the pipeline runner offers each loaded stage once",
 }
 
 # Enums the binding's mapping does not name, with the Python exception they reach users as and

@@ -1081,11 +1081,14 @@ __all__ += [
     "Allowance",
     "AllowanceStats",
     "Free",
+    "Giving",
+    "Holder",
     "Holds",
     "LoadReads",
     "Replan",
     "StageRecord",
     "load_reads",
+    "make_room",
     "pipeline_report",
     "plan_reads",
     "replan",
@@ -1185,6 +1188,42 @@ def plan_reads(plan: Plan, files: int) -> LoadReads:
     """How one model loaded by `plan` on its own (not a pipeline's stage) reads its files of `files`
     bytes: past the page cache unless they stay cached beside what the plan holds in RAM, within
     the RAM the plan may use; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
+    """
+
+@final
+class Holder:
+    """A loaded stage that could give memory to the stage being loaded: its name, its place in the
+    pipeline, what its release frees (`whole`), the bytes of resident blocks it could give back
+    one by one, and whether it has run.
+    """
+    def __new__(cls, name: str, index: int, whole: Holds, sheddable: int, has_run: bool) -> Holder: ...
+    @property
+    def name(self) -> str:
+        """The stage's name."""
+    @property
+    def index(self) -> int:
+        """Its place in the pipeline (0: the first stage)."""
+
+@final
+class Giving:
+    """One stage's part of the room made: all of it (`whole`), or `blocks` bytes of its resident
+    blocks, those it runs last, in the memory its blocks compute in.
+    """
+    @property
+    def stage(self) -> str:
+        """The giving stage's name."""
+    @property
+    def whole(self) -> bool:
+        """Whether it gives all it holds (it is released)."""
+    @property
+    def blocks(self) -> int:
+        """Bytes of its blocks it gives back (0 when it gives all of it)."""
+
+def make_room(here: int, stages: int, short: Holds, holders: list[Holder], *, keep: bool) -> list[Giving]:
+    """Who gives what so that `short` (what the stage at `here` needs beyond the free memory) is
+    free, among `holders`, in a pipeline of `stages` stages: the stage whose next turn is
+    furthest off first; one that has run gives only the blocks missing when it has more
+    (unless `keep` is off), any other goes whole.
     """
 
 def replan(predicted: Free, actual: Free) -> Replan | None:

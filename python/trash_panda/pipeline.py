@@ -223,38 +223,31 @@ class Pipeline:
         others: list[LoadedStage],
         running: LoadedStage | None,
     ) -> _core.Holds:
-        """Takes what ``spec`` needs beyond ``free`` from the other stages: first from the one
-        whose next turn (the runs going round the pipeline) is the furthest off, as an
-        optimal cache evicts; from each only the blocks missing (those it runs last), or the
-        whole stage when that is not enough or keeping is off. The running stage gives at its
-        end (or as its final pass frees). Returns what is given."""
-        short = need.beyond(free)
+        """Takes what ``spec`` needs beyond ``free`` from the other stages, as the core's
+        ``make_room`` decides (the stage needed again last first; from a stage that has run only
+        the blocks missing, those it runs last). The running stage gives at its end (or as its
+        final pass frees). Returns what is given."""
+        by_name = {s.name: s for s in others}
+        # What each frees whole: the running stage all it holds once its reads are in, an idle
+        # one what it holds now.
+        whole = {s.name: s.holds.less(s._in_blocks(s.given_back)) if s is running else s.held_now() for s in others}
+        holders = [_core.Holder(s.name, self._index(s.name), whole[s.name], s.sheddable(), s.runs > 0) for s in others]
         gained = _core.Holds()
-        here = self._index(spec.name)
-        n = len(self.stages)
-        for s in sorted(others, key=lambda s: -((self._index(s.name) - here) % n)):
-            if not (short.ram or short.vram):
-                break
-            # What it holds once its reads are in (the running stage may still be reading).
-            whole = s.holds.less(s._in_blocks(s.given_back))
-            if not ((short.ram and whole.ram) or (short.vram and whole.vram)):
-                continue  # it holds none of the memory missing: releasing it would not help
-            missing = short.vram if s.holds.vram else short.ram
-            only_whole = short.ram if s.holds.vram else 0  # a GPU stage's RAM goes whole
-            partial = self.keep and s.runs > 0 and not only_whole and 0 < missing < s.sheddable()
-            if s is running:
-                if partial:
-                    s.to_give = missing
-                    took = s._in_blocks(missing)
+        short = need.beyond(free)
+        for giving in _core.make_room(self._index(spec.name), len(self.stages), short, holders, keep=self.keep):
+            s = by_name[giving.stage]
+            if giving.whole:
+                took = whole[s.name]
+                if s is running:
+                    s.release_after = True
                 else:
-                    s.release_after, took = True, whole
-            elif partial:
-                took = s._in_blocks(s.give_back(missing))
+                    self._release(s.name)
+            elif s is running:
+                s.to_give = giving.blocks
+                took = s._in_blocks(giving.blocks)
             else:
-                took = s.held_now()
-                self._release(s.name)
+                took = s._in_blocks(s.give_back(giving.blocks))
             gained = gained.plus(took)
-            short = short.less(took)
         return gained
 
     def _start(self, run: PipelineRun, index: int) -> tuple[LoadedStage, dict[str, Any]]:

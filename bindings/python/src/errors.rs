@@ -169,6 +169,9 @@ impl ToPyErr for PipelineError {
         match self {
             PipelineError::Closed { .. } => raise(Kind::Stream, self.to_string()),
             PipelineError::Unresolved { .. } => raise(Kind::Plan, self.to_string()),
+            PipelineError::NoSuchStage { .. }
+            | PipelineError::GivesToItself { .. }
+            | PipelineError::HolderTwice { .. } => raise(Kind::Argument, self.to_string()),
         }
     }
 }

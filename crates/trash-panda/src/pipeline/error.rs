@@ -25,4 +25,33 @@ pub enum PipelineError {
         /// The stage's name.
         stage: String,
     },
+
+    /// A stage index past the pipeline's end was given to the room-making rule.
+    #[error("{what}: stage index {index} is not in a pipeline of {stages} stages")]
+    NoSuchStage {
+        /// Which index was wrong.
+        what: String,
+        /// The index given.
+        index: usize,
+        /// How many stages the pipeline has.
+        stages: usize,
+    },
+
+    /// The stage that needs room was also named as one of the stages to take it from.
+    #[error("stage {stage:?} needs room and was also offered as a stage to take it from")]
+    GivesToItself {
+        /// The stage's name.
+        stage: String,
+    },
+
+    /// Two holders share a name or a place in the pipeline.
+    #[error("stages {first:?} and {second:?} were both offered as holders (at place {index}, or under one name)")]
+    HolderTwice {
+        /// The first holder.
+        first: String,
+        /// The second, which repeats it.
+        second: String,
+        /// The second's place in the pipeline.
+        index: usize,
+    },
 }

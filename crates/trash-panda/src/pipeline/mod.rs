@@ -2,7 +2,8 @@
 //! back when it is released ([`Holds`]), the free memory predicted at the next stage's start
 //! ([`Free::after_release`]), when a stage planned for that prediction is planned again
 //! ([`replan`]), the allowance the next stage's early reads take their memory from
-//! ([`Allowance`]), and whether the stages' loads read through the page cache ([`load_reads`]).
+//! ([`Allowance`]), which loaded stages give memory to a stage that needs more ([`make_room`]),
+//! and whether the stages' loads read through the page cache ([`load_reads`]).
 //!
 //! A stage is planned once, for the memory expected to be free when it starts; its reads begin
 //! while the stage before it still computes, each taking its bytes from the allowance, which
@@ -13,9 +14,11 @@ mod error;
 mod holds;
 mod reads;
 mod report;
+mod room;
 
 pub use allowance::{Allowance, AllowanceStats};
 pub use error::PipelineError;
 pub use holds::{replan, Free, Holds, Replan, REPLAN_MARGIN_FRACTION, REPLAN_MARGIN_MIN};
 pub use reads::{load_reads, plan_reads, LoadReads};
 pub use report::{report, Arrival, Departure, StageRecord};
+pub use room::{make_room, Give, Giving, Holder};

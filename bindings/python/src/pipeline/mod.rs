@@ -1,0 +1,30 @@
+//! `trash_panda._core` memory handover between a pipeline's stages (the core's `pipeline`):
+//! what a loaded stage holds, the free memory predicted once it is released, when to plan again,
+//! the allowance the next stage's early reads take from, and which stages give memory to one
+//! that needs more. One file per module of the core.
+
+use pyo3::prelude::*;
+
+mod allowance;
+mod holds;
+mod reads;
+mod report;
+mod room;
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<reads::PyLoadReads>()?;
+    m.add_function(wrap_pyfunction!(reads::py_load_reads, m)?)?;
+    m.add_function(wrap_pyfunction!(reads::py_plan_reads, m)?)?;
+    m.add_class::<holds::PyHolds>()?;
+    m.add_class::<holds::PyFree>()?;
+    m.add_class::<holds::PyReplan>()?;
+    m.add_class::<allowance::PyAllowanceStats>()?;
+    m.add_class::<allowance::PyAllowance>()?;
+    m.add_class::<report::PyStageRecord>()?;
+    m.add_function(wrap_pyfunction!(holds::py_replan, m)?)?;
+    m.add_function(wrap_pyfunction!(report::pipeline_report, m)?)?;
+    m.add_class::<room::PyHolder>()?;
+    m.add_class::<room::PyGiving>()?;
+    m.add_function(wrap_pyfunction!(room::py_make_room, m)?)?;
+    Ok(())
+}
