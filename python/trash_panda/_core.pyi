@@ -1142,6 +1142,12 @@ class Free:
         """The memory free for planning a stage beside a shared staging pool of `pool` bytes,
         which every stage's plan counts itself: the pool's RAM back (before `within`).
         """
+    def for_reads_beside(self, *, peak: int = 0, reserve: int = 0, min_free_ram: int = 0) -> int:
+        """The bytes a stage read ahead may fill now, beside a running stage: the free memory its
+        blocks compute in (VRAM with a GPU, else RAM) less the running stage's working memory
+        (`peak`, its measured activations; on a GPU at least the `reserve` its plan set aside)
+        and, in RAM, the floor of free RAM (`min_free_ram`) the read stage's plan leaves alone.
+        """
     def less(self, taken: Holds) -> Free:
         """The memory left free once `taken` is taken (none below zero)."""
     def within(self, ram: int | None, vram: int | None, held: Holds) -> Free:

@@ -419,14 +419,15 @@ class Pipeline:
         activations and the plan's floor of free RAM left alone), measured once the load made
         its staging pool."""
         free = self._free().less(running.pending())
-        peak = remembered_activation(running.key) or 0
         budgets = p.budgets
         assert budgets is not None and loaded.allowance is not None
-        if free.vram is not None:
-            now = free.vram - max(peak, running.plan.budgets.reserve if running.plan.budgets else 0)
-        else:
-            now = free.ram - peak - budgets.min_free_ram
-        loaded.allowance.give(max(0, now))
+        loaded.allowance.give(
+            free.for_reads_beside(
+                peak=remembered_activation(running.key) or 0,
+                reserve=running.plan.budgets.reserve if running.plan.budgets else 0,
+                min_free_ram=budgets.min_free_ram,
+            )
+        )
 
     def _end(
         self, run: PipelineRun, index: int, loaded: LoadedStage, info: dict[str, Any], failure: BaseException | None
@@ -496,10 +497,8 @@ class Pipeline:
         deferred, self._deferred = self._deferred, None
         if deferred is not None and deferred.allowance is following and following is not None:
             # Its memory was held back while this stage ran: it gets what is free now.
-            free = self._free()
             budgets = deferred.plan.budgets
-            floor = budgets.min_free_ram if budgets is not None else 0
-            following.give(max(0, free.vram if free.vram is not None else free.ram - floor))
+            following.give(self._free().for_reads_beside(min_free_ram=budgets.min_free_ram if budgets else 0))
         elif following is not None and given_now:
             # No CUDA event waited for: the allocator gives a freed block only to the stream it
             # was made on, the default one the stage computed on and the loader copies on, so

@@ -151,6 +151,15 @@ impl PyFree {
         }
     }
 
+    /// The bytes a stage read ahead may fill now, beside a running stage: the free memory its
+    /// blocks compute in (VRAM with a GPU, else RAM) less the running stage's working memory
+    /// (`peak`, its measured activations; on a GPU at least the `reserve` its plan set aside)
+    /// and, in RAM, the floor of free RAM (`min_free_ram`) the read stage's plan leaves alone.
+    #[pyo3(signature = (*, peak=0, reserve=0, min_free_ram=0))]
+    fn for_reads_beside(&self, peak: u64, reserve: u64, min_free_ram: u64) -> u64 {
+        self.inner.for_reads_beside(peak, reserve, min_free_ram)
+    }
+
     /// The memory left free once `taken` is taken (none below zero).
     fn less(&self, taken: &PyHolds) -> PyFree {
         PyFree {

@@ -183,6 +183,17 @@ impl Free {
         }
     }
 
+    /// The bytes a stage read ahead may fill now, beside a running stage: the free memory its
+    /// blocks compute in (VRAM with a GPU, else RAM) less the running stage's working memory
+    /// (`peak`, its measured activations; on a GPU at least the `reserve` its plan set aside)
+    /// and, in RAM, the floor of free RAM (`min_free_ram`) the read stage's plan leaves alone.
+    pub fn for_reads_beside(self, peak: u64, reserve: u64, min_free_ram: u64) -> u64 {
+        match self.vram {
+            Some(vram) => vram.saturating_sub(peak.max(reserve)),
+            None => self.ram.saturating_sub(peak).saturating_sub(min_free_ram),
+        }
+    }
+
     /// The memory left free once `taken` is taken from `self` (none below zero).
     pub fn less(self, taken: Holds) -> Free {
         Free {
@@ -255,6 +266,24 @@ mod tests {
     use super::*;
 
     const GB: u64 = 1_000_000_000;
+
+    #[test]
+    fn early_reads_leave_the_running_stage_its_working_memory_and_the_floor() {
+        let cpu = Free {
+            ram: 4 * GB,
+            vram: None,
+        };
+        assert_eq!(cpu.for_reads_beside(GB, 0, GB / 2), 2 * GB + GB / 2);
+        assert_eq!(cpu.for_reads_beside(3 * GB, 0, 2 * GB), 0);
+        // On a GPU, VRAM: the larger of the peak and the reserve; RAM's floor is not its.
+        let gpu = Free {
+            ram: GB,
+            vram: Some(8 * GB),
+        };
+        assert_eq!(gpu.for_reads_beside(GB, 2 * GB, 4 * GB), 6 * GB);
+        assert_eq!(gpu.for_reads_beside(3 * GB, 2 * GB, 0), 5 * GB);
+        assert_eq!(gpu.for_reads_beside(9 * GB, 0, 0), 0);
+    }
 
     #[test]
     fn the_margin_is_a_share_with_a_floor() {
