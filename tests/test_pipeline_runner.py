@@ -537,3 +537,50 @@ def test_loads_read_past_the_page_cache_when_the_files_could_not_stay_in_it(
         first = pipe.report().splitlines()[0]
         assert first.startswith("loads: direct reads" if budget == "tight" else "loads: buffered reads"), first
         assert f"{files / 1e9:.2f} GB" in first, first
+
+
+def test_runs_that_skip_stages_equal_the_plain_pipeline_within_the_budget(folder: Path, want: torch.Tensor) -> None:
+    """A run may leave stages out: a second image of the same prompt reuses its text embedding
+    (no encoder), and a run may stop before the denoiser that was read for it. Under a budget
+    that holds the three stages but for half the VAE, every image still equals the plain one,
+    the stages never hold more than the budget, and the pipeline gives everything back."""
+    holds = {name: h.ram for name, h in fixed_holds(folder).items()}
+    budget = sum(holds.values()) - holds["vae"] // 2
+    ids, latents0 = ps.inputs()
+
+    def denoise_and_decode(run: tp.PipelineRun, text: torch.Tensor) -> torch.Tensor:
+        latents = latents0
+        with run.stage("transformer") as denoiser:
+            for step in range(ps.STEPS - 1):
+                latents = ps.denoise_step(denoiser, latents, text, step)
+            with run.final_pass():
+                latents = ps.denoise_step(denoiser, latents, text, ps.STEPS - 1)
+        with run.stage("vae") as vae:
+            return vae(latents)
+
+    def within_budget() -> None:
+        # What the stages hold once the reads they have begun are in (a stage read for a turn
+        # the run skipped may still be reading).
+        pipe._settle()
+        assert sum(s.committed().ram for s in pipe._loaded.values()) <= budget, pipe.report()
+
+    with tp.Pipeline(fixed_stages(folder), ram=budget) as pipe, torch.no_grad():
+        with pipe.run() as run:
+            with run.stage("text_encoder") as encoder:
+                text = encoder(ids)
+            assert torch.equal(denoise_and_decode(run, text), want)
+        for _ in range(2):  # the same prompt again: the encoder is not entered
+            with pipe.run() as run:
+                assert torch.equal(denoise_and_decode(run, text), want)
+            within_budget()
+        # The encoder alone: the denoiser read for this run is not used.
+        with pipe.run() as run, run.stage("text_encoder") as encoder:
+            assert torch.equal(encoder(ids), text)
+        within_budget()
+        with pipe.run() as run:  # a whole run after it
+            with run.stage("text_encoder") as encoder:
+                assert torch.equal(encoder(ids), text)
+            assert torch.equal(denoise_and_decode(run, text), want)
+        within_budget()
+        assert [r.run for r in pipe.records] == [1, 1, 1, 2, 2, 3, 3, 4, 5, 5, 5], pipe.report()
+    assert pipe.loaded == [] and pipe._pending is None

@@ -167,20 +167,28 @@ class Pipeline:
 
     # -- the memory between stages --------------------------------------------------------
 
-    def _free(self) -> _core.Free:
-        """The memory free now for the pipeline: the machine's, within its budget less what its
-        stages hold."""
+    def _free(self, reading: LoadedStage | None = None) -> _core.Free:
+        """The memory free now for the pipeline: the machine's less what the stages' reads in
+        flight will take, within its budget less what its stages hold once those are in. For
+        ``reading``, the stage whose own reads to come are asked about, what it holds now."""
         from .offload.handover import free_now
 
         assert self._owns_loaded()
+        coming, held = _core.Holds(), _core.Holds()
+        for s in self._loaded.values():
+            if s is reading:
+                held = held.plus(s.held_now())
+            else:
+                coming, held = coming.plus(s.pending()), held.plus(s.committed())
         # Every plan counts the shared pool as its own staging: its RAM comes back here, once.
-        return free_now(self.device).with_shared_pool(self._staging.bytes).within(self.ram, self.vram, self._held())
+        machine = free_now(self.device).with_shared_pool(self._staging.bytes).less(coming)
+        return machine.within(self.ram, self.vram, held)
 
     def _held(self) -> _core.Holds:
-        """What the loaded stages hold now, together."""
+        """What the loaded stages hold together once the reads they have begun are in."""
         held = _core.Holds()
         for s in self._loaded.values():
-            held = held.plus(s.held_now())
+            held = held.plus(s.committed())
         return held
 
     def _plan(self, spec: Stage, model: nn.Module, ckpt: Checkpoint, free: _core.Free) -> Plan:
@@ -205,8 +213,6 @@ class Pipeline:
         makes that room, taking from the stages needed again last first (see
         :meth:`_make_room`). Returns the memory predicted free at its start and the plan."""
         free = self._free()
-        if running is not None:
-            free = free.less(running.pending())
         others = [s for s in self._loaded.values() if s.name != spec.name]
         everything = free
         for s in others:
@@ -228,9 +234,9 @@ class Pipeline:
         the blocks missing, those it runs last). The running stage gives at its end (or as its
         final pass frees). Returns what is given."""
         by_name = {s.name: s for s in others}
-        # What each frees whole: the running stage all it holds once its reads are in, an idle
-        # one what it holds now.
-        whole = {s.name: s.holds.less(s._in_blocks(s.given_back)) if s is running else s.held_now() for s in others}
+        # What each frees whole: all it holds once the reads it has begun are in (a release
+        # stops them).
+        whole = {s.name: s.committed() for s in others}
         holders = [_core.Holder(s.name, self._index(s.name), whole[s.name], s.sheddable(), s.runs > 0) for s in others]
         gained = _core.Holds()
         short = need.beyond(free)
@@ -266,7 +272,7 @@ class Pipeline:
             before = loaded.holds.vram or loaded.holds.ram
             pending = loaded.pending()
             info["read_before_start"] = max(0, before - (pending.vram or pending.ram))
-            actual, why = loaded.start(self._free())
+            actual, why = loaded.start(self._free(reading=loaded))
             info.update(predicted=loaded.predicted, actual=actual)
             if why is not None and not self._still_fits(spec, loaded, actual):
                 info.update(arrival="replanned", replan=why)
@@ -380,8 +386,7 @@ class Pipeline:
             return  # a first stage not kept is loaded at its start (see _read_ahead_later)
         kept = self._loaded.get(spec.name)
         if kept is not None:  # kept from the run before, with blocks given back: read them again
-            free = self._free().less(running.pending())
-            self._make_room(spec, kept._in_blocks(kept.given_back), free, self._others(spec), running)
+            self._make_room(spec, kept._in_blocks(kept.given_back), self._free(), self._others(spec), running)
             kept.refill(_core.Allowance(spec.name, 0))
             if self._index(spec.name) == 0 and remembered_activation(running.key) is None:
                 # Read for a run that may not come, beside a stage whose working memory no run
@@ -418,7 +423,7 @@ class Pipeline:
         """Lets the reads of ``loaded`` into the memory free now beside ``running`` (its
         activations and the plan's floor of free RAM left alone), measured once the load made
         its staging pool."""
-        free = self._free().less(running.pending())
+        free = self._free(reading=loaded)
         budgets = p.budgets
         assert budgets is not None and loaded.allowance is not None
         loaded.allowance.give(
@@ -498,7 +503,8 @@ class Pipeline:
         if deferred is not None and deferred.allowance is following and following is not None:
             # Its memory was held back while this stage ran: it gets what is free now.
             budgets = deferred.plan.budgets
-            following.give(self._free().for_reads_beside(min_free_ram=budgets.min_free_ram if budgets else 0))
+            free = self._free(reading=deferred)
+            following.give(free.for_reads_beside(min_free_ram=budgets.min_free_ram if budgets else 0))
         elif following is not None and given_now:
             # No CUDA event waited for: the allocator gives a freed block only to the stream it
             # was made on, the default one the stage computed on and the loader copies on, so

@@ -91,6 +91,12 @@ class LoadedStage:
         what it gave back."""
         return self.holds.less(self.pending()).less(self._in_blocks(self.given_back))
 
+    def committed(self) -> _core.Holds:
+        """What it holds once the reads it has begun are in: its plan's figures less what it
+        gave back. The pipeline counts this, not :meth:`held_now`, as taken: a stage whose reads
+        are still coming (read ahead for a turn a run skipped, say) has their memory promised."""
+        return self.holds.less(self._in_blocks(self.given_back))
+
     def _in_blocks(self, n: int) -> _core.Holds:
         """``n`` bytes of the memory its blocks compute in."""
         return _core.Holds(0, n) if self.holds.vram else _core.Holds(n, 0)
