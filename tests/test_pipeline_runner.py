@@ -584,3 +584,17 @@ def test_runs_that_skip_stages_equal_the_plain_pipeline_within_the_budget(folder
         within_budget()
         assert [r.run for r in pipe.records] == [1, 1, 1, 2, 2, 3, 3, 4, 5, 5, 5], pipe.report()
     assert pipe.loaded == [] and pipe._pending is None
+
+
+def test_the_report_repeats_the_warnings_of_each_plan_a_stage_is_loaded_by(folder: Path, want: torch.Tensor) -> None:
+    """A budget too small to keep the denoiser's blocks in RAM streams them from disk; its plan
+    says so, and so does the pipeline's report, once per load (a kept stage was reported)."""
+    holds = {name: h.ram for name, h in fixed_holds(folder).items()}
+    with tp.Pipeline(stages(folder, resident_blocks=1, min_free_ram=0), ram=sum(holds.values()) * 4 // 5) as pipe:
+        for _ in range(2):
+            assert torch.equal(one_run(pipe), want)
+        first = next(r for r in pipe.records if r.stage == "transformer")
+        assert any("read from disk every pass" in w for w in first.plan_warnings), pipe.report()
+        assert f"its plan warns: {first.plan_warnings[0]}" in pipe.report()
+        kept = [r for r in pipe.records if r.arrival == "kept"]
+        assert kept and all(r.plan_warnings == [] for r in kept), pipe.report()

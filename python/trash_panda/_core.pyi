@@ -1315,6 +1315,7 @@ class StageRecord:
         read_again: int = 0,
         given_back: int = 0,
         file_changed: str | None = None,
+        plan_warnings: list[str] = ...,
     ) -> StageRecord: ...
     @property
     def run(self) -> int:
@@ -1361,6 +1362,9 @@ class StageRecord:
         """Bytes of its blocks given to the next stage, by its final pass or at its end (for a stage
         kept loaded; the rest stays for the next run).
         """
+    @property
+    def plan_warnings(self) -> list[str]:
+        """The warnings of the plan it was loaded by; empty when it was kept loaded."""
     @property
     def file_changed(self) -> str | None:
         """Why it was loaded afresh though kept from an earlier run: its checkpoint changed on disk

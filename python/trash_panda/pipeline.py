@@ -487,6 +487,7 @@ class Pipeline:
                 read_again=info.get("read_again", 0),
                 given_back=passed + given if departure == "kept" else 0,
                 file_changed=info.get("file_changed"),
+                plan_warnings=[] if info.get("arrival") == "kept" else list(loaded.plan.warnings),
             )
         )
         if departure == "kept":

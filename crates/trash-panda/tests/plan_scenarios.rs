@@ -457,6 +457,23 @@ fn cpu_is_the_device_without_a_gpu() {
         "DDRRRKKKKK"
     };
     assert_eq!(tiers(&p), want);
+    // Forced past the RAM it has, on the CPU the warning speaks of RAM, not of a GPU.
+    let forced = PlanOptions {
+        resident_blocks: Some(10),
+        ..opts()
+    };
+    let p = plan(&m, &Figures::injected(1_000_000_000, None), &forced).unwrap();
+    let over = p
+        .warnings
+        .iter()
+        .find(|w| matches!(w.kind, WarningKind::DeviceOverBudget { .. }))
+        .expect("a forced device tier past its budget warns");
+    assert!(
+        over.message.contains("of RAM") && !over.message.contains("GPU"),
+        "{}",
+        over.message
+    );
+    assert!(p.warnings.iter().all(|w| !w.message.contains("CUDA")));
 }
 
 #[test]

@@ -49,7 +49,7 @@ impl PyStageRecord {
     /// "released", "final_pass" or "failed".
     #[new]
     #[pyo3(signature = (run, stage, arrival, departure, *, predicted=None, actual=None, replan=None,
-        read_before_start=0, holds=0, file_bytes=0, cached_at_load=0, waited=0.0, seconds=0.0, peak=0, read_again=0, given_back=0, file_changed=None))]
+        read_before_start=0, holds=0, file_bytes=0, cached_at_load=0, waited=0.0, seconds=0.0, peak=0, read_again=0, given_back=0, file_changed=None, plan_warnings=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         run: u32,
@@ -69,6 +69,7 @@ impl PyStageRecord {
         read_again: u64,
         given_back: u64,
         file_changed: Option<String>,
+        plan_warnings: Vec<String>,
     ) -> PyResult<Self> {
         Ok(PyStageRecord {
             inner: StageRecord {
@@ -89,6 +90,7 @@ impl PyStageRecord {
                 read_again,
                 given_back,
                 file_changed,
+                plan_warnings,
             },
         })
     }
@@ -172,6 +174,11 @@ impl PyStageRecord {
     #[getter]
     fn file_changed(&self) -> Option<&str> {
         self.inner.file_changed.as_deref()
+    }
+    /// The warnings of the plan it was loaded by; empty when it was kept loaded.
+    #[getter]
+    fn plan_warnings(&self) -> Vec<String> {
+        self.inner.plan_warnings.clone()
     }
     /// The free memory its plan was made for; None when it was kept loaded.
     #[getter]

@@ -75,6 +75,9 @@ pub struct StageRecord {
     /// Loaded afresh though kept from an earlier run: its checkpoint changed on disk since that
     /// load (which file, and how). `None` otherwise.
     pub file_changed: Option<String>,
+    /// The warnings of the plan it was loaded by (forced tiers over the budget, blocks read
+    /// from disk every pass, ...); empty when kept, as its plan was reported at its load.
+    pub plan_warnings: Vec<String>,
 }
 
 impl fmt::Display for Arrival {
@@ -169,6 +172,9 @@ impl fmt::Display for StageRecord {
                 "\n    not kept: its checkpoint changed since it was loaded ({c}), so it was loaded again"
             )?;
         }
+        for w in &self.plan_warnings {
+            write!(f, "\n    its plan warns: {w}")?;
+        }
         if self.peak > 0 {
             write!(f, "\n    peak activations {}", format_bytes(self.peak))?;
         }
@@ -215,6 +221,7 @@ mod tests {
             read_again: 0,
             given_back: 0,
             file_changed: None,
+            plan_warnings: Vec::new(),
         }
     }
 
@@ -286,5 +293,17 @@ mod tests {
         assert!(!text.contains("cold"), "{text}");
         assert!(!text.contains("predicted"), "{text}");
         assert!(text.contains("kept from the run before"), "{text}");
+    }
+
+    #[test]
+    fn a_stage_loaded_by_a_plan_with_warnings_repeats_them() {
+        let mut r = record(Arrival::ReadAhead);
+        assert!(!r.to_string().contains("warns"));
+        r.plan_warnings = vec!["2 block(s) (1.00 GB) do not fit in RAM".into()];
+        let text = r.to_string();
+        assert!(
+            text.contains("\n    its plan warns: 2 block(s) (1.00 GB) do not fit in RAM"),
+            "{text}"
+        );
     }
 }

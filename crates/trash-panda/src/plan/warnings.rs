@@ -84,13 +84,15 @@ pub struct Warning {
 }
 
 impl Warning {
-    fn new(kind: WarningKind) -> Warning {
-        let message = message(&kind);
+    /// The warning of a plan that computes on a GPU (`gpu`) or on the CPU, where the device
+    /// tier is resident blocks in RAM: the sentence names the memory at stake.
+    fn new(kind: WarningKind, gpu: bool) -> Warning {
+        let message = message(&kind, gpu);
         Warning { kind, message }
     }
 }
 
-fn message(kind: &WarningKind) -> String {
+fn message(kind: &WarningKind, gpu: bool) -> String {
     use WarningKind::*;
     let b = |x: &u64| format_bytes(*x);
     match kind {
@@ -103,9 +105,15 @@ fn message(kind: &WarningKind) -> String {
             b(device_budget),
             b(smallest_block)
         ),
-        DeviceOverBudget { used, budget } => format!(
+        DeviceOverBudget { used, budget } if gpu => format!(
             "the device tier takes {} but its budget is {}: the GPU may run out of memory or \
              spill into shared memory; lower resident_blocks",
+            b(used),
+            b(budget)
+        ),
+        DeviceOverBudget { used, budget } => format!(
+            "the resident blocks take {} of RAM but their budget is {}: the system may swap or \
+             kill the process; lower resident_blocks",
             b(used),
             b(budget)
         ),
@@ -128,9 +136,19 @@ fn message(kind: &WarningKind) -> String {
             block,
             needed,
             available,
-        } => format!(
+        } if gpu => format!(
             "block {block} needs {} on the device to run (stored copy plus expansion) but only {} \
              is left after the CUDA floor, the reserve and the outside weights",
+            b(needed),
+            b(available)
+        ),
+        BlockLargerThanDevice {
+            block,
+            needed,
+            available,
+        } => format!(
+            "block {block} needs {} of RAM to run (resident copy plus expansion) but only {} is \
+             left for blocks after the reserve and the outside weights",
             b(needed),
             b(available)
         ),
@@ -169,37 +187,52 @@ pub(crate) fn collect(plan: &Plan, budgets: &Budgets, figures: &Figures) -> Vec<
     let resident = blocks.iter().filter(|b| b.tier == Tier::Device).count();
     if let Some(smallest) = blocks.iter().map(|b| b.storage_bytes).min() {
         if resident == 0 && smallest > budgets.device_budget {
-            out.push(Warning::new(WarningKind::NothingFitsOnDevice {
-                device_budget: budgets.device_budget,
-                smallest_block: smallest,
-            }));
+            out.push(Warning::new(
+                WarningKind::NothingFitsOnDevice {
+                    device_budget: budgets.device_budget,
+                    smallest_block: smallest,
+                },
+                budgets.gpu,
+            ));
         }
     }
     if budgets.device_used > budgets.device_budget {
-        out.push(Warning::new(WarningKind::DeviceOverBudget {
-            used: budgets.device_used,
-            budget: budgets.device_budget,
-        }));
+        out.push(Warning::new(
+            WarningKind::DeviceOverBudget {
+                used: budgets.device_used,
+                budget: budgets.device_budget,
+            },
+            budgets.gpu,
+        ));
     }
     let on_disk = blocks.iter().filter(|b| b.tier == Tier::Disk).count();
     if on_disk > 0 {
-        out.push(Warning::new(WarningKind::SpillsToDisk {
-            blocks: on_disk,
-            bytes: budgets.disk_bytes,
-        }));
+        out.push(Warning::new(
+            WarningKind::SpillsToDisk {
+                blocks: on_disk,
+                bytes: budgets.disk_bytes,
+            },
+            budgets.gpu,
+        ));
     }
     if budgets.ram_used > budgets.ram_budget {
-        out.push(Warning::new(WarningKind::RamOverBudget {
-            used: budgets.ram_used,
-            budget: budgets.ram_budget,
-        }));
+        out.push(Warning::new(
+            WarningKind::RamOverBudget {
+                used: budgets.ram_used,
+                budget: budgets.ram_budget,
+            },
+            budgets.gpu,
+        ));
     }
     let memory = &figures.memory;
     if let Some(cg) = memory.cgroup.as_ref().filter(|_| memory.cgroup_below_ram()) {
-        out.push(Warning::new(WarningKind::CgroupBelowRam {
-            limit: cg.limit,
-            total_ram: memory.total_ram,
-        }));
+        out.push(Warning::new(
+            WarningKind::CgroupBelowRam {
+                limit: cg.limit,
+                total_ram: memory.total_ram,
+            },
+            budgets.gpu,
+        ));
     }
     let available = budgets
         .device_limit
@@ -223,11 +256,14 @@ pub(crate) fn collect(plan: &Plan, budgets: &Budgets, figures: &Figures) -> Vec<
         .rev()
         .max_by_key(|(needed, _)| *needed);
     if let Some((needed, block)) = worst.filter(|(needed, _)| *needed > available) {
-        out.push(Warning::new(WarningKind::BlockLargerThanDevice {
-            block: block.name.clone(),
-            needed,
-            available,
-        }));
+        out.push(Warning::new(
+            WarningKind::BlockLargerThanDevice {
+                block: block.name.clone(),
+                needed,
+                available,
+            },
+            budgets.gpu,
+        ));
     }
     if let Some(free) = figures
         .free_vram
@@ -236,15 +272,21 @@ pub(crate) fn collect(plan: &Plan, budgets: &Budgets, figures: &Figures) -> Vec<
         // of failing; elsewhere a full GPU fails to allocate, which DeviceOverBudget covers.
         .filter(|_| figures.memory.is_windows())
     {
-        out.push(Warning::new(WarningKind::SharedGpuMemory {
-            free,
-            headroom: budgets.reserve,
-        }));
+        out.push(Warning::new(
+            WarningKind::SharedGpuMemory {
+                free,
+                headroom: budgets.reserve,
+            },
+            budgets.gpu,
+        ));
     }
     if budgets.gpu && !budgets.reserve_measured {
-        out.push(Warning::new(WarningKind::HeadroomNotMeasured {
-            headroom: budgets.reserve,
-        }));
+        out.push(Warning::new(
+            WarningKind::HeadroomNotMeasured {
+                headroom: budgets.reserve,
+            },
+            budgets.gpu,
+        ));
     }
     out
 }
