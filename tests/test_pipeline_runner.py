@@ -5,6 +5,7 @@ fits, and planned again when the memory at its start missed the prediction."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -598,3 +599,74 @@ def test_the_report_repeats_the_warnings_of_each_plan_a_stage_is_loaded_by(folde
         assert f"its plan warns: {first.plan_warnings[0]}" in pipe.report()
         kept = [r for r in pipe.records if r.arrival == "kept"]
         assert kept and all(r.plan_warnings == [] for r in kept), pipe.report()
+
+
+def within_seconds(seconds: float, work: Callable[[], None]) -> None:
+    """Runs ``work`` on a thread of its own and fails (instead of hanging) past ``seconds``."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as e:
+            failure.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds} s: a wait that never ends"
+    if failure:
+        raise failure[0]
+
+
+def test_blocks_read_ahead_for_a_skipped_turn_are_given_back_without_waiting(folder: Path, want: torch.Tensor) -> None:
+    """A kept stage reading its given-back blocks ahead of a turn that a run skips waits for
+    memory no stage will free; when another stage then needs room from it, the reads stop (the
+    blocks not read stay given back) instead of being waited for, and its next turn reads them."""
+    with tp.Pipeline(fixed_stages(folder)) as pipe:
+        assert torch.equal(one_run(pipe), want)
+        encoder = pipe._loaded["text_encoder"]
+        sizes = encoder.block_bytes()
+        gave = encoder.give_back(1)
+        assert gave > 0 and encoder.given
+        encoder.refill(_core.Allowance("text_encoder", 0))  # never given memory
+        assert encoder.loader is not None and not encoder.loader.done
+
+        def give_more() -> None:
+            more = encoder.give_back(gave + 1)
+            assert more >= gave + 1
+
+        within_seconds(60, give_more)
+        assert encoder.given_back == sum(sizes[b.prefix] for b in encoder.given) > gave
+        assert encoder.pending() == _core.Holds()
+        for _ in range(2):
+            assert torch.equal(one_run(pipe), want)
+        assert next(r for r in pipe.records if r.run == 2 and r.stage == "text_encoder").read_again > gave
+
+
+def test_runs_that_skip_a_stage_reading_ahead_do_not_wait_for_it(folder: Path, want: torch.Tensor) -> None:
+    """The run patterns that hung: the encoder kept and reading its blocks ahead of a run
+    that starts at another stage, which takes room from it."""
+    holds = {name: h.ram for name, h in fixed_holds(folder).items()}
+    ids, latents0 = ps.inputs()
+
+    def runs() -> None:
+        with tp.Pipeline(stages(folder, min_free_ram=0), ram=sum(holds.values()) * 95 // 100) as pipe:
+            for pattern, final in [("transformer", False), ("vae", False), ("transformer", True), ("text vae", False)]:
+                with torch.no_grad(), pipe.run() as run:
+                    if "text" in pattern:
+                        with run.stage("text_encoder") as encoder:
+                            encoder(ids)
+                    if "transformer" in pattern:
+                        with run.stage("transformer") as denoiser:
+                            latents = latents0
+                            for step in range(ps.STEPS - 1):
+                                latents = ps.denoise_step(denoiser, latents, torch.zeros(1, 12, 128), step)
+                            with run.final_pass() if final else contextlib.nullcontext():
+                                ps.denoise_step(denoiser, latents, torch.zeros(1, 12, 128), ps.STEPS - 1)
+                    if "vae" in pattern:
+                        with run.stage("vae") as vae:
+                            vae(latents0)
+            assert torch.equal(one_run(pipe), want)
+
+    within_seconds(120, runs)

@@ -120,12 +120,13 @@ class LoadedStage:
         from .final_pass import give_back
         from .meter import meter_for
 
+        unread = self._stop_reading_ahead()
+        total = unread
         if self.loader is not None:
             self.loader.finish()  # a block still to be read is not given back while it arrives
         sizes = self.block_bytes()
         gone = {b.index for b in self.given}
         chosen: list[BlockState] = []
-        total = 0
         for block in reversed(self._run_order()):
             if total >= nbytes:
                 break
@@ -136,8 +137,26 @@ class LoadedStage:
         # What it frees is not the running stage's: its window's baseline moves down by it.
         meter_for(self.state.device).freed_beside(functools.partial(give_back, self.handle, chosen))
         self.given += chosen
-        self.given_back += total
+        self.given_back += total - unread
         return total
+
+    def _stop_reading_ahead(self) -> int:
+        """Stops reading given-back blocks again ahead of its turn when the reads wait for
+        memory that has not come (its turn was skipped, and the stage that was to free it did
+        not): waiting for them would never end. The blocks not read stay given back, to be
+        read at its turn. Returns their bytes, as its plan counts them."""
+        loader, allowance = self.loader, self.allowance
+        if loader is None or loader.done or allowance is None or allowance.is_open:
+            return 0
+        loader.close()
+        self.allowance = None
+        sizes = self.block_bytes()
+        unread = [b for b in loader.blocks if b.index in loader.errors]
+        nbytes = sum(sizes.get(b.prefix, 0) for b in unread)
+        self.given += unread
+        self.given_back += nbytes
+        self.read_again -= nbytes
+        return nbytes
 
     def passed(self, prefixes: list[str]) -> int:
         """A final pass freed the blocks ``prefixes``: they are given back; returns their
