@@ -5,7 +5,6 @@ fits, and planned again when the memory at its start missed the prediction."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import sys
@@ -540,53 +539,6 @@ def test_loads_read_past_the_page_cache_when_the_files_could_not_stay_in_it(
         assert f"{files / 1e9:.2f} GB" in first, first
 
 
-def test_runs_that_skip_stages_equal_the_plain_pipeline_within_the_budget(folder: Path, want: torch.Tensor) -> None:
-    """A run may leave stages out: a second image of the same prompt reuses its text embedding
-    (no encoder), and a run may stop before the denoiser that was read for it. Under a budget
-    that holds the three stages but for half the VAE, every image still equals the plain one,
-    the stages never hold more than the budget, and the pipeline gives everything back."""
-    holds = {name: h.ram for name, h in fixed_holds(folder).items()}
-    budget = sum(holds.values()) - holds["vae"] // 2
-    ids, latents0 = ps.inputs()
-
-    def denoise_and_decode(run: tp.PipelineRun, text: torch.Tensor) -> torch.Tensor:
-        latents = latents0
-        with run.stage("transformer") as denoiser:
-            for step in range(ps.STEPS - 1):
-                latents = ps.denoise_step(denoiser, latents, text, step)
-            with run.final_pass():
-                latents = ps.denoise_step(denoiser, latents, text, ps.STEPS - 1)
-        with run.stage("vae") as vae:
-            return vae(latents)
-
-    def within_budget() -> None:
-        # What the stages hold once the reads they have begun are in (a stage read for a turn
-        # the run skipped may still be reading).
-        pipe._settle()
-        assert sum(s.committed().ram for s in pipe._loaded.values()) <= budget, pipe.report()
-
-    with tp.Pipeline(fixed_stages(folder), ram=budget) as pipe, torch.no_grad():
-        with pipe.run() as run:
-            with run.stage("text_encoder") as encoder:
-                text = encoder(ids)
-            assert torch.equal(denoise_and_decode(run, text), want)
-        for _ in range(2):  # the same prompt again: the encoder is not entered
-            with pipe.run() as run:
-                assert torch.equal(denoise_and_decode(run, text), want)
-            within_budget()
-        # The encoder alone: the denoiser read for this run is not used.
-        with pipe.run() as run, run.stage("text_encoder") as encoder:
-            assert torch.equal(encoder(ids), text)
-        within_budget()
-        with pipe.run() as run:  # a whole run after it
-            with run.stage("text_encoder") as encoder:
-                assert torch.equal(encoder(ids), text)
-            assert torch.equal(denoise_and_decode(run, text), want)
-        within_budget()
-        assert [r.run for r in pipe.records] == [1, 1, 1, 2, 2, 3, 3, 4, 5, 5, 5], pipe.report()
-    assert pipe.loaded == [] and pipe._pending is None
-
-
 def test_the_report_repeats_the_warnings_of_each_plan_a_stage_is_loaded_by(folder: Path, want: torch.Tensor) -> None:
     """A budget too small to keep the denoiser's blocks in RAM streams them from disk; its plan
     says so, and so does the pipeline's report, once per load (a kept stage was reported)."""
@@ -599,74 +551,3 @@ def test_the_report_repeats_the_warnings_of_each_plan_a_stage_is_loaded_by(folde
         assert f"its plan warns: {first.plan_warnings[0]}" in pipe.report()
         kept = [r for r in pipe.records if r.arrival == "kept"]
         assert kept and all(r.plan_warnings == [] for r in kept), pipe.report()
-
-
-def within_seconds(seconds: float, work: Callable[[], None]) -> None:
-    """Runs ``work`` on a thread of its own and fails (instead of hanging) past ``seconds``."""
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as e:
-            failure.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds} s: a wait that never ends"
-    if failure:
-        raise failure[0]
-
-
-def test_blocks_read_ahead_for_a_skipped_turn_are_given_back_without_waiting(folder: Path, want: torch.Tensor) -> None:
-    """A kept stage reading its given-back blocks ahead of a turn that a run skips waits for
-    memory no stage will free; when another stage then needs room from it, the reads stop (the
-    blocks not read stay given back) instead of being waited for, and its next turn reads them."""
-    with tp.Pipeline(fixed_stages(folder)) as pipe:
-        assert torch.equal(one_run(pipe), want)
-        encoder = pipe._loaded["text_encoder"]
-        sizes = encoder.block_bytes()
-        gave = encoder.give_back(1)
-        assert gave > 0 and encoder.given
-        encoder.refill(_core.Allowance("text_encoder", 0))  # never given memory
-        assert encoder.loader is not None and not encoder.loader.done
-
-        def give_more() -> None:
-            more = encoder.give_back(gave + 1)
-            assert more >= gave + 1
-
-        within_seconds(60, give_more)
-        assert encoder.given_back == sum(sizes[b.prefix] for b in encoder.given) > gave
-        assert encoder.pending() == _core.Holds()
-        for _ in range(2):
-            assert torch.equal(one_run(pipe), want)
-        assert next(r for r in pipe.records if r.run == 2 and r.stage == "text_encoder").read_again > gave
-
-
-def test_runs_that_skip_a_stage_reading_ahead_do_not_wait_for_it(folder: Path, want: torch.Tensor) -> None:
-    """The run patterns that hung: the encoder kept and reading its blocks ahead of a run
-    that starts at another stage, which takes room from it."""
-    holds = {name: h.ram for name, h in fixed_holds(folder).items()}
-    ids, latents0 = ps.inputs()
-
-    def runs() -> None:
-        with tp.Pipeline(stages(folder, min_free_ram=0), ram=sum(holds.values()) * 95 // 100) as pipe:
-            for pattern, final in [("transformer", False), ("vae", False), ("transformer", True), ("text vae", False)]:
-                with torch.no_grad(), pipe.run() as run:
-                    if "text" in pattern:
-                        with run.stage("text_encoder") as encoder:
-                            encoder(ids)
-                    if "transformer" in pattern:
-                        with run.stage("transformer") as denoiser:
-                            latents = latents0
-                            for step in range(ps.STEPS - 1):
-                                latents = ps.denoise_step(denoiser, latents, torch.zeros(1, 12, 128), step)
-                            with run.final_pass() if final else contextlib.nullcontext():
-                                ps.denoise_step(denoiser, latents, torch.zeros(1, 12, 128), ps.STEPS - 1)
-                    if "vae" in pattern:
-                        with run.stage("vae") as vae:
-                            vae(latents0)
-            assert torch.equal(one_run(pipe), want)
-
-    within_seconds(120, runs)
