@@ -87,9 +87,9 @@ class LoadedStage:
         return _core.Holds(0, left) if self.holds.vram else _core.Holds(left, 0)
 
     def held_now(self) -> _core.Holds:
-        """What it holds now: its plan's figures less what its loader has still to read and
-        what it gave back."""
-        return self.holds.less(self.pending()).less(self._in_blocks(self.given_back))
+        """What it holds now: what it has :meth:`committed` less what its loader has still to
+        read."""
+        return self.committed().less(self.pending())
 
     def committed(self) -> _core.Holds:
         """What it holds once the reads it has begun are in: its plan's figures less what it
