@@ -202,6 +202,27 @@ def test_module_hooks_named_on_their_own_outlive_the_block_hooks() -> None:
     assert not outer._forward_pre_hooks and not block.module._forward_pre_hooks
 
 
+def test_an_outermost_module_hook_stays_before_hooks_prepended_after_it() -> None:
+    """A chained pipeline's hook that starts a component's stage is outermost: the waits for
+    weights that a component read ahead prepends later must still run after it (they wait for
+    memory its start lets in)."""
+    log: list[str] = []
+    module = nn.Linear(2, 2)
+    hooks = model_hooks(module)
+    hooks.on_module_start("plain", module, lambda: log.append("plain"))
+    hooks.on_module_start("chain", module, lambda: log.append("chain"), outermost=True)
+    hooks.on_module_start("early", module, lambda: log.append("early"), prepend=True)
+    module(torch.ones(1, 2))
+    assert log == ["chain", "early", "plain"]
+    hooks.remove("chain")
+    hooks.on_module_start("earlier", module, lambda: log.append("earlier"), prepend=True)
+    log.clear()
+    module(torch.ones(1, 2))
+    assert log == ["earlier", "early", "plain"]
+    hooks.remove_all()
+    assert not module._forward_pre_hooks
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="tables are mapped on Linux only")
 def test_a_release_leaves_its_refusal_in_the_model_s_registry(tmp_path: Path) -> None:
     """The refusal to run a released model, and the lookup tables' checks, are named hooks of

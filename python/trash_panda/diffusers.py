@@ -118,7 +118,9 @@ def load_pipeline(
     named in ``stream`` (``"transformer"``, ``"unet"``, ``"text_encoder"`` ...) streamed.
 
     The keyword arguments go to :func:`trash_panda.plan` for each streamed component; ``dtype``
-    is their compute dtype (by default their checkpoint's). ``overlap`` goes to each streamed
+    is their compute dtype (by default their checkpoint's). With ``chain=True`` the streamed
+    components are the stages of a :class:`trash_panda.Pipeline` and ``ram`` and ``vram`` are
+    its budget: what the components it holds together may take, not each one's. ``overlap`` goes to each streamed
     component's :func:`trash_panda.stage`: with ``True`` its resident blocks (and the weights
     outside its blocks that its order file places after the first block) are read on a worker
     thread while it starts to run, in its run order, rather than before the stage begins; a
@@ -213,14 +215,18 @@ def _runner(streamed: _Streamed) -> Pipeline:
     """The pipeline runner of a chain: one stage per streamed component, in the order given."""
     from .pipeline import Pipeline, Stage
 
-    options = {k: v for k, v in streamed.plan_kwargs.items() if k != "device"}
+    # The budgets are the chain's: its components together hold no more than ram= and vram=.
+    kw = streamed.plan_kwargs
+    options = {k: v for k, v in kw.items() if k not in ("device", "ram", "vram")}
 
     def stage(c: _Component) -> Stage:
         # The component itself, on meta again after each release: the pipeline object holds it.
         model = c.model
         return Stage(c.name, lambda: model, c.path, options={"compute_dtype": model._trash_panda_compute, **options})
 
-    return Pipeline([stage(c) for c in streamed.components], device=streamed.device)
+    return Pipeline(
+        [stage(c) for c in streamed.components], device=streamed.device, ram=kw.get("ram"), vram=kw.get("vram")
+    )
 
 
 def _begin_stage(streamed: _Streamed, c: _Component) -> None:
@@ -275,8 +281,9 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
     hooks = model_hooks(c.model)
     modules = [c.model, *(m for m in c.model.children() if any(True for _ in m.parameters()))]
     for m in modules:
-        # Before the refusal a released component puts on itself: loading it lifts that.
-        hooks.on_module_start(CHAIN, m, functools.partial(before, m), prepend=True)
+        # Before the refusal a released component puts on itself (loading it lifts that), and
+        # before the waits for weights a component read ahead puts on (its start lets them in).
+        hooks.on_module_start(CHAIN, m, functools.partial(before, m), outermost=True)
         hooks.on_module_end(CHAIN, m, after)
     # Until it is loaded the component is on meta, and a pipeline takes its execution device
     # from its first component; this is where it looks for an offloaded one's (accelerate's name).

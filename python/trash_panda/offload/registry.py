@@ -77,6 +77,7 @@ class HookRegistry:
         self._hooks: list[BlockHook] = []
         self._torch: list[RemovableHandle] = []  # the registry's own, one pair per wrapped block
         self._owned: dict[str, list[RemovableHandle]] = {}  # module hooks, by the name they go with
+        self._outermost: list[RemovableHandle] = []  # module pre-hooks kept before the others
         self._started: set[int] = set()  # blocks whose gates completed (for the post hooks)
         # The hot path: bound methods, rebuilt on each add/remove.
         self._gates: tuple[Callable[[BlockState], None], ...] = ()
@@ -146,13 +147,30 @@ class HookRegistry:
         hook.attach(self)
 
     def on_module_start(
-        self, owner: BlockHook | str, module: nn.Module, fn: Callable[[], None], *, prepend: bool = False
+        self,
+        owner: BlockHook | str,
+        module: nn.Module,
+        fn: Callable[[], None],
+        *,
+        prepend: bool = False,
+        outermost: bool = False,
     ) -> None:
         """A torch pre-hook on ``module`` that calls ``fn()``, removed with the hook ``owner``,
         or, for a name, by ``remove(name)`` (the model's other hooks may come and go meanwhile).
-        ``prepend``: before the module's other pre-hooks."""
-        handle = module.register_forward_pre_hook(lambda _m, _args: fn(), prepend=prepend)
+        ``prepend``: before the module's other pre-hooks, except the outermost ones.
+        ``outermost``: before every pre-hook the registry puts on the module, also those
+        prepended later (a pipeline's hook that starts the component's stage: the hooks that
+        stage adds wait for weights that only its start lets in)."""
+        handle = module.register_forward_pre_hook(lambda _m, _args: fn(), prepend=prepend or outermost)
         self._owned.setdefault(_owner_name(owner), []).append(handle)
+        if outermost:
+            self._outermost.append(handle)
+        elif prepend:
+            # Torch's prepend puts the new hook first: the outermost ones go back before it.
+            hooks = module._forward_pre_hooks
+            for h in reversed(self._outermost):
+                if h.hooks_dict_ref() is hooks and h.id in hooks:
+                    hooks.move_to_end(h.id, last=False)
 
     def on_module_end(self, owner: BlockHook | str, module: nn.Module, fn: Callable[[], None]) -> None:
         """A torch post-hook on ``module`` (also when it raised), removed as
@@ -170,6 +188,8 @@ class HookRegistry:
             self._hooks.remove(hook)
             self._rebuild()
         for h in self._owned.pop(name, []):
+            if h in self._outermost:
+                self._outermost.remove(h)
             steps.run(h.remove)
         if hook is not None:
             steps.run(hook.close)

@@ -203,6 +203,10 @@ def mark_released(model: nn.Module) -> None:
     def refuse() -> None:
         from ..errors import TrashPandaError
 
+        if RELEASED not in hooks:
+            # Lifted after torch took the module's pre-hooks for this call: a hook before
+            # this one (a chained pipeline's, which starts the component's stage) loaded it.
+            return
         raise TrashPandaError(
             f"{name} was released by trash_panda.release() and cannot run; load it again with stream_load()"
         )

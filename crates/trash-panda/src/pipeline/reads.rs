@@ -16,6 +16,7 @@ use super::{Holds, PipelineError};
 use crate::engine_config::{DiskModeChoice, EngineConfig};
 use crate::io::ReadMode;
 use crate::plan::Plan;
+use crate::units::format_bytes;
 
 /// The read mode of a pipeline's loads, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +67,6 @@ pub fn plan_reads(
 /// The rule: `files` bytes (of `whose` files) stay in the page cache only beside `held` bytes
 /// in a `ram` budget.
 fn decide(choice: DiskModeChoice, whose: &str, files: u64, ram: u64, held: u64) -> LoadReads {
-    let gb = |b: u64| b as f64 / 1e9;
     if let Some(mode) = choice.mode() {
         return LoadReads {
             mode,
@@ -78,23 +78,23 @@ fn decide(choice: DiskModeChoice, whose: &str, files: u64, ram: u64, held: u64) 
         (
             ReadMode::Buffered,
             format!(
-                "buffered reads: {whose} {:.2} GB of files stay in the page cache beside what \
-                 is held in RAM ({:.2} GB spare in the {:.2} GB budget)",
-                gb(files),
-                gb(spare),
-                gb(ram)
+                "buffered reads: {whose} {} of files stay in the page cache beside what is \
+                 held in RAM ({} spare in the {} budget)",
+                format_bytes(files),
+                format_bytes(spare),
+                format_bytes(ram)
             ),
         )
     } else {
         (
             ReadMode::Direct,
             format!(
-                "direct reads: {whose} {:.2} GB of files would not stay in the page cache \
-                 ({:.2} GB spare in the {:.2} GB budget beside what is held in RAM), so a copy \
-                 through it would only take CPU from the compute",
-                gb(files),
-                gb(spare),
-                gb(ram)
+                "direct reads: {whose} {} of files would not stay in the page cache ({} \
+                 spare in the {} budget beside what is held in RAM), so a copy through it \
+                 would only take CPU from the compute",
+                format_bytes(files),
+                format_bytes(spare),
+                format_bytes(ram)
             ),
         )
     };
