@@ -334,6 +334,41 @@ def test_arguments_are_checked(folder: Path) -> None:
             pass
 
 
+def test_two_threads_starting_runs_at_once_get_one_run(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs go one after another: of two threads that start a run at the same moment, one
+    gets it and the other the error, even when setting the run up takes a while."""
+    import trash_panda.pipeline as pipeline_mod
+
+    real = pipeline_mod.PipelineRun
+
+    def slow(*args: Any) -> Any:
+        time.sleep(0.2)  # the window between the check and the run being set
+        return real(*args)
+
+    monkeypatch.setattr(pipeline_mod, "PipelineRun", slow)
+    barrier, outcomes = threading.Barrier(2), []
+
+    def start(pipe: tp.Pipeline) -> None:
+        barrier.wait()
+        try:
+            with pipe.run():
+                time.sleep(0.5)
+            outcomes.append("ran")
+        except ArgumentError as e:
+            outcomes.append(str(e))
+
+    with tp.Pipeline(stages(folder)) as pipe:
+        threads = [threading.Thread(target=start, args=(pipe,)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sorted(outcomes) == [
+        "a run of this pipeline is already going on; runs go one after another",
+        "ran",
+    ], outcomes
+
+
 def test_the_allowance_waits_without_the_gil() -> None:
     gate = _core.Allowance("next", 10)
     done = threading.Event()

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
@@ -105,6 +106,7 @@ class Pipeline:
         self._ticks = 0  # stage starts so far: a stage's last use, for keeping the recent ones
         self._runs = 0
         self._running: PipelineRun | None = None
+        self._run_lock = threading.Lock()
         self._closed = False
         self.records: list[_core.StageRecord] = []
         self._staging = SharedStaging(self.device)  # one staging pool for every stage
@@ -120,13 +122,14 @@ class Pipeline:
     @contextlib.contextmanager
     def run(self) -> Iterator[PipelineRun]:
         """One run of the pipeline: enter each stage with ``run.stage(name)``, in order."""
-        if self._closed:
-            raise ArgumentError("the pipeline is closed")
-        if self._running is not None:
-            raise ArgumentError("a run of this pipeline is already going on; runs go one after another")
-        self._runs += 1
-        run = PipelineRun(self, self._runs)
-        self._running = run
+        with self._run_lock:  # two threads starting runs at once: one gets the error
+            if self._closed:
+                raise ArgumentError("the pipeline is closed")
+            if self._running is not None:
+                raise ArgumentError("a run of this pipeline is already going on; runs go one after another")
+            self._runs += 1
+            run = PipelineRun(self, self._runs)
+            self._running = run
         try:
             yield run
         finally:
