@@ -231,16 +231,37 @@ def test_a_budget_holds_the_reads_until_the_running_stage_gives_memory_back(fold
         assert pipe.records[3].arrival == "kept" and pipe.records[3].read_again > 0
 
 
+def test_the_budget_is_all_the_stages_and_the_floor_of_free_ram_comes_off_the_machine(
+    folder: Path, want: torch.Tensor
+) -> None:
+    """With ``min_free_ram`` left at auto (1 to 4 GB, far more than these stages), a budget
+    that holds the three stages keeps them all between runs: the floor is kept once, from what
+    the machine has free, not out of the budget by each stage's plan."""
+    holds = fixed_holds(folder)
+    st = stages(folder, activation_vram=0)  # min_free_ram: auto
+    st[1].options["resident_blocks"] = 6
+    floor = _core.ram_floor([s.options.get("min_free_ram") for s in st])
+    assert floor >= 1_000_000_000 > 4 * sum(h.ram for h in holds.values())
+    with tp.Pipeline(st, ram=sum(h.ram for h in holds.values())) as pipe:
+        for _ in range(2):
+            assert torch.equal(one_run(pipe, final=False), want)
+        assert arrivals(pipe, 2) == ["kept", "kept", "kept"], pipe.report()
+        assert {n: s.holds for n, s in pipe._loaded.items()} == holds
+        # What the stages may take is the machine's free memory less the floor, within the budget.
+        machine = _core.Free.probe().keeping(floor)
+        assert pipe._free().ram <= machine.ram + (256 << 20)
+    with pytest.raises(ArgumentError, match="min_free_ram"):
+        tp.Pipeline(stages(folder, min_free_ram="lots"))
+
+
 def test_a_stage_is_planned_again_when_its_start_misses_the_prediction(folder: Path, want: torch.Tensor) -> None:
-    st = stages(folder, min_free_ram=0)
-    # The denoiser's plan leaves this much RAM free: planned for the machine's free memory it
-    # has every block resident; at its start the budget leaves no room for its floor.
-    st[1].options["min_free_ram"] = 64 << 20
-    with tp.Pipeline(st) as pipe:
+    with tp.Pipeline(stages(folder, min_free_ram=0)) as pipe:
 
         def shrink() -> None:
-            # From its start on, the budget holds what the two stages hold and nothing more.
-            pipe.ram = pipe._loaded["text_encoder"].holds.ram + ahead(pipe, "transformer").holds.ram
+            # Planned for the machine's free memory the denoiser has every block resident; from
+            # its start on, the budget is 1 MB short of what the two stages hold.
+            both = pipe._loaded["text_encoder"].holds.ram + ahead(pipe, "transformer").holds.ram
+            pipe.ram = both - (1 << 20)
 
         assert torch.equal(one_run(pipe, inside={"text_encoder": shrink}), want)
         rec = next(r for r in pipe.records if r.stage == "transformer")

@@ -1142,11 +1142,15 @@ class Free:
         """The memory free for planning a stage beside a shared staging pool of `pool` bytes,
         which every stage's plan counts itself: the pool's RAM back (before `within`).
         """
-    def for_reads_beside(self, *, peak: int = 0, reserve: int = 0, min_free_ram: int = 0) -> int:
+    def for_reads_beside(self, *, peak: int = 0, reserve: int = 0) -> int:
         """The bytes a stage read ahead may fill now, beside a running stage: the free memory its
         blocks compute in (VRAM with a GPU, else RAM) less the running stage's working memory
-        (`peak`, its measured activations; on a GPU at least the `reserve` its plan set aside)
-        and, in RAM, the floor of free RAM (`min_free_ram`) the read stage's plan leaves alone.
+        (`peak`, its measured activations; on a GPU at least the `reserve` its plan set aside).
+        The floor of free RAM is this one's already (`keeping`).
+        """
+    def keeping(self, floor: int) -> Free:
+        """The memory free for a pipeline's stages: this, with `floor` bytes of RAM kept for the
+        rest of the machine (see `ram_floor`; before `within`: off the machine, not the budget).
         """
     def less(self, taken: Holds) -> Free:
         """The memory left free once `taken` is taken (none below zero)."""
@@ -1234,6 +1238,13 @@ def make_room(here: int, stages: int, short: Holds, holders: list[Holder], *, ke
 
 def replan(predicted: Free, actual: Free) -> Replan | None:
     """Whether a stage planned for `predicted` must be planned again for `actual` (None: keep it)."""
+
+def ram_floor(min_free_ram: Sequence[int | str | None]) -> int:
+    """The RAM a pipeline leaves to the rest of this machine: the largest of its stages'
+    `min_free_ram` (each `"auto"`, bytes or a size; None is `"auto"`), `"auto"` resolved for
+    this machine's RAM. The pipeline keeps it from the machine's free memory
+    (`Free.keeping`), and its stages plan with none.
+    """
 
 @final
 class AllowanceStats:

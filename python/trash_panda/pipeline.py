@@ -54,7 +54,9 @@ class Pipeline:
 
     ``prefetch=False`` loads each stage only at its turn; ``keep=False`` releases each stage
     at its end. ``ram`` and ``vram`` (bytes, or sizes such as ``"8GB"``) cap what the
-    pipeline's stages hold together, below what the machine has free. Close it (or leave its
+    pipeline's stages hold together, below what the machine has free; the RAM left to the
+    rest of the machine (the largest ``min_free_ram`` of the stages' options, auto by default)
+    is kept from the machine's free memory, not from ``ram``. Close it (or leave its
     ``with`` block) to release every stage still loaded.
 
     The stage after the running one is built, planned and set up on a thread of the pipeline's
@@ -92,6 +94,9 @@ class Pipeline:
             if not isinstance(value, bool):
                 raise ArgumentError(f"{flag}: expected True or False, got {value!r}")
         self.ram = None if ram is None else _core.parse_size(ram, "ram")
+        # The RAM left to the rest of the machine, kept once from what the machine has free
+        # rather than by each stage's plan: ``ram`` is then all the stages' (see _free, _plan).
+        self._floor = _core.ram_floor([s.options.get("min_free_ram") for s in stages])
         self.vram = None if vram is None else _core.parse_size(vram, "vram")
         self.stages = stages
         self.device = resolve_device(device)
@@ -184,7 +189,7 @@ class Pipeline:
             else:
                 coming, held = coming.plus(s.pending()), held.plus(s.committed())
         # Every plan counts the shared pool as its own staging: its RAM comes back here, once.
-        machine = free_now(self.device).with_shared_pool(self._staging.bytes).less(coming)
+        machine = free_now(self.device).keeping(self._floor).with_shared_pool(self._staging.bytes).less(coming)
         return machine.within(self.ram, self.vram, held)
 
     def _held(self) -> _core.Holds:
@@ -196,7 +201,8 @@ class Pipeline:
 
     def _plan(self, spec: Stage, model: nn.Module, ckpt: Checkpoint, free: _core.Free) -> Plan:
         """The stage's plan for ``free``, with its remembered activation memory."""
-        options = dict(spec.options)
+        # The pipeline keeps the stages' floor of free RAM itself (``_floor``, in ``_free``).
+        options = {**spec.options, "min_free_ram": 0}
         if options.get("activation_vram") is None:
             remembered = remembered_activation(spec.key if spec.key is not None else spec.path)
             if remembered is not None:
@@ -381,7 +387,7 @@ class Pipeline:
     def _read_ahead(self, spec: Stage, running: LoadedStage) -> None:
         """On the read-ahead's thread: plans the next stage for the memory predicted free at its
         start and starts its reads into the memory free beside the running stage (its
-        activations and the plan's floor of free RAM left alone); the rest comes as the running
+        activations and the floor of free RAM left alone); the rest comes as the running
         stage gives memory back (its end waits for this to be done, so none of it is lost)."""
         from .offload.handover import load_stage
 
@@ -397,7 +403,7 @@ class Pipeline:
                 # waits for the stage's end instead (``_end``).
                 self._deferred = kept
                 return
-            self._give_now(kept, running, kept.plan)
+            self._give_now(kept, running)
             return
         self._size_staging()
         model = self._model(spec)
@@ -405,7 +411,7 @@ class Pipeline:
         predicted, p = self._room(spec, model, ckpt, running)
         loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=True)
         self._loaded[spec.name] = loaded
-        self._give_now(loaded, running, p)
+        self._give_now(loaded, running)
 
     def _size_staging(self) -> None:
         """Makes the shared staging pool (pipeline_staging.py) once, before the first stage that
@@ -422,18 +428,16 @@ class Pipeline:
 
         self._staging.size_for(functools.partial(planned, s) for s in self.stages)
 
-    def _give_now(self, loaded: LoadedStage, running: LoadedStage, p: Plan) -> None:
+    def _give_now(self, loaded: LoadedStage, running: LoadedStage) -> None:
         """Lets the reads of ``loaded`` into the memory free now beside ``running`` (its
-        activations and the plan's floor of free RAM left alone), measured once the load made
-        its staging pool."""
+        activations left alone; the floor of free RAM is out of ``_free`` already), measured once
+        the load made its staging pool."""
         free = self._free(reading=loaded)
-        budgets = p.budgets
-        assert budgets is not None and loaded.allowance is not None
+        assert loaded.allowance is not None
         loaded.allowance.give(
             free.for_reads_beside(
                 peak=remembered_activation(running.key) or 0,
                 reserve=running.plan.budgets.reserve if running.plan.budgets else 0,
-                min_free_ram=budgets.min_free_ram,
             )
         )
 
@@ -506,9 +510,7 @@ class Pipeline:
         deferred, self._deferred = self._deferred, None
         if deferred is not None and deferred.allowance is following and following is not None:
             # Its memory was held back while this stage ran: it gets what is free now.
-            budgets = deferred.plan.budgets
-            free = self._free(reading=deferred)
-            following.give(free.for_reads_beside(min_free_ram=budgets.min_free_ram if budgets else 0))
+            following.give(self._free(reading=deferred).for_reads_beside())
         elif following is not None and given_now:
             # No CUDA event waited for: the allocator gives a freed block only to the stream it
             # was made on, the default one the stage computed on and the loader copies on, so

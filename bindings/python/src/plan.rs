@@ -59,6 +59,14 @@ fn tier_arg(name: &str) -> PyResult<Tier> {
     name.parse::<Tier>().map_err(ToPyErr::to_py)
 }
 
+/// `min_free_ram`: `"auto"`, or bytes or a size such as `"1GB"`.
+pub(crate) fn min_free_ram_arg(value: &Bound<'_, PyAny>) -> PyResult<MinFreeRam> {
+    Ok(match value.extract::<String>() {
+        Ok(s) if s.trim().eq_ignore_ascii_case("auto") => MinFreeRam::Auto,
+        _ => MinFreeRam::Bytes(size_arg(value, "min_free_ram")?),
+    })
+}
+
 /// Builds `PlanOptions` from the keyword arguments of `plan()` (None means the default).
 fn options_from(kwargs: &Bound<'_, PyDict>, base: PlanOptions) -> PyResult<PlanOptions> {
     let mut o = base;
@@ -74,12 +82,7 @@ fn options_from(kwargs: &Bound<'_, PyDict>, base: PlanOptions) -> PyResult<PlanO
                 })?)
             }
             "max_vram" => o.max_vram = Some(size_arg(&value, "max_vram")?),
-            "min_free_ram" => {
-                o.min_free_ram = match value.extract::<String>() {
-                    Ok(s) if s.trim().eq_ignore_ascii_case("auto") => MinFreeRam::Auto,
-                    _ => MinFreeRam::Bytes(size_arg(&value, "min_free_ram")?),
-                }
-            }
+            "min_free_ram" => o.min_free_ram = min_free_ram_arg(&value)?,
             "headroom_vram" => o.headroom_vram = size_arg(&value, "headroom_vram")?,
             "activation_vram" => o.activation_vram = Some(size_arg(&value, "activation_vram")?),
             "compute_dtype" => o.compute_dtype = Some(dtype_arg(&value, "compute_dtype")?),

@@ -5,10 +5,11 @@
 use pyo3::prelude::*;
 
 use trash_panda::engine_config::{EngineConfig, EngineSettings};
-use trash_panda::pipeline::{replan, Free, Holds, Replan};
+use trash_panda::pipeline::{ram_floor, replan, Free, Holds, Replan};
+use trash_panda::sys::MemoryFigures;
 
 use crate::errors::ToPyErr;
-use crate::plan::PyPlan;
+use crate::plan::{min_free_ram_arg, PyPlan};
 
 /// What a loaded stage holds that its release gives back, in bytes.
 #[pyclass(name = "Holds", module = "trash_panda._core", frozen, eq)]
@@ -153,11 +154,19 @@ impl PyFree {
 
     /// The bytes a stage read ahead may fill now, beside a running stage: the free memory its
     /// blocks compute in (VRAM with a GPU, else RAM) less the running stage's working memory
-    /// (`peak`, its measured activations; on a GPU at least the `reserve` its plan set aside)
-    /// and, in RAM, the floor of free RAM (`min_free_ram`) the read stage's plan leaves alone.
-    #[pyo3(signature = (*, peak=0, reserve=0, min_free_ram=0))]
-    fn for_reads_beside(&self, peak: u64, reserve: u64, min_free_ram: u64) -> u64 {
-        self.inner.for_reads_beside(peak, reserve, min_free_ram)
+    /// (`peak`, its measured activations; on a GPU at least the `reserve` its plan set aside).
+    /// The floor of free RAM is this one's already (`keeping`).
+    #[pyo3(signature = (*, peak=0, reserve=0))]
+    fn for_reads_beside(&self, peak: u64, reserve: u64) -> u64 {
+        self.inner.for_reads_beside(peak, reserve)
+    }
+
+    /// The memory free for a pipeline's stages: this, with `floor` bytes of RAM kept for the
+    /// rest of the machine (see `ram_floor`; before `within`: off the machine, not the budget).
+    fn keeping(&self, floor: u64) -> PyFree {
+        PyFree {
+            inner: self.inner.keeping(floor),
+        }
     }
 
     /// The memory left free once `taken` is taken (none below zero).
@@ -217,4 +226,24 @@ impl PyReplan {
 #[pyfunction(name = "replan")]
 pub(super) fn py_replan(predicted: &PyFree, actual: &PyFree) -> Option<PyReplan> {
     replan(predicted.inner, actual.inner).map(|inner| PyReplan { inner })
+}
+
+/// The RAM a pipeline leaves to the rest of this machine: the largest of its stages'
+/// `min_free_ram` (each `"auto"`, bytes or a size; None is `"auto"`), `"auto"` resolved for
+/// this machine's RAM. The pipeline keeps it from the machine's free memory
+/// (`Free.keeping`), and its stages plan with none.
+#[pyfunction(name = "ram_floor")]
+pub(super) fn py_ram_floor(min_free_ram: Vec<Bound<'_, PyAny>>) -> PyResult<u64> {
+    let stages = min_free_ram
+        .iter()
+        .map(|v| {
+            if v.is_none() {
+                Ok(Default::default())
+            } else {
+                min_free_ram_arg(v)
+            }
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let total = MemoryFigures::probe().map_err(ToPyErr::to_py)?.total_ram;
+    Ok(ram_floor(&stages, total))
 }

@@ -22,6 +22,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<allowance::PyAllowance>()?;
     m.add_class::<report::PyStageRecord>()?;
     m.add_function(wrap_pyfunction!(holds::py_replan, m)?)?;
+    m.add_function(wrap_pyfunction!(holds::py_ram_floor, m)?)?;
     m.add_function(wrap_pyfunction!(report::pipeline_report, m)?)?;
     m.add_class::<room::PyHolder>()?;
     m.add_class::<room::PyGiving>()?;

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::engine_config::EngineConfig;
-use crate::plan::Plan;
+use crate::plan::{MinFreeRam, Plan};
 use crate::rules::Tier;
 use crate::stream::RamSource;
 use crate::sys::{MemoryFigures, SysError};
@@ -185,12 +185,23 @@ impl Free {
 
     /// The bytes a stage read ahead may fill now, beside a running stage: the free memory its
     /// blocks compute in (VRAM with a GPU, else RAM) less the running stage's working memory
-    /// (`peak`, its measured activations; on a GPU at least the `reserve` its plan set aside)
-    /// and, in RAM, the floor of free RAM (`min_free_ram`) the read stage's plan leaves alone.
-    pub fn for_reads_beside(self, peak: u64, reserve: u64, min_free_ram: u64) -> u64 {
+    /// (`peak`, its measured activations; on a GPU at least the `reserve` its plan set aside).
+    /// The floor of free RAM is `self`'s already ([`keeping`](Self::keeping)).
+    pub fn for_reads_beside(self, peak: u64, reserve: u64) -> u64 {
         match self.vram {
             Some(vram) => vram.saturating_sub(peak.max(reserve)),
-            None => self.ram.saturating_sub(peak).saturating_sub(min_free_ram),
+            None => self.ram.saturating_sub(peak),
+        }
+    }
+
+    /// The memory free for a pipeline's stages: `self`, what the machine has free, with
+    /// `floor` bytes of RAM (see [`ram_floor`]) kept for the rest of the machine. Apply before
+    /// [`within`](Self::within): the floor comes off the machine's free memory, not off the
+    /// budget, whose bytes are all the stages'.
+    pub fn keeping(self, floor: u64) -> Free {
+        Free {
+            ram: self.ram.saturating_sub(floor),
+            vram: self.vram,
         }
     }
 
@@ -201,6 +212,20 @@ impl Free {
             vram: self.vram.map(|v| v.saturating_sub(taken.vram)),
         }
     }
+}
+
+/// The RAM a pipeline leaves to the rest of the machine: the largest of its stages'
+/// `min_free_ram`, `auto` resolved for a machine with `total_ram` bytes. The pipeline keeps it
+/// once, from the machine's free memory ([`Free::keeping`]), and its stages plan with none:
+/// each stage keeping its own inside the pipeline's budget would take the floor from the
+/// budget (a 1 GB floor out of a 3 GB budget on a machine with 20 GB free), and a stage read
+/// ahead would count it again beside the running one.
+pub fn ram_floor(stages: &[MinFreeRam], total_ram: u64) -> u64 {
+    stages
+        .iter()
+        .map(|m| m.resolve(total_ram))
+        .max()
+        .unwrap_or(0)
 }
 
 /// A stage's real free memory at its start missed the prediction it was planned for by more
@@ -268,21 +293,54 @@ mod tests {
     const GB: u64 = 1_000_000_000;
 
     #[test]
-    fn early_reads_leave_the_running_stage_its_working_memory_and_the_floor() {
+    fn early_reads_leave_the_running_stage_its_working_memory() {
         let cpu = Free {
             ram: 4 * GB,
             vram: None,
         };
-        assert_eq!(cpu.for_reads_beside(GB, 0, GB / 2), 2 * GB + GB / 2);
-        assert_eq!(cpu.for_reads_beside(3 * GB, 0, 2 * GB), 0);
+        assert_eq!(cpu.for_reads_beside(GB, 0), 3 * GB);
+        assert_eq!(cpu.keeping(GB / 2).for_reads_beside(GB, 0), 2 * GB + GB / 2);
+        assert_eq!(cpu.for_reads_beside(5 * GB, 0), 0);
         // On a GPU, VRAM: the larger of the peak and the reserve; RAM's floor is not its.
         let gpu = Free {
             ram: GB,
             vram: Some(8 * GB),
         };
-        assert_eq!(gpu.for_reads_beside(GB, 2 * GB, 4 * GB), 6 * GB);
-        assert_eq!(gpu.for_reads_beside(3 * GB, 2 * GB, 0), 5 * GB);
-        assert_eq!(gpu.for_reads_beside(9 * GB, 0, 0), 0);
+        assert_eq!(gpu.keeping(4 * GB).for_reads_beside(GB, 2 * GB), 6 * GB);
+        assert_eq!(gpu.for_reads_beside(3 * GB, 2 * GB), 5 * GB);
+        assert_eq!(gpu.for_reads_beside(9 * GB, 0), 0);
+    }
+
+    #[test]
+    fn the_floor_comes_off_the_machine_not_the_budget() {
+        let machine = Free {
+            ram: 20 * GB,
+            vram: None,
+        };
+        let floor = ram_floor(&[MinFreeRam::Auto, MinFreeRam::Bytes(GB / 2)], 24 * GB);
+        assert_eq!(floor, MinFreeRam::Auto.resolve(24 * GB));
+        let held = Holds { ram: GB, vram: 0 };
+        // A budget well below the machine's free memory: all of it is the stages'.
+        assert_eq!(
+            machine.keeping(floor).within(Some(3 * GB), None, held).ram,
+            2 * GB
+        );
+        // The machine binds: its free memory less the floor.
+        let tight = Free {
+            ram: 3 * GB,
+            vram: None,
+        };
+        assert_eq!(
+            tight.keeping(floor).within(Some(8 * GB), None, held).ram,
+            3 * GB - floor
+        );
+        // The largest floor of the stages; none asked for, none kept.
+        assert_eq!(
+            ram_floor(&[MinFreeRam::Bytes(0), MinFreeRam::Bytes(5 * GB)], 24 * GB),
+            5 * GB
+        );
+        assert_eq!(ram_floor(&[MinFreeRam::Bytes(0)], 24 * GB), 0);
+        assert_eq!(tight.keeping(9 * GB).ram, 0);
     }
 
     #[test]

@@ -18,7 +18,9 @@ mod room;
 
 pub use allowance::{Allowance, AllowanceStats};
 pub use error::PipelineError;
-pub use holds::{replan, Free, Holds, Replan, REPLAN_MARGIN_FRACTION, REPLAN_MARGIN_MIN};
+pub use holds::{
+    ram_floor, replan, Free, Holds, Replan, REPLAN_MARGIN_FRACTION, REPLAN_MARGIN_MIN,
+};
 pub use reads::{load_reads, plan_reads, LoadReads};
 pub use report::{report, Arrival, Departure, StageRecord};
 pub use room::{make_room, Give, Giving, Holder};
