@@ -65,6 +65,7 @@ class _Chain:
     run: PipelineRun | None = None
     stage_cm: contextlib.AbstractContextManager[Any] | None = None
     at: int = -1  # the component running, by its place in the chain
+    busy: int = 0  # module calls of its components under way
 
     def enter(self, index: int, name: str) -> None:
         """Starts the component ``name``: ends the one running, and the run when ``name`` does
@@ -258,6 +259,7 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
 
     def before(module: nn.Module) -> None:
         calls[0] += 1
+        chain.busy += 1
         if chain.at == index:
             return
         had = set(module._forward_pre_hooks)
@@ -272,6 +274,7 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
 
     def after() -> None:
         calls[0] = max(0, calls[0] - 1)
+        chain.busy = max(0, chain.busy - 1)
         if calls[0] == 0:
             # The next component is set up on the runner's thread while this one runs; its call
             # must not begin before that is done: torch takes the list of a module's pre-hooks
@@ -293,13 +296,17 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
 def pipeline_report(pipe: Any) -> str:
     """The report of a chained pipeline's runs (see :meth:`trash_panda.Pipeline.report`): per
     call and component, how its weights came, the memory predicted and found, and what became
-    of it."""
+    of it. Between calls, the last call's last component ends here, as the next call would end
+    it first, so the report covers the whole of that call."""
     streamed = getattr(pipe, _ATTR, None)
     if not isinstance(streamed, _Streamed):
         raise ArgumentError("pipe: expected a pipeline made by trash_panda.diffusers.load_pipeline()")
-    if streamed.chained is None:
+    chain = streamed.chained
+    if chain is None:
         raise ArgumentError("pipe: it was loaded with chain=False; only a chained pipeline runs as a Pipeline")
-    return streamed.chained.runner.report()
+    if chain.busy == 0:
+        chain.leave_run()
+    return chain.runner.report()
 
 
 def release_pipeline(pipe: Any) -> None:
