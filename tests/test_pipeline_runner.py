@@ -6,6 +6,7 @@ fits, and planned again when the memory at its start missed the prediction."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
 import threading
@@ -252,6 +253,76 @@ def test_the_budget_is_all_the_stages_and_the_floor_of_free_ram_comes_off_the_ma
         assert pipe._free().ram <= machine.ram + (256 << 20)
     with pytest.raises(ArgumentError, match="min_free_ram"):
         tp.Pipeline(stages(folder, min_free_ram="lots"))
+
+
+def test_the_next_stage_is_planned_for_what_the_others_free_with_their_reads_still_coming(
+    folder: Path, want: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stage read ahead is planned for the memory it gets once the others give theirs:
+    what each holds when its reads are in, not what has arrived so far. With the denoiser's
+    reads held back while the VAE is set up, the VAE is still planned for the whole budget
+    (every other stage given back), as when they are all in."""
+    from trash_panda.offload import overlap
+
+    holds = fixed_holds(folder)
+    budget = sum(h.ram for h in holds.values()) - holds["vae"].ram // 2
+    gate = threading.Event()
+    real = overlap.load_block
+
+    def held_back(block: Any, *args: Any) -> None:
+        if block.prefix.startswith("transformer_blocks.") and block.prefix != "transformer_blocks.0.":
+            gate.wait(30)
+        real(block, *args)
+
+    monkeypatch.setattr(overlap, "load_block", held_back)
+    ids, latents = ps.inputs()
+    with tp.Pipeline(fixed_stages(folder), ram=budget) as pipe, torch.no_grad(), pipe.run() as run:
+        with run.stage("text_encoder") as encoder:
+            text = encoder(ids)
+        with run.stage("transformer") as denoiser:
+            try:
+                vae = ahead(pipe, "vae")  # set up while the denoiser's reads are held back
+                assert pipe._loaded["transformer"].pending().ram > 0
+            finally:
+                gate.set()
+            for step in range(ps.STEPS):
+                latents = ps.denoise_step(denoiser, latents, text, step)
+        with run.stage("vae") as decoder:
+            assert torch.equal(decoder(latents), want)
+    # Its stages keep no floor of free RAM and use no staging pool: the budget, whole.
+    assert vae.plan.budgets is not None and vae.plan.budgets.usable_ram == budget
+
+
+def test_a_stage_whose_own_staging_does_not_fit_beside_the_running_one_is_loaded_at_its_start(
+    folder: Path, want: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load takes its own staging buffers as it is set up, before any read its allowance
+    gates: a stage read ahead whose buffers do not fit in the memory free beside the running
+    stage is loaded at its start instead, and the stages never hold more than the budget. (Its
+    buffers are its own where the pipeline's pool was not made: held off here.)"""
+    from trash_panda.pipeline_staging import SharedStaging
+
+    def no_pool(self: SharedStaging, plans: Any) -> None:
+        self.sized = True
+
+    monkeypatch.setattr(SharedStaging, "size_for", no_pool)
+    holds = fixed_holds(folder)
+    st = fixed_stages(folder)
+    st[2].options["resident_blocks"] = 0  # the VAE streams: staging buffers of its own
+    budget = holds["text_encoder"].ram + holds["transformer"].ram + (64 << 10)
+    held: list[int] = []
+
+    def note(pipe: tp.Pipeline) -> None:
+        pipe._settle()
+        held.append(sum(s.held_now().ram for s in pipe._loaded.values()))
+
+    with tp.Pipeline(st, ram=budget) as pipe:
+        noting = {n: functools.partial(note, pipe) for n in ps.COMPONENTS}
+        assert torch.equal(one_run(pipe, final=False, inside=noting), want)
+        assert held and max(held) <= budget, (held, budget)
+        vae = pipe._loaded["vae"].plan.budgets
+        assert vae is not None and vae.host_staging > 64 << 10 and not vae.shared_staging
+        assert arrivals(pipe, 1) == ["read_at_start", "read_ahead", "read_at_start"], pipe.report()
 
 
 def test_a_stage_is_planned_again_when_its_start_misses_the_prediction(folder: Path, want: torch.Tensor) -> None:

@@ -1102,6 +1102,12 @@ class Holds:
     def of(stage: str, plan: Plan) -> Holds:
         """What `stage` (its name, for errors), loaded by `plan` under the current settings, holds."""
     @staticmethod
+    def at_once(stage: str, plan: Plan) -> Holds:
+        """What `stage` (its name, for errors), loaded by `plan`, takes as its load is set up,
+        before any read its allowance gates: its own staging buffers and, on a GPU, its device
+        slots and expansion buffers.
+        """
+    @staticmethod
     def needed(stage: str, plan: Plan) -> Holds:
         """What `stage`, loaded by `plan`, needs free at its start: what it holds and the free
         memory its plan leaves alone.
@@ -1147,6 +1153,12 @@ class Free:
         blocks compute in (VRAM with a GPU, else RAM) less the running stage's working memory
         (`peak`, its measured activations; on a GPU at least the `reserve` its plan set aside).
         The floor of free RAM is this one's already (`keeping`).
+        """
+    def fits_beside(self, need: Holds, *, peak: int = 0, reserve: int = 0) -> bool:
+        """Whether `need` (what a stage read ahead takes at once, `Holds.at_once`) fits in this
+        memory beside a running stage whose working memory is `peak` (on a GPU at least its
+        `reserve`): the memory its blocks compute in as `for_reads_beside` counts it, and with a
+        GPU the RAM as well.
         """
     def keeping(self, floor: int) -> Free:
         """The memory free for a pipeline's stages: this, with `floor` bytes of RAM kept for the

@@ -225,7 +225,7 @@ class Pipeline:
         others = [s for s in self._loaded.values() if s.name != spec.name]
         everything = free
         for s in others:
-            everything = everything.after_release(s.held_now())
+            everything = everything.after_release(s.committed())  # a release stops its reads
         best = self._plan(spec, model, ckpt, everything)
         gained = self._make_room(spec, best.needs(spec.name), free, others, running)
         return free.after_release(gained), best
@@ -409,6 +409,11 @@ class Pipeline:
         model = self._model(spec)
         ckpt = Checkpoint(spec.path)
         predicted, p = self._room(spec, model, ckpt, running)
+        if not self._free().fits_beside(p.at_once(spec.name), **self._beside(running)):
+            # Its own staging buffers (no stage streamed when the shared pool was sized) are
+            # taken as its load is set up, and the memory free beside the running stage cannot
+            # hold them: it is loaded at its start instead, when that memory is free.
+            return
         loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=True)
         self._loaded[spec.name] = loaded
         self._give_now(loaded, running)
@@ -428,18 +433,19 @@ class Pipeline:
 
         self._staging.size_for(functools.partial(planned, s) for s in self.stages)
 
+    def _beside(self, running: LoadedStage) -> dict[str, int]:
+        """The working memory of ``running`` that a stage read ahead beside it leaves alone: its
+        measured peak, and (with a GPU) its plan's reserve."""
+        budgets = running.plan.budgets
+        return {"peak": remembered_activation(running.key) or 0, "reserve": budgets.reserve if budgets else 0}
+
     def _give_now(self, loaded: LoadedStage, running: LoadedStage) -> None:
         """Lets the reads of ``loaded`` into the memory free now beside ``running`` (its
         activations left alone; the floor of free RAM is out of ``_free`` already), measured once
         the load made its staging pool."""
         free = self._free(reading=loaded)
         assert loaded.allowance is not None
-        loaded.allowance.give(
-            free.for_reads_beside(
-                peak=remembered_activation(running.key) or 0,
-                reserve=running.plan.budgets.reserve if running.plan.budgets else 0,
-            )
-        )
+        loaded.allowance.give(free.for_reads_beside(**self._beside(running)))
 
     def _end(
         self, run: PipelineRun, index: int, loaded: LoadedStage, info: dict[str, Any], failure: BaseException | None

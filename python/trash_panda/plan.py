@@ -184,6 +184,12 @@ class Plan:
         memory the plan leaves alone (free-RAM floor, activation reserve, CUDA context)."""
         return _core.Holds.needed(stage, self._core)
 
+    def at_once(self, stage: str = "model") -> _core.Holds:
+        """What a model loaded by this plan takes as its load is set up, before any read a
+        stage read ahead puts behind its allowance: its own staging buffers and, on a GPU, its
+        device slots and expansion buffers."""
+        return _core.Holds.at_once(stage, self._core)
+
     def load_reads(self, files: int) -> _core.LoadReads:
         """How a model loaded by this (resolved) plan on its own reads its files of ``files``
         bytes: past the page cache unless they stay cached beside what the plan holds in RAM

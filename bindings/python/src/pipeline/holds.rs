@@ -29,6 +29,15 @@ impl PyHolds {
         Ok(PyHolds { inner })
     }
 
+    /// What `stage` (its name, for errors), loaded by `plan`, takes as its load is set up,
+    /// before any read its allowance gates: its own staging buffers and, on a GPU, its device
+    /// slots and expansion buffers.
+    #[staticmethod]
+    fn at_once(stage: &str, plan: PyRef<'_, PyPlan>) -> PyResult<Self> {
+        let inner = Holds::at_once(stage, &plan.inner).map_err(ToPyErr::to_py)?;
+        Ok(PyHolds { inner })
+    }
+
     /// What `stage`, loaded by `plan`, needs free at its start: what it holds and the free
     /// memory its plan leaves alone.
     #[staticmethod]
@@ -159,6 +168,15 @@ impl PyFree {
     #[pyo3(signature = (*, peak=0, reserve=0))]
     fn for_reads_beside(&self, peak: u64, reserve: u64) -> u64 {
         self.inner.for_reads_beside(peak, reserve)
+    }
+
+    /// Whether `need` (what a stage read ahead takes at once, `Holds.at_once`) fits in this
+    /// memory beside a running stage whose working memory is `peak` (on a GPU at least its
+    /// `reserve`): the memory its blocks compute in as `for_reads_beside` counts it, and with a
+    /// GPU the RAM as well.
+    #[pyo3(signature = (need, *, peak=0, reserve=0))]
+    fn fits_beside(&self, need: &PyHolds, peak: u64, reserve: u64) -> bool {
+        self.inner.fits_beside(need.inner, peak, reserve)
     }
 
     /// The memory free for a pipeline's stages: this, with `floor` bytes of RAM kept for the

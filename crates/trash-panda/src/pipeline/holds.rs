@@ -82,6 +82,36 @@ impl Holds {
         })
     }
 
+    /// What a stage planned as `plan` takes as its load is set up, before the first read a
+    /// stage read ahead puts behind its allowance (its blocks, its outside weights, a RAM tier
+    /// held in memory): its own staging buffers and, on a GPU, its device slots and expansion
+    /// buffers. A stage read ahead beside a running one takes these at once, so they must fit
+    /// in the memory free now, not only at its start.
+    pub fn at_once(stage: &str, plan: &Plan) -> Result<Holds, PipelineError> {
+        let budgets = plan
+            .budgets
+            .as_ref()
+            .ok_or_else(|| PipelineError::Unresolved {
+                stage: stage.to_string(),
+            })?;
+        let staging = if budgets.shared_staging {
+            0
+        } else {
+            budgets.host_staging
+        };
+        Ok(if budgets.gpu {
+            Holds {
+                ram: staging,
+                vram: budgets.device_slot_bytes + budgets.expansion,
+            }
+        } else {
+            Holds {
+                ram: staging + budgets.expansion,
+                vram: 0,
+            }
+        })
+    }
+
     /// What a stage planned as `plan` and configured as `config` needs free at its start: what
     /// it holds, plus the free memory its plan leaves alone (the free-RAM floor; the activation
     /// reserve, in VRAM with a GPU and in RAM on the CPU; the CUDA context's floor). A shared
@@ -191,6 +221,18 @@ impl Free {
         match self.vram {
             Some(vram) => vram.saturating_sub(peak.max(reserve)),
             None => self.ram.saturating_sub(peak),
+        }
+    }
+
+    /// Whether `need` (what a stage read ahead takes at once, [`Holds::at_once`]) fits in the
+    /// memory free now beside a running stage whose working memory is `peak` (on a GPU at least
+    /// its `reserve`): the memory the blocks compute in as [`for_reads_beside`](Self::for_reads_beside)
+    /// counts it, and with a GPU the RAM as well.
+    pub fn fits_beside(self, need: Holds, peak: u64, reserve: u64) -> bool {
+        let room = self.for_reads_beside(peak, reserve);
+        match self.vram {
+            Some(_) => need.vram <= room && need.ram <= self.ram,
+            None => need.ram <= room,
         }
     }
 
@@ -309,6 +351,36 @@ mod tests {
         assert_eq!(gpu.keeping(4 * GB).for_reads_beside(GB, 2 * GB), 6 * GB);
         assert_eq!(gpu.for_reads_beside(3 * GB, 2 * GB), 5 * GB);
         assert_eq!(gpu.for_reads_beside(9 * GB, 0), 0);
+    }
+
+    #[test]
+    fn what_a_load_takes_at_once_fits_beside_the_running_stage_or_waits() {
+        let cpu = Free {
+            ram: 4 * GB,
+            vram: None,
+        };
+        let staging = Holds { ram: GB, vram: 0 };
+        assert!(cpu.fits_beside(staging, 3 * GB, 0));
+        assert!(!cpu.fits_beside(staging, 3 * GB + 1, 0));
+        // With a GPU: device slots in the VRAM beside the reserve, staging in RAM.
+        let gpu = Free {
+            ram: GB,
+            vram: Some(8 * GB),
+        };
+        let slots = Holds {
+            ram: GB,
+            vram: 2 * GB,
+        };
+        assert!(gpu.fits_beside(slots, GB, 6 * GB));
+        assert!(!gpu.fits_beside(slots, 7 * GB, 0));
+        assert!(!gpu.fits_beside(
+            Holds {
+                ram: 2 * GB,
+                vram: 0
+            },
+            0,
+            0
+        ));
     }
 
     #[test]
