@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::engine_config::EngineConfig;
-use crate::plan::{MinFreeRam, Plan};
+use crate::plan::{Budgets, MinFreeRam, Plan};
 use crate::rules::Tier;
 use crate::stream::RamSource;
 use crate::sys::{MemoryFigures, SysError};
@@ -47,12 +47,7 @@ impl Holds {
     /// mapped, so releasing them frees nothing the prediction could count; the activations are
     /// not counted either (they are gone when a stage's last call returns, before its release).
     pub fn of(stage: &str, plan: &Plan, config: &EngineConfig) -> Result<Holds, PipelineError> {
-        let budgets = plan
-            .budgets
-            .as_ref()
-            .ok_or_else(|| PipelineError::Unresolved {
-                stage: stage.to_string(),
-            })?;
+        let budgets = budgets_of(stage, plan)?;
         let ram_tier = match config.ram_source {
             RamSource::InMemory { .. } => plan
                 .blocks
@@ -63,22 +58,17 @@ impl Holds {
             RamSource::Mapped => 0,
         };
         let weights = budgets.device_used + budgets.outside;
-        // A shared pool is the pipeline's: the stage's release gives none of it back.
-        let staging = if budgets.shared_staging {
-            0
-        } else {
-            budgets.host_staging
-        };
+        let at_once = Holds::at_once(stage, plan)?;
         Ok(if budgets.gpu {
-            Holds {
-                ram: staging + ram_tier,
-                vram: weights + budgets.device_slot_bytes + budgets.expansion,
-            }
+            at_once.plus(Holds {
+                ram: ram_tier,
+                vram: weights,
+            })
         } else {
-            Holds {
-                ram: weights + staging + budgets.expansion + ram_tier,
+            at_once.plus(Holds {
+                ram: weights + ram_tier,
                 vram: 0,
-            }
+            })
         })
     }
 
@@ -88,12 +78,8 @@ impl Holds {
     /// buffers. A stage read ahead beside a running one takes these at once, so they must fit
     /// in the memory free now, not only at its start.
     pub fn at_once(stage: &str, plan: &Plan) -> Result<Holds, PipelineError> {
-        let budgets = plan
-            .budgets
-            .as_ref()
-            .ok_or_else(|| PipelineError::Unresolved {
-                stage: stage.to_string(),
-            })?;
+        let budgets = budgets_of(stage, plan)?;
+        // A shared pool is the pipeline's: the stage's release gives none of it back.
         let staging = if budgets.shared_staging {
             0
         } else {
@@ -254,6 +240,15 @@ impl Free {
             vram: self.vram.map(|v| v.saturating_sub(taken.vram)),
         }
     }
+}
+
+/// The budgets of a resolved plan; an error naming `stage` for one that is not.
+fn budgets_of<'a>(stage: &str, plan: &'a Plan) -> Result<&'a Budgets, PipelineError> {
+    plan.budgets
+        .as_ref()
+        .ok_or_else(|| PipelineError::Unresolved {
+            stage: stage.to_string(),
+        })
 }
 
 /// The RAM a pipeline leaves to the rest of the machine: the largest of its stages'
