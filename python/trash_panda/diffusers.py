@@ -121,12 +121,12 @@ def load_pipeline(
     The keyword arguments go to :func:`trash_panda.plan` for each streamed component; ``dtype``
     is their compute dtype (by default their checkpoint's). With ``chain=True`` the streamed
     components are the stages of a :class:`trash_panda.Pipeline` and ``ram`` and ``vram`` are
-    its budget: what the components it holds together may take, not each one's. ``overlap`` goes to each streamed
-    component's :func:`trash_panda.stage`: with ``True`` its resident blocks (and the weights
-    outside its blocks that its order file places after the first block) are read on a worker
-    thread while it starts to run, in its run order, rather than before the stage begins; a
-    chain's :class:`trash_panda.Pipeline` always reads so. The other components are loaded by
-    diffusers and moved to ``device``. :func:`pipeline_report` prints what a chain did; free
+    its budget: what the components it holds together may take, not each one's. ``overlap``
+    goes to each streamed component's :func:`trash_panda.stage`: with ``True`` its resident
+    blocks (and the weights outside its blocks that its order file places after the first
+    block) are read on a worker thread while it starts to run, in its run order, rather than
+    before the stage begins; a chain's :class:`trash_panda.Pipeline` always reads so. The other
+    components are loaded by diffusers and moved to ``device``. :func:`pipeline_report` prints what a chain did; free
     everything with :func:`release_pipeline`.
     """
     if not isinstance(pipeline_cls, type) or not hasattr(pipeline_cls, "from_pretrained"):

@@ -435,7 +435,7 @@ class Pipeline:
 
     def _beside(self, running: LoadedStage) -> dict[str, int]:
         """The working memory of ``running`` that a stage read ahead beside it leaves alone: its
-        measured peak, and (with a GPU) its plan's reserve."""
+        measured peak, and its plan's reserve (which counts with a GPU)."""
         budgets = running.plan.budgets
         return {"peak": remembered_activation(running.key) or 0, "reserve": budgets.reserve if budgets else 0}
 
