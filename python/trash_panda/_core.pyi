@@ -1091,6 +1091,7 @@ __all__ += [
     "make_room",
     "pipeline_report",
     "plan_reads",
+    "ram_floor",
     "replan",
 ]
 
