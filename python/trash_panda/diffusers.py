@@ -39,6 +39,8 @@ _ATTR = "_trash_panda_pipeline"
 _LIBRARIES = ("diffusers", "transformers")
 # The name, in each chained component's hook registry, of the pre-hooks that load it.
 CHAIN = "pipeline_chain"
+# What a diffusers pipeline calls as its __call__ ends (for its model offload's hooks).
+_END_OF_CALL = "maybe_free_model_hooks"
 
 
 @dataclass
@@ -125,9 +127,11 @@ def load_pipeline(
     goes to each streamed component's :func:`trash_panda.stage`: with ``True`` its resident
     blocks (and the weights outside its blocks that its order file places after the first
     block) are read on a worker thread while it starts to run, in its run order, rather than
-    before the stage begins; a chain's :class:`trash_panda.Pipeline` always reads so. The other
-    components are loaded by diffusers and moved to ``device``. :func:`pipeline_report` prints what a chain did; free
-    everything with :func:`release_pipeline`.
+    before the stage begins; a chain's :class:`trash_panda.Pipeline` always reads so. A chain's
+    call of the pipeline ends its last component as the call ends (diffusers pipelines call
+    ``maybe_free_model_hooks`` there). The other components are loaded by diffusers and moved
+    to ``device``. :func:`pipeline_report` prints what a chain did; free everything with
+    :func:`release_pipeline`.
     """
     if not isinstance(pipeline_cls, type) or not hasattr(pipeline_cls, "from_pretrained"):
         raise ArgumentError(f"pipeline_cls: expected a diffusers pipeline class, got {pipeline_cls!r}")
@@ -190,6 +194,12 @@ def _load_pipeline(
         streamed.chained = _Chain(_runner(streamed))
         for c in streamed.components:
             _chain_hooks(streamed, c)
+        end = getattr(pipe, _END_OF_CALL, None)
+        if callable(end):
+            # Each diffusers pipeline calls it as its __call__ ends: the call's last component
+            # ends there, not when the next call starts (its time and what it keeps or gives
+            # back are the call's, and its given-back memory goes to the next call's reads).
+            setattr(pipe, _END_OF_CALL, functools.partial(_end_of_call, streamed.chained, end))
     setattr(pipe, _ATTR, streamed)
     return pipe
 
@@ -248,6 +258,12 @@ def _end_stage(c: _Component) -> None:
         cm.__exit__(None, None, None)  # releases the model (and writes its order file if need be)
 
 
+def _end_of_call(chain: _Chain, end: Any, *args: Any, **kwargs: Any) -> Any:
+    if chain.busy == 0:
+        chain.leave_run()
+    return end(*args, **kwargs)
+
+
 def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
     """Hooks that start the component's stage before it, or any of its direct children, runs:
     a pipeline may call ``vae.decode`` rather than the VAE's forward."""
@@ -296,8 +312,9 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
 def pipeline_report(pipe: Any) -> str:
     """The report of a chained pipeline's runs (see :meth:`trash_panda.Pipeline.report`): per
     call and component, how its weights came, the memory predicted and found, and what became
-    of it. Between calls, the last call's last component ends here, as the next call would end
-    it first, so the report covers the whole of that call."""
+    of it. A call whose last component is still running (a pipeline that does not call
+    ``maybe_free_model_hooks`` as its call ends, or a call that raised) ends here, as the next
+    call would end it first, so the report covers the whole of that call."""
     streamed = getattr(pipe, _ATTR, None)
     if not isinstance(streamed, _Streamed):
         raise ArgumentError("pipe: expected a pipeline made by trash_panda.diffusers.load_pipeline()")
@@ -317,6 +334,7 @@ def release_pipeline(pipe: Any) -> None:
         raise ArgumentError("pipe: expected a pipeline made by trash_panda.diffusers.load_pipeline()")
     _release_all(streamed)
     delattr(pipe, _ATTR)
+    pipe.__dict__.pop(_END_OF_CALL, None)  # the class's own again
 
 
 def _release_all(streamed: _Streamed) -> None:
