@@ -83,6 +83,8 @@ def test_a_chain_holds_its_components_within_its_ram_budget(folder: Path, plain_
         assert held and max(held) <= budget, (held, budget, trash_panda.diffusers.pipeline_report(pipe))
         report = trash_panda.diffusers.pipeline_report(pipe)
         assert "run 1 vae: read ahead" in report, report
+        # The path of the lifted refusal: released by the second call, loaded by the third's hook.
+        assert "run 3 text_encoder: read at its start" in report, report
     finally:
         trash_panda.diffusers.release_pipeline(pipe)
     assert "maybe_free_model_hooks" not in pipe.__dict__

@@ -79,9 +79,10 @@ def test_the_budget_is_all_the_stages_and_the_floor_of_free_ram_comes_off_the_ma
             assert torch.equal(one_run(pipe, final=False), want)
         assert arrivals(pipe, 2) == ["kept", "kept", "kept"], pipe.report()
         assert {n: s.holds for n, s in pipe._loaded.items()} == holds
-        # What the stages may take is the machine's free memory less the floor, within the budget.
-        machine = _core.Free.probe().keeping(floor)
-        assert pipe._free().ram <= machine.ram + (256 << 20)
+    # Without a budget the stages may take the machine's free memory less the floor (free
+    # memory moves by far less than the floor between the two readings).
+    with tp.Pipeline(st) as unbounded:
+        assert abs(unbounded._free().ram - _core.Free.probe().keeping(floor).ram) < floor // 4
     with pytest.raises(ArgumentError, match="min_free_ram"):
         tp.Pipeline(stages(folder, min_free_ram="lots"))
 
