@@ -60,6 +60,25 @@ def ordered_first_run(sizes: dict[str, int], compute: dict[str, float], speed: f
     return best
 
 
+def read_cost_note(cost: dict[str, float], speed: float, least: int, ordered: float, runner: dict[str, Any]) -> str:
+    """The compute a read behind it costs (_read_cost.py), and the floor with the stages' order
+    raised by what run 2 must read again: each of those bytes is read either beside compute,
+    costing it ``per_gb``, or with nothing to compute, costing its read time; the lesser of the
+    two, so the sum stays a bound."""
+    per_gb = min(cost["per_gb"], 1 / speed)
+    floor = ordered + per_gb * least / 1e9
+    total = way_total(runner)
+    return (
+        f"reads beside compute (plain's process after its runs, every weight in memory, medians of "
+        f"{cost['pairs']:.0f} pairs in turn): the transformer's warm steps take {cost['alone']:.2f} s alone and "
+        f"{cost['beside']:.2f} s while its {cost['bytes'] / 1e9:.2f} GB file is read cold as a stage ahead is "
+        f"(direct reads into fresh pages; the read took {cost['read_s']:.2f} s, the drive served at least "
+        f"{cost['drive_bytes'] / 1e9:.2f} GB each time): {cost['per_gb']:.2f} s of compute "
+        f"lost per GB read. The floor with the stages' order plus the {least / 1e9:.2f} GB run 2 must read again at "
+        f"{per_gb:.2f} s per GB: {floor:.2f} s; the runner is {total / floor:.2f}x that"
+    )
+
+
 def plot(got: dict[str, dict[str, Any]], budget: int, path: Path) -> None:
     """One time line per way: per stage its start (light), its compute (dark) and its loader's
     reads (hatched, above the bar); under it the drive's read rate and the process's RSS."""

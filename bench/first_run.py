@@ -46,10 +46,9 @@ from _common import (
     DATA,
     RESULTS,
     Block,
+    best_reader,
     cold,
-    dd_direct,
     device_read_bytes,
-    direct_read_speed,
     loadavg,
     machine,
     md_table,
@@ -134,20 +133,6 @@ def llama(layers: int) -> Subject:
     write_checkpoint(path, shapes, torch.bfloat16)
     ids = torch.randint(0, 32000, (1, 64), generator=torch.Generator().manual_seed(0))
     return Subject("llama", lambda: LlamaForCausalLM(config), path, (ids,))
-
-
-def best_reader(path: Path) -> float:
-    """The best of plain O_DIRECT reads with 4 and with 16 requests in flight and dd, each of the
-    whole file from a cold cache: this disk serves more with more requests in flight, and the
-    runs have many (the engine's workers, the loader, the cold RAM tier)."""
-    size = path.stat().st_size - path.stat().st_size % 4096
-    speeds = []
-    for threads in (4, 16):
-        cold(path)
-        speeds.append(direct_read_speed(path, 0, size, threads=threads))
-    cold(path)
-    speeds.append(dd_direct(path))
-    return max(speeds)
 
 
 def compute_seconds(s: Subject) -> float:

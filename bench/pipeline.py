@@ -23,7 +23,10 @@ compute. Between the runs the page cache (outside the budget) keeps what it hold
 Measured per way: time per stage and run, peak RSS (RssSampler), bytes read from the drive
 holding target/ (/proc/diskstats), the images against plain's. The floor is
 max(2 x the warm compute, the four files / the drive's best reader, measured before and after
-the ways). Writes bench/results/pipeline.md and bench/results/pipeline.png (a time line per
+the ways). Plain's process then times the transformer's warm steps alone and beside a read of
+its file as a stage ahead is read (bench/_read_cost.py): what a read behind compute costs the
+compute here, which the report adds to the floor with the stages' order for the bytes run 2 must
+read again. Writes bench/results/pipeline.md and bench/results/pipeline.png (a time line per
 way: each stage's start, compute and its loader's reads, the drive's read rate and the RSS).
 """
 
@@ -49,17 +52,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _pipeline_models as pm
 import torch
-from _common import RESULTS, cold, dd_direct, device_read_bytes, direct_read_speed, loadavg, machine, md_table
+from _common import RESULTS, best_reader, cold, device_read_bytes, loadavg, machine, md_table
 from _pipeline_report import (
     least_reads,
     ordered_first_run,
     peak_at,
     plot,
+    read_cost_note,
     rounds_section,
     run_total,
     stage_seconds,
     way_total,
 )
+from _read_cost import transformer_cost
 
 WAYS = ("plain", "stage", "pipeline", "model_offload", "group_offload")
 WORK = pm.DATA / "pipeline-work"
@@ -325,25 +330,14 @@ def child(way: str, preset: str, steps: int, budget: int, drop: bool, out: Path)
     else:
         raise SystemExit(f"unknown way {way!r}: expected one of {', '.join(WAYS)}")
     result.update(rec.finish())
+    if way == "plain":  # after the recorder stops: its reads and memory are not the way's
+        result["read_cost"] = transformer_cost(loaded, ms["transformer"].path, steps)
     shutil.rmtree(orders, ignore_errors=True)
     torch.save([i.contiguous() for i in images], out.with_suffix(".pt"))
     out.write_text(json.dumps(result))
 
 
 # -- the parent: the drive, the ways, the report -----------------------------------------------
-
-
-def best_reader(path: Path) -> float:
-    """As first_run.py's: the best of plain O_DIRECT reads with 4 and 16 requests in flight
-    and dd, each over the whole file (cut to whole pages, which O_DIRECT needs) from cold."""
-    size = path.stat().st_size // 4096 * 4096
-    speeds = []
-    for threads in (4, 16):
-        cold(path)
-        speeds.append(direct_read_speed(path, 0, size, threads=threads))
-    cold(path)
-    speeds.append(dd_direct(path, 0, size))
-    return max(speeds)
 
 
 def run_way(way: str, args: argparse.Namespace, budget: int, files: list[Path]) -> dict[str, Any]:
@@ -496,6 +490,9 @@ def report(
                 )
         unkept = max(0, total_bytes - budget)
         least = least_reads(list(runner["stage_bytes"]), runner["stage_bytes"], runner["working"], budget)
+        cost = plain.get("read_cost") if plain is not None else None
+        if cost is not None:
+            notes.append(read_cost_note(cost, speed, least, first + warm, runner))
         none = least_reads(
             list(runner["stage_bytes"]), runner["stage_bytes"], dict.fromkeys(runner["working"], 0), budget
         )
