@@ -60,22 +60,52 @@ def ordered_first_run(sizes: dict[str, int], compute: dict[str, float], speed: f
     return best
 
 
-def read_cost_note(cost: dict[str, float], speed: float, least: int, ordered: float, runner: dict[str, Any]) -> str:
-    """The compute a read behind it costs (_read_cost.py), and the floor with the stages' order
-    raised by what run 2 must read again: each of those bytes is read either beside compute,
-    costing it ``per_gb``, or with nothing to compute, costing its read time; the lesser of the
-    two, so the sum stays a bound."""
-    per_gb = min(cost["per_gb"], 1 / speed)
-    floor = ordered + per_gb * least / 1e9
-    total = way_total(runner)
+def cost_floors(
+    cost: dict[str, dict[str, float]],
+    speed: float,
+    sizes: dict[str, int],
+    compute: dict[str, float],
+    steps: int,
+    runner: dict[str, Any],
+    budget: int,
+) -> tuple[float, float, float, int]:
+    """Two floors that count what a read costs (_read_cost.py's measure): the warm compute of both
+    runs plus every byte the runs must read (the files, then what run 2 must read again), and the
+    floor with the stages' order plus run 2's bytes. A byte is read either beside compute,
+    costing it at least the least of the stages' costs, or with nothing computing, costing its
+    read time: the lesser of the two per GB, so both stay bounds. Returns that cost per GB, the
+    two floors and run 2's bytes."""
+    import math
+
+    measured = [c["per_gb"] for c in cost.values() if not math.isnan(c["per_gb"])]
+    # Nothing measured (the reads were over before any compute began): no cost counted.
+    per_gb = min([*measured, 1 / speed]) if measured else 0.0
+    warm = sum(compute.values())
+    again = least_reads(list(runner["stage_bytes"]), runner["stage_bytes"], runner["working"], budget)
+    with_reads = 2 * warm + per_gb * (sum(sizes.values()) + again) / 1e9
+    ordered = ordered_first_run(sizes, compute, speed, steps) + warm + per_gb * again / 1e9
+    return per_gb, with_reads, ordered, again
+
+
+def read_cost_note(
+    cost: dict[str, dict[str, float]], floors: tuple[float, float, float, int], total_bytes: int, runner: dict[str, Any]
+) -> str:
+    """The compute a read beside each stage costs it, and the runner against :func:`cost_floors`."""
+    per_gb, with_reads, ordered, again = floors
+    stages = "; ".join(
+        f"{n} {c['alone']:.2f} s alone, {c['beside']:.2f} s beside {c['gb_during']:.2f} GB read: {c['per_gb']:.2f} s/GB"
+        for n, c in cost.items()
+    )
+    drive = min(c["drive_read"] for c in cost.values()) / 1e9
+    pairs = next(iter(cost.values()))["pairs"]
     return (
-        f"reads beside compute (plain's process after its runs, every weight in memory, medians of "
-        f"{cost['pairs']:.0f} pairs in turn): the transformer's warm steps take {cost['alone']:.2f} s alone and "
-        f"{cost['beside']:.2f} s while its {cost['bytes'] / 1e9:.2f} GB file is read cold as a stage ahead is "
-        f"(direct reads into fresh pages; the read took {cost['read_s']:.2f} s, the drive served at least "
-        f"{cost['drive_bytes'] / 1e9:.2f} GB each time): {cost['per_gb']:.2f} s of compute "
-        f"lost per GB read. The floor with the stages' order plus the {least / 1e9:.2f} GB run 2 must read again at "
-        f"{per_gb:.2f} s per GB: {floor:.2f} s; the runner is {total / floor:.2f}x that"
+        "reads beside compute (plain's process after its runs, every weight in memory; each stage's warm "
+        "compute alone and while the transformer's file is read as a stage ahead is, direct into fresh "
+        f"pages, medians of {pairs:.0f} pairs in turn; the drive served at least {drive:.2f} GB a read): "
+        f"{stages}. At {per_gb:.2f} s per GB (the least of these and of the read time alone), the warm "
+        f"compute plus the {(total_bytes + again) / 1e9:.2f} GB the two runs must read is {with_reads:.2f} s, "
+        f"the floor with the stages' order plus run 2's {again / 1e9:.2f} GB is {ordered:.2f} s: the runner is "
+        f"{way_total(runner) / max(with_reads, ordered):.2f}x the higher"
     )
 
 
@@ -141,7 +171,9 @@ def way_total(res: dict[str, Any]) -> float:
     return load + run_total(res, 1) + run_total(res, 2)
 
 
-def rounds_section(rounds: list[dict[str, dict[str, Any]]], sizes: dict[str, int], speed: float, steps: int) -> str:
+def rounds_section(
+    rounds: list[dict[str, dict[str, Any]]], sizes: dict[str, int], speed: float, steps: int, budget: int
+) -> str:
     """Every way's total in each round, the ways interleaved round by round, and the runner's
     ratios with the floors of its own round (plain's warm run of that round): the machine's speed
     drifts between minutes, so a ratio is only as good as the round it was taken in."""
@@ -154,20 +186,32 @@ def rounds_section(rounds: list[dict[str, dict[str, Any]]], sizes: dict[str, int
         totals = [way_total(r[w]) for r in rounds]
         lines.append(f"| {w} | " + " | ".join(f"{t:.1f}" for t in totals) + f" | {statistics.median(totals):.1f} |")
     if "pipeline" in ways and "plain" in ways:
-        plain_floor, order_floor = [], []
+        plain_floor, order_floor, cost_floor = [], [], []
         for r in rounds:
             compute = stage_seconds(r["plain"], 3)
             warm = sum(compute.values())
             floor = max(2 * warm, sum(sizes.values()) / 1e9 / speed)
             plain_floor.append(way_total(r["pipeline"]) / floor)
             order_floor.append(way_total(r["pipeline"]) / (ordered_first_run(sizes, compute, speed, steps) + warm))
+            if "read_cost" in r["plain"]:
+                _, with_reads, ordered, _ = cost_floors(
+                    r["plain"]["read_cost"], speed, sizes, compute, steps, r["pipeline"], budget
+                )
+                cost_floor.append(way_total(r["pipeline"]) / max(with_reads, ordered))
         lines += [
             "",
             "- runner / the floor of its round: "
             + ", ".join(f"{x:.2f}x" for x in plain_floor)
             + f" (median {statistics.median(plain_floor):.2f}x); / the floor with the stages' order: "
             + ", ".join(f"{x:.2f}x" for x in order_floor)
-            + f" (median {statistics.median(order_floor):.2f}x)",
+            + f" (median {statistics.median(order_floor):.2f}x)"
+            + (
+                "; / the higher floor with the reads' cost: "
+                + ", ".join(f"{x:.2f}x" for x in cost_floor)
+                + f" (median {statistics.median(cost_floor):.2f}x)"
+                if cost_floor
+                else ""
+            ),
         ]
     for w in ways:
         if w != "pipeline" and "pipeline" in ways:

@@ -23,11 +23,13 @@ compute. Between the runs the page cache (outside the budget) keeps what it hold
 Measured per way: time per stage and run, peak RSS (RssSampler), bytes read from the drive
 holding target/ (/proc/diskstats), the images against plain's. The floor is
 max(2 x the warm compute, the four files / the drive's best reader, measured before and after
-the ways). Plain's process then times the transformer's warm steps alone and beside a read of
-its file as a stage ahead is read (bench/_read_cost.py): what a read behind compute costs the
-compute here, which the report adds to the floor with the stages' order for the bytes run 2 must
-read again. Writes bench/results/pipeline.md and bench/results/pipeline.png (a time line per
-way: each stage's start, compute and its loader's reads, the drive's read rate and the RSS).
+the ways). Plain's process then times each stage's warm compute alone and beside a read of
+the transformer's file as a stage ahead is read (bench/_read_cost.py): what a read behind
+compute costs the compute here. Every byte a way reads costs either that or its read time with
+nothing computing, so the report adds the lesser of the two, per GB the runs must read, to the
+warm compute (and to the floor with the stages' order, for run 2's reads). Writes
+bench/results/pipeline.md and bench/results/pipeline.png (a time line per way: each stage's
+start, compute and its loader's reads, the drive's read rate and the RSS).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ import _pipeline_models as pm
 import torch
 from _common import RESULTS, best_reader, cold, device_read_bytes, loadavg, machine, md_table
 from _pipeline_report import (
+    cost_floors,
     least_reads,
     ordered_first_run,
     peak_at,
@@ -64,7 +67,7 @@ from _pipeline_report import (
     stage_seconds,
     way_total,
 )
-from _read_cost import transformer_cost
+from _read_cost import stage_costs
 
 WAYS = ("plain", "stage", "pipeline", "model_offload", "group_offload")
 WORK = pm.DATA / "pipeline-work"
@@ -331,7 +334,7 @@ def child(way: str, preset: str, steps: int, budget: int, drop: bool, out: Path)
         raise SystemExit(f"unknown way {way!r}: expected one of {', '.join(WAYS)}")
     result.update(rec.finish())
     if way == "plain":  # after the recorder stops: its reads and memory are not the way's
-        result["read_cost"] = transformer_cost(loaded, ms["transformer"].path, steps)
+        result["read_cost"] = stage_costs(loaded, ms["transformer"].path, steps)
     shutil.rmtree(orders, ignore_errors=True)
     torch.save([i.contiguous() for i in images], out.with_suffix(".pt"))
     out.write_text(json.dumps(result))
@@ -492,7 +495,8 @@ def report(
         least = least_reads(list(runner["stage_bytes"]), runner["stage_bytes"], runner["working"], budget)
         cost = plain.get("read_cost") if plain is not None else None
         if cost is not None:
-            notes.append(read_cost_note(cost, speed, least, first + warm, runner))
+            floors = cost_floors(cost, speed, sizes, compute, args.steps, runner, budget)
+            notes.append(read_cost_note(cost, floors, total_bytes, runner))
         none = least_reads(
             list(runner["stage_bytes"]), runner["stage_bytes"], dict.fromkeys(runner["working"], 0), budget
         )
@@ -580,7 +584,7 @@ def main() -> None:
     drive.append(best_reader(ms["transformer"].path))
     text = report(args, got, sizes, budget, drive)
     if args.rounds > 1:
-        text += rounds_section(rounds, sizes, statistics.mean(drive), args.steps)
+        text += rounds_section(rounds, sizes, statistics.mean(drive), args.steps, budget)
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "pipeline" if args.preset == "full" else f"pipeline-{args.preset}"

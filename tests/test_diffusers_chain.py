@@ -2,11 +2,12 @@
 ahead starts when the pipeline first calls it, and seeded random chains (budgets from roomy to
 far too small, overlap, streamed or resident blocks, reports between calls) give the plain
 pipeline's images, hold no more than the budget, never wait forever, and give everything
-back."""
+back; an image-to-image pipeline, whose VAE runs twice a call, does too."""
 
 from __future__ import annotations
 
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from trash_panda.offload.state import get_state
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
-from diffusers import StableDiffusionPipeline
+from diffusers import StableDiffusionImg2ImgPipeline, StableDiffusionPipeline
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +125,50 @@ def test_random_chains_equal_the_plain_pipeline_within_the_budget(
     folder: Path, plain_image: torch.Tensor, seed: int
 ) -> None:
     within_seconds(120, lambda: _random_chain(folder, plain_image, random.Random(seed)))
+
+
+def _img2img(pipe: Any, seed: int) -> torch.Tensor:
+    start = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the UNet runs its middle blocks out of their defined order
+        out = pipe(
+            "a raccoon at night",
+            image=start,
+            strength=0.8,
+            num_inference_steps=4,
+            guidance_scale=3.0,
+            output_type="pt",
+            generator=torch.Generator().manual_seed(seed),
+        )
+    return out.images
+
+
+@pytest.mark.parametrize("share", [None, 0.66, 0.33])
+def test_an_image_to_image_chain_runs_its_vae_twice_a_call(folder: Path, share: float | None) -> None:
+    """The VAE encodes the start image after the text encoder and decodes after the UNet: each
+    call is two runs of the chain (text encoder and VAE, then UNet and VAE), and three calls
+    give the plain pipeline's images within the budget."""
+    plain = StableDiffusionImg2ImgPipeline.from_pretrained(folder)
+    want = [_img2img(plain, seed) for seed in range(3)]
+    budget = None if share is None else int(_files(folder) * share)
+    options: dict[str, Any] = {"device": "cpu", "activation_vram": 0}
+    if budget is not None:
+        options["ram"] = budget
+    pipe = trash_panda.diffusers.load_pipeline(
+        StableDiffusionImg2ImgPipeline, folder, stream=STREAM, chain=True, **options
+    )
+    held = _noting_held(pipe)
+    runner = pipe._trash_panda_pipeline.chained.runner
+    try:
+
+        def calls() -> None:
+            for seed in range(3):
+                assert torch.equal(_img2img(pipe, seed), want[seed]), seed
+
+        within_seconds(120, calls)
+        runs = [[r.stage for r in runner.records if r.run == n] for n in range(1, 7)]
+        assert runs == [["text_encoder", "vae"], ["unet", "vae"]] * 3, runner.report()
+        assert held and (budget is None or max(held) <= budget), (held, budget, runner.report())
+    finally:
+        trash_panda.diffusers.release_pipeline(pipe)
+    assert all(get_state(getattr(pipe, n)) is None for n in STREAM)
