@@ -1,10 +1,11 @@
 """What a read behind compute costs the compute on this machine: bench/pipeline.py's plain way
 times each stage's warm compute alone and while the transformer's file is read the way the
 runtime reads a stage ahead (direct reads into fresh pages of their own, through a read lane),
-in turn. On a machine with few cores the reads' CPU (the kernel's faults of the fresh pages, the
-I/O's completions, and on a virtual machine its host's emulation) comes out of the compute: a
-cost the floor max(compute, bytes / drive) leaves out, and one no way of running the pipeline
-avoids, since a byte not read beside compute is read with nothing to hide it."""
+in turn. On a machine with few cores a read slows the compute beside it (on the 2-vCPU virtual
+machine of BENCHMARK.md by about what the read takes alone, and not through the faults of the
+fresh pages: pages faulted beforehand cost the same): a cost the floor max(compute, bytes /
+drive) leaves out, and one no way of running the pipeline avoids, since a byte not read beside
+compute is read with nothing to hide it."""
 
 from __future__ import annotations
 
@@ -78,7 +79,6 @@ def beside_reads(work: Callable[[], Any], path: Path, pairs: int = 3) -> dict[st
         "gb_during": statistics.median(during),
         "per_gb": statistics.median(per_gb) if per_gb else float("nan"),
         "drive_read": float(min(from_drive)),
-        "read": float(sum(n for _, n in marks)),
         "pairs": float(pairs),
     }
 
