@@ -182,6 +182,60 @@ fn quantize_other_sources_match_f32() {
     });
 }
 
+/// Rows long enough for the bf16 table, whose scales repeat (the quantizer keeps the tables of
+/// the scales it met) and differ, some holding a NaN, an infinity, subnormal values or only
+/// zeros: the 16-bit kernels against the formula on the widened values, on 1 and 2 threads.
+#[test]
+fn half_rows_with_repeating_scales_match_the_formula() {
+    let (rows, cols) = (240, 2100);
+    let mut x = Vec::with_capacity(rows * cols);
+    for i in 0..rows {
+        // 120 rows of different scales (more than the quantizer keeps, so some share a slot),
+        // then the same 120 again.
+        let scale = (1.0 + (i % 40) as f32 / 64.0) * 2f32.powi((i / 40 % 3) as i32 - 1);
+        let mut row: Vec<f32> = values(cols, (i % 6) as u32 + 1)
+            .into_iter()
+            .map(|v| v * scale)
+            .collect();
+        match i % 40 {
+            7 => row[100] = f32::NAN,
+            11 => row[5] = f32::INFINITY,
+            13 => row.iter_mut().step_by(3).for_each(|v| *v = 1e-40),
+            17 => row.fill(0.0),
+            19 => row[..2].copy_from_slice(&[f32::NEG_INFINITY, -f32::NAN]),
+            _ => {}
+        }
+        x.extend(row);
+    }
+    on_every_level(|| {
+        for dt in [DType::BF16, DType::F16] {
+            let mut half = vec![0u8; rows * cols * 2];
+            cast(&f32_bytes(&x), DType::F32, &mut half, dt, 1).unwrap();
+            let mut wide = vec![0u8; rows * cols * 4];
+            cast(&half, dt, &mut wide, DType::F32, 1).unwrap();
+            let widened: Vec<f32> = wide
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let (want_q, want_s) = reference(&widened, rows, cols, true);
+            for threads in [1, 2] {
+                let (mut q, mut s) = (vec![0u8; rows * cols], vec![0f32; rows]);
+                let g = QuantGranularity::PerRow;
+                quantize_fp8(&half, dt, (rows, cols), g, &mut q, &mut s, threads).unwrap();
+                assert_eq!(s, want_s, "{dt} scales, {threads} threads");
+                for (i, (g, w)) in q.iter().zip(&want_q).enumerate() {
+                    // A NaN's sign after a division is not defined; its shape is.
+                    if widened[i].is_nan() {
+                        assert_eq!(g & 0x7F, 0x7F, "{dt} row {} col {}", i / cols, i % cols);
+                    } else {
+                        assert_eq!(g, w, "{dt} row {} col {}", i / cols, i % cols);
+                    }
+                }
+            }
+        }
+    });
+}
+
 #[test]
 fn error_paths() {
     let src = [0u8; 12];

@@ -118,7 +118,7 @@ multiversion! {
         if let Some(half) = half_kernels(src_t) {
             // SAFETY: `half_kernels` answers only at a level whose CPU has AVX2, FMA and F16C,
             // the features the kernel is compiled with.
-            return unsafe { super::avx2::quant::amax_bits_16(src, half) };
+            return unsafe { super::avx2::quant::amax_bits_16(src, half) }.bits;
         }
         #[cfg(target_arch = "aarch64")]
         if neon_kernels(src_t) {
@@ -186,9 +186,12 @@ fn encode_scaled_inline(src: &[u8], src_t: DType, dst: &mut [u8], scale: f32, st
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(half) = half_kernels(src_t) {
+        // The source is prefetched 4 KiB ahead (one core's demand loads alone fall short of
+        // memory speed, see `avx2`); NaNs were not looked for.
+        let mut q = super::avx2::quant::Quantizer::new(half, stores, 4096);
         // SAFETY: `half_kernels` answers only at a level whose CPU has AVX2, FMA and F16C, the
         // features the kernel is compiled with.
-        unsafe { super::avx2::quant::divided_16(src, dst, scale, stores, half, 0) };
+        unsafe { q.divided(src, dst, scale, false) };
         return;
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -232,17 +235,20 @@ multiversion! {
             return;
         }
         let rows = src.chunks_exact(cols * ss).zip(dst.chunks_exact_mut(cols));
+        // The next row is prefetched for its amax pass.
         #[cfg(target_arch = "x86_64")]
-        let fused = half_kernels(src_t);
+        let mut fused = half_kernels(src_t)
+            .map(|half| (half, super::avx2::quant::Quantizer::new(half, stores, cols * ss)));
         for ((s, d), out) in rows.zip(scales.iter_mut()) {
             #[cfg(target_arch = "x86_64")]
-            if let Some(half) = fused {
+            if let Some((half, q)) = fused.as_mut() {
                 // SAFETY: `half_kernels` answers only at a level whose CPU has AVX2, FMA and
                 // F16C, the features these kernels are compiled with.
-                let k = scale_for(unsafe { super::avx2::quant::amax_bits_16(s, half) });
+                let amax = unsafe { super::avx2::quant::amax_bits_16(s, *half) };
+                let k = scale_for(amax.bits);
                 *out = k;
                 // SAFETY: as above.
-                unsafe { super::avx2::quant::divided_16(s, d, k, stores, half, s.len()) };
+                unsafe { q.divided(s, d, k, !amax.nan) };
                 continue;
             }
             #[cfg(target_arch = "aarch64")]

@@ -78,33 +78,76 @@ impl Half {
     }
 }
 
+/// What the amax pass over a 16-bit source found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Amax {
+    /// The bits of max |x| over the non-NaN values as f32 bits (0 when there are none).
+    pub(crate) bits: u32,
+    /// Whether the source holds a NaN: where it does not, the bf16 table loop skips its NaN
+    /// test (an infinity comes out of the table saturated, as the division gives it).
+    pub(crate) nan: bool,
+}
+
 /// The bits of max |x| over the non-NaN values (bf16 or f16, `half`) of `src` as f32 bits (0
-/// when there are none): what `amax_bits` gives for such a source. Works on the 16-bit
-/// patterns directly, sixteen to a register: their magnitudes order like the values.
+/// when there are none): what `amax_bits` gives for such a source, and whether a NaN is among
+/// them. Works on the 16-bit patterns directly, sixteen to a register: their magnitudes order
+/// like the values. The loop takes NaNs as the largest magnitudes; only when one comes out on
+/// top does a second pass leave them out.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn amax_bits_16(src: &[u8], half: Half) -> u32 {
+pub(crate) fn amax_bits_16(src: &[u8], half: Half) -> Amax {
+    let top = max_magnitude(src, half, false);
+    if top <= half.inf() as u16 {
+        return Amax {
+            bits: half.widen(top),
+            nan: false,
+        };
+    }
+    Amax {
+        bits: half.widen(max_magnitude(src, half, true)),
+        nan: true,
+    }
+}
+
+/// The largest 16-bit magnitude pattern in `src`, NaNs counted as 0 if `skip_nan`, as the
+/// largest patterns otherwise.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn max_magnitude(src: &[u8], half: Half, skip_nan: bool) -> u16 {
     let n = src.len() / 2;
-    let mut best = _mm256_setzero_si256();
+    let magnitude = _mm256_set1_epi16(0x7FFF);
+    let inf = _mm256_set1_epi16(half.inf());
+    let (mut a, mut b) = (_mm256_setzero_si256(), _mm256_setzero_si256());
     let mut i = 0;
-    while i + 16 <= n {
-        // SAFETY: 2 * (i + 16) <= 2 * n <= src.len(): the 32 bytes at src[2 * i..] are in
-        // bounds; loadu has no alignment requirement.
-        let h = unsafe { _mm256_loadu_si256(src.as_ptr().add(2 * i).cast()) };
-        let a = _mm256_and_si256(h, _mm256_set1_epi16(0x7FFF));
-        // NaNs count as 0; `a` is below 0x8000, so the signed compare is the unsigned one.
-        let nan = _mm256_cmpgt_epi16(a, _mm256_set1_epi16(half.inf()));
-        best = _mm256_max_epu16(best, _mm256_andnot_si256(nan, a));
-        i += 16;
+    while i + 32 <= n {
+        // SAFETY: 2 * (i + 32) <= 2 * n <= src.len(): the 64 bytes at src[2 * i..] are in
+        // bounds.
+        let (h0, h1) = unsafe { load_64(src.as_ptr().add(2 * i)) };
+        let (mut m0, mut m1) = (
+            _mm256_and_si256(h0, magnitude),
+            _mm256_and_si256(h1, magnitude),
+        );
+        if skip_nan {
+            // Magnitudes are below 0x8000, so the signed compare is the unsigned one.
+            m0 = _mm256_andnot_si256(_mm256_cmpgt_epi16(m0, inf), m0);
+            m1 = _mm256_andnot_si256(_mm256_cmpgt_epi16(m1, inf), m1);
+        }
+        // Two accumulators: each max waits only on its own.
+        a = _mm256_max_epu16(a, m0);
+        b = _mm256_max_epu16(b, m1);
+        i += 32;
     }
     let mut lanes = [0u16; 16];
     // SAFETY: `lanes` is 32 bytes, the size of the unaligned store.
-    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), best) };
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), _mm256_max_epu16(a, b)) };
     let mut m = lanes.into_iter().max().unwrap_or(0);
     for s in src[2 * i..2 * n].chunks_exact(2) {
         let a = u16::from_le_bytes([s[0], s[1]]) & 0x7FFF;
-        m = m.max(if a > half.inf() as u16 { 0 } else { a });
+        m = m.max(if skip_nan && a > half.inf() as u16 {
+            0
+        } else {
+            a
+        });
     }
-    half.widen(m)
+    m
 }
 
 /// Eight f32 values (already divided by the scale) to e4m3fn codes, one per 32-bit lane, as
@@ -135,42 +178,61 @@ fn encode_e4m3(v: __m256) -> __m256i {
     _mm256_or_si256(code, sign)
 }
 
-/// `e4m3fn(clamp(x / k, -448, 448))` for the bf16 or f16 (`half`) values of `src` into `dst`
-/// (one byte each): what `encode_scaled` gives for such a source, for any `k`; the clamp is the
-/// encoder's saturation. `ahead` (bytes) is how far past each block to prefetch into L2: the
-/// next row's distance for the per-row quantizer, 0 otherwise.
-///
-/// For the scales quantization makes (positive and finite) the quotient's sign is the value's
-/// and only a NaN value gives a NaN, so the loops work on magnitudes and put the signs back a
-/// byte at a time; other scales take the general loop, which divides.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) fn divided_16(
-    src: &[u8],
-    dst: &mut [u8],
-    k: f32,
-    stores: Stores,
+/// A thread's quantizing of one tensor's 16-bit values: how it writes and prefetches, and the
+/// bf16 tables of the scales it has met, which later rows with the same scale reuse (rows of
+/// one weight share few scales: a row's amax is a bf16 value and rows' amax values cluster).
+pub(crate) struct Quantizer {
     half: Half,
+    stores: Stores,
     ahead: usize,
-) {
-    let n = (src.len() / 2).min(dst.len());
-    let (head, stores) = stores.head(dst.as_ptr(), 1, n);
-    scalar(&src[..2 * head], &mut dst[..head], k, half);
-    let (s, d) = (&src[2 * head..2 * n], &mut dst[head..n]);
-    let i = head
-        + match Reciprocal::new(k) {
-            Some(r) => match half {
-                Half::Bf16 => match table::Bf16Table::new(k, s.len() / 2) {
-                    Some(t) => {
-                        let j = table::bf16_by_table(s, d, &t, r, stores, ahead);
-                        j + reciprocal_bf16(&s[2 * j..], &mut d[j..], r, stores, ahead)
-                    }
-                    None => reciprocal_bf16(s, d, r, stores, ahead),
-                },
-                Half::F16 => reciprocal_f16(s, d, r, stores, ahead),
-            },
-            None => divided_any(s, d, k, stores, half),
-        };
-    scalar(&src[2 * i..2 * n], &mut dst[i..n], k, half);
+    tables: table::Bf16Tables,
+}
+
+impl Quantizer {
+    /// `ahead` (bytes) is how far past each block to prefetch into L2: the next row's distance
+    /// for the per-row quantizer, whose amax pass then reads it from L2, a few KiB otherwise.
+    pub(crate) fn new(half: Half, stores: Stores, ahead: usize) -> Quantizer {
+        Quantizer {
+            half,
+            stores,
+            ahead,
+            tables: table::Bf16Tables::new(),
+        }
+    }
+
+    /// `e4m3fn(clamp(x / k, -448, 448))` for the values of `src` into `dst` (one byte each):
+    /// what `encode_scaled` gives for such a source, for any `k`; the clamp is the encoder's
+    /// saturation. `nan_free` says the caller knows `src` holds no NaN ([`Amax::nan`]), which
+    /// spares the bf16 table loop a test.
+    ///
+    /// For the scales quantization makes (positive and finite) the quotient's sign is the
+    /// value's and only a NaN value gives a NaN, so the loops work on magnitudes and put the
+    /// signs back a byte at a time; other scales take the general loop, which divides.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn divided(&mut self, src: &[u8], dst: &mut [u8], k: f32, nan_free: bool) {
+        let (half, ahead) = (self.half, self.ahead);
+        let n = (src.len() / 2).min(dst.len());
+        let (head, stores) = self.stores.head(dst.as_ptr(), 1, n);
+        scalar(&src[..2 * head], &mut dst[..head], k, half);
+        let (s, d) = (&src[2 * head..2 * n], &mut dst[head..n]);
+        let i = head
+            + match (Reciprocal::new(k), half) {
+                (Some(r), Half::Bf16) => {
+                    let table = match s.len() / 2 >= table::MIN_VALUES {
+                        true => self.tables.get(k),
+                        false => None,
+                    };
+                    let j = match table {
+                        Some(t) => table::bf16_by_table(s, d, t, r, stores, ahead, nan_free),
+                        None => 0,
+                    };
+                    j + reciprocal(&s[2 * j..], &mut d[j..], r, stores, ahead, half)
+                }
+                (Some(r), Half::F16) => reciprocal(s, d, r, stores, ahead, half),
+                (None, _) => divided_any(s, d, k, stores, half),
+            };
+        scalar(&src[2 * i..2 * n], &mut dst[i..n], k, half);
+    }
 }
 
 fn scalar(src: &[u8], dst: &mut [u8], k: f32, half: Half) {
@@ -217,6 +279,12 @@ struct Reciprocal {
     /// infinities, NaNs and values whose `x * y` could overflow, all of which saturate or are
     /// NaN, which the loop writes directly.
     bf16_limit: i16,
+    /// The largest bf16 magnitude pattern at most `k / 8` (as stored: a quotient at most 1/8
+    /// of the smallest subnormal code, so code 0, whatever the rounding). The bf16 loop zeroes
+    /// such values before dividing: a subnormal input or product costs a microcode assist of
+    /// about a hundred cycles on x86 (random bit patterns ran 40x slower), and from this size
+    /// on neither `x * y` nor, for any scale that is not itself tiny, the remainder is one.
+    bf16_tiny: i16,
 }
 
 impl Reciprocal {
@@ -233,7 +301,14 @@ impl Reciprocal {
         // the quotient is finite; f16 values (at most 65504) are always under it.
         let lim = (f32::from_bits(0x7E80_0000) / y).to_bits() >> 16;
         let bf16_limit = lim.min(0x7F7F) as i16;
-        Some(Reciprocal { k, y, bf16_limit })
+        // k >= 2^-99 here, so k / 8 is normal and its pattern above every subnormal one.
+        let bf16_tiny = ((k / 8.0).to_bits() >> 16) as i16;
+        Some(Reciprocal {
+            k,
+            y,
+            bf16_limit,
+            bf16_tiny,
+        })
     }
 
     /// `RN(x / k)` (k as stored: the scale / 512) for eight non-negative f32 values whose
@@ -278,21 +353,28 @@ fn combine(a: (__m256i, __m256i), b: (__m256i, __m256i)) -> __m256i {
     _mm256_max_epi16(normal, sub)
 }
 
-/// Two registers of 16 values each (64 source bytes at `src[2 * i..]`), their magnitudes, and
-/// whether any magnitude is above `limit` (a signed compare: magnitudes are below 0x8000).
-/// Prefetches the line `ahead` bytes further into L2: the per-row quantizer asks for the next
-/// row, whose amax pass then reads it from L2 instead of waiting on memory.
+/// One block of 32 values as the reciprocal loops take it.
+#[derive(Clone, Copy)]
+struct Block {
+    /// The values' signs, in `packs_epi16`'s lane order, as 0x80 bits ([`signs`]).
+    signs: __m256i,
+    /// Their magnitudes, sixteen to a register.
+    m: [__m256i; 2],
+    /// Whether any magnitude is above the limit the loader was given.
+    over: bool,
+}
+
+/// The block of 32 values at `src[2 * i..]` (64 bytes), `over` telling whether any magnitude
+/// is above `limit` (a signed compare: magnitudes are below 0x8000). The signs are taken at
+/// once, so that the loaded registers die early. Prefetches the line `ahead` bytes further
+/// into L2: the per-row quantizer asks for the next row, whose amax pass then reads it from L2
+/// instead of waiting on memory.
 ///
 /// # Safety
 /// `src` holds 64 bytes from `2 * i`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn load_block(
-    src: &[u8],
-    i: usize,
-    limit: i16,
-    ahead: usize,
-) -> ([__m256i; 2], [__m256i; 2], bool) {
+unsafe fn load_block(src: &[u8], i: usize, limit: i16, ahead: usize) -> Block {
     // A prefetch never faults, whatever the address; `wrapping_add` computes one past the
     // slice without `add`'s in-bounds requirement.
     _mm_prefetch::<_MM_HINT_T1>(src.as_ptr().wrapping_add(2 * i + ahead).cast());
@@ -302,7 +384,11 @@ unsafe fn load_block(
     let m1 = _mm256_and_si256(h1, _mm256_set1_epi16(0x7FFF));
     let top = _mm256_max_epu16(m0, m1);
     let over = _mm256_cmpgt_epi16(top, _mm256_set1_epi16(limit));
-    ([h0, h1], [m0, m1], _mm256_movemask_epi8(over) != 0)
+    Block {
+        signs: signs([h0, h1]),
+        m: [m0, m1],
+        over: _mm256_movemask_epi8(over) != 0,
+    }
 }
 
 /// The codes of 32 values whose magnitudes `m` are above `limit` (the rest are left as
@@ -327,12 +413,15 @@ fn signs(h: [__m256i; 2]) -> __m256i {
     _mm256_and_si256(s, _mm256_set1_epi8(i8::MIN))
 }
 
-/// The codes of one block of 32 bf16 values (`h`, their magnitudes `m`, whether any is above
-/// the limit) by the reciprocal, in order. Widens the even and the odd values of a register
-/// apart (a shift and a mask) and puts them back in order with one byte shuffle.
+/// The codes of one block of 32 bf16 values (loaded with the limit `r.bf16_limit`) by the
+/// reciprocal, in order. Widens the even and the odd values of a register apart (a shift and a
+/// mask) and puts them back in order with one byte shuffle.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn reciprocal_bf16_block(h: [__m256i; 2], m: [__m256i; 2], over: bool, r: Reciprocal) -> __m256i {
+#[inline]
+fn reciprocal_bf16_block(b: Block, r: Reciprocal) -> __m256i {
     let sixteen = |m: __m256i| {
+        // Tiny values to 0 (their code), so that nothing below is subnormal.
+        let m = _mm256_and_si256(m, _mm256_cmpgt_epi16(m, _mm256_set1_epi16(r.bf16_tiny)));
         let even = r.quotient(_mm256_castsi256_ps(_mm256_slli_epi32(m, 16)));
         let odd = r.quotient(_mm256_castsi256_ps(_mm256_and_si256(
             m,
@@ -348,51 +437,21 @@ fn reciprocal_bf16_block(h: [__m256i; 2], m: [__m256i; 2], over: bool, r: Recipr
     );
     // Lane 0: values 0-7 and 16-23, lane 1: 8-15 and 24-31, as `packs_epi16` leaves the
     // signs; codes saturate at 448 (0x7E) there, everything above rounding to it.
-    let codes = _mm256_packus_epi16(sixteen(m[0]), sixteen(m[1]));
+    let codes = _mm256_packus_epi16(sixteen(b.m[0]), sixteen(b.m[1]));
     let codes = _mm256_min_epu8(codes, _mm256_set1_epi8(0x7E));
     let mut codes = _mm256_shuffle_epi8(codes, order);
-    if over {
-        codes = saturated(codes, m, r.bf16_limit, 0x7F80);
+    if b.over {
+        codes = saturated(codes, b.m, r.bf16_limit, 0x7F80);
     }
-    let codes = _mm256_or_si256(codes, signs(h));
+    let codes = _mm256_or_si256(codes, b.signs);
     _mm256_permute4x64_epi64(codes, 0b11_01_10_00)
 }
 
-/// The reciprocal loop of [`divided_16`] for bf16; returns how many values it did (from the
-/// start; the rest, under 32, is the caller's).
+/// The codes of one block of 32 f16 values (loaded with the limit 0x7BFF, under which lie the
+/// finite values) by the reciprocal, in order, widened by F16C eight at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn reciprocal_bf16(
-    src: &[u8],
-    dst: &mut [u8],
-    r: Reciprocal,
-    stores: Stores,
-    ahead: usize,
-) -> usize {
-    let n = (src.len() / 2).min(dst.len());
-    let mut i = 0;
-    while i + 32 <= n {
-        // SAFETY: 2 * (i + 32) <= 2 * n <= src.len().
-        let (h, m, over) = unsafe { load_block(src, i, r.bf16_limit, ahead) };
-        let codes = reciprocal_bf16_block(h, m, over, r);
-        // SAFETY: i + 32 <= n <= dst.len(): the 32 bytes at dst[i..] are in bounds, and aligned
-        // when streaming (the caller aligned dst; each step adds 32).
-        unsafe { store(dst.as_mut_ptr().add(i), codes, stores) };
-        i += 32;
-    }
-    i
-}
-
-/// The reciprocal loop of [`divided_16`] for f16 (widened by F16C, eight values at a time);
-/// returns how many values it did, as [`reciprocal_bf16`].
-#[target_feature(enable = "avx2,fma,f16c")]
-fn reciprocal_f16(
-    src: &[u8],
-    dst: &mut [u8],
-    r: Reciprocal,
-    stores: Stores,
-    ahead: usize,
-) -> usize {
-    let n = (src.len() / 2).min(dst.len());
+#[inline]
+fn reciprocal_f16_block(b: Block, r: Reciprocal) -> __m256i {
     let eight = |m: __m128i| encode_parts(r.quotient(_mm256_cvtph_ps(m)));
     let sixteen = |m: __m256i| {
         let lo = eight(_mm256_castsi256_si128(m));
@@ -400,23 +459,66 @@ fn reciprocal_f16(
         // Lane 0: values 0-3 and 8-11, lane 1: 4-7 and 12-15.
         combine(lo, hi)
     };
+    // Four-byte groups of values 0, 8, 16, 24 in lane 0 and 4, 12, 20, 28 in lane 1: the
+    // dword permute puts them in the `packs_epi16` order of the signs (0-7, 16-23, 8-15,
+    // 24-31), the qword one in order.
+    let codes = _mm256_packus_epi16(sixteen(b.m[0]), sixteen(b.m[1]));
+    let codes = _mm256_min_epu8(codes, _mm256_set1_epi8(0x7E));
+    let perm = _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7);
+    let mut codes = _mm256_permutevar8x32_epi32(codes, perm);
+    if b.over {
+        // Infinities (0x7C00) and NaNs are above 0x7BFF.
+        codes = saturated(codes, b.m, 0x7BFF, 0x7C00);
+    }
+    let codes = _mm256_or_si256(codes, b.signs);
+    _mm256_permute4x64_epi64(codes, 0b11_01_10_00)
+}
+
+/// The reciprocal loop of [`Quantizer::divided`]; returns how many values it did (from the
+/// start; the rest, under 32, is the caller's).
+#[target_feature(enable = "avx2,fma,f16c")]
+fn reciprocal(
+    src: &[u8],
+    dst: &mut [u8],
+    r: Reciprocal,
+    stores: Stores,
+    ahead: usize,
+    half: Half,
+) -> usize {
+    match (stores, half) {
+        (Stores::Cached, Half::Bf16) => reciprocal_run::<false, true>(src, dst, r, ahead),
+        (Stores::Cached, Half::F16) => reciprocal_run::<false, false>(src, dst, r, ahead),
+        (Stores::Streaming, Half::Bf16) => reciprocal_run::<true, true>(src, dst, r, ahead),
+        (Stores::Streaming, Half::F16) => reciprocal_run::<true, false>(src, dst, r, ahead),
+    }
+}
+
+/// [`reciprocal`] for one kind of stores and source, picked at compile time so that the loop
+/// branches on neither (`BF16`: bf16, else f16).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(never)]
+fn reciprocal_run<const STREAM: bool, const BF16: bool>(
+    src: &[u8],
+    dst: &mut [u8],
+    r: Reciprocal,
+    ahead: usize,
+) -> usize {
+    let n = (src.len() / 2).min(dst.len());
+    let stores = if STREAM {
+        Stores::Streaming
+    } else {
+        Stores::Cached
+    };
+    let limit = if BF16 { r.bf16_limit } else { 0x7BFF };
     let mut i = 0;
     while i + 32 <= n {
-        // Infinities (0x7C00) and NaNs are above 0x7BFF.
         // SAFETY: 2 * (i + 32) <= 2 * n <= src.len().
-        let (h, m, over) = unsafe { load_block(src, i, 0x7BFF, ahead) };
-        // Four-byte groups of values 0, 8, 16, 24 in lane 0 and 4, 12, 20, 28 in lane 1: the
-        // dword permute puts them in the `packs_epi16` order of the signs (0-7, 16-23, 8-15,
-        // 24-31), the qword one in order.
-        let codes = _mm256_packus_epi16(sixteen(m[0]), sixteen(m[1]));
-        let codes = _mm256_min_epu8(codes, _mm256_set1_epi8(0x7E));
-        let perm = _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7);
-        let mut codes = _mm256_permutevar8x32_epi32(codes, perm);
-        if over {
-            codes = saturated(codes, m, 0x7BFF, 0x7C00);
-        }
-        let codes = _mm256_or_si256(codes, signs(h));
-        let codes = _mm256_permute4x64_epi64(codes, 0b11_01_10_00);
+        let b = unsafe { load_block(src, i, limit, ahead) };
+        let codes = if BF16 {
+            reciprocal_bf16_block(b, r)
+        } else {
+            reciprocal_f16_block(b, r)
+        };
         // SAFETY: i + 32 <= n <= dst.len(): the 32 bytes at dst[i..] are in bounds, and aligned
         // when streaming (the caller aligned dst; each step adds 32).
         unsafe { store(dst.as_mut_ptr().add(i), codes, stores) };
@@ -425,7 +527,7 @@ fn reciprocal_f16(
     i
 }
 
-/// The vector loop of [`divided_16`] for any `k` (negative, zero or infinite ones
+/// The vector loop of [`Quantizer::divided`] for any `k` (negative, zero or infinite ones
 /// only reach here from tests), with [`encode_e4m3`]'s full encoder.
 #[target_feature(enable = "avx2,fma,f16c")]
 fn divided_any(src: &[u8], dst: &mut [u8], k: f32, stores: Stores, half: Half) -> usize {

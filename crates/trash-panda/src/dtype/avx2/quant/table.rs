@@ -22,9 +22,39 @@ use super::{encode_e4m3, load_block, reciprocal_bf16_block, store, Reciprocal, S
 
 /// Below this many values the table's build (a division of 128 values and a scan) costs more
 /// than it saves.
-const MIN_VALUES: usize = 2048;
+pub(super) const MIN_VALUES: usize = 2048;
+
+/// The tables of the scales a [`super::Quantizer`] has met, direct-mapped by the scale's bits:
+/// a table's build costs as much as quantizing a few hundred values, a lookup nothing.
+pub(super) struct Bf16Tables {
+    /// The scale's bits and its table, `None` where the table does not apply.
+    slots: [Option<(u32, Option<Bf16Table>)>; SLOTS],
+}
+
+const SLOTS: usize = 64;
+
+impl Bf16Tables {
+    pub(super) fn new() -> Bf16Tables {
+        Bf16Tables {
+            slots: [None; SLOTS],
+        }
+    }
+
+    /// The table for `k`, built on the first call for it.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn get(&mut self, k: f32) -> Option<&Bf16Table> {
+        let bits = k.to_bits();
+        // The top mantissa bits vary most between the scales of one tensor's rows.
+        let slot = &mut self.slots[((bits >> 16) ^ (bits >> 22)) as usize % SLOTS];
+        if !matches!(slot, Some((b, _)) if *b == bits) {
+            *slot = Some((bits, Bf16Table::new(k)));
+        }
+        slot.as_ref().and_then(|(_, t)| t.as_ref())
+    }
+}
 
 /// One scale's codes, as the loop uses them.
+#[derive(Clone, Copy)]
 pub(super) struct Bf16Table {
     /// T at the start of each run of eight mantissas (m = 8b), both lanes.
     base: __m256i,
@@ -35,13 +65,9 @@ pub(super) struct Bf16Table {
 }
 
 impl Bf16Table {
-    /// The table for `k`, or `None` where the reciprocal loop is the better choice (`n` values
-    /// are too few) or the table does not apply.
+    /// The table for `k`, or `None` where it does not apply.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn new(k: f32, n: usize) -> Option<Bf16Table> {
-        if n < MIN_VALUES {
-            return None;
-        }
+    pub(super) fn new(k: f32) -> Option<Bf16Table> {
         let e_lo = first_normal_binade(k)?;
         // T for the binade e_lo: eight divisions of eight values, as the reference divides.
         let mut t = [0u32; 128];
@@ -104,9 +130,10 @@ fn first_normal_binade(k: f32) -> Option<u8> {
     (6..=254).contains(&e).then_some(e as u8)
 }
 
-/// The table loop of [`super::divided_16`] for bf16; returns how many values it did (a multiple
+/// The table loop of [`super::Quantizer::divided`] for bf16; returns how many values it did (a multiple
 /// of 32), all but the last few unless more than one block in eight needed the reciprocal code,
-/// in which case it stops early and leaves the rest to the reciprocal loop.
+/// in which case it stops early and leaves the rest to the reciprocal loop. `nan_free`: the
+/// caller knows `src` holds no NaN.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn bf16_by_table(
     src: &[u8],
@@ -115,57 +142,111 @@ pub(super) fn bf16_by_table(
     r: Reciprocal,
     stores: Stores,
     ahead: usize,
+    nan_free: bool,
+) -> usize {
+    let n = (src.len() / 2).min(dst.len());
+    // Without NaNs, exponent 255 is an infinity, which the table saturates as the division
+    // does when it is at least 22 binades above e_lo (8 * 22 - 48 >= 0x7E); for scales near
+    // f32's largest it is not, and takes the reciprocal code.
+    let skip_255 = nan_free && t.e_lo <= 255 - 22;
+    let (mut i, mut slow) = (0, 0);
+    loop {
+        let (s, d) = (&src[2 * i..2 * n], &mut dst[i..n]);
+        i += match (stores, skip_255) {
+            (Stores::Cached, false) => table_run::<false, true>(s, d, t, ahead),
+            (Stores::Cached, true) => table_run::<false, false>(s, d, t, ahead),
+            (Stores::Streaming, false) => table_run::<true, true>(s, d, t, ahead),
+            (Stores::Streaming, true) => table_run::<true, false>(s, d, t, ahead),
+        };
+        if i + 32 > n {
+            return i;
+        }
+        // The block at i holds a value the table does not cover. Where such blocks are common
+        // (uniformly spread exponents, as random bits have) the reciprocal loop, which does
+        // not test for them, does the rest faster.
+        slow += 1;
+        if slow > 16 && slow * 8 > i / 32 {
+            return i;
+        }
+        // SAFETY: 2 * (i + 32) <= 2 * n <= src.len().
+        let b = unsafe { load_block(src, i, r.bf16_limit, ahead) };
+        let codes = reciprocal_bf16_block(b, r);
+        // SAFETY: i + 32 <= n <= dst.len(): the 32 bytes at dst[i..] are in bounds, and aligned
+        // when streaming (the caller aligned dst; each step adds 32).
+        unsafe { store(dst.as_mut_ptr().add(i), codes, stores) };
+        i += 32;
+    }
+}
+
+/// The table's blocks of 32 from the start of `src` until the end or a block the table does
+/// not cover: a value in the five subnormal binades, or with `NAN` an infinity or a NaN (a NaN
+/// needs its own code; an infinity saturates in the table for all but the largest scales).
+/// Returns how many values it wrote. Out of line and without calls, so that its loop keeps
+/// everything in registers; `STREAM` picks the stores at compile time for the same reason.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(never)]
+fn table_run<const STREAM: bool, const NAN: bool>(
+    src: &[u8],
+    dst: &mut [u8],
+    t: &Bf16Table,
+    ahead: usize,
 ) -> usize {
     let n = (src.len() / 2).min(dst.len());
     let byte = |v: u8| _mm256_set1_epi8(v as i8);
     let lo_mask = _mm256_set1_epi16(0xFF);
-    let (mut i, mut slow) = (0, 0);
+    let stores = if STREAM {
+        Stores::Streaming
+    } else {
+        Stores::Cached
+    };
+    let mut i = 0;
     while i + 32 <= n {
+        // A prefetch never faults, whatever the address; `wrapping_add` computes one past the
+        // slice without `add`'s in-bounds requirement.
+        _mm_prefetch::<_MM_HINT_T1>(src.as_ptr().wrapping_add(2 * i + ahead).cast());
         // SAFETY: 2 * (i + 32) <= 2 * n <= src.len().
-        let (h, m, over) = unsafe { load_block(src, i, r.bf16_limit, ahead) };
+        let (h0, h1) = unsafe {
+            (
+                _mm256_loadu_si256(src.as_ptr().add(2 * i).cast()),
+                _mm256_loadu_si256(src.as_ptr().add(2 * i + 32).cast()),
+            )
+        };
         // The low bytes (exponent lsb, mantissa) and high bytes (sign, exponent >> 1) of the
         // 32 values, in `packs`' lane order: 0-7, 16-23 | 8-15, 24-31.
-        let lo = _mm256_packus_epi16(
-            _mm256_and_si256(h[0], lo_mask),
-            _mm256_and_si256(h[1], lo_mask),
-        );
-        let hi = _mm256_packus_epi16(_mm256_srli_epi16(h[0], 8), _mm256_srli_epi16(h[1], 8));
-        let half_e = _mm256_and_si256(hi, byte(0x7F));
-        // e = 2 * (e >> 1) + the lsb, which is the sign bit of `lo`.
+        let lo = _mm256_packus_epi16(_mm256_and_si256(h0, lo_mask), _mm256_and_si256(h1, lo_mask));
+        let hi = _mm256_packus_epi16(_mm256_srli_epi16(h0, 8), _mm256_srli_epi16(h1, 8));
+        // e = 2 * (e >> 1) + the lsb, which is the sign bit of `lo`; doubling `hi` drops the
+        // sign (bytes wrap).
         let lsb = _mm256_cmpgt_epi8(_mm256_setzero_si256(), lo);
-        let e = _mm256_sub_epi8(_mm256_add_epi8(half_e, half_e), lsb);
-        // The five subnormal binades (e - (e_lo - 5) in 0..=4, wrapping) and e = 255.
-        let from_sub = _mm256_sub_epi8(e, byte(t.e_lo - 5));
-        let sub = _mm256_cmpeq_epi8(_mm256_min_epu8(from_sub, byte(4)), from_sub);
-        let special = _mm256_or_si256(sub, _mm256_cmpeq_epi8(e, byte(0xFF)));
-        let codes = if _mm256_movemask_epi8(special) != 0 {
-            // Where such blocks are common (uniformly spread exponents, as random bits have)
-            // the reciprocal loop, which does not test for them, does the rest faster.
-            slow += 1;
-            if slow > 16 && slow * 8 > i / 32 {
-                return i;
-            }
-            reciprocal_bf16_block(h, m, over, r)
-        } else {
-            // 8 * (e - e_lo + 6), 0 for every e under e_lo - 6 (their codes are 0), capped at
-            // 8 * 28 (saturated long before); the shift moves no bit across a byte.
-            let d = _mm256_min_epu8(_mm256_subs_epu8(e, byte(t.e_lo - 6)), byte(28));
-            let d8 = _mm256_slli_epi16(d, 3);
-            let run = _mm256_and_si256(_mm256_srli_epi16(lo, 3), byte(0x0F));
-            let rises = _mm256_cmpgt_epi8(
-                _mm256_and_si256(lo, byte(7)),
-                _mm256_shuffle_epi8(t.rise, run),
-            );
-            let tm = _mm256_sub_epi8(_mm256_shuffle_epi8(t.base, run), rises);
-            // T + 8 * (e - e_lo), floored at 0 and saturated at 448.
-            let code = _mm256_subs_epu8(_mm256_add_epi8(d8, tm), byte(48));
-            let code = _mm256_min_epu8(code, byte(0x7E));
-            let code = _mm256_or_si256(code, _mm256_and_si256(hi, byte(0x80)));
-            _mm256_permute4x64_epi64(code, 0b11_01_10_00)
-        };
+        let e = _mm256_sub_epi8(_mm256_add_epi8(hi, hi), lsb);
+        // The five subnormal binades: e - (e_lo - 5) in 0..=4 (wrapping), which less 128 are
+        // the signed bytes -128..=-124.
+        let from_sub = _mm256_sub_epi8(e, byte(t.e_lo.wrapping_add(123)));
+        let mut special = _mm256_cmpgt_epi8(byte(133), from_sub);
+        if NAN {
+            special = _mm256_or_si256(special, _mm256_cmpeq_epi8(e, byte(0xFF)));
+        }
+        if _mm256_movemask_epi8(special) != 0 {
+            return i;
+        }
+        // 8 * (e - e_lo + 6), 0 for every e under e_lo - 6 (their codes are 0), capped at
+        // 8 * 28 (saturated long before); the shift moves no bit across a byte.
+        let d = _mm256_min_epu8(_mm256_subs_epu8(e, byte(t.e_lo - 6)), byte(28));
+        let d8 = _mm256_slli_epi16(d, 3);
+        let run = _mm256_and_si256(_mm256_srli_epi16(lo, 3), byte(0x0F));
+        let rises = _mm256_cmpgt_epi8(
+            _mm256_and_si256(lo, byte(7)),
+            _mm256_shuffle_epi8(t.rise, run),
+        );
+        let tm = _mm256_sub_epi8(_mm256_shuffle_epi8(t.base, run), rises);
+        // T + 8 * (e - e_lo), floored at 0 and saturated at 448.
+        let code = _mm256_subs_epu8(_mm256_add_epi8(d8, tm), byte(48));
+        let code = _mm256_min_epu8(code, byte(0x7E));
+        let code = _mm256_or_si256(code, _mm256_and_si256(hi, byte(0x80)));
+        let code = _mm256_permute4x64_epi64(code, 0b11_01_10_00);
         // SAFETY: i + 32 <= n <= dst.len(): the 32 bytes at dst[i..] are in bounds, and aligned
         // when streaming (the caller aligned dst; each step adds 32).
-        unsafe { store(dst.as_mut_ptr().add(i), codes, stores) };
+        unsafe { store(dst.as_mut_ptr().add(i), code, stores) };
         i += 32;
     }
     i
