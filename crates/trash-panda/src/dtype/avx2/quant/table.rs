@@ -130,10 +130,14 @@ fn first_normal_binade(k: f32) -> Option<u8> {
     (6..=254).contains(&e).then_some(e as u8)
 }
 
-/// The table loop of [`super::Quantizer::divided`] for bf16; returns how many values it did (a multiple
-/// of 32), all but the last few unless more than one block in eight needed the reciprocal code,
-/// in which case it stops early and leaves the rest to the reciprocal loop. `nan_free`: the
-/// caller knows `src` holds no NaN.
+/// The table loop of [`super::Quantizer::divided`] for bf16; returns how many values it did (a
+/// multiple of 32: all but the last few). `nan_free`: the caller knows `src` holds no NaN.
+///
+/// It starts with [`table_run`]'s plain loop, which leaves each block holding a value in the
+/// five subnormal binades to the reciprocal code; where such blocks are common (more than one
+/// in four: exponents spread wide, as random bits or values that were fp8 have) it goes on with
+/// the loop that computes those lanes' codes beside the table's in every block, which costs
+/// less than a block left to the reciprocal code.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn bf16_by_table(
     src: &[u8],
@@ -149,25 +153,27 @@ pub(super) fn bf16_by_table(
     // does when it is at least 22 binades above e_lo (8 * 22 - 48 >= 0x7E); for scales near
     // f32's largest it is not, and takes the reciprocal code.
     let skip_255 = nan_free && t.e_lo <= 255 - 22;
-    let (mut i, mut slow) = (0, 0);
+    let (mut i, mut slow, mut mixed) = (0, 0, false);
     loop {
         let (s, d) = (&src[2 * i..2 * n], &mut dst[i..n]);
-        i += match (stores, skip_255) {
-            (Stores::Cached, false) => table_run::<false, true>(s, d, t, ahead),
-            (Stores::Cached, true) => table_run::<false, false>(s, d, t, ahead),
-            (Stores::Streaming, false) => table_run::<true, true>(s, d, t, ahead),
-            (Stores::Streaming, true) => table_run::<true, false>(s, d, t, ahead),
+        let streaming = matches!(stores, Stores::Streaming);
+        i += match (streaming, skip_255, mixed) {
+            (false, false, false) => table_run::<false, true, false>(s, d, t, r, ahead),
+            (false, true, false) => table_run::<false, false, false>(s, d, t, r, ahead),
+            (true, false, false) => table_run::<true, true, false>(s, d, t, r, ahead),
+            (true, true, false) => table_run::<true, false, false>(s, d, t, r, ahead),
+            (false, false, true) => table_run::<false, true, true>(s, d, t, r, ahead),
+            (false, true, true) => table_run::<false, false, true>(s, d, t, r, ahead),
+            (true, false, true) => table_run::<true, true, true>(s, d, t, r, ahead),
+            (true, true, true) => table_run::<true, false, true>(s, d, t, r, ahead),
         };
         if i + 32 > n {
             return i;
         }
-        // The block at i holds a value the table does not cover. Where such blocks are common
-        // (uniformly spread exponents, as random bits have) the reciprocal loop, which does
-        // not test for them, does the rest faster.
+        // The block at i holds a value the loop does not cover (a NaN or an infinity, or in
+        // the plain loop a value in the subnormal binades).
         slow += 1;
-        if slow > 16 && slow * 8 > i / 32 {
-            return i;
-        }
+        mixed |= slow > 16 && slow * 4 > i / 32;
         // SAFETY: 2 * (i + 32) <= 2 * n <= src.len().
         let b = unsafe { load_block(src, i, r.bf16_limit, ahead) };
         let codes = reciprocal_bf16_block(b, r);
@@ -178,17 +184,22 @@ pub(super) fn bf16_by_table(
     }
 }
 
-/// The table's blocks of 32 from the start of `src` until the end or a block the table does
-/// not cover: a value in the five subnormal binades, or with `NAN` an infinity or a NaN (a NaN
-/// needs its own code; an infinity saturates in the table for all but the largest scales).
-/// Returns how many values it wrote. Out of line and without calls, so that its loop keeps
-/// everything in registers; `STREAM` picks the stores at compile time for the same reason.
+/// The table's blocks of 32 from the start of `src` until the end or a block it leaves to the
+/// caller: with `NAN` one holding an infinity or a NaN (a NaN needs its own code; an infinity
+/// saturates in the table for all but the largest scales), and unless `MIXED` one holding a
+/// value in the five subnormal binades. With `MIXED` those values' codes are computed in every
+/// block and blended in: under 2^-5 a code is the quotient times 512 rounded to an integer
+/// (to nearest even, as `vcvtps2dq` rounds), whether it is subnormal or in the first normal
+/// binade, so the quotient and one conversion give it. Returns how many values it wrote. Out
+/// of line and without calls, so that its loop keeps everything in registers; `STREAM` picks
+/// the stores at compile time for the same reason.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline(never)]
-fn table_run<const STREAM: bool, const NAN: bool>(
+fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
     src: &[u8],
     dst: &mut [u8],
     t: &Bf16Table,
+    r: Reciprocal,
     ahead: usize,
 ) -> usize {
     let n = (src.len() / 2).min(dst.len());
@@ -222,7 +233,8 @@ fn table_run<const STREAM: bool, const NAN: bool>(
         // The five subnormal binades: e - (e_lo - 5) in 0..=4 (wrapping), which less 128 are
         // the signed bytes -128..=-124.
         let from_sub = _mm256_sub_epi8(e, byte(t.e_lo.wrapping_add(123)));
-        let mut special = _mm256_cmpgt_epi8(byte(133), from_sub);
+        let sub = _mm256_cmpgt_epi8(byte(133), from_sub);
+        let mut special = if MIXED { _mm256_setzero_si256() } else { sub };
         if NAN {
             special = _mm256_or_si256(special, _mm256_cmpeq_epi8(e, byte(0xFF)));
         }
@@ -241,7 +253,10 @@ fn table_run<const STREAM: bool, const NAN: bool>(
         let tm = _mm256_sub_epi8(_mm256_shuffle_epi8(t.base, run), rises);
         // T + 8 * (e - e_lo), floored at 0 and saturated at 448.
         let code = _mm256_subs_epu8(_mm256_add_epi8(d8, tm), byte(48));
-        let code = _mm256_min_epu8(code, byte(0x7E));
+        let mut code = _mm256_min_epu8(code, byte(0x7E));
+        if MIXED {
+            code = _mm256_blendv_epi8(code, small_codes(h0, h1, r), sub);
+        }
         let code = _mm256_or_si256(code, _mm256_and_si256(hi, byte(0x80)));
         let code = _mm256_permute4x64_epi64(code, 0b11_01_10_00);
         // SAFETY: i + 32 <= n <= dst.len(): the 32 bytes at dst[i..] are in bounds, and aligned
@@ -250,4 +265,30 @@ fn table_run<const STREAM: bool, const NAN: bool>(
         i += 32;
     }
     i
+}
+
+/// The codes of the 32 bf16 values `h0`, `h1` whose quotients are under 2^-5 (others' are
+/// meaningless), unsigned, in `packs`' lane order: 512 times the quotient rounded to an integer.
+/// Tiny values are zeroed first, as in the reciprocal code, so that nothing is subnormal.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn small_codes(h0: __m256i, h1: __m256i, r: Reciprocal) -> __m256i {
+    let sixteen = |h: __m256i| {
+        let m = _mm256_and_si256(h, _mm256_set1_epi16(0x7FFF));
+        let m = _mm256_and_si256(m, _mm256_cmpgt_epi16(m, _mm256_set1_epi16(r.bf16_tiny)));
+        let even = r.quotient(_mm256_castsi256_ps(_mm256_slli_epi32(m, 16)));
+        let odd = r.quotient(_mm256_castsi256_ps(_mm256_and_si256(
+            m,
+            _mm256_set1_epi32(-0x1_0000),
+        )));
+        // Each lane: 0 2 4 6 1 3 5 7 of its eight values; a quotient of 2^31 or more converts
+        // to i32::MIN, which saturates to 0 below (and is not used).
+        _mm256_packs_epi32(_mm256_cvtps_epi32(even), _mm256_cvtps_epi32(odd))
+    };
+    // Each eight bytes 0 2 4 6 1 3 5 7 back to 0..7, as in `reciprocal_bf16_block`.
+    let order = _mm256_setr_epi8(
+        0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15, 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13,
+        10, 14, 11, 15,
+    );
+    _mm256_shuffle_epi8(_mm256_packus_epi16(sixteen(h0), sixteen(h1)), order)
 }
