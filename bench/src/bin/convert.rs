@@ -6,10 +6,12 @@
 //! timed right before it.
 //!
 //! `cargo run --release -p trash-panda-bench --bin bench-convert [-- --reps N --mib M --kib K
-//! --only TEXT]`; the header names the CPU and the kernel level that ran, which
+//! --cols C --only TEXT]`; the header names the CPU and the kernel level that ran, which
 //! `TRASH_PANDA_SIMD` (portable, avx2, avx512, neon, auto) forces, and each row the code that ran
 //! (a hand-written kernel or the generic loops). `--kib` sizes the output for in-cache runs that
-//! time the kernels alone; `--only` runs the cases whose name holds the text.
+//! time the kernels alone; `--cols` sets the row length of the per-row and block cases (8192 by
+//! default: a weight's, whose per-row work the quantizer repeats each row); `--only` runs the
+//! cases whose name holds the text.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -25,7 +27,7 @@ struct Case {
     dst_dtype: DType,
 }
 
-const CASES: [Case; 15] = [
+const CASES: [Case; 16] = [
     Case {
         name: "fp8 e4m3 -> bf16",
         src_dtype: DType::F8E4M3,
@@ -92,6 +94,11 @@ const CASES: [Case; 15] = [
         dst_dtype: DType::F8E4M3,
     },
     Case {
+        name: "bf16 -> fp8 e4m3, per-row quantize, every bit pattern",
+        src_dtype: DType::BF16,
+        dst_dtype: DType::F8E4M3,
+    },
+    Case {
         name: "bf16 -> fp8 e4m3, per-tensor quantize",
         src_dtype: DType::BF16,
         dst_dtype: DType::F8E4M3,
@@ -132,6 +139,17 @@ fn fill_normal_bf16(buf: &mut [u8]) {
         let bits = (0.02 * z).to_bits();
         let rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16;
         out.copy_from_slice(&(rounded as u16).to_le_bytes());
+    }
+}
+
+/// Fills `buf` with bf16 bit patterns drawn uniformly, but for the infinities and NaNs: every
+/// binade, subnormals included, whose quotients are subnormal f32 values for most scales.
+fn fill_bits_bf16(buf: &mut [u8]) {
+    fill_random(buf, 11);
+    for b in buf.chunks_exact_mut(2) {
+        if b[1] & 0x7F == 0x7F && b[0] & 0x80 != 0 {
+            b[1] &= 0xBF;
+        }
     }
 }
 
@@ -225,6 +243,15 @@ fn main() {
     // `--kib` (for in-cache runs that time the kernels' own speed) overrides `--mib`.
     let out_bytes = arg("--kib", arg("--mib", 128) << 10) << 10;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Every case has out_bytes / 4, / 2 or / 1 elements.
+    let cols = arg("--cols", 8192).max(1);
+    if !(out_bytes / 4).is_multiple_of(cols) {
+        eprintln!(
+            "bench-convert: --cols {cols} does not divide the {} elements of the f32 cases",
+            out_bytes / 4
+        );
+        std::process::exit(2);
+    }
     let cpu = trash_panda_bench::cpu_model();
     // TRASH_PANDA_SIMD picks the path (`TRASH_PANDA_SIMD=avx2 make bench-convert`); a level this
     // CPU lacks stops here rather than measuring another one.
@@ -286,6 +313,8 @@ fn main() {
         let n = out_bytes / case.dst_dtype.size();
         if case.name.contains("normal values") {
             fill_normal_bf16(&mut src_all[..n * case.src_dtype.size()]);
+        } else if case.name.contains("every bit pattern") {
+            fill_bits_bf16(&mut src_all[..n * case.src_dtype.size()]);
         } else {
             fill_values(
                 &mut src_all[..n * case.src_dtype.size()],
@@ -294,7 +323,7 @@ fn main() {
             );
         }
         let src: &[u8] = &src_all[..n * case.src_dtype.size()];
-        let cols = 8192.min(n);
+        let cols = cols.min(n);
         let rows = n / cols;
         let row_scales: Vec<f32> = (0..rows).map(|i| 0.001 + i as f32 * 1e-6).collect();
         let tiles = rows.div_ceil(128) * cols.div_ceil(128);
@@ -378,7 +407,7 @@ fn main() {
             });
         }
     }
-    if only.is_empty() && std::env::args().all(|a| a != "--kib") {
+    if only.is_empty() && std::env::args().all(|a| a != "--kib" && a != "--cols") {
         write_report(&report, level, reps, out_bytes);
     }
 }
