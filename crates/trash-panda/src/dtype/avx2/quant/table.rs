@@ -13,8 +13,10 @@
 //! mantissas span under 7/128 of it, so T rises at most once in each run of eight mantissas:
 //! a 16-entry base and a 16-entry position (of the rise) describe it, two `vpshufb`. The build
 //! checks that claim on the computed T and declines the table (the reciprocal loop runs) if it
-//! ever failed. Blocks holding a value in the five subnormal binades, an infinity or a NaN take
-//! the reciprocal code.
+//! ever failed. Blocks holding a value in the five subnormal binades, or a NaN, take the
+//! reciprocal code (an infinity too unless the caller knows there is no NaN: it saturates in
+//! the table but for the largest scales), or where the first are common, their codes computed
+//! beside the table's: under 2^-5 a code is 512 times the quotient rounded to an integer.
 
 use core::arch::x86_64::*;
 
