@@ -27,7 +27,7 @@ struct Case {
     dst_dtype: DType,
 }
 
-const CASES: [Case; 16] = [
+const CASES: [Case; 17] = [
     Case {
         name: "fp8 e4m3 -> bf16",
         src_dtype: DType::F8E4M3,
@@ -105,6 +105,11 @@ const CASES: [Case; 16] = [
     },
     Case {
         name: "f16 -> fp8 e4m3, per-row quantize",
+        src_dtype: DType::F16,
+        dst_dtype: DType::F8E4M3,
+    },
+    Case {
+        name: "f16 -> fp8 e4m3, per-row quantize, normal values",
         src_dtype: DType::F16,
         dst_dtype: DType::F8E4M3,
     },
@@ -311,7 +316,13 @@ fn main() {
     let only = arg_str("--only").unwrap_or_default();
     for case in CASES.iter().filter(|c| c.name.contains(only.as_str())) {
         let n = out_bytes / case.dst_dtype.size();
-        if case.name.contains("normal values") {
+        if case.name.contains("normal values") && case.src_dtype == DType::F16 {
+            let mut bf16 = vec![0u8; n * 2];
+            fill_normal_bf16(&mut bf16);
+            if let Err(e) = cast(&bf16, DType::BF16, &mut src_all[..n * 2], DType::F16, cores) {
+                panic!("fill f16: {e}");
+            }
+        } else if case.name.contains("normal values") {
             fill_normal_bf16(&mut src_all[..n * case.src_dtype.size()]);
         } else if case.name.contains("every bit pattern") {
             fill_bits_bf16(&mut src_all[..n * case.src_dtype.size()]);

@@ -26,12 +26,13 @@
 //! max picks the right one, on 16-bit lanes. bf16 widens the even and odd values apart (a
 //! shift, a mask), which one byte shuffle undoes.
 //!
-//! bf16 with at least 2048 values takes a table instead (`table`, see its comment): one
-//! binade's 128 codes per scale, the rest by shifting the exponent, no float arithmetic in the
-//! loop. Blocks with a value in the five binades of subnormal codes take the reciprocal code;
-//! where such blocks are common (values that were fp8, random bits) the loop computes those
-//! lanes beside the table instead, by the quotient and one conversion. A [`Quantizer`] keeps
-//! the tables of the scales it met, so a tensor's rows, whose scales repeat, build few.
+//! Runs of at least 2048 values take a table instead (`table` for bf16, `table16` for f16, see
+//! their comments): one binade's codes per scale, the rest by shifting the exponent, no float
+//! arithmetic in the loop. Blocks with a value in the five binades of subnormal codes (or an
+//! f16 subnormal) take the reciprocal code; where such blocks are common (values that were
+//! fp8, random bits) the loop computes those lanes beside the table instead, by the quotient
+//! and one conversion. A [`Quantizer`] keeps the tables of the scales it met, so a tensor's
+//! bf16 rows, whose scales repeat, build few.
 //!
 //! Two costs the loops avoid. A subnormal f32 input or result costs x86 a microcode assist of
 //! about a hundred cycles; values too small to have a nonzero code are zeroed before the
@@ -39,10 +40,11 @@
 //! the compiler spill its registers around it, so each loop is out of line, call-free, and
 //! compiled once per kind of stores and source.
 //!
-//! Speed on this Xeon (one thread, AVX2 forced, 8192-value rows in cache): the table about
-//! 7 GB/s of codes on weights whose exponents cluster (real ones), 4 with its computed lanes
-//! on values that were fp8, the reciprocal loop about 3.8; the `vdivps` loop 2.4. The per-row
-//! loop prefetches the next row into L2 so its amax pass does not wait on memory.
+//! Speed on this Xeon (one thread, AVX2 forced, 8192-value rows in cache): the bf16 table
+//! about 7 GB/s of codes on weights whose exponents cluster (real ones), 4 with its computed
+//! lanes on values that were fp8; the f16 table about 5 on weights (a block in thirteen holds
+//! an f16 subnormal); the reciprocal loop about 3.7; the `vdivps` loop 2.4. The per-row loop
+//! prefetches the next row into L2 so its amax pass does not wait on memory.
 
 use core::arch::x86_64::*;
 
@@ -193,7 +195,13 @@ pub(crate) struct Quantizer {
     half: Half,
     stores: Stores,
     ahead: usize,
-    tables: table::Bf16Tables,
+    tables: Tables,
+}
+
+/// The tables a [`Quantizer`] keeps, of its source's kind (boxed: 64 tables are 8-10 KiB).
+enum Tables {
+    Bf16(Box<table::Tables<table::Bf16Table>>),
+    F16(Box<table::Tables<table16::F16Table>>),
 }
 
 impl Quantizer {
@@ -204,7 +212,10 @@ impl Quantizer {
             half,
             stores,
             ahead,
-            tables: table::Bf16Tables::new(),
+            tables: match half {
+                Half::Bf16 => Tables::Bf16(Box::new(table::Tables::new())),
+                Half::F16 => Tables::F16(Box::new(table::Tables::new())),
+            },
         }
     }
 
@@ -223,21 +234,34 @@ impl Quantizer {
         let (head, stores) = self.stores.head(dst.as_ptr(), 1, n);
         scalar(&src[..2 * head], &mut dst[..head], k, half);
         let (s, d) = (&src[2 * head..2 * n], &mut dst[head..n]);
+        let long = s.len() / 2 >= table::MIN_VALUES;
         let i = head
-            + match (Reciprocal::new(k), half) {
-                (Some(r), Half::Bf16) => {
-                    let table = match s.len() / 2 >= table::MIN_VALUES {
-                        true => self.tables.get(k),
-                        false => None,
-                    };
-                    let j = match table {
-                        Some(t) => table::bf16_by_table(s, d, t, r, stores, ahead, nan_free),
-                        None => 0,
+            + match Reciprocal::new(k) {
+                Some(r) => {
+                    // The table loop (where the rows are long enough to pay for a table), then
+                    // the reciprocal one for what it leaves.
+                    let j = match &mut self.tables {
+                        Tables::Bf16(tables) if long => {
+                            match tables.get(k, |k| table::Bf16Table::new(k)) {
+                                Some(t) => {
+                                    table::bf16_by_table(s, d, t, r, stores, ahead, nan_free)
+                                }
+                                None => 0,
+                            }
+                        }
+                        Tables::F16(tables) if long => {
+                            match tables.get(k, |k| table16::F16Table::new(k)) {
+                                Some(t) => {
+                                    table16::f16_by_table(s, d, t, r, stores, ahead, nan_free)
+                                }
+                                None => 0,
+                            }
+                        }
+                        _ => 0,
                     };
                     j + reciprocal(&s[2 * j..], &mut d[j..], r, stores, ahead, half)
                 }
-                (Some(r), Half::F16) => reciprocal(s, d, r, stores, ahead, half),
-                (None, _) => divided_any(s, d, k, stores, half),
+                None => divided_any(s, d, k, stores, half),
             };
         scalar(&src[2 * i..2 * n], &mut dst[i..n], k, half);
     }
@@ -561,5 +585,6 @@ fn divided_any(src: &[u8], dst: &mut [u8], k: f32, stores: Stores, half: Half) -
 }
 
 mod table;
+mod table16;
 #[cfg(test)]
 mod tests;

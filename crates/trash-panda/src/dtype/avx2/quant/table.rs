@@ -26,30 +26,30 @@ use super::{encode_e4m3, load_block, reciprocal_bf16_block, store, Reciprocal, S
 /// than it saves.
 pub(super) const MIN_VALUES: usize = 2048;
 
-/// The tables of the scales a [`super::Quantizer`] has met, direct-mapped by the scale's bits:
-/// a table's build costs as much as quantizing a few hundred values, a lookup nothing.
-pub(super) struct Bf16Tables {
+/// The tables of the scales a [`super::Quantizer`] has met (bf16 or f16 ones), direct-mapped by
+/// the scale's bits: a table's build costs as much as quantizing a few hundred values, a lookup
+/// nothing.
+pub(super) struct Tables<T> {
     /// The scale's bits and its table, `None` where the table does not apply.
-    slots: [Option<(u32, Option<Bf16Table>)>; SLOTS],
+    slots: [Option<(u32, Option<T>)>; SLOTS],
 }
 
 const SLOTS: usize = 64;
 
-impl Bf16Tables {
-    pub(super) fn new() -> Bf16Tables {
-        Bf16Tables {
+impl<T: Copy> Tables<T> {
+    pub(super) fn new() -> Tables<T> {
+        Tables {
             slots: [None; SLOTS],
         }
     }
 
-    /// The table for `k`, built on the first call for it.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn get(&mut self, k: f32) -> Option<&Bf16Table> {
+    /// The table for `k`, built by `build` on the first call for it.
+    pub(super) fn get(&mut self, k: f32, build: impl FnOnce(f32) -> Option<T>) -> Option<&T> {
         let bits = k.to_bits();
         // The top mantissa bits vary most between the scales of one tensor's rows.
         let slot = &mut self.slots[((bits >> 16) ^ (bits >> 22)) as usize % SLOTS];
         if !matches!(slot, Some((b, _)) if *b == bits) {
-            *slot = Some((bits, Bf16Table::new(k)));
+            *slot = Some((bits, build(k)));
         }
         slot.as_ref().and_then(|(_, t)| t.as_ref())
     }

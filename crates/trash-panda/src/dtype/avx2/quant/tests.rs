@@ -193,3 +193,21 @@ fn the_bf16_table_is_built_for_every_ordinary_scale() {
         assert!(t.is_some(), "scale {k:e}");
     }
 }
+
+/// As for bf16: every scale an f16 tensor can have (its amax is at most 65504) gets its table.
+#[test]
+fn the_f16_table_is_built_for_every_ordinary_scale() {
+    if !SimdLevel::Avx2.is_supported() {
+        return;
+    }
+    let ordinary = |k: &f32| (2.0f32.powi(-100)..=65504.0 / 448.0).contains(k);
+    for k in crate::dtype::avx2::test_scales()
+        .iter()
+        .chain(&crate::dtype::kernel_tests::quantize_scales())
+        .filter(|k| ordinary(k))
+    {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+        let t = unsafe { super::table16::F16Table::new(*k) };
+        assert!(t.is_some(), "scale {k:e}");
+    }
+}
