@@ -20,7 +20,10 @@
 
 use core::arch::x86_64::*;
 
-use super::{encode_e4m3, load_block, reciprocal_bf16_block, store, Reciprocal, Stores};
+use super::reciprocal::{
+    bf16_order, bf16_quotients, load_32, load_block, reciprocal_bf16_block, Block, Reciprocal,
+};
+use super::{encode_e4m3, store, Stores};
 
 /// Below this many values the table's build (a division of 128 values and a scan) costs more
 /// than it saves.
@@ -132,58 +135,156 @@ fn first_normal_binade(k: f32) -> Option<u8> {
     (6..=254).contains(&e).then_some(e as u8)
 }
 
-/// The table loop of [`super::Quantizer::divided`] for bf16; returns how many values it did (a
-/// multiple of 32: all but the last few). `nan_free`: the caller knows `src` holds no NaN.
+/// A table of one scale's codes, bf16's ([`Bf16Table`]) or f16's (`table16::F16Table`), as
+/// [`by_table`] runs it.
+pub(super) trait Table {
+    /// The loader's limit for this format's reciprocal code ([`Block::over`]).
+    fn limit(&self, r: Reciprocal) -> i16;
+    /// Whether an infinity comes out of the table saturated, as the division gives it: when
+    /// the top exponent lies at least 22 binades above the table's (8 * 22 - 48 >= 0x7E).
+    fn top_saturates(&self) -> bool;
+    /// Whether the loop may compute the lanes of the binades under the table's itself.
+    fn may_mix(&self) -> bool;
+    /// The reciprocal code of one block.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    unsafe fn reciprocal(&self, b: Block, r: Reciprocal) -> __m256i;
+    /// The format's table loop, compiled for these stores (`STREAM`), NaN test (`NAN`) and
+    /// computed lanes (`MIXED`): it returns how many values it wrote, stopping at the end or at
+    /// a block it leaves to the reciprocal code.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    unsafe fn run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        r: Reciprocal,
+        ahead: usize,
+    ) -> usize;
+}
+
+impl Table for Bf16Table {
+    fn limit(&self, r: Reciprocal) -> i16 {
+        r.bf16_limit
+    }
+
+    fn top_saturates(&self) -> bool {
+        self.e_lo <= 255 - 22
+    }
+
+    fn may_mix(&self) -> bool {
+        // Under e_lo every quotient is under 2^-5 (see the module comment).
+        true
+    }
+
+    #[inline]
+    unsafe fn reciprocal(&self, b: Block, r: Reciprocal) -> __m256i {
+        // SAFETY: the caller's contract.
+        unsafe { reciprocal_bf16_block(b, r) }
+    }
+
+    #[inline]
+    unsafe fn run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        r: Reciprocal,
+        ahead: usize,
+    ) -> usize {
+        // SAFETY: the caller's contract.
+        unsafe { table_run::<STREAM, NAN, MIXED>(src, dst, self, r, ahead) }
+    }
+}
+
+/// The table loop of [`super::Quantizer::divided`]; returns how many values it did (a multiple
+/// of 32), all but the last few unless blocks the table leaves are common and it may not
+/// compute them, in which case it stops early and leaves the rest to the reciprocal loop.
+/// `nan_free`: the caller knows `src` holds no NaN, so the top exponent is an infinity.
 ///
-/// It starts with [`table_run`]'s plain loop, which leaves each block holding a value in the
-/// five subnormal binades to the reciprocal code; where such blocks are common (more than one
-/// in four: exponents spread wide, as random bits or values that were fp8 have) it goes on with
+/// It starts with the plain loop, which leaves each block holding a value in the five binades
+/// under the table's to the reciprocal code; where such blocks are common (more than one in
+/// four: exponents spread wide, as random bits or values that were fp8 have) it goes on with
 /// the loop that computes those lanes' codes beside the table's in every block, which costs
 /// less than a block left to the reciprocal code.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn bf16_by_table(
+pub(super) fn by_table<T: Table>(
     src: &[u8],
     dst: &mut [u8],
-    t: &Bf16Table,
+    t: &T,
     r: Reciprocal,
     stores: Stores,
     ahead: usize,
     nan_free: bool,
 ) -> usize {
     let n = (src.len() / 2).min(dst.len());
-    // Without NaNs, exponent 255 is an infinity, which the table saturates as the division
-    // does when it is at least 22 binades above e_lo (8 * 22 - 48 >= 0x7E); for scales near
-    // f32's largest it is not, and takes the reciprocal code.
-    let skip_255 = nan_free && t.e_lo <= 255 - 22;
+    let skip_top = nan_free && t.top_saturates();
     let (mut i, mut slow, mut mixed) = (0, 0, false);
     loop {
         let (s, d) = (&src[2 * i..2 * n], &mut dst[i..n]);
         let streaming = matches!(stores, Stores::Streaming);
-        i += match (streaming, skip_255, mixed) {
-            (false, false, false) => table_run::<false, true, false>(s, d, t, r, ahead),
-            (false, true, false) => table_run::<false, false, false>(s, d, t, r, ahead),
-            (true, false, false) => table_run::<true, true, false>(s, d, t, r, ahead),
-            (true, true, false) => table_run::<true, false, false>(s, d, t, r, ahead),
-            (false, false, true) => table_run::<false, true, true>(s, d, t, r, ahead),
-            (false, true, true) => table_run::<false, false, true>(s, d, t, r, ahead),
-            (true, false, true) => table_run::<true, true, true>(s, d, t, r, ahead),
-            (true, true, true) => table_run::<true, false, true>(s, d, t, r, ahead),
+        // SAFETY: this function's features are the loops'.
+        i += unsafe {
+            match (streaming, skip_top, mixed) {
+                (false, false, false) => t.run::<false, true, false>(s, d, r, ahead),
+                (false, true, false) => t.run::<false, false, false>(s, d, r, ahead),
+                (true, false, false) => t.run::<true, true, false>(s, d, r, ahead),
+                (true, true, false) => t.run::<true, false, false>(s, d, r, ahead),
+                (false, false, true) => t.run::<false, true, true>(s, d, r, ahead),
+                (false, true, true) => t.run::<false, false, true>(s, d, r, ahead),
+                (true, false, true) => t.run::<true, true, true>(s, d, r, ahead),
+                (true, true, true) => t.run::<true, false, true>(s, d, r, ahead),
+            }
         };
         if i + 32 > n {
             return i;
         }
         // The block at i holds a value the loop does not cover (a NaN or an infinity, or in
-        // the plain loop a value in the subnormal binades).
+        // the plain loop a value under the table's binade with a nonzero code).
         slow += 1;
-        mixed |= slow > 16 && slow * 4 > i / 32;
+        if slow > 16 && slow * 4 > i / 32 {
+            if !t.may_mix() {
+                return i;
+            }
+            mixed = true;
+        }
         // SAFETY: 2 * (i + 32) <= 2 * n <= src.len().
-        let b = unsafe { load_block(src, i, r.bf16_limit, ahead) };
-        let codes = reciprocal_bf16_block(b, r);
+        let b = unsafe { load_block(src, i, t.limit(r), ahead) };
+        // SAFETY: this function's features.
+        let codes = unsafe { t.reciprocal(b, r) };
         // SAFETY: i + 32 <= n <= dst.len(): the 32 bytes at dst[i..] are in bounds, and aligned
         // when streaming (the caller aligned dst; each step adds 32).
         unsafe { store(dst.as_mut_ptr().add(i), codes, stores) };
         i += 32;
     }
+}
+
+/// The low and high bytes of the 32 16-bit values `h0`, `h1`, in `packs`' lane order: 0-7,
+/// 16-23 | 8-15, 24-31.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn split_bytes(h0: __m256i, h1: __m256i) -> (__m256i, __m256i) {
+    let low = _mm256_set1_epi16(0xFF);
+    let lo = _mm256_packus_epi16(_mm256_and_si256(h0, low), _mm256_and_si256(h1, low));
+    (
+        lo,
+        _mm256_packus_epi16(_mm256_srli_epi16(h0, 8), _mm256_srli_epi16(h1, 8)),
+    )
+}
+
+/// Writes the 32 unsigned codes `code` (in `packs`' lane order) with the signs of `hi` (the
+/// values' high bytes, same order) to `dst[i..]`, in order.
+///
+/// # Safety
+/// `dst` holds 32 bytes from `i`, aligned when `stores` streams.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn put(dst: &mut [u8], i: usize, code: __m256i, hi: __m256i, stores: Stores) {
+    let code = _mm256_or_si256(code, _mm256_and_si256(hi, _mm256_set1_epi8(i8::MIN)));
+    let code = _mm256_permute4x64_epi64(code, 0b11_01_10_00);
+    // SAFETY: the caller's contract.
+    unsafe { store(dst.as_mut_ptr().add(i), code, stores) };
 }
 
 /// The table's blocks of 32 from the start of `src` until the end or a block it leaves to the
@@ -206,7 +307,6 @@ fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
 ) -> usize {
     let n = (src.len() / 2).min(dst.len());
     let byte = |v: u8| _mm256_set1_epi8(v as i8);
-    let lo_mask = _mm256_set1_epi16(0xFF);
     let stores = if STREAM {
         Stores::Streaming
     } else {
@@ -214,20 +314,10 @@ fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
     };
     let mut i = 0;
     while i + 32 <= n {
-        // A prefetch never faults, whatever the address; `wrapping_add` computes one past the
-        // slice without `add`'s in-bounds requirement.
-        _mm_prefetch::<_MM_HINT_T1>(src.as_ptr().wrapping_add(2 * i + ahead).cast());
         // SAFETY: 2 * (i + 32) <= 2 * n <= src.len().
-        let (h0, h1) = unsafe {
-            (
-                _mm256_loadu_si256(src.as_ptr().add(2 * i).cast()),
-                _mm256_loadu_si256(src.as_ptr().add(2 * i + 32).cast()),
-            )
-        };
-        // The low bytes (exponent lsb, mantissa) and high bytes (sign, exponent >> 1) of the
-        // 32 values, in `packs`' lane order: 0-7, 16-23 | 8-15, 24-31.
-        let lo = _mm256_packus_epi16(_mm256_and_si256(h0, lo_mask), _mm256_and_si256(h1, lo_mask));
-        let hi = _mm256_packus_epi16(_mm256_srli_epi16(h0, 8), _mm256_srli_epi16(h1, 8));
+        let (h0, h1) = unsafe { load_32(src, i, ahead) };
+        // The low bytes (exponent lsb, mantissa) and high bytes (sign, exponent >> 1).
+        let (lo, hi) = split_bytes(h0, h1);
         // e = 2 * (e >> 1) + the lsb, which is the sign bit of `lo`; doubling `hi` drops the
         // sign (bytes wrap).
         let lsb = _mm256_cmpgt_epi8(_mm256_setzero_si256(), lo);
@@ -259,11 +349,9 @@ fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
         if MIXED {
             code = _mm256_blendv_epi8(code, small_codes(h0, h1, r), sub);
         }
-        let code = _mm256_or_si256(code, _mm256_and_si256(hi, byte(0x80)));
-        let code = _mm256_permute4x64_epi64(code, 0b11_01_10_00);
         // SAFETY: i + 32 <= n <= dst.len(): the 32 bytes at dst[i..] are in bounds, and aligned
         // when streaming (the caller aligned dst; each step adds 32).
-        unsafe { store(dst.as_mut_ptr().add(i), code, stores) };
+        unsafe { put(dst, i, code, hi, stores) };
         i += 32;
     }
     i
@@ -276,21 +364,10 @@ fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
 #[inline]
 fn small_codes(h0: __m256i, h1: __m256i, r: Reciprocal) -> __m256i {
     let sixteen = |h: __m256i| {
-        let m = _mm256_and_si256(h, _mm256_set1_epi16(0x7FFF));
-        let m = _mm256_and_si256(m, _mm256_cmpgt_epi16(m, _mm256_set1_epi16(r.bf16_tiny)));
-        let even = r.quotient(_mm256_castsi256_ps(_mm256_slli_epi32(m, 16)));
-        let odd = r.quotient(_mm256_castsi256_ps(_mm256_and_si256(
-            m,
-            _mm256_set1_epi32(-0x1_0000),
-        )));
-        // Each lane: 0 2 4 6 1 3 5 7 of its eight values; a quotient of 2^31 or more converts
-        // to i32::MIN, which saturates to 0 below (and is not used).
+        let (even, odd) = bf16_quotients(_mm256_and_si256(h, _mm256_set1_epi16(0x7FFF)), r);
+        // A quotient of 2^31 or more converts to i32::MIN, which saturates to 0 below (and is
+        // not used).
         _mm256_packs_epi32(_mm256_cvtps_epi32(even), _mm256_cvtps_epi32(odd))
     };
-    // Each eight bytes 0 2 4 6 1 3 5 7 back to 0..7, as in `reciprocal_bf16_block`.
-    let order = _mm256_setr_epi8(
-        0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15, 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13,
-        10, 14, 11, 15,
-    );
-    _mm256_shuffle_epi8(_mm256_packus_epi16(sixteen(h0), sixteen(h1)), order)
+    _mm256_shuffle_epi8(_mm256_packus_epi16(sixteen(h0), sixteen(h1)), bf16_order())
 }

@@ -16,7 +16,11 @@
 
 use core::arch::x86_64::*;
 
-use super::{encode_e4m3, load_block, reciprocal_f16_block, store, Reciprocal, Stores};
+use super::reciprocal::{
+    f16_order, f16_quotients, load_32, reciprocal_f16_block, Block, Reciprocal,
+};
+use super::table::{put, split_bytes, Table};
+use super::{encode_e4m3, Stores};
 
 /// One scale's codes, as the loop uses them.
 #[derive(Clone, Copy)]
@@ -111,55 +115,36 @@ impl F16Table {
     }
 }
 
-/// The table loop of [`super::Quantizer::divided`] for f16, as `table::bf16_by_table` is for
-/// bf16; returns how many values it did (a multiple of 32), all but the last few unless blocks
-/// the table leaves are common and it may not compute them itself, in which case it stops
-/// early and leaves the rest to the reciprocal loop.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn f16_by_table(
-    src: &[u8],
-    dst: &mut [u8],
-    t: &F16Table,
-    r: Reciprocal,
-    stores: Stores,
-    ahead: usize,
-    nan_free: bool,
-) -> usize {
-    let n = (src.len() / 2).min(dst.len());
-    // An infinity saturates in the table when it lies at least 22 binades above e_ref (see the
-    // bf16 loop), which scales over about 2^-5 do not give.
-    let skip_31 = nan_free && t.e_ref <= 31 - 22;
-    let (mut i, mut slow, mut mixed) = (0, 0, false);
-    loop {
-        let (s, d) = (&src[2 * i..2 * n], &mut dst[i..n]);
-        let streaming = matches!(stores, Stores::Streaming);
-        i += match (streaming, skip_31, mixed) {
-            (false, false, false) => table_run::<false, true, false>(s, d, t, r, ahead),
-            (false, true, false) => table_run::<false, false, false>(s, d, t, r, ahead),
-            (true, false, false) => table_run::<true, true, false>(s, d, t, r, ahead),
-            (true, true, false) => table_run::<true, false, false>(s, d, t, r, ahead),
-            (false, false, true) => table_run::<false, true, true>(s, d, t, r, ahead),
-            (false, true, true) => table_run::<false, false, true>(s, d, t, r, ahead),
-            (true, false, true) => table_run::<true, true, true>(s, d, t, r, ahead),
-            (true, true, true) => table_run::<true, false, true>(s, d, t, r, ahead),
-        };
-        if i + 32 > n {
-            return i;
-        }
-        slow += 1;
-        if slow > 16 && slow * 4 > i / 32 {
-            if !t.small_below {
-                return i;
-            }
-            mixed = true;
-        }
-        // SAFETY: 2 * (i + 32) <= 2 * n <= src.len().
-        let b = unsafe { load_block(src, i, 0x7BFF, ahead) };
-        let codes = reciprocal_f16_block(b, r);
-        // SAFETY: i + 32 <= n <= dst.len(): the 32 bytes at dst[i..] are in bounds, and aligned
-        // when streaming (the caller aligned dst; each step adds 32).
-        unsafe { store(dst.as_mut_ptr().add(i), codes, stores) };
-        i += 32;
+impl Table for F16Table {
+    fn limit(&self, _: Reciprocal) -> i16 {
+        // Infinities (0x7C00) and NaNs are above it.
+        0x7BFF
+    }
+
+    fn top_saturates(&self) -> bool {
+        self.e_ref <= 31 - 22
+    }
+
+    fn may_mix(&self) -> bool {
+        self.small_below
+    }
+
+    #[inline]
+    unsafe fn reciprocal(&self, b: Block, r: Reciprocal) -> __m256i {
+        // SAFETY: the caller's contract.
+        unsafe { reciprocal_f16_block(b, r) }
+    }
+
+    #[inline]
+    unsafe fn run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        r: Reciprocal,
+        ahead: usize,
+    ) -> usize {
+        // SAFETY: the caller's contract.
+        unsafe { table_run::<STREAM, NAN, MIXED>(src, dst, self, r, ahead) }
     }
 }
 
@@ -179,7 +164,6 @@ fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
 ) -> usize {
     let n = (src.len() / 2).min(dst.len());
     let byte = |v: u8| _mm256_set1_epi8(v as i8);
-    let lo_mask = _mm256_set1_epi16(0xFF);
     let stores = if STREAM {
         Stores::Streaming
     } else {
@@ -190,20 +174,10 @@ fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
     let down = 4 * t.e_ref.saturating_sub(6);
     let mut i = 0;
     while i + 32 <= n {
-        // A prefetch never faults, whatever the address; `wrapping_add` computes one past the
-        // slice without `add`'s in-bounds requirement.
-        _mm_prefetch::<_MM_HINT_T1>(src.as_ptr().wrapping_add(2 * i + ahead).cast());
         // SAFETY: 2 * (i + 32) <= 2 * n <= src.len().
-        let (h0, h1) = unsafe {
-            (
-                _mm256_loadu_si256(src.as_ptr().add(2 * i).cast()),
-                _mm256_loadu_si256(src.as_ptr().add(2 * i + 32).cast()),
-            )
-        };
-        // The low bytes (mantissa bits 0-7) and high bytes (sign, exponent, mantissa bits 8-9)
-        // of the 32 values, in `packs`' lane order: 0-7, 16-23 | 8-15, 24-31.
-        let lo = _mm256_packus_epi16(_mm256_and_si256(h0, lo_mask), _mm256_and_si256(h1, lo_mask));
-        let hi = _mm256_packus_epi16(_mm256_srli_epi16(h0, 8), _mm256_srli_epi16(h1, 8));
+        let (h0, h1) = unsafe { load_32(src, i, ahead) };
+        // The low bytes (mantissa bits 0-7) and high bytes (sign, exponent, mantissa bits 8-9).
+        let (lo, hi) = split_bytes(h0, h1);
         // Four times the exponent field.
         let e4 = _mm256_and_si256(hi, byte(0x7C));
         let zero = _mm256_cmpeq_epi8(
@@ -242,11 +216,9 @@ fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
         if MIXED {
             code = _mm256_blendv_epi8(code, small_codes(h0, h1, r), sub);
         }
-        let code = _mm256_or_si256(code, _mm256_and_si256(hi, byte(0x80)));
-        let code = _mm256_permute4x64_epi64(code, 0b11_01_10_00);
         // SAFETY: i + 32 <= n <= dst.len(): the 32 bytes at dst[i..] are in bounds, and aligned
         // when streaming (the caller aligned dst; each step adds 32).
-        unsafe { store(dst.as_mut_ptr().add(i), code, stores) };
+        unsafe { put(dst, i, code, hi, stores) };
         i += 32;
     }
     i
@@ -257,17 +229,10 @@ fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn small_codes(h0: __m256i, h1: __m256i, r: Reciprocal) -> __m256i {
-    let eight = |m: __m128i| _mm256_cvtps_epi32(r.quotient(_mm256_cvtph_ps(m)));
     let sixteen = |h: __m256i| {
-        let m = _mm256_and_si256(h, _mm256_set1_epi16(0x7FFF));
-        // Lane 0: values 0-3 and 8-11, lane 1: 4-7 and 12-15.
-        _mm256_packs_epi32(
-            eight(_mm256_castsi256_si128(m)),
-            eight(_mm256_extracti128_si256(m, 1)),
-        )
+        let (lo, hi) = f16_quotients(_mm256_and_si256(h, _mm256_set1_epi16(0x7FFF)), r);
+        _mm256_packs_epi32(_mm256_cvtps_epi32(lo), _mm256_cvtps_epi32(hi))
     };
-    // Four-byte groups of values 0, 8, 16, 24 in lane 0 and 4, 12, 20, 28 in lane 1, which the
-    // dword permute puts in `packs`' order, as in `reciprocal_f16_block`.
     let codes = _mm256_packus_epi16(sixteen(h0), sixteen(h1));
-    _mm256_permutevar8x32_epi32(codes, _mm256_setr_epi32(0, 4, 2, 6, 1, 5, 3, 7))
+    _mm256_permutevar8x32_epi32(codes, f16_order())
 }
