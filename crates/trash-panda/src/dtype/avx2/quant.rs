@@ -94,8 +94,8 @@ impl Half {
 pub(crate) struct Amax {
     /// The bits of max |x| over the non-NaN values as f32 bits (0 when there are none).
     pub(crate) bits: u32,
-    /// Whether the source holds a NaN: where it does not, the bf16 table loop skips its NaN
-    /// test (an infinity comes out of the table saturated, as the division gives it).
+    /// Whether the source holds a NaN: where it does not, the table loops skip their NaN test
+    /// (an infinity comes out of a table saturated, as the division gives it).
     pub(crate) nan: bool,
 }
 
@@ -190,8 +190,8 @@ fn encode_e4m3(v: __m256) -> __m256i {
 }
 
 /// A thread's quantizing of one tensor's 16-bit values: how it writes and prefetches, and the
-/// bf16 tables of the scales it has met, which later rows with the same scale reuse (rows of
-/// one weight share few scales: a row's amax is a bf16 value and rows' amax values cluster).
+/// tables of the scales it has met, which later rows with the same scale reuse (the rows of a
+/// bf16 weight share few scales: a row's amax is a bf16 value and rows' amax values cluster).
 pub(crate) struct Quantizer {
     half: Half,
     stores: Stores,
@@ -223,7 +223,7 @@ impl Quantizer {
     /// `e4m3fn(clamp(x / k, -448, 448))` for the values of `src` into `dst` (one byte each):
     /// what `encode_scaled` gives for such a source, for any `k`; the clamp is the encoder's
     /// saturation. `nan_free` says the caller knows `src` holds no NaN ([`Amax::nan`]), which
-    /// spares the bf16 table loop a test.
+    /// spares the table loops a test.
     ///
     /// For the scales quantization makes (positive and finite) the quotient's sign is the
     /// value's and only a NaN value gives a NaN, so the loops work on magnitudes and put the
