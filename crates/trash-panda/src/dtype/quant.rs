@@ -238,13 +238,13 @@ multiversion! {
         // The next row is prefetched for its amax pass.
         #[cfg(target_arch = "x86_64")]
         let mut fused = half_kernels(src_t)
-            .map(|half| (half, super::avx2::quant::Quantizer::new(half, stores, cols * ss)));
+            .map(|half| super::avx2::quant::Quantizer::new(half, stores, cols * ss));
         for ((s, d), out) in rows.zip(scales.iter_mut()) {
             #[cfg(target_arch = "x86_64")]
-            if let Some((half, q)) = fused.as_mut() {
+            if let Some(q) = fused.as_mut() {
                 // SAFETY: `half_kernels` answers only at a level whose CPU has AVX2, FMA and
                 // F16C, the features these kernels are compiled with.
-                let amax = unsafe { super::avx2::quant::amax_bits_16(s, *half) };
+                let amax = unsafe { q.amax(s) };
                 let k = scale_for(amax.bits);
                 *out = k;
                 // SAFETY: as above.

@@ -220,6 +220,12 @@ impl Quantizer {
         }
     }
 
+    /// [`amax_bits_16`] of `src`, of this quantizer's kind.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) fn amax(&self, src: &[u8]) -> Amax {
+        amax_bits_16(src, self.half)
+    }
+
     /// `e4m3fn(clamp(x / k, -448, 448))` for the values of `src` into `dst` (one byte each):
     /// what `encode_scaled` gives for such a source, for any `k`; the clamp is the encoder's
     /// saturation. `nan_free` says the caller knows `src` holds no NaN ([`Amax::nan`]), which

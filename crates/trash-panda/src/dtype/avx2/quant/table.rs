@@ -25,8 +25,8 @@ use super::reciprocal::{
 };
 use super::{encode_e4m3, store, Stores};
 
-/// Below this many values the table's build (a division of 128 values and a scan) costs more
-/// than it saves.
+/// Below this many values a table's build (16 divisions of eight values and a scan or a
+/// search) costs more than it saves.
 pub(super) const MIN_VALUES: usize = 2048;
 
 /// The tables of the scales a [`super::Quantizer`] has met (bf16 or f16 ones), direct-mapped by
