@@ -135,7 +135,7 @@ impl Scale<'_> {
 /// The result equals torch's `(w.to(torch.float32) * s).to(dst)`, with `s` broadcast from the
 /// scale layout: every element is decoded exactly to f32, multiplied by its f32 scale in f32,
 /// and rounded once to the destination (nearest even). With [`Scale::None`] it is the direct
-/// conversion, as [`super::cast`] (which rounds f64 sources once, not through f32).
+/// conversion, as [`super::cast()`] (which rounds f64 sources once, not through f32).
 ///
 /// `src_dtype` is any float type (fp8 e4m3fn and e5m2 being the usual ones). Slices may be
 /// unaligned. `threads` = 0 uses every core; jobs under a million elements run inline; row

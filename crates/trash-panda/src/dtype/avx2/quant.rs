@@ -30,9 +30,10 @@
 //! their comments): one binade's codes per scale, the rest by shifting the exponent, no float
 //! arithmetic in the loop. Blocks with a value in the five binades of subnormal codes (or an
 //! f16 subnormal) take the reciprocal code; where such blocks are common (values that were
-//! fp8, random bits) the loop computes those lanes beside the table instead, by the quotient
-//! and one conversion. A [`Quantizer`] keeps the tables of the scales it met, so a tensor's
-//! bf16 rows, whose scales repeat, build few.
+//! fp8, random bits) the loop computes those lanes beside the table instead (`lanes`): by one
+//! fused multiply-add for the seven scales in ten where a check of the scale finds that exact,
+//! else by the quotient and one conversion. A [`Quantizer`] keeps the tables of the scales it
+//! met, so a tensor's bf16 rows, whose scales repeat, build few.
 //!
 //! Two costs the loops avoid. A subnormal f32 input or result costs x86 a microcode assist of
 //! about a hundred cycles; values too small to have a nonzero code are zeroed before the
@@ -41,9 +42,10 @@
 //! compiled once per kind of stores and source.
 //!
 //! Speed on this Xeon (one thread, AVX2 forced, 8192-value rows in cache): the bf16 table
-//! about 7 GB/s of codes on weights whose exponents cluster (real ones), 4 with its computed
-//! lanes on values that were fp8; the f16 table about 5 on weights (a block in thirteen holds
-//! an f16 subnormal); the reciprocal loop about 3.7; the `vdivps` loop 2.4. The per-row loop
+//! about 7.5 GB/s of codes on weights whose exponents cluster (real ones); on values that were
+//! fp8, 5.2 with its lanes computed by one product, 4.5 by the quotient; the f16 table about
+//! 5.5 on weights (a block in thirteen holds an f16 subnormal); the reciprocal loop about 3.7;
+//! the `vdivps` loop 2.4. The per-row loop
 //! prefetches the next row into L2 so its amax pass does not wait on memory.
 
 use core::arch::x86_64::*;
@@ -76,6 +78,18 @@ impl Half {
         match self {
             Half::Bf16 => u32::from(h) << 16,
             Half::F16 => f16_to_f32_bits_bf(h),
+        }
+    }
+
+    /// The largest pattern whose value is at most `x` (non-negative and finite), which may be
+    /// negative where `x` is under the smallest positive value's half (f16) or out of range.
+    fn floor_pattern(self, x: f32) -> i32 {
+        let bits = x.to_bits() as i32;
+        match self {
+            Half::Bf16 => bits >> 16,
+            // Under 2^-14 the f16 subnormals, multiples of 2^-24 (the product is exact).
+            Half::F16 if x < f32::from_bits(0x3880_0000) => (x * 16_777_216.0) as i32,
+            Half::F16 => (bits >> 13) - (112 << 10),
         }
     }
 
@@ -326,6 +340,7 @@ fn divided_any(src: &[u8], dst: &mut [u8], k: f32, stores: Stores, half: Half) -
     i
 }
 
+mod lanes;
 mod reciprocal;
 mod table;
 mod table16;

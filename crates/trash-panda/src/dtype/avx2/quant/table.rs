@@ -5,7 +5,7 @@
 //! mantissa m) depends on e only by a shift once the quotient is a normal e4m3 value: doubling x
 //! doubles RN(x / k) exactly (no f32 overflow or underflow there) and adds 8 to its e4m3 code.
 //! So with e_lo the first binade whose quotients are all at least 2^-6 (the smallest normal),
-//! code(e, m) = T[m] + 8 * (e - e_lo) for e >= e_lo, saturated at 0x7E (the codes rise with the
+//! code(e, m) = T\[m\] + 8 * (e - e_lo) for e >= e_lo, saturated at 0x7E (the codes rise with the
 //! value, so everything that would pass 448 does). Five binades under e_lo reach the subnormal
 //! codes; below them every quotient is under 2^-10 and rounds to 0 (e_lo being the first normal
 //! binade, 2^(e_lo - 1) / k < 2^-6). T is computed per scale by the true division and the full
@@ -16,14 +16,16 @@
 //! ever failed. Blocks holding a value in the five subnormal binades, or a NaN, take the
 //! reciprocal code (an infinity too unless the caller knows there is no NaN: it saturates in
 //! the table but for the largest scales), or where the first are common, their codes computed
-//! beside the table's: under 2^-5 a code is 512 times the quotient rounded to an integer.
+//! beside the table's: under 2^-5 a code is 512 times the quotient rounded to an integer
+//! (`lanes`).
 
 use core::arch::x86_64::*;
+use core::cell::OnceCell;
+use core::ops::RangeInclusive;
 
-use super::reciprocal::{
-    bf16_order, bf16_quotients, load_32, load_block, reciprocal_bf16_block, Block, Reciprocal,
-};
-use super::{encode_e4m3, store, Stores};
+use super::lanes::{self, Lanes};
+use super::reciprocal::{load_32, load_block, reciprocal_bf16_block, Block, Reciprocal};
+use super::{encode_e4m3, store, Half, Stores};
 
 /// Below this many values a table's build (16 divisions of eight values and a scan or a
 /// search) costs more than it saves.
@@ -33,28 +35,57 @@ pub(super) const MIN_VALUES: usize = 2048;
 /// the scale's bits: a table's build costs as much as quantizing a few hundred values, a lookup
 /// nothing.
 pub(super) struct Tables<T> {
-    /// The scale's bits and its table, `None` where the table does not apply.
-    slots: [Option<(u32, Option<T>)>; SLOTS],
+    slots: [Option<Slot<T>>; SLOTS],
 }
 
 const SLOTS: usize = 64;
 
-impl<T: Copy> Tables<T> {
+/// What [`Tables`] keeps of one scale.
+struct Slot<T> {
+    /// The scale's bits.
+    bits: u32,
+    /// Its table, `None` where the table does not apply.
+    table: Option<T>,
+    /// How the loop computes the lanes under the table's binade, `None` where it may not;
+    /// found when it first wants to. Kept beside the table rather than in it: a cell in the
+    /// table would make the compiler reload the table's fields in every iteration of the loop.
+    lanes: OnceCell<Option<Lanes>>,
+}
+
+/// A scale's table and how its loop computes the lanes under it, as [`Tables::get`] gives them.
+pub(super) struct Scale<'a, T> {
+    table: &'a T,
+    lanes: &'a OnceCell<Option<Lanes>>,
+}
+
+impl<T> Tables<T> {
     pub(super) fn new() -> Tables<T> {
         Tables {
-            slots: [None; SLOTS],
+            slots: core::array::from_fn(|_| None),
         }
     }
 
     /// The table for `k`, built by `build` on the first call for it.
-    pub(super) fn get(&mut self, k: f32, build: impl FnOnce(f32) -> Option<T>) -> Option<&T> {
+    pub(super) fn get(
+        &mut self,
+        k: f32,
+        build: impl FnOnce(f32) -> Option<T>,
+    ) -> Option<Scale<'_, T>> {
         let bits = k.to_bits();
         // The top mantissa bits vary most between the scales of one tensor's rows.
         let slot = &mut self.slots[((bits >> 16) ^ (bits >> 22)) as usize % SLOTS];
-        if !matches!(slot, Some((b, _)) if *b == bits) {
-            *slot = Some((bits, build(k)));
+        if !matches!(slot, Some(s) if s.bits == bits) {
+            *slot = Some(Slot {
+                bits,
+                table: build(k),
+                lanes: OnceCell::new(),
+            });
         }
-        slot.as_ref().and_then(|(_, t)| t.as_ref())
+        let slot = slot.as_ref()?;
+        Some(Scale {
+            table: slot.table.as_ref()?,
+            lanes: &slot.lanes,
+        })
     }
 }
 
@@ -121,6 +152,15 @@ impl Bf16Table {
     }
 }
 
+impl Bf16Table {
+    /// The magnitude patterns whose codes the loop computes beside the table: the five binades
+    /// under e_lo, where every quotient is under 2^-5 (see the module comment).
+    pub(super) fn lane_patterns(&self) -> RangeInclusive<i32> {
+        let e = i32::from(self.e_lo);
+        (e - 5) << 7..=(e << 7) - 1
+    }
+}
+
 /// The smallest exponent field e with RN(2^(e - 127) / k) >= 2^-6, if it is in 6..=254.
 fn first_normal_binade(k: f32) -> Option<u8> {
     let pow = |e: u32| f32::from_bits(e << 23);
@@ -143,24 +183,26 @@ pub(super) trait Table {
     /// Whether an infinity comes out of the table saturated, as the division gives it: when
     /// the top exponent lies at least 22 binades above the table's (8 * 22 - 48 >= 0x7E).
     fn top_saturates(&self) -> bool;
-    /// Whether the loop may compute the lanes of the binades under the table's itself.
-    fn may_mix(&self) -> bool;
+    /// How the loop computes the codes of the binades under the table's itself, if it may.
+    fn lanes(&self, r: Reciprocal) -> Option<Lanes>;
     /// The reciprocal code of one block.
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C.
     unsafe fn reciprocal(&self, b: Block, r: Reciprocal) -> __m256i;
     /// The format's table loop, compiled for these stores (`STREAM`), NaN test (`NAN`) and
-    /// computed lanes (`MIXED`): it returns how many values it wrote, stopping at the end or at
-    /// a block it leaves to the reciprocal code.
+    /// computed lanes (`MIXED`, by one product with the multiplier `m` if `PRODUCT`, else by
+    /// the quotient): it returns how many values it wrote, stopping at the end or at a block it
+    /// leaves to the reciprocal code.
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C.
-    unsafe fn run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
+    unsafe fn run<const STREAM: bool, const NAN: bool, const MIXED: bool, const PRODUCT: bool>(
         &self,
         src: &[u8],
         dst: &mut [u8],
         r: Reciprocal,
+        m: f32,
         ahead: usize,
     ) -> usize;
 }
@@ -174,9 +216,8 @@ impl Table for Bf16Table {
         self.e_lo <= 255 - 22
     }
 
-    fn may_mix(&self) -> bool {
-        // Under e_lo every quotient is under 2^-5 (see the module comment).
-        true
+    fn lanes(&self, r: Reciprocal) -> Option<Lanes> {
+        Some(Lanes::new(r, Half::Bf16, self.lane_patterns()))
     }
 
     #[inline]
@@ -186,15 +227,16 @@ impl Table for Bf16Table {
     }
 
     #[inline]
-    unsafe fn run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
+    unsafe fn run<const STREAM: bool, const NAN: bool, const MIXED: bool, const PRODUCT: bool>(
         &self,
         src: &[u8],
         dst: &mut [u8],
         r: Reciprocal,
+        m: f32,
         ahead: usize,
     ) -> usize {
         // SAFETY: the caller's contract.
-        unsafe { table_run::<STREAM, NAN, MIXED>(src, dst, self, r, ahead) }
+        unsafe { table_run::<STREAM, NAN, MIXED, PRODUCT>(src, dst, self, r, m, ahead) }
     }
 }
 
@@ -212,30 +254,28 @@ impl Table for Bf16Table {
 pub(super) fn by_table<T: Table>(
     src: &[u8],
     dst: &mut [u8],
-    t: &T,
+    scale: Scale<'_, T>,
     r: Reciprocal,
     stores: Stores,
     ahead: usize,
     nan_free: bool,
 ) -> usize {
     let n = (src.len() / 2).min(dst.len());
-    let skip_top = nan_free && t.top_saturates();
-    let (mut i, mut slow, mut mixed) = (0, 0, false);
+    let t = scale.table;
+    let nan_test = !(nan_free && t.top_saturates());
+    let (mut i, mut slow, mut lanes) = (0, 0, None);
     loop {
         let (s, d) = (&src[2 * i..2 * n], &mut dst[i..n]);
-        let streaming = matches!(stores, Stores::Streaming);
-        // SAFETY: this function's features are the loops'.
-        i += unsafe {
-            match (streaming, skip_top, mixed) {
-                (false, false, false) => t.run::<false, true, false>(s, d, r, ahead),
-                (false, true, false) => t.run::<false, false, false>(s, d, r, ahead),
-                (true, false, false) => t.run::<true, true, false>(s, d, r, ahead),
-                (true, true, false) => t.run::<true, false, false>(s, d, r, ahead),
-                (false, false, true) => t.run::<false, true, true>(s, d, r, ahead),
-                (false, true, true) => t.run::<false, false, true>(s, d, r, ahead),
-                (true, false, true) => t.run::<true, true, true>(s, d, r, ahead),
-                (true, true, true) => t.run::<true, false, true>(s, d, r, ahead),
-            }
+        let runner = Runner {
+            streaming: matches!(stores, Stores::Streaming),
+            nan_test,
+            r,
+            ahead,
+        };
+        i += match lanes {
+            None => runner.run::<T, false, false>(t, s, d, 0.0),
+            Some(Lanes::Quotient) => runner.run::<T, true, false>(t, s, d, 0.0),
+            Some(Lanes::Product(m)) => runner.run::<T, true, true>(t, s, d, m),
         };
         if i + 32 > n {
             return i;
@@ -243,11 +283,11 @@ pub(super) fn by_table<T: Table>(
         // The block at i holds a value the loop does not cover (a NaN or an infinity, or in
         // the plain loop a value under the table's binade with a nonzero code).
         slow += 1;
-        if slow > 16 && slow * 4 > i / 32 {
-            if !t.may_mix() {
+        if lanes.is_none() && slow > 16 && slow * 4 > i / 32 {
+            lanes = *scale.lanes.get_or_init(|| t.lanes(r));
+            if lanes.is_none() {
                 return i;
             }
-            mixed = true;
         }
         // SAFETY: 2 * (i + 32) <= 2 * n <= src.len().
         let b = unsafe { load_block(src, i, t.limit(r), ahead) };
@@ -257,6 +297,40 @@ pub(super) fn by_table<T: Table>(
         // when streaming (the caller aligned dst; each step adds 32).
         unsafe { store(dst.as_mut_ptr().add(i), codes, stores) };
         i += 32;
+    }
+}
+
+/// What picks one of a format's table loops, but for how it computes lanes.
+struct Runner {
+    streaming: bool,
+    nan_test: bool,
+    r: Reciprocal,
+    ahead: usize,
+}
+
+impl Runner {
+    /// `t`'s loop for these stores and NaN test, `MIXED` and `PRODUCT` as [`Table::run`] takes
+    /// them. Out of line: the compiler inlines the bf16 loops here whatever their attribute
+    /// says, and inside `by_table` the plain one ran 7% slower from memory.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(never)]
+    fn run<T: Table, const MIXED: bool, const PRODUCT: bool>(
+        &self,
+        t: &T,
+        src: &[u8],
+        dst: &mut [u8],
+        m: f32,
+    ) -> usize {
+        let (r, ahead) = (self.r, self.ahead);
+        // SAFETY: this function's features are the loops'.
+        unsafe {
+            match (self.streaming, self.nan_test) {
+                (false, true) => t.run::<false, true, MIXED, PRODUCT>(src, dst, r, m, ahead),
+                (false, false) => t.run::<false, false, MIXED, PRODUCT>(src, dst, r, m, ahead),
+                (true, true) => t.run::<true, true, MIXED, PRODUCT>(src, dst, r, m, ahead),
+                (true, false) => t.run::<true, false, MIXED, PRODUCT>(src, dst, r, m, ahead),
+            }
+        }
     }
 }
 
@@ -291,18 +365,19 @@ pub(super) unsafe fn put(dst: &mut [u8], i: usize, code: __m256i, hi: __m256i, s
 /// caller: with `NAN` one holding an infinity or a NaN (a NaN needs its own code; an infinity
 /// saturates in the table for all but the largest scales), and unless `MIXED` one holding a
 /// value in the five subnormal binades. With `MIXED` those values' codes are computed in every
-/// block and blended in: under 2^-5 a code is the quotient times 512 rounded to an integer
-/// (to nearest even, as `vcvtps2dq` rounds), whether it is subnormal or in the first normal
-/// binade, so the quotient and one conversion give it. Returns how many values it wrote. Out
-/// of line and without calls, so that its loop keeps everything in registers; `STREAM` picks
-/// the stores at compile time for the same reason.
+/// block and blended in: under 2^-5 a code is the quotient times 512 rounded to an integer,
+/// whether it is subnormal or in the first normal binade (see `lanes`), by one product with
+/// `m` if `PRODUCT`. Returns how many values it wrote. Out of line and without calls, so that
+/// its loop keeps everything in registers; `STREAM` picks the stores at compile time for the
+/// same reason.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline(never)]
-fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
+fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool, const PRODUCT: bool>(
     src: &[u8],
     dst: &mut [u8],
     t: &Bf16Table,
     r: Reciprocal,
+    m: f32,
     ahead: usize,
 ) -> usize {
     let n = (src.len() / 2).min(dst.len());
@@ -312,6 +387,7 @@ fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
     } else {
         Stores::Cached
     };
+    let first = *t.lane_patterns().start() as i16;
     let mut i = 0;
     while i + 32 <= n {
         // SAFETY: 2 * (i + 32) <= 2 * n <= src.len().
@@ -347,7 +423,12 @@ fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
         let code = _mm256_subs_epu8(_mm256_add_epi8(d8, tm), byte(48));
         let mut code = _mm256_min_epu8(code, byte(0x7E));
         if MIXED {
-            code = _mm256_blendv_epi8(code, small_codes(h0, h1, r), sub);
+            let small = if PRODUCT {
+                lanes::bf16_by_product(h0, h1, first, m)
+            } else {
+                lanes::bf16_by_quotient(h0, h1, r)
+            };
+            code = _mm256_blendv_epi8(code, small, sub);
         }
         // SAFETY: i + 32 <= n <= dst.len(): the 32 bytes at dst[i..] are in bounds, and aligned
         // when streaming (the caller aligned dst; each step adds 32).
@@ -355,19 +436,4 @@ fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
         i += 32;
     }
     i
-}
-
-/// The codes of the 32 bf16 values `h0`, `h1` whose quotients are under 2^-5 (others' are
-/// meaningless), unsigned, in `packs`' lane order: 512 times the quotient rounded to an integer.
-/// Tiny values are zeroed first, as in the reciprocal code, so that nothing is subnormal.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn small_codes(h0: __m256i, h1: __m256i, r: Reciprocal) -> __m256i {
-    let sixteen = |h: __m256i| {
-        let (even, odd) = bf16_quotients(_mm256_and_si256(h, _mm256_set1_epi16(0x7FFF)), r);
-        // A quotient of 2^31 or more converts to i32::MIN, which saturates to 0 below (and is
-        // not used).
-        _mm256_packs_epi32(_mm256_cvtps_epi32(even), _mm256_cvtps_epi32(odd))
-    };
-    _mm256_shuffle_epi8(_mm256_packus_epi16(sixteen(h0), sixteen(h1)), bf16_order())
 }

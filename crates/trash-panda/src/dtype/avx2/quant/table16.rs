@@ -11,16 +11,16 @@
 //!   send to 0, are looked at apart: a zero's code is forced to 0, a subnormal's block goes to
 //!   the reciprocal code, as do the blocks with a value in the five binades under e_ref.
 //! - Where those blocks are common the loop computes such lanes itself (512 times the quotient
-//!   rounded to an integer, as for bf16), but only when every value under e_ref has a quotient
+//!   rounded to an integer, as for bf16, see `lanes`), but only when every value under e_ref has a quotient
 //!   under 2^-5: with e_ref at f16's first binade and a small scale, a subnormal's is not.
 
 use core::arch::x86_64::*;
+use core::ops::RangeInclusive;
 
-use super::reciprocal::{
-    f16_order, f16_quotients, load_32, reciprocal_f16_block, Block, Reciprocal,
-};
+use super::lanes::{self, Lanes};
+use super::reciprocal::{load_32, reciprocal_f16_block, Block, Reciprocal};
 use super::table::{put, split_bytes, Table};
-use super::{encode_e4m3, Stores};
+use super::{encode_e4m3, Half, Stores};
 
 /// One scale's codes, as the loop uses them.
 #[derive(Clone, Copy)]
@@ -33,8 +33,8 @@ pub(super) struct F16Table {
     /// normal in e4m3.
     e_ref: u8,
     /// Whether every value under binade e_ref has a quotient under 2^-5, so that the loop may
-    /// compute their codes by one conversion.
-    small_below: bool,
+    /// compute their codes as an integer.
+    pub(super) small_below: bool,
 }
 
 impl F16Table {
@@ -115,6 +115,16 @@ impl F16Table {
     }
 }
 
+impl F16Table {
+    /// The magnitude patterns whose codes the loop computes beside the table: the nonzero
+    /// values of the five binades under e_ref (f16's subnormals among them when e_ref is at
+    /// most 5).
+    pub(super) fn lane_patterns(&self) -> RangeInclusive<i32> {
+        let e = i32::from(self.e_ref);
+        ((e - 5).max(0) << 10).max(1)..=(e << 10) - 1
+    }
+}
+
 impl Table for F16Table {
     fn limit(&self, _: Reciprocal) -> i16 {
         // Infinities (0x7C00) and NaNs are above it.
@@ -125,8 +135,9 @@ impl Table for F16Table {
         self.e_ref <= 31 - 22
     }
 
-    fn may_mix(&self) -> bool {
-        self.small_below
+    fn lanes(&self, r: Reciprocal) -> Option<Lanes> {
+        let patterns = self.lane_patterns();
+        self.small_below.then(|| Lanes::new(r, Half::F16, patterns))
     }
 
     #[inline]
@@ -136,30 +147,33 @@ impl Table for F16Table {
     }
 
     #[inline]
-    unsafe fn run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
+    unsafe fn run<const STREAM: bool, const NAN: bool, const MIXED: bool, const PRODUCT: bool>(
         &self,
         src: &[u8],
         dst: &mut [u8],
         r: Reciprocal,
+        m: f32,
         ahead: usize,
     ) -> usize {
         // SAFETY: the caller's contract.
-        unsafe { table_run::<STREAM, NAN, MIXED>(src, dst, self, r, ahead) }
+        unsafe { table_run::<STREAM, NAN, MIXED, PRODUCT>(src, dst, self, r, m, ahead) }
     }
 }
 
 /// The table's blocks of 32 from the start of `src` until the end or a block it leaves to the
 /// caller: with `NAN` one holding an infinity or a NaN, and unless `MIXED` one holding a value
 /// under e_ref with a nonzero code (in the five binades under it, or an f16 subnormal when
-/// e_ref is within five of f16's first binade). Returns how many values it wrote; out of line
-/// and call-free, as the bf16 loop.
+/// e_ref is within five of f16's first binade), whose codes it otherwise computes (by one
+/// product with `m` if `PRODUCT`). Returns how many values it wrote; out of line and call-free,
+/// as the bf16 loop.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline(never)]
-fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
+fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool, const PRODUCT: bool>(
     src: &[u8],
     dst: &mut [u8],
     t: &F16Table,
     r: Reciprocal,
+    m: f32,
     ahead: usize,
 ) -> usize {
     let n = (src.len() / 2).min(dst.len());
@@ -214,7 +228,12 @@ fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
         let code = _mm256_subs_epu8(_mm256_adds_epu8(d8, tm), byte(48));
         let mut code = _mm256_andnot_si256(zero, _mm256_min_epu8(code, byte(0x7E)));
         if MIXED {
-            code = _mm256_blendv_epi8(code, small_codes(h0, h1, r), sub);
+            let small = if PRODUCT {
+                lanes::f16_by_product(h0, h1, m)
+            } else {
+                lanes::f16_by_quotient(h0, h1, r)
+            };
+            code = _mm256_blendv_epi8(code, small, sub);
         }
         // SAFETY: i + 32 <= n <= dst.len(): the 32 bytes at dst[i..] are in bounds, and aligned
         // when streaming (the caller aligned dst; each step adds 32).
@@ -222,17 +241,4 @@ fn table_run<const STREAM: bool, const NAN: bool, const MIXED: bool>(
         i += 32;
     }
     i
-}
-
-/// The codes of the 32 f16 values `h0`, `h1` whose quotients are under 2^-5 (others' are
-/// meaningless), unsigned, in `packs`' lane order: 512 times the quotient rounded to an integer.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn small_codes(h0: __m256i, h1: __m256i, r: Reciprocal) -> __m256i {
-    let sixteen = |h: __m256i| {
-        let (lo, hi) = f16_quotients(_mm256_and_si256(h, _mm256_set1_epi16(0x7FFF)), r);
-        _mm256_packs_epi32(_mm256_cvtps_epi32(lo), _mm256_cvtps_epi32(hi))
-    };
-    let codes = _mm256_packus_epi16(sixteen(h0), sixteen(h1));
-    _mm256_permutevar8x32_epi32(codes, f16_order())
 }

@@ -3,6 +3,7 @@
 //! decides it.
 
 use super::*;
+use crate::dtype::fp8::f32_bits_to_e4m3;
 use crate::dtype::SimdLevel;
 
 /// A 16-bit pattern's value, by the scalar references.
@@ -209,5 +210,96 @@ fn the_f16_table_is_built_for_every_ordinary_scale() {
         // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
         let t = unsafe { super::table16::F16Table::new(*k) };
         assert!(t.is_some(), "scale {k:e}");
+    }
+}
+
+/// The loops compute the codes of the binades under their table's by one product only with a
+/// multiplier that [`lanes::Lanes::new`] found to give every code by looking at a few patterns
+/// near each code's edge: check its answer against every pattern of those binades, for every
+/// scale of a bf16 amax from 2^-40 to 2^40 and a sample of f16 ones (where it declines, none
+/// of the three multipliers it tries may give every code), and that both answers are common.
+#[test]
+fn one_product_is_taken_exactly_where_it_gives_every_code() {
+    use super::lanes::Lanes;
+    use super::table::{Bf16Table, Table};
+    use super::table16::F16Table;
+    if !SimdLevel::Avx2.is_supported() {
+        return;
+    }
+    let every = |half: Half, r: Reciprocal, m: f32, lanes: core::ops::RangeInclusive<i32>| {
+        let k = r.k * 512.0;
+        lanes.into_iter().all(|p| {
+            let x = f32::from_bits(half.widen(p as u16));
+            let product = x.mul_add(m, 8_388_608.0).to_bits() & 0xFF;
+            product == u32::from(f32_bits_to_e4m3((x / k).to_bits()))
+        })
+    };
+    // Scales within two ulps of putting a value of `half` at each half-integer: the near ties
+    // where the check must find the right patterns.
+    let near_ties = |half: Half, values: core::ops::Range<u16>| -> Vec<f32> {
+        let mut ks = Vec::new();
+        for x in values.step_by(9).map(|p| f32::from_bits(half.widen(p))) {
+            for h in (0..16u8).map(|n| f32::from(n) + 0.5) {
+                let k = (512.0 * x / h).to_bits();
+                ks.extend((k - 2..=k + 2).map(f32::from_bits));
+            }
+        }
+        ks
+    };
+    // Quantization's scales, a bf16 amax's from 2^-40 to 2^40 and a sample of f16 ones, and
+    // the near ties.
+    let bf16: Vec<f32> = (87u32 << 7..168 << 7)
+        .map(|a| f32::from_bits(a << 16) / 448.0)
+        .chain(near_ties(Half::Bf16, 0x3F80..0x4000))
+        .collect();
+    let f16: Vec<f32> = (0x0001u16..0x7C00)
+        .step_by(97)
+        .map(|a| f32::from_bits(Half::F16.widen(a)) / 448.0)
+        .chain(near_ties(Half::F16, 0x3C00..0x4000))
+        .collect();
+    let mut seen = [[0usize; 2]; 2];
+    for (half, ks) in [(Half::Bf16, bf16), (Half::F16, f16)] {
+        for k in ks {
+            let Some(r) = Reciprocal::new(k) else {
+                continue;
+            };
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+            let (lanes, patterns) = unsafe {
+                match half {
+                    Half::Bf16 => match Bf16Table::new(k) {
+                        Some(t) => (t.lanes(r), t.lane_patterns()),
+                        None => continue,
+                    },
+                    // Where a quotient under the table's binade reaches 2^-5 the loop computes
+                    // no codes (the every-pattern test covers that).
+                    Half::F16 => match F16Table::new(k) {
+                        Some(t) if t.small_below => (t.lanes(r), t.lane_patterns()),
+                        _ => continue,
+                    },
+                }
+            };
+            let product = match lanes {
+                Some(Lanes::Product(m)) => {
+                    assert!(every(half, r, m, patterns), "{half:?} scale {k:e} by {m:e}");
+                    true
+                }
+                Some(Lanes::Quotient) => {
+                    let y = r.y.to_bits();
+                    for m in [y, y + 1, y - 1].map(f32::from_bits) {
+                        let gives = every(half, r, m, patterns.clone());
+                        assert!(!gives, "{half:?} scale {k:e}: {m:e} gives every code");
+                    }
+                    false
+                }
+                None => panic!("{half:?} scale {k:e}: no lanes"),
+            };
+            seen[usize::from(half == Half::F16)][usize::from(product)] += 1;
+        }
+    }
+    for (half, [quotient, product]) in ["bf16", "f16"].iter().zip(seen) {
+        assert!(
+            quotient > 0 && product > quotient,
+            "{half}: {quotient} by the quotient, {product} by one product"
+        );
     }
 }
