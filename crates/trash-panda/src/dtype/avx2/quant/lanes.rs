@@ -38,6 +38,7 @@ impl Lanes {
     /// lie in `patterns` (all with quotients under 2^-5): by one product where `512 / k`
     /// correctly rounded, or the f32 just above or below it, gives every one of them (a search
     /// of 64 ulps each way found no farther multiplier that helps), else by the quotient.
+    #[target_feature(enable = "avx2,fma")]
     pub(super) fn new(r: Reciprocal, half: Half, patterns: RangeInclusive<i32>) -> Lanes {
         let y = r.y.to_bits();
         [y, y + 1, y - 1]
@@ -61,16 +62,25 @@ impl Lanes {
 /// under g (`x_h` then lies on or just over g, and g + 1 is far). So the pattern under the
 /// computed `x_h` and the next cover the close ones; those, for the sixteen half-integers under
 /// 16, are checked against the reference.
+#[target_feature(enable = "avx2,fma")]
 fn gives_every_code(r: Reciprocal, m: f32, half: Half, patterns: &RangeInclusive<i32>) -> bool {
     let k = r.k * 512.0;
     (0..16u8).all(|n| {
         let p = half.floor_pattern((f32::from(n) + 0.5) * r.k);
         (p..=p + 1).filter(|p| patterns.contains(p)).all(|p| {
             let x = f32::from_bits(half.widen(p as u16));
-            let product = x.mul_add(m, ROUND_TO_INTEGER).to_bits() & 0xFF;
-            product == u32::from(f32_bits_to_e4m3((x / k).to_bits()))
+            rounded_product(x, m) == u32::from(f32_bits_to_e4m3((x / k).to_bits()))
         })
     })
+}
+
+/// One value's [`rounded_products`], the low byte: by the instruction the loops use, not
+/// `f32::mul_add`, which outside an FMA function calls the C library's `fmaf` (MinGW's rounds
+/// twice).
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn rounded_product(x: f32, m: f32) -> u32 {
+    let (x, m, c) = (_mm_set_ss(x), _mm_set_ss(m), _mm_set_ss(ROUND_TO_INTEGER));
+    _mm_cvtss_f32(_mm_fmadd_ss(x, m, c)).to_bits() & 0xFF
 }
 
 /// `RN(x * m + 2^23)` of eight non-negative values, as bits: for `x * m` under 256, the exact

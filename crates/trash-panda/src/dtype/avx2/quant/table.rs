@@ -184,7 +184,10 @@ pub(super) trait Table {
     /// the top exponent lies at least 22 binades above the table's (8 * 22 - 48 >= 0x7E).
     fn top_saturates(&self) -> bool;
     /// How the loop computes the codes of the binades under the table's itself, if it may.
-    fn lanes(&self, r: Reciprocal) -> Option<Lanes>;
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    unsafe fn lanes(&self, r: Reciprocal) -> Option<Lanes>;
     /// The reciprocal code of one block.
     ///
     /// # Safety
@@ -216,8 +219,9 @@ impl Table for Bf16Table {
         self.e_lo <= 255 - 22
     }
 
-    fn lanes(&self, r: Reciprocal) -> Option<Lanes> {
-        Some(Lanes::new(r, Half::Bf16, self.lane_patterns()))
+    unsafe fn lanes(&self, r: Reciprocal) -> Option<Lanes> {
+        // SAFETY: the caller's contract.
+        Some(unsafe { Lanes::new(r, Half::Bf16, self.lane_patterns()) })
     }
 
     #[inline]
@@ -284,7 +288,8 @@ pub(super) fn by_table<T: Table>(
         // the plain loop a value under the table's binade with a nonzero code).
         slow += 1;
         if lanes.is_none() && slow > 16 && slow * 4 > i / 32 {
-            lanes = *scale.lanes.get_or_init(|| t.lanes(r));
+            // SAFETY: this function's features.
+            lanes = *scale.lanes.get_or_init(|| unsafe { t.lanes(r) });
             if lanes.is_none() {
                 return i;
             }

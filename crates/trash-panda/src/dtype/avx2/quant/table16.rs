@@ -135,9 +135,11 @@ impl Table for F16Table {
         self.e_ref <= 31 - 22
     }
 
-    fn lanes(&self, r: Reciprocal) -> Option<Lanes> {
+    unsafe fn lanes(&self, r: Reciprocal) -> Option<Lanes> {
         let patterns = self.lane_patterns();
-        self.small_below.then(|| Lanes::new(r, Half::F16, patterns))
+        // SAFETY: the caller's contract.
+        self.small_below
+            .then(|| unsafe { Lanes::new(r, Half::F16, patterns) })
     }
 
     #[inline]

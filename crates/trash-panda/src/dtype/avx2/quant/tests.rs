@@ -230,7 +230,8 @@ fn one_product_is_taken_exactly_where_it_gives_every_code() {
         let k = r.k * 512.0;
         lanes.into_iter().all(|p| {
             let x = f32::from_bits(half.widen(p as u16));
-            let product = x.mul_add(m, 8_388_608.0).to_bits() & 0xFF;
+            // SAFETY: the CPU has AVX2 and FMA (checked below, before any call).
+            let product = unsafe { super::lanes::rounded_product(x, m) };
             product == u32::from(f32_bits_to_e4m3((x / k).to_bits()))
         })
     };
