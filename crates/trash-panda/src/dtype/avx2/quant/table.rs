@@ -150,9 +150,7 @@ impl Bf16Table {
             e_lo,
         })
     }
-}
 
-impl Bf16Table {
     /// The magnitude patterns whose codes the loop computes beside the table: the five binades
     /// under e_lo, where every quotient is under 2^-5 (see the module comment).
     pub(super) fn lane_patterns(&self) -> RangeInclusive<i32> {
