@@ -455,7 +455,7 @@ fn read_side(
     let mib = src.len() >> 20;
     let what = [
         format!("{name}, reference: read the {mib} MiB source alone (vector sum)"),
-        format!("{name}, reference: the same read, prefetching 4 KiB ahead"),
+        format!("{name}, reference: the same read, prefetching 4 KiB ahead into L2"),
         format!("{name}, reference: memcpy of the source's size ({mib} MiB)"),
     ];
     for (i, what) in what.iter().enumerate() {
@@ -472,7 +472,8 @@ fn read_side(
 }
 
 /// The wrapping sum of `buf` as 64-bit words, on `threads` threads: a pure read stream; with
-/// `ahead`, each 64-byte line also prefetches the one 4 KiB on (as the narrowing kernels do).
+/// `ahead`, each 64-byte line also prefetches the one 4 KiB on into L2 (as the narrowing and
+/// quantizing kernels do).
 fn parallel_sum(buf: &[u8], threads: usize, ahead: bool) -> u64 {
     let sum = move |b: &[u8]| {
         let words = |l: &[u8]| {
@@ -490,7 +491,7 @@ fn parallel_sum(buf: &[u8], threads: usize, ahead: bool) -> u64 {
             // (past the end near the last lines) is never dereferenced.
             unsafe {
                 let p = line.as_ptr().wrapping_add(4096);
-                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+                core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(p.cast());
             }
             total = total.wrapping_add(words(line));
         }

@@ -118,7 +118,7 @@ multiversion! {
         if let Some(half) = half_kernels(src_t) {
             // SAFETY: `half_kernels` answers only at a level whose CPU has AVX2, FMA and F16C,
             // the features the kernel is compiled with.
-            return unsafe { super::avx2::quant::amax_bits_16(src, half) }.bits;
+            return unsafe { super::avx2::quant::amax_bits_16::<true>(src, half) }.bits;
         }
         #[cfg(target_arch = "aarch64")]
         if neon_kernels(src_t) {

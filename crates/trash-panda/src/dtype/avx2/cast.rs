@@ -39,7 +39,7 @@ pub(crate) fn f32_to_bf16(src: &[u8], dst: &mut [u8], stores: Stores) {
     scalar(&src[..4 * head], &mut dst[..2 * head]);
     let mut i = head;
     while i + 16 <= n {
-        prefetch(src, 4 * i);
+        prefetch_l2(src, 4 * i);
         // SAFETY: 4 * (i + 16) <= 4 * n <= src.len(): the 64 bytes at src[4 * i..] are in
         // bounds; loadu has no alignment requirement.
         let (a, b) = unsafe {
@@ -78,7 +78,7 @@ pub(crate) fn f32_to_f16(src: &[u8], dst: &mut [u8], stores: Stores) {
     scalar_f16(&src[..4 * head], &mut dst[..2 * head]);
     let mut i = head;
     while i + 16 <= n {
-        prefetch(src, 4 * i);
+        prefetch_l2(src, 4 * i);
         // SAFETY: 4 * (i + 16) <= 4 * n <= src.len(): the 64 bytes at src[4 * i..] are in
         // bounds; loadu has no alignment requirement.
         let (a, b) = unsafe {
@@ -95,17 +95,17 @@ pub(crate) fn f32_to_f16(src: &[u8], dst: &mut [u8], stores: Stores) {
     scalar_f16(&src[4 * i..4 * n], &mut dst[2 * i..2 * n]);
 }
 
-/// How far ahead of the loads the narrowing loops prefetch their source, in bytes.
+/// How far ahead of their loads the hand-written loops prefetch their source, in bytes.
 ///
-/// These loops read two bytes per byte written, and on the Xeon of issue 24 (a KVM guest) one
-/// core's demand loads and the hardware prefetcher read about 7 GB/s, which held f32 -> bf16 at
-/// 0.30-0.34x memcpy; a software prefetch 2-4 KiB ahead (one per 64-byte line) brought it to
-/// 0.45-0.51x, as fast as a bare read of the source; 8 KiB ahead fell back (see BENCHMARK.md,
-/// issue 24).
+/// On the Xeon of issue 24 (a KVM guest) one core's demand loads and the hardware prefetcher
+/// read about 7 GB/s, which held f32 -> bf16 at 0.30-0.34x memcpy; software prefetches 2-4 KiB
+/// ahead (one per 64-byte line) brought it to 0.45-0.51x; 8 KiB ahead into L1 fell back (see
+/// BENCHMARK.md, issue 24).
 pub(crate) const PREFETCH_AHEAD: usize = 4096;
 
-/// Asks for the source line `PREFETCH_AHEAD` bytes past `src[at]` (a hint: past the end of
-/// `src` it is dropped without a fault, and the address is never dereferenced).
+/// Asks for the source line `PREFETCH_AHEAD` bytes past `src[at]` in L1, for the fp8 table
+/// loops, which read half as many bytes as they write (a hint: past the end of `src` it is
+/// dropped without a fault, and the address is never dereferenced).
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn prefetch(src: &[u8], at: usize) {
     // `wrapping_add`: the address may lie past the slice, where `add` would be undefined.
@@ -113,6 +113,21 @@ pub(crate) fn prefetch(src: &[u8], at: usize) {
     // A prefetch never faults and reads nothing into the program: any address will do (the
     // intrinsic is safe inside this AVX2 function).
     _mm_prefetch::<_MM_HINT_T0>(p.cast());
+}
+
+/// As [`prefetch`], into L2, for the loops bound by their reads (f32 -> bf16 and f16 read two
+/// bytes per byte written; the amax pass only reads).
+///
+/// A prefetch into L1 holds one of the core's few line fill buffers until its line arrives, so
+/// only a dozen or so lines are on their way at once; into L2 it leaves them to the L2's
+/// larger queue. On the Xeon of issue 24 this took f32 -> bf16 from 0.69-0.73x memcpy to
+/// 0.83-0.86x and f32 -> f16 from 0.78-0.82x to 0.93-0.97x (one thread, 2026-12-03), above a
+/// plain read of the source with L1 prefetches; the fp8 table loops went no faster with it.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn prefetch_l2(src: &[u8], at: usize) {
+    // As in `prefetch`: any address will do.
+    let p = src.as_ptr().wrapping_add(at + PREFETCH_AHEAD);
+    _mm_prefetch::<_MM_HINT_T1>(p.cast());
 }
 
 fn scalar_f16(src: &[u8], dst: &mut [u8]) {

@@ -22,7 +22,15 @@ fn amax_equals_the_reference() {
     crate::dtype::kernel_tests::check_amax_16(|bytes, bf16| {
         let half = if bf16 { Half::Bf16 } else { Half::F16 };
         // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
-        let got = unsafe { amax_bits_16(bytes, half) };
+        let got = unsafe { amax_bits_16::<false>(bytes, half) };
+        // The prefetching loop (a whole tensor's pass) finds the same.
+        // SAFETY: as above.
+        let prefetched = unsafe { amax_bits_16::<true>(bytes, half) };
+        assert_eq!(
+            (prefetched.bits, prefetched.nan),
+            (got.bits, got.nan),
+            "{half:?}: with prefetches"
+        );
         let nan = bytes
             .chunks_exact(2)
             .any(|s| value(half, u16::from_le_bytes([s[0], s[1]])).is_nan());
