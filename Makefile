@@ -13,7 +13,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export PYTHONPATH := $(CURDIR)/python
 EXT := python/trash_panda/_core.abi3.so
 
-.PHONY: demo test venv docs-venv ext build docs rust-test lint py-test stubs cross fmt bench-read bench-convert bench-stage bench-fill bench-stream bench-peers bench-pipeline clean
+.PHONY: demo test venv docs-venv ext build docs rust-test lint py-test stubs cross fmt bench-read bench-convert bench-neon-model bench-stage bench-fill bench-stream bench-peers bench-pipeline clean
 
 venv:
 	@bash scripts/venv.sh
@@ -84,6 +84,13 @@ bench-read:
 
 bench-convert:
 	$(CARGO) run --release -p trash-panda-bench --bin bench-convert
+
+# The NEON kernels' inner loops through llvm-mca's models of Arm cores, for want of an Arm
+# machine (bench/neon_model.py; ARGS="--against REV" models a commit beside this tree).
+bench-neon-model: venv
+	@command -v llvm-mca-19 >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q llvm-19 >/dev/null; }
+	@rustup target add aarch64-unknown-linux-gnu >/dev/null
+	$(PY) bench/neon_model.py $(ARGS)
 
 bench-fill:
 	$(CARGO) run --release -p trash-panda-bench --bin bench-fill

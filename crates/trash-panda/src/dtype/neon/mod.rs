@@ -23,10 +23,15 @@
 //!   reciprocal by Markstein's correction with `FMUL`, `FMLS` and `FMLA` (fused): the correctly
 //!   rounded quotient wherever the code depends on it (the proof and the exhaustive check are
 //!   in `dtype/avx2/quant.rs`: the same IEEE operations on the same range); other scales
-//!   divide.
+//!   divide. bf16 runs of [`table::TABLE_MIN`] values or more take a per-scale table of one
+//!   binade's quotients instead, from which byte shifts and adds give every code but those of
+//!   infinities and NaNs, sixteen values to an operation ([`table`]).
 //!
-//! None of this was measured (no Arm machine in this project); the tables follow the AVX2
-//! kernels, which measured it on x86. bf16 -> f32 is only a widening shift, written here too so
+//! None of this was timed (no Arm machine in this project); the tables follow the AVX2
+//! kernels, which measured it on x86. What guided the f32 -> bf16 rounding and the bf16
+//! quantize table is llvm-mca's model of the loops as compiled, on Neoverse N1, V1, V2 and
+//! Apple M1 (BENCHMARK.md, issue 24): about 1.4 and 2.5 times fewer cycles a block than the
+//! loops they replaced. bf16 -> f32 is only a widening shift, written here too so
 //! the level runs no per-element loop for it; everything else (f64, scaled bf16/f16/f32
 //! sources, quantization from f32 or fp8) runs the portable loops, which NEON vectorizes.
 //!
@@ -47,6 +52,7 @@ use super::DType;
 
 mod expand;
 mod narrow;
+mod table;
 #[cfg(test)]
 mod tests;
 
@@ -158,28 +164,28 @@ impl Lut {
     }
 }
 
-/// Rounds eight f32 (bits in `a`, then `b`) to bf16 as `f32_bits_to_bf16_bf`: add 0x7FFF plus
-/// the kept lsb and keep the high half (`ADDHN`), NaN -> `0x7FC0 | sign`.
+/// Rounds eight f32 (bits in `a`, then `b`) to bf16 as `f32_bits_to_bf16_bf`: the high half
+/// plus the carry of `low half + 0x7FFF + the high half's lsb`, NaN -> `0x7FC0 | sign`.
+///
+/// On the halves split apart, eight lanes to a register: `URHADD` of the low half and
+/// `0x7FFE + lsb` computes `(low + 0x7FFF + lsb) >> 1` without losing the carry, which is then
+/// its top bit, and `USRA` adds it to the high half; eleven operations for eight values where
+/// rounding in 32-bit lanes took seventeen.
 #[target_feature(enable = "neon")]
 #[inline]
 fn bf16x8(a: uint32x4_t, b: uint32x4_t) -> uint16x8_t {
-    let bias = |w: uint32x4_t| {
-        vaddq_u32(
-            vandq_u32(vshrq_n_u32::<16>(w), vdupq_n_u32(1)),
-            vdupq_n_u32(0x7FFF),
-        )
+    let (a16, b16) = (vreinterpretq_u16_u32(a), vreinterpretq_u16_u32(b));
+    let (low, high) = (vuzp1q_u16(a16, b16), vuzp2q_u16(a16, b16));
+    // 0x7FFE with the high half's lsb as bit 0.
+    let bias = vbslq_u16(vdupq_n_u16(1), high, vdupq_n_u16(0x7FFE));
+    let rounded = vsraq_n_u16::<15>(high, vrhaddq_u16(low, bias));
+    let ordered = |w: uint32x4_t| {
+        let x = vreinterpretq_f32_u32(w);
+        vreinterpretq_u16_u32(vceqq_f32(x, x))
     };
-    let rounded = vaddhn_high_u32(vaddhn_u32(a, bias(a)), b, bias(b));
-    let nan = |w: uint32x4_t| {
-        vcgtq_u32(
-            vandq_u32(w, vdupq_n_u32(0x7FFF_FFFF)),
-            vdupq_n_u32(0x7F80_0000),
-        )
-    };
-    let is_nan = vmovn_high_u32(vmovn_u32(nan(a)), nan(b));
-    let high = vshrn_high_n_u32::<16>(vshrn_n_u32::<16>(a), b);
-    let nan_out = vorrq_u16(vandq_u16(high, vdupq_n_u16(0x8000)), vdupq_n_u16(0x7FC0));
-    vbslq_u16(is_nan, nan_out, rounded)
+    let number = vuzp1q_u16(ordered(a), ordered(b));
+    let nan = vbslq_u16(vdupq_n_u16(0x8000), high, vdupq_n_u16(0x7FC0));
+    vbslq_u16(number, rounded, nan)
 }
 
 /// Rounds eight f32 (`a`, then `b`) to f16 bits with `FCVTN`/`FCVTN2`: nearest even, overflow

@@ -4,6 +4,7 @@
 
 use core::arch::aarch64::*;
 
+use super::table::{Bf16Table, TABLE_MIN};
 use super::{bf16_widen, bf16x8, f16_widen, f16x8, half_bits};
 use crate::dtype::cast::f16_to_f32_bits_bf;
 use crate::dtype::fp8::f32_bits_to_e4m3;
@@ -217,10 +218,10 @@ pub(crate) unsafe fn half_to_e4m3(src: &[u8], src_t: DType, dst: &mut [u8], k: f
     let (src, dst) = (&src[..2 * n], &mut dst[..n]);
     let i = match Reciprocal::new(k) {
         // x, not the quotient, carries the sign: k is positive, and a -0 quotient comes out +0.
-        Some(r) => encode_16(src, src_t, dst, |x| e4m3x4(r.quotient(x), x)),
+        Some(r) => encode_16(src, src_t, dst, k, |x| e4m3x4(r.quotient(x), x)),
         None => {
             let kv = vdupq_n_f32(k);
-            encode_16(src, src_t, dst, |x| {
+            encode_16(src, src_t, dst, k, |x| {
                 // Multiplying by 512 is exact, or overflows where the code saturates anyway.
                 let q = vdivq_f32(x, kv);
                 e4m3x4(vmulq_n_f32(q, 512.0), q)
@@ -233,32 +234,56 @@ pub(crate) unsafe fn half_to_e4m3(src: &[u8], src_t: DType, dst: &mut [u8], k: f
     }
 }
 
-/// The codes that `code` gives for four widened values, sixteen values at a time, for the
-/// bf16 or f16 values of `src` into `dst`; returns how many it did (the rest, under 16, is the
-/// caller's).
+/// The codes that `code` gives for four widened values, for the 16 bf16 or f16 values at `p`.
+///
+/// # Safety
+/// The 32 bytes at `p` must be readable.
+#[target_feature(enable = "neon")]
+#[inline]
+unsafe fn codes_16(
+    p: *const u8,
+    src_t: DType,
+    code: &impl Fn(float32x4_t) -> uint32x4_t,
+) -> uint8x16_t {
+    // SAFETY: the caller's 32 bytes, 16 for each call.
+    let ((a, b), (c, d)) = unsafe { (load8(p, src_t), load8(p.add(16), src_t)) };
+    // Four calls, not `map(code)`: through the reference LLVM left the closure out of line.
+    let q = [code(a), code(b), code(c), code(d)];
+    // Codes fit a byte: the narrowing moves are exact.
+    let first = vmovn_high_u32(vmovn_u32(q[0]), q[1]);
+    let second = vmovn_high_u32(vmovn_u32(q[2]), q[3]);
+    vmovn_high_u16(vmovn_u16(first), second)
+}
+
+/// The codes that `code` gives for four widened values, for the bf16 or f16 values of `src`
+/// into `dst`, sixteen at a time: looked up in the scale's table where `src` is a long bf16
+/// run and `k` has one ([`Bf16Table`]), else computed. Returns how many it did (the rest,
+/// under 16, is the caller's).
 #[target_feature(enable = "neon")]
 #[inline]
 fn encode_16(
     src: &[u8],
     src_t: DType,
     dst: &mut [u8],
+    k: f32,
     code: impl Fn(float32x4_t) -> uint32x4_t,
 ) -> usize {
     let n = (src.len() / 2).min(dst.len());
+    let block = |p: *const u8| {
+        // SAFETY: every caller of `block` (the loops below and the table's) passes a pointer
+        // to 32 readable bytes.
+        unsafe { codes_16(p, src_t, &code) }
+    };
+    if src_t == DType::BF16 && n >= TABLE_MIN {
+        if let Some(table) = Bf16Table::new(k) {
+            return table.encode(src, dst, block);
+        }
+    }
     let mut i = 0;
     while i + 16 <= n {
         // SAFETY: 2 * (i + 16) <= 2 * n <= src.len(): the 32 bytes at src[2 * i..] are in
-        // bounds (16 for each call).
-        let ((a, b), (c, d)) = unsafe {
-            let p = src.as_ptr().add(2 * i);
-            (load8(p, src_t), load8(p.add(16), src_t))
-        };
-        // Four calls, not `map(&code)`: through the reference LLVM left the closure out of line.
-        let q = [code(a), code(b), code(c), code(d)];
-        // Codes fit a byte: the narrowing moves are exact.
-        let first = vmovn_high_u32(vmovn_u32(q[0]), q[1]);
-        let second = vmovn_high_u32(vmovn_u32(q[2]), q[3]);
-        let bytes = vmovn_high_u16(vmovn_u16(first), second);
+        // bounds.
+        let bytes = block(unsafe { src.as_ptr().add(2 * i) });
         // SAFETY: i + 16 <= n <= dst.len(): the 16 bytes at dst[i..] are in bounds.
         unsafe { vst1q_u8(dst.as_mut_ptr().add(i), bytes) };
         i += 16;

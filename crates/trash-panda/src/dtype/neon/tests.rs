@@ -3,6 +3,7 @@
 
 use super::expand::{fp8_to_f32, fp8_to_half, half_run};
 use super::narrow::{f32_to_half, half_to_f32, Reciprocal};
+use super::table::Bf16Table;
 use super::*;
 use crate::dtype::{
     best_simd_level, bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits,
@@ -182,6 +183,9 @@ fn f32_narrows_like_the_reference() {
         0x477F_E000,
         0x7F80_0000,
         0x3F80_7FF0,
+        // bf16 ties with an odd kept lsb, and the largest finite values rounding to infinity.
+        0x3F81_7FF0,
+        0x7F7F_7FF0,
     ] {
         pats.extend(base..base + 0x1000);
     }
@@ -212,32 +216,90 @@ fn half_amax_equals_the_reference() {
     });
 }
 
-#[test]
-fn half_to_e4m3_equals_the_reference_on_every_pattern() {
-    let src = crate::dtype::kernel_tests::every_pattern_16();
+/// Checks e4m3 codes `out` of the bf16 or f16 values of `src` against the reference with
+/// scale `k`.
+fn check_e4m3(src: &[u8], t: DType, out: &[u8], k: f32) {
+    for (s, g) in src.chunks_exact(2).zip(out) {
+        let h = u16::from_le_bytes([s[0], s[1]]);
+        let x = match t {
+            DType::BF16 => bf16_bits_to_f32(h),
+            _ => f16_bits_to_f32(h),
+        };
+        let v = (x / k).clamp(-448.0, 448.0);
+        // A NaN's sign after a division is not defined; its shape is.
+        if v.is_nan() {
+            assert_eq!(g & 0x7F, 0x7F, "{t} {h:#06x} scale {k:e}");
+            continue;
+        }
+        assert_eq!(*g, f32_to_fp8_e4m3fn(v), "{t} {h:#06x} scale {k:e}");
+    }
+}
+
+/// The quantize scales of the shared lists and of `kernel_tests`.
+fn quantize_scales() -> Vec<f32> {
     let mut ks = crate::dtype::kernel_tests::quantize_scales();
     // The shared list: both ends of the divide-free range and just outside it, the worst
     // reciprocals, and scales as quantization makes them.
     ks.extend(scales());
+    ks
+}
+
+#[test]
+fn half_to_e4m3_equals_the_reference_on_every_pattern() {
+    let src = crate::dtype::kernel_tests::every_pattern_16();
     for t in [DType::BF16, DType::F16] {
-        for &k in &ks {
+        for k in quantize_scales() {
             let mut out = vec![0u8; src.len() / 2];
             // SAFETY: the test runs on aarch64, whose every CPU has NEON.
             unsafe { half_to_e4m3(&src, t, &mut out, k) };
-            for (s, g) in src.chunks_exact(2).zip(&out) {
-                let h = u16::from_le_bytes([s[0], s[1]]);
-                let x = match t {
-                    DType::BF16 => bf16_bits_to_f32(h),
-                    _ => f16_bits_to_f32(h),
-                };
-                let v = (x / k).clamp(-448.0, 448.0);
-                // A NaN's sign after a division is not defined; its shape is.
-                if v.is_nan() {
-                    assert_eq!(g & 0x7F, 0x7F, "{t} {h:#06x} scale {k:e}");
-                    continue;
-                }
-                assert_eq!(*g, f32_to_fp8_e4m3fn(v), "{t} {h:#06x} scale {k:e}");
+            check_e4m3(&src, t, &out, k);
+        }
+    }
+}
+
+/// The bf16 table loop itself, which `half_to_e4m3` may decline without a test noticing: for
+/// every scale of the lists from 2^-110 up (under about 2^-116 no binade's quotients start at
+/// the normal codes from exponent field 6 on), a table is built, and its codes equal the
+/// reference's on every bf16 pattern, in order (blocks of one binade each) and shuffled (blocks
+/// that mix tabled values with zeros, the binades of the subnormal codes, infinities and NaNs).
+#[test]
+fn bf16_table_codes_equal_the_reference() {
+    let in_order = crate::dtype::kernel_tests::every_pattern_16();
+    // 40503 is odd: multiplying by it permutes the 16-bit patterns.
+    let shuffled: Vec<u8> = (0..=u16::MAX)
+        .flat_map(|i| i.wrapping_mul(40503).to_le_bytes())
+        .collect();
+    let mut ks = quantize_scales();
+    ks.extend([2f32.powi(-110), 0.02 / 448.0, 7.5 / 448.0, f32::MAX]);
+    let smallest = 2f32.powi(-110);
+    for k in ks {
+        // SAFETY: the test runs on aarch64, whose every CPU has NEON.
+        let table = unsafe { Bf16Table::new(k) };
+        if !(k.is_finite() && k >= smallest) {
+            assert!(table.is_none(), "a table for scale {k:e}");
+            continue;
+        }
+        let table = table.unwrap_or_else(|| panic!("no table for scale {k:e}"));
+        let block = |p: *const u8| {
+            let mut codes = [0u8; 16];
+            // SAFETY: the table passes pointers to 32 readable bytes; the test runs on
+            // aarch64, whose every CPU has NEON. Sixteen values are a computed block.
+            unsafe {
+                half_to_e4m3(
+                    core::slice::from_raw_parts(p, 32),
+                    DType::BF16,
+                    &mut codes,
+                    k,
+                );
+                vld1q_u8(codes.as_ptr())
             }
+        };
+        for src in [&in_order, &shuffled] {
+            let mut out = vec![0u8; src.len() / 2];
+            // SAFETY: the test runs on aarch64, whose every CPU has NEON.
+            let done = unsafe { table.encode(src, &mut out, block) };
+            assert_eq!(done, out.len() / 16 * 16, "scale {k:e}");
+            check_e4m3(&src[..2 * done], DType::BF16, &out[..done], k);
         }
     }
 }
