@@ -6,24 +6,27 @@
 //! `dtype/avx2/quant/table.rs`). For a scale k let e_lo be the first bf16 exponent field whose
 //! quotients `q = RN(x / k)` are all at least 2^-6, the smallest normal e4m3 value, and ask
 //! that it be at least 6 (it is for every scale above about 2^-116): binade e_lo - 1 is then a
-//! normal one whose quotients are under 2^-5, and binade e_lo's lie in [2^-6, 2^-4). From five
+//! normal one whose quotients are under 2^-5, and binade e_lo's lie in [2^-6, 2^-4). From six
 //! binades under e_lo up, scaling x by 2^d scales q by exactly 2^d (they stay f32 normals,
-//! or overflow to infinity where every code saturates anyway). Write y = 512 q for binade e_lo
-//! (in [8, 32)); the table holds, per mantissa m, `W[m] = 2 floor(2y) + (2y not an integer)`,
-//! under 128. Then, with RNE the rounding of an integer W / 2^s to nearest even:
+//! or overflow to infinity where every code saturates anyway). Write y = 512 q for binade
+//! e_lo, in [8, 32). Where y < 16 the table holds, per mantissa m, `W = 2 floor(2y) + (2y not
+//! an integer)` and where y >= 16, where the value one binade lower has y / 2 in [8, 16), the
+//! same of y / 2 with a bit u that moves the value up a binade: e' = e + u. Either way W is in
+//! [32, 64), and with RNE the rounding of the integer W / 2^s to nearest even, d = e' - e_lo:
 //!
-//! - e >= e_lo: the code is `RNE(W / 4)` for y < 16 (e4m3's steps are 2^-9 there: the code is
-//!   512 q rounded) and `RNE(W / 8) + 8` above (steps of 2^-8), plus 8 per binade above e_lo,
-//!   saturated at 0x7E;
-//! - e = e_lo - j, j in 1..=5: the code is 512 q rounded to an integer (the subnormal codes,
-//!   and the first normal binade, continue that count), `RNE(y / 2^j) = RNE(W / 2^(j + 2))`;
-//! - lower: every quotient is at most 2^-10 (five binades under e_lo - 1), whose code is 0.
+//! - d >= 0: the code is `RNE(W / 4) + 8 d`, saturated at 0x7E: at d = 0, 512 q is under 16,
+//!   where e4m3 steps by 2^-9 (the code is 512 q rounded), and each binade up adds 8;
+//! - d in -5..=-1: the code is 512 q rounded to an integer (the subnormal codes and the first
+//!   normal binade continue that count), `RNE(W / 2^(2 - d))`;
+//! - lower: every quotient is at most 2^-10 (five binades under binade e_lo - 1), whose code
+//!   is 0, which the same formula gives for any shift of 8 or more.
 //!
 //! Rounding W / 2^s gives the value's rounding because every boundary between two results is
-//! an integer in 2y, and where 2y is not an integer W's low bit stands for its fraction, which
-//! then lies strictly between the same two integers. The sign bit is the value's. Exponent 255
-//! (infinities, NaNs) is what the table does not give: a block of sixteen values holding one is
-//! computed by the caller's loop, as is every value of a run whose scale has no table.
+//! an integer in 2y (or y), and where that is not an integer W's low bit stands for its
+//! fraction, which then lies strictly between the same two integers. The sign bit is the
+//! value's. Exponent 255 (infinities, NaNs) is what the table does not give: a block of sixteen
+//! values holding one is computed by the caller's loop, as is every value of a run whose scale
+//! has no table.
 
 use core::arch::aarch64::*;
 
@@ -35,8 +38,7 @@ const CHUNK: usize = 64;
 
 /// One scale's codes for bf16 sources.
 pub(super) struct Bf16Table {
-    /// W: twice the doubled quotients of binade `e_lo`'s 128 mantissas, floored, with the
-    /// inexact bit, as two 64-byte `TBL` tables.
+    /// Per mantissa of binade `e_lo`: W, and u as bit 6, as two 64-byte `TBL` tables.
     w: [uint8x16x4_t; 2],
     /// The first exponent field whose quotients are all normal in e4m3 (at least 6).
     e_lo: u8,
@@ -51,8 +53,10 @@ impl Bf16Table {
             return None;
         }
         let quotient = |e: u32, m: u32| f32::from_bits((e << 23) | (m << 16)) / k;
-        let smallest_normal = f32::from_bits(121 << 23); // 2^-6
-        let e_lo = (1..=254u32).find(|&e| quotient(e, 0) >= smallest_normal)?;
+        let smallest_normal = 2f32.powi(-6);
+        // From k's exponent field less 8 down the quotients are under 2^-8: start there.
+        let from = (k.to_bits() >> 23).saturating_sub(8).max(1);
+        let e_lo = (from..=254).find(|&e| quotient(e, 0) >= smallest_normal)?;
         if e_lo < 6 {
             return None;
         }
@@ -60,13 +64,14 @@ impl Bf16Table {
         for (m, w) in (0..128u32).zip(w.iter_mut()) {
             // 1024 q is exact: a power of two times a normal q far from the top of the range.
             let y2 = 1024.0 * quotient(e_lo, m);
-            let floor = y2.floor();
-            // [16, 64) is the argument's range of 2y; anything else would not be the
-            // reference's codes.
-            if !(16.0..64.0).contains(&floor) {
+            // 2y, or y for the values that move up a binade.
+            let (v, u) = if y2 < 32.0 { (y2, 0) } else { (y2 / 2.0, 1) };
+            let floor = v.floor();
+            // [16, 32) is the argument's range; anything else would not be the reference's.
+            if !(16.0..32.0).contains(&floor) {
                 return None;
             }
-            *w = 2 * floor as u8 + u8::from(y2 != floor);
+            *w = (u << 6) | (2 * floor as u8 + u8::from(v != floor));
         }
         // SAFETY: `w` is 128 bytes; each load reads 64 of them.
         let w = unsafe { [vld1q_u8_x4(w.as_ptr()), vld1q_u8_x4(w.as_ptr().add(64))] };
@@ -118,8 +123,6 @@ impl Bf16Table {
     ) -> usize {
         assert!(2 * range.end <= src.len() && range.end <= dst.len() && range.len() <= 16 * CHUNK);
         let e_lo = vdupq_n_u8(self.e_lo);
-        let e_sub = vdupq_n_u8(self.e_lo - 5);
-        let e_lo_2 = vdupq_n_u8(self.e_lo + 2);
         let mut count = 0;
         for i in range.step_by(16) {
             // SAFETY: i + 16 <= range.end (whole blocks) and 2 * range.end <= src.len(): the
@@ -127,36 +130,32 @@ impl Bf16Table {
             // de-interleaving load splits each value's low byte (exponent lsb, mantissa) from
             // its high byte (sign, exponent's upper seven bits).
             let uint8x16x2_t(lo, hi) = unsafe { vld2q_u8(src.as_ptr().add(2 * i)) };
-            let e = vsriq_n_u8::<7>(vshlq_n_u8::<1>(hi), lo);
+            let exponents = vsriq_n_u8::<7>(vshlq_n_u8::<1>(hi), lo);
             let m = vandq_u8(lo, vdupq_n_u8(0x7F));
             // The first lookup gives 0 past its 64 entries; the second, indexed by m - 64,
             // fills those in and keeps the first's bytes where m - 64 wrapped past 127.
-            let w = vqtbl4q_u8(self.w[0], m);
-            let w = vqtbx4q_u8(w, self.w[1], vsubq_u8(m, vdupq_n_u8(64)));
-            let tabled = vcgeq_u8(e, e_lo);
-            let upper = vandq_u8(vcgeq_u8(w, vdupq_n_u8(64)), tabled);
-            // The shift s, negated (a negative shift count shifts right): 2, or 3 where
-            // y >= 16, from binade e_lo up; e_lo + 2 - e under it.
-            let right = vreinterpretq_s8_u8(vbslq_u8(
-                tabled,
-                vaddq_u8(upper, vdupq_n_u8(0xFE)),
-                vsubq_u8(e, e_lo_2),
-            ));
+            let b = vqtbl4q_u8(self.w[0], m);
+            let b = vqtbx4q_u8(b, self.w[1], vsubq_u8(m, vdupq_n_u8(64)));
+            let w = vandq_u8(b, vdupq_n_u8(63));
+            // e' = e + u (255 + 1 wraps, but those blocks are computed).
+            let e = vsraq_n_u8::<6>(exponents, b);
+            // s = 2 + min(e_lo - e', 6) (0 from binade e_lo up), negated: a negative count
+            // shifts right. A shift of 8 gives 0 for W < 128, as every code under d = -5 is.
+            let below = vminq_u8(vqsubq_u8(e_lo, e), vdupq_n_u8(6));
+            let right = vreinterpretq_s8_u8(vsubq_u8(vdupq_n_u8(0xFE), below));
             // RNE(W / 2^s) = (W - 1 + lsb + 2^(s - 1)) >> s, lsb that of W >> s; `URSHL`
             // adds the 2^(s - 1). W - 1 + lsb >= 31: no wrap.
             let even = vbicq_u8(vdupq_n_u8(1), vshlq_u8(w, right));
             let r = vrshlq_u8(vsubq_u8(w, even), right);
             let steps = vqshlq_n_u8::<3>(vqsubq_u8(e, e_lo));
-            let steps = vqaddq_u8(steps, vandq_u8(upper, vdupq_n_u8(8)));
             let c = vminq_u8(vqaddq_u8(r, steps), vdupq_n_u8(0x7E));
-            // Under binade e_sub every code is 0 (and the shift would pass a byte's width).
-            let c = vandq_u8(c, vcgeq_u8(e, e_sub));
+            // The sign bit is the value's.
             let codes = vbslq_u8(vdupq_n_u8(0x80), hi, c);
             // SAFETY: i + 16 <= range.end <= dst.len(): the 16 bytes at dst[i..] are in bounds.
             unsafe { vst1q_u8(dst.as_mut_ptr().add(i), codes) };
             // Noted always, counted only where a value is infinite or NaN: no branch.
             odd[count] = i;
-            count += usize::from(vmaxvq_u8(e) == 0xFF);
+            count += usize::from(vmaxvq_u8(exponents) == 0xFF);
         }
         count
     }
