@@ -23,15 +23,17 @@
 //!   reciprocal by Markstein's correction with `FMUL`, `FMLS` and `FMLA` (fused): the correctly
 //!   rounded quotient wherever the code depends on it (the proof and the exhaustive check are
 //!   in `dtype/avx2/quant.rs`: the same IEEE operations on the same range); other scales
-//!   divide. bf16 runs of [`table::TABLE_MIN`] values or more take a per-scale table of one
-//!   binade's quotients instead, from which byte shifts and adds give every code but those of
-//!   infinities and NaNs, sixteen values to an operation ([`table`]).
+//!   divide. Runs of [`table::TABLE_MIN`] values or more take a per-scale table instead:
+//!   for bf16 one binade's quotients, from which byte shifts and adds give every code but
+//!   those of infinities and NaNs ([`table`]); for f16 one binade's codes in sixteen runs of
+//!   a base and a rise, for the values from the first normal binade up ([`table16`]).
 //!
 //! None of this was timed (no Arm machine in this project); the tables follow the AVX2
-//! kernels, which measured it on x86. What guided the f32 -> bf16 rounding and the bf16
-//! quantize table is llvm-mca's model of the loops as compiled, on Neoverse N1, V1, V2 and
-//! Apple M1 (BENCHMARK.md, issue 24): about 1.4 and 2.5 times fewer cycles a block than the
-//! loops they replaced. bf16 -> f32 is only a widening shift, written here too so
+//! kernels, which measured it on x86. What guided the f32 -> bf16 rounding and the quantize
+//! tables is llvm-mca's model of the loops as compiled, on Neoverse N1, V1, V2 and Apple M1
+//! (`make bench-neon-model`, BENCHMARK.md, issue 24): about 1.4 times fewer cycles a block
+//! for the rounding and 3 to 3.7 times for the tables than the loops they replaced.
+//! bf16 -> f32 is only a widening shift, written here too so
 //! the level runs no per-element loop for it; everything else (f64, scaled bf16/f16/f32
 //! sources, quantization from f32 or fp8) runs the portable loops, which NEON vectorizes.
 //!
@@ -53,6 +55,7 @@ use super::DType;
 mod expand;
 mod narrow;
 mod table;
+mod table16;
 #[cfg(test)]
 mod tests;
 

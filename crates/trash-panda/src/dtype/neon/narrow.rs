@@ -5,6 +5,7 @@
 use core::arch::aarch64::*;
 
 use super::table::{Bf16Table, TABLE_MIN};
+use super::table16::F16Table;
 use super::{bf16_widen, bf16x8, f16_widen, f16x8, half_bits};
 use crate::dtype::cast::f16_to_f32_bits_bf;
 use crate::dtype::fp8::f32_bits_to_e4m3;
@@ -256,8 +257,9 @@ unsafe fn codes_16(
 }
 
 /// The codes that `code` gives for four widened values, for the bf16 or f16 values of `src`
-/// into `dst`, sixteen at a time: looked up in the scale's table where `src` is a long bf16
-/// run and `k` has one ([`Bf16Table`]), else computed. Returns how many it did (the rest,
+/// into `dst`, sixteen at a time: looked up in the scale's table where `src` is a long run and
+/// `k` has one ([`Bf16Table`], [`F16Table`], which may hand the rest of the run back), else
+/// computed. Returns how many it did (the rest,
 /// under 16, is the caller's).
 #[target_feature(enable = "neon")]
 #[inline]
@@ -274,12 +276,16 @@ fn encode_16(
         // to 32 readable bytes.
         unsafe { codes_16(p, src_t, &code) }
     };
-    if src_t == DType::BF16 && n >= TABLE_MIN {
-        if let Some(table) = Bf16Table::new(k) {
-            return table.encode(src, dst, block);
+    let mut i = 0;
+    if n >= TABLE_MIN {
+        if src_t == DType::BF16 {
+            if let Some(table) = Bf16Table::new(k) {
+                return table.encode(src, dst, block);
+            }
+        } else if let Some(table) = F16Table::new(k) {
+            i = table.encode(src, dst, block);
         }
     }
-    let mut i = 0;
     while i + 16 <= n {
         // SAFETY: 2 * (i + 16) <= 2 * n <= src.len(): the 32 bytes at src[2 * i..] are in
         // bounds.

@@ -34,7 +34,7 @@ use core::arch::aarch64::*;
 pub(super) const TABLE_MIN: usize = 1024;
 
 /// Blocks of 16 values the table's loop runs before the blocks it could not give are computed.
-const CHUNK: usize = 64;
+pub(super) const CHUNK: usize = 64;
 
 /// One scale's codes for bf16 sources.
 pub(super) struct Bf16Table {

@@ -4,6 +4,7 @@
 use super::expand::{fp8_to_f32, fp8_to_half, half_run};
 use super::narrow::{f32_to_half, half_to_f32, Reciprocal};
 use super::table::Bf16Table;
+use super::table16::F16Table;
 use super::*;
 use crate::dtype::{
     best_simd_level, bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits,
@@ -300,6 +301,64 @@ fn bf16_table_codes_equal_the_reference() {
             let done = unsafe { table.encode(src, &mut out, block) };
             assert_eq!(done, out.len() / 16 * 16, "scale {k:e}");
             check_e4m3(&src[..2 * done], DType::BF16, &out[..done], k);
+        }
+    }
+}
+
+/// The f16 table loop itself: for every positive scale of the lists up to 2^21 (above it no
+/// f16 binade's quotients reach the normal codes), a table is built, and its codes, with the
+/// blocks it hands to the computed loop, equal the reference's on every f16 pattern, in order
+/// and shuffled. Each run of 1024 values is a call of its own: the loop gives the rest of a run
+/// back to the computed loop once blocks to compute grow common, and the first 1024 values of a
+/// call always go through the table.
+#[test]
+fn f16_table_codes_equal_the_reference() {
+    let in_order = crate::dtype::kernel_tests::every_pattern_16();
+    // 40503 is odd: multiplying by it permutes the 16-bit patterns.
+    let shuffled: Vec<u8> = (0..=u16::MAX)
+        .flat_map(|i| i.wrapping_mul(40503).to_le_bytes())
+        .collect();
+    let mut ks = quantize_scales();
+    // 0.1 and 0.2: e_lo is 6 and 7, either side of the zeros under binade e_lo - 5.
+    ks.extend([
+        2f32.powi(-110),
+        0.02 / 448.0,
+        7.5 / 448.0,
+        0.1,
+        0.2,
+        2f32.powi(21),
+        2.1e6,
+    ]);
+    for k in ks {
+        // SAFETY: the test runs on aarch64, whose every CPU has NEON.
+        let table = unsafe { F16Table::new(k) };
+        if !(k.is_normal() && k > 0.0 && k <= 2f32.powi(21)) {
+            assert!(table.is_none(), "a table for scale {k:e}");
+            continue;
+        }
+        let table = table.unwrap_or_else(|| panic!("no table for scale {k:e}"));
+        let block = |p: *const u8| {
+            let mut codes = [0u8; 16];
+            // SAFETY: the table passes pointers to 32 readable bytes; the test runs on
+            // aarch64, whose every CPU has NEON. Sixteen values are a computed block.
+            unsafe {
+                half_to_e4m3(
+                    core::slice::from_raw_parts(p, 32),
+                    DType::F16,
+                    &mut codes,
+                    k,
+                );
+                vld1q_u8(codes.as_ptr())
+            }
+        };
+        for src in [&in_order, &shuffled] {
+            for run in src.chunks_exact(2048) {
+                let mut out = [0u8; 1024];
+                // SAFETY: the test runs on aarch64, whose every CPU has NEON.
+                let done = unsafe { table.encode(run, &mut out, block) };
+                assert_eq!(done, 1024, "scale {k:e}");
+                check_e4m3(run, DType::F16, &out, k);
+            }
         }
     }
 }

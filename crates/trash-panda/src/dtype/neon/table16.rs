@@ -1,0 +1,161 @@
+//! f16 -> e4m3fn on NEON by a per-scale table of one binade's codes, for the values from that
+//! binade up: the AVX2 kernel's form (`dtype/avx2/quant/table16.rs` has the argument), with
+//! `TBL` on sixteen entries.
+//!
+//! For a scale k let e_lo be the first f16 exponent field whose quotients `RN(x / k)` are all
+//! at least 2^-6, the smallest normal e4m3 value. From e_lo up, doubling x doubles its quotient
+//! exactly and adds 8 to its code, so `code(e, m) = min(T[m] + 8 (e - e_lo), 0x7E)` with T the
+//! codes of binade e_lo. An f16 binade has 1024 mantissas, more than `TBL` reaches, but T
+//! never falls, a step of e4m3 is more than a sixteenth of the value and 64 mantissas span at
+//! most a sixteenth of it: in each run of 64 mantissas T is a base, then the base plus one
+//! after at most one rise. Sixteen bases and sixteen rise places are two
+//! one-register lookups; the build finds each rise by a binary search over its run (eight
+//! divisions a run, where all 1024 would cost as much as a row) and declines the table where a
+//! run does not fit that form.
+//!
+//! Under e_lo the codes follow no shift. Where binade e_lo - 1 is a normal one (e_lo >= 7),
+//! five binades lower every quotient is at most 2^-10 and its code 0, as for bf16
+//! (`table.rs`); the five binades between, f16 subnormals while e_lo < 7, and exponent 31
+//! (infinities, NaNs) are computed by the caller's loop, a block of sixteen values at a time.
+//! On weights (k about amax / 448) e_lo is 1 and one block in about twenty-five holds an f16
+//! subnormal; on values that were fp8 most blocks hold a value under e_lo, so a run whose
+//! blocks are computed more often than one in four leaves the table for the computed loop.
+
+use core::arch::aarch64::*;
+
+use super::table::CHUNK;
+use crate::dtype::cast::f16_to_f32_bits_bf;
+use crate::dtype::fp8::f32_bits_to_e4m3;
+
+/// One scale's codes for f16 sources, from binade `e_lo` up.
+pub(super) struct F16Table {
+    /// T at the start of each run of 64 mantissas (the run is the mantissa's top four bits).
+    base: uint8x16_t,
+    /// The offset in each run after which T is one more, 63 where it does not rise.
+    rise: uint8x16_t,
+    /// The first exponent field whose quotients are all normal in e4m3 (1 to 30).
+    e_lo: u8,
+    /// Under this exponent field every code is 0: `e_lo - 5` where e_lo >= 7, else 0.
+    e_zero: u8,
+}
+
+impl F16Table {
+    /// The table of `k`, or `None` where k is not a positive normal f32, no f16 binade's
+    /// quotients are all normal in e4m3, or a run of T does not fit its form.
+    #[target_feature(enable = "neon")]
+    pub(super) fn new(k: f32) -> Option<Self> {
+        if !(k.is_normal() && k > 0.0) {
+            return None;
+        }
+        let value = |e: u16, m: u16| f32::from_bits(f16_to_f32_bits_bf((e << 10) | m));
+        let e_lo = (1..=30u16).find(|&e| value(e, 0) / k >= 2f32.powi(-6))?;
+        // The reference's code (its division and encoder) of mantissa m of binade e_lo.
+        let code = |m: u16| f32_bits_to_e4m3((value(e_lo, m) / k).to_bits());
+        let (mut base, mut rise) = ([0u8; 16], [63u8; 16]);
+        for r in 0..16u16 {
+            let (first, last) = (code(64 * r), code(64 * r + 63));
+            base[r as usize] = first;
+            if last == first {
+                continue;
+            }
+            // T never falls, so a last code of base + 1 means one rise; more is another form.
+            if last != first + 1 {
+                return None;
+            }
+            // The first offset whose code is base + 1 lies in (lo, hi].
+            let (mut lo, mut hi) = (0u16, 63u16);
+            while hi - lo > 1 {
+                let mid = (lo + hi) / 2;
+                if code(64 * r + mid) == first {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            rise[r as usize] = lo as u8;
+        }
+        let e_lo = e_lo as u8;
+        Some(F16Table {
+            // SAFETY: each array is 16 bytes, what the unaligned load reads.
+            base: unsafe { vld1q_u8(base.as_ptr()) },
+            // SAFETY: as above.
+            rise: unsafe { vld1q_u8(rise.as_ptr()) },
+            e_lo,
+            e_zero: if e_lo >= 7 { e_lo - 5 } else { 0 },
+        })
+    }
+
+    /// The codes of the f16 values of `src` into `dst` (one byte each), sixteen at a time,
+    /// blocks the table does not give by `block` (the computed codes of the 16 values at a
+    /// pointer to 32 readable bytes); returns how many it did: all whole blocks, or fewer
+    /// where more than one block in four needed computing (the caller computes the rest).
+    #[target_feature(enable = "neon")]
+    pub(super) fn encode(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        block: impl Fn(*const u8) -> uint8x16_t,
+    ) -> usize {
+        let n = (src.len() / 2).min(dst.len()) / 16 * 16;
+        // As in `table.rs`: the blocks to compute are noted, then computed after each chunk.
+        let mut odd = [0usize; CHUNK];
+        for start in (0..n).step_by(16 * CHUNK) {
+            let end = n.min(start + 16 * CHUNK);
+            let count = self.lookup(src, dst, start..end, &mut odd);
+            for &i in &odd[..count] {
+                // SAFETY: i + 16 <= n: the 32 bytes at src[2 * i..] are in bounds.
+                let codes = block(unsafe { src.as_ptr().add(2 * i) });
+                // SAFETY: i + 16 <= n <= dst.len(): the 16 bytes at dst[i..] are in bounds.
+                unsafe { vst1q_u8(dst.as_mut_ptr().add(i), codes) };
+            }
+            if 4 * count > CHUNK {
+                return end;
+            }
+        }
+        n
+    }
+
+    /// The table's codes for the blocks of 16 values in `range` (whole blocks, within `src`
+    /// and `dst`), into `dst`; returns how many blocks it could not give, their first indices
+    /// in `odd`.
+    #[target_feature(enable = "neon")]
+    fn lookup(
+        &self,
+        src: &[u8],
+        dst: &mut [u8],
+        range: core::ops::Range<usize>,
+        odd: &mut [usize; CHUNK],
+    ) -> usize {
+        assert!(2 * range.end <= src.len() && range.end <= dst.len() && range.len() <= 16 * CHUNK);
+        let e_lo = vdupq_n_u8(self.e_lo);
+        let e_zero = vdupq_n_u8(self.e_zero);
+        let mut count = 0;
+        for i in range.step_by(16) {
+            // SAFETY: i + 16 <= range.end (whole blocks) and 2 * range.end <= src.len(): the
+            // 32 bytes at src[2 * i..] are in bounds; byte loads need no alignment. The
+            // de-interleaving load splits each value's low byte (the mantissa's low eight
+            // bits) from its high byte (sign, five exponent bits, the mantissa's top two).
+            let uint8x16x2_t(lo, hi) = unsafe { vld2q_u8(src.as_ptr().add(2 * i)) };
+            let e = vandq_u8(vshrq_n_u8::<2>(hi), vdupq_n_u8(0x1F));
+            let run = vandq_u8(vsriq_n_u8::<6>(vshlq_n_u8::<2>(hi), lo), vdupq_n_u8(0x0F));
+            // Past the rise the compare gives all ones, which is -1: base - (-1).
+            let past = vcgtq_u8(vandq_u8(lo, vdupq_n_u8(0x3F)), vqtbl1q_u8(self.rise, run));
+            let t = vsubq_u8(vqtbl1q_u8(self.base, run), past);
+            let steps = vqshlq_n_u8::<3>(vqsubq_u8(e, e_lo));
+            let c = vminq_u8(vqaddq_u8(t, steps), vdupq_n_u8(0x7E));
+            let tabled = vcgeq_u8(e, e_lo);
+            // Zero under binade e_zero; the sign bit is the value's.
+            let codes = vbslq_u8(vdupq_n_u8(0x80), hi, vandq_u8(c, tabled));
+            // SAFETY: i + 16 <= range.end <= dst.len(): the 16 bytes at dst[i..] are in bounds.
+            unsafe { vst1q_u8(dst.as_mut_ptr().add(i), codes) };
+            let computed = vorrq_u8(
+                vbicq_u8(vcgeq_u8(e, e_zero), tabled),
+                vceqq_u8(e, vdupq_n_u8(0x1F)),
+            );
+            // Noted always, counted only when the block needs computing: no branch.
+            odd[count] = i;
+            count += usize::from(vmaxvq_u8(computed) != 0);
+        }
+        count
+    }
+}
