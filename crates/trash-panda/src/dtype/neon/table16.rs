@@ -9,9 +9,10 @@
 //! never falls, a step of e4m3 is more than a sixteenth of the value and 64 mantissas span at
 //! most a sixteenth of it: in each run of 64 mantissas T is a base, then the base plus one
 //! after at most one rise. Sixteen bases and sixteen rise places are two
-//! one-register lookups; the build finds each rise by a binary search over its run (eight
-//! divisions a run, where all 1024 would cost as much as a row) and declines the table where a
-//! run does not fit that form.
+//! one-register lookups. The build computes where each rise is from the midpoint between
+//! the two codes' values and checks it with the reference's codes on either side (two to
+//! four divisions a run, where all 1024 would cost as much as a row), and declines the table
+//! where a run does not fit that form.
 //!
 //! Under e_lo the codes follow no shift. Where binade e_lo - 1 is a normal one (e_lo >= 7),
 //! five binades lower every quotient is at most 2^-10 and its code 0, as for bf16
@@ -25,7 +26,7 @@ use core::arch::aarch64::*;
 
 use super::table::CHUNK;
 use crate::dtype::cast::f16_to_f32_bits_bf;
-use crate::dtype::fp8::f32_bits_to_e4m3;
+use crate::dtype::fp8::{e4m3_to_f32_bits, f32_bits_to_e4m3};
 
 /// One scale's codes for f16 sources, from binade `e_lo` up.
 pub(super) struct F16Table {
@@ -51,6 +52,7 @@ impl F16Table {
         let e_lo = (1..=30u16).find(|&e| value(e, 0) / k >= 2f32.powi(-6))?;
         // The reference's code (its division and encoder) of mantissa m of binade e_lo.
         let code = |m: u16| f32_bits_to_e4m3((value(e_lo, m) / k).to_bits());
+        let e4m3_to_f32 = |c: u8| f32::from_bits(e4m3_to_f32_bits(c));
         let (mut base, mut rise) = ([0u8; 16], [63u8; 16]);
         for r in 0..16u16 {
             let (first, last) = (code(64 * r), code(64 * r + 63));
@@ -62,17 +64,20 @@ impl F16Table {
             if last != first + 1 {
                 return None;
             }
-            // The first offset whose code is base + 1 lies in (lo, hi].
-            let (mut lo, mut hi) = (0u16, 63u16);
-            while hi - lo > 1 {
-                let mid = (lo + hi) / 2;
-                if code(64 * r + mid) == first {
-                    lo = mid;
-                } else {
-                    hi = mid;
-                }
+            // Where the rise is: the first offset whose x / k passes the midpoint between the
+            // two codes' values, estimated in f64, then moved until the reference's codes on
+            // either side of it agree (a step or none: the estimate is off by rounding only).
+            let mid = (f64::from(e4m3_to_f32(first)) + f64::from(e4m3_to_f32(first + 1))) / 2.0;
+            let binade = f64::from(value(e_lo, 0));
+            let guess = ((mid * f64::from(k) / binade - 1.0) * 1024.0).ceil() - f64::from(64 * r);
+            let mut j = guess.clamp(1.0, 63.0) as u16;
+            while j < 63 && code(64 * r + j) == first {
+                j += 1;
             }
-            rise[r as usize] = lo as u8;
+            while j > 1 && code(64 * r + j - 1) != first {
+                j -= 1;
+            }
+            rise[r as usize] = (j - 1) as u8;
         }
         let e_lo = e_lo as u8;
         Some(F16Table {
