@@ -282,7 +282,7 @@ fn encode_16(
             if let Some(table) = Bf16Table::new(k) {
                 return table.encode(src, dst, block);
             }
-        } else if let Some(table) = F16Table::new(k) {
+        } else if let Some(table) = F16Table::new(k, &src[..src.len().min(2 * TABLE_MIN)]) {
             i = table.encode(src, dst, block);
         }
     }

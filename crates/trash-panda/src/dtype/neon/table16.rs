@@ -19,8 +19,9 @@
 //! (`table.rs`); the five binades between, f16 subnormals while e_lo < 7, and exponent 31
 //! (infinities, NaNs) are computed by the caller's loop, a block of sixteen values at a time.
 //! On weights (k about amax / 448) e_lo is 1 and one block in about twenty-five holds an f16
-//! subnormal; on values that were fp8 most blocks hold a value under e_lo, so a run whose
-//! blocks are computed more often than one in four leaves the table for the computed loop.
+//! subnormal; on values that were fp8 most blocks hold a value under e_lo, so the table is not
+//! built for a run whose first 1024 values would have more than one block in four computed,
+//! and a run that turns so later leaves the table for the computed loop.
 
 use core::arch::aarch64::*;
 
@@ -42,14 +43,29 @@ pub(super) struct F16Table {
 
 impl F16Table {
     /// The table of `k`, or `None` where k is not a positive normal f32, no f16 binade's
-    /// quotients are all normal in e4m3, or a run of T does not fit its form.
+    /// quotients are all normal in e4m3, a run of T does not fit its form, or more than one
+    /// block in four of the f16 values in `head` (the start of the run, whole blocks of it)
+    /// would need computing: there the table would cost its build and give the run back.
     #[target_feature(enable = "neon")]
-    pub(super) fn new(k: f32) -> Option<Self> {
+    pub(super) fn new(k: f32, head: &[u8]) -> Option<Self> {
         if !(k.is_normal() && k > 0.0) {
             return None;
         }
         let value = |e: u16, m: u16| f32::from_bits(f16_to_f32_bits_bf((e << 10) | m));
         let e_lo = (1..=30u16).find(|&e| value(e, 0) / k >= 2f32.powi(-6))?;
+        let e_zero = if e_lo >= 7 { e_lo - 5 } else { 0 };
+        let (lo_v, zero_v) = (vdupq_n_u8(e_lo as u8), vdupq_n_u8(e_zero as u8));
+        let blocks = head.chunks_exact(32);
+        let total = blocks.len();
+        let mut computed = 0;
+        for b in blocks {
+            // SAFETY: `b` is 32 bytes, what the de-interleaving load reads.
+            let uint8x16x2_t(_, hi) = unsafe { vld2q_u8(b.as_ptr()) };
+            computed += usize::from(vmaxvq_u8(Self::computed(hi, lo_v, zero_v)) != 0);
+        }
+        if 4 * computed > total {
+            return None;
+        }
         // The reference's code (its division and encoder) of mantissa m of binade e_lo.
         let code = |m: u16| f32_bits_to_e4m3((value(e_lo, m) / k).to_bits());
         let e4m3_to_f32 = |c: u8| f32::from_bits(e4m3_to_f32_bits(c));
@@ -79,15 +95,33 @@ impl F16Table {
             }
             rise[r as usize] = (j - 1) as u8;
         }
-        let e_lo = e_lo as u8;
         Some(F16Table {
             // SAFETY: each array is 16 bytes, what the unaligned load reads.
             base: unsafe { vld1q_u8(base.as_ptr()) },
             // SAFETY: as above.
             rise: unsafe { vld1q_u8(rise.as_ptr()) },
-            e_lo,
-            e_zero: if e_lo >= 7 { e_lo - 5 } else { 0 },
+            e_lo: e_lo as u8,
+            e_zero: e_zero as u8,
         })
+    }
+
+    /// The exponent fields of sixteen f16 values from their high bytes.
+    #[target_feature(enable = "neon")]
+    #[inline]
+    fn exponents(hi: uint8x16_t) -> uint8x16_t {
+        vandq_u8(vshrq_n_u8::<2>(hi), vdupq_n_u8(0x1F))
+    }
+
+    /// All ones in the lanes (of sixteen f16 values' high bytes) that the table does not give:
+    /// exponent fields from `e_zero` to under `e_lo`, and 31.
+    #[target_feature(enable = "neon")]
+    #[inline]
+    fn computed(hi: uint8x16_t, e_lo: uint8x16_t, e_zero: uint8x16_t) -> uint8x16_t {
+        let e = Self::exponents(hi);
+        vorrq_u8(
+            vbicq_u8(vcgeq_u8(e, e_zero), vcgeq_u8(e, e_lo)),
+            vceqq_u8(e, vdupq_n_u8(0x1F)),
+        )
     }
 
     /// The codes of the f16 values of `src` into `dst` (one byte each), sixteen at a time,
@@ -141,7 +175,7 @@ impl F16Table {
             // de-interleaving load splits each value's low byte (the mantissa's low eight
             // bits) from its high byte (sign, five exponent bits, the mantissa's top two).
             let uint8x16x2_t(lo, hi) = unsafe { vld2q_u8(src.as_ptr().add(2 * i)) };
-            let e = vandq_u8(vshrq_n_u8::<2>(hi), vdupq_n_u8(0x1F));
+            let e = Self::exponents(hi);
             let run = vandq_u8(vsriq_n_u8::<6>(vshlq_n_u8::<2>(hi), lo), vdupq_n_u8(0x0F));
             // Past the rise the compare gives all ones, which is -1: base - (-1).
             let past = vcgtq_u8(vandq_u8(lo, vdupq_n_u8(0x3F)), vqtbl1q_u8(self.rise, run));
@@ -153,13 +187,9 @@ impl F16Table {
             let codes = vbslq_u8(vdupq_n_u8(0x80), hi, vandq_u8(c, tabled));
             // SAFETY: i + 16 <= range.end <= dst.len(): the 16 bytes at dst[i..] are in bounds.
             unsafe { vst1q_u8(dst.as_mut_ptr().add(i), codes) };
-            let computed = vorrq_u8(
-                vbicq_u8(vcgeq_u8(e, e_zero), tabled),
-                vceqq_u8(e, vdupq_n_u8(0x1F)),
-            );
             // Noted always, counted only when the block needs computing: no branch.
             odd[count] = i;
-            count += usize::from(vmaxvq_u8(computed) != 0);
+            count += usize::from(vmaxvq_u8(Self::computed(hi, e_lo, e_zero)) != 0);
         }
         count
     }

@@ -331,7 +331,7 @@ fn f16_table_codes_equal_the_reference() {
     ]);
     for k in ks {
         // SAFETY: the test runs on aarch64, whose every CPU has NEON.
-        let table = unsafe { F16Table::new(k) };
+        let table = unsafe { F16Table::new(k, &[]) };
         if !(k.is_normal() && k > 0.0 && k <= 2f32.powi(21)) {
             assert!(table.is_none(), "a table for scale {k:e}");
             continue;
@@ -360,6 +360,32 @@ fn f16_table_codes_equal_the_reference() {
                 check_e4m3(run, DType::F16, &out, k);
             }
         }
+    }
+}
+
+/// The f16 table is declined where the start of the run has more than one block in four that
+/// it would hand to the computed loop (with scale 1, exponent fields 4 to 8 are such values),
+/// and built where it has no more.
+#[test]
+fn f16_table_declines_runs_it_would_give_back() {
+    let run = |computed_blocks: usize| -> Vec<u8> {
+        (0..64 * 16)
+            .map(|i| {
+                if i / 16 < computed_blocks {
+                    0x1555u16
+                } else {
+                    0x2955
+                }
+            })
+            .flat_map(u16::to_le_bytes)
+            .collect()
+    };
+    // SAFETY: the test runs on aarch64, whose every CPU has NEON (every call).
+    unsafe {
+        assert!(F16Table::new(1.0, &run(0)).is_some());
+        assert!(F16Table::new(1.0, &run(16)).is_some());
+        assert!(F16Table::new(1.0, &run(17)).is_none());
+        assert!(F16Table::new(1.0, &run(64)).is_none());
     }
 }
 
