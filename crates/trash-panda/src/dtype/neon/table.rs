@@ -37,6 +37,7 @@ pub(super) const TABLE_MIN: usize = 1024;
 pub(super) const CHUNK: usize = 64;
 
 /// One scale's codes for bf16 sources.
+#[derive(Clone, Copy)]
 pub(super) struct Bf16Table {
     /// Per mantissa of binade `e_lo`: W, and u as bit 6, as two 64-byte `TBL` tables.
     w: [uint8x16x4_t; 2],
@@ -92,71 +93,110 @@ impl Bf16Table {
         dst: &mut [u8],
         block: impl Fn(*const u8) -> uint8x16_t,
     ) -> usize {
-        let n = (src.len() / 2).min(dst.len()) / 16 * 16;
-        // The table's loop only notes the blocks it cannot give and a second loop computes
-        // them: with the computed code (or a call to it) inside the first, the compiler keeps
-        // the table on the stack and reloads it every block.
-        let mut odd = [0usize; CHUNK];
-        for start in (0..n).step_by(16 * CHUNK) {
-            let end = n.min(start + 16 * CHUNK);
-            let count = self.lookup(src, dst, start..end, &mut odd);
-            for &i in &odd[..count] {
-                // SAFETY: i + 16 <= n: the 32 bytes at src[2 * i..] are in bounds.
-                let codes = block(unsafe { src.as_ptr().add(2 * i) });
-                // SAFETY: i + 16 <= n <= dst.len(): the 16 bytes at dst[i..] are in bounds.
-                unsafe { vst1q_u8(dst.as_mut_ptr().add(i), codes) };
-            }
-        }
-        n
+        let Bf16Table { w, e_lo } = *self;
+        let e_lo = vdupq_n_u8(e_lo);
+        run_chunks(src, dst, block, false, move |lo, hi| {
+            Self::codes(w, e_lo, lo, hi)
+        })
     }
 
-    /// The table's codes for the blocks of 16 values in `range` (whole blocks, within `src`
-    /// and `dst`), into `dst`; returns how many blocks it could not give, their first indices
-    /// in `odd`.
+    /// The codes of sixteen bf16 values from their low and high bytes, by the table `w` whose
+    /// first binade is `e_lo` (in every lane), and whether any of them is infinite or NaN
+    /// (where the codes are not the reference's).
     #[target_feature(enable = "neon")]
-    fn lookup(
-        &self,
-        src: &[u8],
-        dst: &mut [u8],
-        range: core::ops::Range<usize>,
-        odd: &mut [usize; CHUNK],
-    ) -> usize {
-        assert!(2 * range.end <= src.len() && range.end <= dst.len() && range.len() <= 16 * CHUNK);
-        let e_lo = vdupq_n_u8(self.e_lo);
-        let mut count = 0;
-        for i in range.step_by(16) {
-            // SAFETY: i + 16 <= range.end (whole blocks) and 2 * range.end <= src.len(): the
-            // 32 bytes at src[2 * i..] are in bounds; byte loads need no alignment. The
-            // de-interleaving load splits each value's low byte (exponent lsb, mantissa) from
-            // its high byte (sign, exponent's upper seven bits).
-            let uint8x16x2_t(lo, hi) = unsafe { vld2q_u8(src.as_ptr().add(2 * i)) };
-            let exponents = vsriq_n_u8::<7>(vshlq_n_u8::<1>(hi), lo);
-            let m = vandq_u8(lo, vdupq_n_u8(0x7F));
-            // The first lookup gives 0 past its 64 entries; the second, indexed by m - 64,
-            // fills those in and keeps the first's bytes where m - 64 wrapped past 127.
-            let b = vqtbl4q_u8(self.w[0], m);
-            let b = vqtbx4q_u8(b, self.w[1], vsubq_u8(m, vdupq_n_u8(64)));
-            let w = vandq_u8(b, vdupq_n_u8(63));
-            // e' = e + u (255 + 1 wraps, but those blocks are computed).
-            let e = vsraq_n_u8::<6>(exponents, b);
-            // s = 2 + min(e_lo - e', 6) (0 from binade e_lo up), negated: a negative count
-            // shifts right. A shift of 8 gives 0 for W < 128, as every code under d = -5 is.
-            let below = vminq_u8(vqsubq_u8(e_lo, e), vdupq_n_u8(6));
-            let right = vreinterpretq_s8_u8(vsubq_u8(vdupq_n_u8(0xFE), below));
-            // RNE(W / 2^s) = (W - 1 + lsb + 2^(s - 1)) >> s, lsb that of W >> s; `URSHL`
-            // adds the 2^(s - 1). W - 1 + lsb >= 31: no wrap.
-            let even = vbicq_u8(vdupq_n_u8(1), vshlq_u8(w, right));
-            let r = vrshlq_u8(vsubq_u8(w, even), right);
-            let steps = vqshlq_n_u8::<3>(vqsubq_u8(e, e_lo));
-            let c = vminq_u8(vqaddq_u8(r, steps), vdupq_n_u8(0x7E));
-            // The sign bit is the value's.
-            let codes = vbslq_u8(vdupq_n_u8(0x80), hi, c);
-            // SAFETY: i + 16 <= range.end <= dst.len(): the 16 bytes at dst[i..] are in bounds.
-            unsafe { vst1q_u8(dst.as_mut_ptr().add(i), codes) };
-            // Noted always, counted only where a value is infinite or NaN: no branch.
-            odd[count] = i;
-            count += usize::from(vmaxvq_u8(exponents) == 0xFF);
-        }
-        count
+    #[inline]
+    fn codes(
+        w: [uint8x16x4_t; 2],
+        e_lo: uint8x16_t,
+        lo: uint8x16_t,
+        hi: uint8x16_t,
+    ) -> (uint8x16_t, bool) {
+        let exponents = vsriq_n_u8::<7>(vshlq_n_u8::<1>(hi), lo);
+        let m = vandq_u8(lo, vdupq_n_u8(0x7F));
+        // The first lookup gives 0 past its 64 entries; the second, indexed by m - 64,
+        // fills those in and keeps the first's bytes where m - 64 wrapped past 127.
+        let b = vqtbl4q_u8(w[0], m);
+        let b = vqtbx4q_u8(b, w[1], vsubq_u8(m, vdupq_n_u8(64)));
+        let w = vandq_u8(b, vdupq_n_u8(63));
+        // e' = e + u (255 + 1 wraps, but those blocks are computed).
+        let e = vsraq_n_u8::<6>(exponents, b);
+        // s = 2 + min(e_lo - e', 6) (0 from binade e_lo up), negated: a negative count
+        // shifts right. A shift of 8 gives 0 for W < 128, as every code under d = -5 is.
+        let below = vminq_u8(vqsubq_u8(e_lo, e), vdupq_n_u8(6));
+        let right = vreinterpretq_s8_u8(vsubq_u8(vdupq_n_u8(0xFE), below));
+        // RNE(W / 2^s) = (W - 1 + lsb + 2^(s - 1)) >> s, lsb that of W >> s; `URSHL`
+        // adds the 2^(s - 1). W - 1 + lsb >= 31: no wrap.
+        let even = vbicq_u8(vdupq_n_u8(1), vshlq_u8(w, right));
+        let r = vrshlq_u8(vsubq_u8(w, even), right);
+        let steps = vqshlq_n_u8::<3>(vqsubq_u8(e, e_lo));
+        let c = vminq_u8(vqaddq_u8(r, steps), vdupq_n_u8(0x7E));
+        // The sign bit is the value's.
+        let codes = vbslq_u8(vdupq_n_u8(0x80), hi, c);
+        (codes, vmaxvq_u8(exponents) == 0xFF)
     }
+}
+
+/// A table's loop over the whole blocks of `src` (16-bit values) and `dst` (codes), a chunk
+/// of `CHUNK` blocks at a time: `codes` gives the table's codes of a block from its values'
+/// low and high bytes, and whether the block needs computing instead, which `block` (the
+/// computed codes of the 16 values at a pointer to 32 readable bytes) does after the chunk.
+/// The table's loop only notes those blocks so that no computed code sits inside it: with it
+/// (or a call to it) there, the compiler keeps the table on the stack and reloads it every
+/// block. With `give_back`, stops after a chunk where more than one block in four needed
+/// computing. Returns how many values it did.
+#[target_feature(enable = "neon")]
+pub(super) fn run_chunks(
+    src: &[u8],
+    dst: &mut [u8],
+    block: impl Fn(*const u8) -> uint8x16_t,
+    give_back: bool,
+    codes: impl Fn(uint8x16_t, uint8x16_t) -> (uint8x16_t, bool),
+) -> usize {
+    let n = (src.len() / 2).min(dst.len()) / 16 * 16;
+    let mut odd = [0usize; CHUNK];
+    for start in (0..n).step_by(16 * CHUNK) {
+        let end = n.min(start + 16 * CHUNK);
+        let count = lookup(&src[..2 * end], &mut dst[..end], start, &mut odd, &codes);
+        for &i in &odd[..count] {
+            // SAFETY: i + 16 <= n: the 32 bytes at src[2 * i..] are in bounds.
+            let codes = block(unsafe { src.as_ptr().add(2 * i) });
+            // SAFETY: i + 16 <= n <= dst.len(): the 16 bytes at dst[i..] are in bounds.
+            unsafe { vst1q_u8(dst.as_mut_ptr().add(i), codes) };
+        }
+        if give_back && 4 * count > CHUNK {
+            return end;
+        }
+    }
+    n
+}
+
+/// The table's codes of the blocks of 16 values from `start` to the end of `dst` (whole
+/// blocks, at most `CHUNK`; `src` holds their values), into `dst`; returns how many blocks
+/// need computing, their first indices in `odd`.
+#[target_feature(enable = "neon")]
+#[inline]
+fn lookup(
+    src: &[u8],
+    dst: &mut [u8],
+    start: usize,
+    odd: &mut [usize; CHUNK],
+    codes: &impl Fn(uint8x16_t, uint8x16_t) -> (uint8x16_t, bool),
+) -> usize {
+    let end = dst.len();
+    let len = end.saturating_sub(start);
+    assert!(2 * end == src.len() && len.is_multiple_of(16) && len <= 16 * CHUNK);
+    let mut count = 0;
+    for i in (start..end).step_by(16) {
+        // SAFETY: i + 16 <= end and 2 * end == src.len(): the 32 bytes at src[2 * i..] are in
+        // bounds; byte loads need no alignment. The de-interleaving load splits each value's
+        // low byte from its high byte.
+        let uint8x16x2_t(lo, hi) = unsafe { vld2q_u8(src.as_ptr().add(2 * i)) };
+        let (c, computed) = codes(lo, hi);
+        // SAFETY: i + 16 <= end == dst.len(): the 16 bytes at dst[i..] are in bounds.
+        unsafe { vst1q_u8(dst.as_mut_ptr().add(i), c) };
+        // Noted always, counted only when the block needs computing: no branch.
+        odd[count] = i;
+        count += usize::from(computed);
+    }
+    count
 }

@@ -25,11 +25,12 @@
 
 use core::arch::aarch64::*;
 
-use super::table::CHUNK;
+use super::table::run_chunks;
 use crate::dtype::cast::f16_to_f32_bits_bf;
 use crate::dtype::fp8::{e4m3_to_f32_bits, f32_bits_to_e4m3};
 
 /// One scale's codes for f16 sources, from binade `e_lo` up.
+#[derive(Clone, Copy)]
 pub(super) struct F16Table {
     /// T at the start of each run of 64 mantissas (the run is the mantissa's top four bits).
     base: uint8x16_t,
@@ -135,62 +136,42 @@ impl F16Table {
         dst: &mut [u8],
         block: impl Fn(*const u8) -> uint8x16_t,
     ) -> usize {
-        let n = (src.len() / 2).min(dst.len()) / 16 * 16;
-        // As in `table.rs`: the blocks to compute are noted, then computed after each chunk.
-        let mut odd = [0usize; CHUNK];
-        for start in (0..n).step_by(16 * CHUNK) {
-            let end = n.min(start + 16 * CHUNK);
-            let count = self.lookup(src, dst, start..end, &mut odd);
-            for &i in &odd[..count] {
-                // SAFETY: i + 16 <= n: the 32 bytes at src[2 * i..] are in bounds.
-                let codes = block(unsafe { src.as_ptr().add(2 * i) });
-                // SAFETY: i + 16 <= n <= dst.len(): the 16 bytes at dst[i..] are in bounds.
-                unsafe { vst1q_u8(dst.as_mut_ptr().add(i), codes) };
-            }
-            if 4 * count > CHUNK {
-                return end;
-            }
-        }
-        n
+        let F16Table {
+            base,
+            rise,
+            e_lo,
+            e_zero,
+        } = *self;
+        let (e_lo, e_zero) = (vdupq_n_u8(e_lo), vdupq_n_u8(e_zero));
+        run_chunks(src, dst, block, true, move |lo, hi| {
+            Self::codes(base, rise, e_lo, e_zero, lo, hi)
+        })
     }
 
-    /// The table's codes for the blocks of 16 values in `range` (whole blocks, within `src`
-    /// and `dst`), into `dst`; returns how many blocks it could not give, their first indices
-    /// in `odd`.
+    /// The codes of sixteen f16 values from their low bytes (the mantissa's low eight bits)
+    /// and high bytes (sign, five exponent bits, the mantissa's top two), by the runs' `base`
+    /// and `rise` from binade `e_lo` up and zeros under `e_zero` (each in every lane), and
+    /// whether any of them is one the table does not give.
     #[target_feature(enable = "neon")]
-    fn lookup(
-        &self,
-        src: &[u8],
-        dst: &mut [u8],
-        range: core::ops::Range<usize>,
-        odd: &mut [usize; CHUNK],
-    ) -> usize {
-        assert!(2 * range.end <= src.len() && range.end <= dst.len() && range.len() <= 16 * CHUNK);
-        let e_lo = vdupq_n_u8(self.e_lo);
-        let e_zero = vdupq_n_u8(self.e_zero);
-        let mut count = 0;
-        for i in range.step_by(16) {
-            // SAFETY: i + 16 <= range.end (whole blocks) and 2 * range.end <= src.len(): the
-            // 32 bytes at src[2 * i..] are in bounds; byte loads need no alignment. The
-            // de-interleaving load splits each value's low byte (the mantissa's low eight
-            // bits) from its high byte (sign, five exponent bits, the mantissa's top two).
-            let uint8x16x2_t(lo, hi) = unsafe { vld2q_u8(src.as_ptr().add(2 * i)) };
-            let e = Self::exponents(hi);
-            let run = vandq_u8(vsriq_n_u8::<6>(vshlq_n_u8::<2>(hi), lo), vdupq_n_u8(0x0F));
-            // Past the rise the compare gives all ones, which is -1: base - (-1).
-            let past = vcgtq_u8(vandq_u8(lo, vdupq_n_u8(0x3F)), vqtbl1q_u8(self.rise, run));
-            let t = vsubq_u8(vqtbl1q_u8(self.base, run), past);
-            let steps = vqshlq_n_u8::<3>(vqsubq_u8(e, e_lo));
-            let c = vminq_u8(vqaddq_u8(t, steps), vdupq_n_u8(0x7E));
-            let tabled = vcgeq_u8(e, e_lo);
-            // Zero under binade e_zero; the sign bit is the value's.
-            let codes = vbslq_u8(vdupq_n_u8(0x80), hi, vandq_u8(c, tabled));
-            // SAFETY: i + 16 <= range.end <= dst.len(): the 16 bytes at dst[i..] are in bounds.
-            unsafe { vst1q_u8(dst.as_mut_ptr().add(i), codes) };
-            // Noted always, counted only when the block needs computing: no branch.
-            odd[count] = i;
-            count += usize::from(vmaxvq_u8(Self::computed(hi, e_lo, e_zero)) != 0);
-        }
-        count
+    #[inline]
+    fn codes(
+        base: uint8x16_t,
+        rise: uint8x16_t,
+        e_lo: uint8x16_t,
+        e_zero: uint8x16_t,
+        lo: uint8x16_t,
+        hi: uint8x16_t,
+    ) -> (uint8x16_t, bool) {
+        let e = Self::exponents(hi);
+        let run = vandq_u8(vsriq_n_u8::<6>(vshlq_n_u8::<2>(hi), lo), vdupq_n_u8(0x0F));
+        // Past the rise the compare gives all ones, which is -1: base - (-1).
+        let past = vcgtq_u8(vandq_u8(lo, vdupq_n_u8(0x3F)), vqtbl1q_u8(rise, run));
+        let t = vsubq_u8(vqtbl1q_u8(base, run), past);
+        let steps = vqshlq_n_u8::<3>(vqsubq_u8(e, e_lo));
+        let c = vminq_u8(vqaddq_u8(t, steps), vdupq_n_u8(0x7E));
+        let tabled = vcgeq_u8(e, e_lo);
+        // Zero under binade e_zero; the sign bit is the value's.
+        let codes = vbslq_u8(vdupq_n_u8(0x80), hi, vandq_u8(c, tabled));
+        (codes, vmaxvq_u8(Self::computed(hi, e_lo, e_zero)) != 0)
     }
 }

@@ -258,6 +258,30 @@ fn half_to_e4m3_equals_the_reference_on_every_pattern() {
     }
 }
 
+/// Every 16-bit pattern in order (blocks of sixteen from one binade) and shuffled (blocks
+/// that mix binades, zeros, infinities and NaNs).
+fn patterns_twice() -> [Vec<u8>; 2] {
+    // 40503 is odd: multiplying by it permutes the 16-bit patterns.
+    let shuffled = (0..=u16::MAX)
+        .flat_map(|i| i.wrapping_mul(40503).to_le_bytes())
+        .collect();
+    [crate::dtype::kernel_tests::every_pattern_16(), shuffled]
+}
+
+/// The block function the quantize tables take: the computed codes of the 16 bf16 or f16
+/// values at a pointer, with scale `k`.
+fn computed_block(t: DType, k: f32) -> impl Fn(*const u8) -> uint8x16_t + Copy {
+    move |p| {
+        let mut codes = [0u8; 16];
+        // SAFETY: the tables pass pointers to 32 readable bytes; the test runs on aarch64,
+        // whose every CPU has NEON. Sixteen values are a computed block.
+        unsafe {
+            half_to_e4m3(core::slice::from_raw_parts(p, 32), t, &mut codes, k);
+            vld1q_u8(codes.as_ptr())
+        }
+    }
+}
+
 /// The bf16 table loop itself, which `half_to_e4m3` may decline without a test noticing: for
 /// every scale of the lists from 2^-110 up (under about 2^-116 no binade's quotients start at
 /// the normal codes from exponent field 6 on), a table is built, and its codes equal the
@@ -265,11 +289,7 @@ fn half_to_e4m3_equals_the_reference_on_every_pattern() {
 /// that mix tabled values with zeros, the binades of the subnormal codes, infinities and NaNs).
 #[test]
 fn bf16_table_codes_equal_the_reference() {
-    let in_order = crate::dtype::kernel_tests::every_pattern_16();
-    // 40503 is odd: multiplying by it permutes the 16-bit patterns.
-    let shuffled: Vec<u8> = (0..=u16::MAX)
-        .flat_map(|i| i.wrapping_mul(40503).to_le_bytes())
-        .collect();
+    let [in_order, shuffled] = patterns_twice();
     let mut ks = quantize_scales();
     ks.extend([2f32.powi(-110), 0.02 / 448.0, 7.5 / 448.0, f32::MAX]);
     let smallest = 2f32.powi(-110);
@@ -281,20 +301,7 @@ fn bf16_table_codes_equal_the_reference() {
             continue;
         }
         let table = table.unwrap_or_else(|| panic!("no table for scale {k:e}"));
-        let block = |p: *const u8| {
-            let mut codes = [0u8; 16];
-            // SAFETY: the table passes pointers to 32 readable bytes; the test runs on
-            // aarch64, whose every CPU has NEON. Sixteen values are a computed block.
-            unsafe {
-                half_to_e4m3(
-                    core::slice::from_raw_parts(p, 32),
-                    DType::BF16,
-                    &mut codes,
-                    k,
-                );
-                vld1q_u8(codes.as_ptr())
-            }
-        };
+        let block = computed_block(DType::BF16, k);
         for src in [&in_order, &shuffled] {
             let mut out = vec![0u8; src.len() / 2];
             // SAFETY: the test runs on aarch64, whose every CPU has NEON.
@@ -313,11 +320,7 @@ fn bf16_table_codes_equal_the_reference() {
 /// call always go through the table.
 #[test]
 fn f16_table_codes_equal_the_reference() {
-    let in_order = crate::dtype::kernel_tests::every_pattern_16();
-    // 40503 is odd: multiplying by it permutes the 16-bit patterns.
-    let shuffled: Vec<u8> = (0..=u16::MAX)
-        .flat_map(|i| i.wrapping_mul(40503).to_le_bytes())
-        .collect();
+    let [in_order, shuffled] = patterns_twice();
     let mut ks = quantize_scales();
     // 0.1 and 0.2: e_lo is 6 and 7, either side of the zeros under binade e_lo - 5.
     ks.extend([
@@ -337,20 +340,7 @@ fn f16_table_codes_equal_the_reference() {
             continue;
         }
         let table = table.unwrap_or_else(|| panic!("no table for scale {k:e}"));
-        let block = |p: *const u8| {
-            let mut codes = [0u8; 16];
-            // SAFETY: the table passes pointers to 32 readable bytes; the test runs on
-            // aarch64, whose every CPU has NEON. Sixteen values are a computed block.
-            unsafe {
-                half_to_e4m3(
-                    core::slice::from_raw_parts(p, 32),
-                    DType::F16,
-                    &mut codes,
-                    k,
-                );
-                vld1q_u8(codes.as_ptr())
-            }
-        };
+        let block = computed_block(DType::F16, k);
         for src in [&in_order, &shuffled] {
             for run in src.chunks_exact(2048) {
                 let mut out = [0u8; 1024];
