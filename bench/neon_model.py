@@ -5,9 +5,9 @@ speed says nothing of a core's. What can be had is the loops as the compiler emi
 model of each core's pipelines. This builds the core for aarch64-unknown-linux-gnu as assembly,
 finds each kernel's inner loop (by the function it is in and the instructions that mark it),
 and runs llvm-mca on it for Neoverse N1 (Graviton2), V1 (Graviton3), V2 (Graviton4) and Apple
-M1, printing cycles per 16 bytes written with data in L1: what the core's pipes allow, not what
-memory does. With --against REV the same loops of that commit are built in a worktree and
-printed beside them, with the ratio.
+M1, printing cycles per 16 bytes written with data in L1 (what the core's pipes allow, not what
+memory does) and writing them to bench/results/neon_model.md. With --against REV the same loops
+of that commit are built in a worktree and printed beside them, with the ratio.
 
 Needs the aarch64 Rust target and llvm-mca 17 or later (Debian's llvm-19 has it; the make
 target installs it when apt-get can).
@@ -23,12 +23,14 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = "aarch64-unknown-linux-gnu"
 CPUS = ("neoverse-n1", "neoverse-v1", "neoverse-v2", "apple-m1")
 ITERATIONS = 1000
+OUT = ROOT / "bench" / "results" / "neon_model.md"
 
 
 @dataclass(frozen=True)
@@ -244,21 +246,49 @@ def main() -> None:
                 before = model(mca, assembly(tree))
             finally:
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
-    print(f"llvm-mca: {mca}; cycles per 16 bytes written, data in L1, {ITERATIONS} iterations")
-    head = " | ".join(CPUS)
-    print(f"| loop | instructions | {head} |")
-    print("|---|---:|" + "---:|" * len(CPUS))
+    version = subprocess.run([mca, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"version ([\d.]+)", version)
+    rev = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    against = f' ARGS="--against {args.against}"' if args.against else ""
+    beside = f" (and {args.against} beside it)" if args.against else ""
+    lines = [
+        "# NEON loops in llvm-mca's models (`make bench-neon-model`): cycles per 16 bytes written",
+        "",
+        f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- machine: llvm-mca {m.group(1) if m else '?'} models of "
+        + ", ".join(CPUS)
+        + f" (no Arm machine; built on {host_cpu()})",
+        f"- method: `make bench-neon-model{against}`: the core at {rev}{beside} built for"
+        " aarch64 as assembly, each kernel's inner loop picked out of its function,"
+        f" {ITERATIONS} iterations with the data in L1; a model of the core's pipes, not a timing",
+        "",
+        f"| loop | instructions | {' | '.join(CPUS)} |",
+        "|---|---:|" + "---:|" * len(CPUS),
+    ]
     for name, got in now.items():
         if got is None:
-            print(f"| {name} | not found | " + " | " * (len(CPUS) - 1) + " |")
+            lines.append(f"| {name} | not found |" + " |" * len(CPUS))
             continue
         n, cs = got
         was = before.get(name) if before else None
         if was:
             cells = [f"{b:.2f} -> {c:.2f} ({b / c:.2f}x)" for b, c in zip(was[1], cs, strict=True)]
-            print(f"| {name} | {was[0]} -> {n} | " + " | ".join(cells) + " |")
+            lines.append(f"| {name} | {was[0]} -> {n} | " + " | ".join(cells) + " |")
         else:
-            print(f"| {name} | {n} | " + " | ".join(f"{c:.2f}" for c in cs) + " |")
+            lines.append(f"| {name} | {n} | " + " | ".join(f"{c:.2f}" for c in cs) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    OUT.write_text(text)
+    print(f"wrote {OUT.relative_to(ROOT)}")
+
+
+def host_cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "an unknown CPU"
 
 
 if __name__ == "__main__":
