@@ -259,8 +259,7 @@ unsafe fn codes_16(
 /// The codes that `code` gives for four widened values, for the bf16 or f16 values of `src`
 /// into `dst`, sixteen at a time: looked up in the scale's table where `src` is a long run and
 /// `k` has one ([`Bf16Table`], [`F16Table`], which may hand the rest of the run back), else
-/// computed. Returns how many it did (the rest,
-/// under 16, is the caller's).
+/// computed. Returns how many it did (the rest, under 16, is the caller's).
 #[target_feature(enable = "neon")]
 #[inline]
 fn encode_16(

@@ -8,11 +8,11 @@
 //! codes of binade e_lo. An f16 binade has 1024 mantissas, more than `TBL` reaches, but T
 //! never falls, a step of e4m3 is more than a sixteenth of the value and 64 mantissas span at
 //! most a sixteenth of it: in each run of 64 mantissas T is a base, then the base plus one
-//! after at most one rise. Sixteen bases and sixteen rise places are two
-//! one-register lookups. The build computes where each rise is from the midpoint between
-//! the two codes' values and checks it with the reference's codes on either side (two to
-//! four divisions a run, where all 1024 would cost as much as a row), and declines the table
-//! where a run does not fit that form.
+//! after at most one rise. Sixteen bases and sixteen rise places are two one-register
+//! lookups. The build computes where each rise is from the midpoint between the two codes'
+//! values and checks it with the reference's codes on either side (two to four divisions a
+//! run, where all 1024 would cost as much as a row), and declines the table where a run does
+//! not fit that form.
 //!
 //! Under e_lo the codes follow no shift. Where binade e_lo - 1 is a normal one (e_lo >= 7),
 //! five binades lower every quotient is at most 2^-10 and its code 0, as for bf16
