@@ -13,7 +13,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export PYTHONPATH := $(CURDIR)/python
 EXT := python/trash_panda/_core.abi3.so
 
-.PHONY: demo test venv docs-venv ext build docs rust-test lint py-test stubs cross fmt bench-read bench-convert bench-neon-model bench-stage bench-fill bench-stream bench-peers bench-pipeline clean
+.PHONY: demo test venv docs-venv ext build docs rust-test lint py-test stubs cross fmt bench-read bench-convert bench-neon-model bench-avx2-model bench-stage bench-fill bench-stream bench-peers bench-pipeline clean
 
 venv:
 	@bash scripts/venv.sh
@@ -85,12 +85,20 @@ bench-read:
 bench-convert:
 	$(CARGO) run --release -p trash-panda-bench --bin bench-convert
 
-# The NEON kernels' inner loops through llvm-mca's models of Arm cores, for want of an Arm
-# machine (bench/neon_model.py; ARGS="--against REV" models a commit beside this tree).
+# The NEON and AVX2 kernels' inner loops through llvm-mca's models of Arm cores and of x86
+# cores without AVX-512, for want of those machines (bench/loop_model.py; ARGS="--against REV"
+# models a commit beside this tree).
+LLVM_MCA := command -v llvm-mca-19 >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q llvm-19 >/dev/null; }
+
 bench-neon-model: venv
-	@command -v llvm-mca-19 >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q llvm-19 >/dev/null; }
+	@$(LLVM_MCA)
 	@rustup target add aarch64-unknown-linux-gnu >/dev/null
-	$(PY) bench/neon_model.py $(ARGS)
+	$(PY) bench/loop_model.py neon $(ARGS)
+
+bench-avx2-model: venv
+	@$(LLVM_MCA)
+	@rustup target add x86_64-unknown-linux-gnu >/dev/null
+	$(PY) bench/loop_model.py avx2 $(ARGS)
 
 bench-fill:
 	$(CARGO) run --release -p trash-panda-bench --bin bench-fill
