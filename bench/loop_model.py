@@ -13,7 +13,7 @@ memory does) and writing them to bench/results/<isa>_model.md. With --against RE
 loops of that commit are built in a worktree and printed beside them, with the ratio.
 
 Needs llvm-mca 17 or later (Debian's llvm-19 has it; the make targets install it when apt-get
-can) and, for NEON, the aarch64 Rust target.
+can) and the ISA's Rust target (the make targets add it).
 """
 
 from __future__ import annotations
@@ -312,6 +312,8 @@ def cycles_through(bs: list[Block], head: int) -> list[list[str]]:
     """For each edge back to block `head`, the shortest way (in instructions) round from it."""
     out = []
     for tail, b in enumerate(bs):
+        # Only edges that go back in the layout: every loop has one, and its target is a head
+        # the caller tries, so every loop is found once from there.
         if head not in b.successors or tail < head:
             continue
         # Dijkstra from head to tail, each block costing its length.
