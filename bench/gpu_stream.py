@@ -105,15 +105,33 @@ def model_pass(
 
 
 def fill_rate(handle: tp.OffloadHandle, since: float) -> float | None:
-    """Bytes per second of one worker's warm RAM-tier staging (copies from the page cache into
-    a pinned buffer), from the engine's own record; None when nothing was staged."""
+    """Bytes per second of the warm RAM-tier staging (copies from the page cache into pinned
+    buffers) of all the workers together, from the engine's own record; None when nothing was
+    staged."""
     state = handle.state
     if state.engine is None:
         return None
     done = [s for s in state.engine.stagings() if s.start >= since and s.source == "ram_warm" and s.end > s.start]
-    if not done:
+    return total_fill_rate([(s.start, s.end, s.bytes) for s in done])
+
+
+def total_fill_rate(stagings: list[tuple[float, float, int]]) -> float | None:
+    """The fill rate ``predict_step`` takes: the workers' together, which the model shares out
+    among the fills under way. Their bytes over the time at least one of them was filling (the
+    union of their intervals), not over the sum of their times, which is one worker's rate: with
+    two filling at once that is half the total, and the prediction twice too slow."""
+    spans = sorted((a, b) for a, b, _n in stagings if b > a)
+    if not spans:
         return None
-    return sum(s.bytes for s in done) / sum(s.end - s.start for s in done)
+    busy, start, end = 0.0, spans[0][0], spans[0][1]
+    for a, b in spans[1:]:
+        if a > end:
+            busy += end - start
+            start, end = a, b
+        else:
+            end = max(end, b)
+    busy += end - start
+    return sum(n for a, b, n in stagings if b > a) / busy
 
 
 def run_setting(
@@ -222,6 +240,28 @@ def swap_rows(path: Path, x: torch.Tensor, want: torch.Tensor, env: dict[str, An
     return rows
 
 
+def meter_row(x: torch.Tensor, blocks: int) -> str:
+    """What a memory window (the meter a stage's run opens: the allocator's history recorded and
+    replayed) costs a pass with every block resident: the best of five passes inside one
+    against the best of five outside, alternated, on the same model."""
+    from trash_panda.offload.meter import measured
+
+    torch.manual_seed(0)
+    with torch.device(x.device):
+        model = Stack(blocks).to(torch.bfloat16).eval()
+    plain, windowed = float("inf"), float("inf")
+    with torch.no_grad():
+        model(x)
+        for _ in range(5):
+            plain = min(plain, timed(lambda: model(x), repeat=1))
+            with measured(x.device):
+                windowed = min(windowed, timed(lambda: model(x), repeat=1))
+    return (
+        f"- a pass inside a memory window: {windowed * 1e3:.1f} ms against {plain * 1e3:.1f} ms outside one "
+        f"({windowed / plain:.3f}x; best of five each, alternated)"
+    )
+
+
 def reference(blocks: int, path: Path, x: torch.Tensor) -> tuple[torch.Tensor, float]:
     """Writes the checkpoint; returns the output and the best time of a pass with every block on
     the GPU."""
@@ -259,12 +299,14 @@ def main() -> None:
     env = {"args": args, "block_bytes": block_bytes, "compute": compute, "floor": floor}
     rows: list[str] = []
     swaps: list[str] = []
+    metered = "- a pass inside a memory window: not measured"
     try:
         for form in args.forms:
             for workers in args.workers if form == "mapped" else args.workers[:1]:
                 for lookahead in args.lookahead:
                     rows += run_setting(form, workers, lookahead, path, x, want, env)
         swaps = swap_rows(path, x, want, env)
+        metered = meter_row(x, args.resident)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     model_line = (
@@ -282,11 +324,12 @@ def main() -> None:
         f"settings): {link0 / 1e9:.2f} GB/s; floor max(compute, RAM tier / link): {floor * 1e3:.1f} ms",
         f"- GPU memory outside torch (context, kernels, libraries): {outside / 1e6:.0f} MB; the plans keep "
         f"{_core.CUDA_CONTEXT_FLOOR / 1e6:.0f} MB for it",
+        metered,
         "- per pass: ms (wall, synchronized) and against the floor; copy GB/s = RAM-tier bytes / pass; engine "
         "GB/s = bytes / the copy engine's time (events); link = torch's pinned copy of one block measured right "
         "before the setting; waited = the compute stream's wait for copies (events, read after settling); model = "
         + model_line
-        + "; fill = warm staging GB/s of one worker (mapped form); hits/acquires from the engine",
+        + "; fill = warm staging GB/s of the workers together (mapped form); hits/acquires from the engine",
         "",
         "| RAM tier | workers | lookahead | pass | ms | / floor | copy GB/s | engine GB/s | link GB/s | of link "
         "| waited ms | model ms | model link busy | fill GB/s | hits/acquires |",

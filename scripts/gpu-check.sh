@@ -2,10 +2,14 @@
 # The checks that need an NVIDIA GPU, for a bare GPU machine (no network, no Rust, no make):
 #   1. the extension imports (built elsewhere and carried: python/trash_panda/_core.abi3.so);
 #   2. the `cuda` tests;
-#   3. the same tests under TORCH_CUDA_SANITIZER=1 (torch's stream-race checker);
-#   4. examples/pipeline_stages.py on the GPU (chained stages and the Pipeline runner against the
+#   3. each defect put back (tests/faults.py, TRASH_PANDA_FAULT=name): the cuda test that names
+#      it must fail, or the check proves nothing;
+#   4. the same tests under TORCH_CUDA_SANITIZER=1 (torch's stream-race checker, made to key
+#      accesses by allocation and to watch the loader's thread: tests/sanitizer.py);
+#   5. the sanitizer with a missing wait put back: it must report the race;
+#   6. examples/pipeline_stages.py on the GPU (chained stages and the Pipeline runner against the
 #      plain pipeline on the same device);
-#   5. bench/gpu_stream.py (copy rates against torch's own pinned copy and the model's).
+#   7. bench/gpu_stream.py (copy rates against torch's own pinned copy and the model's).
 # It uses the python3 that has torch (or PYTHON=..., or a virtualenv given as an argument).
 # What is missing, an extension that does not import, or no GPU is said in one line, and it
 # stops in seconds. Each check has its own time limit, and all of them together fit in
@@ -27,11 +31,30 @@ PY=${PYTHON:-python3}
 export PYTHONPATH="$root/python:$root/tests" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 
 # Seconds; the sum stays under 8 minutes with room for starting up.
-LIMIT_IMPORT=${LIMIT_IMPORT:-30}
-LIMIT_TESTS=${LIMIT_TESTS:-120}
-LIMIT_SANITIZER=${LIMIT_SANITIZER:-150}
-LIMIT_EXAMPLE=${LIMIT_EXAMPLE:-40}
-LIMIT_BENCH=${LIMIT_BENCH:-130}
+LIMIT_IMPORT=${LIMIT_IMPORT:-15}
+LIMIT_TESTS=${LIMIT_TESTS:-75}
+LIMIT_FAULT=${LIMIT_FAULT:-25}  # each of the seven
+LIMIT_SANITIZER=${LIMIT_SANITIZER:-80}
+LIMIT_SANITIZER_FAULT=${LIMIT_SANITIZER_FAULT:-20}  # each of the two
+LIMIT_EXAMPLE=${LIMIT_EXAMPLE:-30}
+LIMIT_BENCH=${LIMIT_BENCH:-60}
+
+# Each defect put back, and the cuda test that must then fail.
+C=tests/test_cuda.py
+FAULTS=(
+  "first-copy-wait $C::test_the_first_copy_into_a_slot_waits_for_the_kernels_its_memory_carries"
+  "retire-current-stream $C::test_freed_blocks_wait_for_the_work_of_another_stream[given_back]"
+  "close-no-sync $C::test_an_expansion_buffer_is_freed_after_the_work_of_another_stream"
+  "loader-default-stream $C::test_the_loader_copies_beside_the_kernels_queued_on_the_default_stream"
+  "ram-tier-on-arrival $C::test_a_ram_tier_read_ahead_is_pinned_when_it_arrives"
+  "staging-unpinned $C::test_staging_views_are_pinned_and_copies_do_not_block"
+  "meter-reset $C::test_the_meter_leaves_the_users_peak_and_the_device_alone"
+)
+# A missing wait the sanitizer must report, and the cuda test it runs.
+SANITIZER_FAULTS=(
+  "compute-no-wait $C::test_every_tier_on_gpu"
+  "loader-no-event-wait $C::test_a_block_read_ahead_computes_after_its_copies"
+)
 EXT=python/trash_panda/_core.abi3.so
 summary=()
 missing=()
@@ -42,9 +65,11 @@ say() { echo "gpu-check: $*"; }
 plan() {
   say "1. import:          $PY -c 'import trash_panda._core'                (limit ${LIMIT_IMPORT}s)"
   say "2. cuda tests:      $PY -m pytest -q -m cuda tests/test_cuda.py tests/test_gpu_swap.py tests/test_pipeline_devices.py (limit ${LIMIT_TESTS}s)"
-  say "3. with sanitizer:  TORCH_CUDA_SANITIZER=1, the same tests            (limit ${LIMIT_SANITIZER}s)"
-  say "4. example:         $PY examples/pipeline_stages.py --device cuda     (limit ${LIMIT_EXAMPLE}s)"
-  say "5. benchmark:       $PY bench/gpu_stream.py                           (limit ${LIMIT_BENCH}s)"
+  say "3. defects put back: ${#FAULTS[@]} runs of one cuda test each, TRASH_PANDA_FAULT=name; each must fail (limit ${LIMIT_FAULT}s each)"
+  say "4. with sanitizer:  TORCH_CUDA_SANITIZER=1, the tests of 2           (limit ${LIMIT_SANITIZER}s)"
+  say "5. sanitizer faults: ${#SANITIZER_FAULTS[@]} missing waits it must report (limit ${LIMIT_SANITIZER_FAULT}s each)"
+  say "6. example:         $PY examples/pipeline_stages.py --device cuda     (limit ${LIMIT_EXAMPLE}s)"
+  say "7. benchmark:       $PY bench/gpu_stream.py                           (limit ${LIMIT_BENCH}s)"
 }
 
 # What is needed, checked in seconds.
@@ -108,12 +133,40 @@ run() {  # name limit command...
   esac
 }
 
-tests=(-m pytest -q -m cuda -p no:cacheprovider tests/test_cuda.py tests/test_gpu_swap.py tests/test_pipeline_devices.py)
+# A defect put back must make its check fail: pytest's exit 1 (tests failed) is the pass here;
+# 0 means the check cannot see the defect, anything else that it did not run.
+caught() {  # name limit fault [env...] -- pytest arguments...
+  local name=$1 limit=$2 fault=$3
+  shift 3
+  local start=$SECONDS
+  say "== $name"
+  timeout --kill-after=10 "$limit" env TRASH_PANDA_FAULT="$fault" "$@"
+  local rc=$?
+  local took=$((SECONDS - start))
+  case $rc in
+    1) summary+=("PASS  $name: caught (${took}s)") ;;
+    0) summary+=("FAIL  $name: NOT caught, the check passed with the defect put back (${took}s)") ;;
+    124 | 137) summary+=("TIMEOUT $name (limit ${limit}s)") ;;
+    *) summary+=("FAIL  $name: did not run (exit $rc, ${took}s)") ;;
+  esac
+}
+
+pytest=(-m pytest -q -m cuda -p no:cacheprovider)
+tests=("${pytest[@]}" tests/test_cuda.py tests/test_gpu_swap.py tests/test_pipeline_devices.py)
 run "cuda tests" "$LIMIT_TESTS" "$PY" "${tests[@]}"
+for entry in "${FAULTS[@]}"; do
+  read -r fault test <<<"$entry"
+  caught "put back: $fault" "$LIMIT_FAULT" "$fault" "$PY" "${pytest[@]}" -x "$test"
+done
 run "cuda tests under TORCH_CUDA_SANITIZER" "$LIMIT_SANITIZER" env TORCH_CUDA_SANITIZER=1 "$PY" "${tests[@]}"
+for entry in "${SANITIZER_FAULTS[@]}"; do
+  read -r fault test <<<"$entry"
+  caught "sanitizer reports: $fault" "$LIMIT_SANITIZER_FAULT" "$fault" \
+    env TORCH_CUDA_SANITIZER=1 "$PY" "${pytest[@]}" -x "$test"
+done
 run "pipeline example on the GPU" "$LIMIT_EXAMPLE" "$PY" examples/pipeline_stages.py --device cuda
 run "gpu_stream benchmark" "$LIMIT_BENCH" \
-  "$PY" bench/gpu_stream.py --blocks 32 --resident 8 --passes 4 --workers 2 --lookahead 1 2
+  "$PY" bench/gpu_stream.py --blocks 32 --resident 8 --passes 3 --workers 2 --lookahead 2
 
 echo
 for line in "${summary[@]}"; do say "$line"; done

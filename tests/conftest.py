@@ -10,6 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import faults
+import sanitizer
 from models import Tiny, save
 from simdevice import SimulatedDevice
 
@@ -42,6 +44,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _faults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The defects TRASH_PANDA_FAULT puts back (tests/faults.py), for every test; under
+    TORCH_CUDA_SANITIZER, the sanitizer made to see views and the loader's thread (sanitizer.py)."""
+    faults.from_environment(monkeypatch)
+    if sanitizer.wanted():
+        sanitizer.install(monkeypatch)
 
 
 @pytest.fixture

@@ -23,10 +23,17 @@ class OutsideLoads:
         self.first_block = threading.Event()
         later, now = outside_mod.load_outside, outside_mod.load_now
 
-        def load(specs: list[Any], device: torch.device, threads: int, lane: Any = None, position: Any = None) -> None:
+        def load(
+            specs: list[Any],
+            device: torch.device,
+            threads: int,
+            lane: Any = None,
+            position: Any = None,
+            copies: Any = None,
+        ) -> None:
             started = self.first_block.wait(timeout=20)
             self.calls.append((position, sorted(s.name for s in specs), started))
-            later(specs, device, threads, lane, position)
+            later(specs, device, threads, lane, position, copies)
 
         def load_now(specs: list[Any], device: torch.device, threads: int, lane: Any = None) -> None:
             self.calls.append((None, sorted(s.name for s in specs), self.first_block.is_set()))

@@ -72,6 +72,27 @@ class SimulatedDevice:
         host.fill_(POISON)  # the staging buffer goes back: a copy still reading it reads poison
         lease.discard()  # so the engine stages the block again rather than reuse the poison
 
+    def empty_on_copy_stream(self, nbytes: int) -> torch.Tensor:
+        return self.empty(nbytes)
+
+    def free_memory(self) -> int:
+        return 1 << 62
+
+    def current_stream(self) -> None:
+        return None  # one stream: the CPU computes on the calling thread
+
+    def record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        pass  # nothing is reused behind the copy thread's back: memory is torch's CPU memory
+
+    def side(self) -> SimulatedDevice:
+        return self  # its copies go to the same thread, in order
+
+    def pin(self, owner: object, ranges: list[tuple[int, int]], fallback: str) -> Any:
+        return _Registration()
+
+    def pinned(self, t: torch.Tensor) -> bool:
+        return True
+
     def synchronize(self) -> None:
         done = threading.Event()
         self.copies.put((torch.empty(0), torch.empty(0), None, done, 0.0))
@@ -80,3 +101,8 @@ class SimulatedDevice:
     def stop(self) -> None:
         self.copies.put(None)
         self.thread.join()
+
+
+class _Registration:
+    def close(self) -> None:
+        pass

@@ -6,7 +6,11 @@ paths on one."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import sys
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,11 +19,13 @@ from typing import Any
 import pytest
 import torch
 
+import faults
 import trash_panda as tp
 from models import Tiny, on_meta, save
 from simdevice import SimulatedDevice
 from trash_panda import Tier
 from trash_panda.errors import StreamError
+from trash_panda.offload import allocator_history as meter_mod
 from trash_panda.offload import cuda as cuda_mod
 from trash_panda.offload import restore as restore_mod
 from trash_panda.offload.cuda import CudaBackend, DeviceBackend, register_pinned, register_ram_tier
@@ -165,7 +171,7 @@ def test_ram_tier_blocks_are_copied_from_it_only_when_it_is_pinned(
 def _on_the_simulated_device(model: Tiny, sim: SimulatedDevice) -> tuple[ModelState, OffloadHandle, DeviceBackend]:
     """The model's hooks with a device backend on the simulated device."""
     state = _state(model)
-    handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim, torch.device("cpu")))
+    handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim))
     backend = handle.backend
     assert isinstance(backend, DeviceBackend) and backend.pipeline is not None
     return state, handle, backend
@@ -225,87 +231,451 @@ def test_a_block_whose_wait_for_its_copy_failed_gives_its_slot_back(
     handle.remove()
 
 
-class FakeAllocator:
-    """torch's caching allocator's counters: allocated and reserved, with their peaks."""
+K = 1 << 10
+MiB = 1 << 20
+GPU = torch.device("cuda", 0)
 
-    def __init__(self) -> None:
+
+class FakeAllocator:
+    """torch's caching allocator on GPU 0 as the meter reads it, on the host. Its counters:
+    allocated and reserved bytes (blocks of 512 bytes at least, as the allocator hands them
+    out), and torch's peak of each, one per device, which only reset_peak_memory_stats lowers:
+    the user's to read. Its history of actions as _record_memory_history keeps it: TraceEntry
+    dicts (action, addr, size, stream, time_us) with the size each call asked for, oldest first,
+    in a ring of max_entries; _cuda_memorySnapshot returns it (and records a "snapshot" action
+    after it, as torch does), _record_memory_history starts, clears and stops it. A synchronize
+    fails the test: the meter must not wait for the device (``strict = False`` counts them)."""
+
+    def __init__(self, backend: str = "native") -> None:
         self.allocated = self.reserved = 0
         self.top_allocated = self.top_reserved = 0
+        self.backend = backend
+        self.recording = False
+        self.trace: collections.deque[dict[str, Any]] = collections.deque(maxlen=1)
+        self.skipped: set[str] = set()
+        self.calls: list[dict[str, Any]] = []  # every _record_memory_history call, the user's too
+        self.queries: list[Any] = []  # what each snapshot asked for
+        self.live: dict[int, int] = {}
+        self.address = 1 << 40
+        self.clock = 0
+        self.strict = True
+        self.syncs = 0
+        self.lock = threading.RLock()  # a drain thread reads while a test allocates
+
+    @staticmethod
+    def block(size: int) -> int:
+        return max(512, -(-size // 512) * 512)
+
+    def _note(self, action: str, addr: int, size: int) -> None:
+        self.clock += 1
+        if self.recording and action not in self.skipped:
+            entry = {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": self.clock, "frames": []}
+            self.trace.append(entry)
+
+    def _count(self, allocated: int) -> None:
+        self.allocated += allocated
+        self.top_allocated = max(self.top_allocated, self.allocated)
+
+    def segment(self, size: int) -> None:
+        with self.lock:
+            self.reserved += size
+            self.top_reserved = max(self.top_reserved, self.reserved)
+            self.address += 1 << 32
+            self._note("segment_alloc", self.address, size)
+
+    def release(self, size: int) -> None:
+        with self.lock:
+            self.reserved -= size
+            self._note("segment_free", 0, size)
+
+    def alloc(self, size: int) -> int:
+        """A tensor of ``size`` bytes, in a new 2 MiB segment where the cache has no room."""
+        with self.lock:
+            room = self.reserved - self.allocated
+            if room < self.block(size):
+                self.segment(-(-(self.block(size) - room) // (2 * MiB)) * 2 * MiB)
+            self.address += 1 << 24
+            self.live[self.address] = size
+            self._count(self.block(size))
+            self._note("alloc", self.address, size)
+            return self.address
+
+    def free(self, addr: int) -> None:
+        with self.lock:
+            size = self.live.pop(addr)
+            self._count(-self.block(size))
+            self._note("free_requested", addr, size)
+            self._note("free_completed", addr, size)
 
     def set(self, allocated: int, reserved: int) -> None:
-        self.allocated, self.reserved = allocated, reserved
-        self.top_allocated = max(self.top_allocated, allocated)
-        self.top_reserved = max(self.top_reserved, reserved)
+        """Moves the counters to these figures (multiples of 512 bytes) by one segment allocated
+        or freed and one allocation or free of the difference."""
+        with self.lock:
+            if reserved > self.reserved:
+                self.segment(reserved - self.reserved)
+            if allocated > self.allocated:
+                self.alloc(allocated - self.allocated)
+            elif allocated < self.allocated:
+                self._count(allocated - self.allocated)
+                self._note("free_requested", 0, self.allocated - allocated)
+            if reserved < self.reserved:
+                self.release(self.reserved - reserved)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Puts the fake in torch's place, and a fresh history under the meter (no drain thread:
+        the tests that want one say so)."""
+
+        def stats(_device: Any = None) -> dict[str, int]:
+            with self.lock:
+                return {
+                    "allocated_bytes.all.current": self.allocated,
+                    "allocated_bytes.all.peak": self.top_allocated,
+                    "reserved_bytes.all.current": self.reserved,
+                    "reserved_bytes.all.peak": self.top_reserved,
+                }
+
         def reset(_device: Any = None) -> None:
             self.top_allocated, self.top_reserved = self.allocated, self.reserved
 
-        for name, fn in {
-            "synchronize": lambda _device=None: None,
+        def synchronize(_device: Any = None) -> None:
+            self.syncs += 1
+            if self.strict:
+                raise AssertionError("the meter waited for the device")
+
+        def history_enabled() -> bool:
+            if self.backend != "native":
+                raise RuntimeError(f"{self.backend} does not yet support recordHistory")
+            return self.recording
+
+        def record(
+            enabled: str | None = "all",
+            context: str | None = "all",
+            stacks: str = "all",
+            max_entries: int = sys.maxsize,
+            device: Any = None,
+            clear_history: bool = False,
+            compile_context: bool = False,
+            global_record_annotations: bool = False,
+            skip_actions: list[str] | None = None,
+        ) -> None:
+            if self.backend != "native":
+                raise RuntimeError(f"{self.backend} does not yet support recordHistory")
+            with self.lock:
+                self.calls.append(
+                    {"enabled": enabled, "context": context, "clear": clear_history, "skip": skip_actions}
+                )
+                self.recording = enabled is not None
+                self.skipped = set(skip_actions or ())
+                kept = [] if not self.recording or clear_history else list(self.trace)
+                self.trace = collections.deque(kept, maxlen=max(1, min(max_entries, 1 << 24)))
+
+        def snapshot(query: Any = None) -> dict[str, Any]:
+            with self.lock:
+                self.queries.append(query)
+                traces = [list(self.trace)]
+                self._note("snapshot", 0, self.allocated)
+                segments = [{"total_size": self.reserved}] if query is None or tuple(query[:2]) == (0, 0) else []
+                return {"segments": segments, "device_traces": traces}
+
+        class Pool:
+            id = (0, 7)
+
+        counters = {
+            "memory_stats": stats,
             "memory_allocated": lambda _device=None: self.allocated,
             "max_memory_allocated": lambda _device=None: self.top_allocated,
             "memory_reserved": lambda _device=None: self.reserved,
             "max_memory_reserved": lambda _device=None: self.top_reserved,
             "reset_peak_memory_stats": reset,
-        }.items():
+            "synchronize": synchronize,
+            "get_allocator_backend": lambda: self.backend,
+            "MemPool": Pool,
+        }
+        for name, fn in counters.items():
             monkeypatch.setattr(torch.cuda, name, fn)
+        monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", record)
+        monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda *_a, **_k: snapshot(None))
+        monkeypatch.setattr(torch._C, "_cuda_memorySnapshot", snapshot, raising=False)
+        monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", history_enabled, raising=False)
+        monkeypatch.setattr(meter_mod._History, "drain_seconds", 0)
+        monkeypatch.setattr(meter_mod, "_HISTORY", meter_mod._History())
 
 
-def test_the_device_meter_counts_reserved_growth(monkeypatch: pytest.MonkeyPatch) -> None:
-    mem = FakeAllocator()
-    mem.install(monkeypatch)
-    meter = Meter(CudaGauge(torch.device("cuda", 0)))
-    mem.set(1000, 1000)  # the model's weights
+@pytest.fixture
+def mem(monkeypatch: pytest.MonkeyPatch) -> FakeAllocator:
+    fake = FakeAllocator()
+    fake.install(monkeypatch)
+    return fake
+
+
+def test_the_device_meter_counts_reserved_growth(mem: FakeAllocator) -> None:
+    """The figures are KiB now: the peaks are replayed from the history, whose requests count as
+    the allocator's blocks of 512 bytes at least, no longer read from a peak counter reset at
+    each window event."""
+    meter = Meter(CudaGauge(GPU))
+    mem.set(1000 * K, 1000 * K)  # the model's weights
     a = meter.start()
-    mem.set(1300, 1600)  # activations whose segments round up: 600 reserved for 300
-    mem.set(1000, 1600)
-    assert meter.stop(a) == 600
+    mem.set(1300 * K, 1600 * K)  # activations whose segments round up: 600 reserved for 300
+    mem.set(1000 * K, 1600 * K)
+    assert meter.stop(a) == 600 * K
     b = meter.start()  # the same call again: the cache holds its segments
-    mem.set(1300, 1600)
-    mem.set(1000, 1600)
-    assert meter.stop(b) == 300, "memory cached at the start is reused, not counted twice"
+    mem.set(1300 * K, 1600 * K)
+    mem.set(1000 * K, 1600 * K)
+    assert meter.stop(b) == 300 * K, "memory cached at the start is reused, not counted twice"
 
 
-def test_the_device_meter_leaves_out_other_models_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    mem = FakeAllocator()
-    mem.install(monkeypatch)
-    meter = Meter(CudaGauge(torch.device("cuda", 0)))
-    mem.set(1000, 1000)
+def test_the_device_meter_leaves_out_other_models_loads(mem: FakeAllocator) -> None:
+    """In KiB, as above: the pauses' actions are replayed and left out, not reset away."""
+    meter = Meter(CudaGauge(GPU))
+    mem.set(1000 * K, 1000 * K)
     a = meter.start()
-    mem.set(1200, 1400)  # A computes
-    mem.set(1000, 1400)
+    mem.set(1200 * K, 1400 * K)  # A computes
+    mem.set(1000 * K, 1400 * K)
     with meter.paused():  # B loads 8000 of weights into 8200 of segments
-        mem.set(9000, 9600)
+        mem.set(9000 * K, 9600 * K)
     with meter.paused():  # B is released, and the release empties the cache: A's segments too
-        mem.set(1000, 1000)
-    mem.set(1200, 1400)  # A computes again
-    mem.set(1000, 1400)
-    assert meter.stop(a) == 400
+        mem.set(1000 * K, 1000 * K)
+    mem.set(1200 * K, 1400 * K)  # A computes again
+    mem.set(1000 * K, 1400 * K)
+    assert meter.stop(a) == 400 * K
 
 
-def test_the_device_meter_reads_a_loaders_copies_without_waiting_for_the_device(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    mem = FakeAllocator()
-    mem.install(monkeypatch)
-    meter = Meter(CudaGauge(torch.device("cuda", 0)))
-    mem.set(1000, 2048)
+def test_the_device_meter_reads_a_loaders_copies_without_waiting_for_the_device(mem: FakeAllocator) -> None:
+    """The loader's readings beside the running model do not wait for its compute (nor, now,
+    does any reading of the meter: the fake's synchronize fails the test wherever it comes)."""
+    meter = Meter(CudaGauge(GPU))
+    mem.set(1000 * K, 2048 * K)
     a = meter.start()
-    mem.set(1300, 2048)  # the model computes
-
-    def settles(_device: Any = None) -> None:
-        raise AssertionError("the loader's readings must not wait for the model's compute")
+    mem.set(1300 * K, 2048 * K)  # the model computes
 
     def copy() -> int:
-        mem.set(1300 + 1024, 2048 + 1024)  # a tensor of 1024 bytes arrives
-        return 1024
+        mem.set(1300 * K + 1024 * K, 2048 * K + 1024 * K)  # a tensor of 1024 KiB arrives
+        return 1024 * K
 
-    monkeypatch.setattr(torch.cuda, "synchronize", settles)
-    assert meter.moved_in(copy) == 1024
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda _device=None: None)
-    mem.set(1000 + 1024, 2048 + 1024)
-    assert meter.stop(a) == 300
+    assert meter.moved_in(copy) == 1024 * K
+    mem.set(1000 * K + 1024 * K, 2048 * K + 1024 * K)
+    assert meter.stop(a) == 300 * K
+    assert mem.syncs == 0
+
+
+def test_a_transient_below_an_earlier_peak_of_the_process_is_measured_exactly(mem: FakeAllocator) -> None:
+    """torch's peak counter cannot see a window's transient under the process's earlier peak
+    without a reset; the history does, in the blocks the allocator hands out."""
+    meter = Meter(CudaGauge(GPU))
+    big = mem.alloc(512 * MiB)  # an earlier model, long gone
+    mem.free(big)
+    weights = mem.alloc(64 * MiB)
+    a = meter.start()
+    for size in (3 * MiB, 5 * MiB, 300):
+        t = mem.alloc(size)
+        mem.free(t)
+    kept = mem.alloc(2 * MiB)
+    assert meter.stop(a) == 5 * MiB
+    b = meter.start()
+    t = mem.alloc(300)  # 300 bytes asked for, a block of 512 handed out
+    mem.free(t)
+    assert meter.stop(b) == 512
+    mem.free(kept)
+    mem.free(weights)
+    assert mem.top_allocated == 512 * MiB and mem.syncs == 0
+
+
+def _windows_after_the_users_peak(mem: FakeAllocator) -> None:
+    """The user's own measure around a pipeline: they reset torch's peak, a 256 MiB tensor comes
+    and goes, windows of every kind open and close (nested ones, a load paused, tensors moved in
+    beside them, blocks freed beside them), and torch's peaks are still the user's."""
+    torch.cuda.reset_peak_memory_stats(GPU)
+    big = mem.alloc(256 * MiB)
+    mem.free(big)
+    peaks = (torch.cuda.max_memory_allocated(GPU), torch.cuda.max_memory_reserved(GPU))
+    meter = Meter(CudaGauge(GPU))
+    for _ in range(3):
+        outer = meter.start()
+        t = mem.alloc(3 * MiB)
+        inner = meter.start()
+        with meter.paused():
+            loaded = mem.alloc(8 * MiB)
+        meter.moved_in(lambda: mem.alloc(MiB) and MiB)
+        mem.free(mem.alloc(2 * MiB))
+        meter.freed_beside(lambda loaded=loaded: mem.free(loaded) or 8 * MiB)  # type: ignore[misc]
+        mem.free(t)
+        assert meter.stop(inner) >= 2 * MiB
+        assert meter.stop(outer) >= 5 * MiB
+    assert (torch.cuda.max_memory_allocated(GPU), torch.cuda.max_memory_reserved(GPU)) == peaks, (
+        "the user's peak was reset by the meter"
+    )
+    assert mem.syncs == 0, "the meter waited for the device"
+
+
+def test_the_users_peak_survives_any_number_of_windows(mem: FakeAllocator) -> None:
+    _windows_after_the_users_peak(mem)
+    assert not mem.recording, "the meter's recording outlived its windows"
+
+
+def test_the_meter_resetting_torchs_peak_is_caught(mem: FakeAllocator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old gauge (tests/faults.py, meter-reset) reset torch's peak at each window event and
+    synchronized the device: the user's-peak check fails on it, and so does the synchronize one."""
+    faults.apply(monkeypatch, "meter-reset")
+    mem.strict = False
+    with pytest.raises(AssertionError, match="the user's peak was reset"):
+        _windows_after_the_users_peak(mem)
+    assert mem.syncs > 0
+
+
+def test_the_meter_records_the_history_while_a_window_is_open(
+    mem: FakeAllocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where nobody records, the meter does while a window is open: no stack traces, the actions
+    that do not move the counters left out, cleared after each read, stopped at the last close;
+    the snapshots ask for an empty pool's segments only."""
+    mem.segment(64 * MiB)  # room in the cache: the windows' segments do not grow
+    meter = Meter(CudaGauge(GPU))
+    a = meter.start()
+    assert mem.recording
+    assert mem.calls[0] == {"enabled": "all", "context": None, "clear": True, "skip": ["free_completed", "snapshot"]}
+    for _ in range(20):
+        mem.free(mem.alloc(MiB))
+    b = meter.start()
+    assert len(mem.trace) == 0, "what the meter read is still held"
+    assert meter.stop(b) == 0
+    assert mem.recording, "stopped while a window was still open"
+    assert meter.stop(a) == MiB
+    assert not mem.recording and len(mem.trace) == 0
+    assert mem.queries and all(q is not None and tuple(q[:2]) == (0, 7) for q in mem.queries)
+
+
+def test_the_meters_own_history_past_its_bound_falls_back_with_one_warning(
+    mem: FakeAllocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(meter_mod._History, "max_entries", 8)
+    mem.free(mem.alloc(256 * MiB))  # the process's peak, above the window's transients
+    meter = Meter(CudaGauge(GPU))
+    a = meter.start()
+    for _ in range(10):  # 20 actions between two readings
+        mem.free(mem.alloc(MiB))
+    with pytest.warns(UserWarning, match="more than 8 allocator actions between two readings"):
+        assert meter.stop(a) == 0  # the transients are lost: torch's peak did not rise
+    b = meter.start()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(10):
+            mem.free(mem.alloc(MiB))
+        assert meter.stop(b) == 0, "said once"
+    c = meter.start()
+    mem.free(mem.alloc(MiB))
+    assert meter.stop(c) == MiB, "exact again once the history fits"
+
+
+def test_the_users_own_history_is_read_not_cleared_nor_stopped(mem: FakeAllocator) -> None:
+    """A user recording their own history keeps it: the meter reads the actions after the last
+    it read, and neither clears nor stops it (nor records with its own settings)."""
+    torch.cuda.memory._record_memory_history("all", max_entries=1000)
+    for _ in range(30):  # the user's own history before the meter's windows
+        mem.free(mem.alloc(4 * MiB))
+    before = [e for e in mem.trace if e["action"] != "snapshot"]
+    meter = Meter(CudaGauge(GPU))
+    for _ in range(3):
+        a = meter.start()
+        t = mem.alloc(3 * MiB)
+        mem.free(t)
+        assert meter.stop(a) == 3 * MiB
+    assert mem.recording and len(mem.calls) == 1, "the user's recording was restarted or stopped"
+    held = [e for e in mem.trace if e["action"] != "snapshot"]
+    assert held[: len(before)] == before, "the user's history was cleared"
+
+
+def test_the_users_wrapped_history_is_read_where_it_goes_on(mem: FakeAllocator) -> None:
+    """The user's ring is full and drops its oldest at each action: the meter finds the last
+    action it read further back and reads on from there."""
+    torch.cuda.memory._record_memory_history("all", max_entries=16)
+    mem.free(mem.alloc(64 * MiB))  # torch's peak stays above the window's transients
+    for _ in range(20):
+        mem.free(mem.alloc(MiB))
+    meter = Meter(CudaGauge(GPU))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a = meter.start()
+        for size in (2 * MiB, 5 * MiB):
+            mem.free(mem.alloc(size))
+        assert meter.stop(a) == 5 * MiB
+
+
+def test_a_users_history_that_drops_unread_actions_falls_back_with_one_warning(mem: FakeAllocator) -> None:
+    torch.cuda.memory._record_memory_history("all", max_entries=8)
+    meter = Meter(CudaGauge(GPU))
+    held = mem.alloc(64 * MiB)  # torch's peak stays above the windows' transients
+    mem.free(mem.alloc(256 * MiB))
+    a = meter.start()
+    for _ in range(10):
+        mem.free(mem.alloc(MiB))
+    with pytest.warns(UserWarning, match="dropped actions the device memory meter had not read"):
+        assert meter.stop(a) == 0
+    b = meter.start()
+    mem.free(mem.alloc(300 * MiB))  # a new peak of the process: torch's counter has it exactly
+    assert meter.stop(b) == 300 * MiB
+    assert mem.recording
+    mem.free(held)
+
+
+def test_a_users_history_too_long_to_read_at_each_event_is_not_read(
+    mem: FakeAllocator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(meter_mod._History, "user_limit", 50)
+    torch.cuda.memory._record_memory_history("all")
+    for _ in range(30):
+        mem.free(mem.alloc(8 * MiB))
+    meter = Meter(CudaGauge(GPU))
+    with pytest.warns(UserWarning, match=r"holds 91 actions, too many to read at each window event"):
+        a = meter.start()
+    reads = len(mem.queries)
+    mem.free(mem.alloc(MiB))
+    assert meter.stop(a) == 0  # below the process's peak: not seen, as the warning said
+    assert len(mem.queries) == reads, "read at a window event all the same"
+    assert mem.recording and len(mem.calls) == 1
+
+
+def test_an_allocator_without_history_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    mem = FakeAllocator(backend="cudaMallocAsync")
+    mem.install(monkeypatch)
+    torch.cuda.reset_peak_memory_stats(GPU)
+    mem.free(mem.alloc(256 * MiB))
+    meter = Meter(CudaGauge(GPU))
+    with pytest.warns(UserWarning, match="the cudaMallocAsync allocator keeps no history"):
+        a = meter.start()
+    mem.free(mem.alloc(MiB))
+    assert meter.stop(a) == 0  # below the process's peak: not seen, as the warning said
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        b = meter.start()
+        mem.free(mem.alloc(512 * MiB))
+        assert meter.stop(b) == 512 * MiB  # torch's peak rose during the window: exact
+    assert mem.top_allocated == 512 * MiB and mem.syncs == 0
+
+
+def test_a_long_window_is_drained_on_a_thread(mem: FakeAllocator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window open across more actions than the history holds, with no event to read it: the
+    drain thread reads and clears it meanwhile, and the window's transients are all seen."""
+    monkeypatch.setattr(meter_mod._History, "max_entries", 64)
+    monkeypatch.setattr(meter_mod._History, "drain_seconds", 0.005)
+    history = meter_mod._HISTORY
+    mem.alloc(256 * MiB)
+    mem.segment(64 * MiB)
+    meter = Meter(CudaGauge(GPU))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        a = meter.start()
+        for chunk in range(10):
+            with history.lock:  # each chunk between two of the thread's reads
+                for _ in range(20):
+                    mem.free(mem.alloc(MiB))
+                if chunk == 6:
+                    mem.free(mem.alloc(9 * MiB))
+            deadline = time.monotonic() + 10
+            while len(mem.trace) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert not len(mem.trace), "the thread did not read the history"
+        assert meter.stop(a) == 9 * MiB
+    assert history.drain is None and not mem.recording
 
 
 def test_remove_refuses_up_front_when_the_weights_cannot_fit(
@@ -319,7 +689,7 @@ def test_remove_refuses_up_front_when_the_weights_cannot_fit(
     why = restore_mod.refusal(3_000_000_000, 1_000_000_000, 500_000_000)
     assert why is not None and "3.00 GB" in why and "1.00 GB free" in why and "0.50 GB more" in why
     assert "1.50 GB short" in why
-    handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim, torch.device("cpu")))
+    handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim))
     held = handle.backend.device_bytes()  # type: ignore[union-attr]
     assert held > 0
     # As a GPU with too little free memory: the CPU model takes the CUDA path's decision.

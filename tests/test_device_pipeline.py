@@ -41,7 +41,7 @@ def _run(model: Tiny, ref: Tiny, sim: SimulatedDevice, passes: int = 3, inferenc
     assert state is not None
 
     def backend(s: ModelState) -> DeviceBackend:
-        return DeviceBackend(s, sim, torch.device("cpu"))
+        return DeviceBackend(s, sim)
 
     handle = _install(model, state, state.blocks, None, backend)
     x = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(3))
@@ -121,7 +121,7 @@ def test_an_in_memory_ram_tier_is_copied_to_the_device_directly(
     assert ram and all(state.engine.ram_image(i) is not None for i in ram)
 
     def backend(s: ModelState) -> DeviceBackend:
-        return DeviceBackend(s, sim, torch.device("cpu"))
+        return DeviceBackend(s, sim)
 
     handle = _install(model, state, state.blocks, None, backend)
     x = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(3))
@@ -144,7 +144,7 @@ def _run_ahead(model: Tiny, ref: Tiny, dev: VirtualDevice, passes: int = 3) -> l
     assert state is not None
 
     def backend(s: ModelState) -> DeviceBackend:
-        return DeviceBackend(s, dev, torch.device("cpu"))
+        return DeviceBackend(s, dev)
 
     def kernels(module: torch.nn.Module, _args: object) -> None:
         dev.run_compute(0.004, reads=next(module.parameters()))

@@ -96,7 +96,7 @@ def test_a_final_pass_on_a_device_copies_nothing_after_its_last_block(
     monkeypatch.setattr(CopyPipeline, "_queue", recorded)
 
     def backend(s: ModelState) -> DeviceBackend:
-        return DeviceBackend(s, sim, torch.device("cpu"))
+        return DeviceBackend(s, sim)
 
     handle = _install(model, state, state.blocks, None, backend)
     streamed = [b for b in state.blocks if b.engine_index is not None]

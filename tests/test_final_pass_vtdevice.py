@@ -147,7 +147,7 @@ def _running(tmp_path: Path, dev: HandoverDevice) -> tuple[Tiny, OffloadHandle, 
     assert state is not None and all(b.engine_index is None for b in state.blocks)
 
     def backend(s: ModelState) -> DeviceBackend:
-        return DeviceBackend(s, dev, torch.device("cpu"))
+        return DeviceBackend(s, dev)
 
     handle = _install(model, state, state.blocks, None, backend)
     for b in state.blocks:
@@ -160,8 +160,8 @@ _FREE = final_pass_mod._free
 
 
 def _watch_frees(monkeypatch: pytest.MonkeyPatch, dev: HandoverDevice) -> None:
-    def freed(block: Any, engine: Any, keep_cache: bool) -> int:
-        n = _FREE(block, engine, keep_cache)
+    def freed(block: Any, engine: Any, keep_cache: bool, retire: Any) -> int:
+        n = _FREE(block, engine, keep_cache, retire)
         dev.free(block.prefix, n)
         return n
 
@@ -296,24 +296,3 @@ def test_a_feeder_that_does_not_wait_for_the_event_is_caught(tmp_path: Path, mon
     assert early, r.dev.violations[:3]
     r.nxt.close()
     tp.release(r.nxt.model, r.nxt.handle)
-
-
-def test_a_wait_on_another_thread_moves_only_that_thread_s_clock() -> None:
-    """vtdevice's threads: the host's clock is ``now``; another thread's starts at 0 and moves by
-    its own waits, as a thread blocked on a CUDA event blocks no other."""
-    dev = VirtualDevice(link_bps=1e9, launch_s=0.0, call_s=0.0)
-    dev.run_compute(5e-3)
-    done = dev.compute_done()
-    seen: list[float] = []
-
-    def side() -> None:
-        seen.append(dev.clock())
-        done.synchronize()
-        seen.append(dev.clock())
-
-    t = threading.Thread(target=side)
-    t.start()
-    t.join()
-    assert seen == [0.0, 5e-3] and dev.now == 0.0 and dev.clock() == 0.0
-    done.synchronize()
-    assert dev.now == 5e-3

@@ -101,7 +101,7 @@ def _hooked(model: nn.Module, sim: SimulatedDevice) -> OffloadHandle:
     assert state is not None
 
     def backend(s: ModelState) -> DeviceBackend:
-        return DeviceBackend(s, sim, torch.device("cpu"))
+        return DeviceBackend(s, sim)
 
     return _install(model, state, state.blocks, None, backend)
 

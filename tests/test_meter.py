@@ -22,7 +22,9 @@ IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(6))
 
 
 class FakeGauge:
-    """A device's memory counter as torch's: one peak for the whole device, reset by anyone."""
+    """A device's memory counter: one peak for the whole device, restarted at each of the
+    meter's marks (every window's event restarts it, so the meter must keep each window's peak
+    across the others' events)."""
 
     exact = True
 
@@ -37,10 +39,10 @@ class FakeGauge:
     def current(self) -> int:
         return self.now
 
-    def peak(self, settle: bool = True) -> int:
+    def peak(self) -> int:
         return self.top
 
-    def reset(self, settle: bool = True) -> None:
+    def reset(self) -> None:
         self.top = self.now
 
     def close(self) -> None:
@@ -57,7 +59,7 @@ def test_overlapping_windows_keep_their_own_peaks() -> None:
     with meter.paused():  # stage B loads its weights
         gauge.set(9000)
         gauge.set(5000)
-    b = meter.start()  # B's window resets the device's peak: A's 500 must survive it
+    b = meter.start()  # B's window restarts the device's peak: A's 500 must survive it
     gauge.set(5200)  # B computes
     gauge.set(5000)
     gauge.set(5300)  # A computes again, with B loaded

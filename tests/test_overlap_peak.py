@@ -138,11 +138,11 @@ class Loader:
         load_outside = outside.load_outside  # its reads are counted by read_counted, as the blocks'
 
         def load_outside_gated(
-            specs: list[Any], device: Any, threads: int, queue: Any = None, position: Any = None
+            specs: list[Any], device: Any, threads: int, queue: Any = None, position: Any = None, copies: Any = None
         ) -> None:
             if position is not None:  # on the loader
                 assert self.outside_gate.wait(10)
-            load_outside(specs, device, threads, queue, position)
+            load_outside(specs, device, threads, queue, position, copies)
 
         monkeypatch.setattr(overlap, "load_block", load_block)
         monkeypatch.setattr(overlap, "read_many", read_counted)

@@ -211,7 +211,7 @@ def test_memory_points_name_a_device_backend_s_slots(tmp_path: Path) -> None:
     assert state is not None
     sim = SimulatedDevice(seed=1)
     try:
-        handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim, torch.device("cpu")))
+        handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim))
         with torch.no_grad():
             model(_ids())
         names = [str(t["name"]) for t in memory_point("hooks on")["large_tensors"]]  # type: ignore[union-attr]

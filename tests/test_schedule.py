@@ -9,10 +9,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import torch
 
 from trash_panda.offload.copy_pipeline import CopyPipeline
-from vtdevice import VEvent, VirtualDevice, predict_step
+from vtdevice import VirtualDevice, predict_step
 
 LINK = 50e9  # bytes/s: pinned host-to-device copies on PCIe 5 x16 (an H100 or H200 host)
 # fill_bps of each RAM-tier form: None, the private tier in pinned memory copied directly; a
@@ -61,40 +60,6 @@ def test_fewer_blocks_than_buffers_never_lease_a_block_twice() -> None:
     for blocks, lookahead in [(2, 2), (3, 4), (2, 1)]:
         r = predict_step(64_000_000, 0.0001, lookahead, LINK, 2 * LINK, blocks=blocks)
         assert r["violations"] == []
-
-
-def test_the_device_runs_ahead_in_order() -> None:
-    """The model's own semantics: the host queues and goes on; each stream runs in order; an
-    event is the end of the work before it; waits order one stream after another."""
-    dev = VirtualDevice(link_bps=1e9, launch_s=0.0, call_s=0.0)  # 1 byte takes 1 ns
-    a, b = dev.empty(1000), dev.empty(1000)
-    host = torch.zeros(1000, dtype=torch.uint8)
-    first = dev.copy(a, host, None)
-    second = dev.copy(b, host, None)
-    assert (first.start.t, first.done.t, second.start.t) == (0.0, 1e-6, 1e-6)
-    mark = dev.compute_waits(first)
-    run = dev.run_compute(5e-6, reads=a)
-    assert (mark.t, run.start, run.end, dev.now) == (0.0, 1e-6, 6e-6, 0.0)  # the host did not wait
-    done = dev.compute_done()
-    assert not dev.ready(done) and dev.ready(VEvent(0.0))
-    third = dev.copy(a, host, after=done)  # waits for the compute that read the slot
-    assert third.start.t == 6e-6 and dev.now == 0.0
-    dev.wait(third)
-    assert dev.now == third.done.t == 7e-6 and dev.violations == []
-
-
-def test_the_device_records_each_broken_rule() -> None:
-    dev = VirtualDevice(link_bps=1e9, launch_s=0.0, call_s=0.0, poison=False)
-    slot, host = dev.empty(1000), torch.zeros(1000, dtype=torch.uint8)
-    dev.copy(slot, host, None)
-    dev.run_compute(1e-6, reads=slot)  # the compute stream never waited for the copy
-    assert "the copy into it lands at" in dev.violations[-1]
-    dev.released(host, None)  # the copy reading it ends at 1 us; the host is at 0
-    assert "returned to the engine while a copy reads it" in dev.violations[-1]
-    dev.wait(dev.compute_done())
-    dev.run_compute(1e-3, reads=slot)
-    dev.copy(slot, host, None)  # no `after`: it lands while the compute reads the slot
-    assert "refilled" in dev.violations[-1] and len(dev.violations) == 3
 
 
 @pytest.mark.parametrize(

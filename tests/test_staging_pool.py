@@ -200,7 +200,7 @@ def test_two_models_on_a_simulated_device_take_turns_on_one_pool(tmp_path: Path,
         assert state.engine.staging_buffers() == pool.buffers()
 
         def backend(s: ModelState) -> DeviceBackend:
-            return DeviceBackend(s, sim, torch.device("cpu"))
+            return DeviceBackend(s, sim)
 
         handles.append(_install(model, state, state.blocks, None, backend))
     x = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(3))

@@ -942,6 +942,11 @@ class Engine:
         """Stages the RAM tier ahead like the other tiers from now on (it was held back to be copied
         straight from memory, which its failed pinning rules out); whether anything changed.
         """
+    def copy_ram_tier_directly(self) -> bool:
+        """Holds the RAM tier back for the caller to copy straight from memory again, after
+        `stage_ram_tier_ahead` (the tier arrived later and was pinned then); whether anything
+        changed.
+        """
     def wait_idle(self, timeout: float) -> bool:
         """Waits (without the GIL) until the workers have nothing queued or in hand, or `timeout`
         seconds pass; whether they are idle.

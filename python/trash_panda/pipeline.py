@@ -518,10 +518,11 @@ class Pipeline:
             # Its memory was held back while this stage ran: it gets what is free now.
             following.give(self._free(reading=deferred).for_reads_beside())
         elif following is not None and given_now:
-            # No CUDA event waited for: the allocator gives a freed block only to the stream it
-            # was made on, the default one the stage computed on and the loader copies on, so
-            # the copies queue after the kernels that read it (another compute stream would
-            # need record_stream).
+            # No CUDA event waited for here. A block given back recorded, as it was freed, every
+            # stream it ran on (a caller's own too): the allocator hands its memory to no one
+            # before their work has run. A stage released waited for the device first. And the
+            # loader, which copies on a stream of its own, takes memory from the default
+            # stream's pool only behind an event recorded there (loader_copies.py).
             following.give(given_now)
 
     def _drop_changed(self, name: str) -> bool:

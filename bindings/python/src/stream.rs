@@ -223,6 +223,13 @@ impl PyEngine {
         Ok(self.engine()?.stage_ram_tier_ahead())
     }
 
+    /// Holds the RAM tier back for the caller to copy straight from memory again, after
+    /// `stage_ram_tier_ahead` (the tier arrived later and was pinned then); whether anything
+    /// changed.
+    fn copy_ram_tier_directly(&self) -> PyResult<bool> {
+        Ok(self.engine()?.copy_ram_tier_directly())
+    }
+
     /// The blocks staged ahead once `block` runs, nearest first (none past the end of the order
     /// in a last pass): what a device copying ahead copies.
     fn next_blocks(&self, block: usize) -> PyResult<Vec<usize>> {

@@ -20,6 +20,17 @@ on CUDA (proven in virtual time by tests/test_schedule.py):
 - at most ``buffers - 1`` copies in flight hold staging buffers, so the engine always has one to
   stage the next block in while the link copies.
 
+Three more follow CUDA's caching allocator and its streams:
+
+- the slots come from the allocator on the stream current when they are made (on a pipeline's
+  read-ahead thread, the default stream the running stage computes on), so their memory may be
+  what that stream's queued kernels still read: the first copy into each slot waits for an event
+  recorded there when they were made, as every later one waits for the compute that read it;
+- a staging buffer goes back when its lease and every view of it are gone: the view a copy read
+  from is dropped as the lease is returned, not kept until the block runs;
+- from pageable memory (pinning declined), a copy holds the host until it is done: the copies
+  ahead are then queued after the current block's kernels, so the device computes meanwhile.
+
 The CUDA backend drives a :class:`CudaDevice`; tests drive simulated ones through the same
 :class:`CopyPipeline`.
 """
@@ -37,20 +48,47 @@ if TYPE_CHECKING:
 
 
 class Device(Protocol):
-    """What the pipeline needs of a device."""
+    """What the device code needs of a device. "The current stream" is the calling thread's
+    (``torch.cuda.current_stream()``: a caller's own under ``torch.cuda.stream(s)``); compute,
+    waits and allocations go there, copies to the copy stream of the device object."""
 
     def empty(self, nbytes: int) -> torch.Tensor:
-        """A device slot of ``nbytes`` bytes."""
+        """``nbytes`` of device memory (uint8), from the allocator on the current stream."""
+
+    def empty_on_copy_stream(self, nbytes: int) -> torch.Tensor:
+        """``nbytes`` of device memory from the allocator on the copy stream: memory no other
+        stream's queued work still reads, for a copy on that stream to fill."""
+
+    def free_memory(self) -> int:
+        """Device memory free outside every cache (``cudaMemGetInfo``), without waiting."""
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor, after: Any) -> Any:
         """Queues ``dst.copy_(src)`` on the copy stream once event ``after`` (or None) has
-        happened; returns an event that happens when the copy is complete."""
+        happened; returns an event that happens when the copy is complete. ``dst``'s memory is
+        not reused before the copy has run, wherever it is freed."""
 
     def compute_waits(self, event: Any) -> Any:
-        """Makes the compute stream wait for ``event``; returns a timing mark (or None)."""
+        """Makes the current stream wait for ``event``; returns a timing mark (or None)."""
 
     def compute_done(self) -> Any:
-        """An event that happens once the compute queued so far has run."""
+        """An event that happens once the work queued so far on the current stream has run."""
+
+    def current_stream(self) -> Any:
+        """The calling thread's current stream."""
+
+    def record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        """``t``'s memory, once freed, is not reused before the work queued on ``stream`` by
+        then has run (``Tensor.record_stream``)."""
+
+    def side(self) -> Device:
+        """A device object on the same device whose copies go on a copy stream of their own."""
+
+    def pin(self, owner: object, ranges: list[tuple[int, int]], fallback: str) -> Any:
+        """Registers host ranges (address, length) of ``owner``'s as pinned; a registration
+        with ``close()``, or None and a warning naming ``fallback`` when that fails."""
+
+    def pinned(self, t: torch.Tensor) -> bool:
+        """Whether host tensor ``t`` is in pinned memory (a copy from it does not hold the host)."""
 
     def ready(self, event: Any) -> bool:
         """Whether ``event`` has happened (never blocks)."""
@@ -68,31 +106,45 @@ class Device(Protocol):
 class CudaDevice:
     """A CUDA GPU: one side stream for copies; events between it and the compute stream."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, stream: Any = None) -> None:
         import torch
 
         self.device = device
-        self.stream = torch.cuda.Stream(device)
+        self.stream = stream if stream is not None else torch.cuda.Stream(device)
 
     def empty(self, nbytes: int) -> torch.Tensor:
         import torch
 
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
+    def empty_on_copy_stream(self, nbytes: int) -> torch.Tensor:
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    def free_memory(self) -> int:
+        import torch
+
+        return int(torch.cuda.mem_get_info(self.device)[0])
+
     def copy(self, dst: torch.Tensor, src: torch.Tensor, after: Any) -> CudaCopy:
         import torch
 
         with torch.cuda.stream(self.stream):
             if after is not None:
-                self.stream.wait_event(after)
+                self.stream.wait_event(after.done if isinstance(after, CudaCopy) else after)
             start = torch.cuda.Event(enable_timing=True)
             start.record(self.stream)
             dst.copy_(src, non_blocking=True)
             done = torch.cuda.Event(enable_timing=True)
             done.record(self.stream)
+        # Freed before the copy ran (a stage released before its turn), the allocator would
+        # otherwise hand the memory to the next allocation on its own stream at once.
+        dst.record_stream(self.stream)
         return CudaCopy(start, done)
 
-    def compute_waits(self, event: CudaCopy) -> Any:
+    def compute_waits(self, event: Any) -> Any:
         import torch
 
         stream = torch.cuda.current_stream(self.device)
@@ -100,7 +152,7 @@ class CudaDevice:
         # end is how long the compute stream waited for the copy.
         mark = torch.cuda.Event(enable_timing=True)
         mark.record(stream)
-        stream.wait_event(event.done)
+        stream.wait_event(event.done if isinstance(event, CudaCopy) else event)
         return mark
 
     def compute_done(self) -> Any:
@@ -109,6 +161,29 @@ class CudaDevice:
         done = torch.cuda.Event()
         done.record(torch.cuda.current_stream(self.device))
         return done
+
+    def current_stream(self) -> Any:
+        import torch
+
+        return torch.cuda.current_stream(self.device)
+
+    def record_stream(self, t: torch.Tensor, stream: Any) -> None:
+        t.record_stream(stream)
+
+    def side(self) -> CudaDevice:
+        # One loader stream per GPU, whoever loads: memory a loader allocated there and a stage
+        # freed goes back to that stream's pool, where the next loader finds it.
+        return CudaDevice(self.device, _loader_stream(self.device))
+
+    def pin(self, owner: object, ranges: list[tuple[int, int]], fallback: str) -> Any:
+        import torch
+
+        from .cuda import register_ranges
+
+        return register_ranges(torch.cuda.cudart(), owner, ranges, fallback)
+
+    def pinned(self, t: torch.Tensor) -> bool:
+        return bool(t.is_pinned())
 
     def ready(self, event: Any) -> bool:
         return bool((event.done if isinstance(event, CudaCopy) else event).query())
@@ -149,6 +224,19 @@ class CudaDevice:
         return nbytes / best if best > 0 else 0.0
 
 
+_LOADER_STREAMS: dict[str, Any] = {}
+
+
+def _loader_stream(device: torch.device) -> Any:
+    import torch
+
+    key = str(torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device()))
+    stream = _LOADER_STREAMS.get(key)
+    if stream is None:
+        stream = _LOADER_STREAMS[key] = torch.cuda.Stream(torch.device(key))
+    return stream
+
+
 @dataclass
 class CudaCopy:
     """A copy on the copy stream: events at its start and its end."""
@@ -161,8 +249,8 @@ class CudaCopy:
 class _Copy:
     block: int  # engine block
     lease: Any
-    host: torch.Tensor  # the staged bytes, alive until the copy completed
-    nbytes: int  # their length, kept once ``host`` is let go (``return_all``)
+    host: torch.Tensor | None  # the staged bytes; let go with the lease, once the copy landed
+    nbytes: int  # their length, kept once ``host`` is let go
     slot: int
     event: Any
 
@@ -207,7 +295,15 @@ class CopyPipeline:
         self.lookahead = lookahead
         self.order = engine.order()
         self.pos = {b: i for i, b in enumerate(self.order)}
-        self.free_after: list[Any] = [None] * slots  # per slot: the compute that last read it
+        # Per slot: the work that last read it; at first, what was queued where it was made.
+        made = self._allocated()
+        self.free_after: list[Any] = [made] * slots
+        # Whether the staging buffers are pageable (learned at the first copy out of one).
+        self.pageable: bool | None = None
+        # From pageable memory, blocks copied ahead once their staging was waited for: their
+        # run was counted then, and what they waited for is reported at their turn.
+        self.acquired_ahead: set[int] = set()
+        self.waited_ahead: dict[int, float] = {}
         # Per slot: the count of finish() calls when it was last freed. The compute stream runs
         # in order, so the lowest is the free slot whose compute ends first.
         self.freed: list[int] = [0] * slots
@@ -239,15 +335,20 @@ class CopyPipeline:
                 raise
         else:
             # First: an engine that may not stream now (another has the shared staging pool)
-            # fails here with the copy still queued.
-            self.engine.advance(block)
+            # fails here with the copy still queued. A block acquired ahead counted its run then.
+            if block in self.acquired_ahead:
+                self.acquired_ahead.discard(block)
+            else:
+                self.engine.advance(block)
+            staged_wait = self.waited_ahead.pop(block, 0.0)
             self.queued.pop(block, None)
             if copy is None:  # straight from the in-memory RAM tier
                 copy = self._queue(block, None, self._slot_for(block))
         # Running from here on, so that finish() frees the slot whatever fails next.
         self.running[block] = copy.slot
         mark = self.device.compute_waits(copy.event)
-        self._prefetch(block)
+        if not self._prefetch_after_kernels():
+            self._prefetch(block)
         return Taken(self.slots[copy.slot], staged_wait, copy.event, mark, copy.nbytes)
 
     def finish(self, block: int) -> None:
@@ -260,6 +361,30 @@ class CopyPipeline:
         self.freed[slot] = self.finished
         self.holder[slot] = None
         self._return_leases()
+        if self._prefetch_after_kernels():
+            self._copy_next(block)
+
+    def copy_from_images(self) -> None:
+        """The in-memory RAM tier arrived and is pinned: its blocks are copied from it from the
+        next one on (those copied ahead already stay where they are)."""
+        from torch.utils.dlpack import from_dlpack
+
+        for b in self.order:
+            if b not in self.images:
+                image = self.engine.ram_image(b)
+                if image is not None:
+                    self.images[b] = from_dlpack(image)
+
+    def _prefetch_after_kernels(self) -> bool:
+        """Whether the copies ahead are queued after a block's kernels, not before: from
+        pageable memory each copy holds the host until it is done, and queued behind the
+        kernels the device computes while the host waits."""
+        return bool(self.pageable)
+
+    def _allocated(self) -> Any:
+        """An event after the work queued so far on the stream the slots were allocated on:
+        memory that stream freed may be handed out again while its kernels still read it."""
+        return self.device.compute_done()
 
     def close(self) -> None:
         self.device.synchronize()
@@ -269,17 +394,17 @@ class CopyPipeline:
         self.queued.clear()
         self.running.clear()
         self.slots.clear()
+        self.acquired_ahead.clear()
+        self.waited_ahead.clear()
 
     def return_all(self) -> None:
         """Waits for every copy out of a staging buffer and returns its lease. The copies
-        queued for the next blocks stay in their device slots, but let go of their views of the
-        staging buffers, which would hold the leases until the blocks ran."""
+        queued for the next blocks stay in their device slots; a turn that takes one asks the
+        engine for it again (its pool may have gone to another stage meanwhile)."""
         if self.returning:
             self.device.synchronize()
             self._return_leases()
-        for copy in self.queued.values():
-            if copy.lease is not None:
-                copy.host = copy.host.new_empty(0)  # storage of its own: no view of the buffer
+        self.acquired_ahead.clear()
 
     def _may_return(self, copy: _Copy) -> bool:
         return self.device.ready(copy.event)
@@ -288,8 +413,12 @@ class CopyPipeline:
         keep = []
         for copy in self.returning:
             if self._may_return(copy):
+                assert copy.host is not None
                 self.device.released(copy.host, copy.lease)
                 copy.lease.release()
+                # The buffer goes back with its last view: a copy waiting for its block must
+                # not keep it from the engine, which stages the next blocks in it.
+                copy.host = None
             else:
                 keep.append(copy)
         self.returning = keep
@@ -326,8 +455,11 @@ class CopyPipeline:
         far = max(self.queued, key=lambda b: (self.pos[b] - self.pos[block]) % len(self.order))
         copy = self.queued.pop(far)
         # Its lease goes back once its copy completed, as every lease does; the next copy into
-        # the slot is queued after it on the same stream.
+        # the slot is queued after it on the same stream. Copied ahead with its run counted, it
+        # is asked for again at its turn, which counts it then.
         self.holder[copy.slot] = None
+        self.acquired_ahead.discard(far)
+        self.waited_ahead.pop(far, None)
         return copy.slot
 
     def _queue(self, block: int, lease: Any, slot: int) -> _Copy:
@@ -336,13 +468,48 @@ class CopyPipeline:
         from torch.utils.dlpack import from_dlpack
 
         host = self.images[block] if lease is None else from_dlpack(lease.block_bytes())
+        if lease is not None and self.pageable is None:
+            self.pageable = not self.device.pinned(host)
         event = self.device.copy(self.slots[slot][: host.numel()], host, self.free_after[slot])
         self.holder[slot] = block
         copy = _Copy(block, lease, host, host.numel(), slot, event)
         if lease is not None:
-            # The staging buffer goes back as soon as the copy has landed, before the block runs.
+            # The staging buffer goes back as soon as the copy has landed, before the block runs
+            # (from pageable memory, that is now: the copy held the host until it was done).
             self.returning.append(copy)
+            if self.pageable:
+                self._return_leases()
         return copy
+
+    def _copy_next(self, block: int) -> None:
+        """From pageable memory, behind ``block``'s kernels: the next block not copied yet is
+        copied now, its staging waited for if need be. One copy per block, since each holds
+        the host and the device has this block's kernels to run meanwhile; waiting here rather
+        than at the block's own turn costs the host nothing, and asking the engine now moves its
+        window, so the block after is staged while this copy holds the host."""
+        for nxt in self.engine.next_blocks(block)[: self.lookahead]:
+            if nxt in self.queued or nxt in self.running or nxt in self.images:
+                continue
+            slot = self._free_slot()
+            if slot is None:
+                return
+            t0 = _core.clock()
+            self._make_room(nxt)
+            lease = self.engine.try_lease(nxt)
+            if lease is None:
+                lease = self.engine.acquire(nxt)
+            else:
+                self.engine.advance(nxt)
+            # Its run is counted now (its turn does not count it again), and the window moved
+            # past it: the block after is staged while this copy holds the host.
+            self.acquired_ahead.add(nxt)
+            self.waited_ahead[nxt] = _core.clock() - t0
+            try:
+                self.queued[nxt] = self._queue(nxt, lease, slot)
+            except BaseException:
+                lease.release()
+                raise
+            return
 
     def _prefetch(self, block: int) -> None:
         # The engine's window, not one of our own: it stops where the engine stops staging (at

@@ -141,6 +141,10 @@ def register_ranges(
     return PinnedRegistration(cudart, owner, done)
 
 
+STAGING_FALLBACK = "streamed blocks are copied from pageable memory, which is slower and does not overlap the compute"
+RAM_TIER_FALLBACK = "RAM-tier blocks go through the pinned staging buffers instead, staged ahead as the disk tier's are"
+
+
 def register_pinned(cudart: Any, owner: _core.Engine | _core.StagingPool) -> PinnedRegistration | None:
     """Registers every staging buffer of an engine, or of a pipeline's shared pool (once for
     all its stages), as pinned; None (and a warning) when that fails: copies then go from
@@ -148,12 +152,7 @@ def register_pinned(cudart: Any, owner: _core.Engine | _core.StagingPool) -> Pin
     from .. import _core
 
     ranges = owner.buffers() if isinstance(owner, _core.StagingPool) else owner.staging_buffers()
-    return register_ranges(
-        cudart,
-        owner,
-        ranges,
-        "streamed blocks are copied from pageable memory, which is slower and does not overlap the compute",
-    )
+    return register_ranges(cudart, owner, ranges, STAGING_FALLBACK)
 
 
 def register_ram_tier(cudart: Any, engine: _core.Engine) -> PinnedRegistration | None:
@@ -163,12 +162,7 @@ def register_ram_tier(cudart: Any, engine: _core.Engine) -> PinnedRegistration |
     ranges = engine.ram_image_buffers()
     if not ranges:
         return None
-    return register_ranges(
-        cudart,
-        engine,
-        ranges,
-        "RAM-tier blocks go through the pinned staging buffers instead, staged ahead as the disk tier's are",
-    )
+    return register_ranges(cudart, engine, ranges, RAM_TIER_FALLBACK)
 
 
 def expand_into(out: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, kind: str) -> None:
@@ -235,36 +229,116 @@ def _typed(dev: torch.Tensor, offset: int, length: int, header: str, shape: tupl
 class DeviceBackend:
     """A device with its own memory computes: each streamed block's bytes are copied into a
     device slot by a :class:`CopyPipeline` (several copies in flight), then used in place there or
-    expanded into the expansion buffer on the compute stream."""
+    expanded into the expansion buffer on the compute stream.
 
-    def __init__(
-        self, state: ModelState, device: Device, expansion_device: torch.device, direct: bool | None = None
-    ) -> None:
-        """``direct``: RAM-tier blocks in private memory are copied to the device from there,
-        which only overlaps the compute from pinned memory (default: the configuration's
-        ``pin_ram_tier``; the CUDA backend passes whether pinning them worked)."""
+    The staging buffers (unless a pipeline's shared pool, which the pipeline pins) and, with
+    ``pin_ram_tier``, the in-memory RAM tier are pinned through the device, each on its own, so
+    one failing leaves the other pinned. A RAM tier pinned is copied to the device straight from
+    memory; one that is not goes through the staging buffers, staged ahead as the disk tier is.
+    A stage loaded ahead of its turn reads its RAM tier last, after the backend is made: it is
+    pinned when it arrives (:meth:`ram_tier_arrived`) and copied from memory from then on."""
+
+    def __init__(self, state: ModelState, device: Device) -> None:
         self.state = state
         self.device = device
         self.layouts: dict[int, list[_core.StagedTensor]] = {}
         self.pending: list[tuple[Timing, Any, Any]] = []  # (timing, compute mark, copy event)
+        # Each block's streams: the kernels that read its weights ran there, so its memory is
+        # not reused before their work has run (retire).
+        self.ran_on: dict[int, list[Any]] = {}
         config = state.config
-        self.expansion = ExpansionBuffer(config.expansion_bytes, expansion_device, config)
+        self.expansion = ExpansionBuffer(config.expansion_bytes, state.device, config, allocate=device.empty)
+        # What was queued where the expansion buffer was allocated; each stream waits for it
+        # before its first expansion (its memory may be what those kernels still read).
+        self._expansion_made = device.compute_done()
+        self._expansion_waited: list[Any] = []
+        self.pinned: list[Any] = []  # the registrations close() undoes
+        self._ram_pending = False  # its RAM tier is pinned when it arrives
+        self._arrived: Any = None  # a RAM tier pinned on the loader's thread, not adopted yet
         self.pipeline: CopyPipeline | None = None
-        if state.engine is not None:
-            self.pipeline = CopyPipeline(
-                device,
-                state.engine,
-                config.device_slots,
-                config.staging_buffer_bytes,
-                config.staging_buffers,
-                config.lookahead,
-                direct=config.pin_ram_tier if direct is None else direct,
+        engine = state.engine
+        if engine is None:
+            return
+        if state.staging_pool is None:
+            self._keep(self._pin(engine, engine.staging_buffers(), STAGING_FALLBACK))
+        direct = False
+        if config.pin_ram_tier and _has_ram_tier(state):
+            ranges = engine.ram_image_buffers()
+            if ranges:
+                ram = self._pin(engine, ranges, RAM_TIER_FALLBACK)
+                self._keep(ram)
+                direct = ram is not None
+            else:  # loaded ahead: the loader reads the tier after the hooks are in
+                self._ram_pending = True
+            if not direct:
+                # Not pinned (yet), so not copied from where it is: the workers stage it ahead
+                # as they do the disk tier, into the pinned staging buffers.
+                engine.stage_ram_tier_ahead()
+        self.pipeline = CopyPipeline(
+            device,
+            engine,
+            config.device_slots,
+            config.staging_buffer_bytes,
+            config.staging_buffers,
+            config.lookahead,
+            direct=direct,
+        )
+
+    def _pin(self, owner: object, ranges: list[tuple[int, int]], fallback: str) -> Any:
+        return self.device.pin(owner, ranges, fallback)
+
+    def _keep(self, registration: Any) -> None:
+        if registration is not None:
+            self.pinned.append(registration)
+
+    def ram_tier_arrived(self) -> None:
+        """The RAM tier of a stage loaded ahead is in memory now (its loader read it last): it
+        is pinned here, on the loader's thread, and the compute thread copies its blocks from
+        there from its next block on (the copies' bookkeeping is that thread's)."""
+        if not self._ram_pending or self.state.engine is None or self.state.engine.closed:
+            return
+        self._ram_pending = False
+        ranges = self.state.engine.ram_image_buffers()
+        if not ranges:
+            warnings.warn(
+                f"the RAM tier held in memory arrived empty, so it is not pinned; {RAM_TIER_FALLBACK}", stacklevel=2
             )
+            return
+        self._arrived = self._pin(self.state.engine, ranges, RAM_TIER_FALLBACK)
+
+    def _adopt_ram_tier(self) -> None:
+        registration, self._arrived = self._arrived, None
+        self.pinned.append(registration)
+        assert self.pipeline is not None and self.state.engine is not None
+        self.pipeline.copy_from_images()
+        self.state.engine.copy_ram_tier_directly()
+
+    def starts(self, block: BlockState) -> None:
+        """``block`` is about to run on the current stream."""
+        stream = self.device.current_stream()
+        streams = self.ran_on.setdefault(block.index, [])
+        if stream not in streams:
+            streams.append(stream)
+
+    def retire(self, block: BlockState, t: torch.Tensor) -> None:
+        """``t``, a weight of ``block``, is about to be dropped: its memory is not reused before
+        the work queued so far on every stream the block ran on (and the current one) has run.
+        The caching allocator hands freed memory to the next allocation on the stream it was
+        made on at once; kernels of the block queued on another stream (a caller's
+        ``torch.cuda.stream(s)``) may still read it."""
+        streams = [self.device.current_stream(), *self.ran_on.get(block.index, ())]
+        for stream in streams:
+            self.device.record_stream(t, stream)
 
     def bring(self, block: BlockState) -> Timing:
         timing = Timing()
+        if self._arrived is not None:
+            self._adopt_ram_tier()
         if block.engine_index is None:
-            for spec, out in self.expansion.resident(block):
+            expansions = self.expansion.resident(block)
+            if expansions:
+                self._expansion_ready()
+            for spec, out in expansions:
                 assert spec.resident is not None
                 expand_into(out, spec.resident, spec.resident_scale, spec.scale_kind)
                 swap(spec, out)
@@ -283,6 +357,12 @@ class DeviceBackend:
             self.pipeline.finish(block.engine_index)
             raise
         return timing
+
+    def _expansion_ready(self) -> None:
+        stream = self.device.current_stream()
+        if stream not in self._expansion_waited:
+            self._expansion_waited.append(stream)
+            self.device.compute_waits(self._expansion_made)
 
     def _bring_streamed(self, block: BlockState, layout: list[_core.StagedTensor], timing: Timing) -> None:
         assert block.engine_index is not None and self.pipeline is not None
@@ -306,6 +386,7 @@ class DeviceBackend:
                 sc = layout[st.scale_index]
                 scale = _typed(dev, sc.offset, sc.length, sc.dtype, tuple(sc.shape))
             out = self.expansion.view(st.expand_at, spec.shape, spec.target)
+            self._expansion_ready()
             expand_into(out, w, scale, st.scale_layout or "none")
             swap(spec, out)
 
@@ -345,43 +426,42 @@ class DeviceBackend:
 
     def close(self) -> None:
         if self.pipeline is not None:
-            self.pipeline.close()  # synchronizes the device first
+            self.pipeline.close()
+        # The expansion buffer and the slots may still be read by kernels queued on any stream
+        # the model ran on (with no slots there is no copy pipeline to have waited for them).
+        self._close_wait()
         self._resolve_waits(block_until_done=True)
         self.expansion.free()
+        arrived, self._arrived = self._arrived, None
+        for registration in [*self.pinned, *([arrived] if arrived is not None else [])]:
+            registration.close()
+        self.pinned = []
+
+    def _close_wait(self) -> None:
+        self.device.synchronize()
+
+
+def _has_ram_tier(state: ModelState) -> bool:
+    from ..plan import Tier
+
+    return any(b.tier == Tier.RAM and b.engine_index is not None for b in state.blocks)
 
 
 class CudaBackend(DeviceBackend):
-    """A CUDA GPU: the staging buffers (and with ``pin_ram_tier`` the in-memory RAM tier) are
-    registered as pinned memory once, each on its own, so one failing leaves the other pinned;
-    copies go on a side stream (:class:`CudaDevice`)."""
+    """A CUDA GPU: pinning through the CUDA runtime torch loaded (``torch.cuda.cudart()``),
+    copies on a side stream (:class:`CudaDevice`)."""
 
     def __init__(self, state: ModelState) -> None:
-        import torch
-
         from .. import settings
 
-        self.pinned: list[PinnedRegistration] = []
-        ram_tier = None
-        if state.engine is not None:
-            cudart = torch.cuda.cudart()
-            # A pipeline's shared pool is registered once by the pipeline, for every stage.
-            staging = register_pinned(cudart, state.engine) if state.staging_pool is None else None
-            ram_tier = register_ram_tier(cudart, state.engine) if state.config.pin_ram_tier else None
-            self.pinned = [r for r in (staging, ram_tier) if r is not None]
-            if state.config.pin_ram_tier and ram_tier is None:
-                # Not pinned, so not copied from where it is: the workers stage it ahead as
-                # they do the disk tier, into the pinned staging buffers.
-                state.engine.stage_ram_tier_ahead()
         cuda = CudaDevice(state.device)
-        # A copy from pageable memory holds the host until it completes: RAM-tier blocks are
-        # copied from where they are only when they are pinned.
-        super().__init__(state, cuda, state.device, direct=ram_tier is not None)
+        super().__init__(state, cuda)
         # The profile reports each pass's copy rate as a share of the link, measured here once.
         self.link: float | None = None
         if state.engine is not None and bool(settings.setting("profile")):
             self.link = cuda.link_bandwidth()
 
-    def close(self) -> None:
-        super().close()
-        for registration in self.pinned:
-            registration.close()
+    def _pin(self, owner: object, ranges: list[tuple[int, int]], fallback: str) -> Any:
+        import torch
+
+        return register_ranges(torch.cuda.cudart(), owner, ranges, fallback)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import StreamError
@@ -19,10 +20,21 @@ class ExpansionBuffer:
     figure: tensors not in the compute dtype (or with a scale) are expanded there at the offsets
     the core gives, so no expansion allocates, and memory written once is reused every run."""
 
-    def __init__(self, nbytes: int, device: torch.device, config: _core.EngineConfig) -> None:
+    def __init__(
+        self,
+        nbytes: int,
+        device: torch.device,
+        config: _core.EngineConfig,
+        allocate: Callable[[int], torch.Tensor] | None = None,
+    ) -> None:
+        """``allocate``: how ``nbytes`` of uint8 memory are had (a device backend's device, so
+        that its model of the memory sees it); by default ``torch.empty`` on ``device``."""
         import torch
 
-        self.raw = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        if allocate is not None:
+            self.raw = allocate(nbytes)
+        else:
+            self.raw = torch.empty(nbytes, dtype=torch.uint8, device=device)
         self.config = config
         self.offsets: dict[int, list[int | None]] = {}  # resident block -> its tensors' places
 

@@ -28,8 +28,12 @@ if TYPE_CHECKING:
     import torch
 
     from .copy_pipeline import Device
+    from .cuda import DeviceBackend
     from .hooks import OffloadHandle
     from .state import BlockState, ModelState
+
+# What a block's tensor goes through before it is dropped (see DeviceBackend.retire).
+Retire = Callable[["BlockState", "torch.Tensor"], None]
 
 __all__ = ["FinalPass", "FreedBlock", "final_pass", "give_back", "taken_back"]
 
@@ -61,7 +65,7 @@ class FinalPass(BlockHook):
         keep_prefixes: tuple[str, ...],
         keep_page_cache: bool = False,
         wanted: Callable[[], int] | None = None,
-        device: Device | None = None,
+        backend: DeviceBackend | None = None,
     ) -> None:
         self.events: queue.SimpleQueue[FreedBlock] = queue.SimpleQueue()
         self._keep_cache = keep_page_cache
@@ -77,7 +81,8 @@ class FinalPass(BlockHook):
         # The device the blocks' kernels are queued on (the backend's; None: the CPU, which
         # runs them before the hook returns). Its event, not one made here, so that a device
         # simulated in virtual time is asked too.
-        self._device = device
+        self._device: Device | None = backend.device if backend is not None else None
+        self._retire: Retire | None = backend.retire if backend is not None else None
 
     def pre_forward(self, block: BlockState) -> None:
         self.check(block)
@@ -105,7 +110,7 @@ class FinalPass(BlockHook):
             return  # a stage kept for its next run keeps its streamed blocks' RAM tier
         # A kept stage's blocks are read again at its next turn: called before, they say so.
         (self._given if self._wanted is not None else self._freed).add(block.index)
-        freed = _free(block, self._state.engine, self._keep_cache)
+        freed = _free(block, self._state.engine, self._keep_cache, self._retire)
         if freed and self._state.device.type == "cpu":
             # glibc keeps freed chunks below its (growing) mmap threshold in the heap: hand the
             # block's pages back now, not at the release.
@@ -118,7 +123,7 @@ class FinalPass(BlockHook):
         """Frees ``block`` outside a pass (its stage is idle); it refuses to run until its
         stage reads it again. Returns the bytes."""
         self._given.add(block.index)
-        return _free(block, self._state.engine, self._keep_cache)
+        return _free(block, self._state.engine, self._keep_cache, self._retire)
 
     @property
     def gone(self) -> set[int]:
@@ -130,11 +135,13 @@ def give_back(handle: OffloadHandle, blocks: list[BlockState]) -> int:
     """Frees ``blocks`` of an idle model whose hooks stay (a pipeline's stage kept in part, its
     file pages left to the page cache); they refuse to run until read again (:func:`taken_back`).
     Returns the bytes freed."""
+    from .cuda import DeviceBackend
     from .hooks import TIMING
 
     fp = handle.hooks.get(FinalPass.name)
     if not isinstance(fp, FinalPass):
-        fp = FinalPass(handle.state, (), keep_page_cache=True)
+        backend = handle.backend if isinstance(handle.backend, DeviceBackend) else None
+        fp = FinalPass(handle.state, (), keep_page_cache=True, backend=backend)
         fp.active = False
         handle.hooks.add(fp, before=TIMING)
     freed = sum(fp.give_back(b) for b in blocks)
@@ -152,9 +159,10 @@ def taken_back(handle: OffloadHandle) -> None:
         handle.hooks.remove(FinalPass.name)
 
 
-def _free(block: BlockState, engine: _core.Engine | None, keep_cache: bool) -> int:
+def _free(block: BlockState, engine: _core.Engine | None, keep_cache: bool, retire: Retire | None) -> int:
     """Drops what a block holds of its own (a mapped RAM-tier block's page cache too, unless
-    ``keep_cache``); returns the bytes."""
+    ``keep_cache``), each tensor through ``retire`` first (a device backend's: the kernels
+    queued that read it may not have run yet); returns the bytes."""
     import torch
     from torch import nn
 
@@ -163,26 +171,22 @@ def _free(block: BlockState, engine: _core.Engine | None, keep_cache: bool) -> i
     freed = 0
     for spec in block.tensors:
         if spec.resident is not None:  # stored form, expanded on each run
-            freed += _retire(spec.resident) + (_retire(spec.resident_scale) if spec.resident_scale is not None else 0)
+            for t in (spec.resident, spec.resident_scale):
+                if t is not None:
+                    freed += _retire(block, t, retire)
             spec.drop_stored()
             continue
         param = spec.held()
         if param is None or param.is_meta:
             continue
-        freed += _retire(param)
+        freed += _retire(block, param, retire)
         spec.put(nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False))
     return freed
 
 
-def _retire(t: torch.Tensor) -> int:
-    """A tensor about to be dropped; returns its bytes. On CUDA the kernels just queued that read
-    it may still be waiting to run: the caching allocator keeps its memory from every other
-    allocation until the work queued now on the current stream has run. On the stream it was
-    allocated on that order holds anyway; a forward run on another stream needs this."""
-    import torch
-
-    if t.is_cuda:
-        t.record_stream(torch.cuda.current_stream(t.device))
+def _retire(block: BlockState, t: torch.Tensor, retire: Retire | None) -> int:
+    if retire is not None:
+        retire(block, t)
     return int(t.nbytes)
 
 
@@ -220,8 +224,8 @@ def final_pass(
     current = handle.hooks.get(FinalPass.name)
     if isinstance(current, FinalPass) and current.active:
         raise ArgumentError("handle: a final_pass() is already open")
-    device = handle.backend.device if isinstance(handle.backend, DeviceBackend) else None
-    fp = FinalPass(handle.state, tuple(keep_prefixes or ()), keep_page_cache, wanted, device)
+    backend = handle.backend if isinstance(handle.backend, DeviceBackend) else None
+    fp = FinalPass(handle.state, tuple(keep_prefixes or ()), keep_page_cache, wanted, backend)
     if isinstance(current, FinalPass):  # what an earlier pass freed or gave back stays gone
         fp._given, fp._freed = current._given, set(current._freed)
     # A closed pass's hook is replaced by this one; both decide whether a block runs, so they

@@ -83,6 +83,8 @@ class Staging(BlockHook):
         self.blocks = blocks
         self.engine = engine
         self._timings: dict[int, Timing] = {}
+        # On a device with streams, which ones each block runs on (what its memory waits for).
+        self._starts = backend.starts if isinstance(backend, DeviceBackend) else None
 
     def timing(self, block: BlockState) -> Timing:
         """What the last bring of ``block`` waited for (nothing, for a block with nothing to
@@ -90,6 +92,8 @@ class Staging(BlockHook):
         return self._timings.get(block.index, NOTHING_BROUGHT)
 
     def pre_forward(self, block: BlockState) -> None:
+        if self._starts is not None:
+            self._starts(block)
         # Resident in the compute dtype: nothing to bring, but its run still counts in the pass
         # (a first block's warm-up shows there).
         if block.work:

@@ -27,16 +27,30 @@ def placeholder(spec: TensorSpec) -> Any:
     return nn.Parameter(torch.empty(spec.shape, dtype=spec.target, device="meta"), requires_grad=False)
 
 
+# Where a tensor is read into: (shape, dtype, bytes, offset in its file) -> an uninitialised CPU
+# tensor, or None for memory of its own (``_fresh``).
+Place = Callable[[tuple[int, ...], "torch.dtype", int, int | None], "torch.Tensor | None"]
+
+
 def read_many(
-    infos: list[_core.TensorInfo], threads: int, lane: _core.ReadLane | None = None, position: int | None = None
+    infos: list[_core.TensorInfo],
+    threads: int,
+    lane: _core.ReadLane | None = None,
+    position: int | None = None,
+    place: Place | None = None,
 ) -> list[torch.Tensor]:
     """Tensors of the checkpoint, each read into private CPU memory in its stored dtype, by one
     call of the core for them all (grouped by file, in file order, without the GIL); with a
     ``lane``, the reads wait in its drive queue as the block at ``position`` of its run order
-    (``None``: needed now)."""
+    (``None``: needed now). ``place``: where each is read (a loader's pinned ring), where it
+    has room."""
     import torch
 
-    out = [_fresh(tuple(info.shape), torch_dtype(info.dtype), info.nbytes, info.start) for info in infos]
+    out = []
+    for info in infos:
+        shape, dtype = tuple(info.shape), torch_dtype(info.dtype)
+        t = place(shape, dtype, info.nbytes, info.start) if place is not None else None
+        out.append(t if t is not None else _fresh(shape, dtype, info.nbytes, info.start))
     requests = [
         (os.fspath(info.file), info.start, t.reshape(-1).view(torch.uint8))
         for info, t in zip(infos, out, strict=True)

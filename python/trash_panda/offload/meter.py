@@ -16,7 +16,13 @@ takes back when it needs them, not memory the activations need.
 
 On a GPU it reads torch's caching allocator, and counts what the allocator reserves as well as
 what it hands out: the activations' segments are rounded up, and fragmentation can make it
-reserve more than the allocated peak, memory the plan must leave free all the same.
+reserve more than the allocated peak, memory the plan must leave free all the same. It reads the
+allocator's host-side bookkeeping only, never waiting for the device: the counters are updated
+when the host allocates and frees, so they are exact without draining the queued work (and a
+loader's reading must not wait for the running model's compute). torch keeps one peak per
+device, which a window could only read by resetting it, and a user measuring their own peak
+around a pipeline would then read the meter's last window instead; so the windows' peaks come
+from the allocator's history of its actions (:mod:`.allocator_history`), and torch's peak is left alone.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from .. import _core
+from .allocator_history import CudaGauge
 
 if TYPE_CHECKING:
     import torch
@@ -46,59 +53,16 @@ class Gauge(Protocol):
     def current(self) -> int:
         """Bytes held now."""
 
-    def peak(self, settle: bool = True) -> int:
-        """The most bytes held since the last :meth:`reset`, now included. ``settle``: after the
-        work queued on the device is done (a loader's readings do without: they must not wait
-        for the model's compute)."""
+    def peak(self) -> int:
+        """The most bytes held since the last :meth:`reset`, now included. It never waits for
+        the device: a loader reads it beside the running model, whose compute it must not wait
+        for, and the meter's lock is held meanwhile."""
 
-    def reset(self, settle: bool = True) -> None:
+    def reset(self) -> None:
         """Starts a new peak from now."""
 
     def close(self) -> None:
         """Stops watching (no window is open)."""
-
-
-class CudaGauge:
-    """Memory of torch's caching allocator on one GPU.
-
-    ``current`` is what is allocated: a load or a release moves the windows' baselines by the
-    tensors it left, exactly. ``peak`` is the larger of the allocated peak and what was
-    allocated at the last reset plus the growth of reserved memory since: memory the allocator
-    had cached at the reset and the window reused is in the allocated peak, and what it had to
-    reserve on top (segments rounded up, fragments it could not reuse) in the growth."""
-
-    exact = True
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._allocated_at_reset = 0
-        self._reserved_at_reset = 0
-
-    def current(self) -> int:
-        import torch
-
-        torch.cuda.synchronize(self.device)
-        return int(torch.cuda.memory_allocated(self.device))
-
-    def peak(self, settle: bool = True) -> int:
-        import torch
-
-        if settle:
-            torch.cuda.synchronize(self.device)
-        grown = int(torch.cuda.max_memory_reserved(self.device)) - self._reserved_at_reset
-        return max(int(torch.cuda.max_memory_allocated(self.device)), self._allocated_at_reset + grown)
-
-    def reset(self, settle: bool = True) -> None:
-        import torch
-
-        if settle:
-            torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self._allocated_at_reset = int(torch.cuda.memory_allocated(self.device))
-        self._reserved_at_reset = int(torch.cuda.memory_reserved(self.device))
-
-    def close(self) -> None:
-        pass
 
 
 class PrivateGauge:
@@ -112,10 +76,10 @@ class PrivateGauge:
     def current(self) -> int:
         return _core.private_memory()
 
-    def peak(self, settle: bool = True) -> int:
+    def peak(self) -> int:
         return self.sampler.peak() if self.sampler is not None else self.current()
 
-    def reset(self, settle: bool = True) -> None:
+    def reset(self) -> None:
         self.close()
         self.sampler = _core.RssSampler(1, private=True)
 
@@ -220,8 +184,8 @@ class Meter:
         with self._lock:
             counting = bool(self.windows) and not self._pauses
             if counting:
-                self._fold(settle=False)
-                self.gauge.reset(settle=False)
+                self._fold()
+                self.gauge.reset()
             open_at_start = list(self.windows) if counting else []
             pauses_at_start = self._pauses_begun
             level = None if self.gauge.exact or not counting else self.gauge.current()
@@ -235,8 +199,8 @@ class Meter:
                 for w in open_at_start:
                     if w in self.windows:
                         w.base += moved
-                self._fold(settle=False)
-                self.gauge.reset(settle=False)
+                self._fold()
+                self.gauge.reset()
         return nbytes
 
     def freed_beside(self, free: Callable[[], int]) -> int:
@@ -249,19 +213,19 @@ class Meter:
         with self._lock:
             # Under the lock (a free takes milliseconds): a window opening meanwhile would read
             # its baseline before the drop and miss its activations by the bytes freed.
-            self._fold(settle=False)
+            self._fold()
             open_at_start = list(self.windows)
             nbytes = free()
             for w in open_at_start:
                 w.base -= nbytes
             if self.windows:
-                self.gauge.reset(settle=False)
+                self.gauge.reset()
         return nbytes
 
-    def _fold(self, settle: bool = True) -> None:
+    def _fold(self) -> None:
         if not self.windows or self._pauses:
             return
-        peak = self.gauge.peak(settle)
+        peak = self.gauge.peak()
         for w in self.windows:
             w.top = max(w.top, peak - w.base)
 

@@ -12,15 +12,16 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from .materialize import materialize_all
+from .materialize import materialize_all, read_groups
 from .meter import meter_for, paused
-from .overlap import read_group
+from .overlap import read_group, through_host
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from .. import _core
+    from .loader_copies import LoaderCopies
     from .state import TensorSpec
 
 __all__ = ["load_now", "load_outside", "outside_modules", "split_outside"]
@@ -84,9 +85,17 @@ def load_outside(
     threads: int,
     lane: _core.ReadLane | None = None,
     position: int | None = None,
+    copies: LoaderCopies | None = None,
 ) -> None:
     """Reads outside tensors (and their scales) in one call of the core through ``lane``, as
     the block at ``position`` of the run order, expanded to the compute dtype as stream_load
-    expands them, put on the device through its meter. Module-level so tests can watch it."""
-    meter = meter_for(device)
-    meter.moved_in(functools.partial(read_group, specs, device, None, threads, lane, position, expand=True))
+    expands them, put on the device through its meter (on a device with memory of its own, by
+    the loader's ``copies``, the event of ``position`` their last one's). Module-level so tests
+    can watch it."""
+    if copies is None:
+        meter = meter_for(device)
+        meter.moved_in(functools.partial(read_group, specs, device, None, threads, lane, position, expand=True))
+        return
+    for group in read_groups(specs):
+        through_host(group, device, None, threads, lane, position, copies, expand=True)
+    copies.done(("outside", position if position is not None else 0))

@@ -12,8 +12,10 @@ for them as a block does.
 
 What is read is put on the device through the device's meter (:meth:`.meter.Meter.moved_in`):
 a stage's measured peak is its activations without the weights read meanwhile, and the next plan
-of its key uses it, as without overlap. A block whose load failed raises, in the call that needs
-it, an error naming the block and the cause.
+of its key uses it, as without overlap. On a device with memory of its own the copies go on the
+loader's own stream from pinned memory (:mod:`.loader_copies`), and a block's first compute waits
+for its copies' event. A block whose load failed raises, in the call that needs it, an error
+naming the block and the cause.
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from .meter import meter_for
 from .registry import BlockHook
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
     from torch import nn
 
     from .. import _core
     from .hooks import OffloadHandle
+    from .loader_copies import LoaderCopies
     from .registry import HookRegistry
     from .state import BlockState, ModelState, TensorSpec
 
@@ -51,6 +56,7 @@ def load_block(
     threads: int,
     lane: _core.ReadLane | None = None,
     position: int | None = None,
+    copies: LoaderCopies | None = None,
 ) -> None:
     """Reads one resident block to the device in its stored form (or the storage dtype), as
     stream_load does, in large reads of the core through ``lane`` as the block at ``position``
@@ -58,20 +64,45 @@ def load_block(
     it down or make it fail.
 
     On the CPU the tensors read are the block's weights: one read for the whole block, inside
-    the meter's window. On another device they pass through host memory on their way, so the
-    reads are grouped to hold at most the block's largest tensor (or 64 MiB) there at once, as
-    tensor-by-tensor reads did, and the meter's window around each tensor is only its copy, for
-    which the tensor is allocated at once."""
-    import torch
-
+    the meter's window. On a device with memory of its own (``copies``) they pass through host
+    memory on their way, so the reads are grouped to hold at most the block's largest tensor (or
+    64 MiB) there at once, and the meter's window around each tensor is only its copy, for which
+    the tensor is allocated at once; the block's event is its last copy's."""
     meter = meter_for(device)
-    for group in _read_groups(block, device):
-        if device.type == "cpu":
+    for group in _read_groups(block, copies):
+        if copies is None:
             meter.moved_in(functools.partial(read_group, group, device, storage, threads, lane, position))
         else:
-            read_group(group, torch.device("cpu"), storage, threads, lane, position)
-            for spec in group:
-                meter.moved_in(functools.partial(_copy_to, spec, device))
+            through_host(group, device, storage, threads, lane, position, copies)
+    if copies is not None:
+        copies.done(("block", block.index))
+
+
+def through_host(
+    group: list[TensorSpec],
+    device: torch.device,
+    storage: str | None,
+    threads: int,
+    lane: _core.ReadLane | None,
+    position: int | None,
+    copies: LoaderCopies,
+    *,
+    expand: bool = False,
+) -> None:
+    """Reads ``group`` into host memory (the loader's pinned ring where it fits), then copies
+    each tensor to the device through the meter."""
+    import torch
+
+    ring = copies.group(sum(_size(s) for s in group))
+    place = ring.take if ring is not None else None
+    read_group(group, torch.device("cpu"), storage, threads, lane, position, expand=expand, place=place)
+    meter = meter_for(device)
+    for spec in group:
+        meter.moved_in(functools.partial(_copy_to, spec, device, copies))
+
+
+def _size(spec: TensorSpec) -> int:
+    return spec.info.nbytes + (spec.scale.nbytes if spec.scale is not None else 0)
 
 
 def read_group(
@@ -83,12 +114,14 @@ def read_group(
     position: int | None,
     *,
     expand: bool = False,
+    place: Callable[..., torch.Tensor | None] | None = None,
 ) -> int:
     """Reads tensors (and their scales) in one call of the core through ``lane``, as the block
     at ``position`` of the run order, and keeps them on ``device`` as stream_load would (kept
-    stored, or with ``expand`` in the compute dtype); returns what they hold there."""
+    stored, or with ``expand`` in the compute dtype); returns what they hold there. ``place``:
+    where each is read (see :func:`.materialize.read_many`)."""
     infos = [s.info for s in group] + [s.scale for s in group if s.scale is not None]
-    read = read_many(infos, threads, lane, position)
+    read = read_many(infos, threads, lane, position, place)
     scales = iter(read[len(group) :])
     for spec, stored in zip(group, read[: len(group)], strict=True):
         scale = next(scales) if spec.scale is not None else None
@@ -96,23 +129,24 @@ def read_group(
     return sum(held_bytes(spec, device) for spec in group)
 
 
-def _read_groups(block: BlockState, device: torch.device) -> list[list[TensorSpec]]:
+def _read_groups(block: BlockState, copies: LoaderCopies | None) -> list[list[TensorSpec]]:
     specs = block.tensors
-    if device.type == "cpu" or not specs:
+    if copies is None or not specs:
         return [specs] if specs else []
     return read_groups(specs)
 
 
-def _copy_to(spec: TensorSpec, device: torch.device) -> int:
-    """Moves a tensor read into host memory to ``device`` (the same bytes); returns what it
-    holds there."""
+def _copy_to(spec: TensorSpec, device: torch.device, copies: LoaderCopies) -> int:
+    """Copies a tensor read into host memory to the device (the same bytes) on the loader's
+    stream; returns what it holds there."""
     from torch import nn
 
     if spec.resident is not None:
-        scale = None if spec.resident_scale is None else spec.resident_scale.to(device)
-        spec.keep_stored(spec.resident.to(device), scale, spec.placeholder)
+        host = [spec.resident] + ([spec.resident_scale] if spec.resident_scale is not None else [])
+        moved = copies.put(host)
+        spec.keep_stored(moved[0], moved[1] if len(moved) > 1 else None, spec.placeholder)
     else:
-        spec.put(nn.Parameter(spec.held().to(device), requires_grad=False))
+        spec.put(nn.Parameter(copies.put([spec.held()])[0], requires_grad=False))
     return held_bytes(spec, device)
 
 
@@ -144,6 +178,8 @@ class ResidentLoader:
         allowance: _core.Allowance | None = None,
         costs: dict[tuple[str, int], int] | None = None,
         engine: _core.Engine | None = None,
+        copies: LoaderCopies | None = None,
+        ram_tier_arrived: Callable[[], None] | None = None,
     ) -> None:
         self.blocks = blocks
         self.lane = lane  # the model's, shared with the engine: one order for the drive
@@ -167,6 +203,10 @@ class ResidentLoader:
         # A stage read ahead: its RAM tier held in memory is read last, here (None: read by
         # the load, or mapped).
         self.engine = engine
+        # A device with memory of its own: the copies there, and what to tell once the RAM
+        # tier read last is in memory (the device pins it then).
+        self.copies = copies
+        self.ram_tier_arrived = ram_tier_arrived
         self.load_seconds = 0.0  # the loader's time, first block to last
         self.waited_seconds = 0.0  # the main thread's waits for blocks not yet loaded
         self.loaded_bytes = 0
@@ -187,7 +227,7 @@ class ResidentLoader:
                 if self.stopping.is_set():
                     raise StreamError("the stage ended before it was loaded")
                 self._take(("block", block.index))
-                load_block(block, self.device, self.storage, self.threads, self.lane, position)
+                load_block(block, self.device, self.storage, self.threads, self.lane, position, self.copies)
                 # `work` is fixed by the load (resident weights to expand each run, or none).
                 block.mark_loaded()
                 self.loaded_bytes += sum(s.info.nbytes for s in block.tensors)
@@ -200,6 +240,14 @@ class ResidentLoader:
             self._load_outside(at)
         if self.engine is not None and not self.stopping.is_set():
             self._load_ram_tier(self.engine)
+        if self.copies is not None:
+            # Done means on the device: whoever waits for the thread (a release, a give-back)
+            # may then free or move what it copied.
+            try:
+                self.copies.finish()
+            except BaseException as e:  # the device failed: the blocks' own waits raise it
+                for index in self.ready:
+                    self.errors.setdefault(index, _detached(e))
         self.load_seconds = time.perf_counter() - start
 
     def _load_ram_tier(self, engine: _core.Engine) -> None:
@@ -213,6 +261,8 @@ class ResidentLoader:
             return
         finally:
             self.remaining_bytes -= self.costs.get(("ram_tier", 0), 0)
+        if self.ram_tier_arrived is not None:
+            self.ram_tier_arrived()
 
     def _load_outside(self, at: int) -> None:
         from . import outside
@@ -222,7 +272,7 @@ class ResidentLoader:
             if self.stopping.is_set():
                 raise StreamError("the stage ended before they were loaded")
             self._take(("outside", at))
-            outside.load_outside(specs, self.device, self.threads, self.lane, at)
+            outside.load_outside(specs, self.device, self.threads, self.lane, at, self.copies)
             self.loaded_bytes += sum(s.info.nbytes for s in specs)
         except BaseException as e:  # reported in the call that needs them
             self.outside_errors[at] = _detached(e)
@@ -255,6 +305,8 @@ class ResidentLoader:
             raise StreamError(
                 f"module {name} could not be loaded by stage(overlap=True)'s loader thread: {error}"
             ) from error
+        if self.copies is not None:  # the copies of every position up to it, on one stream
+            self.copies.waits(("outside", at))
 
     def advance(self, block: BlockState) -> None:
         """``block`` runs now: the reads waiting in the lane rank from it."""
@@ -274,6 +326,8 @@ class ResidentLoader:
             raise StreamError(
                 f"block {block.prefix} could not be loaded by stage(overlap=True)'s loader thread: {error}"
             ) from error
+        if self.copies is not None:  # on the caller's stream: its kernels come after the copies
+            self.copies.waits(("block", block.index))
 
     @property
     def done(self) -> bool:
@@ -347,6 +401,15 @@ def start_loader(
     # needed soonest.
     state.share_reads(run_order)
     by_index = {b.index: b for b in deferred}
+    from .cuda import DeviceBackend
+
+    backend = handle.backend
+    copies = None
+    if isinstance(backend, DeviceBackend):
+        from .loader_copies import LoaderCopies
+        from .materialize import GROUP_BYTES
+
+        copies = LoaderCopies(backend.device, GROUP_BYTES)
     loader = ResidentLoader(
         [by_index[i] for i in run_order if i in by_index],
         state.device,
@@ -357,6 +420,8 @@ def start_loader(
         allowance,
         costs,
         state.engine if ram_tier else None,
+        copies=copies,
+        ram_tier_arrived=backend.ram_tier_arrived if isinstance(backend, DeviceBackend) else None,
     )
     from .hooks import TIMING
 

@@ -207,6 +207,9 @@ pub struct Engine {
     buffers: Vec<(usize, usize)>,
     /// The read queue the source's drive reads wait in; `acquire` moves its current block.
     reads: Arc<Reads>,
+    /// The blocks a caller may copy straight from the in-memory RAM tier
+    /// (`EngineOptions::direct_ram`): what `State::direct` starts as, and goes back to.
+    ram_direct: Vec<bool>,
 }
 
 impl std::fmt::Debug for dyn Source {
@@ -304,6 +307,7 @@ impl Engine {
         if options.direct_ram && in_memory {
             state.direct = blocks.iter().map(|(_, t)| *t == SourceTier::Ram).collect();
         }
+        let ram_direct = state.direct.clone();
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             cv: Condvar::new(),
@@ -320,6 +324,7 @@ impl Engine {
             options,
             buffers,
             reads,
+            ram_direct,
         })
     }
 

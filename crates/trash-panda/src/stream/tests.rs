@@ -335,7 +335,7 @@ fn a_last_pass_stages_nothing_past_its_last_block() {
 }
 
 #[test]
-fn a_ram_tier_held_for_direct_copies_is_staged_ahead_once_told() {
+fn a_ram_tier_held_for_direct_copies_is_staged_ahead_and_held_back_again_once_told() {
     let opts = EngineOptions {
         lookahead: 2,
         workers: 1,
@@ -345,6 +345,7 @@ fn a_ram_tier_held_for_direct_copies_is_staged_ahead_once_told() {
     };
     let e = engine_of(SourceTier::Ram, 5, Duration::ZERO, None, opts);
     e.set_order((0..5).collect()).unwrap();
+    assert!(!e.copy_ram_tier_directly(), "held back already");
     assert!(e.wait_idle(Duration::from_secs(5)));
     // Held back for the caller to copy from memory: nothing is staged ahead.
     assert!(e.stagings().is_empty());
@@ -359,6 +360,32 @@ fn a_ram_tier_held_for_direct_copies_is_staged_ahead_once_told() {
     assert!(e.wait_idle(Duration::from_secs(5)));
     assert_eq!(staged_since(&e, 0), [0, 1, 2]);
     assert!(!e.stage_ram_tier_ahead(), "a second call changes nothing");
+    // The tier arrived later and was pinned: the caller copies it from memory from now on.
+    assert!(e.copy_ram_tier_directly());
+    e.advance(1).unwrap();
+    e.advance(2).unwrap();
+    assert!(e.wait_idle(Duration::from_secs(5)));
+    assert_eq!(
+        staged_since(&e, 0),
+        [0, 1, 2],
+        "nothing more is staged ahead once held back"
+    );
+    assert!(!e.copy_ram_tier_directly(), "a second call changes nothing");
+}
+
+#[test]
+fn an_engine_without_direct_copies_is_never_held_back() {
+    let opts = EngineOptions {
+        lookahead: 2,
+        workers: 1,
+        ram_source: RamSource::InMemory { threads: 1 },
+        ..EngineOptions::default()
+    };
+    let e = engine_of(SourceTier::Ram, 5, Duration::ZERO, None, opts);
+    e.set_order((0..5).collect()).unwrap();
+    assert!(!e.copy_ram_tier_directly());
+    assert!(e.wait_idle(Duration::from_secs(5)));
+    assert_eq!(staged_since(&e, 0), [0, 1], "staged ahead as any tier");
 }
 
 #[test]

@@ -57,6 +57,28 @@ impl Engine {
             return false;
         }
         st.direct.fill(false);
+        self.replan(st);
+        true
+    }
+
+    /// Holds the RAM tier back for the caller to copy straight from memory again
+    /// (`EngineOptions::direct_ram`), after [`stage_ram_tier_ahead`](Self::stage_ram_tier_ahead):
+    /// the tier arrived after the caller's device was set up (a stage loaded ahead of its turn
+    /// reads it last), and pinning it then succeeded. Its blocks staged already stay staged;
+    /// none is staged ahead from now on. Returns whether anything changed (nothing for an engine
+    /// made without `direct_ram`, or with no RAM tier held in memory).
+    pub fn copy_ram_tier_directly(&self) -> bool {
+        let mut st = self.shared.lock();
+        if st.direct == self.ram_direct {
+            return false;
+        }
+        st.direct.clone_from(&self.ram_direct);
+        self.replan(st);
+        true
+    }
+
+    /// Plans the window again from the block last run (or the start) after `direct` changed.
+    fn replan(&self, mut st: std::sync::MutexGuard<'_, super::pool::State>) {
         if let Some(at) = st.last {
             st.plan_deep(at, false, self.options.lookahead);
         } else {
@@ -64,6 +86,5 @@ impl Engine {
         }
         drop(st);
         self.shared.cv.notify_all();
-        true
     }
 }
