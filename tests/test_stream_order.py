@@ -131,17 +131,22 @@ def _resident_on(dev: VirtualDevice, tmp_path: Path, fp8: bool = False) -> tuple
     return model, ref, handle
 
 
+def _on_a_caller_s_stream(dev: VirtualDevice, model: Tiny, ref: Tiny) -> None:
+    """One pass of ``model``, equal to ``ref``'s, each block's kernels (0.1 s) queued on a stream
+    of the caller's own; the host goes on at once."""
+    kernels = _kernels(dev, model, 0.1)
+    with torch.no_grad(), dev.use(dev.new_stream("the caller's")):
+        assert torch.equal(model(IDS), ref(IDS))
+    for k in kernels:
+        k.remove()
+
+
 def _given_back_after_a_caller_s_stream(tmp_path: Path, fault: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     if fault:
         faults.apply(monkeypatch, fault)
     dev = VirtualDevice(LINK, scale=SCALE)
     model, ref, handle = _resident_on(dev, tmp_path)
-    kernels = _kernels(dev, model, 0.1)
-    mine = dev.new_stream("the caller's")
-    with torch.no_grad(), dev.use(mine):
-        assert torch.equal(model(IDS), ref(IDS))
-    for k in kernels:
-        k.remove()
+    _on_a_caller_s_stream(dev, model, ref)
     state = handle.state
     sizes = [t.numel() * t.element_size() for b in state.blocks for t in b.module.parameters()]
     # The stage ends on the default stream and gives its blocks back to the next stage, whose
@@ -174,12 +179,7 @@ def _expansion_freed_after_a_caller_s_stream(
     model, expected, handle = _resident_on(dev, tmp_path, fp8=True)
     backend = handle.backend
     assert isinstance(backend, DeviceBackend) and backend.pipeline is None and backend.expansion.raw.numel() > 0
-    kernels = _kernels(dev, model, 0.1)
-    mine = dev.new_stream("the caller's")
-    with torch.no_grad(), dev.use(mine):
-        assert torch.equal(model(IDS), expected(IDS))
-    for k in kernels:
-        k.remove()
+    _on_a_caller_s_stream(dev, model, expected)
     size = backend.expansion.raw.numel()
     tp.release(model, handle)
     dev.run_compute(1e-6, writes=dev.empty(size), block=None)

@@ -18,7 +18,7 @@ from .offload.meter import meter_for
 if TYPE_CHECKING:
     import torch
 
-    from .offload.cuda import PinnedRegistration
+    from .offload.pinning import PinnedRegistration
     from .plan import Plan
 
 

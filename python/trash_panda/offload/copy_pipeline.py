@@ -139,9 +139,10 @@ class CudaDevice:
             dst.copy_(src, non_blocking=True)
             done = torch.cuda.Event(enable_timing=True)
             done.record(self.stream)
-        # Freed before the copy ran (a stage released before its turn), the allocator would
-        # otherwise hand the memory to the next allocation on its own stream at once.
-        dst.record_stream(self.stream)
+        if dst.is_cuda:
+            # Freed before the copy ran (a stage released before its turn), the allocator would
+            # otherwise hand the memory to the next allocation on its own stream at once.
+            dst.record_stream(self.stream)
         return CudaCopy(start, done)
 
     def compute_waits(self, event: Any) -> Any:
@@ -178,7 +179,7 @@ class CudaDevice:
     def pin(self, owner: object, ranges: list[tuple[int, int]], fallback: str) -> Any:
         import torch
 
-        from .cuda import register_ranges
+        from .pinning import register_ranges
 
         return register_ranges(torch.cuda.cudart(), owner, ranges, fallback)
 

@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from .copy_pipeline import Device
-    from .cuda import PinnedRegistration
     from .hooks import OffloadHandle
+    from .pinning import PinnedRegistration
     from .registry import HookRegistry
     from .state import BlockState, ModelState
 
@@ -148,7 +148,7 @@ class CudaMemory:
     def host_buffer(self, nbytes: int) -> HostCopy:
         import torch
 
-        from .cuda import register_ranges
+        from .pinning import register_ranges
 
         # Page-aligned, as cudaHostRegister is happiest with: a page more, and a view from the
         # first page boundary.
