@@ -129,13 +129,14 @@ def _pageable_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
 @fault("staging-unpinned", "the staging buffers are not registered as pinned")
 def _staging_unpinned(monkeypatch: pytest.MonkeyPatch) -> None:
     from trash_panda.offload import cuda
+    from trash_panda.offload.copy_pipeline import CudaDevice
 
-    real = cuda.CudaBackend._pin
+    real = CudaDevice.pin
 
-    def pin(self: cuda.DeviceBackend, owner: object, ranges: list[tuple[int, int]], fallback: str) -> object:
-        return None if fallback == cuda.STAGING_FALLBACK else real(self, owner, ranges, fallback)  # type: ignore[arg-type]
+    def pin(self: CudaDevice, owner: object, ranges: list[tuple[int, int]], fallback: str) -> object:
+        return None if fallback == cuda.STAGING_FALLBACK else real(self, owner, ranges, fallback)
 
-    monkeypatch.setattr(cuda.CudaBackend, "_pin", pin)
+    monkeypatch.setattr(CudaDevice, "pin", pin)
 
 
 # The device meter's gauge as it was: each reading waited for the device, and each window event

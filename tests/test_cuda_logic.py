@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import sys
 import threading
 import time
@@ -28,9 +29,11 @@ from trash_panda.errors import StreamError
 from trash_panda.offload import allocator_history as meter_mod
 from trash_panda.offload import cuda as cuda_mod
 from trash_panda.offload import restore as restore_mod
-from trash_panda.offload.cuda import CudaBackend, DeviceBackend, register_pinned, register_ram_tier
+from trash_panda.offload.copy_pipeline import CudaDevice
+from trash_panda.offload.cuda import RAM_TIER_FALLBACK, CudaBackend, DeviceBackend, register_pinned
 from trash_panda.offload.hooks import OffloadHandle, _install
 from trash_panda.offload.meter import CudaGauge, Meter
+from trash_panda.offload.pinning import register_ranges
 from trash_panda.offload.state import ModelState, get_state
 
 LAYERS = 8
@@ -106,7 +109,7 @@ def test_the_staging_pool_stays_pinned_when_the_ram_tier_cannot_be(in_memory: tu
         warnings.simplefilter("error")
         pool = register_pinned(fake, engine)
     with pytest.warns(UserWarning, match="could not pin .*out of memory.*through the pinned staging buffers"):
-        ram = register_ram_tier(fake, engine)
+        ram = register_ranges(fake, engine, engine.ram_image_buffers(), RAM_TIER_FALLBACK)
     assert pool is not None and ram is None
     assert fake.registered == staging, "the RAM tier's first block was not undone, or the pool was"
     assert fake.last_error == 0, "the failed registration's error was left for the next launch"
@@ -127,8 +130,10 @@ def test_a_failed_unregistration_warns_and_clears_its_error(in_memory: tuple[Tin
 
 
 def _cuda_backend(monkeypatch: pytest.MonkeyPatch, fake: FakeCudart, sim: SimulatedDevice) -> Any:
-    """CudaBackend as a GPU builds it, with the fake runtime and the simulated device."""
+    """CudaBackend as a GPU builds it, with the fake runtime and the simulated device, which
+    pins as the GPU's device does (through torch's cudart, here the fake)."""
     monkeypatch.setattr(torch.cuda, "cudart", lambda: fake)
+    monkeypatch.setattr(sim, "pin", functools.partial(CudaDevice.pin, sim))
     monkeypatch.setattr(cuda_mod, "CudaDevice", lambda _device: sim)
     return CudaBackend
 

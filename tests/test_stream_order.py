@@ -258,17 +258,25 @@ def in_memory_ram_tier(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def _loaded_ahead(tmp_path: Path, dev: VirtualDevice, monkeypatch: pytest.MonkeyPatch) -> tuple[Tiny, Any]:
-    """A stage read ahead of its turn onto the virtual device: one block resident, three in the
-    RAM tier held in memory, two on disk; returns the reference and the loaded stage."""
-    from trash_panda.offload.handover import load_stage
-
-    torch.manual_seed(0)
+def _streaming(path: Path, seed: int = 0) -> tuple[Tiny, Tiny, tp.Plan]:
+    """A bf16 model of six blocks saved at ``path``, and a GPU plan for it: one block resident,
+    three in the RAM tier, two on disk. Returns the reference, the model on meta and the plan."""
+    torch.manual_seed(seed)
     ref = Tiny(layers=6).to(torch.bfloat16).eval()
-    path = save(ref, tmp_path / "ahead.safetensors", torch.bfloat16)
+    save(ref, path, torch.bfloat16)
     model = on_meta(Tiny, layers=6)
     p = tp.plan(model, path, vram="1TB", ram="1TB", resident_blocks=1, lookahead=2)
     p.assign(Tier.DISK, indices=[4, 5])
+    return ref, model, p
+
+
+def _loaded_ahead(tmp_path: Path, dev: VirtualDevice, monkeypatch: pytest.MonkeyPatch) -> tuple[Tiny, Any]:
+    """A stage read ahead of its turn onto the virtual device (see :func:`_streaming`), its RAM
+    tier held in memory; returns the reference and the loaded stage."""
+    from trash_panda.offload.handover import load_stage
+
+    path = tmp_path / "ahead.safetensors"
+    ref, model, p = _streaming(path)
     monkeypatch.setattr(hooks_mod, "make_backend", lambda s: DeviceBackend(s, dev))
     stage = load_stage(
         "ahead", model, tp.Checkpoint(path), p, _core.Free(0, 0),
@@ -355,12 +363,8 @@ def _next_stage_behind_a_running_one(
     if fault:
         faults.apply(monkeypatch, fault)
     dev = VirtualDevice(LINK, scale=SCALE, poison=False)
-    torch.manual_seed(0)
-    ref_k = Tiny(layers=6).to(torch.bfloat16).eval()
-    path_k = save(ref_k, tmp_path / "k.safetensors", torch.bfloat16)
-    model_k = on_meta(Tiny, layers=6)
-    p = tp.plan(model_k, path_k, vram="1TB", ram="1TB", resident_blocks=1, lookahead=2)
-    p.assign(Tier.DISK, indices=[4, 5])
+    path_k = tmp_path / "k.safetensors"
+    ref_k, model_k, p = _streaming(path_k)
     tp.stream_load(model_k, path_k, plan=p, device="cpu")
     state_k = get_state(model_k)
     assert state_k is not None

@@ -135,7 +135,6 @@ class Allocation:
     addr: int
     nbytes: int
     stream: VStream  # where it was allocated: the pool it goes back to
-    at: float  # the allocating thread's clock
     uses: set[VStream] = field(default_factory=set)  # streams recorded on it
     last: VCopy | None = None  # the latest copy into it
     live: bool = True
@@ -210,10 +209,6 @@ class VirtualDevice:
     def compute_free(self) -> float:
         """When the default stream has run everything queued on it."""
         return self.default_stream.free
-
-    @property
-    def copy_free(self) -> float:
-        return self.copy_stream.free
 
     # -- streams and threads ------------------------------------------------------------------
 
@@ -306,7 +301,7 @@ class VirtualDevice:
             t = torch.frombuffer(view, dtype=torch.uint8)
             if fresh:
                 t.fill_(POISON)
-            a = Allocation(len(self.allocs), t.data_ptr(), size, stream, now)
+            a = Allocation(len(self.allocs), t.data_ptr(), size, stream)
             self.allocs.append(a)
             # The tensor's storage holds the memoryview: every view of the tensor, and every
             # DLPack capsule of one, keeps it. Its end is the free, on whichever thread.
@@ -337,7 +332,7 @@ class VirtualDevice:
             a.last = c
             self.host_reads.setdefault(addr, []).append(c)
             self.copies.append(c)
-            if self._pinned(src):
+            if self.pinned(src):
                 self.move_clock(self.clock() + self.call_s)
             else:  # a copy from pageable memory holds the host until it is done
                 self.move_clock(max(self.clock(), end) + self.call_s)
@@ -387,9 +382,6 @@ class VirtualDevice:
             self.pinned_ranges += [(a, a + n) for a, n in ranges]
         return _Pinned(self, [(a, a + n) for a, n in ranges])
 
-    def pinned(self, t: torch.Tensor) -> bool:
-        return self._pinned(t)
-
     # -- what the model and the engine tell the device ----------------------------------------
 
     def run_compute(
@@ -437,13 +429,6 @@ class VirtualDevice:
         with self.lock:
             self._host_written(host.data_ptr(), f"written at {at:.6f} s", at)
             self.tags[host.data_ptr()] = tag
-
-    def alias(self, view: torch.Tensor, host: torch.Tensor) -> None:
-        """``view`` shows the bytes of ``host`` (a lease's view of its staging buffer)."""
-        with self.lock:
-            tag = self.tags.get(host.data_ptr())
-            if tag is not None:
-                self.tags[view.data_ptr()] = tag
 
     def allocation(self, t: torch.Tensor) -> Allocation | None:
         """The allocation that holds ``t`` (live or freed), or None."""
@@ -536,7 +521,7 @@ class VirtualDevice:
             return None
         raise AssertionError(f"{addr:#x} is in no device allocation")
 
-    def _pinned(self, t: torch.Tensor) -> bool:
+    def pinned(self, t: torch.Tensor) -> bool:
         if self.all_pinned:
             return True
         addr = t.data_ptr()
@@ -647,7 +632,6 @@ class VirtualLease:
         t = torch.frombuffer(view, dtype=torch.uint8)
         self.views += 1
         weakref.finalize(view, self._view_gone)
-        self.engine.device.alias(t, buf.data)
         return t
 
     def discard(self) -> None:

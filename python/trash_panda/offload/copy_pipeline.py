@@ -301,10 +301,9 @@ class CopyPipeline:
         self.free_after: list[Any] = [made] * slots
         # Whether the staging buffers are pageable (learned at the first copy out of one).
         self.pageable: bool | None = None
-        # From pageable memory, blocks copied ahead once their staging was waited for: their
-        # run was counted then, and what they waited for is reported at their turn.
-        self.acquired_ahead: set[int] = set()
-        self.waited_ahead: dict[int, float] = {}
+        # From pageable memory, blocks copied ahead with their run counted then (their turn
+        # does not count it again), and the seconds their staging was waited for, reported then.
+        self.ahead: dict[int, float] = {}
         # Per slot: the count of finish() calls when it was last freed. The compute stream runs
         # in order, so the lowest is the free slot whose compute ends first.
         self.freed: list[int] = [0] * slots
@@ -336,12 +335,11 @@ class CopyPipeline:
                 raise
         else:
             # First: an engine that may not stream now (another has the shared staging pool)
-            # fails here with the copy still queued. A block acquired ahead counted its run then.
-            if block in self.acquired_ahead:
-                self.acquired_ahead.discard(block)
+            # fails here with the copy still queued. A block copied ahead counted its run then.
+            if block in self.ahead:
+                staged_wait = self.ahead.pop(block)
             else:
                 self.engine.advance(block)
-            staged_wait = self.waited_ahead.pop(block, 0.0)
             self.queued.pop(block, None)
             if copy is None:  # straight from the in-memory RAM tier
                 copy = self._queue(block, None, self._slot_for(block))
@@ -395,8 +393,7 @@ class CopyPipeline:
         self.queued.clear()
         self.running.clear()
         self.slots.clear()
-        self.acquired_ahead.clear()
-        self.waited_ahead.clear()
+        self.ahead.clear()
 
     def return_all(self) -> None:
         """Waits for every copy out of a staging buffer and returns its lease. The copies
@@ -405,7 +402,7 @@ class CopyPipeline:
         if self.returning:
             self.device.synchronize()
             self._return_leases()
-        self.acquired_ahead.clear()
+        self.ahead.clear()
 
     def _may_return(self, copy: _Copy) -> bool:
         return self.device.ready(copy.event)
@@ -459,8 +456,7 @@ class CopyPipeline:
         # the slot is queued after it on the same stream. Copied ahead with its run counted, it
         # is asked for again at its turn, which counts it then.
         self.holder[copy.slot] = None
-        self.acquired_ahead.discard(far)
-        self.waited_ahead.pop(far, None)
+        self.ahead.pop(far, None)
         return copy.slot
 
     def _queue(self, block: int, lease: Any, slot: int) -> _Copy:
@@ -501,10 +497,9 @@ class CopyPipeline:
                 lease = self.engine.acquire(nxt)
             else:
                 self.engine.advance(nxt)
-            # Its run is counted now (its turn does not count it again), and the window moved
-            # past it: the block after is staged while this copy holds the host.
-            self.acquired_ahead.add(nxt)
-            self.waited_ahead[nxt] = _core.clock() - t0
+            # Its run is counted now, and the window moved past it: the block after is staged
+            # while this copy holds the host.
+            self.ahead[nxt] = _core.clock() - t0
             try:
                 self.queued[nxt] = self._queue(nxt, lease, slot)
             except BaseException:

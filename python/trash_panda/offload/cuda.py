@@ -40,16 +40,6 @@ def register_pinned(cudart: Any, owner: _core.Engine | _core.StagingPool) -> Pin
     return register_ranges(cudart, owner, ranges, STAGING_FALLBACK)
 
 
-def register_ram_tier(cudart: Any, engine: _core.Engine) -> PinnedRegistration | None:
-    """Registers the in-memory RAM tier's blocks as pinned, so they are copied to the device
-    straight from there; None when there are none, or (with a warning) when that fails: its
-    blocks then go through the staging buffers."""
-    ranges = engine.ram_image_buffers()
-    if not ranges:
-        return None
-    return register_ranges(cudart, engine, ranges, RAM_TIER_FALLBACK)
-
-
 def expand_into(out: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, kind: str) -> None:
     """``out = (w.float() * scale).to(out.dtype)``, computed in ``out`` with no other memory: the
     scale, broadcast through a view, multiplies in float32 and the result is rounded once into
@@ -145,12 +135,12 @@ class DeviceBackend:
         if engine is None:
             return
         if state.staging_pool is None:
-            self._keep(self._pin(engine, engine.staging_buffers(), STAGING_FALLBACK))
+            self._keep(self.device.pin(engine, engine.staging_buffers(), STAGING_FALLBACK))
         direct = False
         if config.pin_ram_tier and _has_ram_tier(state):
             ranges = engine.ram_image_buffers()
             if ranges:
-                ram = self._pin(engine, ranges, RAM_TIER_FALLBACK)
+                ram = self.device.pin(engine, ranges, RAM_TIER_FALLBACK)
                 self._keep(ram)
                 direct = ram is not None
             else:  # loaded ahead: the loader reads the tier after the hooks are in
@@ -169,9 +159,6 @@ class DeviceBackend:
             direct=direct,
         )
 
-    def _pin(self, owner: object, ranges: list[tuple[int, int]], fallback: str) -> Any:
-        return self.device.pin(owner, ranges, fallback)
-
     def _keep(self, registration: Any) -> None:
         if registration is not None:
             self.pinned.append(registration)
@@ -189,7 +176,7 @@ class DeviceBackend:
                 f"the RAM tier held in memory arrived empty, so it is not pinned; {RAM_TIER_FALLBACK}", stacklevel=2
             )
             return
-        self._arrived = self._pin(self.state.engine, ranges, RAM_TIER_FALLBACK)
+        self._arrived = self.device.pin(self.state.engine, ranges, RAM_TIER_FALLBACK)
 
     def _adopt_ram_tier(self) -> None:
         registration, self._arrived = self._arrived, None
@@ -251,6 +238,7 @@ class DeviceBackend:
 
     def _bring_streamed(self, block: BlockState, layout: list[_core.StagedTensor], timing: Timing) -> None:
         assert block.engine_index is not None and self.pipeline is not None
+        expanding = False
         taken = self.pipeline.take(block.engine_index)
         timing.staged_wait = taken.staged_wait
         timing.bytes = taken.nbytes
@@ -271,7 +259,9 @@ class DeviceBackend:
                 sc = layout[st.scale_index]
                 scale = _typed(dev, sc.offset, sc.length, sc.dtype, tuple(sc.shape))
             out = self.expansion.view(st.expand_at, spec.shape, spec.target)
-            self._expansion_ready()
+            if not expanding:
+                self._expansion_ready()
+                expanding = True
             expand_into(out, w, scale, st.scale_layout or "none")
             swap(spec, out)
 
@@ -333,8 +323,8 @@ def _has_ram_tier(state: ModelState) -> bool:
 
 
 class CudaBackend(DeviceBackend):
-    """A CUDA GPU: pinning through the CUDA runtime torch loaded (``torch.cuda.cudart()``),
-    copies on a side stream (:class:`CudaDevice`)."""
+    """A CUDA GPU: copies on a side stream and pinning through the CUDA runtime torch loaded
+    (:class:`CudaDevice`)."""
 
     def __init__(self, state: ModelState) -> None:
         from .. import settings
@@ -345,8 +335,3 @@ class CudaBackend(DeviceBackend):
         self.link: float | None = None
         if state.engine is not None and bool(settings.setting("profile")):
             self.link = cuda.link_bandwidth()
-
-    def _pin(self, owner: object, ranges: list[tuple[int, int]], fallback: str) -> Any:
-        import torch
-
-        return register_ranges(torch.cuda.cudart(), owner, ranges, fallback)

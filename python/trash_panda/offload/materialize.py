@@ -125,24 +125,25 @@ def _materialize_group(
 GROUP_BYTES = 64 << 20
 
 
+def stored_bytes(spec: TensorSpec) -> int:
+    """The bytes a tensor and its scale are read as."""
+    return spec.info.nbytes + (spec.scale.nbytes if spec.scale is not None else 0)
+
+
 def read_groups(specs: list[TensorSpec]) -> list[list[TensorSpec]]:
     """``specs`` in order, in groups of at most :data:`GROUP_BYTES` (or the largest tensor with
     its scale)."""
-
-    def size(spec: TensorSpec) -> int:
-        return spec.info.nbytes + (spec.scale.nbytes if spec.scale is not None else 0)
-
     if not specs:
         return []
-    bound = max(max(size(s) for s in specs), GROUP_BYTES)
+    bound = max(max(stored_bytes(s) for s in specs), GROUP_BYTES)
     groups: list[list[TensorSpec]] = [[]]
     held = 0
     for spec in specs:
-        if groups[-1] and held + size(spec) > bound:
+        if groups[-1] and held + stored_bytes(spec) > bound:
             groups.append([])
             held = 0
         groups[-1].append(spec)
-        held += size(spec)
+        held += stored_bytes(spec)
     return groups
 
 

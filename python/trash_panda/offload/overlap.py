@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import StreamError
 from ..settings import setting
-from .materialize import read_groups, read_many, settle
+from .materialize import Place, read_groups, read_many, settle, stored_bytes
 from .meter import meter_for
 from .registry import BlockHook
 
@@ -93,16 +93,12 @@ def through_host(
     each tensor to the device through the meter."""
     import torch
 
-    ring = copies.group(sum(_size(s) for s in group))
+    ring = copies.group(sum(stored_bytes(s) for s in group))
     place = ring.take if ring is not None else None
     read_group(group, torch.device("cpu"), storage, threads, lane, position, expand=expand, place=place)
     meter = meter_for(device)
     for spec in group:
         meter.moved_in(functools.partial(_copy_to, spec, device, copies))
-
-
-def _size(spec: TensorSpec) -> int:
-    return spec.info.nbytes + (spec.scale.nbytes if spec.scale is not None else 0)
 
 
 def read_group(
@@ -114,7 +110,7 @@ def read_group(
     position: int | None,
     *,
     expand: bool = False,
-    place: Callable[..., torch.Tensor | None] | None = None,
+    place: Place | None = None,
 ) -> int:
     """Reads tensors (and their scales) in one call of the core through ``lane``, as the block
     at ``position`` of the run order, and keeps them on ``device`` as stream_load would (kept
