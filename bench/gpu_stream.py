@@ -35,8 +35,8 @@ from torch import nn
 
 import trash_panda as tp
 from trash_panda import _core
-from trash_panda.offload.copy_pipeline import CudaDevice
-from trash_panda.offload.cuda import DeviceBackend
+from trash_panda.offload.backends.copies import CudaDevice
+from trash_panda.offload.backends.cuda import DeviceBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 # Its signature differs between revisions (see model_pass); None when tests/vtdevice.py is missing.

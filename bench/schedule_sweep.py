@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _common import RESULTS, ROOT, machine, md_table
 
-from trash_panda.offload.copy_pipeline import CopyPipeline
+from trash_panda.offload.backends.copies import CopyPipeline
 from vtdevice import CALL_S, LAUNCH_S, predict_step
 
 SIZES = (64_000_000, 256_000_000, 1_000_000_000, 2_000_000_000)

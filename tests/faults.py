@@ -50,14 +50,14 @@ def from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @fault("first-copy-wait", "the first copy into each device slot waits for nothing")
 def _first_copy_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trash_panda.offload.copy_pipeline import CopyPipeline
+    from trash_panda.offload.backends.copies import CopyPipeline
 
     monkeypatch.setattr(CopyPipeline, "_allocated", lambda self: None)
 
 
 @fault("retire-current-stream", "a freed block's memory waits only for the stream current at its free")
 def _retire_current_stream(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trash_panda.offload.cuda import DeviceBackend
+    from trash_panda.offload.backends.cuda import DeviceBackend
 
     def retire(self: DeviceBackend, block: object, t: object) -> None:
         self.device.record_stream(t, self.device.current_stream())  # type: ignore[arg-type]
@@ -67,7 +67,7 @@ def _retire_current_stream(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @fault("close-no-sync", "a backend without slots frees its expansion buffer without waiting for the device")
 def _close_no_sync(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trash_panda.offload.cuda import DeviceBackend
+    from trash_panda.offload.backends.cuda import DeviceBackend
 
     monkeypatch.setattr(DeviceBackend, "_close_wait", lambda self: None)
 
@@ -76,7 +76,7 @@ def _close_no_sync(monkeypatch: pytest.MonkeyPatch) -> None:
 def _loader_default_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from trash_panda.offload.loader_copies import LoaderCopies
+    from trash_panda.offload.backends.loader_copies import LoaderCopies
 
     def put(self: LoaderCopies, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         main = getattr(self.device, "main", None)
@@ -96,14 +96,14 @@ def _loader_default_stream(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @fault("ram-tier-on-arrival", "a RAM tier read after the backend was made is never pinned")
 def _ram_tier_on_arrival(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trash_panda.offload.cuda import DeviceBackend
+    from trash_panda.offload.backends.cuda import DeviceBackend
 
     monkeypatch.setattr(DeviceBackend, "ram_tier_arrived", lambda self: None)
 
 
 @fault("lease-views", "a copy waiting for its block keeps the view of its staging buffer")
 def _lease_views(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trash_panda.offload.copy_pipeline import CopyPipeline
+    from trash_panda.offload.backends.copies import CopyPipeline
 
     def return_leases(self: CopyPipeline) -> None:
         keep = []
@@ -121,15 +121,15 @@ def _lease_views(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @fault("pageable-prefetch", "with pinning declined, the copies ahead are queued before the block's kernels")
 def _pageable_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trash_panda.offload.copy_pipeline import CopyPipeline
+    from trash_panda.offload.backends.copies import CopyPipeline
 
     monkeypatch.setattr(CopyPipeline, "_prefetch_after_kernels", lambda self: False)
 
 
 @fault("staging-unpinned", "the staging buffers are not registered as pinned")
 def _staging_unpinned(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trash_panda.offload import cuda
-    from trash_panda.offload.copy_pipeline import CudaDevice
+    from trash_panda.offload.backends import cuda
+    from trash_panda.offload.backends.copies import CudaDevice
 
     real = CudaDevice.pin
 
@@ -183,7 +183,7 @@ def _meter_reset(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @fault("compute-no-wait", "a block's kernels do not wait for the copy into its slot")
 def _compute_no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trash_panda.offload.copy_pipeline import CudaDevice
+    from trash_panda.offload.backends.copies import CudaDevice
 
     def mark_only(self: CudaDevice, event: object) -> object:
         import torch
@@ -197,6 +197,6 @@ def _compute_no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @fault("loader-no-event-wait", "a block read ahead computes without waiting for its loader's copies")
 def _loader_no_event_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trash_panda.offload.loader_copies import LoaderCopies
+    from trash_panda.offload.backends.loader_copies import LoaderCopies
 
     monkeypatch.setattr(LoaderCopies, "waits", lambda self, key: None)

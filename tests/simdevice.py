@@ -2,7 +2,7 @@
 
 Its "copies" run on another thread, in order (as on a CUDA stream), each after its event and
 a random delay, so they complete late. It poisons memory at the moments the rules of
-:mod:`trash_panda.offload.copy_pipeline` say it may be reused: a slot the moment a copy into it is
+:mod:`trash_panda.offload.backends.copies` say it may be reused: a slot the moment a copy into it is
 queued, a staging buffer the moment it goes back to the engine. A pipeline that broke a rule
 would compute on poison, and the outputs would differ from the reference.
 """

@@ -12,7 +12,7 @@ import torch
 import trash_panda as tp
 from models import Tiny, on_meta, save
 from test_stream import _fp8_checkpoint, every_tier, ids, reference
-from trash_panda.offload.cuda import CudaBackend
+from trash_panda.offload.backends.cuda import CudaBackend
 
 pytestmark = pytest.mark.cuda
 
@@ -351,7 +351,7 @@ def _ahead(tmp_path: Path, ref: Tiny, path: Path, plan: tp.Plan) -> tuple[Tiny, 
     """The model of ``path`` loaded ahead of its turn on the GPU, as a pipeline reads its next
     stage: nothing read until its allowance is given."""
     from trash_panda import _core
-    from trash_panda.offload.handover import load_stage
+    from trash_panda.pipeline.loaded import load_stage
 
     model = on_meta(Tiny, dim=1024, layers=6, vocab=64)
     stage = load_stage(
@@ -417,7 +417,7 @@ def test_a_ram_tier_read_ahead_is_pinned_when_it_arrives(tmp_path: Path, monkeyp
 def test_large_blocks_with_a_slow_side(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow: str) -> None:
     """64 MB blocks streamed with either side forced slow (a spin kernel queued on its stream):
     with copies in flight, any missing wait between the streams would show in the output."""
-    from trash_panda.offload import copy_pipeline as device_mod
+    from trash_panda.offload.backends import copies as device_mod
 
     torch.manual_seed(0)
     ref = Tiny(dim=2048, layers=8, vocab=64).to(torch.bfloat16).eval()  # 64 MB a block

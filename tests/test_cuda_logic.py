@@ -27,13 +27,13 @@ from simdevice import SimulatedDevice
 from trash_panda import Tier
 from trash_panda.errors import StreamError
 from trash_panda.offload import allocator_history as meter_mod
-from trash_panda.offload import cuda as cuda_mod
 from trash_panda.offload import restore as restore_mod
-from trash_panda.offload.copy_pipeline import CudaDevice
-from trash_panda.offload.cuda import RAM_TIER_FALLBACK, CudaBackend, DeviceBackend, register_pinned
-from trash_panda.offload.hooks import OffloadHandle, _install
+from trash_panda.offload.backends import cuda as cuda_mod
+from trash_panda.offload.backends.copies import CudaDevice
+from trash_panda.offload.backends.cuda import RAM_TIER_FALLBACK, CudaBackend, DeviceBackend, register_pinned
+from trash_panda.offload.backends.pinning import register_ranges
+from trash_panda.offload.handle import OffloadHandle, _install
 from trash_panda.offload.meter import CudaGauge, Meter
-from trash_panda.offload.pinning import register_ranges
 from trash_panda.offload.state import ModelState, get_state
 
 LAYERS = 8

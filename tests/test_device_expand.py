@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trash_panda.offload.cuda import expand_into
+from trash_panda.offload.backends.cuda import expand_into
 
 STORED = [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16, torch.float32]
 COMPUTE = [torch.bfloat16, torch.float16, torch.float32]

@@ -15,9 +15,9 @@ import trash_panda as tp
 from models import Tiny, on_meta, save
 from simdevice import SimulatedDevice
 from trash_panda import Tier
-from trash_panda.offload import copy_pipeline as device_mod
-from trash_panda.offload.cuda import DeviceBackend
-from trash_panda.offload.hooks import _install
+from trash_panda.offload.backends import copies as device_mod
+from trash_panda.offload.backends.cuda import DeviceBackend
+from trash_panda.offload.handle import _install
 from trash_panda.offload.state import ModelState, get_state
 from vtdevice import VirtualDevice
 

@@ -48,8 +48,8 @@ def _noting_held(pipe: Any) -> list[int]:
     held: list[int] = []
 
     def note(*_: object) -> None:
-        runner._settle()
-        held.append(sum(s.held_now().ram + (s.held_now().vram or 0) for s in runner._loaded.values()))
+        runner.settle()
+        held.append(sum(s.held_now().ram + (s.held_now().vram or 0) for s in runner._keeper.loaded.values()))
 
     for name in STREAM:
         component = getattr(pipe, name)

@@ -13,7 +13,7 @@ import torch
 import trash_panda as tp
 from models import Tiny, assert_writes_are_caught, save
 from trash_panda import Plan, Tier, _core
-from trash_panda.offload import cuda as cuda_backend
+from trash_panda.offload.backends import cuda as cuda_backend
 
 MiB = 1 << 20
 

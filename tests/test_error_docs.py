@@ -43,7 +43,7 @@ CLASSES |= {"SystemProbeError", "TraceError", "ValueError", "RuntimeError", "Typ
 # Named by file and enclosing function, not line, so an edit above them does not move them.
 TEXT_FROM_ELSEWHERE = {
     "offload/cleanup.py:done": "the first error of a cleanup, raised again as it was",
-    "offload/cpu.py:done": "modified_error() in offload/swap.py builds it (its return is quoted)",
+    "offload/backends/cpu.py:done": "modified_error() in offload/backends/swap.py builds it (its return is quoted)",
     "offload/matching.py:_scale_kind": "the core's DtypeError::ScaleShape, listed with the core's errors",
     "dtype.py:expand": "the core's DtypeError::ScaleShape, listed with the core's errors",
     "offload/restore.py:check_restore_fits": "refusal() in offload/restore.py builds it (its return is quoted)",

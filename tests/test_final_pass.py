@@ -15,9 +15,9 @@ import trash_panda as tp
 from models import Tiny, on_meta, save
 from simdevice import SimulatedDevice
 from trash_panda import Tier, _core
-from trash_panda.offload.copy_pipeline import CopyPipeline
-from trash_panda.offload.cuda import DeviceBackend
-from trash_panda.offload.hooks import _install
+from trash_panda.offload.backends.copies import CopyPipeline
+from trash_panda.offload.backends.cuda import DeviceBackend
+from trash_panda.offload.handle import _install
 from trash_panda.offload.state import ModelState, get_state
 
 LAYERS = 8  # block 0 resident, 7 streamed through 3 staging buffers

@@ -31,11 +31,11 @@ from test_stream import _fp8_checkpoint, reference
 from trash_panda import _core
 from trash_panda.offload import final_pass as final_pass_mod
 from trash_panda.offload import outside, overlap
-from trash_panda.offload.cuda import DeviceBackend
+from trash_panda.offload.backends.cuda import DeviceBackend
 from trash_panda.offload.final_pass import final_pass
-from trash_panda.offload.handover import LoadedStage, load_stage
-from trash_panda.offload.hooks import OffloadHandle, _install
+from trash_panda.offload.handle import OffloadHandle, _install
 from trash_panda.offload.state import ModelState, get_state
+from trash_panda.pipeline.loaded import LoadedStage, load_stage
 from vtdevice import EPS, VirtualDevice
 
 K_LAYERS = 4  # bf16: about 265 kB freed, more than stage k+1's six fp8 blocks (about 205 kB)

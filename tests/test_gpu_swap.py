@@ -27,9 +27,9 @@ from test_stream import _fp8_checkpoint, every_tier, ids, reference
 from trash_panda import Tier
 from trash_panda.errors import ArgumentError, StreamError
 from trash_panda.offload import gpu_swap, overlap
-from trash_panda.offload.cuda import DeviceBackend
+from trash_panda.offload.backends.cuda import DeviceBackend
 from trash_panda.offload.gpu_swap import GPU_RELEASED, CudaMemory, HostCopy, weights_on_device
-from trash_panda.offload.hooks import OffloadHandle, _install
+from trash_panda.offload.handle import OffloadHandle, _install
 from trash_panda.offload.state import ModelState, get_state
 
 LAYERS = 6

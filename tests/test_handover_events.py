@@ -14,7 +14,7 @@ import time
 
 from trash_panda import _core
 from trash_panda.offload.final_pass import FreedBlock
-from trash_panda.offload.handover import LoadedStage
+from trash_panda.pipeline.loaded import LoadedStage
 
 
 class QueuedKernels:

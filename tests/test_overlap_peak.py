@@ -22,7 +22,7 @@ import torch
 import trash_panda as tp
 from models import Tiny, on_meta, save
 from trash_panda import _core
-from trash_panda.offload import meter, outside, overlap
+from trash_panda.offload import meter, outside, overlap, reads
 from trash_panda.offload.meter import Meter
 from trash_panda.stage import remembered_activation
 
@@ -110,7 +110,7 @@ class Loader:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, mem: DeviceMemory, ref: Tiny) -> None:
         self.gates = {f"blocks.{i}.": threading.Event() for i in range(1, RESIDENT)}
         self.loader: overlap.ResidentLoader | None = None
-        read, read_many, start = overlap.load_block, overlap.read_many, overlap.start_loader
+        read, read_many, start = overlap.load_block, reads.read_many, overlap.start_loader
         sizes = {name: p.nbytes for name, p in ref.named_parameters()}
 
         def load_block(block: Any, *args: Any) -> None:
@@ -126,7 +126,7 @@ class Loader:
 
         def start_loader(handle: Any, *args: Any, **kwargs: Any) -> Any:
             loader = start(handle, *args, **kwargs)
-            self.loader = handle.hooks.get("overlap_wait").loader
+            self.loader = handle.state.loader
             assert self.loader.ready[0].wait(10)  # blocks.0. landed before the window opened
             # The final norm and the head, which the order file places after the last block,
             # land when the norm is first called (before its wait for them), once every block's
@@ -145,7 +145,7 @@ class Loader:
             load_outside(specs, device, threads, queue, position, copies)
 
         monkeypatch.setattr(overlap, "load_block", load_block)
-        monkeypatch.setattr(overlap, "read_many", read_counted)
+        monkeypatch.setattr(reads, "read_many", read_counted)
         monkeypatch.setattr(outside, "load_outside", load_outside_gated)
         monkeypatch.setattr(overlap, "start_loader", start_loader)
 

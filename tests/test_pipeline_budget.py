@@ -78,11 +78,11 @@ def test_the_budget_is_all_the_stages_and_the_floor_of_free_ram_comes_off_the_ma
         for _ in range(2):
             assert torch.equal(one_run(pipe, final=False), want)
         assert arrivals(pipe, 2) == ["kept", "kept", "kept"], pipe.report()
-        assert {n: s.holds for n, s in pipe._loaded.items()} == holds
+        assert {n: s.holds for n, s in pipe._keeper.loaded.items()} == holds
     # Without a budget the stages may take the machine's free memory less the floor (free
     # memory moves by far less than the floor between the two readings).
     with tp.Pipeline(st) as unbounded:
-        assert abs(unbounded._free().ram - _core.Free.probe().keeping(floor).ram) < floor // 4
+        assert abs(unbounded._keeper._free().ram - _core.Free.probe().keeping(floor).ram) < floor // 4
     with pytest.raises(ArgumentError, match="min_free_ram"):
         tp.Pipeline(stages(folder, min_free_ram="lots"))
 
@@ -114,7 +114,7 @@ def test_the_next_stage_is_planned_for_what_the_others_free_with_their_reads_sti
         with run.stage("transformer") as denoiser:
             try:
                 vae = ahead(pipe, "vae")  # set up while the denoiser's reads are held back
-                assert pipe._loaded["transformer"].pending().ram > 0
+                assert pipe._keeper.loaded["transformer"].pending().ram > 0
             finally:
                 gate.set()
             for step in range(ps.STEPS):
@@ -132,7 +132,7 @@ def test_a_stage_whose_own_staging_does_not_fit_beside_the_running_one_is_loaded
     gates: a stage read ahead whose buffers do not fit in the memory free beside the running
     stage is loaded at its start instead, and the stages never hold more than the budget. (Its
     buffers are its own where the pipeline's pool was not made: held off here.)"""
-    from trash_panda.pipeline_staging import SharedStaging
+    from trash_panda.pipeline.staging import SharedStaging
 
     def no_pool(self: SharedStaging, plans: Any) -> None:
         self.sized = True
@@ -145,14 +145,14 @@ def test_a_stage_whose_own_staging_does_not_fit_beside_the_running_one_is_loaded
     held: list[int] = []
 
     def note(pipe: tp.Pipeline) -> None:
-        pipe._settle()
-        held.append(sum(s.held_now().ram for s in pipe._loaded.values()))
+        pipe.settle()
+        held.append(sum(s.held_now().ram for s in pipe._keeper.loaded.values()))
 
     with tp.Pipeline(st, ram=budget) as pipe:
         noting = {n: functools.partial(note, pipe) for n in ps.COMPONENTS}
         assert torch.equal(one_run(pipe, final=False, inside=noting), want)
         assert held and max(held) <= budget, (held, budget)
-        vae = pipe._loaded["vae"].plan.budgets
+        vae = pipe._keeper.loaded["vae"].plan.budgets
         assert vae is not None and vae.host_staging > 64 << 10 and not vae.shared_staging
         assert arrivals(pipe, 1) == ["read_at_start", "read_ahead", "read_at_start"], pipe.report()
 
@@ -181,7 +181,7 @@ def test_loads_read_past_the_page_cache_when_the_files_could_not_stay_in_it(
     with tp.Pipeline(stages(folder, min_free_ram=0), ram=ram) as pipe:
         for _ in range(2):
             assert torch.equal(one_run(pipe), want)
-        lanes = [s.state.lane for s in pipe._loaded.values() if s.state.lane is not None]
+        lanes = [s.state.lane for s in pipe._keeper.loaded.values() if s.state.lane is not None]
         assert lanes and all(lane.direct is (budget == "tight") for lane in lanes)
         first = pipe.report().splitlines()[0]
         assert first.startswith("loads: direct reads" if budget == "tight" else "loads: buffered reads"), first

@@ -20,7 +20,7 @@ import torch
 import trash_panda as tp
 from trash_panda import _core
 from trash_panda.errors import ArgumentError, StreamError
-from trash_panda.offload.handover import LoadedStage
+from trash_panda.pipeline.loaded import LoadedStage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import pipeline_stages as ps
@@ -73,7 +73,7 @@ def fixed_holds(folder: Path) -> dict[str, _core.Holds]:
     """What each stage of :func:`fixed_stages` holds, loaded with no budget."""
     with tp.Pipeline(fixed_stages(folder)) as probe:
         one_run(probe, final=False)
-        return {name: s.holds for name, s in probe._loaded.items()}
+        return {name: s.holds for name, s in probe._keeper.loaded.items()}
 
 
 def arrivals(pipe: tp.Pipeline, run: int) -> list[str]:
@@ -82,8 +82,8 @@ def arrivals(pipe: tp.Pipeline, run: int) -> list[str]:
 
 def ahead(pipe: tp.Pipeline, name: str) -> LoadedStage:
     """The stage ``name`` read ahead, once its thread has set it up."""
-    pipe._settle()
-    return pipe._loaded[name]
+    pipe.settle()
+    return pipe._keeper.loaded[name]
 
 
 def until(cond: Callable[[], bool], what: str) -> None:
@@ -157,7 +157,7 @@ def test_a_read_ahead_that_fails_is_released_and_loaded_at_its_start(
 ) -> None:
     """An error on the read-ahead's thread after the denoiser's load was set up: a warning
     says why, the half-loaded denoiser is released, and it is loaded at its start instead."""
-    import trash_panda.pipeline as pipeline_mod
+    import trash_panda.pipeline.keeper as pipeline_mod
     from trash_panda.offload.state import get_state
 
     real = pipeline_mod.remembered_activation
@@ -174,9 +174,9 @@ def test_a_read_ahead_that_fails_is_released_and_loaded_at_its_start(
 
         def look() -> None:
             with pytest.warns(RuntimeWarning, match="(?s)reading stage transformer ahead failed.*the disk went away"):
-                pipe._settle()
-            assert "transformer" not in pipe._loaded
-            assert get_state(pipe._models["transformer"]) is None
+                pipe.settle()
+            assert "transformer" not in pipe._keeper.loaded
+            assert get_state(pipe._keeper.models["transformer"]) is None
             monkeypatch.setattr(pipeline_mod, "remembered_activation", real)
 
         assert torch.equal(one_run(pipe, inside={"text_encoder": look}), want)
@@ -209,8 +209,8 @@ def test_a_stage_is_planned_again_when_its_start_misses_the_prediction(folder: P
         def shrink() -> None:
             # Planned for the machine's free memory the denoiser has every block resident; from
             # its start on, the budget is 1 MB short of what the two stages hold.
-            both = pipe._loaded["text_encoder"].holds.ram + ahead(pipe, "transformer").holds.ram
-            pipe.ram = both - (1 << 20)
+            both = pipe._keeper.loaded["text_encoder"].holds.ram + ahead(pipe, "transformer").holds.ram
+            pipe._keeper.ram = both - (1 << 20)
 
         assert torch.equal(one_run(pipe, inside={"text_encoder": shrink}), want)
         rec = next(r for r in pipe.records if r.stage == "transformer")
@@ -222,7 +222,7 @@ def test_a_stage_that_finds_more_memory_than_predicted_keeps_its_load(folder: Pa
     """More memory than predicted at its start, beyond the margin, plans every block of the
     denoiser in the tier it was read into: the stage read ahead is used as it is, not read
     again, and the report shows the prediction against what it found."""
-    from trash_panda.offload.handover import free_now
+    from trash_panda.pipeline.loaded import free_now
 
     more = 1 << 30
     if free_now(torch.device("cpu")).ram < 2 * more:
@@ -232,10 +232,10 @@ def test_a_stage_that_finds_more_memory_than_predicted_keeps_its_load(folder: Pa
 
         def grow() -> None:
             seen.append(ahead(pipe, "transformer"))
-            pipe.ram = 100_000_000 + more
+            pipe._keeper.ram = 100_000_000 + more
 
         def same() -> None:
-            seen.append(pipe._loaded["transformer"])
+            seen.append(pipe._keeper.loaded["transformer"])
 
         assert torch.equal(one_run(pipe, inside={"text_encoder": grow, "transformer": same}), want)
         assert seen[0] is seen[1]
@@ -307,7 +307,7 @@ def test_arguments_are_checked(folder: Path) -> None:
 def test_two_threads_starting_runs_at_once_get_one_run(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs go one after another: of two threads that start a run at the same moment, one
     gets it and the other the error, even when setting the run up takes a while."""
-    import trash_panda.pipeline as pipeline_mod
+    import trash_panda.pipeline.runner as pipeline_mod
 
     real = pipeline_mod.PipelineRun
 
@@ -364,10 +364,10 @@ def test_the_allowance_waits_without_the_gil() -> None:
 def test_holds_counts_what_a_loaded_stage_holds(folder: Path) -> None:
     """On the CPU a loaded stage holds its resident blocks and outside weights as the plan
     counts them, and Holds adds the staging pool and the expansion buffer to them."""
-    from trash_panda.offload.overlap import held_bytes
+    from trash_panda.offload.reads import held_bytes
 
     with tp.Pipeline(stages(folder)) as pipe, pipe.run() as run, run.stage("transformer") as model:
-        loaded = pipe._loaded["transformer"]
+        loaded = pipe._keeper.loaded["transformer"]
         assert loaded.loader is not None
         until(lambda: loaded.loader.remaining_bytes == 0, "the loader never finished")  # type: ignore[union-attr]
         state = loaded.state
@@ -432,7 +432,7 @@ def test_a_kept_stage_gives_back_only_what_the_next_one_needs(folder: Path, want
         denoiser = pipe.records[1]
         assert denoiser.departure == "kept", pipe.report()
         assert 0 < denoiser.given_back < denoiser.holds
-        model = pipe._models["transformer"]
+        model = pipe._keeper.models["transformer"]
         ids, latents = ps.inputs()
         with pytest.raises(StreamError, match="given back to make room for another stage"), torch.no_grad():
             ps.denoise_step(model, latents, torch.zeros(ids.shape[0], ids.shape[1], 128), 0)
@@ -441,8 +441,8 @@ def test_a_kept_stage_gives_back_only_what_the_next_one_needs(folder: Path, want
             # The encoder gave back blocks during this run: the next run's first stage read
             # them again behind the VAE's compute, before that run began.
             gave = next(r.given_back for r in reversed(pipe.records) if r.stage == "text_encoder")
-            encoder = pipe._loaded["text_encoder"]
-            pipe._settle()
+            encoder = pipe._keeper.loaded["text_encoder"]
+            pipe.settle()
             assert encoder.given == [] and encoder.read_again == gave
         assert any(r.stage == "text_encoder" and r.read_again for r in pipe.records), pipe.report()
         # Run 2 reads the denoiser's freed blocks again; later runs take from whichever stage
@@ -452,7 +452,7 @@ def test_a_kept_stage_gives_back_only_what_the_next_one_needs(folder: Path, want
         assert all(r.arrival == "kept" for r in pipe.records if r.run > 1)
         assert "given back meanwhile and read again" in pipe.report()
         # Never more than the budget's worth of stages held at once.
-        assert sum(s.held_now().ram for s in pipe._loaded.values()) <= budget
+        assert sum(s.held_now().ram for s in pipe._keeper.loaded.values()) <= budget
 
 
 def test_the_next_run_is_not_read_beside_a_stage_no_run_has_measured(
@@ -472,7 +472,7 @@ def test_the_next_run_is_not_read_beside_a_stage_no_run_has_measured(
                     x = latents
                     for step in range(ps.STEPS):
                         x = ps.denoise_step(denoiser, x, text, step)
-                    first = pipe._loaded["text_encoder"]
+                    first = pipe._keeper.loaded["text_encoder"]
                     gave = first.give_back(first.sheddable())
                     assert gave > 0
                 with run.stage("vae") as vae:
@@ -499,7 +499,7 @@ def test_blocks_given_back_beside_a_running_stage_do_not_hide_its_activations(fo
 
     with tp.Pipeline(stages(folder)) as pipe:
         assert torch.equal(one_run(pipe), want)
-        idle = pipe._loaded["transformer"]
+        idle = pipe._keeper.loaded["transformer"]
         freed = idle.sheddable()
         activations = freed + 8 * 2**20
         with measured(torch.device("cpu")) as peak:

@@ -69,8 +69,8 @@ def test_runs_that_skip_stages_equal_the_plain_pipeline_within_the_budget(folder
     def within_budget() -> None:
         # What the stages hold once the reads they have begun are in (a stage read for a turn
         # the run skipped may still be reading).
-        pipe._settle()
-        assert sum(s.committed().ram for s in pipe._loaded.values()) <= budget, pipe.report()
+        pipe.settle()
+        assert sum(s.committed().ram for s in pipe._keeper.loaded.values()) <= budget, pipe.report()
 
     with tp.Pipeline(fixed_stages(folder), ram=budget) as pipe, torch.no_grad():
         with pipe.run() as run:
@@ -91,7 +91,7 @@ def test_runs_that_skip_stages_equal_the_plain_pipeline_within_the_budget(folder
             assert torch.equal(denoise_and_decode(run, text), want)
         within_budget()
         assert [r.run for r in pipe.records] == [1, 1, 1, 2, 2, 3, 3, 4, 5, 5, 5], pipe.report()
-    assert pipe.loaded == [] and pipe._pending is None
+    assert pipe.loaded == [] and pipe._keeper.pending is None
 
 
 def within_seconds(seconds: float, work: Callable[[], None]) -> None:
@@ -118,7 +118,7 @@ def test_blocks_read_ahead_for_a_skipped_turn_are_given_back_without_waiting(fol
     blocks not read stay given back) instead of being waited for, and its next turn reads them."""
     with tp.Pipeline(fixed_stages(folder)) as pipe:
         assert torch.equal(one_run(pipe), want)
-        encoder = pipe._loaded["text_encoder"]
+        encoder = pipe._keeper.loaded["text_encoder"]
         sizes = encoder.block_bytes()
         gave = encoder.give_back(1)
         assert gave > 0 and encoder.given
@@ -213,10 +213,10 @@ def _random_runs(folder: Path, want: torch.Tensor, text_ref: torch.Tensor, rng: 
                         assert "t" not in entered or torch.equal(image, want), said
                         if stop == "v":
                             raise _StopError
-            pipe._settle()
-            committed = sum(s.committed().ram for s in pipe._loaded.values())
+            pipe.settle()
+            committed = sum(s.committed().ram for s in pipe._keeper.loaded.values())
             assert budget is None or committed <= budget, (committed, said, pipe.report())
-    assert pipe.loaded == [] and pipe._pending is None, said
+    assert pipe.loaded == [] and pipe._keeper.pending is None, said
     return "; ".join(said)
 
 

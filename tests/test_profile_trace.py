@@ -196,8 +196,8 @@ def test_memory_points_name_the_runtime_s_own_tensors(tmp_path: Path) -> None:
 
 def test_memory_points_name_a_device_backend_s_slots(tmp_path: Path) -> None:
     from simdevice import SimulatedDevice
-    from trash_panda.offload.cuda import DeviceBackend
-    from trash_panda.offload.hooks import _install
+    from trash_panda.offload.backends.cuda import DeviceBackend
+    from trash_panda.offload.handle import _install
     from trash_panda.offload.profile import memory_point
     from trash_panda.offload.state import get_state
 

@@ -97,7 +97,7 @@ def test_overlap_reads_fp8_weights_with_their_scales(tmp_path: Path) -> None:
 def test_reads_for_another_device_hold_at_most_the_largest_tensor_in_host_memory() -> None:
     from types import SimpleNamespace
 
-    from trash_panda.offload.overlap import _read_groups
+    from trash_panda.offload.reads import block_groups
 
     mib = 1 << 20
 
@@ -108,8 +108,8 @@ def test_reads_for_another_device_hold_at_most_the_largest_tensor_in_host_memory
 
     specs = [spec(30), spec(40), spec(100, 4096), spec(10), spec(90), spec(5)]
     block = SimpleNamespace(tensors=specs)
-    assert _read_groups(block, None) == [specs]  # type: ignore[arg-type]
-    groups = _read_groups(block, SimpleNamespace())  # type: ignore[arg-type]  # copies to a device
+    assert block_groups(block, None) == [specs]  # type: ignore[arg-type]
+    groups = block_groups(block, SimpleNamespace())  # type: ignore[arg-type]  # copies to a device
     assert [s for g in groups for s in g] == specs  # every tensor once, in order
     bound = 100 * mib + 4096  # the largest tensor with its scale
     held = [sum(s.info.nbytes + (s.scale.nbytes if s.scale else 0) for s in g) for g in groups]

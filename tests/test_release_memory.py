@@ -66,7 +66,7 @@ def test_a_stage_read_ahead_and_stopped_before_its_reads_leaves_no_cycle(folder:
     before its turn: its loader stops with every block unread, each stored with the error its
     call would raise. The loader goes with the release, not with a collection."""
     from trash_panda.offload import release
-    from trash_panda.offload.handover import free_now, load_stage
+    from trash_panda.pipeline.loaded import free_now, load_stage
 
     model = ps.build(folder, "transformer")
     ckpt = tp.Checkpoint(folder / "transformer")

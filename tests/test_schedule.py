@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from trash_panda.offload.copy_pipeline import CopyPipeline
+from trash_panda.offload.backends.copies import CopyPipeline
 from vtdevice import VirtualDevice, predict_step
 
 LINK = 50e9  # bytes/s: pinned host-to-device copies on PCIe 5 x16 (an H100 or H200 host)

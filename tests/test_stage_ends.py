@@ -10,7 +10,8 @@ import torch
 
 import trash_panda as tp
 from models import Tiny, on_meta, save
-from trash_panda.offload import cpu, order, profile
+from trash_panda.offload import order, profile
+from trash_panda.offload.backends import cpu
 from trash_panda.offload.state import get_state
 
 IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(2))

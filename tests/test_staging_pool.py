@@ -45,7 +45,7 @@ def streamed(folder: Path, **options: Any) -> list[tp.Stage]:
 
 
 def pool_of(pipe: tp.Pipeline) -> _core.StagingPool:
-    pool = pipe._staging.pool
+    pool = pipe._keeper.staging.pool
     assert pool is not None, "the pipeline made no shared staging pool"
     return pool
 
@@ -54,7 +54,7 @@ def test_every_stage_streams_through_one_pool_bit_for_bit(folder: Path, want: to
     seen: dict[str, tuple[list[tuple[int, int]], str | None, int]] = {}
 
     def record(name: str) -> None:
-        state = get_state(pipe._loaded[name].model)
+        state = get_state(pipe._keeper.loaded[name].model)
         assert state is not None and state.engine is not None
         seen[name] = (state.engine.staging_buffers(), pool_of(pipe).holder, state.engine.staging_bytes())
 
@@ -66,7 +66,7 @@ def test_every_stage_streams_through_one_pool_bit_for_bit(folder: Path, want: to
         # one_run calls back inside the first two stages; the decoder's engine is checked as
         # it stays loaded.
         assert sorted(seen) == ["text_encoder", "transformer"]
-        vae = get_state(pipe._loaded["vae"].model)
+        vae = get_state(pipe._keeper.loaded["vae"].model)
         assert vae is not None and vae.engine is not None and vae.engine.staging_buffers() == pool.buffers()
         for name, (buffers, holder, nbytes) in seen.items():
             # One pool: the same addresses in every stage, held by the stage that runs.
@@ -83,11 +83,11 @@ def test_each_plan_counts_the_pool_and_the_pipeline_counts_it_once(folder: Path,
         assert torch.equal(one_run(pipe, final=False), want)
         pool = pool_of(pipe)
         # Sized for the largest block of any stage, with the most buffers any stage wants.
-        needs = [s.plan.shared_staging() for s in pipe._loaded.values()]
+        needs = [s.plan.shared_staging() for s in pipe._keeper.loaded.values()]
         assert pool.count == max(n[0] for n in needs)
         assert pool.buffer_bytes == max(n[1] for n in needs)
         held = _core.Holds()
-        for name, s in pipe._loaded.items():
+        for name, s in pipe._keeper.loaded.items():
             b = s.plan.budgets
             assert b is not None and b.shared_staging, name
             # The plan counts the whole pool, as large as it is, not its own largest block...
@@ -108,8 +108,8 @@ def test_each_plan_counts_the_pool_and_the_pipeline_counts_it_once(folder: Path,
         # Under a budget, the pipeline's free memory is the budget less what the stages hold,
         # none of it the pool; a plan for it then takes the pool out once: 8 MiB are left,
         # not 8 MiB less two more pools.
-        pipe.ram = held.ram + pool.bytes + (8 << 20)
-        assert pipe._free().ram == pool.bytes + (8 << 20)
+        pipe._keeper.ram = held.ram + pool.bytes + (8 << 20)
+        assert pipe._keeper._free().ram == pool.bytes + (8 << 20)
 
 
 def test_the_pool_goes_with_the_pipeline(folder: Path, want: torch.Tensor) -> None:
@@ -118,7 +118,7 @@ def test_the_pool_goes_with_the_pipeline(folder: Path, want: torch.Tensor) -> No
         assert torch.equal(one_run(pipe), want)
         pool = pool_of(pipe)
         assert pool.users > 0
-    assert pipe._staging.pool is None
+    assert pipe._keeper.staging.pool is None
     # No engine holds its memory any more, and the last reference is ours.
     assert pool.users == 0 and pool.holder is None
     gone = weakref.ref(pool)
@@ -174,8 +174,8 @@ def test_two_models_on_a_simulated_device_take_turns_on_one_pool(tmp_path: Path,
     pass and hold leases at a turn's end); the backend's park waits for them and returns their
     leases, so the engine can give the pool back. Outputs equal the references bit for bit."""
     from models import Tiny, on_meta, save
-    from trash_panda.offload.cuda import DeviceBackend
-    from trash_panda.offload.hooks import _install
+    from trash_panda.offload.backends.cuda import DeviceBackend
+    from trash_panda.offload.handle import _install
     from trash_panda.offload.load import load_deferred
     from trash_panda.offload.state import ModelState
 
@@ -230,7 +230,7 @@ def test_two_models_on_a_simulated_device_take_turns_on_one_pool(tmp_path: Path,
 def test_a_stage_the_pool_cannot_hold_is_planned_without_the_pools_ram(folder: Path) -> None:
     """The pipeline's free memory has the pool back for the plans that count it; a stage whose
     blocks do not fit the pool keeps its own buffers and must not count the pool's RAM as free."""
-    from trash_panda.pipeline_staging import SharedStaging
+    from trash_panda.pipeline.staging import SharedStaging
 
     model = ps.build(folder, "transformer")
     ckpt = tp.Checkpoint(folder / "transformer")
@@ -263,4 +263,4 @@ def test_no_pool_where_every_stage_fits_the_budget_alone(folder: Path, want: tor
     with tp.Pipeline(fresh, ram=budget) as pipe:
         for _ in range(2):
             assert torch.equal(one_run(pipe), want)
-        assert pipe._staging.sized and pipe._staging.pool is None, pipe.report()
+        assert pipe._keeper.staging.sized and pipe._keeper.staging.pool is None, pipe.report()

@@ -23,10 +23,10 @@ from models import Tiny, on_meta, save
 from test_stream import _fp8_checkpoint, reference
 from trash_panda import Tier, _core
 from trash_panda.offload import final_pass as final_pass_mod
-from trash_panda.offload import hooks as hooks_mod
-from trash_panda.offload.copy_pipeline import CopyPipeline
-from trash_panda.offload.cuda import DeviceBackend
-from trash_panda.offload.hooks import OffloadHandle, _install
+from trash_panda.offload import handle as handle_mod
+from trash_panda.offload.backends.copies import CopyPipeline
+from trash_panda.offload.backends.cuda import DeviceBackend
+from trash_panda.offload.handle import OffloadHandle, _install
 from trash_panda.offload.state import ModelState, get_state
 from vtdevice import LAUNCH_S, VirtualDevice, VirtualEngine, predict_step
 
@@ -273,11 +273,11 @@ def _streaming(path: Path, seed: int = 0) -> tuple[Tiny, Tiny, tp.Plan]:
 def _loaded_ahead(tmp_path: Path, dev: VirtualDevice, monkeypatch: pytest.MonkeyPatch) -> tuple[Tiny, Any]:
     """A stage read ahead of its turn onto the virtual device (see :func:`_streaming`), its RAM
     tier held in memory; returns the reference and the loaded stage."""
-    from trash_panda.offload.handover import load_stage
+    from trash_panda.pipeline.loaded import load_stage
 
     path = tmp_path / "ahead.safetensors"
     ref, model, p = _streaming(path)
-    monkeypatch.setattr(hooks_mod, "make_backend", lambda s: DeviceBackend(s, dev))
+    monkeypatch.setattr(handle_mod, "make_backend", lambda s: DeviceBackend(s, dev))
     stage = load_stage(
         "ahead", model, tp.Checkpoint(path), p, _core.Free(0, 0),
         device=torch.device("cpu"), order=None, destination=None, shared={}, key="", ahead=True,
@@ -356,9 +356,9 @@ def _next_stage_behind_a_running_one(
 
     ``tight``: the device has no room left but what stage k's activations freed (still read by
     its queued kernels), in the default stream's pool."""
-    from trash_panda.offload import overlap
-    from trash_panda.offload.handover import load_stage
+    from trash_panda.offload import reads
     from trash_panda.offload.overlap import ResidentLoader
+    from trash_panda.pipeline.loaded import load_stage
 
     if fault:
         faults.apply(monkeypatch, fault)
@@ -378,7 +378,7 @@ def _next_stage_behind_a_running_one(
     path_n = save(ref_n, tmp_path / "next.safetensors", torch.bfloat16)
     model_n = on_meta(Tiny, layers=6)
     p_n = tp.plan(model_n, path_n, vram="1TB", ram="1TB", resident_blocks=6)
-    read_many = overlap.read_many
+    read_many = reads.read_many
 
     def timed_read(infos: list[Any], *args: Any, **kwargs: Any) -> Any:
         out = read_many(infos, *args, **kwargs)
@@ -392,9 +392,9 @@ def _next_stage_behind_a_running_one(
         run(self)
         done_at.append(dev.clock())
 
-    monkeypatch.setattr(overlap, "read_many", timed_read)
+    monkeypatch.setattr(reads, "read_many", timed_read)
     monkeypatch.setattr(ResidentLoader, "_run", timed_run)
-    monkeypatch.setattr(hooks_mod, "make_backend", lambda s: DeviceBackend(s, dev))
+    monkeypatch.setattr(handle_mod, "make_backend", lambda s: DeviceBackend(s, dev))
     with torch.no_grad():
         for _ in range(2):  # stage k's runs, queued on the device
             assert torch.equal(model_k(IDS), ref_k(IDS))
@@ -457,7 +457,7 @@ def test_loads_into_memory_a_running_stage_freed_wait_for_its_kernels(
 
 
 def test_loads_into_freed_memory_without_a_wait_are_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from trash_panda.offload.loader_copies import LoaderCopies
+    from trash_panda.offload.backends.loader_copies import LoaderCopies
 
     put = LoaderCopies.put
 

@@ -1,5 +1,5 @@
 """A device with CUDA's semantics in virtual time, for proving the schedules of the device code
-(:mod:`trash_panda.offload.copy_pipeline`, the loader's copies, the memory a stage hands to the
+(:mod:`trash_panda.offload.backends.copies`, the loader's copies, the memory a stage hands to the
 next) without a GPU (docs/architecture.md).
 
 What it models, each rule with a unit test of its own in tests/test_vtdevice.py:
@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from trash_panda.offload.copy_pipeline import CopyPipeline
+from trash_panda.offload.backends.copies import CopyPipeline
 
 POISON = 0xFF  # all-ones bytes: NaN in every float dtype
 EPS = 1e-12  # seconds: float noise in sums of virtual times
@@ -158,7 +158,7 @@ class Compute:
 
 
 class VirtualDevice:
-    """Implements the ``Device`` protocol of :mod:`trash_panda.offload.copy_pipeline` in virtual time.
+    """Implements the ``Device`` protocol of :mod:`trash_panda.offload.backends.copies` in virtual time.
 
     ``scale``: virtual bytes per real byte, so that tiny real tensors stand for blocks of
     gigabytes. ``launch_s``: the host's time to queue one block's compute (:meth:`run_compute`);

@@ -295,7 +295,7 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
             # The next component is set up on the runner's thread while this one runs; its call
             # must not begin before that is done: torch takes the list of a module's pre-hooks
             # as its call begins, and ``before`` would not run those put on meanwhile.
-            chain.runner._settle()
+            chain.runner.settle()
 
     hooks = model_hooks(c.model)
     modules = [c.model, *(m for m in c.model.children() if any(True for _ in m.parameters()))]
@@ -343,7 +343,7 @@ def _release_all(streamed: _Streamed) -> None:
     steps = Cleanup()
     if streamed.chained is not None:
         # No component's hooks change on the runner's thread while they are taken off here.
-        steps.run(streamed.chained.runner._settle)
+        steps.run(streamed.chained.runner.settle)
     for c in streamed.components:
         model_hooks(c.model).remove(CHAIN)
     if streamed.chained is not None:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-__all__ = ["build_empty", "checkpoint_of", "from_pretrained", "load_stage"]
+__all__ = ["build_empty", "checkpoint_of", "from_pretrained", "load_built"]
 
 # The arguments that go to stream_load as well as to plan().
 _SHARED = ("key_map", "skip_prefixes", "compute_dtype", "storage_dtype")
@@ -109,7 +109,7 @@ def _from_pretrained(
 ) -> nn.Module:
     model, compute = build_empty(cls, folder, ckpt, dtype)
     plan_kwargs.setdefault("compute_dtype", compute)
-    load_stage(model, ckpt, device, order, given, plan_kwargs, overlap, checkpoint_of(folder))
+    load_built(model, ckpt, device, order, given, plan_kwargs, overlap, checkpoint_of(folder))
     return model
 
 
@@ -130,7 +130,7 @@ def build_empty(cls: Any, folder: Path, ckpt: Checkpoint, dtype: str | torch.dty
     return model, compute
 
 
-def load_stage(
+def load_built(
     model: nn.Module,
     ckpt: Checkpoint,
     device: str | torch.device | None,
@@ -144,7 +144,7 @@ def load_stage(
     is guarded. With ``overlap`` the resident blocks are read by a worker thread after this
     returns, in the order of ``order`` or else of the order file named after ``where`` (the
     checkpoint's path), which is read, never written. On an error the model is left unloaded."""
-    from .offload.setup import load_and_hook
+    from .offload.hooked import load_and_hook
 
     p = given if given is not None else make_plan(model, ckpt, device=device, **plan_kwargs)
     shared = {k: plan_kwargs[k] for k in _SHARED if k in plan_kwargs}

@@ -22,7 +22,7 @@ from .plan import plan as make_plan
 if TYPE_CHECKING:
     from torch import nn
 
-    from .offload.hooks import OffloadHandle
+    from .offload.handle import OffloadHandle
     from .offload.order import OrderChoice
 
 __all__ = ["remembered_activation", "stage"]
@@ -117,8 +117,8 @@ def _stage(
 
     from .device import resolve_device
     from .offload.empty import no_init_on_meta
+    from .offload.hooked import load_and_hook
     from .offload.meter import measured
-    from .offload.setup import load_and_hook
 
     with no_init_on_meta():
         model = build_fn()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import _core
 from . import config
 from .empty import empty_weights
-from .hooks import OffloadHandle, install_offload, offload_blocks
+from .handle import OffloadHandle, install_offload, offload_blocks
 from .load import stream_load
 from .release import measure_activation_vram, release
 

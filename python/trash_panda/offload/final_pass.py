@@ -27,9 +27,9 @@ from .registry import BlockHook
 if TYPE_CHECKING:
     import torch
 
-    from .copy_pipeline import Device
-    from .cuda import DeviceBackend
-    from .hooks import OffloadHandle
+    from .backends.copies import Device
+    from .backends.cuda import DeviceBackend
+    from .handle import OffloadHandle
     from .state import BlockState, ModelState
 
 # What a block's tensor goes through before it is dropped (see DeviceBackend.retire).
@@ -66,6 +66,7 @@ class FinalPass(BlockHook):
         keep_page_cache: bool = False,
         wanted: Callable[[], int] | None = None,
         backend: DeviceBackend | None = None,
+        earlier: FinalPass | None = None,
     ) -> None:
         self.events: queue.SimpleQueue[FreedBlock] = queue.SimpleQueue()
         self._keep_cache = keep_page_cache
@@ -76,8 +77,10 @@ class FinalPass(BlockHook):
         # A pipeline's stage that stays loaded for the next run frees only while the stage
         # after it still wants memory (bytes; None: every block).
         self._wanted = wanted
-        self._freed: set[int] = set()
-        self._given: set[int] = set()  # blocks given back to other stages, not by a pass
+        # What an earlier pass freed or gave back stays gone.
+        self._freed: set[int] = set(earlier._freed) if earlier is not None else set()
+        # Blocks given back to other stages, not by a pass (shared with the earlier pass's).
+        self._given: set[int] = earlier._given if earlier is not None else set()
         # The device the blocks' kernels are queued on (the backend's; None: the CPU, which
         # runs them before the hook returns). Its event, not one made here, so that a device
         # simulated in virtual time is asked too.
@@ -135,8 +138,8 @@ def give_back(handle: OffloadHandle, blocks: list[BlockState]) -> int:
     """Frees ``blocks`` of an idle model whose hooks stay (a pipeline's stage kept in part, its
     file pages left to the page cache); they refuse to run until read again (:func:`taken_back`).
     Returns the bytes freed."""
-    from .cuda import DeviceBackend
-    from .hooks import TIMING
+    from .backends.cuda import DeviceBackend
+    from .block_hooks import TIMING
 
     fp = handle.hooks.get(FinalPass.name)
     if not isinstance(fp, FinalPass):
@@ -218,16 +221,15 @@ def final_pass(
         raise ArgumentError("keep_prefixes: expected a list of block name prefixes")
     if handle.removed:
         raise ArgumentError("handle: its hooks were removed; final_pass() needs installed hooks")
-    from .cuda import DeviceBackend
-    from .hooks import TIMING
+    from .backends.cuda import DeviceBackend
+    from .block_hooks import TIMING
 
     current = handle.hooks.get(FinalPass.name)
     if isinstance(current, FinalPass) and current.active:
         raise ArgumentError("handle: a final_pass() is already open")
     backend = handle.backend if isinstance(handle.backend, DeviceBackend) else None
-    fp = FinalPass(handle.state, tuple(keep_prefixes or ()), keep_page_cache, wanted, backend)
-    if isinstance(current, FinalPass):  # what an earlier pass freed or gave back stays gone
-        fp._given, fp._freed = current._given, set(current._freed)
+    earlier = current if isinstance(current, FinalPass) else None
+    fp = FinalPass(handle.state, tuple(keep_prefixes or ()), keep_page_cache, wanted, backend, earlier)
     # A closed pass's hook is replaced by this one; both decide whether a block runs, so they
     # come before the run is timed.
     handle.hooks.remove(FinalPass.name)

@@ -51,9 +51,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from .copy_pipeline import Device
-    from .hooks import OffloadHandle
-    from .pinning import PinnedRegistration
+    from .backends.copies import Device
+    from .backends.pinning import PinnedRegistration
+    from .handle import OffloadHandle
     from .registry import HookRegistry
     from .state import BlockState, ModelState
 
@@ -148,7 +148,7 @@ class CudaMemory:
     def host_buffer(self, nbytes: int) -> HostCopy:
         import torch
 
-        from .pinning import register_ranges
+        from .backends.pinning import register_ranges
 
         # Page-aligned, as cudaHostRegister is happiest with: a page more, and a view from the
         # first page boundary.
@@ -161,7 +161,7 @@ class CudaMemory:
         return HostCopy(data[:nbytes], registration)
 
     def give_back(self) -> None:
-        from .release import empty_cuda_caches
+        from .backends.cuda import empty_cuda_caches
 
         empty_cuda_caches()
 
@@ -308,8 +308,8 @@ def _memory_for(state: ModelState, handle: OffloadHandle | None) -> Memory | Non
     """The CUDA device's two sides; None where the device's memory is the host's."""
     if state.device.type != "cuda":
         return None
-    from .copy_pipeline import CudaDevice
-    from .cuda import DeviceBackend
+    from .backends.copies import CudaDevice
+    from .backends.cuda import DeviceBackend
 
     backend = handle.backend if handle is not None else None
     device = backend.device if isinstance(backend, DeviceBackend) else CudaDevice(state.device)
@@ -325,17 +325,15 @@ def _wait_for_loader(handle: OffloadHandle) -> None:
     """A model still read by ``stage(overlap=True)``'s loader would get weights on the device
     after they moved: the loader finishes first, unless it waits for memory a pipeline gives it,
     which a release must not wait for."""
-    from .overlap import OverlapWait
-
-    hook = handle.hooks.get(OverlapWait.name)
-    if not isinstance(hook, OverlapWait) or hook.loader.done:
+    loader = handle.state.loader
+    if loader is None or loader.done:
         return
-    if hook.loader.allowance is not None:
+    if loader.allowance is not None:
         raise StreamError(
             f"{type(handle.model).__name__} is still being loaded ahead of its turn; release_gpu() can run "
             "once its load is done (after its first run)"
         )
-    hook.loader.join()
+    loader.join()
 
 
 def release_gpu(handle: OffloadHandle, memory: Memory | None = None) -> GpuSwap:
@@ -359,7 +357,7 @@ def release_gpu(handle: OffloadHandle, memory: Memory | None = None) -> GpuSwap:
 
 
 def _release(handle: OffloadHandle, memory: Memory) -> GpuSwap:
-    from .cuda import DeviceBackend
+    from .backends.cuda import DeviceBackend
 
     start = time.perf_counter()
     storages = _storages(handle.model, handle.state, memory.holds)

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 
 from .materialize import materialize_all, read_groups
 from .meter import meter_for, paused
-from .overlap import read_group, through_host
+from .reads import read_group, through_host
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from .. import _core
-    from .loader_copies import LoaderCopies
+    from .backends.loader_copies import LoaderCopies
     from .state import TensorSpec
 
 __all__ = ["load_now", "load_outside", "outside_modules", "split_outside"]

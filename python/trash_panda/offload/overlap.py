@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import StreamError
 from ..settings import setting
-from .materialize import Place, read_groups, read_many, settle, stored_bytes
 from .meter import meter_for
+from .reads import block_groups, read_group, through_host
 from .registry import BlockHook
 
 if TYPE_CHECKING:
@@ -38,15 +38,12 @@ if TYPE_CHECKING:
     from torch import nn
 
     from .. import _core
-    from .hooks import OffloadHandle
-    from .loader_copies import LoaderCopies
+    from .backends.loader_copies import LoaderCopies
+    from .handle import OffloadHandle
     from .registry import HookRegistry
     from .state import BlockState, ModelState, TensorSpec
 
-__all__ = ["OverlapWait", "ResidentLoader", "held_bytes", "load_block", "start_loader"]
-
-# The caching allocator of CUDA hands out multiples of 512 bytes: what its counters see of a tensor.
-_CUDA_ROUNDING = 512
+__all__ = ["OverlapWait", "ResidentLoader", "load_block", "start_loader"]
 
 
 def load_block(
@@ -69,94 +66,13 @@ def load_block(
     64 MiB) there at once, and the meter's window around each tensor is only its copy, for which
     the tensor is allocated at once; the block's event is its last copy's."""
     meter = meter_for(device)
-    for group in _read_groups(block, copies):
+    for group in block_groups(block, copies):
         if copies is None:
             meter.moved_in(functools.partial(read_group, group, device, storage, threads, lane, position))
         else:
             through_host(group, device, storage, threads, lane, position, copies)
     if copies is not None:
         copies.done(("block", block.index))
-
-
-def through_host(
-    group: list[TensorSpec],
-    device: torch.device,
-    storage: str | None,
-    threads: int,
-    lane: _core.ReadLane | None,
-    position: int | None,
-    copies: LoaderCopies,
-    *,
-    expand: bool = False,
-) -> None:
-    """Reads ``group`` into host memory (the loader's pinned ring where it fits), then copies
-    each tensor to the device through the meter."""
-    import torch
-
-    ring = copies.group(sum(stored_bytes(s) for s in group))
-    place = ring.take if ring is not None else None
-    read_group(group, torch.device("cpu"), storage, threads, lane, position, expand=expand, place=place)
-    meter = meter_for(device)
-    for spec in group:
-        meter.moved_in(functools.partial(_copy_to, spec, device, copies))
-
-
-def read_group(
-    group: list[TensorSpec],
-    device: torch.device,
-    storage: str | None,
-    threads: int,
-    lane: _core.ReadLane | None,
-    position: int | None,
-    *,
-    expand: bool = False,
-    place: Place | None = None,
-) -> int:
-    """Reads tensors (and their scales) in one call of the core through ``lane``, as the block
-    at ``position`` of the run order, and keeps them on ``device`` as stream_load would (kept
-    stored, or with ``expand`` in the compute dtype); returns what they hold there. ``place``:
-    where each is read (see :func:`.materialize.read_many`)."""
-    infos = [s.info for s in group] + [s.scale for s in group if s.scale is not None]
-    read = read_many(infos, threads, lane, position, place)
-    scales = iter(read[len(group) :])
-    for spec, stored in zip(group, read[: len(group)], strict=True):
-        scale = next(scales) if spec.scale is not None else None
-        settle(spec, stored, scale, device, storage=storage, expand=expand)
-    return sum(held_bytes(spec, device) for spec in group)
-
-
-def _read_groups(block: BlockState, copies: LoaderCopies | None) -> list[list[TensorSpec]]:
-    specs = block.tensors
-    if copies is None or not specs:
-        return [specs] if specs else []
-    return read_groups(specs)
-
-
-def _copy_to(spec: TensorSpec, device: torch.device, copies: LoaderCopies) -> int:
-    """Copies a tensor read into host memory to the device (the same bytes) on the loader's
-    stream; returns what it holds there."""
-    from torch import nn
-
-    if spec.resident is not None:
-        host = [spec.resident] + ([spec.resident_scale] if spec.resident_scale is not None else [])
-        moved = copies.put(host)
-        spec.keep_stored(moved[0], moved[1] if len(moved) > 1 else None, spec.placeholder)
-    else:
-        spec.put(nn.Parameter(copies.put([spec.held()])[0], requires_grad=False))
-    return held_bytes(spec, device)
-
-
-def held_bytes(spec: TensorSpec, device: torch.device) -> int:
-    """The bytes a loaded tensor holds on ``device`` (with its scale), as the device's meter
-    counts them: each storage once, rounded up on CUDA as its allocator rounds."""
-    storages: dict[int, int] = {}
-    for t in (spec.resident, spec.resident_scale, spec.held()):
-        if t is not None and not t.is_meta:
-            storage = t.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-    if device.type != "cuda":
-        return sum(storages.values())
-    return sum(-(-n // _CUDA_ROUNDING) * _CUDA_ROUNDING for n in storages.values())
 
 
 class ResidentLoader:
@@ -355,8 +271,11 @@ class OverlapWait(BlockHook):
     name = "overlap_wait"
     gate = True
 
-    def __init__(self, loader: ResidentLoader, modules: dict[str, tuple[nn.Module, int]] | None = None) -> None:
-        self.loader = loader  # public: the profile's loader-thread line reads it
+    def __init__(
+        self, loader: ResidentLoader, state: ModelState, modules: dict[str, tuple[nn.Module, int]] | None = None
+    ) -> None:
+        self.loader = loader
+        self.state = state
         self.modules = modules or {}  # outside modules loaded later: name -> (module, position)
 
     def attach(self, registry: HookRegistry) -> None:
@@ -371,6 +290,8 @@ class OverlapWait(BlockHook):
 
     def close(self) -> None:
         self.loader.close()
+        if self.state.loader is self.loader:
+            self.state.loader = None
 
 
 def start_loader(
@@ -397,12 +318,12 @@ def start_loader(
     # needed soonest.
     state.share_reads(run_order)
     by_index = {b.index: b for b in deferred}
-    from .cuda import DeviceBackend
+    from .backends.cuda import DeviceBackend
 
     backend = handle.backend
     copies = None
     if isinstance(backend, DeviceBackend):
-        from .loader_copies import LoaderCopies
+        from .backends.loader_copies import LoaderCopies
         from .materialize import GROUP_BYTES
 
         copies = LoaderCopies(backend.device, GROUP_BYTES)
@@ -419,13 +340,14 @@ def start_loader(
         copies=copies,
         ram_tier_arrived=backend.ram_tier_arrived if isinstance(backend, DeviceBackend) else None,
     )
-    from .hooks import TIMING
+    from .block_hooks import TIMING
 
     modules = state.outside_modules
     gates = {name: (modules[name], at) for name, at in (waits or {}).items()}
     # It decides whether a block can run, so it comes before the run is timed; the handle's
     # removal closes it (the thread stops before the hooks go).
-    handle.hooks.add(OverlapWait(loader, gates), before=TIMING)
+    state.loader = loader
+    handle.hooks.add(OverlapWait(loader, state, gates), before=TIMING)
     loader.start()
     return loader
 

@@ -16,7 +16,7 @@ DRIVE_BYTES = 512 << 20
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from .hooks import OffloadHandle
+    from .handle import OffloadHandle
     from .state import ModelState
 
 
@@ -181,12 +181,9 @@ def _drive(files: list[str]) -> _core.DriveRate | None:
 def _loader(handle: OffloadHandle) -> tuple[int, int, float, float] | None:
     """stage(overlap=True)'s loader thread: what it read, in how long, and the blocks' waits:
     (blocks, bytes, seconds, waited seconds)."""
-    from .overlap import OverlapWait
-
-    wait = handle.hooks.get(OverlapWait.name)
-    if not isinstance(wait, OverlapWait):
+    loader = handle.state.loader
+    if loader is None:
         return None
-    loader = wait.loader
     return (len(loader.blocks) - len(loader.errors), loader.loaded_bytes, loader.load_seconds, loader.waited_seconds)
 
 

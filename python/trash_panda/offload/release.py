@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from ..errors import ArgumentError
+from .backends.cuda import empty_cuda_caches
 from .cleanup import Cleanup
-from .hooks import OffloadHandle
+from .handle import OffloadHandle
 from .materialize import unload
 from .meter import measured, paused
 from .state import get_state, mark_released
@@ -81,16 +82,6 @@ def _release(model: nn.Module) -> None:
         snap.memory = points
         steps.run(print_report, snap)
     steps.done()
-
-
-def empty_cuda_caches() -> None:
-    import torch
-
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    host_empty = getattr(torch._C, "_host_emptyCache", None)
-    if host_empty is not None:
-        host_empty()
 
 
 def measure_activation_vram(

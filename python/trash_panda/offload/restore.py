@@ -18,7 +18,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..errors import StreamError
-from .swap import swap
+from .backends.swap import swap
 
 if TYPE_CHECKING:
     import torch
@@ -116,7 +116,7 @@ def _weight(state: ModelState, spec: TensorSpec, *, from_file: bool) -> torch.Te
     if not needs_expansion(stored.dtype, spec.target, scale is not None):
         out = stored.reshape(spec.shape)
     elif stored.device.type == "cuda":
-        from .cuda import expand_into
+        from .backends.cuda import expand_into
 
         out = torch.empty(spec.shape, dtype=spec.target, device=stored.device)
         expand_into(out, stored, scale, spec.scale_kind)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from .. import _core
     from ..checkpoint import Checkpoint
     from ..plan import Plan, Tier
+    from .overlap import ResidentLoader
 
 STATE_ATTR = "_trash_panda_state"
 # The name, in the model's hook registry, of the pre-hook that refuses to run a released model
@@ -138,6 +139,9 @@ class ModelState:
     # The pipeline's shared staging pool the engine stages into (None: buffers of its own),
     # registered as pinned once by the pipeline, not by the model's backend.
     staging_pool: _core.StagingPool | None = None
+    # stage(overlap=True)'s loader of the resident blocks, while its hook is on: what a GPU
+    # release waits for and the profile reports.
+    loader: ResidentLoader | None = None
 
     def share_reads(self, run_order: list[int]) -> None:
         """The model's run order is ``run_order`` (block indices): the lane counts positions in

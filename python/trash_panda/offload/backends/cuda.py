@@ -12,18 +12,18 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from .._dtypes import torch_dtype
-from .copy_pipeline import CopyPipeline, CudaDevice, Device
+from ..._dtypes import torch_dtype
+from ..timing import Timing
+from .copies import CopyPipeline, CudaDevice, Device
 from .expansion import ExpansionBuffer
 from .pinning import PinnedRegistration, register_ranges
 from .swap import swap
-from .timing import Timing
 
 if TYPE_CHECKING:
     import torch
 
-    from .. import _core
-    from .state import BlockState, ModelState
+    from ... import _core
+    from ..state import BlockState, ModelState
 
 
 STAGING_FALLBACK = "streamed blocks are copied from pageable memory, which is slower and does not overlap the compute"
@@ -34,7 +34,7 @@ def register_pinned(cudart: Any, owner: _core.Engine | _core.StagingPool) -> Pin
     """Registers every staging buffer of an engine, or of a pipeline's shared pool (once for
     all its stages), as pinned; None (and a warning) when that fails: copies then go from
     pageable memory, which CUDA runs synchronously (slower, same results)."""
-    from .. import _core
+    from ... import _core
 
     ranges = owner.buffers() if isinstance(owner, _core.StagingPool) else owner.staging_buffers()
     return register_ranges(cudart, owner, ranges, STAGING_FALLBACK)
@@ -317,7 +317,7 @@ class DeviceBackend:
 
 
 def _has_ram_tier(state: ModelState) -> bool:
-    from ..plan import Tier
+    from ...plan import Tier
 
     return any(b.tier == Tier.RAM and b.engine_index is not None for b in state.blocks)
 
@@ -327,7 +327,7 @@ class CudaBackend(DeviceBackend):
     (:class:`CudaDevice`)."""
 
     def __init__(self, state: ModelState) -> None:
-        from .. import settings
+        from ... import settings
 
         cuda = CudaDevice(state.device)
         super().__init__(state, cuda)
@@ -335,3 +335,15 @@ class CudaBackend(DeviceBackend):
         self.link: float | None = None
         if state.engine is not None and bool(settings.setting("profile")):
             self.link = cuda.link_bandwidth()
+
+
+def empty_cuda_caches() -> None:
+    """Gives torch's cached device memory and its cached pinned host memory back to the
+    system, once the device is done with them."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    host_empty = getattr(torch._C, "_host_emptyCache", None)
+    if host_empty is not None:
+        host_empty()

@@ -6,13 +6,13 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import StreamError
+from ...errors import StreamError
 
 if TYPE_CHECKING:
     import torch
 
-    from .. import _core
-    from .state import BlockState, TensorSpec
+    from ... import _core
+    from ..state import BlockState, TensorSpec
 
 
 class ExpansionBuffer:
@@ -54,7 +54,7 @@ class ExpansionBuffer:
     def resident(self, block: BlockState) -> list[tuple[TensorSpec, torch.Tensor]]:
         """Each tensor a resident block expands, with its place in the buffer; the places are
         the core's (by the rule the plan counted with), asked for once per block."""
-        from .._dtypes import core_name
+        from ..._dtypes import core_name
 
         offsets = self.offsets.get(block.index)
         if offsets is None:

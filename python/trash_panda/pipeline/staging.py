@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from . import _core
-from .offload.meter import meter_for
+from .. import _core
+from ..offload.meter import meter_for
 
 if TYPE_CHECKING:
     import torch
 
-    from .offload.pinning import PinnedRegistration
-    from .plan import Plan
+    from ..offload.backends.pinning import PinnedRegistration
+    from ..plan import Plan
 
 
 class SharedStaging:
@@ -72,7 +72,7 @@ class SharedStaging:
         meter_for(torch.device("cpu")).moved_in(allocate)  # host memory, on CUDA too
         self.pool = made_pool[0]
         if self.device.type == "cuda":
-            from .offload.cuda import register_pinned
+            from ..offload.backends.cuda import register_pinned
 
             self._pinned = register_pinned(torch.cuda.cudart(), self.pool)
 

@@ -8,14 +8,14 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from .errors import ArgumentError
+from ..errors import ArgumentError
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from .offload.final_pass import FinalPass
-    from .offload.handover import LoadedStage
-    from .pipeline import Pipeline
+    from ..offload.final_pass import FinalPass
+    from .keeper import StageKeeper
+    from .loaded import LoadedStage
 
 __all__ = ["PipelineRun"]
 
@@ -24,8 +24,8 @@ class PipelineRun:
     """One run: :meth:`stage` enters each stage in pipeline order (stages may be skipped,
     never gone back to); :meth:`final_pass` wraps the running stage's last call."""
 
-    def __init__(self, pipeline: Pipeline, number: int) -> None:
-        self.pipeline = pipeline
+    def __init__(self, keeper: StageKeeper, number: int) -> None:
+        self._keeper = keeper
         self.number = number
         self._next = 0  # the first stage that may still run
         self._current: LoadedStage | None = None
@@ -36,39 +36,39 @@ class PipelineRun:
         ahead or kept, starts reading the stage after it, and yields its model. At the end of
         the block it is kept (when the stage after it does not need its memory) or released,
         its memory going to the stage read ahead."""
-        from .offload.meter import measured
+        from ..offload.meter import measured
 
         if self._current is not None:
             raise ArgumentError(f"stage {self._current.name} is still running; stages run one at a time")
-        pipe = self.pipeline
-        index = self._next if name is None else pipe._index(name)
-        if index >= len(pipe.stages):
-            raise ArgumentError(f"every stage of the pipeline ran in this run ({', '.join(pipe._names())})")
+        keeper = self._keeper
+        index = self._next if name is None else keeper.index(name)
+        if index >= len(keeper.stages):
+            raise ArgumentError(f"every stage of the pipeline ran in this run ({', '.join(keeper.names())})")
         if index < self._next:
             raise ArgumentError(
-                f"stage {name!r} comes before {pipe.stages[self._next - 1].name!r}, which this run reached; "
+                f"stage {name!r} comes before {keeper.stages[self._next - 1].name!r}, which this run reached; "
                 "stages run in pipeline order (start a new run to go back)"
             )
         self._next = index + 1
         started = time.perf_counter()
-        loaded, info = pipe._start(self, index)
+        loaded, turn = keeper.start(index)
         self._current = loaded
         failure: BaseException | None = None
         try:
-            with measured(pipe.device) as peak:
+            with measured(keeper.device) as peak:
                 yield loaded.model
-            info["peak"], info["overlapped"] = peak
+            turn.peak, turn.overlapped = peak[0], bool(peak[1])
         except BaseException as e:
             failure = e
             raise
         finally:
             self._current = None
-            info["seconds"] = time.perf_counter() - started
+            turn.seconds = time.perf_counter() - started
             if failure is None:
-                pipe._end(self, index, loaded, info, None)
+                keeper.end(self.number, index, loaded, turn, None)
             else:
                 try:
-                    pipe._end(self, index, loaded, info, failure)
+                    keeper.end(self.number, index, loaded, turn, failure)
                 except Exception as e:  # the block's error is the one to see
                     warnings.warn(
                         f"ending stage {loaded.name} after the error in its block also failed: {e!r}", stacklevel=3
@@ -83,9 +83,9 @@ class PipelineRun:
         current = self._current
         if current is None:
             raise ArgumentError("final_pass(): no stage is running; call it inside run.stage(...)")
-        following = self.pipeline._ahead_allowance(self.pipeline._index(current.name))
+        following = self._keeper.ahead_allowance(self._keeper.index(current.name))
         current.final = True
-        from .offload.final_pass import final_pass
+        from ..offload.final_pass import final_pass
 
         wanted: Callable[[], int] | None = None
         passing: list[FinalPass] = []

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._dtypes import core_name
+from ..._dtypes import core_name
+from ..timing import Timing
 from .expansion import ExpansionBuffer
 from .swap import SharedViews, modified_error, swap
-from .timing import Timing
 
 if TYPE_CHECKING:
-    from .. import _core
-    from .state import BlockState, ModelState
+    from ... import _core
+    from ..state import BlockState, ModelState
 
 
 class CpuBackend:
@@ -87,7 +87,7 @@ class CpuBackend:
                 swap(spec, out)
 
     def _expand_resident(self, block: BlockState) -> None:
-        from .. import dtype as kernels
+        from ... import dtype as kernels
 
         for spec, out in self.expansion.resident(block):
             assert spec.resident is not None

@@ -1,176 +1,97 @@
-"""Pipeline: runs the stages of a pipeline in order and moves the memory between them.
+"""The stages a pipeline holds and the memory between them: which are loaded (kept from a run,
+or read ahead), what each is planned for, the room a stage's start makes by taking from the
+others, the stage read ahead on a thread of its own, and each turn's record.
 
-Each stage is a model of its own (a build function, a checkpoint, plan options). While one
-stage computes, the next is built, planned for the memory predicted free when it starts and read
-into the memory free now, behind the running stage's reads, all on a thread of its own; a final
-pass hands each freed block's memory to it; a stage the next ones do not need the memory of
-stays loaded for the next run.
+:class:`~.runner.Pipeline` is what the caller holds; :class:`~.run.PipelineRun` starts and ends
+each stage's turn here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import sys
-import threading
 import traceback
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import _core
-from .checkpoint import Checkpoint
-from .errors import ArgumentError
-from .pipeline_ahead import Pending
-from .pipeline_run import PipelineRun
-from .pipeline_stage import Stage
-from .pipeline_staging import SharedStaging
-from .plan import plan as make_plan
-from .stage import remember_activation, remembered_activation
+from .. import _core
+from ..checkpoint import Checkpoint
+from ..errors import ArgumentError
+from ..plan import plan as make_plan
+from ..stage import remember_activation, remembered_activation
+from .ahead import Pending
+from .spec import Stage
+from .staging import SharedStaging
+from .turn import Turn
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from .offload.handover import LoadedStage
-    from .plan import Plan
+    from ..plan import Plan
+    from .loaded import LoadedStage
 
-__all__ = ["Pipeline", "PipelineRun", "Stage"]
+__all__ = ["StageKeeper"]
 
 # Keyword arguments that go to stream_load() as well as to plan().
 _SHARED = ("key_map", "skip_prefixes")
 
 
-class Pipeline:
-    """Runs ``stages`` in order, as many times as asked, on ``device``::
-
-        with Pipeline([Stage("text", build_text, "te.safetensors"), ...]) as pipe:
-            for prompt in prompts:
-                with pipe.run() as run:
-                    with run.stage("text") as encoder:
-                        emb = encoder(ids)
-                    ...
-
-    ``prefetch=False`` loads each stage only at its turn; ``keep=False`` releases each stage
-    at its end. ``ram`` and ``vram`` (bytes, or sizes such as ``"8GB"``) cap what the
-    pipeline's stages hold together, below what the machine has free; the RAM left to the
-    rest of the machine (the largest ``min_free_ram`` of the stages' options, auto by default)
-    is kept from the machine's free memory, not from ``ram``. Close it (or leave its
-    ``with`` block) to release every stage still loaded.
-
-    The stage after the running one is built, planned and set up on a thread of the pipeline's
-    own; when that fails, a warning says why and the stage is loaded at its start instead.
-
-    Between runs the stages stay loaded as far as the budget allows. When a stage needs memory
-    that others hold, it is taken from the stage needed again last (the runs going round the
-    pipeline), and from that stage only the blocks missing, those it runs last: the rest stays,
-    and the blocks given back are read again ahead of its next turn (for the first stage,
-    behind the last stage of the run before). A kept stage whose checkpoint changed on disk
-    since its load (written to, replaced, resized or removed) is loaded again from the file as
-    it is now, and the report says why.
-    """
+class StageKeeper:
+    """The stages of one pipeline as loaded now; the caller's thread and the read-ahead's share it
+    (see :attr:`loaded`)."""
 
     def __init__(
         self,
         stages: Sequence[Stage],
+        device: torch.device,
         *,
-        device: str | torch.device | None = None,
-        prefetch: bool = True,
-        keep: bool = True,
-        ram: int | str | None = None,
-        vram: int | str | None = None,
+        prefetch: bool,
+        keep: bool,
+        ram: int | None,
+        vram: int | None,
     ) -> None:
-        from .device import resolve_device
-
-        stages = list(stages)
-        if not stages or not all(isinstance(s, Stage) for s in stages):
-            raise ArgumentError("stages: expected a non-empty list of trash_panda.Stage")
-        names = [s.name for s in stages]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise ArgumentError(f"stages: {', '.join(twice)} named twice; each stage needs a name of its own")
-        for flag, value in (("prefetch", prefetch), ("keep", keep)):
-            if not isinstance(value, bool):
-                raise ArgumentError(f"{flag}: expected True or False, got {value!r}")
-        self.ram = None if ram is None else _core.parse_size(ram, "ram")
+        self.stages = list(stages)
+        self.device = device
+        self.prefetch = prefetch
+        self.keep = keep
+        self.ram = ram
+        self.vram = vram
         # The RAM left to the rest of the machine, kept once from what the machine has free
         # rather than by each stage's plan: ``ram`` is then all the stages' (see _free, _plan).
         self._floor = _core.ram_floor([s.options.get("min_free_ram") for s in stages])
-        self.vram = None if vram is None else _core.parse_size(vram, "vram")
-        self.stages = stages
-        self.device = resolve_device(device)
-        self.prefetch = prefetch
-        self.keep = keep
-        # No lock guards it: while a read-ahead is being set up (``_pending``), its thread alone
-        # touches it, and every other reader waits for that thread first (``_settle``).
-        self._loaded: dict[str, LoadedStage] = {}
-        self._pending: Pending | None = None  # the read-ahead being set up on its own thread
+        # No lock guards it: while a read-ahead is being set up (``pending``), its thread alone
+        # touches it, and every other reader waits for that thread first (``settle``).
+        self.loaded: dict[str, LoadedStage] = {}
+        self.pending: Pending | None = None  # the read-ahead being set up on its own thread
         self._deferred: LoadedStage | None = None  # a read-ahead given memory only at the stage's end
-        self._models: dict[str, nn.Module] = {}  # each stage's model, built once
+        self.models: dict[str, nn.Module] = {}  # each stage's model, built once
         self._ticks = 0  # stage starts so far: a stage's last use, for keeping the recent ones
-        self._runs = 0
-        self._running: PipelineRun | None = None
-        self._run_lock = threading.Lock()
-        self._closed = False
         self.records: list[_core.StageRecord] = []
-        self._staging = SharedStaging(self.device)  # one staging pool for every stage
+        self.staging = SharedStaging(device)  # one staging pool for every stage
         self._reads: _core.LoadReads | None = None  # through the page cache or past it (_load_args)
         self._changes: dict[str, str] = {}  # kept stages let go because their file changed, why
 
-    def __enter__(self) -> Pipeline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @contextlib.contextmanager
-    def run(self) -> Iterator[PipelineRun]:
-        """One run of the pipeline: enter each stage with ``run.stage(name)``, in order."""
-        with self._run_lock:  # two threads starting runs at once: one gets the error
-            if self._closed:
-                raise ArgumentError("the pipeline is closed")
-            if self._running is not None:
-                raise ArgumentError("a run of this pipeline is already going on; runs go one after another")
-            self._runs += 1
-            run = PipelineRun(self, self._runs)
-            self._running = run
-        try:
-            yield run
-        finally:
-            self._running = None
-
-    @property
-    def loaded(self) -> list[str]:
-        """The stages loaded now (kept from a run, or read ahead), in pipeline order; waits for
-        the stage being read ahead to be set up."""
-        self._settle()
-        return [s.name for s in self.stages if s.name in self._loaded]
+    def loaded_names(self) -> list[str]:
+        """The stages loaded now, in pipeline order; waits for the stage read ahead to be set up."""
+        self.settle()
+        return [s.name for s in self.stages if s.name in self.loaded]
 
     def report(self) -> str:
-        """Every stage of every run so far: how it was loaded, the free memory predicted for it
-        against what it found, and where its time went; first, how its loads read."""
         text = _core.pipeline_report(self.records)
         return text if self._reads is None else f"loads: {self._reads}\n{text}"
 
     def close(self) -> None:
-        """Releases every stage still loaded, and prints the report with
-        ``TRASH_PANDA_PROFILE=1``. Safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
-        self._settle()
-        from .offload.cleanup import Cleanup
+        """Releases every stage still loaded (each step runs; the first error is raised after)."""
+        from ..offload.cleanup import Cleanup
 
+        self.settle()
         steps = Cleanup()
-        for name in list(self._loaded):
+        for name in list(self.loaded):
             steps.run(self._release, name)
-        from .settings import setting
-
-        if self.records and setting("profile"):
-            print(self.report(), file=sys.stderr)
-        self._models.clear()
-        steps.run(self._staging.close)
+        self.models.clear()
+        steps.run(self.staging.close)
         steps.done()
 
     # -- the memory between stages --------------------------------------------------------
@@ -179,23 +100,23 @@ class Pipeline:
         """The memory free now for the pipeline: the machine's less what the stages' reads in
         flight will take, within its budget less what its stages hold once those are in. For
         ``reading``, the stage whose own reads to come are asked about, what it holds now."""
-        from .offload.handover import free_now
+        from .loaded import free_now
 
         assert self._owns_loaded()
         coming, held = _core.Holds(), _core.Holds()
-        for s in self._loaded.values():
+        for s in self.loaded.values():
             if s is reading:
                 held = held.plus(s.held_now())
             else:
                 coming, held = coming.plus(s.pending()), held.plus(s.committed())
         # Every plan counts the shared pool as its own staging: its RAM comes back here, once.
-        machine = free_now(self.device).keeping(self._floor).with_shared_pool(self._staging.bytes).less(coming)
+        machine = free_now(self.device).keeping(self._floor).with_shared_pool(self.staging.bytes).less(coming)
         return machine.within(self.ram, self.vram, held)
 
     def _held(self) -> _core.Holds:
         """What the loaded stages hold together once the reads they have begun are in."""
         held = _core.Holds()
-        for s in self._loaded.values():
+        for s in self.loaded.values():
             held = held.plus(s.committed())
         return held
 
@@ -211,7 +132,7 @@ class Pipeline:
         if free.vram is not None:
             sizes["vram"] = free.vram
         sizes.update({k: options.pop(k) for k in ("ram", "vram") if options.get(k) is not None})
-        return self._staging.planned(
+        return self.staging.planned(
             lambda **kw: make_plan(model, ckpt, device=self.device, **{**sizes, **options, **kw}), sizes["ram"]
         )
 
@@ -222,7 +143,7 @@ class Pipeline:
         makes that room, taking from the stages needed again last first (see
         :meth:`_make_room`). Returns the memory predicted free at its start and the plan."""
         free = self._free()
-        others = [s for s in self._loaded.values() if s.name != spec.name]
+        others = [s for s in self.loaded.values() if s.name != spec.name]
         everything = free
         for s in others:
             everything = everything.after_release(s.committed())  # a release stops its reads
@@ -246,10 +167,10 @@ class Pipeline:
         # What each frees whole: all it holds once the reads it has begun are in (a release
         # stops them).
         whole = {s.name: s.committed() for s in others}
-        holders = [_core.Holder(s.name, self._index(s.name), whole[s.name], s.sheddable(), s.runs > 0) for s in others]
+        holders = [_core.Holder(s.name, self.index(s.name), whole[s.name], s.sheddable(), s.runs > 0) for s in others]
         gained = _core.Holds()
         short = need.beyond(free)
-        for giving in _core.make_room(self._index(spec.name), len(self.stages), short, holders, keep=self.keep):
+        for giving in _core.make_room(self.index(spec.name), len(self.stages), short, holders, keep=self.keep):
             s = by_name[giving.stage]
             if giving.whole:
                 took = whole[s.name]
@@ -259,63 +180,63 @@ class Pipeline:
                     self._release(s.name)
             elif s is running:
                 s.to_give = giving.blocks
-                took = s._in_blocks(giving.blocks)
+                took = s.holds_in(giving.blocks)
             else:
-                took = s._in_blocks(s.give_back(giving.blocks))
+                took = s.holds_in(s.give_back(giving.blocks))
             gained = gained.plus(took)
         return gained
 
-    def _start(self, run: PipelineRun, index: int) -> tuple[LoadedStage, dict[str, Any]]:
+    def start(self, index: int) -> tuple[LoadedStage, Turn]:
         """The stage at ``index`` starts: the one read ahead opens (or is planned again), a kept
         one is used as it is, any other is loaded now; then the stage after it starts being read
         ahead, on a thread of its own."""
-        from .offload.handover import load_stage
+        from .loaded import load_stage
 
-        self._settle()
+        self.settle()
         spec = self.stages[index]
         self._ticks += 1
         self._drop_changed(spec.name)
-        info: dict[str, Any] = {"file_changed": self._changes.pop(spec.name, None)}
-        loaded = self._loaded.get(spec.name)
+        turn = Turn(file_changed=self._changes.pop(spec.name, None))
+        loaded = self.loaded.get(spec.name)
         if loaded is not None and loaded.runs == 0:
             before = loaded.holds.vram or loaded.holds.ram
             pending = loaded.pending()
-            info["read_before_start"] = max(0, before - (pending.vram or pending.ram))
+            turn.read_before_start = max(0, before - (pending.vram or pending.ram))
             actual, why = loaded.start(self._free(reading=loaded))
-            info.update(predicted=loaded.predicted, actual=actual)
+            turn.predicted, turn.actual = loaded.predicted, actual
             if why is not None and not self._still_fits(spec, loaded, actual):
-                info.update(arrival="replanned", replan=why)
+                turn.arrival, turn.replan = "replanned", why
                 self._release(spec.name)
                 loaded = None
             else:
-                info["arrival"] = "read_ahead"
+                turn.arrival = "read_ahead"
         elif loaded is not None:
-            info["arrival"] = "kept"
+            turn.arrival = "kept"
             if loaded.given:  # given back since its last run, and not read ahead: read now
-                self._make_room(spec, loaded._in_blocks(loaded.given_back), self._free(), self._others(spec), None)
+                self._make_room(spec, loaded.holds_in(loaded.given_back), self._free(), self._others(spec), None)
                 loaded.refill(None)
             elif loaded.allowance is not None:  # read again ahead of its turn
                 loaded.allowance.open()
-            info["read_again"], loaded.read_again = loaded.read_again, 0
+            turn.read_again, loaded.read_again = loaded.read_again, 0
             if loaded.state.lane is not None:
                 loaded.state.lane.priority = "run"
         if loaded is None:
             model = self._model(spec)
             ckpt = Checkpoint(spec.path)
             predicted, p = self._room(spec, model, ckpt, None)
-            if not self._staging.sized and p.budgets is not None and p.budgets.staging_buffers:
+            if not self.staging.sized and p.budgets is not None and p.budgets.staging_buffers:
                 self._size_staging()  # it streams: the pool first, then its plan that counts it
                 predicted, p = self._room(spec, model, ckpt, None)
             # Found before its load (the idle stages it needed released): what it planned with.
             found = self._free()
             loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=False)
-            info.setdefault("arrival", "read_at_start")
-            info.setdefault("predicted", predicted)
-            info.setdefault("actual", found)
+            turn.arrival = turn.arrival or "read_at_start"
+            turn.predicted = turn.predicted or predicted
+            turn.actual = turn.actual or found
         loaded.runs += 1
         loaded.last_used = self._ticks
         loaded.to_give, loaded.release_after, loaded.final = 0, not self.keep, False
-        self._loaded[spec.name] = loaded
+        self.loaded[spec.name] = loaded
         if self.prefetch and index + 1 < len(self.stages):
             self._read_ahead_later(self.stages[index + 1], loaded)
         elif self.prefetch and self.keep and index > 0:
@@ -323,7 +244,7 @@ class Pipeline:
             # kept in part, reads its given-back blocks behind this one's compute (nothing
             # else is read for a run that may not come).
             self._read_ahead_later(self.stages[0], loaded)
-        return loaded, info
+        return loaded, turn
 
     def _still_fits(self, spec: Stage, loaded: LoadedStage, actual: _core.Free) -> bool:
         """Whether a stage read ahead whose start missed the prediction is kept as it was
@@ -339,30 +260,30 @@ class Pipeline:
     def _read_ahead_later(self, spec: Stage, running: LoadedStage) -> None:
         """Starts reading ``spec`` ahead on a thread of its own (building, planning and setting up
         its load take up to a second, which the stage starting now must not wait for); whatever
-        needs that stage waits for the thread first (:meth:`_settle`). The thread may release
+        needs that stage waits for the thread first (:meth:`settle`). The thread may release
         idle stages (``_room``) and add the stage to ``_loaded`` meanwhile: neither is the running
         stage nor the one read ahead, the only two the caller touches, and every other use of
         ``_loaded`` settles first. The releases stay on that thread because the load after them
         needs their memory."""
-        kept = self._loaded.get(spec.name)
-        if (kept is None and self._index(spec.name) == 0) or (kept is not None and not kept.given):
+        kept = self.loaded.get(spec.name)
+        if (kept is None and self.index(spec.name) == 0) or (kept is not None and not kept.given):
             return
-        self._pending = Pending(spec.name, functools.partial(self._read_ahead, spec, running))
+        self.pending = Pending(spec.name, functools.partial(self._read_ahead, spec, running))
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
         """Waits for the stage being read ahead to be set up. When that failed, what it had
         loaded is released and a warning says why: the stage is then loaded at its start, on
         the caller's thread, where the same error (a build_fn that fails) is raised again."""
-        pending = self._pending
+        pending = self.pending
         if pending is None:
             return
         error = pending.join()
-        self._pending = None
+        self.pending = None
         if error is None:
             return
         text = "".join(traceback.format_exception(type(error), error, error.__traceback__)).rstrip()
         del error  # its frames hold the half-loaded stage, which the release below lets go
-        if pending.name in self._loaded:
+        if pending.name in self.loaded:
             self._release(pending.name)
         warnings.warn(
             f"reading stage {pending.name} ahead failed; it will be loaded at its start instead:\n{text}",
@@ -373,15 +294,15 @@ class Pipeline:
     def _owns_loaded(self) -> bool:
         """Whether this thread may use ``_loaded`` now: no read-ahead is being set up, or this
         is its thread."""
-        return self._pending is None or self._pending.is_current()
+        return self.pending is None or self.pending.is_current()
 
-    def _ahead_allowance(self, index: int) -> _core.Allowance | None:
+    def ahead_allowance(self, index: int) -> _core.Allowance | None:
         """The allowance of the stage after ``index`` when it is loaded (its set-up waited
         for): what the stage at ``index`` frees goes to it. A stage that has started has its
         allowance open already, where more changes nothing."""
-        self._settle()
+        self.settle()
         # After the last stage comes the first of the next run (see _start).
-        following = self._loaded.get(self.stages[(index + 1) % len(self.stages)].name)
+        following = self.loaded.get(self.stages[(index + 1) % len(self.stages)].name)
         return following.allowance if following is not None else None
 
     def _read_ahead(self, spec: Stage, running: LoadedStage) -> None:
@@ -389,15 +310,15 @@ class Pipeline:
         start and starts its reads into the memory free beside the running stage (its
         activations and the floor of free RAM left alone); the rest comes as the running
         stage gives memory back (its end waits for this to be done, so none of it is lost)."""
-        from .offload.handover import load_stage
+        from .loaded import load_stage
 
-        if self._drop_changed(spec.name) and self._index(spec.name) == 0:
+        if self._drop_changed(spec.name) and self.index(spec.name) == 0:
             return  # a first stage not kept is loaded at its start (see _read_ahead_later)
-        kept = self._loaded.get(spec.name)
+        kept = self.loaded.get(spec.name)
         if kept is not None:  # kept from the run before, with blocks given back: read them again
-            self._make_room(spec, kept._in_blocks(kept.given_back), self._free(), self._others(spec), running)
+            self._make_room(spec, kept.holds_in(kept.given_back), self._free(), self._others(spec), running)
             kept.refill(_core.Allowance(spec.name, 0))
-            if self._index(spec.name) == 0 and remembered_activation(running.key) is None:
+            if self.index(spec.name) == 0 and remembered_activation(running.key) is None:
                 # Read for a run that may not come, beside a stage whose working memory no run
                 # has measured yet: it would take the memory that stage is about to need. It
                 # waits for the stage's end instead (``_end``).
@@ -415,14 +336,14 @@ class Pipeline:
             # hold them: it is loaded at its start instead, when that memory is free.
             return
         loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=True)
-        self._loaded[spec.name] = loaded
+        self.loaded[spec.name] = loaded
         self._give_now(loaded, running)
 
     def _size_staging(self) -> None:
         """Makes the shared staging pool (pipeline_staging.py) once, before the first stage that
         streams: on the read-ahead's thread, or at the start of a first stage that streams (it
         builds and plans every stage, which the caller's thread should not wait for)."""
-        if self._staging.sized:
+        if self.staging.sized:
             return
         # Each stage as it would plan with the budget to itself: one that streams only while
         # others are loaded gets room from them (_make_room), not a pool for its whole life.
@@ -431,7 +352,7 @@ class Pipeline:
         def planned(spec: Stage) -> Plan:
             return self._plan(spec, self._model(spec), Checkpoint(spec.path), free)
 
-        self._staging.size_for(functools.partial(planned, s) for s in self.stages)
+        self.staging.size_for(functools.partial(planned, s) for s in self.stages)
 
     def _beside(self, running: LoadedStage) -> dict[str, int]:
         """The working memory of ``running`` that a stage read ahead beside it leaves alone: its
@@ -447,19 +368,17 @@ class Pipeline:
         assert loaded.allowance is not None
         loaded.allowance.give(free.for_reads_beside(**self._beside(running)))
 
-    def _end(
-        self, run: PipelineRun, index: int, loaded: LoadedStage, info: dict[str, Any], failure: BaseException | None
-    ) -> None:
+    def end(self, run: int, index: int, loaded: LoadedStage, turn: Turn, failure: BaseException | None) -> None:
         """The stage ends: its peak and order file are remembered after a block that went well;
         it is kept, whole or but the blocks the next stage needs, or released, the memory going
         to the stage read ahead."""
-        from .offload.order import write_order
+        from ..offload.order import write_order
 
-        following = self._ahead_allowance(index)
+        following = self.ahead_allowance(index)
         spec = self.stages[index]
         if failure is None:
-            peak = info.get("peak", 0)
-            if info.get("overlapped"):
+            peak = turn.peak
+            if turn.overlapped:
                 # The next stage's set-up paused the meter while this one ran: a peak of its own
                 # then was not seen. Never remember less than it needed before.
                 peak = max(peak, remembered_activation(loaded.key) or 0)
@@ -468,7 +387,7 @@ class Pipeline:
         passed = 0
         if loaded.final:
             loaded.stop_feeding()
-            passed = loaded.passed(loaded.handle.hooks.get("final_pass").freed)  # type: ignore[union-attr]
+            passed = loaded.passed()
             loaded.to_give = max(0, loaded.to_give - passed)
         if not loaded.park():  # the shared staging pool goes to the next stage
             loaded.release_after = True
@@ -481,26 +400,27 @@ class Pipeline:
             departure = "kept"
             if loaded.to_give:
                 given = loaded.give_back(loaded.to_give)
+        kept = turn.arrival == "kept"
         self.records.append(
             _core.StageRecord(
-                run.number,
+                run,
                 spec.name,
-                info.get("arrival", "read_at_start"),
+                turn.arrival or "read_at_start",
                 departure,
-                predicted=info.get("predicted"),
-                actual=info.get("actual"),
-                replan=info.get("replan"),
-                read_before_start=info.get("read_before_start", 0),
+                predicted=turn.predicted,
+                actual=turn.actual,
+                replan=turn.replan,
+                read_before_start=turn.read_before_start,
                 holds=loaded.holds.vram or loaded.holds.ram,
-                file_bytes=0 if info.get("arrival") == "kept" else loaded.file_bytes,
-                cached_at_load=0 if info.get("arrival") == "kept" else loaded.cached_at_load,
+                file_bytes=0 if kept else loaded.file_bytes,
+                cached_at_load=0 if kept else loaded.cached_at_load,
                 waited=0.0 if loaded.loader is None else loaded.loader.waited_seconds,
-                seconds=info.get("seconds", 0.0),
-                peak=info.get("peak", 0),
-                read_again=info.get("read_again", 0),
+                seconds=turn.seconds,
+                peak=turn.peak,
+                read_again=turn.read_again,
                 given_back=passed + given if departure == "kept" else 0,
-                file_changed=info.get("file_changed"),
-                plan_warnings=[] if info.get("arrival") == "kept" else list(loaded.plan.warnings),
+                file_changed=turn.file_changed,
+                plan_warnings=[] if kept else list(loaded.plan.warnings),
             )
         )
         if departure == "kept":
@@ -529,7 +449,7 @@ class Pipeline:
         """Releases the stage ``name`` kept from an earlier run when its checkpoint changed on disk
         since its load: its blocks read again by the old header's offsets would not be its
         tensors, and the user who rewrote the file means the new ones. Why goes to its record."""
-        loaded = self._loaded.get(name)
+        loaded = self.loaded.get(name)
         if loaded is None or loaded.runs == 0:
             return False
         change = loaded.state.checkpoint.changed()
@@ -540,7 +460,7 @@ class Pipeline:
         return True
 
     def _others(self, spec: Stage) -> list[LoadedStage]:
-        return [s for s in self._loaded.values() if s.name != spec.name]
+        return [s for s in self.loaded.values() if s.name != spec.name]
 
     def _model(self, spec: Stage) -> nn.Module:
         """The stage's model: built by its ``build_fn`` the first time, then the same module
@@ -548,9 +468,9 @@ class Pipeline:
         on meta takes a second of the caller's thread, every time it would be built again."""
         from torch import nn
 
-        from .offload.empty import no_init_on_meta
+        from ..offload.empty import no_init_on_meta
 
-        model = self._models.get(spec.name)
+        model = self.models.get(spec.name)
         if model is None:
             with no_init_on_meta():
                 model = spec.build_fn()
@@ -558,7 +478,7 @@ class Pipeline:
                 raise ArgumentError(
                     f"stage {spec.name}: build_fn returned {type(model).__name__}, not a torch.nn.Module"
                 )
-            self._models[spec.name] = model
+            self.models[spec.name] = model
         return model
 
     def _load_args(self, spec: Stage) -> dict[str, Any]:
@@ -573,25 +493,25 @@ class Pipeline:
             "destination": spec.order_file_destination,
             "shared": {k: spec.options[k] for k in _SHARED if k in spec.options},
             "key": os.path.abspath(os.fspath(spec.key if spec.key is not None else spec.path)),
-            "staging_pool": self._staging.pool,
+            "staging_pool": self.staging.pool,
             "direct": self._reads.direct,
         }
 
     def _release(self, name: str) -> None:
-        from .offload import release
+        from ..offload import release
 
         assert self._owns_loaded()
-        loaded = self._loaded.pop(name)
+        loaded = self.loaded.pop(name)
         loaded.close()
         release(loaded.model, loaded.handle)
 
-    def _index(self, name: str) -> int:
+    def index(self, name: str) -> int:
         for i, s in enumerate(self.stages):
             if s.name == name:
                 return i
-        raise ArgumentError(f"stage {name!r}: not a stage of this pipeline; its stages are {', '.join(self._names())}")
+        raise ArgumentError(f"stage {name!r}: not a stage of this pipeline; its stages are {', '.join(self.names())}")
 
-    def _names(self) -> list[str]:
+    def names(self) -> list[str]:
         return [s.name for s in self.stages]
 
 

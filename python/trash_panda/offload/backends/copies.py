@@ -40,8 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .. import _core
-from ..errors import StreamError
+from ... import _core
+from ...errors import StreamError
 
 if TYPE_CHECKING:
     import torch

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from .copy_pipeline import Device
+    from .copies import Device
 
 __all__ = ["HostRing", "LoaderCopies"]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import StreamError
+from ...errors import StreamError
 
 if TYPE_CHECKING:
     import torch
 
-    from .state import BlockState, TensorSpec
+    from ..state import BlockState, TensorSpec
 
 
 def swap(spec: TensorSpec, tensor: torch.Tensor | None) -> None:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .. import _core
     from ..checkpoint import Checkpoint
     from ..plan import Plan
-    from .hooks import OffloadHandle
+    from .handle import OffloadHandle
     from .order import OrderChoice
     from .overlap import ResidentLoader
     from .state import ModelState, TensorSpec
@@ -93,7 +93,7 @@ def _load_and_hook(
 ) -> Loaded:
     from ..settings import setting
     from . import outside as outside_mod
-    from .hooks import install_offload
+    from .handle import install_offload
     from .load import load_deferred, stream_load
     from .order import OrderChoice, choose_order
     from .overlap import start_loader

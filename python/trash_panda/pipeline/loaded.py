@@ -29,12 +29,12 @@ if TYPE_CHECKING:
     from torch import nn
 
     from ..checkpoint import Checkpoint
+    from ..offload.final_pass import FinalPass
+    from ..offload.handle import OffloadHandle
+    from ..offload.order import OrderChoice
+    from ..offload.overlap import ResidentLoader
+    from ..offload.state import BlockState, ModelState
     from ..plan import Plan
-    from .final_pass import FinalPass
-    from .hooks import OffloadHandle
-    from .order import OrderChoice
-    from .overlap import ResidentLoader
-    from .state import BlockState, ModelState
 
 __all__ = ["LoadedStage", "free_now", "load_stage"]
 
@@ -70,11 +70,12 @@ class LoadedStage:
     given_back: int = 0  # their bytes, as its plan counts them
     read_again: int = 0  # bytes read again at its last start
     _feeder: threading.Thread | None = field(default=None, repr=False)
+    _final: FinalPass | None = field(default=None, repr=False)  # the pass fed from, while it counts
 
     @property
     def state(self) -> ModelState:
         """What its load left on the model (the hooks' view of it)."""
-        from .state import get_state
+        from ..offload.state import get_state
 
         state = get_state(self.model)
         assert state is not None, f"stage {self.name} is not loaded"
@@ -95,15 +96,15 @@ class LoadedStage:
         """What it holds once the reads it has begun are in: its plan's figures less what it
         gave back. The pipeline counts this, not :meth:`held_now`, as taken: a stage whose reads
         are still coming (read ahead for a turn a run skipped, say) has their memory promised."""
-        return self.holds.less(self._in_blocks(self.given_back))
+        return self.holds.less(self.holds_in(self.given_back))
 
-    def _in_blocks(self, n: int) -> _core.Holds:
+    def holds_in(self, n: int) -> _core.Holds:
         """``n`` bytes of the memory its blocks compute in."""
         return _core.Holds(0, n) if self.holds.vram else _core.Holds(n, 0)
 
     def block_bytes(self) -> dict[str, int]:
         """What each resident block holds, as its plan counts it (by prefix)."""
-        from .setup import resident_bytes
+        from ..offload.hooked import resident_bytes
 
         return resident_bytes(self.plan)
 
@@ -117,8 +118,8 @@ class LoadedStage:
         """Gives back resident blocks, those that run last first, until ``nbytes`` are free
         (the next run reads them again behind the first blocks' compute); returns the bytes
         given, as its plan counts them."""
-        from .final_pass import give_back
-        from .meter import meter_for
+        from ..offload.final_pass import give_back
+        from ..offload.meter import meter_for
 
         unread = self._stop_reading_ahead()
         total = unread
@@ -158,9 +159,11 @@ class LoadedStage:
         self.read_again -= nbytes
         return nbytes
 
-    def passed(self, prefixes: list[str]) -> int:
-        """A final pass freed the blocks ``prefixes``: they are given back; returns their
-        bytes as its plan counts them."""
+    def passed(self) -> int:
+        """The blocks its last final pass freed are given back; returns their bytes as its plan
+        counts them."""
+        prefixes = self._final.freed if self._final is not None else []
+        self._final = None
         sizes = self.block_bytes()
         by_prefix = {b.prefix: b for b in self.state.blocks}
         blocks = [by_prefix[p] for p in prefixes if p in sizes]
@@ -173,8 +176,8 @@ class LoadedStage:
         """Reads its given-back blocks again on a loader thread, in its run order, through
         ``allowance`` when it is read ahead of its turn (None: at its turn); a call waits for
         a block not read yet. Returns the bytes it reads."""
-        from .final_pass import taken_back
-        from .overlap import OverlapWait, start_loader
+        from ..offload.final_pass import taken_back
+        from ..offload.overlap import OverlapWait, start_loader
 
         taken_back(self.handle)  # a pass's freed blocks of the RAM tier map their pages again
         if not self.given:
@@ -208,6 +211,7 @@ class LoadedStage:
         """During a final pass, gives each freed block's bytes to the next stage's allowance
         from a thread of its own, once the block's device work is done (its CUDA event), so
         the compute thread never waits for the next stage's reads."""
+        self._final = final
 
         def run() -> None:
             while True:
@@ -283,7 +287,7 @@ def load_stage(
     behind an allowance that starts empty, for the caller to fill. On an error the model is
     left unloaded. ``staging_pool`` (the pipeline's) is its engine's staging buffers where its
     plan counted it. ``direct``: its reads go past the page cache."""
-    from .setup import load_and_hook
+    from ..offload.hooked import load_and_hook
 
     path = ckpt.files[0] if len(ckpt.files) == 1 else os.path.dirname(ckpt.files[0])
     file_bytes = sum(os.path.getsize(f) for f in ckpt.files)

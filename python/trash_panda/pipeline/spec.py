@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .checkpoint import Checkpoint
-from .errors import ArgumentError
-from .plan import plan as make_plan
+from ..checkpoint import Checkpoint
+from ..errors import ArgumentError
+from ..plan import plan as make_plan
 
 if TYPE_CHECKING:
     from torch import nn
