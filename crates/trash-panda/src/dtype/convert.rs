@@ -22,8 +22,8 @@ use super::DType;
 /// Elements per staged chunk: 1 KiB of f32, small enough for L1 alongside the streams.
 pub(crate) const CHUNK: usize = 256;
 
-/// The code that converts `src` to `dst` at this thread's level (see [`simd_level`]), for
-/// benchmarks and logs: "hand-written avx2" or "hand-written neon" for the kernels of those
+/// The code that converts `src` to `dst` at this thread's level (see
+/// [`simd_level`](super::simd_level)), for benchmarks and logs: "hand-written avx2" or "hand-written neon" for the kernels of those
 /// modules, else the generic loops and the level they are compiled for. `dst` = fp8 e4m3 means
 /// quantization. (Block scales with an f32 destination take the generic loops on AVX2 whatever
 /// this says.)

@@ -11,7 +11,8 @@ use crate::DType;
 pub enum RamSource {
     /// Mapped from the checkpoint; the first pass reads it from the drive through the page cache.
     Mapped,
-    /// Read into private memory by [`Engine::load_ram_tier`] with `threads` parallel readers
+    /// Read into private memory by [`Engine::load_ram_tier`](super::Engine::load_ram_tier) with
+    /// `threads` parallel readers
     /// (or by the first worker that needs it), so no pass waits for the drive.
     InMemory {
         /// Reads in flight at once while the tier is read in (at least 1).
@@ -45,7 +46,7 @@ impl ColdRead {
     pub const DEFAULT: ColdRead = ColdRead::Pread { in_flight: 2 };
 }
 
-/// Settings of an [`Engine`].
+/// Settings of an [`Engine`](super::Engine).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineOptions {
     /// `None`: weights staged as stored. `Some(DType::BF16)` or `Some(DType::F8E4M3)`: the RAM
@@ -67,11 +68,13 @@ pub struct EngineOptions {
     pub cold_read: ColdRead,
     /// Largest single read or copy; workers check for shutdown between chunks.
     pub chunk_size: usize,
-    /// Offset alignment of staged tensors: [`TENSOR_ALIGN`] for the CPU, [`DEVICE_TENSOR_ALIGN`]
+    /// Offset alignment of staged tensors: [`TENSOR_ALIGN`] for the CPU,
+    /// [`DEVICE_TENSOR_ALIGN`](crate::rules::DEVICE_TENSOR_ALIGN)
     /// for a GPU.
     pub align: usize,
     /// RAM-tier blocks held in private memory (`RamSource::InMemory` or a storage dtype) are not
-    /// staged ahead: the caller copies them from [`Engine::ram_image`] (a GPU from pinned memory).
+    /// staged ahead: the caller copies them from [`Engine::ram_image`](super::Engine::ram_image)
+    /// (a GPU from pinned memory).
     pub direct_ram: bool,
     /// Threads that copy one warm RAM-tier block into its staging buffer; 0: the cores shared
     /// among the workers.
@@ -87,7 +90,8 @@ pub struct EngineOptions {
     /// waited for is staged one block earlier the next pass; passes without waits bring it back),
     /// within the buffers; `None`: `lookahead`, a fixed depth.
     pub max_lookahead: Option<usize>,
-    /// Disk-tier blocks that [`in_place_eligible`] allows are used in place from private maps of
+    /// Disk-tier blocks that [`in_place_eligible`](crate::rules::in_place_eligible) allows are
+    /// used in place from private maps of
     /// their files (the CPU computes from the page cache's pages) instead of being copied into a
     /// staging buffer. After a block runs its pages are unmapped, and with `disk_mode: Direct`
     /// also dropped from the page cache, so the pass does not evict what the RAM tier keeps there.
