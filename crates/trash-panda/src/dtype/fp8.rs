@@ -9,7 +9,7 @@
 //! NaN bit patterns follow torch where it is cheap: e4m3fn NaN decodes to `sign | 0x7FF0_0000`,
 //! an e5m2 NaN decodes like the f16 it is the upper byte of (payload kept, quiet bit set).
 
-use super::cast::f16_bits_to_f32;
+use super::half::f16_bits_to_f32;
 
 /// Largest finite e4m3fn value.
 pub const FP8_E4M3FN_MAX: f32 = 448.0;
@@ -139,7 +139,7 @@ pub(crate) fn e5m2_to_bf16_bits(code: u8) -> u16 {
 /// Branch-free e5m2 -> f32 bits, equal to [`fp8_e5m2_to_f32`].
 #[inline(always)]
 pub(crate) fn e5m2_to_f32_bits(code: u8) -> u32 {
-    super::cast::f16_to_f32_bits_bf(u16::from(code) << 8)
+    super::half::f16_to_f32_bits_bf(u16::from(code) << 8)
 }
 
 /// Branch-free f32 bits -> e4m3fn with torch's saturation, equal to [`f32_to_fp8_e4m3fn`].
@@ -171,7 +171,7 @@ pub(crate) fn f32_bits_to_e4m3(w: u32) -> u8 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::cast::{
+    use super::super::half::{
         f16_to_f32_bits_bf, f32_bits_to_bf16_bf, f32_bits_to_f16_bf, f32_to_bf16_bits,
         f32_to_f16_bits,
     };
@@ -194,7 +194,7 @@ mod tests {
             assert_eq!(e5m2_to_bf16_bits(c), f32_to_bf16_bits(fp8_e5m2_to_f32(c)));
         }
         for h in 0..=u16::MAX {
-            let want = super::super::cast::f16_bits_to_f32(h).to_bits();
+            let want = super::super::half::f16_bits_to_f32(h).to_bits();
             assert_eq!(f16_to_f32_bits_bf(h), want, "{h:#06x}");
         }
     }

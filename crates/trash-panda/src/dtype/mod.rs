@@ -17,27 +17,30 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod cast;
+mod convert;
 mod fp8;
+mod half;
 #[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
 mod kernel_tests;
 mod kind;
+mod level;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod parallel;
 mod quant;
 mod scale;
-mod simd;
 mod stores;
 
-pub use cast::{bf16_bits_to_f32, cast, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits};
+pub use cast::cast;
+pub use convert::kernel_path;
 pub use fp8::{f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, fp8_e5m2_to_f32, FP8_E4M3FN_MAX};
+pub use half::{bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits};
 pub use kind::{DType, ACCEPTED_DTYPE_NAMES, ALL_DTYPES};
+pub use level::{
+    best_simd_level, simd_level, supported_simd_levels, with_simd_level, SimdLevel, SIMD_CHOICES,
+};
 pub use quant::{quantize_fp8, QuantGranularity};
 pub use scale::{classify_scale, expand, rows_cols, Scale, ScaleLayout, SCALE_BLOCK};
-pub use simd::{
-    best_simd_level, kernel_path, simd_level, supported_simd_levels, with_simd_level, SimdLevel,
-    SIMD_CHOICES,
-};
 
 /// Errors of the dtype module.
 #[derive(Debug, Clone, thiserror::Error)]

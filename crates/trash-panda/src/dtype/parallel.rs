@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use super::simd;
+use super::level;
 
 /// Below this many elements a conversion runs on the calling thread: spawning costs tens of
 /// microseconds, about what one core needs for a million elements.
@@ -72,7 +72,7 @@ pub(crate) fn split_run<A, B, F>(
         return;
     }
     // A level forced on the caller's thread holds on its workers too.
-    let forced = simd::forced();
+    let forced = level::forced();
     std::thread::scope(|scope| {
         let (mut a_rest, mut b_rest) = (a, b);
         let last = parts.len() - 1;
@@ -86,7 +86,7 @@ pub(crate) fn split_run<A, B, F>(
             if i == last {
                 f(r, a_part, b_part);
             } else {
-                scope.spawn(move || simd::with_forced(forced, || f(r, a_part, b_part)));
+                scope.spawn(move || level::with_forced(forced, || f(r, a_part, b_part)));
             }
         }
     });
@@ -103,12 +103,12 @@ where
     if parts.len() <= 1 {
         return vec![f(0..units)];
     }
-    let forced = simd::forced();
+    let forced = level::forced();
     std::thread::scope(|scope| {
         let f = &f;
         let handles: Vec<_> = parts
             .into_iter()
-            .map(|r| scope.spawn(move || simd::with_forced(forced, || f(r))))
+            .map(|r| scope.spawn(move || level::with_forced(forced, || f(r))))
             .collect();
         handles
             .into_iter()

@@ -1,8 +1,9 @@
 //! Quantization of float tensors to fp8 e4m3fn with per-tensor or per-row scales.
 
+use super::convert::{decode, Stores, CHUNK};
 use super::fp8::{f32_bits_to_e4m3, FP8_E4M3FN_MAX};
-use super::simd::{decode, multiversion, Stores, CHUNK};
-use super::{check_bytes, elements, parallel, simd, DType, DtypeError};
+use super::level::{multiversion, simd_level};
+use super::{check_bytes, elements, parallel, DType, DtypeError};
 
 /// Which values share one quantization scale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,7 +54,7 @@ pub fn quantize_fp8(
             expected: "a float source (f64, f32, f16, bf16, fp8)",
         });
     }
-    simd::simd_level()?;
+    simd_level()?;
     let (rows, cols) = shape;
     let n = elements(shape)?;
     check_bytes("quantize_fp8 source", src_dtype, n, src.len())?;
@@ -156,7 +157,7 @@ multiversion! {
 #[inline(always)]
 fn half_kernels(src_t: DType) -> Option<super::avx2::quant::Half> {
     use super::avx2::quant::Half;
-    use super::simd::{level, SimdLevel};
+    use super::level::{level, SimdLevel};
     if !matches!(level(), SimdLevel::Avx2 | SimdLevel::Avx512) {
         return None;
     }
@@ -172,7 +173,7 @@ fn half_kernels(src_t: DType) -> Option<super::avx2::quant::Half> {
 #[cfg(target_arch = "aarch64")]
 #[inline(always)]
 fn neon_kernels(src_t: DType) -> bool {
-    use super::simd::{level, SimdLevel};
+    use super::level::{level, SimdLevel};
     matches!(src_t, DType::BF16 | DType::F16) && level() == SimdLevel::Neon
 }
 

@@ -2,9 +2,10 @@
 //! in checkpoints.
 
 use super::cast::check_cast_dtypes;
+use super::convert::{self, convert_inline, Stores};
 #[cfg(target_arch = "aarch64")]
-use super::simd::SimdLevel;
-use super::simd::{self, convert_inline, multiversion, Stores};
+use super::level::{self, SimdLevel};
+use super::level::{multiversion, simd_level};
 use super::{check_bytes, elements, parallel, DType, DtypeError};
 
 /// The tile of the block-wise scale layout (`weight_scale_inv`): 128 x 128 weights per scale.
@@ -158,7 +159,7 @@ pub fn expand(
         });
     }
     check_cast_dtypes("expand", src_dtype, dst_dtype)?;
-    simd::simd_level()?;
+    simd_level()?;
     let (rows, cols) = shape;
     let n = elements(shape)?;
     check_bytes("expand source", src_dtype, n, src.len())?;
@@ -166,7 +167,7 @@ pub fn expand(
     scale.validate(rows, cols)?;
     let threads = parallel::effective_threads(threads, n);
     let (ss, ds) = (src_dtype.size(), dst_dtype.size());
-    let stores = simd::Stores::for_output(dst.len());
+    let stores = Stores::for_output(dst.len());
     let none: &mut [u8] = &mut [];
     match *scale {
         Scale::None | Scale::PerTensor(_) => {
@@ -177,7 +178,7 @@ pub fn expand(
             let grain = parallel::ELEMENT_GRAIN;
             parallel::split_run(n, grain, threads, (dst, ds), (none, 0), |r, d, _| {
                 let s = &src[r.start * ss..r.end * ss];
-                simd::convert(s, src_dtype, d, dst_dtype, k, stores);
+                convert::convert(s, src_dtype, d, dst_dtype, k, stores);
                 stores.fence();
             });
         }
@@ -227,7 +228,7 @@ multiversion! {
         #[cfg(target_arch = "aarch64")]
         if let (DType::F8E4M3 | DType::F8E5M2, Scale::Block { scales, block }) = (src_t, scale) {
             // As on AVX2: one table per tile, shared over the tile's rows.
-            if simd::level() == SimdLevel::Neon {
+            if level::level() == SimdLevel::Neon {
                 // SAFETY: `level()` returns Neon only when this CPU has NEON, the feature the
                 // kernel is compiled with.
                 unsafe {

@@ -2,36 +2,9 @@
 
 use super::blocks::ModelBlocks;
 use super::budget::{self, Budgets, Shape};
-use super::options::{Figures, PlanOptions};
+use super::options::{resolve_options, Figures, PlanOptions};
 use super::{BlockPlan, OutsidePlan, Plan, PlanError, Tier};
-use crate::rules::{infer_compute_dtype, Held};
-use crate::DType;
-
-/// Checks `options` and fills in what they leave to the model (the compute dtype).
-pub(crate) fn resolve_options(
-    options: &PlanOptions,
-    model: &ModelBlocks,
-) -> Result<PlanOptions, PlanError> {
-    let mut options = options.clone();
-    let compute = *options.compute_dtype.get_or_insert_with(|| {
-        infer_compute_dtype(
-            model
-                .blocks
-                .iter()
-                .flat_map(|b| &b.tensors)
-                .chain(&model.outside),
-        )
-    });
-    if !matches!(compute, DType::F32 | DType::F16 | DType::BF16) {
-        return Err(PlanError::ComputeDtype { dtype: compute });
-    }
-    if let Some(dtype) = options.storage_dtype {
-        if !matches!(dtype, DType::BF16 | DType::F8E4M3) {
-            return Err(PlanError::StorageDtype { dtype });
-        }
-    }
-    Ok(options)
-}
+use crate::rules::Held;
 
 /// Plans `model` for the memory in `figures`.
 ///
@@ -265,43 +238,5 @@ impl Plan {
         let budgets = budget::compute(&self.blocks, &self.outside, figures, &self.options);
         self.warnings = super::warnings::collect(self, &budgets, figures);
         self.budgets = Some(budgets);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::rules::TensorSizes;
-
-    fn t(name: &str, dtype: DType, n: usize) -> TensorSizes {
-        TensorSizes::new(name, dtype, &[n])
-    }
-
-    /// The cases where the Python copy of this rule (bytes, f64 ignored, f32 when no float)
-    /// answered differently; Python now asks this function.
-    #[test]
-    fn compute_dtype_counts_elements_and_votes_for_the_compute_dtype() {
-        // More f32 bytes (24) than bf16 bytes (20), more bf16 elements (10 against 6).
-        let mixed = [t("a", DType::BF16, 10), t("b", DType::F32, 6)];
-        assert_eq!(infer_compute_dtype(&mixed), DType::BF16);
-        // f64 weights compute in f32, alone or beside fewer bf16 elements.
-        assert_eq!(infer_compute_dtype(&[t("a", DType::F64, 4)]), DType::F32);
-        let f64_bf16 = [t("a", DType::F64, 10), t("b", DType::BF16, 9)];
-        assert_eq!(infer_compute_dtype(&f64_bf16), DType::F32);
-        // No float weights (none at all, or integers only): bf16.
-        assert_eq!(infer_compute_dtype(&[]), DType::BF16);
-        assert_eq!(infer_compute_dtype(&[t("ids", DType::I64, 9)]), DType::BF16);
-        // fp8 weights with f32 scales (per row, here more elements than the bf16 norms) and
-        // f32 weights fewer than the fp8 ones: bf16.
-        let fp8 = [
-            t("l.0.w.weight", DType::F8E4M3, 64),
-            t("l.0.w.weight_scale", DType::F32, 32),
-            t("l.0.w.weight_scale_inv", DType::F32, 32),
-            t("l.0.norm.weight", DType::BF16, 8),
-            t("l.0.router.weight", DType::F32, 16),
-        ];
-        assert_eq!(infer_compute_dtype(&fp8), DType::BF16);
-        let e5m2 = [t("w", DType::F8E5M2, 64), t("v", DType::F16, 63)];
-        assert_eq!(infer_compute_dtype(&e5m2), DType::BF16);
     }
 }

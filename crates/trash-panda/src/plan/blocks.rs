@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::edit::{near_names, normalize_prefix};
+use super::near::near_names;
 use super::PlanError;
 use crate::checkpoint::TensorInfo;
 use crate::rules::TensorSizes;
@@ -141,6 +141,19 @@ impl ModelBlocks {
         }
         Ok(ModelBlocks { blocks, outside })
     }
+}
+
+/// Adds the trailing dot a module prefix needs, so `blocks.1` does not match `blocks.10.`.
+pub(crate) fn normalize_prefix(prefix: &str) -> Result<String, PlanError> {
+    let p = prefix.trim();
+    if p.is_empty() {
+        return Err(PlanError::EmptyPrefix);
+    }
+    Ok(if p.ends_with('.') {
+        p.to_string()
+    } else {
+        format!("{p}.")
+    })
 }
 
 /// Block prefixes as the user gave them, each with the trailing dot a module prefix needs (so
@@ -284,5 +297,12 @@ mod tests {
             assert!(t(n).is_scale(), "{n}");
         }
         assert!(!t("a.scale").is_scale() && !t("a.weight").is_scale());
+    }
+
+    #[test]
+    fn normalizes() {
+        assert_eq!(normalize_prefix("blocks.1").unwrap(), "blocks.1.");
+        assert_eq!(normalize_prefix(" blocks.1. ").unwrap(), "blocks.1.");
+        assert!(matches!(normalize_prefix(" "), Err(PlanError::EmptyPrefix)));
     }
 }

@@ -2,10 +2,10 @@
 
 use std::collections::BTreeMap;
 
-use super::assign::resolve_options;
-use super::blocks::ModelBlocks;
+use super::blocks::{normalize_prefix, ModelBlocks};
 use super::budget;
-use super::options::{Figures, PlanOptions};
+use super::near::near_names;
+use super::options::{resolve_options, Figures, PlanOptions};
 use super::{BlockPlan, OutsidePlan, Plan, PlanError, Tier};
 
 /// Which blocks an edit names.
@@ -15,59 +15,6 @@ pub enum Selector {
     Indices(Vec<usize>),
     /// Name prefixes; each must match at least one block (`"blocks."` matches a whole list).
     Prefixes(Vec<String>),
-}
-
-/// Adds the trailing dot a module prefix needs, so `blocks.1` does not match `blocks.10.`.
-pub(crate) fn normalize_prefix(prefix: &str) -> Result<String, PlanError> {
-    let p = prefix.trim();
-    if p.is_empty() {
-        return Err(PlanError::EmptyPrefix);
-    }
-    Ok(if p.ends_with('.') {
-        p.to_string()
-    } else {
-        format!("{p}.")
-    })
-}
-
-fn distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut previous = row[0];
-        row[0] = i + 1;
-        for j in 0..b.len() {
-            let substitute = previous + usize::from(ca != b[j]);
-            previous = row[j + 1];
-            row[j + 1] = substitute.min(row[j] + 1).min(row[j + 1] + 1);
-        }
-    }
-    row[b.len()]
-}
-
-/// Up to three candidates closest to `prefix`, each cut to as many segments as the prefix has,
-/// so a block prefix is compared with block prefixes and not with whole tensor names.
-pub(crate) fn near_names<'a>(
-    prefix: &str,
-    candidates: impl Iterator<Item = &'a str>,
-) -> Vec<String> {
-    let segments = prefix.trim_end_matches('.').split('.').count();
-    let mut cut: Vec<String> = candidates
-        .map(|c| {
-            let parts: Vec<&str> = c.split('.').collect();
-            let mut s = parts[..segments.min(parts.len())].join(".");
-            if parts.len() > segments {
-                s.push('.');
-            }
-            s
-        })
-        .collect();
-    cut.sort();
-    cut.dedup();
-    let mut ranked: Vec<(usize, String)> =
-        cut.into_iter().map(|c| (distance(prefix, &c), c)).collect();
-    ranked.sort();
-    ranked.into_iter().take(3).map(|(_, c)| c).collect()
 }
 
 impl Plan {
@@ -236,31 +183,5 @@ impl Plan {
             figures,
             options,
         ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn edit_distance_and_near_names() {
-        assert_eq!(distance("kitten", "sitting"), 3);
-        assert_eq!(distance("", "ab"), 2);
-        let names = ["blocks.0.", "blocks.1.", "blocks.2.", "head."];
-        let near = near_names("block.1.", names.iter().copied());
-        assert_eq!(near[0], "blocks.1.");
-        let tensors = ["model.layers.0.mlp.w", "model.layers.1.mlp.w"];
-        assert_eq!(
-            near_names("model.layer.0.", tensors.iter().copied())[0],
-            "model.layers.0."
-        );
-    }
-
-    #[test]
-    fn normalizes() {
-        assert_eq!(normalize_prefix("blocks.1").unwrap(), "blocks.1.");
-        assert_eq!(normalize_prefix(" blocks.1. ").unwrap(), "blocks.1.");
-        assert!(matches!(normalize_prefix(" "), Err(PlanError::EmptyPrefix)));
     }
 }

@@ -11,6 +11,7 @@ mod edit;
 #[cfg(test)]
 mod fit_props;
 mod json;
+mod near;
 mod options;
 mod table;
 mod warnings;

@@ -16,8 +16,6 @@
 
 use crate::profile::{DepthChange, DepthPass};
 
-use super::pool::State;
-
 /// Passes in a row without a wait for a block before its lead comes down one step. More than one,
 /// so a block that waits every other pass does not swing back and forth each pass.
 pub(crate) const CALM_PASSES: u32 = 2;
@@ -136,30 +134,6 @@ impl Depth {
     pub fn reset(&mut self) {
         self.passes_before += self.passes.len();
         self.passes.clear();
-    }
-}
-
-impl State {
-    /// The depth to plan the window with after `block`, by the policy above.
-    pub fn depth_at(&self, block: usize) -> usize {
-        if !self.depth.grows() {
-            return self.depth.window(std::iter::empty());
-        }
-        self.depth.window(self.next_after(block, self.depth.cap()))
-    }
-
-    /// Plans the window after `block` (see [`State::plan`]) at the policy's depth, never less
-    /// than `lookahead`; returns the depth used.
-    pub fn plan_deep(&mut self, block: usize, include_first: bool, lookahead: usize) -> usize {
-        let depth = self.depth_at(block).max(lookahead);
-        self.plan(block, include_first, depth);
-        depth
-    }
-
-    /// Counts an acquire of `block` by the policy (see [`Depth::note`]).
-    pub fn note_depth(&mut self, block: usize, used: usize, waited: Option<f64>, name: &str) {
-        let pos = self.pos[block];
-        self.depth.note(block, pos, name, used, waited);
     }
 }
 

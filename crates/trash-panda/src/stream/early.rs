@@ -42,25 +42,6 @@ impl Engine {
         }))
     }
 
-    /// Gives back the memory a RAM-tier `block` holds between passes (its pages of the
-    /// checkpoint's map, and their page cache on Linux unless `keep_cache`: a pipeline that
-    /// runs again reads it from there), for a final pass: returns the bytes given back, 0 where
-    /// the platform or the RAM source cannot. The block stays usable: its next staging maps it
-    /// again, or reads it from the drive once the cache has let it go.
-    pub fn release_pages(&self, block: usize, keep_cache: bool) -> Result<u64, StreamError> {
-        self.check(block)?;
-        Ok(self.source.release(block, keep_cache))
-    }
-
-    /// The in-memory RAM tier's image of `block`, laid out as staged, once the tier is loaded
-    /// ([`load_ram_tier`](Self::load_ram_tier)); `None` for any other block. With
-    /// `EngineOptions::direct_ram` such blocks are not staged ahead: the caller copies from here
-    /// and counts the run with [`advance`](Self::advance).
-    pub fn ram_image(&self, block: usize) -> Result<Option<super::RamImage>, StreamError> {
-        self.check(block)?;
-        Ok(self.source.image(block))
-    }
-
     /// Counts a run of `block`, leased earlier with [`try_lease`](Self::try_lease): records it
     /// for the order file and the statistics (a hit, no wait) and stages the `lookahead` blocks
     /// after it.

@@ -25,7 +25,9 @@ mod depth_tests;
 mod early;
 mod error;
 mod lease;
+mod options;
 mod pool;
+mod ram_tier;
 mod reads;
 mod source;
 mod staging_pool;
@@ -44,130 +46,21 @@ use std::time::{Duration, Instant};
 
 pub use error::StreamError;
 pub use lease::{Lease, TensorKey};
+pub use options::{ColdRead, EngineOptions, RamSource};
 pub use staging_pool::StagingPool;
 pub use stagings::{Staging, StagingSource, MAX_STAGINGS};
 pub use stats::{BlockStats, EngineStats};
 
-use crate::io::{ReadMode, ReadStats, DEFAULT_CHUNK_SIZE};
+use crate::io::ReadMode;
 pub use crate::rules::{
     block_figures, buffer_len, in_place_eligible, tensor_in_place_eligible, BlockFigures,
     SourceTier, StagedLayout, StagedScale, StagedTensor, StreamBlock, StreamTensor,
     DEVICE_TENSOR_ALIGN, MAP_GRAIN, MERGE_GAP, STORAGE_DTYPES, TENSOR_ALIGN,
 };
-use crate::DType;
 use pool::{SlotState, State};
 use reads::{own_depth, Reads};
 pub use source::RamImage;
 use source::{CheckpointSource, Source};
-
-/// How the RAM tier is held.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RamSource {
-    /// Mapped from the checkpoint; the first pass reads it from the drive through the page cache.
-    Mapped,
-    /// Read into private memory by [`Engine::load_ram_tier`] with `threads` parallel readers
-    /// (or by the first worker that needs it), so no pass waits for the drive.
-    InMemory {
-        /// Reads in flight at once while the tier is read in (at least 1).
-        threads: usize,
-    },
-}
-
-/// How a block of the mapped RAM tier is read while its pages are not in memory yet (the first
-/// pass after a load, or after the system evicted them). Warm blocks are copied from the map.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ColdRead {
-    /// Copy through the map after `MADV_WILLNEED` on the run: page faults and the kernel's
-    /// read-ahead (the reader before issue 12; kept to measure against).
-    Map,
-    /// `MADV_POPULATE_READ` on the run, then copy from the map; where the system refuses it,
-    /// as `Map`.
-    Populate,
-    /// Positional reads through the page cache straight into the staging buffer, `in_flight`
-    /// requests at once; they leave the pages cached, so later passes copy from the map.
-    Pread {
-        /// Requests in flight at once, per worker.
-        in_flight: usize,
-    },
-}
-
-impl ColdRead {
-    /// The reader measured fastest on a cold RAM tier here (BENCHMARK.md, "Cold RAM tier"):
-    /// buffered reads want about four requests in flight on this drive, so each of the two
-    /// workers keeps two, with the kernel's read-ahead ahead of each.
-    pub const DEFAULT: ColdRead = ColdRead::Pread { in_flight: 2 };
-}
-
-/// Settings of an [`Engine`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineOptions {
-    /// `None`: weights staged as stored. `Some(DType::BF16)` or `Some(DType::F8E4M3)`: the RAM
-    /// tier is converted once, on load, into private memory (whatever `ram_source` says), with the
-    /// planner's rule (see [`STORAGE_DTYPES`]); disk-tier blocks are always staged as stored.
-    pub storage: Option<DType>,
-    /// Blocks staged ahead of the one that runs; 0 stages each block when it is acquired. The
-    /// pool has `buffers` buffers (by default `lookahead + 1`).
-    pub lookahead: usize,
-    /// Worker threads (at least 1).
-    pub workers: usize,
-    /// How disk-tier blocks (and the in-memory RAM tier's load) are read. `Direct` by default: a
-    /// streamed pass must not evict the page cache the RAM tier lives in.
-    pub disk_mode: ReadMode,
-    /// How the RAM tier is held: mapped, or read into private memory.
-    pub ram_source: RamSource,
-    /// How cold blocks of a mapped RAM tier are read.
-    pub cold_read: ColdRead,
-    /// Largest single read or copy; workers check for shutdown between chunks.
-    pub chunk_size: usize,
-    /// Offset alignment of staged tensors: [`TENSOR_ALIGN`] for the CPU, [`DEVICE_TENSOR_ALIGN`]
-    /// for a GPU.
-    pub align: usize,
-    /// RAM-tier blocks held in private memory (`RamSource::InMemory` or a storage dtype) are not
-    /// staged ahead: the caller copies them from [`Engine::ram_image`] (a GPU from pinned memory).
-    pub direct_ram: bool,
-    /// Threads that copy one warm RAM-tier block into its staging buffer; 0: the cores shared
-    /// among the workers.
-    pub copy_threads: usize,
-    /// Bytes of each staging buffer, as the plan counted them (see
-    /// [`crate::engine_config::EngineConfig`]); every block must fit. `None`: the largest
-    /// block's, page-rounded.
-    pub buffer_len: Option<usize>,
-    /// Staging buffers, as the plan counted them; `None`: one more than the maximum depth. At
-    /// least one.
-    pub buffers: Option<usize>,
-    /// The deepest the staging grows where the compute waits for blocks (a block the compute
-    /// waited for is staged one block earlier the next pass; passes without waits bring it back),
-    /// within the buffers; `None`: `lookahead`, a fixed depth.
-    pub max_lookahead: Option<usize>,
-    /// Disk-tier blocks that [`in_place_eligible`] allows are used in place from private maps of
-    /// their files (the CPU computes from the page cache's pages) instead of being copied into a
-    /// staging buffer. After a block runs its pages are unmapped, and with `disk_mode: Direct`
-    /// also dropped from the page cache, so the pass does not evict what the RAM tier keeps there.
-    pub in_place: bool,
-}
-
-impl Default for EngineOptions {
-    fn default() -> Self {
-        EngineOptions {
-            storage: None,
-            lookahead: crate::rules::DEFAULT_LOOKAHEAD,
-            workers: 2,
-            disk_mode: ReadMode::Direct,
-            ram_source: RamSource::Mapped,
-            cold_read: ColdRead::DEFAULT,
-            chunk_size: DEFAULT_CHUNK_SIZE,
-            align: TENSOR_ALIGN,
-            direct_ram: false,
-            copy_threads: 0,
-            buffer_len: None,
-            buffers: None,
-            max_lookahead: None,
-            in_place: false,
-        }
-    }
-}
 
 /// What the engine and its workers share.
 #[derive(Debug)]
@@ -518,14 +411,6 @@ impl Engine {
     /// Dropping the lease does the same.
     pub fn release(&self, lease: Lease) {
         drop(lease);
-    }
-
-    /// Reads the RAM tier into memory now if `RamSource::InMemory` or a storage dtype is set
-    /// (once, converting as it goes; later calls and other modes return what was read, or zero
-    /// bytes). The figure covers the reads and the conversion.
-    pub fn load_ram_tier(&self) -> Result<ReadStats, StreamError> {
-        let stats = self.source.load()?;
-        Ok(stats.unwrap_or(ReadStats::new(0, 0.0, self.options.disk_mode)))
     }
 
     /// How disk-tier blocks are read now: `Direct`, or `Buffered` where O_DIRECT was asked for

@@ -321,6 +321,31 @@ impl State {
     }
 }
 
+impl State {
+    /// The depth to plan the window with after `block`, by the staging-depth policy of
+    /// [`Depth`] (`depth.rs`).
+    pub fn depth_at(&self, block: usize) -> usize {
+        if !self.depth.grows() {
+            return self.depth.window(std::iter::empty());
+        }
+        self.depth.window(self.next_after(block, self.depth.cap()))
+    }
+
+    /// Plans the window after `block` (see [`State::plan`]) at the policy's depth, never less
+    /// than `lookahead`; returns the depth used.
+    pub fn plan_deep(&mut self, block: usize, include_first: bool, lookahead: usize) -> usize {
+        let depth = self.depth_at(block).max(lookahead);
+        self.plan(block, include_first, depth);
+        depth
+    }
+
+    /// Counts an acquire of `block` by the policy (see [`Depth::note`]).
+    pub fn note_depth(&mut self, block: usize, used: usize, waited: Option<f64>, name: &str) {
+        let pos = self.pos[block];
+        self.depth.note(block, pos, name, used, waited);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

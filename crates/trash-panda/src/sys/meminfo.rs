@@ -206,4 +206,77 @@ mod tests {
         // Only Windows has a commit charge.
         assert_eq!(f.commit.is_some(), cfg!(windows));
     }
+
+    /// The cgroup's limit and usage, read through the cgroup files, as the usable figure.
+    mod with_cgroup {
+        use super::super::*;
+        use std::fs;
+
+        fn write(path: &Path, text: &str) {
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, text).unwrap();
+        }
+
+        const MEMINFO: &str = "MemTotal: 16000000 kB\nMemAvailable: 12000000 kB\n";
+
+        #[test]
+        fn v2_limit_below_available() {
+            let dir = tempfile::tempdir().unwrap();
+            let roots = SysRoots::under(dir.path());
+            write(&roots.proc.join("meminfo"), MEMINFO);
+            write(
+                &roots.proc.join("self/cgroup"),
+                "0::/user.slice/app.scope\n",
+            );
+            let cg = roots.sys.join("fs/cgroup");
+            write(&cg.join("cgroup.controllers"), "memory\n");
+            write(&cg.join("user.slice/memory.max"), "8000000000\n");
+            write(&cg.join("user.slice/memory.current"), "1000000000\n");
+            write(&cg.join("user.slice/app.scope/memory.max"), "max\n");
+            write(
+                &cg.join("user.slice/app.scope/memory.current"),
+                "500000000\n",
+            );
+            let f = MemoryFigures::probe_at(&roots).unwrap();
+            let got = f.cgroup.clone().unwrap();
+            assert_eq!(
+                (got.version, got.limit, got.usage),
+                (2, 8_000_000_000, Some(1_000_000_000))
+            );
+            assert_eq!(f.usable_ram(), 7_000_000_000);
+            assert!(f.cgroup_below_ram());
+        }
+
+        #[test]
+        fn v2_max_means_no_limit() {
+            let dir = tempfile::tempdir().unwrap();
+            let roots = SysRoots::under(dir.path());
+            write(&roots.proc.join("meminfo"), MEMINFO);
+            write(&roots.proc.join("self/cgroup"), "0::/\n");
+            let cg = roots.sys.join("fs/cgroup");
+            write(&cg.join("cgroup.controllers"), "memory\n");
+            write(&cg.join("memory.max"), "max\n");
+            let f = MemoryFigures::probe_at(&roots).unwrap();
+            assert_eq!(f.cgroup, None);
+            assert_eq!(f.usable_ram(), 12_000_000 * 1024);
+        }
+
+        #[test]
+        fn v1_hybrid_and_namespaced_path() {
+            let dir = tempfile::tempdir().unwrap();
+            let roots = SysRoots::under(dir.path());
+            write(&roots.proc.join("meminfo"), MEMINFO);
+            write(
+                &roots.proc.join("self/cgroup"),
+                "5:cpu,cpuacct:/\n4:memory:/docker/abc\n0::/\n",
+            );
+            // The host path /docker/abc is not visible: the limit sits at the mount root.
+            let mem = roots.sys.join("fs/cgroup/memory");
+            write(&mem.join("memory.limit_in_bytes"), "4000000000\n");
+            write(&mem.join("memory.usage_in_bytes"), "3000000000\n");
+            let f = MemoryFigures::probe_at(&roots).unwrap();
+            assert_eq!(f.cgroup.as_ref().unwrap().version, 1);
+            assert_eq!(f.usable_ram(), 1_000_000_000);
+        }
+    }
 }

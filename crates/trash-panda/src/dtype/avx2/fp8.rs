@@ -2,11 +2,11 @@
 
 use core::arch::x86_64::*;
 
-use super::cast::prefetch;
+use super::primitives::prefetch;
 use super::table::{bytes_of, bytes_with, load_codes, step, store_64, tiles_at, Fixed, Fp8, Table};
 use super::Stores;
-use crate::dtype::cast::f32_bits_to_bf16_bf;
 use crate::dtype::fp8::{e4m3_to_f32_bits, e5m2_to_f32_bits};
+use crate::dtype::half::f32_bits_to_bf16_bf;
 
 /// Below this many codes building a table (sixteen scalar products) costs more than it saves;
 /// at least 32, a whole lookup step.

@@ -46,21 +46,22 @@
 //! The loops prefetch their source 4 KiB ahead: one core of this KVM Xeon reads about 7 GB/s
 //! by demand loads and the hardware prefetcher alone, which held f32 -> bf16 at a third of
 //! memcpy and the block-scaled fp8 case at 0.7-0.8x. The fp8 table loops prefetch into L1
-//! (`cast::prefetch`) and outrun memcpy (they read half of what memcpy reads); the loops bound
-//! by their reads prefetch into L2, which keeps more lines on their way: the f32 narrowing
-//! loops and a whole tensor's amax by `cast::prefetch_l2`, the quantizing loops by their loads
-//! (`quant::reciprocal::load_32`, the next row ahead per row). f32 -> bf16 runs at 0.84x memcpy
+//! (`primitives::prefetch`) and outrun memcpy (they read half of what memcpy reads); the loops
+//! bound by their reads prefetch into L2, which keeps more lines on their way: the f32
+//! narrowing loops and a whole tensor's amax by `primitives::prefetch_l2`, the quantizing loops
+//! by their loads (`quant::reciprocal::load_32`, the next row ahead per row). f32 -> bf16 runs at 0.84x memcpy
 //! and f32 -> f16 at 0.9-0.98x, as fast as the best plain read of the source (see
 //! BENCHMARK.md, issue 24).
 
 use core::arch::x86_64::*;
 
-pub(crate) use super::simd::Stores;
-use super::simd::{level, SimdLevel};
+use super::level::{level, SimdLevel};
+pub(crate) use super::stores::Stores;
 use super::DType;
 
 pub(crate) mod cast;
 pub(crate) mod fp8;
+mod primitives;
 pub(crate) mod quant;
 mod table;
 pub(crate) mod wide;

@@ -51,8 +51,8 @@
 use core::arch::x86_64::*;
 
 use super::{store, Stores};
-use crate::dtype::cast::f16_to_f32_bits_bf;
 use crate::dtype::fp8::f32_bits_to_e4m3;
+use crate::dtype::half::f16_to_f32_bits_bf;
 use reciprocal::{reciprocal, Reciprocal};
 
 /// The 16-bit float sources the kernels take.
@@ -147,7 +147,7 @@ fn max_magnitude<const PREFETCH: bool>(src: &[u8], half: Half, skip_nan: bool) -
     let mut i = 0;
     while i + 32 <= n {
         if PREFETCH {
-            super::cast::prefetch_l2(src, 2 * i);
+            super::primitives::prefetch_l2(src, 2 * i);
         }
         // SAFETY: 2 * (i + 32) <= 2 * n <= src.len(): the 64 bytes at src[2 * i..] are in
         // bounds.

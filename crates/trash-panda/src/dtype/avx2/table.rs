@@ -3,7 +3,7 @@
 
 use core::arch::x86_64::*;
 
-use super::cast::{pack_16, round_bf16};
+use super::primitives::{pack_16, round_bf16};
 use super::{store, Stores};
 
 /// The fp8 formats the tables serve.

@@ -11,11 +11,11 @@
 
 use core::arch::x86_64::*;
 
-use super::cast::prefetch;
+use super::primitives::prefetch;
 use super::table::{load_codes, Fp8, Table};
 use super::{store, Stores};
-use crate::dtype::cast::f32_bits_to_f16_bf;
 use crate::dtype::fp8::{e4m3_to_f32_bits, e5m2_to_f32_bits};
+use crate::dtype::half::f32_bits_to_f16_bf;
 
 /// The four-byte results of one scale: sixteen normal and sixteen subnormal entries per byte.
 struct Table32 {

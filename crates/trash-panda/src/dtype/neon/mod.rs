@@ -48,8 +48,8 @@
 use core::arch::aarch64::*;
 use core::arch::asm;
 
-use super::cast::{f32_bits_to_bf16_bf, f32_bits_to_f16_bf};
 use super::fp8::{e4m3_to_f32_bits, e5m2_to_f32_bits};
+use super::half::{f32_bits_to_bf16_bf, f32_bits_to_f16_bf};
 use super::DType;
 
 mod expand;

@@ -7,8 +7,8 @@ use core::arch::aarch64::*;
 use super::table::{Bf16Table, TABLE_MIN};
 use super::table16::F16Table;
 use super::{bf16_widen, bf16x8, f16_widen, f16x8, half_bits};
-use crate::dtype::cast::f16_to_f32_bits_bf;
 use crate::dtype::fp8::f32_bits_to_e4m3;
+use crate::dtype::half::f16_to_f32_bits_bf;
 use crate::dtype::DType;
 
 /// Eight bf16 or f16 values (little-endian at `p`) as f32.

@@ -26,8 +26,8 @@
 use core::arch::aarch64::*;
 
 use super::table::run_chunks;
-use crate::dtype::cast::f16_to_f32_bits_bf;
 use crate::dtype::fp8::{e4m3_to_f32_bits, f32_bits_to_e4m3};
+use crate::dtype::half::f16_to_f32_bits_bf;
 
 /// One scale's codes for f16 sources, from binade `e_lo` up.
 #[derive(Clone, Copy)]
