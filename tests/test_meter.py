@@ -16,7 +16,7 @@ import trash_panda as tp
 from models import Tiny, on_meta, save
 from trash_panda import _core
 from trash_panda.offload.meter import Meter
-from trash_panda.stage import remembered_activation
+from trash_panda.options import remembered_activation
 
 IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(6))
 

@@ -24,7 +24,7 @@ from models import Tiny, on_meta, save
 from trash_panda import _core
 from trash_panda.offload import meter, outside, overlap, reads
 from trash_panda.offload.meter import Meter
-from trash_panda.stage import remembered_activation
+from trash_panda.options import remembered_activation
 
 IDS = torch.randint(0, 100, (3, 11), generator=torch.Generator().manual_seed(5))
 # The activation memory of each of the six blocks while it runs: the peak is block 1's.
@@ -73,7 +73,7 @@ def memory(monkeypatch: pytest.MonkeyPatch) -> DeviceMemory:
     """The CPU meter reads a DeviceMemory; the stage's peaks start empty."""
     mem = DeviceMemory()
     monkeypatch.setitem(meter._METERS, "cpu", Meter(mem))
-    monkeypatch.setattr(sys.modules["trash_panda.stage"], "_PEAKS", {})
+    monkeypatch.setattr(sys.modules["trash_panda.options"], "_PEAKS", {})
     return mem
 
 
@@ -242,7 +242,7 @@ def test_the_private_memory_peak_of_an_overlapped_stage_is_the_plain_one(
     ids = torch.randint(0, 100, (4, 256), generator=torch.Generator().manual_seed(1))  # about 40 MB
     want = ref(ids).detach()
     loaded = 5 * block_bytes(ref)  # blocks.1. to blocks.5., read inside the stage's block
-    monkeypatch.setattr(sys.modules["trash_panda.stage"], "_PEAKS", {})
+    monkeypatch.setattr(sys.modules["trash_panda.options"], "_PEAKS", {})
     read = overlap.load_block
 
     def build_big() -> Tiny:

@@ -100,18 +100,18 @@ def test_stage_releases_when_the_block_raises(tmp_path: Path) -> None:
 
 
 def _peaks() -> dict[str, int]:
-    return sys.modules["trash_panda.stage"]._PEAKS  # type: ignore[no-any-return]
+    return sys.modules["trash_panda.options"]._PEAKS  # type: ignore[no-any-return]
 
 
 def test_the_peak_is_remembered_for_the_next_plan_of_the_key(tiny: tuple[Path, Tiny]) -> None:
     path, _ = tiny
-    stage_module = sys.modules["trash_panda.stage"]
+    options_module = sys.modules["trash_panda.options"]
     _peaks().clear()
     with tp.stage(build, path, device="cpu", key="tiny") as (model, p, _h):
         assert json.loads(p.to_json())["options"]["activation_vram"] is None
         with torch.no_grad():
             model(torch.randint(0, 100, (64, 512)))  # activations of several MB
-    peak = stage_module.remembered_activation("tiny")
+    peak = options_module.remembered_activation("tiny")
     assert peak is not None and peak > 1_000_000
     with tp.stage(build, path, device="cpu", key="tiny") as (_m, p, _h):
         assert json.loads(p.to_json())["options"]["activation_vram"] == peak
@@ -124,7 +124,7 @@ def test_the_peak_is_remembered_for_the_next_plan_of_the_key(tiny: tuple[Path, T
     _peaks().clear()
     with tp.stage(build, path, device="cpu", key="tiny", overlap=True) as (model, _p, _h), torch.no_grad():
         model(IDS)
-    assert stage_module.remembered_activation("tiny") is not None
+    assert options_module.remembered_activation("tiny") is not None
 
 
 def test_overlap_waits_for_a_slow_read(tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch) -> None:

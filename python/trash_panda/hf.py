@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .checkpoint import Checkpoint
 from .errors import ArgumentError, TrashPandaError
 from .offload import empty_weights
+from .options import WITH_A_PLAN, check_flag, check_order, load_options
 from .plan import Plan
 from .plan import plan as make_plan
 
@@ -22,9 +23,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["build_empty", "checkpoint_of", "from_pretrained", "load_built"]
-
-# The arguments that go to stream_load as well as to plan().
-_SHARED = ("key_map", "skip_prefixes", "compute_dtype", "storage_dtype")
 
 
 def checkpoint_of(folder: str | os.PathLike[str], stem: str = "model") -> Path:
@@ -84,15 +82,13 @@ def from_pretrained(
         raise ArgumentError(f"folder: {folder} has no config.json (expected a transformers model folder)")
     if plan is not None and not isinstance(plan, Plan):
         raise ArgumentError(f"plan: expected a trash_panda.Plan, got {type(plan).__name__}")
-    if plan is not None and set(plan_kwargs) - set(_SHARED):
+    if plan is not None and set(plan_kwargs) - set(WITH_A_PLAN):
         raise ArgumentError(
-            f"plan: given with planning options ({', '.join(sorted(set(plan_kwargs) - set(_SHARED)))}); "
+            f"plan: given with planning options ({', '.join(sorted(set(plan_kwargs) - set(WITH_A_PLAN)))}); "
             "give one or the other"
         )
-    if order is not None and (isinstance(order, str) or not all(isinstance(n, str) for n in order)):
-        raise ArgumentError("order: expected a list of block names")
-    if not isinstance(overlap, bool):
-        raise ArgumentError(f"overlap: expected True or False, got {overlap!r}")
+    check_order(order)
+    check_flag("overlap", overlap)
     return _from_pretrained(cls, Path(folder), Checkpoint(ckpt_path), dtype, device, order, plan, plan_kwargs, overlap)
 
 
@@ -147,7 +143,7 @@ def load_built(
     from .offload.hooked import load_and_hook
 
     p = given if given is not None else make_plan(model, ckpt, device=device, **plan_kwargs)
-    shared = {k: plan_kwargs[k] for k in _SHARED if k in plan_kwargs}
+    shared = load_options(plan_kwargs, p)
     # There is no end of a run here to write an order file at; one that a stage() of the same
     # checkpoint wrote still says where the outside weights are first needed.
     reads = overlap and where is not None

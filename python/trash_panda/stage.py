@@ -7,15 +7,23 @@ the memory the last one gave back.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
-import threading
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .checkpoint import Checkpoint
 from .errors import ArgumentError
+from .options import (
+    LOAD_OPTIONS,
+    accepted_plan_options,
+    check_flag,
+    check_order,
+    checkpoint_key,
+    checkpoint_path,
+    remember_activation,
+    with_remembered_activation,
+)
 from .plan import Plan
 from .plan import plan as make_plan
 
@@ -25,31 +33,10 @@ if TYPE_CHECKING:
     from .offload.handle import OffloadHandle
     from .offload.order import OrderChoice
 
-__all__ = ["remembered_activation", "stage"]
+__all__ = ["stage"]
 
-# Keyword arguments that go to both plan() and stream_load().
-_SHARED = ("key_map", "skip_prefixes", "device")
-
-# Peak activation memory of earlier stages in this process, by key: the next plan of the same
-# key uses it as activation_vram.
-_PEAKS: dict[str, int] = {}
-_PEAKS_LOCK = threading.Lock()
-
-
-def remembered_activation(key: str | os.PathLike[str]) -> int | None:
-    """The peak memory remembered under ``key`` by an earlier stage, in bytes (None if none)."""
-    with _PEAKS_LOCK:
-        return _PEAKS.get(_key_of(key))
-
-
-def remember_activation(key: str | os.PathLike[str], peak: int) -> None:
-    """Remembers ``peak`` under ``key``: the next plan of that key in this process uses it."""
-    with _PEAKS_LOCK:
-        _PEAKS[_key_of(key)] = peak
-
-
-def _key_of(key: str | os.PathLike[str]) -> str:
-    return os.path.abspath(os.fspath(key))
+# What stream_load() takes besides the plan; a stage also gives it the device.
+_TO_LOAD = (*LOAD_OPTIONS, "device")
 
 
 @contextlib.contextmanager
@@ -83,22 +70,17 @@ def stage(
     """
     if not callable(build_fn):
         raise ArgumentError(f"build_fn: expected a callable that returns the model, got {type(build_fn).__name__}")
-    if isinstance(path, Checkpoint):
-        path = path.files[0] if len(path.files) == 1 else os.path.dirname(path.files[0])
-    if not isinstance(path, str | os.PathLike):
-        raise ArgumentError(f"path: expected a checkpoint path, got {type(path).__name__}")
-    if order is not None and (isinstance(order, str) or not all(isinstance(n, str) for n in order)):
-        raise ArgumentError("order: expected a list of block names")
-    if not isinstance(overlap, bool):
-        raise ArgumentError(f"overlap: expected True or False, got {overlap!r}")
-    accepted = set(inspect.signature(make_plan).parameters) - {"model", "checkpoint"}
+    path = checkpoint_path(path)
+    check_order(order)
+    check_flag("overlap", overlap)
+    accepted = accepted_plan_options()
     unknown = sorted(set(kwargs) - accepted)
     if unknown:
         raise ArgumentError(
             f"stage() got {', '.join(unknown)}, which plan() does not take: expected key, order, "
             f"order_file_destination, overlap or plan()'s {', '.join(sorted(accepted))}"
         )
-    remember = _key_of(key if key is not None else path)
+    remember = checkpoint_key(key if key is not None else path)
     with _stage(build_fn, path, remember, order, order_file_destination, overlap, kwargs) as got:
         yield got
 
@@ -124,12 +106,8 @@ def _stage(
         model = build_fn()
     if not isinstance(model, nn.Module):
         raise ArgumentError(f"build_fn: it returned {type(model).__name__}, not a torch.nn.Module")
-    options = dict(kwargs)
-    if options.get("activation_vram") is None:
-        remembered = remembered_activation(key)
-        if remembered is not None:
-            options["activation_vram"] = remembered
-    shared = {k: options[k] for k in _SHARED if k in options}
+    options = with_remembered_activation(kwargs, key)
+    shared = {k: options[k] for k in _TO_LOAD if k in options}
     device = resolve_device(shared.get("device"))
     handle: OffloadHandle | None = None
     choice: OrderChoice | None = None

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core, settings
 from ..errors import ArgumentError
+from ..options import check_order
 from .backends import Backend, make_backend
 from .backends.cuda import DeviceBackend
 from .block_hooks import ReleaseGuard, RunOrder, RunTiming, Staging
@@ -215,8 +216,7 @@ def install_offload(model: nn.Module, *, order: list[str] | None = None) -> Offl
         raise ArgumentError("model: load it with stream_load() before install_offload()")
     if state.handle is not None:
         raise ArgumentError("model: its hooks are already installed; remove() the handle first")
-    if order is not None and (isinstance(order, str) or not all(isinstance(n, str) for n in order)):
-        raise ArgumentError("order: expected a list of block names")
+    check_order(order)
     return _install(model, state, state.blocks, order)
 
 

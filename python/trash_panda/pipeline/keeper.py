@@ -18,8 +18,14 @@ from typing import TYPE_CHECKING, Any
 from .. import _core
 from ..checkpoint import Checkpoint
 from ..errors import ArgumentError
+from ..options import (
+    LOAD_OPTIONS,
+    checkpoint_key,
+    remember_activation,
+    remembered_activation,
+    with_remembered_activation,
+)
 from ..plan import plan as make_plan
-from ..stage import remember_activation, remembered_activation
 from .ahead import Pending
 from .spec import Stage
 from .staging import SharedStaging
@@ -33,9 +39,6 @@ if TYPE_CHECKING:
     from .loaded import LoadedStage
 
 __all__ = ["StageKeeper"]
-
-# Keyword arguments that go to stream_load() as well as to plan().
-_SHARED = ("key_map", "skip_prefixes")
 
 
 class StageKeeper:
@@ -123,11 +126,7 @@ class StageKeeper:
     def _plan(self, spec: Stage, model: nn.Module, ckpt: Checkpoint, free: _core.Free) -> Plan:
         """The stage's plan for ``free``, with its remembered activation memory."""
         # The pipeline keeps the stages' floor of free RAM itself (``_floor``, in ``_free``).
-        options = {**spec.options, "min_free_ram": 0}
-        if options.get("activation_vram") is None:
-            remembered = remembered_activation(spec.key if spec.key is not None else spec.path)
-            if remembered is not None:
-                options["activation_vram"] = remembered
+        options = with_remembered_activation({**spec.options, "min_free_ram": 0}, spec.memo_key)
         sizes: dict[str, Any] = {"ram": free.ram}
         if free.vram is not None:
             sizes["vram"] = free.vram
@@ -491,8 +490,8 @@ class StageKeeper:
             "device": self.device,
             "order": spec.order,
             "destination": spec.order_file_destination,
-            "shared": {k: spec.options[k] for k in _SHARED if k in spec.options},
-            "key": os.path.abspath(os.fspath(spec.key if spec.key is not None else spec.path)),
+            "shared": {k: spec.options[k] for k in LOAD_OPTIONS if k in spec.options},
+            "key": checkpoint_key(spec.memo_key),
             "staging_pool": self.staging.pool,
             "direct": self._reads.direct,
         }

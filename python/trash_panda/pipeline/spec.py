@@ -3,15 +3,13 @@ build function, checkpoint and plan options), checked when it is made."""
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..checkpoint import Checkpoint
 from ..errors import ArgumentError
-from ..plan import plan as make_plan
+from ..options import accepted_plan_options, check_order, checkpoint_path
 
 if TYPE_CHECKING:
     from torch import nn
@@ -47,18 +45,17 @@ class Stage:
                 f"stage {self.name}: build_fn: expected a callable that returns the model, "
                 f"got {type(self.build_fn).__name__}"
             )
-        if isinstance(self.path, Checkpoint):
-            files = self.path.files
-            object.__setattr__(self, "path", files[0] if len(files) == 1 else os.path.dirname(files[0]))
-        if not isinstance(self.path, str | os.PathLike):
-            raise ArgumentError(f"stage {self.name}: path: expected a checkpoint path, got {type(self.path).__name__}")
-        order = self.order
-        if order is not None and (isinstance(order, str) or not all(isinstance(n, str) for n in order)):
-            raise ArgumentError(f"stage {self.name}: order: expected a list of block names")
-        accepted = set(inspect.signature(make_plan).parameters) - {"model", "checkpoint", "device"}
+        object.__setattr__(self, "path", checkpoint_path(self.path, f"stage {self.name}: path"))
+        check_order(self.order, f"stage {self.name}: order")
+        accepted = accepted_plan_options(besides=("device",))
         unknown = sorted(set(self.options) - accepted)
         if unknown:
             raise ArgumentError(
                 f"stage {self.name}: {', '.join(unknown)}: not plan() options; expected some of "
                 f"{', '.join(sorted(accepted))} (the pipeline gives the device)"
             )
+
+    @property
+    def memo_key(self) -> str | os.PathLike[str]:
+        """What its peak activation memory is remembered under: ``key``, else its checkpoint."""
+        return self.key if self.key is not None else self.path
