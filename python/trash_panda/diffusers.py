@@ -302,7 +302,7 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
     for m in modules:
         # Before the refusal a released component puts on itself (loading it lifts that), and
         # before the waits for weights a component read ahead puts on (its start lets them in).
-        hooks.on_module_start(CHAIN, m, functools.partial(before, m), outermost=True)
+        hooks.on_module_start(CHAIN, m, functools.partial(before, m))
         hooks.on_module_end(CHAIN, m, after)
     # Until it is loaded the component is on meta, and a pipeline takes its execution device
     # from its first component; this is where it looks for an offloaded one's (accelerate's name).

@@ -1,16 +1,17 @@
 """install_offload and offload_blocks: hooks that make each block runnable just before it runs.
 
-Every concern is a named block hook in the model's one :class:`~.registry.HookRegistry`, in this
-order (``pre_forward`` top to bottom, ``post_forward`` bottom to top):
+Every concern is a named block hook in the model's one :class:`~.registry.HookRegistry`, in the
+order of the registry's rank table (:data:`~.registry.RANKS`; ``pre_forward`` top to bottom,
+``post_forward`` bottom to top):
 
-- ``gpu_released``: only while ``handle.release_gpu()`` holds the weights in host memory: the
-  model's next call (or a block's, or an outside module's) restores them first (added by
-  :mod:`.gpu_swap`, before every other hook);
 - ``release_guard``: refuses a block once the hooks were removed;
 - ``final_pass``: while ``handle.final_pass()`` is open, frees each block after it runs, and refuses
-  a block it freed (added by :mod:`.final_pass`, before ``timing``);
+  a block it freed (added by :mod:`.final_pass`);
+- ``gpu_released``: only while ``handle.release_gpu()`` holds the weights in host memory: the
+  model's next call (or a block's, or an outside module's) restores them first (added by
+  :mod:`.gpu_swap`, before every hook that reads the weights);
 - ``overlap_wait``: ``stage(overlap=True)`` waits for the loader to read the block (added by
-  :mod:`.overlap`, before ``timing``);
+  :mod:`.overlap`);
 - ``timing``: each run's start, end and what staging waited for (``handle.runs``, the profile's);
 - ``staging``: the backend brings the block's weights and gives them back after the run, and
   blocks used in place from the checkpoint's map forget each module's weights once it ran;
@@ -54,8 +55,6 @@ __all__ = ["OffloadHandle", "install_offload", "offload_blocks"]
 MAX_RUNS = 200_000
 # The timing of every run that brings nothing; shared, since no one writes to it.
 NOTHING_BROUGHT = Timing()
-# Hooks that decide whether a block can run (a final pass, an overlap load) go before this one.
-TIMING = "timing"
 
 
 class ReleaseGuard(BlockHook):
@@ -137,7 +136,7 @@ class RunTiming(BlockHook):
     ``_core.clock()`` (the engine's workers time their stagings on it, so the profile's trace
     draws both on one timeline); ``timing`` is what staging waited for."""
 
-    name = TIMING
+    name = "timing"
 
     def __init__(self, staging: Staging) -> None:
         self.staging = staging
