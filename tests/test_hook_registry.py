@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -228,6 +229,48 @@ def test_module_hooks_run_by_rank_and_one_added_mid_call_runs_in_its_place() -> 
         hooks.on_module_start("order", module, lambda: None, rank=1)
     hooks.remove_all()
     assert not module._forward_pre_hooks and not module._forward_hooks
+
+
+def test_a_hook_added_on_another_thread_as_a_call_begins_runs_in_that_call() -> None:
+    """A pipeline's runner sets the next component up on a thread of its own; the chain's hook
+    that starts the component waits for that thread (through the runner). The hooks the thread
+    added run in the same call, at their ranks: nothing needs to wait before the call begins."""
+    log: list[str] = []
+    module = nn.Linear(2, 2)
+    hooks = model_hooks(module)
+
+    def set_up() -> None:
+        hooks.on_module_start("overlap_wait", module, lambda: log.append("wait"))
+        hooks.on_module_end("staging", module, lambda: log.append("give back"))
+
+    def start() -> None:
+        log.append("chain")
+        thread = threading.Thread(target=set_up)
+        thread.start()
+        thread.join()
+
+    hooks.on_module_start("pipeline_chain", module, start)
+    hooks.on_module_end("pipeline_chain", module, lambda: log.append("chain end"))
+    module(torch.ones(1, 2))
+    assert log == ["chain", "wait", "give back", "chain end"]
+    hooks.remove_all()
+
+
+def test_every_module_post_hook_runs_and_the_first_error_is_raised() -> None:
+    log: list[str] = []
+    module = nn.Linear(2, 2)
+    hooks = model_hooks(module)
+
+    def fails(what: str) -> None:
+        log.append(what)
+        raise RuntimeError(what)
+
+    hooks.on_module_end("a", module, lambda: fails("a"), rank=1)
+    hooks.on_module_end("b", module, lambda: fails("b"), rank=2)
+    with pytest.raises(RuntimeError, match="b"):
+        module(torch.ones(1, 2))
+    assert log == ["b", "a"]  # reverse rank
+    hooks.remove_all()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="tables are mapped on Linux only")
