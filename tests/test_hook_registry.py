@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from torch import nn
 import trash_panda as tp
 from models import Tiny, on_meta, save
 from trash_panda.offload.materialize import LOOKUP_GUARDS
-from trash_panda.offload.registry import BlockHook, HookRegistry, model_hooks
+from trash_panda.offload.registry import RANKS, BlockHook, HookRegistry, model_hooks
 from trash_panda.offload.state import RELEASED, BlockState
 from trash_panda.plan import Tier
 
@@ -42,9 +43,9 @@ def test_pre_hooks_run_in_order_and_post_hooks_in_reverse() -> None:
     log: list[str] = []
     block = _block()
     hooks = HookRegistry([block])
-    hooks.add(Recorder("a", log, gate=True))
-    hooks.add(Recorder("c", log))
-    hooks.add(Recorder("b", log, gate=True), before="c")
+    hooks.add(Recorder("a", log, gate=True), rank=1)
+    hooks.add(Recorder("c", log), rank=3)
+    hooks.add(Recorder("b", log, gate=True), rank=2)
     assert hooks.names == ["a", "b", "c"]
     block.module(torch.ones(1, 2))
     assert log == ["pre a", "pre b", "pre c", "post c", "post b", "post a"]
@@ -148,7 +149,7 @@ def test_a_new_block_hook_runs_around_each_block_with_the_others(tmp_path: Path)
     handle = tp.install_offload(model)
     log: list[tuple[str, str, bool]] = []
     before, after = Probe("before", log), Probe("after", log)
-    handle.hooks.add(before, before="staging")
+    handle.hooks.add(before, rank=RANKS["staging"] - 1)
     handle.hooks.add(after)
     assert handle.hooks.names == ["release_guard", "timing", "before", "staging", "order", "after"]
     ids = torch.tensor([[1, 2, 3]])
@@ -181,8 +182,8 @@ def test_module_hooks_named_on_their_own_outlive_the_block_hooks() -> None:
     outer = nn.Sequential(block.module)
     hooks = model_hooks(outer)
     assert model_hooks(outer) is hooks  # one registry per model
-    hooks.on_module_start("refuse", outer, lambda: log.append("refuse"))
-    hooks.on_module_start("first", outer, lambda: log.append("first"), prepend=True)
+    hooks.on_module_start("refuse", outer, lambda: log.append("refuse"), rank=50)
+    hooks.on_module_start("first", outer, lambda: log.append("first"), rank=10)
     hooks.wrap([block])
     hooks.add(Recorder("rec", log))
     assert "refuse" in hooks and "rec" in hooks and "nothing" not in hooks
@@ -202,25 +203,74 @@ def test_module_hooks_named_on_their_own_outlive_the_block_hooks() -> None:
     assert not outer._forward_pre_hooks and not block.module._forward_pre_hooks
 
 
-def test_an_outermost_module_hook_stays_before_hooks_prepended_after_it() -> None:
-    """A chained pipeline's hook that starts a component's stage is outermost: the waits for
-    weights that a component read ahead prepends later must still run after it (they wait for
-    memory its start lets in)."""
+def test_module_hooks_run_by_rank_and_one_added_mid_call_runs_in_its_place() -> None:
+    """A chained pipeline's hook that starts a component's stage runs first, whenever it was
+    added: the waits for weights that the stage adds (while the call begins, from that hook)
+    run after it in the same call, at their rank, and a refusal it lifts does not run."""
     log: list[str] = []
     module = nn.Linear(2, 2)
     hooks = model_hooks(module)
     hooks.on_module_start("plain", module, lambda: log.append("plain"))
-    hooks.on_module_start("chain", module, lambda: log.append("chain"), outermost=True)
-    hooks.on_module_start("early", module, lambda: log.append("early"), prepend=True)
+    hooks.on_module_start("released", module, lambda: log.append("released"))
+
+    def start() -> None:
+        log.append("chain")
+        hooks.remove("released")
+        if "overlap_wait" not in hooks:
+            hooks.on_module_start("overlap_wait", module, lambda: log.append("wait"))
+
+    hooks.on_module_start("pipeline_chain", module, start)
     module(torch.ones(1, 2))
-    assert log == ["chain", "early", "plain"]
-    hooks.remove("chain")
-    hooks.on_module_start("earlier", module, lambda: log.append("earlier"), prepend=True)
+    assert log == ["chain", "wait", "plain"]
     log.clear()
     module(torch.ones(1, 2))
-    assert log == ["earlier", "early", "plain"]
+    assert log == ["chain", "wait", "plain"]
+    with pytest.raises(ValueError, match="built-in"):
+        hooks.on_module_start("order", module, lambda: None, rank=1)
     hooks.remove_all()
-    assert not module._forward_pre_hooks
+    assert not module._forward_pre_hooks and not module._forward_hooks
+
+
+def test_a_hook_added_on_another_thread_as_a_call_begins_runs_in_that_call() -> None:
+    """A pipeline's runner sets the next component up on a thread of its own; the chain's hook
+    that starts the component waits for that thread (through the runner). The hooks the thread
+    added run in the same call, at their ranks: nothing needs to wait before the call begins."""
+    log: list[str] = []
+    module = nn.Linear(2, 2)
+    hooks = model_hooks(module)
+
+    def set_up() -> None:
+        hooks.on_module_start("overlap_wait", module, lambda: log.append("wait"))
+        hooks.on_module_end("staging", module, lambda: log.append("give back"))
+
+    def start() -> None:
+        log.append("chain")
+        thread = threading.Thread(target=set_up)
+        thread.start()
+        thread.join()
+
+    hooks.on_module_start("pipeline_chain", module, start)
+    hooks.on_module_end("pipeline_chain", module, lambda: log.append("chain end"))
+    module(torch.ones(1, 2))
+    assert log == ["chain", "wait", "give back", "chain end"]
+    hooks.remove_all()
+
+
+def test_every_module_post_hook_runs_and_the_first_error_is_raised() -> None:
+    log: list[str] = []
+    module = nn.Linear(2, 2)
+    hooks = model_hooks(module)
+
+    def fails(what: str) -> None:
+        log.append(what)
+        raise RuntimeError(what)
+
+    hooks.on_module_end("a", module, lambda: fails("a"), rank=1)
+    hooks.on_module_end("b", module, lambda: fails("b"), rank=2)
+    with pytest.raises(RuntimeError, match="b"):
+        module(torch.ones(1, 2))
+    assert log == ["b", "a"]  # reverse rank
+    hooks.remove_all()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="tables are mapped on Linux only")

@@ -51,11 +51,6 @@ class _Component:
     stage: contextlib.AbstractContextManager[Any] | None = None  # the stage() it is loaded in
 
 
-@dataclass(frozen=True)
-class _ExecutionDevice:
-    execution_device: torch.device
-
-
 @dataclass
 class _Chain:
     """The runner of a chained pipeline, and the run and stage open in it: entered by the chain
@@ -104,6 +99,7 @@ class _Streamed:
     chain: bool
     overlap: bool = False
     chained: _Chain | None = None
+    pipeline_class: type | None = None  # a chain's pipeline's own class (see _reporting_device)
 
 
 def load_pipeline(
@@ -194,6 +190,11 @@ def _load_pipeline(
         streamed.chained = _Chain(_runner(streamed))
         for c in streamed.components:
             _chain_hooks(streamed, c)
+        # Until a component is loaded it is on meta, and a diffusers pipeline takes its
+        # execution device from ``device`` (its ``_execution_device`` does, for components that
+        # no accelerate hook offloads): the chain's pipeline reports the chain's device.
+        streamed.pipeline_class = type(pipe)
+        pipe.__class__ = _reporting_device(type(pipe))
         end = getattr(pipe, _END_OF_CALL, None)
         if callable(end):
             # Each diffusers pipeline calls it as its __call__ ends: the call's last component
@@ -266,47 +267,68 @@ def _end_of_call(chain: _Chain, end: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
     """Hooks that start the component's stage before it, or any of its direct children, runs:
-    a pipeline may call ``vae.decode`` rather than the VAE's forward."""
+    a pipeline may call ``vae.decode`` rather than the VAE's forward.
+
+    They are the first of the component's hooks (``pipeline_chain`` in the registry's rank
+    table): the refusal a released component puts on itself comes after them (loading it lifts
+    that), and so do the waits for weights that its stage adds as it starts, or that the
+    runner's thread added while the component before it ran (they wait for memory only its
+    start lets in). The registry walks its own list of the module's hooks as the call goes, so
+    the hooks the start added run in this same call, at their ranks; nothing here waits for
+    the runner's thread (its ``run.stage()`` waits for the read-ahead it set up)."""
     chain = streamed.chained
     assert chain is not None
     index = streamed.components.index(c)
 
     calls = [0]  # the component's module calls under way (a child's inside its forward)
 
-    def before(module: nn.Module) -> None:
+    def before() -> None:
         calls[0] += 1
         chain.busy += 1
         if chain.at == index:
             return
-        had = set(module._forward_pre_hooks)
         chain.enter(index, c.name)
         guard_to(c.model)
-        # torch runs the pre-hooks a module had when its call began, so those the stage just put
-        # on this one (an overlap load's wait for its weights, the order record) are run here;
-        # without them it would run before its weights are read.
-        for key, hook in list(module._forward_pre_hooks.items()):
-            if key not in had:
-                hook(module, ())
 
     def after() -> None:
         calls[0] = max(0, calls[0] - 1)
         chain.busy = max(0, chain.busy - 1)
-        if calls[0] == 0:
-            # The next component is set up on the runner's thread while this one runs; its call
-            # must not begin before that is done: torch takes the list of a module's pre-hooks
-            # as its call begins, and ``before`` would not run those put on meanwhile.
-            chain.runner.settle()
 
     hooks = model_hooks(c.model)
     modules = [c.model, *(m for m in c.model.children() if any(True for _ in m.parameters()))]
     for m in modules:
-        # Before the refusal a released component puts on itself (loading it lifts that), and
-        # before the waits for weights a component read ahead puts on (its start lets them in).
-        hooks.on_module_start(CHAIN, m, functools.partial(before, m), outermost=True)
+        hooks.on_module_start(CHAIN, m, before)
         hooks.on_module_end(CHAIN, m, after)
-    # Until it is loaded the component is on meta, and a pipeline takes its execution device
-    # from its first component; this is where it looks for an offloaded one's (accelerate's name).
-    c.model._hf_hook = _ExecutionDevice(streamed.device)  # type: ignore[assignment]
+
+
+_REPORTING: dict[type, type] = {}  # each pipeline class, its chained subclass
+
+
+def _reporting_device(cls: type[Any]) -> type:
+    """A chained pipeline's class: ``cls`` whose ``device`` (a public property of diffusers'
+    pipelines, what ``_execution_device`` returns for components no accelerate hook offloads)
+    is the chain's device while the pipeline is chained, whatever device the components are on
+    (meta until each is loaded). One subclass per class, of the same name: the pipeline's
+    config and saving see ``cls``."""
+    found = _REPORTING.get(cls)
+    if found is not None:
+        return found
+
+    def device(self: Any) -> torch.device:
+        streamed = self.__dict__.get(_ATTR)
+        if isinstance(streamed, _Streamed) and streamed.chained is not None:
+            return streamed.device
+        plain: torch.device = cls.device.__get__(self, cls)  # the class's own
+        return plain
+
+    sub = type(
+        cls.__name__,
+        (cls,),
+        {"device": property(device, doc=cls.device.__doc__), "__module__": cls.__module__},
+    )
+    sub.__qualname__ = cls.__qualname__
+    _REPORTING[cls] = sub
+    return sub
 
 
 def pipeline_report(pipe: Any) -> str:
@@ -335,21 +357,21 @@ def release_pipeline(pipe: Any) -> None:
     _release_all(streamed)
     delattr(pipe, _ATTR)
     pipe.__dict__.pop(_END_OF_CALL, None)  # the class's own again
+    if streamed.pipeline_class is not None:
+        pipe.__class__ = streamed.pipeline_class
 
 
 def _release_all(streamed: _Streamed) -> None:
     from .offload.cleanup import Cleanup
 
     steps = Cleanup()
-    if streamed.chained is not None:
-        # No component's hooks change on the runner's thread while they are taken off here.
-        steps.run(streamed.chained.runner.settle)
+    # The registry takes its lock for each change: the runner's thread may still be setting up
+    # a component's hooks (the runner's close waits for it, below).
     for c in streamed.components:
-        model_hooks(c.model).remove(CHAIN)
+        steps.run(model_hooks(c.model).remove, CHAIN)
     if streamed.chained is not None:
         steps.run(streamed.chained.leave_run)
         steps.run(streamed.chained.runner.close)
     for c in streamed.components:
         steps.run(_end_stage, c)
-        c.model.__dict__.pop("_hf_hook", None)
     steps.done()

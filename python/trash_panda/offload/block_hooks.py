@@ -1,7 +1,16 @@
-"""The block hooks every install puts on a model (the features add theirs: a final pass, an
-overlap load's wait, a GPU release): refusing a block once the hooks were removed, bringing its
-weights and giving them back, timing each run, and recording the order blocks first ran in.
-Their places among the others are the registry's (:mod:`.registry`)."""
+"""The block hooks every install puts on a model; the features add theirs (a final pass, an
+overlap load's wait, a GPU release). Their places are the registry's rank table
+(:data:`~.registry.RANKS`).
+
+- ``release_guard`` (a gate): refuses a block once the hooks were removed;
+- ``timing``: each run's start, end and what staging waited for (``handle.runs``, the profile's);
+- ``staging`` (a gate): the backend brings the block's weights and gives them back after the
+  run, and blocks used in place from the checkpoint's map forget each module's weights once it
+  ran;
+- ``order``: records each block's first run once it has its weights (``handle.ran``), and, by a
+  pre-hook on each module outside the blocks, how many blocks had started before its first call
+  (``handle.outside_ran``); warns once when the order given was not the one forward() runs.
+"""
 
 from __future__ import annotations
 
@@ -31,10 +40,6 @@ MAX_RUNS = 200_000
 
 # The timing of every run that brings nothing; shared, since no one writes to it.
 NOTHING_BROUGHT = Timing()
-
-
-# Hooks that decide whether a block can run (a final pass, an overlap load) go before this one.
-TIMING = "timing"
 
 
 class ReleaseGuard(BlockHook):
@@ -116,7 +121,7 @@ class RunTiming(BlockHook):
     ``_core.clock()`` (the engine's workers time their stagings on it, so the profile's trace
     draws both on one timeline); ``timing`` is what staging waited for."""
 
-    name = TIMING
+    name = "timing"
 
     def __init__(self, staging: Staging) -> None:
         self.staging = staging

@@ -139,14 +139,13 @@ def give_back(handle: OffloadHandle, blocks: list[BlockState]) -> int:
     file pages left to the page cache); they refuse to run until read again (:func:`taken_back`).
     Returns the bytes freed."""
     from .backends.cuda import DeviceBackend
-    from .block_hooks import TIMING
 
     fp = handle.hooks.get(FinalPass.name)
     if not isinstance(fp, FinalPass):
         backend = handle.backend if isinstance(handle.backend, DeviceBackend) else None
         fp = FinalPass(handle.state, (), keep_page_cache=True, backend=backend)
         fp.active = False
-        handle.hooks.add(fp, before=TIMING)
+        handle.hooks.add(fp)
     freed = sum(fp.give_back(b) for b in blocks)
     if freed and handle.state.device.type == "cpu":
         _core.trim_heap()  # once for them all: glibc keeps freed chunks below its threshold
@@ -222,7 +221,6 @@ def final_pass(
     if handle.removed:
         raise ArgumentError("handle: its hooks were removed; final_pass() needs installed hooks")
     from .backends.cuda import DeviceBackend
-    from .block_hooks import TIMING
 
     current = handle.hooks.get(FinalPass.name)
     if isinstance(current, FinalPass) and current.active:
@@ -230,10 +228,9 @@ def final_pass(
     backend = handle.backend if isinstance(handle.backend, DeviceBackend) else None
     earlier = current if isinstance(current, FinalPass) else None
     fp = FinalPass(handle.state, tuple(keep_prefixes or ()), keep_page_cache, wanted, backend, earlier)
-    # A closed pass's hook is replaced by this one; both decide whether a block runs, so they
-    # come before the run is timed.
+    # A closed pass's hook is replaced by this one (at its rank: see the registry).
     handle.hooks.remove(FinalPass.name)
-    handle.hooks.add(fp, before=TIMING)
+    handle.hooks.add(fp)
     engine = handle.state.engine
     _last_pass(engine, True)
     try:

@@ -273,7 +273,7 @@ class GpuReleased(BlockHook):
     def attach(self, registry: HookRegistry) -> None:
         state = self.handle.state
         for module in (self.handle.model, *state.outside_modules.values()):
-            registry.on_module_start(self, module, self.restore, prepend=True)
+            registry.on_module_start(self, module, self.restore)
 
     def pre_forward(self, block: BlockState) -> None:
         self.restore()
@@ -380,7 +380,7 @@ def _release(handle: OffloadHandle, memory: Memory) -> GpuSwap:
     backend = handle.backend
     kept = backend.device_bytes() if isinstance(backend, DeviceBackend) else 0
     hook = GpuReleased(handle, memory, storages, host, kept)
-    handle.hooks.add(hook, before=handle.hooks.names[0])  # first: nothing runs on host weights
+    handle.hooks.add(hook)  # at its rank: before every hook that reads the weights
     return GpuSwap(
         "release_gpu",
         True,

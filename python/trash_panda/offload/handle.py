@@ -1,27 +1,12 @@
-"""install_offload and offload_blocks: hooks that make each block runnable just before it runs.
+"""install_offload and offload_blocks put the block hooks (:mod:`.block_hooks`) on a model's
+blocks; :class:`OffloadHandle` is what the caller holds. The handle is the facade of the features
+(a final pass, a GPU release and restore, the profile, restoring the blocks on removal): it
+imports them, and none of them imports it. Each feature adds its block hook to the model's
+:class:`~.registry.HookRegistry`, whose rank table (:data:`~.registry.RANKS`) places it.
 
-Every concern is a named block hook in the model's one :class:`~.registry.HookRegistry`, in this
-order (``pre_forward`` top to bottom, ``post_forward`` bottom to top):
-
-- ``gpu_released``: only while ``handle.release_gpu()`` holds the weights in host memory: the
-  model's next call (or a block's, or an outside module's) restores them first (added by
-  :mod:`.gpu_swap`, before every other hook);
-- ``release_guard``: refuses a block once the hooks were removed;
-- ``final_pass``: while ``handle.final_pass()`` is open, frees each block after it runs, and refuses
-  a block it freed (added by :mod:`.final_pass`, before ``timing``);
-- ``overlap_wait``: ``stage(overlap=True)`` waits for the loader to read the block (added by
-  :mod:`.overlap`, before ``timing``);
-- ``timing``: each run's start, end and what staging waited for (``handle.runs``, the profile's);
-- ``staging``: the backend brings the block's weights and gives them back after the run, and
-  blocks used in place from the checkpoint's map forget each module's weights once it ran;
-- ``order``: records each block's first run once it has its weights (``handle.ran``), and, by a
-  pre-hook on each module outside the blocks, how many blocks had started before its first call
-  (``handle.outside_ran``); warns once when the order given was not the one forward() runs.
-
-The gates are ``gpu_released``, ``release_guard``, ``final_pass``, ``overlap_wait`` and
-``staging``: a block whose gate raised did not start, and none of its post hooks run. The handle
-it returns removes them all (the registry stays on the model, with the hooks named on their own:
-see :mod:`.registry`).
+A block whose gate raised did not start, and none of its post hooks run. The handle removes
+every block hook (the registry stays on the model, with the hooks named on their own: see
+:mod:`.registry`).
 """
 
 from __future__ import annotations

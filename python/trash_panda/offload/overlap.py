@@ -279,10 +279,10 @@ class OverlapWait(BlockHook):
         self.modules = modules or {}  # outside modules loaded later: name -> (module, position)
 
     def attach(self, registry: HookRegistry) -> None:
-        # An outside module loaded later waits for its weights as a block does; first among
-        # its pre-hooks, so nothing sees it before they are in.
+        # An outside module loaded later waits for its weights as a block does, at this hook's
+        # rank: before the hooks that see the module's weights.
         for name, (module, at) in self.modules.items():
-            registry.on_module_start(self, module, functools.partial(self.loader.wait_outside, name, at), prepend=True)
+            registry.on_module_start(self, module, functools.partial(self.loader.wait_outside, name, at))
 
     def pre_forward(self, block: BlockState) -> None:
         self.loader.advance(block)
@@ -340,14 +340,12 @@ def start_loader(
         copies=copies,
         ram_tier_arrived=backend.ram_tier_arrived if isinstance(backend, DeviceBackend) else None,
     )
-    from .block_hooks import TIMING
-
     modules = state.outside_modules
     gates = {name: (modules[name], at) for name, at in (waits or {}).items()}
-    # It decides whether a block can run, so it comes before the run is timed; the handle's
-    # removal closes it (the thread stops before the hooks go).
+    # At its rank (see the registry); the handle's removal closes it (the thread stops before
+    # the hooks go).
     state.loader = loader
-    handle.hooks.add(OverlapWait(loader, state, gates), before=TIMING)
+    handle.hooks.add(OverlapWait(loader, state, gates))
     loader.start()
     return loader
 
