@@ -93,9 +93,8 @@ def test_custom_ranks() -> None:
 
 
 def test_every_built_in_hook_name_is_in_the_table() -> None:
-    from trash_panda.offload.hooks import ReleaseGuard, RunOrder, RunTiming, Staging
-
     from trash_panda.diffusers import CHAIN
+    from trash_panda.offload.block_hooks import ReleaseGuard, RunOrder, RunTiming, Staging
     from trash_panda.offload.final_pass import FinalPass
     from trash_panda.offload.gpu_swap import GpuReleased
     from trash_panda.offload.materialize import LOOKUP_GUARDS

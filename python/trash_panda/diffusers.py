@@ -274,8 +274,8 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
     that), and so do the waits for weights that its stage adds as it starts, or that the
     runner's thread added while the component before it ran (they wait for memory only its
     start lets in). The registry walks its own list of the module's hooks as the call goes, so
-    the hooks the start added run in this same call, at their ranks; nothing here waits for
-    the runner's thread (its ``run.stage()`` waits for the read-ahead it set up)."""
+    the hooks the start added run in this same call, at their ranks. A component's call ends
+    once the next one's read-ahead is set up (:meth:`~trash_panda.Pipeline.settle`)."""
     chain = streamed.chained
     assert chain is not None
     index = streamed.components.index(c)
@@ -293,6 +293,10 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
     def after() -> None:
         calls[0] = max(0, calls[0] - 1)
         chain.busy = max(0, chain.busy - 1)
+        if calls[0] == 0:
+            # The next component is set up on the runner's thread while this one runs: it is
+            # loaded by the time this call ends, as a stage read ahead is by its turn.
+            chain.runner.settle()
 
     hooks = model_hooks(c.model)
     modules = [c.model, *(m for m in c.model.children() if any(True for _ in m.parameters()))]

@@ -254,7 +254,7 @@ class HookRegistry:
         self._hooks: list[BlockHook] = []  # in rank order
         self._keys: dict[str, tuple[int, int]] = {}  # each block hook's (rank, order of adding)
         self._added = 0
-        self._modules: weakref.WeakKeyDictionary[nn.Module, _ModuleHooks] = weakref.WeakKeyDictionary()
+        self._per_module: weakref.WeakKeyDictionary[nn.Module, _ModuleHooks] = weakref.WeakKeyDictionary()
         self._wrapped: list[_Placed] = []  # the blocks' entries
         self._owned: dict[str, list[_Placed]] = {}  # module hooks, by name
         self._started: set[int] = set()  # blocks whose gates completed (for the post hooks)
@@ -272,9 +272,9 @@ class HookRegistry:
 
     def _put(self, module: nn.Module, key: tuple[int, int], fn: Callable[[], None], end: bool) -> _Placed:
         with self._lock:
-            hooks = self._modules.get(module)
+            hooks = self._per_module.get(module)
             if hooks is None:
-                hooks = self._modules[module] = _ModuleHooks(module)
+                hooks = self._per_module[module] = _ModuleHooks(module)
             entry = _Entry(key, fn)
             (hooks.ends if end else hooks.starts).append(entry)
             hooks.publish()
@@ -289,8 +289,8 @@ class HookRegistry:
                 hooks.publish()
             if hooks.empty:
                 module = hooks.module()
-                if module is not None and self._modules.get(module) is hooks:
-                    del self._modules[module]
+                if module is not None and self._per_module.get(module) is hooks:
+                    del self._per_module[module]
                 hooks.remove()
 
     # -- blocks -------------------------------------------------------------------------------
