@@ -109,6 +109,11 @@ class TensorBytes:
     ) -> Any: ...
     def __dlpack_device__(self) -> tuple[int, int]: ...
     def __len__(self) -> int: ...
+    @property
+    def read_only(self) -> bool:
+        """True when torch must only read these bytes (its capsule carries DLPack's read-only flag):
+        memory the core reads too, such as the in-memory RAM tier.
+        """
 
 @final
 class Checkpoint:
@@ -956,9 +961,10 @@ class Engine:
         `keep_cache`); the bytes given back.
         """
     def ram_image(self, block: int) -> TensorBytes | None:
-        """The in-memory RAM tier's bytes of `block`, laid out as staged (a zero-copy view), or None
-        when the block is not held in private memory. Such blocks are not staged ahead when the
-        configuration pins the RAM tier: copy them from here and count the run with `advance`.
+        """The in-memory RAM tier's bytes of `block`, laid out as staged (a zero-copy view, read-only:
+        the engine copies from it too), or None when the block is not held in private memory.
+        Such blocks are not staged ahead when the configuration pins the RAM tier: copy them from
+        here and count the run with `advance`.
         """
     def ram_image_buffers(self) -> list[tuple[int, int]]:
         """(address, length) of every in-memory RAM-tier block, for registering them as pinned."""
