@@ -691,6 +691,8 @@ class HeldPlace:
     def release(self) -> None:
         """Frees the place (once; later calls do nothing)."""
 
+# ---- system probes (crates/trash-panda/src/sys) ----
+
 def trim_heap() -> bool:
     """Gives memory the C allocator holds free back to the system (after a release)."""
 
@@ -702,6 +704,15 @@ def private_memory() -> int:
 
 def available_ram() -> int:
     """The RAM the machine has available (MemAvailable), in bytes."""
+
+@final
+class RssSampler:
+    """Samples the process's resident memory on a thread until `stop()`."""
+    def __new__(cls, interval_ms: int = 1, private: bool = False) -> RssSampler: ...
+    def peak(self) -> int:
+        """The peak so far."""
+    def stop(self) -> tuple[int, int, int]:
+        """Stops sampling: (start, peak, end) in bytes."""
 
 def profile_report(
     blocks: list[tuple[str, str]],
@@ -726,15 +737,6 @@ def clock() -> float:
     """Seconds on the clock the engine's workers time their stagings with; block runs timed with it
     line up with the stagings in the trace.
     """
-
-@final
-class RssSampler:
-    """Samples the process's resident memory on a thread until `stop()`."""
-    def __new__(cls, interval_ms: int = 1, private: bool = False) -> RssSampler: ...
-    def peak(self) -> int:
-        """The peak so far."""
-    def stop(self) -> tuple[int, int, int]:
-        """Stops sampling: (start, peak, end) in bytes."""
 
 @final
 class Lease:
