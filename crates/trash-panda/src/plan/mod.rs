@@ -13,6 +13,7 @@ mod fit_props;
 mod json;
 mod options;
 mod table;
+pub use table::PlanTable;
 mod warnings;
 
 use std::path::PathBuf;
