@@ -37,7 +37,7 @@ SECTION = "### From the Python package"
 ARGUMENTS = "### Argument errors"
 # The classes of trash_panda.errors a message is raised as (ArgumentError's are checked apart).
 CLASSES = {"TrashPandaError", "CheckpointError", "ReadError", "DtypeError", "PlanError", "StreamError"}
-CLASSES |= {"SystemProbeError", "TraceError", "ValueError", "RuntimeError", "TypeError", "OSError"}
+CLASSES |= {"OrderError", "SystemProbeError", "TraceError", "ValueError", "RuntimeError", "TypeError", "OSError"}
 
 # Raises whose text is made elsewhere, with where: the entry for that text covers them.
 # Named by file and enclosing function, not line, so an edit above them does not move them.

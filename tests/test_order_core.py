@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trash_panda import _core
-from trash_panda.errors import ArgumentError, ReadError, StreamError, TrashPandaError
+from trash_panda.errors import ArgumentError, OrderError, ReadError, StreamError, TrashPandaError
 
 BLOCKS = ["double_blocks.0.", "double_blocks.1.", "single_blocks.0.", "single_blocks.1."]
 
@@ -116,9 +116,10 @@ def test_an_unwritable_folder_raises_one_typed_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
     for path in [tmp_path / "missing" / "model_order.json", blocker / "model_order.json"]:
-        with pytest.raises(StreamError, match="model_order.json") as caught:
+        with pytest.raises(OrderError, match="model_order.json") as caught:
             _core.write_order_file(path, "model.safetensors", ["double_blocks.0"])
-        assert isinstance(caught.value, TrashPandaError)
+        assert isinstance(caught.value, TrashPandaError) and isinstance(caught.value, OSError)
+        assert not isinstance(caught.value, StreamError)
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
@@ -128,7 +129,7 @@ def test_a_read_only_folder_raises_the_same_error(tmp_path: Path) -> None:
     folder.chmod(0o555)
     try:
         if os.geteuid() != 0:
-            with pytest.raises(StreamError):
+            with pytest.raises(OrderError):
                 _core.write_order_file(folder / "m_order.json", "m.safetensors", ["a"])
             return
         # Root writes anywhere by its capabilities: the write runs in a child without them.
@@ -137,11 +138,11 @@ def test_a_read_only_folder_raises_the_same_error(tmp_path: Path) -> None:
         script = (
             "import sys\n"
             "from trash_panda import _core\n"
-            "from trash_panda.errors import StreamError\n"
+            "from trash_panda.errors import OrderError\n"
             "try:\n"
             "    _core.write_order_file(sys.argv[1], 'm.safetensors', ['a'])\n"
-            "except StreamError as e:\n"
-            "    print('StreamError', e)\n"
+            "except OrderError as e:\n"
+            "    print('OrderError', e)\n"
         )
         caps = "-dac_override,-dac_read_search,-fowner"
         child = subprocess.run(
@@ -151,7 +152,7 @@ def test_a_read_only_folder_raises_the_same_error(tmp_path: Path) -> None:
             check=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         )
-        assert child.stdout.startswith("StreamError") and "m_order.json" in child.stdout, child
+        assert child.stdout.startswith("OrderError") and "m_order.json" in child.stdout, child
         assert not (folder / "m_order.json").exists()
     finally:
         folder.chmod(0o755)

@@ -373,7 +373,8 @@ def test_holds_counts_what_a_loaded_stage_holds(folder: Path) -> None:
         state = loaded.state
         budgets = loaded.plan.budgets
         assert budgets is not None
-        resident = sum(held_bytes(spec, state.device) for b in state.blocks if b.tier == "device" for spec in b.tensors)
+        on_device = [b for b in state.blocks if b.tier == tp.Tier.DEVICE]
+        resident = sum(held_bytes(spec, state.device) for b in on_device for spec in b.tensors)
         outside = sum(p.nbytes for name, m in state.outside_modules.items() for p in m.parameters(recurse=False))
         assert resident == budgets.device_used > 0
         assert outside == budgets.outside > 0

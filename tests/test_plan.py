@@ -151,7 +151,7 @@ def test_the_table_names_the_device_that_computes(tiny_ckpt: Path) -> None:
     assert Plan.from_json(simulated.to_json()) == simulated
     # A plan made for a GPU (what plan() asks for on a CUDA device) says so.
     tensors, prefixes = planning_inputs(model, tiny_ckpt, None, None, None)
-    gpu = Plan(_core.make_plan(tensors, prefixes, 2_000_000_000, True, ram=8_000_000_000))
+    gpu = _core.make_plan(tensors, prefixes, 2_000_000_000, True, ram=8_000_000_000)
     assert str(gpu).startswith("automatic plan: 6 blocks, device gpu, "), str(gpu)
     assert " = free VRAM 2.00 GB - " in str(gpu)
     assert '"device": "cpu"' not in gpu.to_json()
@@ -222,7 +222,9 @@ def test_tier_names_are_the_cores(tiny_ckpt: Path) -> None:
     with pytest.raises(ArgumentError, match="tier"):
         p.assign(3, indices=[0])  # type: ignore[arg-type]
     assert p.to_json() == before
-    assert {_core.tier_name(t.value) for t in Tier} == {t.value for t in Tier}
+    tiers = [Tier.DEVICE, Tier.RAM, Tier.DISK]
+    assert {_core.tier_name(t.value) for t in tiers} == {t.value for t in tiers}
+    assert [Tier(t.value) for t in tiers] == tiers and Tier("vram") == Tier.GPU == Tier.DEVICE
 
 
 def test_float_dtypes_and_scale_pairing_are_the_cores(tmp_path: Path) -> None:

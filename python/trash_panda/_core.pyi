@@ -63,6 +63,7 @@ __all__ = [
     "settings",
     "storage_conversion",
     "tier_name",
+    "Tier",
     "trim_heap",
 ]
 
@@ -109,6 +110,11 @@ class TensorBytes:
     ) -> Any: ...
     def __dlpack_device__(self) -> tuple[int, int]: ...
     def __len__(self) -> int: ...
+    @property
+    def read_only(self) -> bool:
+        """True when torch must only read these bytes (its capsule carries DLPack's read-only flag):
+        memory the core reads too, such as the in-memory RAM tier.
+        """
 
 @final
 class Checkpoint:
@@ -204,11 +210,63 @@ def cli_main(argv: list[str]) -> int:
     """Runs the command line (argv[0] included) and returns its exit code."""
 
 @final
+class Tier:
+    """Where a block's weights live between uses: on the compute device, in host RAM, or on disk."""
+
+    DEVICE: Tier
+    """Where a block's weights live between uses: on the compute device, in host RAM, or on disk."""
+    RAM: Tier
+    """Where a block's weights live between uses: on the compute device, in host RAM, or on disk."""
+    DISK: Tier
+    """Where a block's weights live between uses: on the compute device, in host RAM, or on disk."""
+    GPU: Tier
+    """Where a block's weights live between uses: on the compute device, in host RAM, or on disk."""
+    def __new__(cls, name: str) -> Tier: ...
+    @property
+    def value(self) -> str:
+        """The tier's own name, lower-case, as plans, logs and options write it."""
+    def __int__(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
 class Plan:
     """A plan: which block lives on the device, in RAM and on disk."""
     @staticmethod
-    def manual(resident: list[str], streamed: list[str], streamed_tier: str = "ram") -> Plan:
+    def manual(resident: list[str], streamed: list[str], streamed_tier: Tier | str = ...) -> Plan:
         """A plan written by hand; matched against the model when it is loaded."""
+    @staticmethod
+    def load(path: str | PathLike[str]) -> Plan:
+        """A plan from a JSON file written by `save` or `trash-panda plan --json`."""
+    def save(self, path: str | PathLike[str]) -> None:
+        """Writes `to_json` to `path`."""
+    def tier_of(self, block: str) -> Tier | None:
+        """The tier of the block named `block` (its prefix), or None if the plan has no such block."""
+    def blocks_in(self, tier: Tier | str) -> list[str]:
+        """The names of the blocks in `tier`, in model order."""
+    def table(self) -> str:
+        """The table `str()` prints without its warnings (a log writes those apart)."""
+    def engine_config(self) -> EngineConfig:
+        """Every figure the runtime holds, from this (resolved) plan."""
+    def holds(self, stage: str = "model") -> Holds:
+        """What a model loaded by this (resolved) plan holds under the current settings, and its
+        release gives back: the figures a pipeline moves between stages (`stage` names it in
+        errors).
+        """
+    def needs(self, stage: str = "model") -> Holds:
+        """What a model loaded by this plan needs free at its start: what it holds, and the free
+        memory the plan leaves alone (free-RAM floor, activation reserve, CUDA context).
+        """
+    def at_once(self, stage: str = "model") -> Holds:
+        """What a model loaded by this plan takes as its load is set up, before any read a stage
+        read ahead puts behind its allowance: its own staging buffers and, on a GPU, its device
+        slots and expansion buffers.
+        """
+    def load_reads(self, files: int) -> LoadReads:
+        """How a model loaded by this (resolved) plan on its own reads its files of `files` bytes:
+        past the page cache unless they stay cached beside what the plan holds in RAM
+        (`TRASH_PANDA_DISK_MODE` other than `auto` wins).
+        """
     @staticmethod
     def from_json(text: str) -> Plan:
         """Reads a plan from the JSON `to_json` writes; a PlanError for another format or version."""
@@ -216,8 +274,11 @@ class Plan:
         """The plan as JSON, format name and version first: save it to load the model the same way
         later (`from_json` reads it back).
         """
-    def assign(self, tier: str, indices: list[int] | None = None, prefixes: list[str] | None = None) -> None:
-        """Moves blocks (by position or by name prefix) to `tier`."""
+    def assign(self, tier: Tier | str, indices: list[int] | None = None, prefixes: list[str] | None = None) -> Plan:
+        """Moves blocks, named by position or by prefix, to `tier`; returns the plan itself. An
+        index out of range, a prefix that matches no block, or a block named twice is a
+        PlanError and leaves the plan as it was.
+        """
     @property
     def blocks(self) -> list[BlockPlan]:
         """Every block in plan order."""
@@ -265,8 +326,8 @@ class BlockPlan:
     def name(self) -> str:
         """The block's name prefix, e.g. "model.layers.12."."""
     @property
-    def tier(self) -> str:
-        """ "device", "ram" or "disk"."""
+    def tier(self) -> Tier:
+        """Where the block lives between uses."""
     @property
     def stored_bytes(self) -> int:
         """Bytes in its tier's form: the checkpoint's on disk, the storage dtype's in RAM and on the
@@ -686,6 +747,8 @@ class HeldPlace:
     def release(self) -> None:
         """Frees the place (once; later calls do nothing)."""
 
+# ---- system probes (crates/trash-panda/src/sys) ----
+
 def trim_heap() -> bool:
     """Gives memory the C allocator holds free back to the system (after a release)."""
 
@@ -697,6 +760,15 @@ def private_memory() -> int:
 
 def available_ram() -> int:
     """The RAM the machine has available (MemAvailable), in bytes."""
+
+@final
+class RssSampler:
+    """Samples the process's resident memory on a thread until `stop()`."""
+    def __new__(cls, interval_ms: int = 1, private: bool = False) -> RssSampler: ...
+    def peak(self) -> int:
+        """The peak so far."""
+    def stop(self) -> tuple[int, int, int]:
+        """Stops sampling: (start, peak, end) in bytes."""
 
 def profile_report(
     blocks: list[tuple[str, str]],
@@ -721,15 +793,6 @@ def clock() -> float:
     """Seconds on the clock the engine's workers time their stagings with; block runs timed with it
     line up with the stagings in the trace.
     """
-
-@final
-class RssSampler:
-    """Samples the process's resident memory on a thread until `stop()`."""
-    def __new__(cls, interval_ms: int = 1, private: bool = False) -> RssSampler: ...
-    def peak(self) -> int:
-        """The peak so far."""
-    def stop(self) -> tuple[int, int, int]:
-        """Stops sampling: (start, peak, end) in bytes."""
 
 @final
 class Lease:
@@ -956,9 +1019,10 @@ class Engine:
         `keep_cache`); the bytes given back.
         """
     def ram_image(self, block: int) -> TensorBytes | None:
-        """The in-memory RAM tier's bytes of `block`, laid out as staged (a zero-copy view), or None
-        when the block is not held in private memory. Such blocks are not staged ahead when the
-        configuration pins the RAM tier: copy them from here and count the run with `advance`.
+        """The in-memory RAM tier's bytes of `block`, laid out as staged (a zero-copy view, read-only:
+        the engine copies from it too), or None when the block is not held in private memory.
+        Such blocks are not staged ahead when the configuration pins the RAM tier: copy them from
+        here and count the run with `advance`.
         """
     def ram_image_buffers(self) -> list[tuple[int, int]]:
         """(address, length) of every in-memory RAM-tier block, for registering them as pinned."""

@@ -36,6 +36,11 @@ class StreamError(TrashPandaError, RuntimeError):
     """Streaming a block failed: the engine was closed, a block was not staged, a worker died."""
 
 
+class OrderError(TrashPandaError, OSError):
+    """An order file could not be written (its folder is missing, read-only, or a file): the
+    message names the file and the step that failed; the file that was there is left as it was."""
+
+
 class SystemProbeError(TrashPandaError, OSError):
     """The machine's memory figures could not be read."""
 
@@ -48,6 +53,7 @@ __all__ = [
     "ArgumentError",
     "CheckpointError",
     "DtypeError",
+    "OrderError",
     "PlanError",
     "ReadError",
     "StreamError",

@@ -20,7 +20,7 @@ logger.addHandler(logging.NullHandler())
 def log_plan(plan: Plan, what: str) -> None:
     """The plan's table at INFO, each of its warnings at WARNING (once: not in the table too)."""
     if logger.isEnabledFor(logging.INFO):
-        logger.info("plan for %s:\n%s", what, str(plan).split("\nwarnings:")[0].rstrip())
+        logger.info("plan for %s:\n%s", what, plan.table().rstrip())
     for w in plan.warnings:
         logger.warning("%s: %s", what, w)
 

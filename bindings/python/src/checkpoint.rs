@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use pyo3::prelude::*;
 
 use trash_panda::checkpoint::{Checkpoint, TensorInfo};
-use trash_panda::io::{MappedFile, Need};
+use trash_panda::io::{MappedFile, Need, WritableSpan};
 use trash_panda::DType;
 
-use crate::dlpack::{export_capsule, ByteOwner};
+use crate::dlpack::{export_capsule, ByteOwner, Memory};
 use crate::errors::{raise, Kind, ToPyErr};
 use crate::gil::without_gil;
 
@@ -93,18 +93,16 @@ impl PyTensorInfo {
 
 /// A slice of a private (copy-on-write) map of a checkpoint file, kept alive by torch.
 struct MapSlice {
-    map: Arc<MappedFile>,
-    start: usize,
-    len: usize,
+    /// Keeps the map (and so `span`) alive and unmoved.
+    _map: Arc<MappedFile>,
+    /// Made by the map itself, which only a private map can: torch may write into its view,
+    /// and those writes land in this process's own copies of the pages, never in the file.
+    span: WritableSpan,
 }
 
 impl ByteOwner for MapSlice {
-    fn raw_parts(&self) -> (*mut u8, usize) {
-        // The map is private and writable, so torch may write into its view: those writes
-        // land in private pages and never reach the file.
-        let base = self.map.bytes().as_ptr().cast_mut();
-        // SAFETY: `start + len` was checked against the map's length in `Checkpoint::view`.
-        (unsafe { base.add(self.start) }, self.len)
+    fn memory(&self) -> Memory {
+        Memory::Writable(self.span)
     }
 }
 
@@ -117,7 +115,7 @@ pub(crate) struct PyTensorBytes {
 impl std::fmt::Debug for PyTensorBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TensorBytes")
-            .field("len", &self.owner.raw_parts().1)
+            .field("len", &self.owner.memory().len())
             .finish()
     }
 }
@@ -139,14 +137,23 @@ impl PyTensorBytes {
         dl_device: Option<Py<PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        let _ = (stream, max_version, dl_device);
+        let _ = (stream, dl_device);
+        let max_version = match max_version {
+            Some(v) => Some(v.extract::<(u32, u32)>(py).map_err(|_| {
+                raise(
+                    Kind::Argument,
+                    "TensorBytes.__dlpack__: max_version must be a (major, minor) tuple",
+                )
+            })?),
+            None => None,
+        };
         if copy == Some(true) {
             return Err(raise(
                 Kind::Argument,
                 "TensorBytes.__dlpack__: copy=True is not supported",
             ));
         }
-        export_capsule(py, Arc::clone(&self.owner))
+        export_capsule(py, Arc::clone(&self.owner), max_version)
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
@@ -154,7 +161,14 @@ impl PyTensorBytes {
     }
 
     fn __len__(&self) -> usize {
-        self.owner.raw_parts().1
+        self.owner.memory().len()
+    }
+
+    /// True when torch must only read these bytes (its capsule carries DLPack's read-only flag):
+    /// memory the core reads too, such as the in-memory RAM tier.
+    #[getter]
+    fn read_only(&self) -> bool {
+        self.owner.memory().is_read_only()
     }
 }
 
@@ -279,8 +293,9 @@ impl PyCheckpoint {
                 }
             });
         }
+        let span = map.writable(start, start + len).map_err(ToPyErr::to_py)?;
         Ok(PyTensorBytes {
-            owner: Arc::new(MapSlice { map, start, len }),
+            owner: Arc::new(MapSlice { _map: map, span }),
         })
     }
 

@@ -22,7 +22,7 @@ pub(crate) struct PyEngineConfig {
 #[pymethods]
 impl PyEngineConfig {
     #[new]
-    fn new(plan: PyRef<'_, PyPlan>) -> PyResult<Self> {
+    pub(crate) fn new(plan: PyRef<'_, PyPlan>) -> PyResult<Self> {
         let settings = EngineSettings::from_env().map_err(ToPyErr::to_py)?;
         let inner = EngineConfig::from_plan(&plan.inner, &settings).map_err(ToPyErr::to_py)?;
         Ok(PyEngineConfig { inner })

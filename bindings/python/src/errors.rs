@@ -31,6 +31,7 @@ pub(crate) enum Kind {
     Plan,
     System,
     Stream,
+    Order,
 }
 
 impl Kind {
@@ -43,11 +44,12 @@ impl Kind {
             Kind::Plan => "PlanError",
             Kind::System => "SystemProbeError",
             Kind::Stream => "StreamError",
+            Kind::Order => "OrderError",
         }
     }
 }
 
-const KINDS: usize = 7;
+const KINDS: usize = 8;
 
 /// The exception classes, looked up on first use.
 static CLASSES: [PyOnceLock<Py<PyType>>; KINDS] = [const { PyOnceLock::new() }; KINDS];
@@ -151,7 +153,7 @@ impl ToPyErr for OrderError {
         let kind = match &self {
             OrderError::Read { .. } => Kind::Read,
             // There is no exception class for a failed write; a stage turns it into one warning.
-            OrderError::Write { .. } => Kind::Stream,
+            OrderError::Write { .. } => Kind::Order,
             OrderError::NoName { .. }
             | OrderError::UnknownBlock { .. }
             | OrderError::DuplicateBlock { .. }

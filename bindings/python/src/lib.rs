@@ -22,6 +22,7 @@ mod rules;
 mod settings;
 mod staging_pool;
 mod stream;
+mod sys;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -38,6 +39,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     stream::register(m)?;
     staging_pool::register(m)?;
     settings::register(m)?;
+    sys::register(m)?;
     cli::register(m)?;
     order::register(m)?;
     pipeline::register(m)?;

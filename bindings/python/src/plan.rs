@@ -11,11 +11,19 @@ use trash_panda::units::{parse_bytes, ACCEPTED_SIZES};
 use trash_panda::DType;
 
 mod budget;
+mod tier;
 
 pub(crate) use budget::PyBudgets;
+pub(crate) use tier::{PyTier, TierArg};
+
+use std::path::PathBuf;
+
+use pyo3::exceptions::PyOSError;
 
 use crate::checkpoint::PyTensorInfo;
+use crate::engine_config::PyEngineConfig;
 use crate::errors::{raise, Kind, ToPyErr};
+use crate::pipeline::{PyHolds, PyLoadReads};
 use crate::staging_pool::PyStagingPool;
 
 /// A model's tensor for the planner: its name in the model and its checkpoint entry.
@@ -180,11 +188,88 @@ pub(crate) struct PyPlan {
 impl PyPlan {
     /// A plan written by hand; matched against the model when it is loaded.
     #[staticmethod]
-    #[pyo3(signature = (resident, streamed, streamed_tier="ram"))]
-    fn manual(resident: Vec<String>, streamed: Vec<String>, streamed_tier: &str) -> PyResult<Self> {
-        let inner =
-            Plan::manual(&resident, &streamed, tier_arg(streamed_tier)?).map_err(ToPyErr::to_py)?;
+    #[pyo3(signature = (resident, streamed, streamed_tier=TierArg(Tier::Ram)))]
+    fn manual(
+        resident: Vec<String>,
+        streamed: Vec<String>,
+        streamed_tier: TierArg,
+    ) -> PyResult<Self> {
+        let inner = Plan::manual(&resident, &streamed, streamed_tier.0).map_err(ToPyErr::to_py)?;
         Ok(PyPlan { inner })
+    }
+
+    /// A plan from a JSON file written by `save` or `trash-panda plan --json`.
+    #[staticmethod]
+    fn load(path: PathBuf) -> PyResult<Self> {
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            PyOSError::new_err(format!("{}: cannot read the plan: {e}", path.display()))
+        })?;
+        Self::from_json(&text)
+    }
+
+    /// Writes `to_json` to `path`.
+    fn save(&self, path: PathBuf) -> PyResult<()> {
+        std::fs::write(&path, self.inner.to_json()).map_err(|e| {
+            PyOSError::new_err(format!("{}: cannot write the plan: {e}", path.display()))
+        })
+    }
+
+    /// The tier of the block named `block` (its prefix), or None if the plan has no such block.
+    fn tier_of(&self, block: &str) -> Option<PyTier> {
+        self.inner
+            .blocks
+            .iter()
+            .find(|b| b.name == block)
+            .map(|b| b.tier.into())
+    }
+
+    /// The names of the blocks in `tier`, in model order.
+    fn blocks_in(&self, tier: TierArg) -> Vec<String> {
+        self.inner
+            .blocks_in(tier.0)
+            .into_iter()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The table `str()` prints without its warnings (a log writes those apart).
+    fn table(&self) -> String {
+        self.inner.table().to_string()
+    }
+
+    /// Every figure the runtime holds, from this (resolved) plan.
+    fn engine_config(slf: PyRef<'_, Self>) -> PyResult<PyEngineConfig> {
+        PyEngineConfig::new(slf)
+    }
+
+    /// What a model loaded by this (resolved) plan holds under the current settings, and its
+    /// release gives back: the figures a pipeline moves between stages (`stage` names it in
+    /// errors).
+    #[pyo3(signature = (stage="model"))]
+    fn holds(slf: PyRef<'_, Self>, stage: &str) -> PyResult<PyHolds> {
+        PyHolds::of(stage, slf)
+    }
+
+    /// What a model loaded by this plan needs free at its start: what it holds, and the free
+    /// memory the plan leaves alone (free-RAM floor, activation reserve, CUDA context).
+    #[pyo3(signature = (stage="model"))]
+    fn needs(slf: PyRef<'_, Self>, stage: &str) -> PyResult<PyHolds> {
+        PyHolds::needed(stage, slf)
+    }
+
+    /// What a model loaded by this plan takes as its load is set up, before any read a stage
+    /// read ahead puts behind its allowance: its own staging buffers and, on a GPU, its device
+    /// slots and expansion buffers.
+    #[pyo3(signature = (stage="model"))]
+    fn at_once(slf: PyRef<'_, Self>, stage: &str) -> PyResult<PyHolds> {
+        PyHolds::at_once(stage, slf)
+    }
+
+    /// How a model loaded by this (resolved) plan on its own reads its files of `files` bytes:
+    /// past the page cache unless they stay cached beside what the plan holds in RAM
+    /// (`TRASH_PANDA_DISK_MODE` other than `auto` wins).
+    fn load_reads(slf: PyRef<'_, Self>, files: u64) -> PyResult<PyLoadReads> {
+        crate::pipeline::py_plan_reads(slf, files)
     }
 
     /// Reads a plan from the JSON `to_json` writes; a PlanError for another format or version.
@@ -201,14 +286,16 @@ impl PyPlan {
         self.inner.to_json()
     }
 
-    /// Moves blocks (by position or by name prefix) to `tier`.
+    /// Moves blocks, named by position or by prefix, to `tier`; returns the plan itself. An
+    /// index out of range, a prefix that matches no block, or a block named twice is a
+    /// PlanError and leaves the plan as it was.
     #[pyo3(signature = (tier, indices=None, prefixes=None))]
     fn assign(
-        &mut self,
-        tier: &str,
+        mut slf: PyRefMut<'_, Self>,
+        tier: TierArg,
         indices: Option<Vec<usize>>,
         prefixes: Option<Vec<String>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<PyRefMut<'_, Self>> {
         let selector = match (indices, prefixes) {
             (Some(i), None) => Selector::Indices(i),
             (None, Some(p)) => Selector::Prefixes(p),
@@ -219,9 +306,10 @@ impl PyPlan {
                 ))
             }
         };
-        self.inner
-            .assign(tier_arg(tier)?, &selector)
-            .map_err(ToPyErr::to_py)
+        slf.inner
+            .assign(tier.0, &selector)
+            .map_err(ToPyErr::to_py)?;
+        Ok(slf)
     }
 
     /// This plan applied to a model's tensors (a manual plan gets its sizes and budgets here).
@@ -310,8 +398,10 @@ impl PyPlan {
         (s.buffers, s.buffer_bytes)
     }
 
-    fn __eq__(&self, other: &Self) -> bool {
-        self.inner == other.inner
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<Self>()
+            .is_ok_and(|o| o.borrow().inner == self.inner)
     }
 
     fn __str__(&self) -> String {
@@ -336,8 +426,8 @@ impl PyPlan {
 pub(crate) struct PyBlockPlan {
     /// The block's name prefix, e.g. "model.layers.12.".
     name: String,
-    /// "device", "ram" or "disk".
-    tier: &'static str,
+    /// Where the block lives between uses.
+    tier: PyTier,
     /// Bytes in its tier's form: the checkpoint's on disk, the storage dtype's in RAM and on the
     /// device.
     stored_bytes: u64,
@@ -355,7 +445,7 @@ impl From<&BlockPlan> for PyBlockPlan {
     fn from(b: &BlockPlan) -> Self {
         PyBlockPlan {
             name: b.name.clone(),
-            tier: b.tier.name(),
+            tier: b.tier.into(),
             stored_bytes: b.stored_bytes,
             expanded_bytes: b.expanded_bytes,
             staged_bytes: b.staging.get(b.tier),
@@ -470,6 +560,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPlan>()?;
     m.add_class::<PyBlockPlan>()?;
     m.add_class::<PyBudgets>()?;
+    m.add_class::<PyTier>()?;
     m.add_function(wrap_pyfunction!(make_plan, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(storage_conversion, m)?)?;

@@ -11,11 +11,11 @@ use pyo3::prelude::*;
 
 use trash_panda::dtype::{self, rows_cols, DType};
 use trash_panda::engine_config::{leased_scale, staged_work, EngineConfig, ScaleSource};
-use trash_panda::io::ReadMode;
+use trash_panda::io::{ReadMode, WritableSpan};
 use trash_panda::stream::{Engine, Lease, RamImage, SourceTier, StreamBlock, StreamTensor};
 
 use crate::checkpoint::PyTensorBytes;
-use crate::dlpack::{Borrowed, ByteOwner};
+use crate::dlpack::{Borrowed, ByteOwner, Memory};
 use crate::engine_config::PyEngineConfig;
 use crate::engine_stats::{PyEngineStats, PyStaging};
 use crate::errors::{raise, Kind, ToPyErr};
@@ -172,9 +172,10 @@ impl PyEngine {
         without_gil(py, || engine.release_pages(block, keep_cache)).map_err(ToPyErr::to_py)
     }
 
-    /// The in-memory RAM tier's bytes of `block`, laid out as staged (a zero-copy view), or None
-    /// when the block is not held in private memory. Such blocks are not staged ahead when the
-    /// configuration pins the RAM tier: copy them from here and count the run with `advance`.
+    /// The in-memory RAM tier's bytes of `block`, laid out as staged (a zero-copy view, read-only:
+    /// the engine copies from it too), or None when the block is not held in private memory.
+    /// Such blocks are not staged ahead when the configuration pins the RAM tier: copy them from
+    /// here and count the run with `advance`.
     fn ram_image(&self, block: usize) -> PyResult<Option<PyTensorBytes>> {
         let image = self.engine()?.ram_image(block).map_err(ToPyErr::to_py)?;
         Ok(image.map(|image| PyTensorBytes::from_owner(Arc::new(ImageBytes(image)))))
@@ -381,13 +382,15 @@ pub(crate) struct PyStagedTensor {
 }
 
 /// A block's image in the in-memory RAM tier, kept alive by the views of it.
+///
+/// The image is shared: the engine's workers copy from it into staging buffers for as long as
+/// the engine lives. So it goes to torch read-only (a DLPack 1.0 capsule with the read-only
+/// flag): a copy source for the device, never a tensor to write.
 struct ImageBytes(RamImage);
 
 impl ByteOwner for ImageBytes {
-    fn raw_parts(&self) -> (*mut u8, usize) {
-        // The views are copy sources only (to a device slot); nothing writes through them.
-        let bytes = self.0.bytes();
-        (bytes.as_ptr().cast_mut(), bytes.len())
+    fn memory(&self) -> Memory {
+        Memory::read_only(self.0.bytes())
     }
 }
 
@@ -398,19 +401,16 @@ struct LeaseCell(Lease);
 /// A tensor's bytes inside a leased staging buffer, or, for a block used in place, inside the
 /// private map of its file.
 struct LeaseSlice {
-    /// Kept for its lease, which keeps the memory alive.
+    /// Kept for its lease, which keeps `span`'s memory alive and unmoved.
     _cell: Arc<LeaseCell>,
-    /// The first byte's address: the lease (in `cell`) keeps the staging buffer and the maps it
-    /// points into alive and unmoved while this slice lives.
-    start: usize,
-    len: usize,
+    /// Made by the lease: memory torch may write (the staging buffer the lease owns alone, or
+    /// this process's copy-on-write pages of the file), see `Lease::tensor_writable`.
+    span: WritableSpan,
 }
 
 impl ByteOwner for LeaseSlice {
-    fn raw_parts(&self) -> (*mut u8, usize) {
-        // Copy and expansion sources, or (on the CPU) the weights themselves; a write through
-        // them lands in the staging buffer or in this process's copy of a privately mapped page.
-        (self.start as *mut u8, self.len)
+    fn memory(&self) -> Memory {
+        Memory::Writable(self.span)
     }
 }
 
@@ -454,12 +454,10 @@ impl PyLease {
     /// The whole staged block as bytes (a zero-copy view for torch.from_dlpack).
     fn block_bytes(&self) -> PyResult<PyTensorBytes> {
         let cell = self.cell()?;
-        let bytes = cell.0.bytes();
-        let (start, len) = (bytes.as_ptr() as usize, bytes.len());
+        let span = cell.0.bytes_writable();
         Ok(PyTensorBytes::from_owner(Arc::new(LeaseSlice {
             _cell: cell,
-            start,
-            len,
+            span,
         })))
     }
 
@@ -479,12 +477,10 @@ impl PyLease {
     /// One tensor's staged bytes, by index in the block's layout.
     fn view(&self, tensor: usize) -> PyResult<PyTensorBytes> {
         let cell = self.cell()?;
-        let bytes = cell.0.tensor(tensor).map_err(ToPyErr::to_py)?;
-        let (start, len) = (bytes.as_ptr() as usize, bytes.len());
+        let span = cell.0.tensor_writable(tensor).map_err(ToPyErr::to_py)?;
         Ok(PyTensorBytes::from_owner(Arc::new(LeaseSlice {
             _cell: cell,
-            start,
-            len,
+            span,
         })))
     }
 

@@ -193,7 +193,7 @@ def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
         options["compute_dtype"] = dtype_name(compute_dtype)
     if storage_dtype is not None:
         options["storage_dtype"] = dtype_name(storage_dtype)
-    return plan.resolved_for(tensors, prefixes, free_vram(req.device), req.device.type == "cuda", **options)
+    return plan.resolve(tensors, prefixes, free_vram(req.device), req.device.type == "cuda", **options)
 
 
 def _block_prefixes(model: nn.Module, plan: Plan, skip: tuple[str, ...] = ()) -> list[str]:

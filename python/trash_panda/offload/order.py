@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from .. import _core
-from ..errors import ReadError, StreamError
+from ..errors import OrderError, ReadError
 
 __all__ = ["OrderChoice", "choose_order", "write_order", "write_traced_order"]
 
@@ -83,7 +83,7 @@ def write_order(choice: OrderChoice, ran: list[str], outside: dict[str, int] | N
     blocks, placed = write
     try:
         _core.write_order_file(choice.path, choice.checkpoint, blocks, placed)
-    except StreamError as e:
+    except OrderError as e:
         warnings.warn(f"the order file was not written: {e}", stacklevel=4)
         return False
     return True

@@ -22,7 +22,7 @@ pub(crate) struct PyHolds {
 impl PyHolds {
     /// What `stage` (its name, for errors), loaded by `plan` under the current settings, holds.
     #[staticmethod]
-    fn of(stage: &str, plan: PyRef<'_, PyPlan>) -> PyResult<Self> {
+    pub(crate) fn of(stage: &str, plan: PyRef<'_, PyPlan>) -> PyResult<Self> {
         let settings = EngineSettings::from_env().map_err(ToPyErr::to_py)?;
         let config = EngineConfig::from_plan(&plan.inner, &settings).map_err(ToPyErr::to_py)?;
         let inner = Holds::of(stage, &plan.inner, &config).map_err(ToPyErr::to_py)?;
@@ -33,7 +33,7 @@ impl PyHolds {
     /// before any read its allowance gates: its own staging buffers and, on a GPU, its device
     /// slots and expansion buffers.
     #[staticmethod]
-    fn at_once(stage: &str, plan: PyRef<'_, PyPlan>) -> PyResult<Self> {
+    pub(crate) fn at_once(stage: &str, plan: PyRef<'_, PyPlan>) -> PyResult<Self> {
         let inner = Holds::at_once(stage, &plan.inner).map_err(ToPyErr::to_py)?;
         Ok(PyHolds { inner })
     }
@@ -41,7 +41,7 @@ impl PyHolds {
     /// What `stage`, loaded by `plan`, needs free at its start: what it holds and the free
     /// memory its plan leaves alone.
     #[staticmethod]
-    fn needed(stage: &str, plan: PyRef<'_, PyPlan>) -> PyResult<Self> {
+    pub(crate) fn needed(stage: &str, plan: PyRef<'_, PyPlan>) -> PyResult<Self> {
         let settings = EngineSettings::from_env().map_err(ToPyErr::to_py)?;
         let config = EngineConfig::from_plan(&plan.inner, &settings).map_err(ToPyErr::to_py)?;
         let inner = Holds::needed(stage, &plan.inner, &config).map_err(ToPyErr::to_py)?;

@@ -11,6 +11,9 @@ mod reads;
 mod report;
 mod room;
 
+pub(crate) use holds::PyHolds;
+pub(crate) use reads::{py_plan_reads, PyLoadReads};
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<reads::PyLoadReads>()?;
     m.add_function(wrap_pyfunction!(reads::py_load_reads, m)?)?;

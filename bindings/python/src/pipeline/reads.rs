@@ -54,7 +54,7 @@ pub(super) fn py_load_reads(files: u64, ram: u64, vram: Option<u64>) -> PyResult
 /// bytes: past the page cache unless they stay cached beside what the plan holds in RAM, within
 /// the RAM the plan may use; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
 #[pyfunction(name = "plan_reads")]
-pub(super) fn py_plan_reads(plan: PyRef<'_, PyPlan>, files: u64) -> PyResult<PyLoadReads> {
+pub(crate) fn py_plan_reads(plan: PyRef<'_, PyPlan>, files: u64) -> PyResult<PyLoadReads> {
     let settings = EngineSettings::from_env().map_err(ToPyErr::to_py)?;
     let config = EngineConfig::from_plan(&plan.inner, &settings).map_err(ToPyErr::to_py)?;
     let inner =

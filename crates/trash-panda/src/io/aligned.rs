@@ -73,6 +73,11 @@ impl AlignedBuf {
         self.len == 0
     }
 
+    /// The allocation's own pointer (with the right to write), for [`writable`](Self::writable).
+    pub(super) fn raw_ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
     /// Writes every page once, so later reads into the buffer do not pay first-touch page faults.
     pub fn prefault(&mut self) {
         let page = DIRECT_ALIGN.min(self.len.max(1));

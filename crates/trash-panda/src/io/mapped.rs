@@ -5,13 +5,14 @@ use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use memmap2::{Mmap, MmapMut, MmapOptions};
+use memmap2::{Mmap, MmapOptions, MmapRaw};
 
 use super::{platform, IoError};
 
 enum Map {
     Shared(Mmap),
-    Private(MmapMut),
+    /// Kept raw so its pointer (not a `&[u8]` of it) is what writable views come from.
+    Private(MmapRaw),
 }
 
 /// A whole file mapped into memory, keeping its path for error messages.
@@ -57,7 +58,7 @@ impl MappedFile {
         })?;
         Ok(MappedFile {
             path: path.to_owned(),
-            map: Map::Private(map),
+            map: Map::Private(MmapRaw::from(map)),
         })
     }
 
@@ -70,7 +71,10 @@ impl MappedFile {
     pub fn bytes(&self) -> &[u8] {
         match &self.map {
             Map::Shared(m) => m,
-            Map::Private(m) => m,
+            // SAFETY: the map is `len` bytes, mapped readable for as long as `self` lives (the
+            // file's contract above); writes through writable views are the unsafe user's, who
+            // promises no `&[u8]` of the same bytes is read across them.
+            Map::Private(m) => unsafe { std::slice::from_raw_parts(m.as_ptr(), m.len()) },
         }
     }
 
@@ -78,7 +82,21 @@ impl MappedFile {
     pub fn bytes_mut(&mut self) -> Option<&mut [u8]> {
         match &mut self.map {
             Map::Shared(_) => None,
-            Map::Private(m) => Some(m),
+            Map::Private(m) => {
+                // SAFETY: the map is `len` writable bytes, and `&mut self` makes this the only
+                // reference to them while it lives.
+                Some(unsafe { std::slice::from_raw_parts_mut(m.as_mut_ptr(), m.len()) })
+            }
+        }
+    }
+
+    /// The first byte of a private map, with the right to write (from the map itself, not from a
+    /// `&[u8]` of it); `None` for a shared read-only map.
+    pub(super) fn private_ptr(&self) -> Option<*mut u8> {
+        match &self.map {
+            Map::Shared(_) => None,
+            // The raw map's own pointer, not a reference's.
+            Map::Private(m) => Some(m.as_mut_ptr()),
         }
     }
 
@@ -208,7 +226,7 @@ impl MappedFile {
         }
     }
 
-    fn check(&self, start: usize, end: usize) -> Result<Range<usize>, IoError> {
+    pub(super) fn check(&self, start: usize, end: usize) -> Result<Range<usize>, IoError> {
         if start <= end && end <= self.len() {
             Ok(start..end)
         } else {

@@ -18,6 +18,7 @@ mod reader;
 mod schedule;
 mod stamp;
 mod stats;
+mod writable;
 
 pub use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use cache::{cached_bytes, can_drop_cache, drop_cache};
@@ -35,3 +36,4 @@ pub use reader::{FileReader, ReadMode};
 pub use schedule::{Lane, Need, Permit, Priority, QueueStats, ReadQueue, Served};
 pub use stamp::{first_change, Change, FileChange, FileStamp};
 pub use stats::ReadStats;
+pub use writable::WritableSpan;

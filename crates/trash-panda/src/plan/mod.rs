@@ -14,6 +14,7 @@ mod json;
 mod near;
 mod options;
 mod table;
+pub use table::PlanTable;
 mod warnings;
 
 use std::path::PathBuf;

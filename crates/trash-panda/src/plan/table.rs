@@ -60,8 +60,39 @@ pub(crate) fn compress(names: &[&str]) -> String {
     }
 }
 
+/// A plan's table without its warnings (see [`Plan::table`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PlanTable<'a>(&'a Plan);
+
+impl fmt::Display for PlanTable<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.write_table(f)
+    }
+}
+
+impl Plan {
+    /// The plan's table: its header, the blocks of each tier and the budgets, without the
+    /// warnings that its `Display` adds (a log writes those apart).
+    pub fn table(&self) -> PlanTable<'_> {
+        PlanTable(self)
+    }
+}
+
 impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_table(f)?;
+        if !self.warnings.is_empty() {
+            writeln!(f, "warnings:")?;
+            for w in &self.warnings {
+                writeln!(f, "  - {}", w.message)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Plan {
+    fn write_table(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let o = &self.options;
         let storage = o
             .storage_dtype
@@ -185,12 +216,6 @@ impl fmt::Display for Plan {
             )?;
         } else {
             writeln!(f, "no sizes yet: resolve this plan against a model")?;
-        }
-        if !self.warnings.is_empty() {
-            writeln!(f, "warnings:")?;
-            for w in &self.warnings {
-                writeln!(f, "  - {}", w.message)?;
-            }
         }
         Ok(())
     }

@@ -115,7 +115,7 @@ impl Lease {
     }
 
     /// The tensor `key` names, with its index in the block's layout.
-    fn staged(&self, key: TensorKey<'_>) -> Result<(usize, &StagedTensor), StreamError> {
+    pub(super) fn staged(&self, key: TensorKey<'_>) -> Result<(usize, &StagedTensor), StreamError> {
         let tensors = self.shared.layout.layout(self.block);
         let found = match key {
             TensorKey::Index(i) => tensors.get(i).map(|t| (i, t)),

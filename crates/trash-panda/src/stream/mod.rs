@@ -25,6 +25,7 @@ mod depth_tests;
 mod early;
 mod error;
 mod lease;
+mod lease_views;
 mod options;
 mod pool;
 mod ram_tier;

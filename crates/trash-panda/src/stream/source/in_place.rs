@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::super::StreamError;
 use super::{CheckpointSource, PAGES_READ};
-use crate::io::{IoError, MappedFile, ReadMode};
+use crate::io::{IoError, MappedFile, ReadMode, WritableSpan};
 use crate::rules::layout::Run;
 use crate::rules::MAP_GRAIN;
 
@@ -143,6 +143,27 @@ impl CheckpointSource {
         self.in_place_file(t.file)
             .map
             .slice(t.start as usize, t.end as usize)
+            .map_err(|e| StreamError::read(block, b, t, &self.files, e))
+    }
+
+    /// As [`in_place_tensor`](Self::in_place_tensor), as a writable span of the private map.
+    pub(super) fn in_place_tensor_writable(
+        &self,
+        block: usize,
+        tensor: usize,
+    ) -> Result<WritableSpan, StreamError> {
+        let b = &self.blocks[block];
+        let t = b
+            .tensors
+            .get(tensor)
+            .ok_or_else(|| StreamError::UnknownTensor {
+                block,
+                name: b.name.clone(),
+                tensor: format!("#{tensor}"),
+            })?;
+        self.in_place_file(t.file)
+            .map
+            .writable(t.start as usize, t.end as usize)
             .map_err(|e| StreamError::read(block, b, t, &self.files, e))
     }
 

@@ -13,7 +13,7 @@ use super::reads::Reads;
 use super::{ColdRead, EngineOptions, RamSource, SourceTier, StreamBlock, StreamError};
 use crate::io::{
     read_ranges_queued, AlignedBuf, FileReader, FileStamp, IoError, MappedFile, Need, ReadMode,
-    ReadOptions, ReadRequest, ReadStats, DIRECT_ALIGN,
+    ReadOptions, ReadRequest, ReadStats, WritableSpan, DIRECT_ALIGN,
 };
 use crate::rules::layout::{Run, StagedLayout};
 
@@ -88,6 +88,17 @@ pub(crate) trait Source: Send + Sync {
 
     /// The bytes of tensor `tensor` of `block`, a block used in place, in the map of its file.
     fn in_place(&self, block: usize, tensor: usize) -> Result<&[u8], StreamError> {
+        let _ = tensor;
+        Err(StreamError::InvalidBlock {
+            block,
+            name: String::new(),
+            reason: "this source maps no file".into(),
+        })
+    }
+
+    /// As [`in_place`](Self::in_place), as a writable span of the file's private map (a write
+    /// through it stays in this process's copy of the page).
+    fn in_place_writable(&self, block: usize, tensor: usize) -> Result<WritableSpan, StreamError> {
         let _ = tensor;
         Err(StreamError::InvalidBlock {
             block,
@@ -535,6 +546,10 @@ impl Source for CheckpointSource {
 
     fn in_place(&self, block: usize, tensor: usize) -> Result<&[u8], StreamError> {
         self.in_place_tensor(block, tensor)
+    }
+
+    fn in_place_writable(&self, block: usize, tensor: usize) -> Result<WritableSpan, StreamError> {
+        self.in_place_tensor_writable(block, tensor)
     }
 
     fn forget(&self, block: usize) {
