@@ -151,7 +151,7 @@ def run_setting(
     handle = tp.install_offload(model)
     backend = handle.backend
     assert isinstance(backend, DeviceBackend)  # the model is on CUDA
-    direct = bool(getattr(backend.pipeline, "images", None))
+    direct = bool(getattr(backend.copies, "images", None))
     walls = []
     with torch.no_grad():
         for i in range(args.passes):

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _common import RESULTS, ROOT, machine, md_table
 
-from trash_panda.offload.backends.copies import CopyPipeline
+from trash_panda.offload.backends.copies import SlotCopies
 from vtdevice import CALL_S, LAUNCH_S, predict_step
 
 SIZES = (64_000_000, 256_000_000, 1_000_000_000, 2_000_000_000)
@@ -50,32 +50,37 @@ STEP_BOUND, BUSY_BOUND = 1.05, 0.95
 PIVOT_RATIOS = (0.1, 0.5, 1.0, 2.0, 10.0)
 
 
-def pipeline_at(rev: str) -> type[CopyPipeline]:
-    """CopyPipeline as ``rev`` has it (the rest of the tree as it is): in offload/copy_pipeline.py,
-    or in offload/device.py before the module was renamed."""
-    src = ""
-    for name in ("copy_pipeline.py", "device.py"):
-        got = subprocess.run(
-            ["git", "-C", str(ROOT), "show", f"{rev}:python/trash_panda/offload/{name}"],
-            capture_output=True,
-            text=True,
-        )
-        if got.returncode == 0:
-            src = got.stdout
-            break
-    if not src:
-        raise SystemExit(f"no CopyPipeline at revision {rev}")
+def pipeline_at(rev: str) -> type[SlotCopies]:
+    """The copies' bookkeeping as ``rev`` has it (the rest of the tree as it is): SlotCopies in
+    offload/backends/copies.py, or CopyPipeline in offload/copy_pipeline.py, or in
+    offload/device.py before that."""
+    places = {
+        "backends/copies.py": "trash_panda.offload.backends",
+        "copy_pipeline.py": "trash_panda.offload",
+        "device.py": "trash_panda.offload",
+    }
+    found = {name: _show(rev, f"python/trash_panda/offload/{name}") for name in places}
+    name = next((n for n, src in found.items() if src is not None), None)
+    if name is None:
+        raise SystemExit(f"no copy bookkeeping at revision {rev}")
+    package = places[name]
     path = Path(tempfile.mkdtemp()) / "device.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("trash_panda.offload._device_at_rev", path)
+    path.write_text(found[name] or "")
+    spec = importlib.util.spec_from_file_location(f"{package}._device_at_rev", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look themselves up there
     spec.loader.exec_module(module)
-    return module.CopyPipeline
+    copies: type[SlotCopies] = getattr(module, "SlotCopies", None) or module.CopyPipeline
+    return copies
 
 
-def sweep(link: float, launch_s: float, pipeline: type[CopyPipeline]) -> list[dict[str, Any]]:
+def _show(rev: str, path: str) -> str | None:
+    got = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], capture_output=True, text=True)
+    return got.stdout if got.returncode == 0 else None
+
+
+def sweep(link: float, launch_s: float, pipeline: type[SlotCopies]) -> list[dict[str, Any]]:
     rows = []
     forms: dict[str, float | None] = {**FORMS, **PAGEABLE}
     for size, ratio, lookahead, form in itertools.product(SIZES, RATIOS, LOOKAHEADS, forms):
@@ -182,7 +187,7 @@ def main() -> None:
     args = ap.parse_args()
     link = args.link_gbps * 1e9
     launch = args.launch_us * 1e-6
-    pipeline = pipeline_at(args.rev) if args.rev else CopyPipeline
+    pipeline = pipeline_at(args.rev) if args.rev else SlotCopies
     t0 = time.perf_counter()
     rows = sweep(link, launch, pipeline)
     took = time.perf_counter() - t0

@@ -50,9 +50,9 @@ def from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @fault("first-copy-wait", "the first copy into each device slot waits for nothing")
 def _first_copy_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trash_panda.offload.backends.copies import CopyPipeline
+    from trash_panda.offload.backends.copies import SlotCopies
 
-    monkeypatch.setattr(CopyPipeline, "_allocated", lambda self: None)
+    monkeypatch.setattr(SlotCopies, "_allocated", lambda self: None)
 
 
 @fault("retire-current-stream", "a freed block's memory waits only for the stream current at its free")
@@ -103,9 +103,9 @@ def _ram_tier_on_arrival(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @fault("lease-views", "a copy waiting for its block keeps the view of its staging buffer")
 def _lease_views(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trash_panda.offload.backends.copies import CopyPipeline
+    from trash_panda.offload.backends.copies import SlotCopies
 
-    def return_leases(self: CopyPipeline) -> None:
+    def return_leases(self: SlotCopies) -> None:
         keep = []
         for copy in self.returning:
             if self._may_return(copy):
@@ -116,14 +116,14 @@ def _lease_views(monkeypatch: pytest.MonkeyPatch) -> None:
                 keep.append(copy)
         self.returning = keep
 
-    monkeypatch.setattr(CopyPipeline, "_return_leases", return_leases)
+    monkeypatch.setattr(SlotCopies, "_return_leases", return_leases)
 
 
 @fault("pageable-prefetch", "with pinning declined, the copies ahead are queued before the block's kernels")
 def _pageable_prefetch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trash_panda.offload.backends.copies import CopyPipeline
+    from trash_panda.offload.backends.copies import SlotCopies
 
-    monkeypatch.setattr(CopyPipeline, "_prefetch_after_kernels", lambda self: False)
+    monkeypatch.setattr(SlotCopies, "_prefetch_after_kernels", lambda self: False)
 
 
 @fault("staging-unpinned", "the staging buffers are not registered as pinned")

@@ -149,8 +149,8 @@ def test_a_ram_tier_that_cannot_be_pinned_leaves_the_staging_pinned(
     torch.ones(8, device="cuda").add_(1)
     torch.cuda.synchronize()
     backend = handle.backend
-    assert isinstance(backend, CudaBackend) and backend.pipeline is not None
-    assert backend.pipeline.images == {}, "RAM-tier blocks are copied from memory that is not pinned"
+    assert isinstance(backend, CudaBackend) and backend.copies is not None
+    assert backend.copies.images == {}, "RAM-tier blocks are copied from memory that is not pinned"
     for i in ram:
         image = state.engine.ram_image(i)
         assert image is not None and not torch.from_dlpack(image).is_pinned()
@@ -198,7 +198,7 @@ def test_freed_blocks_wait_for_the_work_of_another_stream(tmp_path: Path, how: s
     the stage's end, on the default stream (a pipeline's stage kept in part). Memory allocated
     and written meanwhile on the default stream must not be theirs. The second fails with
     TRASH_PANDA_FAULT=retire-current-stream."""
-    from trash_panda.offload.final_pass import give_back
+    from trash_panda.offload.final_pass import free_idle_blocks
 
     ref = reference(torch.float32)
     path = save(ref, tmp_path / "m.safetensors")
@@ -216,7 +216,7 @@ def test_freed_blocks_wait_for_the_work_of_another_stream(tmp_path: Path, how: s
             assert len(fp.freed) == 6
     else:
         got, side = _behind_a_spin_on_a_side_stream(model, x)
-        give_back(handle, handle.state.blocks)
+        free_idle_blocks(handle, handle.state.blocks)
     # What the allocator would hand out again, written at once on the default stream.
     junk = [torch.full((max(1, n // 4),), float("nan"), device="cuda") for n in sizes]
     torch.cuda.current_stream().wait_stream(side)
@@ -310,8 +310,8 @@ def test_the_first_copy_into_a_slot_waits_for_the_kernels_its_memory_carries(tmp
     del freed
     handle = tp.install_offload(model)
     backend = handle.backend
-    assert isinstance(backend, CudaBackend) and backend.pipeline is not None
-    assert addresses & {s.data_ptr() for s in backend.pipeline.slots}, "the slots did not reuse the freed memory"
+    assert isinstance(backend, CudaBackend) and backend.copies is not None
+    assert addresses & {s.data_ptr() for s in backend.copies.slots}, "the slots did not reuse the freed memory"
     x = torch.randint(0, 64, (2, 16), device="cuda")
     with torch.no_grad():
         got = model(x)
@@ -332,7 +332,7 @@ def test_an_expansion_buffer_is_freed_after_the_work_of_another_stream(tmp_path:
     tp.stream_load(model, tmp_path / "fp8.safetensors", plan=tp.Plan.manual(resident=names, streamed=[]), device="cuda")
     handle = tp.install_offload(model)
     backend = handle.backend
-    assert isinstance(backend, CudaBackend) and backend.pipeline is None
+    assert isinstance(backend, CudaBackend) and backend.copies is None
     size = backend.expansion.raw.numel()
     assert size > 0
     x = ids().cuda()

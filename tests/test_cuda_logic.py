@@ -154,8 +154,8 @@ def test_ram_tier_blocks_are_copied_from_it_only_when_it_is_pinned(
             stack.enter_context(pytest.warns(UserWarning, match="could not pin"))
         handle = _install(model, state, state.blocks, None, _cuda_backend(monkeypatch, fake, sim))
     backend = handle.backend
-    assert isinstance(backend, CudaBackend) and backend.pipeline is not None
-    assert bool(backend.pipeline.images) == ram_pins
+    assert isinstance(backend, CudaBackend) and backend.copies is not None
+    assert bool(backend.copies.images) == ram_pins
     assert len(fake.registered) == staging + (4 if ram_pins else 0)
     with torch.no_grad():
         want = ref(IDS)
@@ -178,7 +178,7 @@ def _on_the_simulated_device(model: Tiny, sim: SimulatedDevice) -> tuple[ModelSt
     state = _state(model)
     handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim))
     backend = handle.backend
-    assert isinstance(backend, DeviceBackend) and backend.pipeline is not None
+    assert isinstance(backend, DeviceBackend) and backend.copies is not None
     return state, handle, backend
 
 
@@ -200,14 +200,14 @@ def test_a_block_whose_bring_failed_gives_its_slot_back(
 ) -> None:
     model, ref = in_memory
     state, handle, backend = _on_the_simulated_device(model, sim)
-    assert backend.pipeline is not None
+    assert backend.copies is not None
     # The third tensor: one of the first streamed block's, after its slot was taken.
     monkeypatch.setattr(cuda_mod, "_typed", _failing_on_call(3, cuda_mod._typed))
     with torch.no_grad():
         want = ref(IDS)
         with pytest.raises(RuntimeError, match="injected"):
             model(IDS)
-        assert backend.pipeline.running == {}, "the failed block still holds its slot"
+        assert backend.copies.running == {}, "the failed block still holds its slot"
         block = next(b for b in state.blocks if b.engine_index is not None)
         assert all(block.module.get_parameter(s.name.removeprefix(block.prefix)).is_meta for s in block.work)
         for _ in range(3):
@@ -220,14 +220,14 @@ def test_a_block_whose_wait_for_its_copy_failed_gives_its_slot_back(
 ) -> None:
     model, ref = in_memory
     _, handle, backend = _on_the_simulated_device(model, sim)
-    assert backend.pipeline is not None
+    assert backend.copies is not None
     # The second wait: inside take(), once the copy was queued into its slot.
     monkeypatch.setattr(type(sim), "compute_waits", _failing_on_call(2, type(sim).compute_waits))
     with torch.no_grad():
         want = ref(IDS)
         with pytest.raises(RuntimeError, match="injected"):
             model(IDS)
-        pipeline = backend.pipeline
+        pipeline = backend.copies
         assert pipeline.running == {}
         held = [h for h in pipeline.holder if h is not None and h not in pipeline.queued]
         assert held == [], "a slot is held by no copy waiting for its block and no running block"

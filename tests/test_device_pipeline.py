@@ -71,7 +71,7 @@ def test_returning_a_lease_before_its_copy_completed_is_caught(
 ) -> None:
     model, ref = _loaded(tmp_path, 2)
     sim.max_delay = 0.02
-    monkeypatch.setattr(device_mod.CopyPipeline, "_may_return", lambda self, copy: True)
+    monkeypatch.setattr(device_mod.SlotCopies, "_may_return", lambda self, copy: True)
     assert not all(_run(model, ref, sim))
 
 
@@ -89,7 +89,7 @@ def test_refilling_a_slot_whose_block_runs_is_caught(
 ) -> None:
     model, ref = _loaded(tmp_path, 2)
     # Slot choice that forgets which slots are held: always the first.
-    monkeypatch.setattr(device_mod.CopyPipeline, "_free_slot", lambda self: 0)
+    monkeypatch.setattr(device_mod.SlotCopies, "_free_slot", lambda self: 0)
     assert not all(_run(model, ref, sim))
 
 
@@ -210,11 +210,11 @@ def test_breaking_a_rule_on_the_device_that_runs_ahead_is_caught(
 ) -> None:
     model, ref = _loaded(tmp_path, 2)
     if broken == "_may_return":
-        monkeypatch.setattr(device_mod.CopyPipeline, "_may_return", lambda self, copy: True)
+        monkeypatch.setattr(device_mod.SlotCopies, "_may_return", lambda self, copy: True)
     elif broken == "compute_waits":
         monkeypatch.setattr(VirtualDevice, "compute_waits", lambda self, event: None)
     else:
-        monkeypatch.setattr(device_mod.CopyPipeline, "_free_slot", lambda self: 0)
+        monkeypatch.setattr(device_mod.SlotCopies, "_free_slot", lambda self: 0)
     dev = _virtual()
     same = _run_ahead(model, ref, dev)
     assert any(symptom in v for v in dev.violations), dev.violations[:3]

@@ -15,7 +15,7 @@ import trash_panda as tp
 from models import Tiny, on_meta, save
 from simdevice import SimulatedDevice
 from trash_panda import Tier, _core
-from trash_panda.offload.backends.copies import CopyPipeline
+from trash_panda.offload.backends.copies import SlotCopies
 from trash_panda.offload.backends.cuda import DeviceBackend
 from trash_panda.offload.handle import _install
 from trash_panda.offload.state import ModelState, get_state
@@ -87,13 +87,13 @@ def test_a_final_pass_on_a_device_copies_nothing_after_its_last_block(
     images = [b for b in range(len(engine.order())) if engine.ram_image(b) is not None]
     assert bool(images) == in_memory
     events: list[tuple[str, int]] = []  # ("copy", block) as queued, ("ran", block) after its run
-    queue = CopyPipeline._queue
+    queue = SlotCopies._queue
 
-    def recorded(self: CopyPipeline, block: int, lease: Any, slot: int) -> Any:
+    def recorded(self: SlotCopies, block: int, lease: Any, slot: int) -> Any:
         events.append(("copy", block))
         return queue(self, block, lease, slot)
 
-    monkeypatch.setattr(CopyPipeline, "_queue", recorded)
+    monkeypatch.setattr(SlotCopies, "_queue", recorded)
 
     def backend(s: ModelState) -> DeviceBackend:
         return DeviceBackend(s, sim)

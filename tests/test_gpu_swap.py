@@ -65,7 +65,7 @@ class SimMemory:
         self.hosts.append((data.data_ptr(), data.data_ptr() + max(nbytes, 1)))
         return HostCopy(data, pinned=True)
 
-    def give_back(self) -> None:
+    def empty_cache(self) -> None:
         self.gave_back += 1
 
 

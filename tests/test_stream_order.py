@@ -24,7 +24,7 @@ from test_stream import _fp8_checkpoint, reference
 from trash_panda import Tier, _core
 from trash_panda.offload import final_pass as final_pass_mod
 from trash_panda.offload import handle as handle_mod
-from trash_panda.offload.backends.copies import CopyPipeline
+from trash_panda.offload.backends.copies import SlotCopies
 from trash_panda.offload.backends.cuda import DeviceBackend
 from trash_panda.offload.handle import OffloadHandle, _install
 from trash_panda.offload.state import ModelState, get_state
@@ -88,8 +88,8 @@ def _slots_made_where_a_stage_computes(fault: str | None, monkeypatch: pytest.Mo
         dev.run_compute(1.0, reads=t, what="the running stage")
     del running, t
     eng = VirtualEngine(dev, blocks=4, block_bytes=slot_bytes, lookahead=1, fill_bps=None, real_bytes=slot_bytes)
-    made: list[CopyPipeline] = []
-    ahead = threading.Thread(target=lambda: made.append(CopyPipeline(dev, eng, 2, slot_bytes, 2, 1)))
+    made: list[SlotCopies] = []
+    ahead = threading.Thread(target=lambda: made.append(SlotCopies(dev, eng, 2, slot_bytes, 2, 1)))
     ahead.start()
     ahead.join()
     (pipe,) = made
@@ -151,7 +151,7 @@ def _given_back_after_a_caller_s_stream(tmp_path: Path, fault: str | None, monke
     sizes = [t.numel() * t.element_size() for b in state.blocks for t in b.module.parameters()]
     # The stage ends on the default stream and gives its blocks back to the next stage, whose
     # load allocates and writes at once.
-    final_pass_mod.give_back(handle, state.blocks)
+    final_pass_mod.free_idle_blocks(handle, state.blocks)
     for n in sizes:
         dev.run_compute(1e-6, writes=dev.empty(n), block=None)
     assert dev.violations == [], dev.violations[:3]
@@ -178,7 +178,7 @@ def _expansion_freed_after_a_caller_s_stream(
     dev = VirtualDevice(LINK, scale=SCALE)
     model, expected, handle = _resident_on(dev, tmp_path, fp8=True)
     backend = handle.backend
-    assert isinstance(backend, DeviceBackend) and backend.pipeline is None and backend.expansion.raw.numel() > 0
+    assert isinstance(backend, DeviceBackend) and backend.copies is None and backend.expansion.raw.numel() > 0
     _on_a_caller_s_stream(dev, model, expected)
     size = backend.expansion.raw.numel()
     tp.release(model, handle)
@@ -204,7 +204,7 @@ def _buffer_back_before_its_block_runs(fault: str | None, monkeypatch: pytest.Mo
         faults.apply(monkeypatch, fault)
     dev = VirtualDevice(LINK, scale=SCALE, poison=False)
     eng = VirtualEngine(dev, blocks=6, block_bytes=1 << 20, lookahead=2, fill_bps=None)
-    pipe = CopyPipeline(dev, eng, 3, 256, 3, 2)
+    pipe = SlotCopies(dev, eng, 3, 256, 3, 2)
     taken = pipe.take(0)  # copies block 0, and block 1 ahead, each out of a staging buffer
     dev.run_compute(0.01, reads=taken.slot, block=0)
     assert 1 in pipe.queued
@@ -307,8 +307,8 @@ def _ram_tier_pinned_on_arrival(tmp_path: Path, fault: str | None, monkeypatch: 
     assert stats is not None and stats.disk_bytes > 0
     assert stats.ram_bytes == 0, "RAM-tier blocks went through the staging buffers after the tier arrived"
     backend = stage.handle.backend
-    assert isinstance(backend, DeviceBackend) and backend.pipeline is not None
-    assert set(backend.pipeline.images) == set(ram)
+    assert isinstance(backend, DeviceBackend) and backend.copies is not None
+    assert set(backend.copies.images) == set(ram)
     stage.close()
     tp.release(stage.model, stage.handle)
 

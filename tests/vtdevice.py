@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from trash_panda.offload.backends.copies import CopyPipeline
+from trash_panda.offload.backends.copies import SlotCopies
 
 POISON = 0xFF  # all-ones bytes: NaN in every float dtype
 EPS = 1e-12  # seconds: float noise in sums of virtual times
@@ -663,7 +663,7 @@ class EngineCounts:
 
 
 class VirtualEngine:
-    """The part of the core engine that :class:`CopyPipeline` uses, with its workers in virtual
+    """The part of the core engine that :class:`SlotCopies` uses, with its workers in virtual
     time. It follows the rules of ``crates/trash-panda/src/stream`` (pool.rs ``plan``,
     ``pick_slot``, ``next_after``; worker.rs's loop; mod.rs ``acquire``; early.rs ``try_lease`` and
     ``advance``; lease.rs's return once every view is gone), so the pipeline meets the engine it
@@ -716,7 +716,7 @@ class VirtualEngine:
         self.counts = EngineCounts()
         self._plan_start()  # as set_order does when the hooks are installed
 
-    # What CopyPipeline calls.
+    # What SlotCopies calls.
 
     def order(self) -> list[int]:
         return list(self._order)
@@ -898,10 +898,10 @@ def predict_step(
     workers: int = 2,
     launch_s: float = LAUNCH_S,
     call_s: float = CALL_S,
-    pipeline: type[CopyPipeline] = CopyPipeline,
+    pipeline: type[SlotCopies] = SlotCopies,
     pinned: bool = True,
 ) -> dict[str, Any]:
-    """The steady step of :class:`CopyPipeline` on the virtual device, for ``blocks`` streamed
+    """The steady step of :class:`SlotCopies` on the virtual device, for ``blocks`` streamed
     blocks of ``block_bytes`` run ``passes`` times (the first pass is left out of the figures).
 
     ``fill_bps``: the staging fill rate, the total over the ``workers`` (a mapped RAM tier or the

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # What a block's tensor goes through before it is dropped (see DeviceBackend.retire).
 Retire = Callable[["BlockState", "torch.Tensor"], None]
 
-__all__ = ["FinalPass", "FreedBlock", "final_pass", "give_back", "taken_back"]
+__all__ = ["FinalPass", "FreedBlock", "final_pass", "free_idle_blocks", "taken_back"]
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class FinalPass(BlockHook):
         event = _Done(self._device, self._device.compute_done()) if self._device is not None else None
         self.events.put_nowait(FreedBlock(block.prefix, freed, block.tier.value, event))
 
-    def give_back(self, block: BlockState) -> int:
+    def free_idle(self, block: BlockState) -> int:
         """Frees ``block`` outside a pass (its stage is idle); it refuses to run until its
         stage reads it again. Returns the bytes."""
         self._given.add(block.index)
@@ -134,7 +134,7 @@ class FinalPass(BlockHook):
         return self._freed | self._given
 
 
-def give_back(handle: OffloadHandle, blocks: list[BlockState]) -> int:
+def free_idle_blocks(handle: OffloadHandle, blocks: list[BlockState]) -> int:
     """Frees ``blocks`` of an idle model whose hooks stay (a pipeline's stage kept in part, its
     file pages left to the page cache); they refuse to run until read again (:func:`taken_back`).
     Returns the bytes freed."""
@@ -146,7 +146,7 @@ def give_back(handle: OffloadHandle, blocks: list[BlockState]) -> int:
         fp = FinalPass(handle.state, (), keep_page_cache=True, backend=backend)
         fp.active = False
         handle.hooks.add(fp)
-    freed = sum(fp.give_back(b) for b in blocks)
+    freed = sum(fp.free_idle(b) for b in blocks)
     if freed and handle.state.device.type == "cpu":
         _core.trim_heap()  # once for them all: glibc keeps freed chunks below its threshold
     return freed

@@ -119,7 +119,7 @@ class Memory(Protocol):
     def host_buffer(self, nbytes: int) -> HostCopy:
         """``nbytes`` of host memory (uint8), pinned where it can be."""
 
-    def give_back(self) -> None:
+    def empty_cache(self) -> None:
         """Returns the device memory just freed to the device (torch's cache of it)."""
 
 
@@ -160,7 +160,7 @@ class CudaMemory:
         registration = register_ranges(torch.cuda.cudart(), data, [(data.data_ptr(), size)], fallback)
         return HostCopy(data[:nbytes], registration)
 
-    def give_back(self) -> None:
+    def empty_cache(self) -> None:
         from .backends.cuda import empty_cuda_caches
 
         empty_cuda_caches()
@@ -376,7 +376,7 @@ def _release(handle: OffloadHandle, memory: Memory) -> GpuSwap:
         raise
     for s, v in zip(storages, views, strict=True):
         s.raw = v
-    memory.give_back()
+    memory.empty_cache()
     backend = handle.backend
     kept = backend.device_bytes() if isinstance(backend, DeviceBackend) else 0
     hook = GpuReleased(handle, memory, storages, host, kept)
@@ -418,7 +418,7 @@ def _restore(handle: OffloadHandle, hook: GpuReleased) -> GpuSwap:
             device.append(memory.device_buffer(s.nbytes))
     except Exception as e:
         device.clear()
-        memory.give_back()
+        memory.empty_cache()
         raise StreamError(
             f"{type(handle.model).__name__} cannot go back to the GPU: its {moved / 1e9:.2f} GB of weights do "
             f"not fit beside what the device holds now ({e}); free memory (release another model, or "

@@ -118,7 +118,7 @@ class LoadedStage:
         """Gives back resident blocks, those that run last first, until ``nbytes`` are free
         (the next run reads them again behind the first blocks' compute); returns the bytes
         given, as its plan counts them."""
-        from ..offload.final_pass import give_back
+        from ..offload.final_pass import free_idle_blocks
         from ..offload.meter import meter_for
 
         unread = self._stop_reading_ahead()
@@ -136,7 +136,7 @@ class LoadedStage:
             chosen.append(block)
             total += sizes[block.prefix]
         # What it frees is not the running stage's: its window's baseline moves down by it.
-        meter_for(self.state.device).freed_beside(functools.partial(give_back, self.handle, chosen))
+        meter_for(self.state.device).freed_beside(functools.partial(free_idle_blocks, self.handle, chosen))
         self.given += chosen
         self.given_back += total - unread
         return total

@@ -32,7 +32,7 @@ Three more follow CUDA's caching allocator and its streams:
   ahead are then queued after the current block's kernels, so the device computes meanwhile.
 
 The CUDA backend drives a :class:`CudaDevice`; tests drive simulated ones through the same
-:class:`CopyPipeline`.
+:class:`SlotCopies`.
 """
 
 from __future__ import annotations
@@ -267,7 +267,7 @@ class Taken:
     nbytes: int
 
 
-class CopyPipeline:
+class SlotCopies:
     """Device slots and the copies into them, for the streamed blocks of one model."""
 
     def __init__(

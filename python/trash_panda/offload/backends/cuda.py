@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._dtypes import torch_dtype
 from ..timing import Timing
-from .copies import CopyPipeline, CudaDevice, Device
+from .copies import CudaDevice, Device, SlotCopies
 from .expansion import ExpansionBuffer
 from .pinning import PinnedRegistration, register_ranges
 from .swap import swap
@@ -103,7 +103,7 @@ def _typed(dev: torch.Tensor, offset: int, length: int, header: str, shape: tupl
 
 class DeviceBackend:
     """A device with its own memory computes: each streamed block's bytes are copied into a
-    device slot by a :class:`CopyPipeline` (several copies in flight), then used in place there or
+    device slot by a :class:`SlotCopies` (several copies in flight), then used in place there or
     expanded into the expansion buffer on the compute stream.
 
     The staging buffers (unless a pipeline's shared pool, which the pipeline pins) and, with
@@ -130,7 +130,7 @@ class DeviceBackend:
         self.pinned: list[Any] = []  # the registrations close() undoes
         self._ram_pending = False  # its RAM tier is pinned when it arrives
         self._arrived: Any = None  # a RAM tier pinned on the loader's thread, not adopted yet
-        self.pipeline: CopyPipeline | None = None
+        self.copies: SlotCopies | None = None
         engine = state.engine
         if engine is None:
             return
@@ -149,7 +149,7 @@ class DeviceBackend:
                 # Not pinned (yet), so not copied from where it is: the workers stage it ahead
                 # as they do the disk tier, into the pinned staging buffers.
                 engine.stage_ram_tier_ahead()
-        self.pipeline = CopyPipeline(
+        self.copies = SlotCopies(
             device,
             engine,
             config.device_slots,
@@ -181,8 +181,8 @@ class DeviceBackend:
     def _adopt_ram_tier(self) -> None:
         registration, self._arrived = self._arrived, None
         self.pinned.append(registration)
-        assert self.pipeline is not None and self.state.engine is not None
-        self.pipeline.copy_from_images()
+        assert self.copies is not None and self.state.engine is not None
+        self.copies.copy_from_images()
         self.state.engine.copy_ram_tier_directly()
 
     def starts(self, block: BlockState) -> None:
@@ -215,7 +215,7 @@ class DeviceBackend:
                 expand_into(out, spec.resident, spec.resident_scale, spec.scale_kind)
                 swap(spec, out)
             return timing
-        assert self.state.engine is not None and self.pipeline is not None
+        assert self.state.engine is not None and self.copies is not None
         layout = self.layouts.get(block.engine_index)
         if layout is None:
             layout = self.layouts[block.engine_index] = self.state.engine.layout(block.engine_index)
@@ -226,7 +226,7 @@ class DeviceBackend:
             # back here, after whatever was queued on it, and its modules hold no view of it.
             for spec in block.work:
                 swap(spec, None)
-            self.pipeline.finish(block.engine_index)
+            self.copies.finish(block.engine_index)
             raise
         return timing
 
@@ -237,9 +237,9 @@ class DeviceBackend:
             self.device.compute_waits(self._expansion_made)
 
     def _bring_streamed(self, block: BlockState, layout: list[_core.StagedTensor], timing: Timing) -> None:
-        assert block.engine_index is not None and self.pipeline is not None
+        assert block.engine_index is not None and self.copies is not None
         expanding = False
-        taken = self.pipeline.take(block.engine_index)
+        taken = self.copies.take(block.engine_index)
         timing.staged_wait = taken.staged_wait
         timing.bytes = taken.nbytes
         if taken.mark is not None:
@@ -268,8 +268,8 @@ class DeviceBackend:
     def done(self, block: BlockState) -> None:
         for spec in block.work:
             swap(spec, None)
-        if block.engine_index is not None and self.pipeline is not None:
-            self.pipeline.finish(block.engine_index)
+        if block.engine_index is not None and self.copies is not None:
+            self.copies.finish(block.engine_index)
         self._resolve_waits(block_until_done=False)
 
     def _resolve_waits(self, block_until_done: bool) -> None:
@@ -291,17 +291,17 @@ class DeviceBackend:
     def park(self) -> None:
         """The model's turn ended: every copy out of a staging buffer is waited for and its
         lease returned, so the engine can give a shared staging pool back."""
-        if self.pipeline is not None:
-            self.pipeline.return_all()
+        if self.copies is not None:
+            self.copies.return_all()
 
     def device_bytes(self) -> int:
         """The device memory the slots and the expansion buffer hold, which :meth:`close` frees."""
-        slots = sum(s.numel() for s in self.pipeline.slots) if self.pipeline is not None else 0
+        slots = sum(s.numel() for s in self.copies.slots) if self.copies is not None else 0
         return slots + self.expansion.raw.numel()
 
     def close(self) -> None:
-        if self.pipeline is not None:
-            self.pipeline.close()
+        if self.copies is not None:
+            self.copies.close()
         # The expansion buffer and the slots may still be read by kernels queued on any stream
         # the model ran on (with no slots there is no copy pipeline to have waited for them).
         self._close_wait()

@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from trash_panda.offload.backends.copies import CopyPipeline
+from trash_panda.offload.backends.copies import SlotCopies
 from vtdevice import VirtualDevice, predict_step
 
 LINK = 50e9  # bytes/s: pinned host-to-device copies on PCIe 5 x16 (an H100 or H200 host)
@@ -72,10 +72,10 @@ def test_fewer_blocks_than_buffers_never_lease_a_block_twice() -> None:
 )
 def test_the_pipeline_breaking_a_rule_is_caught(monkeypatch: pytest.MonkeyPatch, broken: str, symptom: str) -> None:
     if broken == "_may_return":  # a lease goes back before its copy completed
-        monkeypatch.setattr(CopyPipeline, "_may_return", lambda self, copy: True)
+        monkeypatch.setattr(SlotCopies, "_may_return", lambda self, copy: True)
     elif broken == "compute_waits":  # the compute stream does not wait for the copy
         monkeypatch.setattr(VirtualDevice, "compute_waits", lambda self, event: None)
     else:  # the slot choice forgets which slots are held
-        monkeypatch.setattr(CopyPipeline, "_free_slot", lambda self: 0)
+        monkeypatch.setattr(SlotCopies, "_free_slot", lambda self: 0)
     r = predict_step(64_000_000, 0.002, 2, LINK, 2 * LINK)
     assert any(symptom in v for v in r["violations"]), r["violations"][:3]
