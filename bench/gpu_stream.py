@@ -6,7 +6,7 @@ torch's own pinned host-to-device copy rate for one block right beside it (the l
 ``--passes`` passes. Each pass gets a row: its time, the RAM tier's bytes over that time, the copy
 engine's own rate (device-timed copies), both as a share of the link, the compute stream's wait
 for copies, and the model's pass for the same block size, per-block compute time (measured with
-every block resident), lookahead and link: ``predict_step`` of tests/vtdevice.py ("n/a" when
+every block resident), lookahead and link: ``predict_step`` of tests/support/vtdevice.py ("n/a" when
 that is missing). Device-timed figures are read only after the backend has settled. The
 markdown is appended to --out (default bench/results/gpu.md; $OUT/gpu.md when OUT is set). Its
 files are removed at the end.
@@ -39,10 +39,10 @@ from trash_panda.offload.backends.copies import CudaDevice
 from trash_panda.offload.backends.cuda import DeviceBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-# Its signature differs between revisions (see model_pass); None when tests/vtdevice.py is missing.
+# Its signature differs between revisions (see model_pass); None when tests/support/vtdevice.py is missing.
 predict_step: Callable[..., dict[str, Any]] | None
 try:
-    from vtdevice import predict_step
+    from support.vtdevice import predict_step
 
     MODEL_ERROR = ""
 except Exception as e:  # the model is optional: the measurements stand without it
@@ -310,7 +310,7 @@ def main() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     model_line = (
-        "the virtual-time model (tests/vtdevice.py predict_step) for the same block size, per-block compute "
+        "the virtual-time model (tests/support/vtdevice.py predict_step) for the same block size, per-block compute "
         "(resident pass / blocks), lookahead, link and, for the mapped form, the engine's own warm fill rate"
         if predict_step is not None
         else f"model: n/a ({MODEL_ERROR})"

@@ -1,5 +1,5 @@
 """The schedule of the device bookkeeping over a grid, on the virtual-time device of the test suite
-(tests/vtdevice.py, CUDA's semantics): block size, compute / copy, lookahead and RAM-tier form ->
+(tests/support/vtdevice.py, CUDA's semantics): block size, compute / copy, lookahead and RAM-tier form ->
 the steady step against its ideal, max(copy, compute, fill) per block, and the share of the time
 the link is busy. A model: no device runs and nothing is timed; every figure follows from the
 rates given (link, fill, the host's costs) and the bookkeeping's rules. tests/test_schedule.py
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from _common import RESULTS, ROOT, machine, md_table
 
 from trash_panda.offload.backends.copies import SlotCopies
-from vtdevice import CALL_S, LAUNCH_S, predict_step
+from support.vtdevice import CALL_S, LAUNCH_S, predict_step
 
 SIZES = (64_000_000, 256_000_000, 1_000_000_000, 2_000_000_000)
 RATIOS = (0.1, 0.2, 0.5, 0.8, 0.9, 1.0, 1.1, 1.25, 2.0, 5.0, 10.0)

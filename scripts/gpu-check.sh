@@ -2,10 +2,10 @@
 # The checks that need an NVIDIA GPU, for a bare GPU machine (no network, no Rust, no make):
 #   1. the extension imports (built elsewhere and carried: python/trash_panda/_core.abi3.so);
 #   2. the `cuda` tests;
-#   3. each defect put back (tests/faults.py, TRASH_PANDA_FAULT=name): the cuda test that names
+#   3. each defect put back (tests/support/faults.py, TRASH_PANDA_FAULT=name): the cuda test that names
 #      it must fail, or the check proves nothing;
 #   4. the same tests under TORCH_CUDA_SANITIZER=1 (torch's stream-race checker, made to key
-#      accesses by allocation and to watch the loader's thread: tests/sanitizer.py);
+#      accesses by allocation and to watch the loader's thread: tests/support/sanitizer.py);
 #   5. the sanitizer with a missing wait put back: it must report the race;
 #   6. examples/pipeline_stages.py on the GPU (chained stages and the Pipeline runner against the
 #      plain pipeline on the same device);

@@ -10,10 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import faults
-import sanitizer
-from models import Tiny, save
-from simdevice import SimulatedDevice
+from support import faults, sanitizer
+from support.models import Tiny, save
+from support.simdevice import SimulatedDevice
 
 
 def _tensors(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -48,7 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _faults(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The defects TRASH_PANDA_FAULT puts back (tests/faults.py), for every test; under
+    """The defects TRASH_PANDA_FAULT puts back (tests/support/faults.py), for every test; under
     TORCH_CUDA_SANITIZER, the sanitizer made to see views and the loader's thread (sanitizer.py)."""
     faults.from_environment(monkeypatch)
     if sanitizer.wanted():

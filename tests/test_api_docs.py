@@ -16,7 +16,7 @@ import types
 
 import trash_panda
 import trash_panda.settings
-from doc_examples import ROOT
+from support.doc_examples import ROOT
 from trash_panda import _core
 
 # The writer of the stub's docstrings is a script of the repository, loaded from its file.

@@ -23,8 +23,8 @@ import trash_panda as tp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import pipeline_stages as ps
 
-from models import Tiny, save
-from test_pipeline_runner import fixed_holds, fixed_stages, one_run, stages
+from support.models import Tiny, save
+from support.runner import fixed_holds, fixed_stages, one_run, stages
 
 
 def rewrite(folder: Path, name: str, seed: int) -> None:

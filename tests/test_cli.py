@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import trash_panda
-from models import Tiny, save
+from support.models import Tiny, save
 
 # The package as this test process imports it, for the child process too.
 ENV = {**os.environ, "PYTHONPATH": str(Path(trash_panda.__file__).parent.parent)}

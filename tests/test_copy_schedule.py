@@ -10,8 +10,8 @@ import itertools
 
 import pytest
 
+from support.vtdevice import VirtualDevice, predict_step
 from trash_panda.offload.backends.copies import SlotCopies
-from vtdevice import VirtualDevice, predict_step
 
 LINK = 50e9  # bytes/s: pinned host-to-device copies on PCIe 5 x16 (an H100 or H200 host)
 # fill_bps of each RAM-tier form: None, the private tier in pinned memory copied directly; a

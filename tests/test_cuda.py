@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, on_meta, save
-from test_stream import _fp8_checkpoint, every_tier, ids, reference
+from support.checkpoints import every_tier, fp8_checkpoint, ids, reference
+from support.models import Tiny, on_meta, save
 from trash_panda.offload.backends.cuda import CudaBackend
 
 pytestmark = pytest.mark.cuda
@@ -47,7 +47,7 @@ def test_every_tier_on_gpu(tmp_path: Path, dtype: torch.dtype) -> None:
 
 
 def test_fp8_on_gpu(tmp_path: Path) -> None:
-    expected = _fp8_checkpoint(reference(torch.float32), tmp_path / "fp8.safetensors").cuda()
+    expected = fp8_checkpoint(reference(torch.float32), tmp_path / "fp8.safetensors").cuda()
     model = on_meta(Tiny)
     tp.stream_load(model, tmp_path / "fp8.safetensors", plan=every_tier(), device="cuda")
     handle = tp.install_offload(model)
@@ -326,7 +326,7 @@ def test_an_expansion_buffer_is_freed_after_the_work_of_another_stream(tmp_path:
     """Every block resident in fp8 (no slots): the expansion buffer, read by kernels queued on a
     side stream, is freed when the hooks come off; memory allocated and written then must not be
     it. Fails with TRASH_PANDA_FAULT=close-no-sync."""
-    expected = _fp8_checkpoint(reference(torch.float32), tmp_path / "fp8.safetensors").cuda()
+    expected = fp8_checkpoint(reference(torch.float32), tmp_path / "fp8.safetensors").cuda()
     model = on_meta(Tiny)
     names = [f"blocks.{i}." for i in range(6)]
     tp.stream_load(model, tmp_path / "fp8.safetensors", plan=tp.Plan.manual(resident=names, streamed=[]), device="cuda")

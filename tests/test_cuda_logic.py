@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 import torch
 
-import faults
 import trash_panda as tp
-from models import Tiny, on_meta, save
-from simdevice import SimulatedDevice
+from support import faults
+from support.cudart import FakeCudart
+from support.models import Tiny, on_meta, save
+from support.simdevice import SimulatedDevice
 from trash_panda import Tier
 from trash_panda.errors import StreamError
 from trash_panda.offload import allocator_history as meter_mod
@@ -38,40 +39,6 @@ from trash_panda.offload.state import ModelState, get_state
 
 LAYERS = 8
 IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(3))
-
-
-class FakeCudart:
-    """torch's cudart as the runtime behaves: a failed call leaves its error as the last error
-    until cudaGetLastError reads it (and the next kernel launch would report it)."""
-
-    def __init__(self, fail_register: set[int] | None = None, fail_unregister: bool = False) -> None:
-        self.fail_register = fail_register or set()  # which calls fail, counted from 1
-        self.fail_unregister = fail_unregister
-        self.calls = 0
-        self.registered: set[int] = set()
-        self.last_error = 0
-
-    def cudaHostRegister(self, addr: int, size: int, flags: int) -> int:
-        self.calls += 1
-        if self.calls in self.fail_register or addr in self.registered:
-            self.last_error = 2 if addr not in self.registered else 712  # out of memory / already registered
-            return self.last_error
-        self.registered.add(addr)
-        return 0
-
-    def cudaHostUnregister(self, addr: int) -> int:
-        if self.fail_unregister or addr not in self.registered:
-            self.last_error = 713  # cudaErrorHostMemoryNotRegistered
-            return self.last_error
-        self.registered.discard(addr)
-        return 0
-
-    def cudaGetLastError(self) -> int:
-        err, self.last_error = self.last_error, 0
-        return err
-
-    def cudaGetErrorString(self, err: int) -> str:
-        return {2: "out of memory", 713: "not registered"}.get(err, "error")
 
 
 @pytest.fixture
@@ -518,7 +485,7 @@ def test_the_users_peak_survives_any_number_of_windows(mem: FakeAllocator) -> No
 
 
 def test_the_meter_resetting_torchs_peak_is_caught(mem: FakeAllocator, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The old gauge (tests/faults.py, meter-reset) reset torch's peak at each window event and
+    """The old gauge (tests/support/faults.py, meter-reset) reset torch's peak at each window event and
     synchronized the device: the user's-peak check fails on it, and so does the synchronize one."""
     faults.apply(monkeypatch, "meter-reset")
     mem.strict = False

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, on_meta, save
-from simdevice import SimulatedDevice
+from support.models import Tiny, on_meta, save
+from support.simdevice import SimulatedDevice
+from support.vtdevice import VirtualDevice
 from trash_panda import Tier
 from trash_panda.offload.backends import copies as device_mod
 from trash_panda.offload.backends.cuda import DeviceBackend
 from trash_panda.offload.handle import _install
 from trash_panda.offload.state import ModelState, get_state
-from vtdevice import VirtualDevice
 
 LAYERS = 8
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import trash_panda
-from hf_folders import make_sd
-from test_diffusers_pipeline import STREAM, _image
-from test_pipeline_skips import within_seconds
+from support.hf_folders import make_sd
+from support.runner import within_seconds
+from support.sd import STREAM, sd_image
 from trash_panda.offload.state import get_state
 
 pytest.importorskip("diffusers")
@@ -33,7 +33,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def plain_image(folder: Path) -> torch.Tensor:
-    return _image(StableDiffusionPipeline.from_pretrained(folder))
+    return sd_image(StableDiffusionPipeline.from_pretrained(folder))
 
 
 def _files(folder: Path) -> int:
@@ -75,7 +75,7 @@ def test_a_chain_holds_its_components_within_its_ram_budget(folder: Path, plain_
 
     def images() -> None:
         for call in (1, 2, 3):  # the second call releases the text encoder, the third reads it again
-            assert torch.equal(_image(pipe), plain_image)
+            assert torch.equal(sd_image(pipe), plain_image)
             # Its VAE ended as the pipeline's call did (diffusers' maybe_free_model_hooks).
             assert [r.stage for r in runner.records if r.run == call] == STREAM, runner.report()
 
@@ -110,7 +110,7 @@ def _random_chain(folder: Path, want: torch.Tensor, rng: random.Random) -> None:
     held = _noting_held(pipe)
     try:
         for call in range(1, calls + 1):
-            assert torch.equal(_image(pipe), want), said
+            assert torch.equal(sd_image(pipe), want), said
             if rng.random() < 0.5:
                 report = trash_panda.diffusers.pipeline_report(pipe)
                 assert f"run {call} vae:" in report, (said, report)

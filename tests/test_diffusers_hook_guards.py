@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import trash_panda
-from hf_folders import make_sd
-from test_diffusers_pipeline import STREAM, _image
+from support.hf_folders import make_sd
+from support.sd import STREAM, sd_image
 from trash_panda.pipeline import Pipeline
 
 pytest.importorskip("diffusers")
@@ -96,7 +96,7 @@ def test_a_chained_pipeline_plants_no_hf_hook_and_reports_its_device(folder: Pat
         assert _hf_hooked(pipe) == []
         assert all(getattr(pipe, n).device.type == "meta" for n in STREAM)  # nothing loaded yet
         assert pipe.device == torch.device("cpu") and pipe._execution_device == torch.device("cpu")
-        image = _image(pipe)
+        image = sd_image(pipe)
         assert torch.isfinite(image).all()
         assert _hf_hooked(pipe) == []
     finally:

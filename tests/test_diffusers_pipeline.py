@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,8 @@ import pytest
 import torch
 
 import trash_panda
-from hf_folders import make_sd
+from support.hf_folders import make_sd
+from support.sd import STREAM, sd_image
 from trash_panda import _core
 from trash_panda.offload.state import get_state
 
@@ -23,29 +23,10 @@ transformers = pytest.importorskip("transformers")
 
 from diffusers import StableDiffusionPipeline  # noqa: E402
 
-STREAM = ["text_encoder", "unet", "vae"]
-
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_sd(tmp_path_factory.mktemp("sd"))
-
-
-def _image(pipe: StableDiffusionPipeline) -> torch.Tensor:
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the UNet runs its middle blocks out of their defined order
-        out = pipe(
-            "a raccoon at night",
-            num_inference_steps=3,
-            height=16,
-            width=16,
-            guidance_scale=3.0,
-            output_type="pt",
-            generator=torch.Generator().manual_seed(0),
-        )
-    image = out.images
-    assert isinstance(image, torch.Tensor) and image.shape == (1, 3, 16, 16)
-    return image
 
 
 def _every_block_streamed() -> dict[str, object]:
@@ -54,7 +35,7 @@ def _every_block_streamed() -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def plain_image(folder: Path) -> torch.Tensor:
-    return _image(StableDiffusionPipeline.from_pretrained(folder))
+    return sd_image(StableDiffusionPipeline.from_pretrained(folder))
 
 
 def test_streamed_pipeline_image_equals_plain(folder: Path, plain_image: torch.Tensor) -> None:
@@ -67,7 +48,7 @@ def test_streamed_pipeline_image_equals_plain(folder: Path, plain_image: torch.T
             assert state is not None and state.handle is not None, name
             assert state.engine is not None  # its blocks are streamed, none resident
         assert pipe.device == torch.device("cpu")
-        assert torch.equal(_image(pipe), plain_image)
+        assert torch.equal(sd_image(pipe), plain_image)
         assert torch.isfinite(plain_image).all() and plain_image.std() > 0
     finally:
         trash_panda.diffusers.release_pipeline(pipe)
@@ -79,7 +60,7 @@ def test_streamed_pipeline_image_equals_plain(folder: Path, plain_image: torch.T
 
 
 def test_chained_pipeline_stage_by_stage(folder: Path, plain_image: torch.Tensor) -> None:
-    _image(StableDiffusionPipeline.from_pretrained(folder))  # allocator and kernels warm: RSS settles
+    sd_image(StableDiffusionPipeline.from_pretrained(folder))  # allocator and kernels warm: RSS settles
     _core.trim_heap()
     rss_start = _core.current_rss()
     pipe = trash_panda.diffusers.load_pipeline(
@@ -92,13 +73,13 @@ def test_chained_pipeline_stage_by_stage(folder: Path, plain_image: torch.Tensor
         )
     try:
         assert all(get_state(getattr(pipe, n)) is None for n in STREAM)  # nothing loaded before the call
-        assert torch.equal(_image(pipe), plain_image)
+        assert torch.equal(sd_image(pipe), plain_image)
         # The chain is a Pipeline: the UNet is read while the text encoder runs (set up on the
         # runner's thread, loaded by the time the encoder's call ends), and the VAE while the
         # UNet runs.
         assert loaded[0][0] == "text_encoder" and loaded[1] == ["text_encoder", "unet"]
         assert ["text_encoder", "unet", "vae"] in loaded or ["unet", "vae"] in loaded
-        assert torch.equal(_image(pipe), plain_image)  # a second call: kept or read again
+        assert torch.equal(sd_image(pipe), plain_image)  # a second call: kept or read again
         report = trash_panda.diffusers.pipeline_report(pipe)
         assert "run 1 text_encoder: read at its start" in report, report
         assert "run 1 unet: read ahead" in report and "run 2 text_encoder" in report, report
@@ -158,7 +139,7 @@ def test_overlap_gives_the_same_image(
         for name in STREAM:
             getattr(pipe, name).register_forward_pre_hook(functools.partial(_note_loader, loaders))
         try:
-            images[overlap] = _image(pipe)
+            images[overlap] = sd_image(pipe)
         finally:
             trash_panda.diffusers.release_pipeline(pipe)
         # A chain runs on a Pipeline, which always reads on a loader thread.
@@ -183,7 +164,7 @@ def test_a_chained_component_called_by_a_child_waits_for_that_childs_weights(
         StableDiffusionPipeline, folder, stream=STREAM, **_every_block_streamed()
     )
     try:
-        _image(pipe)  # writes the order files
+        sd_image(pipe)  # writes the order files
     finally:
         trash_panda.diffusers.release_pipeline(pipe)
     vae_file = folder / "vae" / "diffusion_pytorch_model_order.json"
@@ -201,7 +182,7 @@ def test_a_chained_component_called_by_a_child_waits_for_that_childs_weights(
         StableDiffusionPipeline, folder, stream=STREAM, chain=True, overlap=True, **_some_blocks_resident()
     )
     try:
-        assert torch.equal(_image(pipe), plain_image)
+        assert torch.equal(sd_image(pipe), plain_image)
     finally:
         trash_panda.diffusers.release_pipeline(pipe)
         vae_file.write_text(kept)

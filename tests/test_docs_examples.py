@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from doc_examples import ROOT, SKIP, page_blocks, python_blocks, run_blocks
+from support.doc_examples import ROOT, SKIP, page_blocks, python_blocks, run_blocks
 
 DOCS = ROOT / "docs"
 PAGES = sorted(p for p in DOCS.rglob("*.md") if any(b.skip is None for b in page_blocks(p)))
@@ -23,13 +23,13 @@ LEFT_OUT: dict[str, str] = {
 
 
 def _llama(folder: Path) -> Path:
-    from hf_folders import make_llama
+    from support.hf_folders import make_llama
 
     return make_llama(folder, 4)
 
 
 def _sd(folder: Path) -> Path:
-    from hf_folders import make_sd
+    from support.hf_folders import make_sd
 
     return make_sd(folder)
 

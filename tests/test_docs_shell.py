@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import trash_panda
-from doc_examples import FENCE, ROOT, SHELL, SKIP, Block, commands, shell_blocks
-from models import Tiny, save
+from support.doc_examples import FENCE, ROOT, SHELL, SKIP, Block, commands, shell_blocks
+from support.models import Tiny, save
 
 PAGES = sorted([*(ROOT / "docs").rglob("*.md"), ROOT / "README.md"])
 ENV = {**os.environ, "PYTHONPATH": str(Path(trash_panda.__file__).parent.parent)}
@@ -43,7 +43,7 @@ def _checkpoint(folder: Path) -> Path:
 
 def _llama(folder: Path) -> Path:
     pytest.importorskip("transformers")
-    from hf_folders import make_llama
+    from support.hf_folders import make_llama
 
     return make_llama(folder / "llama", 4)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from doc_examples import ROOT
+from support.doc_examples import ROOT
 from trash_panda import _core
 
 # The hooks are a script of the site, not a module of the package: loaded from their file.

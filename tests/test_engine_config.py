@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, assert_writes_are_caught, save
+from support.models import Tiny, assert_writes_are_caught, save
 from trash_panda import Plan, Tier, _core
 from trash_panda.offload.backends import cuda as cuda_backend
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from test_troubleshooting import HOLE, PAGE, ROOT, Site, gaps
+from support.doc_pages import HOLE, PAGE, ROOT, Site, gaps
 
 # A script of the site, not a module of the package: loaded from its file (registered first, as
 # its dataclasses look their module up).

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, on_meta, save
-from simdevice import SimulatedDevice
+from support.models import Tiny, on_meta, save
+from support.simdevice import SimulatedDevice
 from trash_panda import Tier, _core
 from trash_panda.offload.backends.copies import SlotCopies
 from trash_panda.offload.backends.cuda import DeviceBackend

@@ -26,8 +26,9 @@ from safetensors.torch import load_file
 
 import trash_panda as tp
 from conftest import bits
-from models import Tiny, on_meta, save
-from test_stream import _fp8_checkpoint, reference
+from support.checkpoints import fp8_checkpoint, reference
+from support.models import Tiny, on_meta, save
+from support.vtdevice import EPS, VirtualDevice
 from trash_panda import _core
 from trash_panda.offload import final_pass as final_pass_mod
 from trash_panda.offload import outside, overlap
@@ -36,7 +37,6 @@ from trash_panda.offload.final_pass import final_pass
 from trash_panda.offload.handle import OffloadHandle, _install
 from trash_panda.offload.state import ModelState, get_state
 from trash_panda.pipeline.loaded import LoadedStage, load_stage
-from vtdevice import EPS, VirtualDevice
 
 K_LAYERS = 4  # bf16: about 265 kB freed, more than stage k+1's six fp8 blocks (about 205 kB)
 COMPUTE_S = 0.004  # each block's kernels
@@ -200,7 +200,7 @@ def _hand_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HandedOver:
     ref, handle, running = _running(tmp_path, dev)
 
     nxt_path = tmp_path / "next.safetensors"
-    expected = _fp8_checkpoint(reference(torch.float32), nxt_path)
+    expected = fp8_checkpoint(reference(torch.float32), nxt_path)
     nxt_model = on_meta(Tiny)
     p = tp.plan(nxt_model, nxt_path, vram="1TB", ram="1TB", resident_blocks=6)
     # Where a read lands is the device's to say: each of the loader's reads fills the bytes

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import trash_panda
-from hf_folders import make_llama, randomize, save_sharded
+from support.hf_folders import make_llama, randomize, save_sharded
 from trash_panda import Plan, Tier
 
 transformers = pytest.importorskip("transformers")

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import trash_panda
-from hf_folders import llama_config, randomize, save_sharded
-from outside_loads import OutsideLoads
+from support.hf_folders import llama_config, randomize, save_sharded
+from support.outside_loads import OutsideLoads
 from trash_panda import Plan
 
 transformers = pytest.importorskip("transformers")

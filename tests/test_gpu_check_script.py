@@ -1,5 +1,5 @@
 """scripts/gpu-check.sh, read on a machine without a GPU: each defect it puts back is one of
-tests/faults.py and its check a `cuda` test that exists (a renamed test would otherwise show only
+tests/support/faults.py and its check a `cuda` test that exists (a renamed test would otherwise show only
 on a GPU, as a check that did not run); every fault is used by the script or by a CPU test; its
 limits add up to less than the 8 minutes it promises; and its dry run says what would run."""
 
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import faults
+from support import faults
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
@@ -35,7 +35,7 @@ def _cuda_tests() -> set[str]:
 def test_each_defect_put_back_names_a_fault_and_a_cuda_test() -> None:
     tests = _cuda_tests()
     for fault, test in _entries("FAULTS") + _entries("SANITIZER_FAULTS"):
-        assert fault in faults.FAULTS, f"gpu-check puts back {fault}, which tests/faults.py does not have"
+        assert fault in faults.FAULTS, f"gpu-check puts back {fault}, which tests/support/faults.py does not have"
         assert test.split("[")[0] in tests, f"gpu-check runs {test}, which tests/test_cuda.py does not have"
 
 

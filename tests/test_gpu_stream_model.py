@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vtdevice import predict_step
+from support.vtdevice import predict_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from gpu_stream import total_fill_rate

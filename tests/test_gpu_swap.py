@@ -20,10 +20,10 @@ from torch import nn
 
 import trash_panda as tp
 from conftest import bits
-from models import Tiny, on_meta, save
-from simdevice import POISON, SimulatedDevice
-from test_cuda_logic import FakeCudart
-from test_stream import _fp8_checkpoint, every_tier, ids, reference
+from support.checkpoints import every_tier, fp8_checkpoint, ids, reference
+from support.cudart import FakeCudart
+from support.models import Tiny, on_meta, save
+from support.simdevice import SimMemory, SimulatedDevice
 from trash_panda import Tier
 from trash_panda.errors import ArgumentError, StreamError
 from trash_panda.offload import gpu_swap, overlap
@@ -33,40 +33,6 @@ from trash_panda.offload.handle import OffloadHandle, _install
 from trash_panda.offload.state import ModelState, get_state
 
 LAYERS = 6
-
-
-class SimMemory:
-    """The simulated device's memory as the device side (every CPU tensor not in a host buffer
-    made here) and plain host buffers; counts what it allocates and can run out of memory."""
-
-    def __init__(self, sim: SimulatedDevice, fail_after: int | None = None) -> None:
-        self.device = sim
-        self.hosts: list[tuple[int, int]] = []
-        self.allocated = 0
-        self.allocations = 0
-        self.fail_after = fail_after
-        self.gave_back = 0
-
-    def holds(self, t: torch.Tensor) -> bool:
-        if t.device.type != "cpu":
-            return False
-        at = t.untyped_storage().data_ptr()
-        return not any(lo <= at < hi for lo, hi in self.hosts)
-
-    def device_buffer(self, nbytes: int) -> torch.Tensor:
-        if self.fail_after is not None and self.allocations >= self.fail_after:
-            raise torch.OutOfMemoryError("simulated: out of device memory")
-        self.allocations += 1
-        self.allocated += nbytes
-        return self.device.empty(nbytes)
-
-    def host_buffer(self, nbytes: int) -> HostCopy:
-        data = torch.full((nbytes,), POISON, dtype=torch.uint8)
-        self.hosts.append((data.data_ptr(), data.data_ptr() + max(nbytes, 1)))
-        return HostCopy(data, pinned=True)
-
-    def empty_cache(self) -> None:
-        self.gave_back += 1
 
 
 class PinnedSim(SimMemory):
@@ -84,7 +50,7 @@ def _loaded(tmp_path: Path, fp8: bool = False) -> tuple[nn.Module, nn.Module]:
     reference it must equal."""
     ref = reference(torch.float32)
     if fp8:
-        want = _fp8_checkpoint(ref, tmp_path / "m.safetensors")
+        want = fp8_checkpoint(ref, tmp_path / "m.safetensors")
         path = tmp_path / "m.safetensors"
     else:
         want = ref.to(torch.bfloat16)
@@ -391,7 +357,7 @@ def test_release_and_restore_on_gpu(tmp_path: Path, fp8: bool) -> None:
     """The real path: pinned host memory, copies on the copy stream, torch's cache emptied."""
     ref = reference(torch.float32)
     if fp8:
-        want_model = _fp8_checkpoint(ref, tmp_path / "m.safetensors")
+        want_model = fp8_checkpoint(ref, tmp_path / "m.safetensors")
         path = tmp_path / "m.safetensors"
     else:
         want_model = ref.to(torch.bfloat16)

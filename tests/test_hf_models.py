@@ -20,7 +20,7 @@ from safetensors.torch import save_file, save_model
 from torch import nn
 
 import trash_panda
-from hf_folders import llama_config, randomize
+from support.hf_folders import llama_config, randomize
 from trash_panda import Plan, Tier
 
 transformers = pytest.importorskip("transformers")

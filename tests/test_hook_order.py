@@ -14,10 +14,9 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, on_meta, save
-from simdevice import SimulatedDevice
-from test_gpu_swap import SimMemory
-from test_stream import ids, reference
+from support.checkpoints import ids, reference
+from support.models import Tiny, on_meta, save
+from support.simdevice import SimMemory, SimulatedDevice
 from trash_panda.offload import gpu_swap
 from trash_panda.offload.registry import CUSTOM, CUSTOM_GATE, RANKS, BlockHook, hook_rank
 from trash_panda.offload.state import BlockState

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import trash_panda as tp
-from models import Tiny, on_meta, save
+from support.models import Tiny, on_meta, save
 from trash_panda.offload.materialize import LOOKUP_GUARDS
 from trash_panda.offload.registry import RANKS, BlockHook, HookRegistry, model_hooks
 from trash_panda.offload.state import RELEASED, BlockState

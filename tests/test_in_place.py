@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, assert_writes_are_caught, save
+from support.models import Tiny, assert_writes_are_caught, save
 from trash_panda import Plan
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="blocks are used in place on Linux only")

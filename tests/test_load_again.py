@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import trash_panda as tp
-from models import Tiny, save
+from support.models import Tiny, save
 from trash_panda.offload import overlap
 from trash_panda.offload.state import get_state
 
@@ -82,7 +82,7 @@ def test_stage_of_the_same_model_twice(scaled: tuple[Path, Scaled]) -> None:
 
 def test_from_pretrained_after_release(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
-    from hf_folders import make_llama
+    from support.hf_folders import make_llama
 
     folder = make_llama(tmp_path / "llama", 4)
     plain = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()

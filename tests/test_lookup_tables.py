@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import trash_panda as tp
-from models import Tiny, save
+from support.models import Tiny, save
 from trash_panda import Plan, _core
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="tables are mapped on Linux only")

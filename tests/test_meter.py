@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, on_meta, save
+from support.models import Tiny, on_meta, save
 from trash_panda import _core
 from trash_panda.offload.meter import Meter
 from trash_panda.options import remembered_activation

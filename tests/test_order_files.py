@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import trash_panda as tp
-from models import Block, save
+from support.models import Block, save
 from trash_panda.offload.state import get_state
 
 RUN = [3, 4, 5, 0, 1, 2]  # the order forward() runs the blocks in

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, save
-from outside_loads import OutsideLoads
+from support.models import Tiny, save
+from support.outside_loads import OutsideLoads
 from trash_panda import _core
 from trash_panda.errors import StreamError
 from trash_panda.offload import outside as outside_mod

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, on_meta, save
+from support.models import Tiny, on_meta, save
 from trash_panda import _core
 from trash_panda.offload import meter, outside, overlap, reads
 from trash_panda.offload.meter import Meter

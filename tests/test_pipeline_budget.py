@@ -22,7 +22,7 @@ from trash_panda.errors import ArgumentError
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import pipeline_stages as ps
 
-from test_pipeline_runner import ahead, arrivals, fixed_holds, fixed_stages, one_run, stages, until
+from support.runner import ahead, arrivals, fixed_holds, fixed_stages, one_run, stages, until
 
 
 @pytest.fixture(scope="module")

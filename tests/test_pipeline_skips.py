@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 import random
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +15,13 @@ import pytest
 import torch
 
 import trash_panda as tp
+from support.runner import within_seconds
 from trash_panda import _core
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import pipeline_stages as ps
 
-from test_pipeline_runner import fixed_holds, fixed_stages, one_run, stages
+from support.runner import fixed_holds, fixed_stages, one_run, stages
 
 
 @pytest.fixture(scope="module")
@@ -92,24 +91,6 @@ def test_runs_that_skip_stages_equal_the_plain_pipeline_within_the_budget(folder
         within_budget()
         assert [r.run for r in pipe.records] == [1, 1, 1, 2, 2, 3, 3, 4, 5, 5, 5], pipe.report()
     assert pipe.loaded == [] and pipe._keeper.pending is None
-
-
-def within_seconds(seconds: float, work: Callable[[], None]) -> None:
-    """Runs ``work`` on a thread of its own and fails (instead of hanging) past ``seconds``."""
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as e:
-            failure.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds} s: a wait that never ends"
-    if failure:
-        raise failure[0]
 
 
 def test_blocks_read_ahead_for_a_skipped_turn_are_given_back_without_waiting(folder: Path, want: torch.Tensor) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from models import Tiny, TwoLists, on_meta, save
+from support.models import Tiny, TwoLists, on_meta, save
 from trash_panda import ArgumentError, Plan, PlanError, Tier, _core, plan
 from trash_panda.blocks import find_blocks
 

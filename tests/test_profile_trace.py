@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, on_meta, save
+from support.models import Tiny, on_meta, save
 from trash_panda import ArgumentError, Plan, Tier, _core
 
 # Blocks 0-1 resident, 2-3 in RAM, 4-5 on disk: every streamed source in one pass.
@@ -195,7 +195,7 @@ def test_memory_points_name_the_runtime_s_own_tensors(tmp_path: Path) -> None:
 
 
 def test_memory_points_name_a_device_backend_s_slots(tmp_path: Path) -> None:
-    from simdevice import SimulatedDevice
+    from support.simdevice import SimulatedDevice
     from trash_panda.offload.backends.cuda import DeviceBackend
     from trash_panda.offload.handle import _install
     from trash_panda.offload.profile import memory_point

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, on_meta
-from test_stream import every_tier
+from support.checkpoints import every_tier
+from support.models import Tiny, on_meta
 from trash_panda import _core
 from trash_panda.errors import ArgumentError
 from trash_panda.offload.state import get_state

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, on_meta
-from test_stream import _fp8_checkpoint
+from support.checkpoints import fp8_checkpoint
+from support.models import Tiny, on_meta
 from trash_panda import _core
 from trash_panda.offload.overlap import OverlapWait
 from trash_panda.offload.state import get_state
@@ -86,7 +86,7 @@ def test_overlap_keeps_the_weights_bit_for_bit(tiny: tuple[Path, Tiny], storage:
 
 def test_overlap_reads_fp8_weights_with_their_scales(tmp_path: Path) -> None:
     torch.manual_seed(1)
-    expected = _fp8_checkpoint(Tiny().eval(), tmp_path / "fp8.safetensors")
+    expected = fp8_checkpoint(Tiny().eval(), tmp_path / "fp8.safetensors")
     with (
         tp.stage(build, tmp_path / "fp8.safetensors", device="cpu", resident_blocks=3, overlap=True) as (model, _p, _h),
         torch.no_grad(),

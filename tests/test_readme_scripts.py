@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from doc_examples import ROOT, page_blocks, run_blocks
-from hf_folders import make_llama
+from support.doc_examples import ROOT, page_blocks, run_blocks
+from support.hf_folders import make_llama
 
 pytest.importorskip("transformers")
 

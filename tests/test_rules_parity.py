@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 import trash_panda as tp
-from models import Tiny, TwoLists, on_meta, save
+from support.models import Tiny, TwoLists, on_meta, save
 from trash_panda import ArgumentError, PlanError, Tier, _core
 from trash_panda._dtypes import _HEADER_TO_TORCH, core_name, needs_expansion, torch_dtype
 from trash_panda.blocks import find_blocks

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import trash_panda as tp
-from models import Block, Tiny
+from support.models import Block, Tiny
 
 IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(4))
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, on_meta, save
+from support.models import Tiny, on_meta, save
 from trash_panda import _core
 
 IDS = torch.randint(0, 100, (2, 16), generator=torch.Generator().manual_seed(8))

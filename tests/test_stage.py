@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, on_meta, save
+from support.models import Tiny, on_meta, save
 from trash_panda import _core, settings
 from trash_panda.errors import ArgumentError, StreamError
 from trash_panda.offload import overlap

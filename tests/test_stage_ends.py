@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import trash_panda as tp
-from models import Tiny, on_meta, save
+from support.models import Tiny, on_meta, save
 from trash_panda.offload import order, profile
 from trash_panda.offload.backends import cpu
 from trash_panda.offload.state import get_state

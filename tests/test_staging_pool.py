@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import pipeline_stages as ps
 
-from test_pipeline_runner import ahead, one_run
+from support.runner import ahead, one_run
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_two_models_on_a_simulated_device_take_turns_on_one_pool(tmp_path: Path,
     """The device path: copies out of the pool run ahead of the compute (some wrap into the next
     pass and hold leases at a turn's end); the backend's park waits for them and returns their
     leases, so the engine can give the pool back. Outputs equal the references bit for bit."""
-    from models import Tiny, on_meta, save
+    from support.models import Tiny, on_meta, save
     from trash_panda.offload.backends.cuda import DeviceBackend
     from trash_panda.offload.handle import _install
     from trash_panda.offload.load import load_deferred
@@ -253,7 +253,7 @@ def test_no_pool_where_every_stage_fits_the_budget_alone(folder: Path, want: tor
     """A budget that holds each stage alone but not all three: the stages make room for each
     other instead of streaming, so no pool is held for the pipeline's life. The pool is sized
     on the read-ahead's thread, each stage planned with the budget to itself."""
-    from test_pipeline_runner import fixed_holds, stages
+    from support.runner import fixed_holds, stages
 
     holds = {name: h.ram for name, h in fixed_holds(folder).items()}
     budget = max(holds.values()) + min(holds.values()) // 2

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -10,25 +9,12 @@ import torch
 from safetensors.torch import save_file
 
 import trash_panda as tp
-from models import Tiny, TwoLists, assert_writes_are_caught, on_meta, save
+from support.checkpoints import every_tier, fp8_checkpoint, ids, reference
+from support.models import Tiny, TwoLists, assert_writes_are_caught, on_meta, save
 from trash_panda import CheckpointError, Plan, Tier
 from trash_panda.offload.state import get_state
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-
-
-def every_tier(layers: int = 6) -> Plan:
-    p = Plan.manual(resident=["blocks.0.", "blocks.1."], streamed=[f"blocks.{i}." for i in range(2, layers)])
-    return p.assign(Tier.DISK, prefixes=[f"blocks.{i}." for i in range(layers - 2, layers)])
-
-
-def reference(dtype: torch.dtype, seed: int = 0, **kw: int) -> Tiny:
-    torch.manual_seed(seed)
-    return Tiny(**kw).to(dtype).eval()
-
-
-def ids() -> torch.Tensor:
-    return torch.randint(0, 100, (3, 11), generator=torch.Generator().manual_seed(5))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -120,44 +106,9 @@ def test_two_block_lists(tmp_path: Path) -> None:
     tp.release(model, handle)
 
 
-def _fp8_checkpoint(ref: Tiny, path: Path) -> Tiny:
-    """Saves ``ref`` with fp8 block weights and three scale layouts; returns the bf16 reference
-    model whose weights are the reference expansion ``(w.float() * scale).to(bf16)``."""
-    tensors: dict[str, torch.Tensor] = {}
-    expected = Tiny().to(torch.bfloat16).eval()
-    state = {k: v.clone() for k, v in ref.state_dict().items()}
-    for name, w in state.items():
-        if name.startswith("blocks.") and name.endswith(".weight") and w.dim() == 2:
-            layer = int(name.split(".")[1]) % 3
-            if layer == 0:  # one scale per output row
-                scale = w.abs().amax(dim=1, keepdim=True) / 448
-                q = (w / scale).to(torch.float8_e4m3fn)
-                tensors[name[:-7] + ".weight_scale"] = scale
-                full = scale
-            elif layer == 1:  # one scale for the tensor, as scaled-fp8 UI checkpoints store it
-                scale = w.abs().amax() / 448
-                q = (w / scale).to(torch.float8_e4m3fn)
-                tensors[name[:-7] + ".scale_weight"] = scale.reshape(())
-                full = scale
-            else:  # one scale per 128x128 block
-                r, c = w.shape
-                scale = torch.rand(math.ceil(r / 128), math.ceil(c / 128)) * 0.01 + 0.001
-                full = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:r, :c]
-                q = (w / full).to(torch.float8_e4m3fn)
-                tensors[name[:-7] + ".weight_scale_inv"] = scale
-            tensors[name] = q
-            state[name] = (q.float() * full).to(torch.bfloat16)
-        else:
-            tensors[name] = w.to(torch.bfloat16)
-            state[name] = tensors[name]
-    save_file(tensors, str(path))
-    expected.load_state_dict(state)
-    return expected
-
-
 def test_fp8_with_scales_equals_reference_expansion(tmp_path: Path) -> None:
     ref = reference(torch.float32)
-    expected = _fp8_checkpoint(ref, tmp_path / "fp8.safetensors")
+    expected = fp8_checkpoint(ref, tmp_path / "fp8.safetensors")
     model = on_meta(Tiny)
     report = tp.stream_load(model, tmp_path / "fp8.safetensors", plan=every_tier(), device="cpu")
     assert report.compute_dtype == "bfloat16"

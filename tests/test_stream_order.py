@@ -3,7 +3,7 @@ tests/test_vtdevice.py holds to CUDA's: slots allocated where a running stage's 
 memory, blocks that ran on a caller's own stream giving their memory back, the loader's copies on a
 stream of their own, a RAM tier pinned when it arrives, staging buffers back once their copy
 landed, copies from pageable memory behind the kernels. Each test is shown to fail with its defect
-put back (tests/faults.py), the variant scripts/gpu-check.sh runs on a GPU."""
+put back (tests/support/faults.py), the variant scripts/gpu-check.sh runs on a GPU."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ import pytest
 import torch
 from torch import nn
 
-import faults
 import trash_panda as tp
-from models import Tiny, on_meta, save
-from test_stream import _fp8_checkpoint, reference
+from support import faults
+from support.checkpoints import fp8_checkpoint, reference
+from support.models import Tiny, on_meta, save
+from support.vtdevice import LAUNCH_S, VirtualDevice, VirtualEngine, predict_step
 from trash_panda import Tier, _core
 from trash_panda.offload import final_pass as final_pass_mod
 from trash_panda.offload import handle as handle_mod
@@ -28,7 +29,6 @@ from trash_panda.offload.backends.copies import SlotCopies
 from trash_panda.offload.backends.cuda import DeviceBackend
 from trash_panda.offload.handle import OffloadHandle, _install
 from trash_panda.offload.state import ModelState, get_state
-from vtdevice import LAUNCH_S, VirtualDevice, VirtualEngine, predict_step
 
 IDS = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(3))
 LINK = 50e9
@@ -118,7 +118,7 @@ def test_a_first_copy_that_waits_for_nothing_is_caught(monkeypatch: pytest.Monke
 def _resident_on(dev: VirtualDevice, tmp_path: Path, fp8: bool = False) -> tuple[Tiny, Tiny, OffloadHandle]:
     if fp8:
         path = tmp_path / "fp8.safetensors"
-        ref = _fp8_checkpoint(reference(torch.float32), path)
+        ref = fp8_checkpoint(reference(torch.float32), path)
     else:
         ref = reference(torch.float32)
         path = save(ref, tmp_path / "m.safetensors")

@@ -15,8 +15,8 @@ from safetensors.torch import save_model
 from torch import nn
 
 import trash_panda as tp
-from hf_folders import TINY_UNET
-from models import Block, Tiny, save
+from support.hf_folders import TINY_UNET
+from support.models import Block, Tiny, save
 from trash_panda.offload.state import get_state
 
 
@@ -170,7 +170,7 @@ def test_a_right_file_is_left_as_it_is(text_first: tuple[Path, nn.Module]) -> No
 def _llama() -> tuple[Callable[[], nn.Module], dict[str, torch.Tensor]]:
     from transformers import LlamaForCausalLM
 
-    from hf_folders import llama_config
+    from support.hf_folders import llama_config
 
     def build() -> nn.Module:
         model: nn.Module = LlamaForCausalLM._from_config(llama_config(layers=4)).eval()

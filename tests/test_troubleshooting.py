@@ -9,26 +9,18 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PAGE = ROOT / "docs" / "guides" / "troubleshooting.md"
+from support.doc_pages import HOLE, PAGE, ROOT, Site, gaps
+
 PACKAGE = ROOT / "python" / "trash_panda"
 RUST = [
     ROOT / "crates" / "trash-panda" / "src" / "plan" / "warnings.rs",
     ROOT / "crates" / "trash-panda" / "src" / "order" / "mod.rs",
 ]
-HOLE = "\x00"  # where a value goes into the text: a quote never spans one
 
 # Calls whose text is made elsewhere, with where: the entry for that text covers them.
 TEXT_FROM_ELSEWHERE = {"offload/order.py:60": "the order file's own warning, order/mod.rs"}
-
-
-@dataclass(frozen=True)
-class Site:
-    where: str
-    text: str  # the literal text, HOLE for each value
 
 
 def python_sites(package: Path = PACKAGE) -> list[Site]:
@@ -65,24 +57,6 @@ def rust_sites(files: list[Path] = RUST, root: Path = ROOT) -> list[Site]:
             line = source.count("\n", 0, m.start()) + 1
             sites.append(Site(f"{path.relative_to(root).as_posix()}:{line}", text))
     return sites
-
-
-def quotes(page: str) -> list[str]:
-    """The quoted text that starts each entry of the page's "Warnings" section."""
-    section = page.split("\n## Warnings\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"^- `([^`]+)`", section, flags=re.M)
-
-
-def gaps(page: str, sites: list[Site], elsewhere: dict[str, str]) -> tuple[list[str], list[str]]:
-    """(quotes no warning's text holds, warnings no quote is from)."""
-    found = quotes(page)
-    stale = [q for q in found if not any(q in s.text for s in sites)]
-    missing = [
-        f"{s.where}: {s.text.replace(HOLE, '...')!r}"
-        for s in sites
-        if s.where not in elsewhere and not any(q in s.text for q in found)
-    ]
-    return stale, missing
 
 
 def test_every_warning_has_an_entry_and_every_entry_is_a_warning() -> None:

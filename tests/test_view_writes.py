@@ -16,7 +16,7 @@ import torch
 from torch.utils.dlpack import from_dlpack
 
 import trash_panda as tp
-from models import Tiny, on_meta, save
+from support.models import Tiny, on_meta, save
 from trash_panda import Plan, Tier, _core
 from trash_panda.offload.state import get_state
 

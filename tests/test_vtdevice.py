@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.dlpack import from_dlpack
 
-from vtdevice import VEvent, VirtualDevice, VirtualEngine
+from support.vtdevice import VEvent, VirtualDevice, VirtualEngine
 
 NS = 1e-9  # at 1 GB/s, a byte takes 1 ns
 

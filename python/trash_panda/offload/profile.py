@@ -112,21 +112,11 @@ def _runtime_tensors(state: ModelState) -> Iterator[tuple[object, str]]:
                 yield spec.resident, f"resident stored form of {{owner}}.{spec.name}"
             if spec.resident_scale is not None:
                 yield spec.resident_scale, f"resident scale of {{owner}}.{spec.name}"
-    backend = getattr(state.handle, "backend", None)
-    expansion = getattr(backend, "expansion", None)
-    if expansion is not None:
-        yield expansion.raw, "expansion buffer of {owner}"
-    pipeline = getattr(backend, "pipeline", None)
-    if pipeline is None:
+    handle = state.handle
+    if handle is None:
         return
     prefix = {b.engine_index: b.prefix.rstrip(".") for b in state.blocks if b.engine_index is not None}
-    for i, slot in enumerate(pipeline.slots):
-        yield slot, f"device slot {i} of {{owner}}"
-    for b, image in pipeline.images.items():
-        yield image, f"in-memory RAM tier of {{owner}}.{prefix.get(b, b)}"
-    for copy in [*pipeline.queued.values(), *pipeline.returning]:
-        if copy.lease is not None:
-            yield copy.host, f"staging buffer of {{owner}}.{prefix.get(copy.block, copy.block)}"
+    yield from handle.backend.held(lambda b: prefix.get(b, str(b)))
 
 
 def snapshot(handle: OffloadHandle) -> Snapshot:

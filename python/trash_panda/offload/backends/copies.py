@@ -37,6 +37,7 @@ The CUDA backend drives a :class:`CudaDevice`; tests drive simulated ones throug
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -384,6 +385,17 @@ class SlotCopies:
         """An event after the work queued so far on the stream the slots were allocated on:
         memory that stream freed may be handed out again while its kernels still read it."""
         return self.device.compute_done()
+
+    def held(self, block_name: Callable[[int], str]) -> Iterator[tuple[object, str]]:
+        """(tensor, what it is) for its device slots, the RAM tier's images it keeps and the
+        staging buffers of copies not yet returned; ``{owner}`` stands for the model's class."""
+        for i, slot in enumerate(self.slots):
+            yield slot, f"device slot {i} of {{owner}}"
+        for b, image in self.images.items():
+            yield image, f"in-memory RAM tier of {{owner}}.{block_name(b)}"
+        for copy in [*self.queued.values(), *self.returning]:
+            if copy.lease is not None:
+                yield copy.host, f"staging buffer of {{owner}}.{block_name(copy.block)}"
 
     def close(self) -> None:
         self.device.synchronize()

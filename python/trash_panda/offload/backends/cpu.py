@@ -8,6 +8,7 @@ the same buffer.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..._dtypes import core_name
@@ -119,6 +120,11 @@ class CpuBackend:
 
     def settle(self) -> None:
         """Nothing is in flight on the CPU."""
+
+    def held(self, block_name: Callable[[int], str]) -> Iterator[tuple[object, str]]:
+        """(tensor, what it is) for the memory it keeps beside the model's parameters, ``{owner}``
+        standing for the model's class (the profile names them)."""
+        yield self.expansion.raw, "expansion buffer of {owner}"
 
     def close(self) -> None:
         for index in list(self.leases):

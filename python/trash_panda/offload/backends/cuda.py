@@ -10,6 +10,7 @@ run on the compute stream, so one expansion buffer serves every block in turn.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..._dtypes import torch_dtype
@@ -293,6 +294,14 @@ class DeviceBackend:
         lease returned, so the engine can give a shared staging pool back."""
         if self.copies is not None:
             self.copies.return_all()
+
+    def held(self, block_name: Callable[[int], str]) -> Iterator[tuple[object, str]]:
+        """(tensor, what it is) for the memory it keeps beside the model's parameters, ``{owner}``
+        standing for the model's class (the profile names them); ``block_name`` names a block
+        by its engine index."""
+        yield self.expansion.raw, "expansion buffer of {owner}"
+        if self.copies is not None:
+            yield from self.copies.held(block_name)
 
     def device_bytes(self) -> int:
         """The device memory the slots and the expansion buffer hold, which :meth:`close` frees."""

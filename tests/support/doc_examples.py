@@ -20,7 +20,7 @@ from pathlib import Path
 
 import trash_panda
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SKIP = "Not run by the tests:"
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 SHELL = ("console", "sh")

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from trash_panda.offload.gpu_swap import HostCopy
+
 POISON = 0xFF  # all-ones bytes: NaN in every float dtype
 
 
@@ -106,3 +108,37 @@ class SimulatedDevice:
 class _Registration:
     def close(self) -> None:
         pass
+
+
+class SimMemory:
+    """The simulated device's memory as the device side (every CPU tensor not in a host buffer
+    made here) and plain host buffers; counts what it allocates and can run out of memory."""
+
+    def __init__(self, sim: SimulatedDevice, fail_after: int | None = None) -> None:
+        self.device = sim
+        self.hosts: list[tuple[int, int]] = []
+        self.allocated = 0
+        self.allocations = 0
+        self.fail_after = fail_after
+        self.gave_back = 0
+
+    def holds(self, t: torch.Tensor) -> bool:
+        if t.device.type != "cpu":
+            return False
+        at = t.untyped_storage().data_ptr()
+        return not any(lo <= at < hi for lo, hi in self.hosts)
+
+    def device_buffer(self, nbytes: int) -> torch.Tensor:
+        if self.fail_after is not None and self.allocations >= self.fail_after:
+            raise torch.OutOfMemoryError("simulated: out of device memory")
+        self.allocations += 1
+        self.allocated += nbytes
+        return self.device.empty(nbytes)
+
+    def host_buffer(self, nbytes: int) -> HostCopy:
+        data = torch.full((nbytes,), POISON, dtype=torch.uint8)
+        self.hosts.append((data.data_ptr(), data.data_ptr() + max(nbytes, 1)))
+        return HostCopy(data, pinned=True)
+
+    def empty_cache(self) -> None:
+        self.gave_back += 1

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from demo_model import train_tokenizer  # the demo's trainer, given this text
 
 TEXT = [
