@@ -2,7 +2,7 @@
 (tests/support/vtdevice.py, CUDA's semantics): block size, compute / copy, lookahead and RAM-tier form ->
 the steady step against its ideal, max(copy, compute, fill) per block, and the share of the time
 the link is busy. A model: no device runs and nothing is timed; every figure follows from the
-rates given (link, fill, the host's costs) and the bookkeeping's rules. tests/test_schedule.py
+rates given (link, fill, the host's costs) and the bookkeeping's rules. tests/device/test_copy_schedule.py
 holds the bound on a smaller grid in ``make test``.
 
     PYTHONPATH=python .venv/bin/python bench/schedule_sweep.py             # bench/results/schedule_sweep.md
@@ -203,7 +203,7 @@ def main() -> None:
         f"is the largest (pageable staging: {STEP_BOUND}x max(copy + host, compute, fill)): {len(rows) - bad} of "
         f"{len(rows)} cases within it; pinned forms {sum(r['ok'] for r in rows if r['form'] in FORMS)} of "
         f"{sum(r['form'] in FORMS for r in rows)}.\n"
-        f"The model's rules (tests/test_vtdevice.py): streams and events, each host thread's current stream, one "
+        f"The model's rules (tests/device/test_vtdevice.py): streams and events, each host thread's current stream, one "
         f"copy engine, copies from pageable memory holding the host, the caching allocator's per-stream reuse, and "
         f"a lease back in the pool only once every view of its buffer is gone.\n"
     )

@@ -40,7 +40,7 @@ LIMIT_EXAMPLE=${LIMIT_EXAMPLE:-30}
 LIMIT_BENCH=${LIMIT_BENCH:-60}
 
 # Each defect put back, and the cuda test that must then fail.
-C=tests/test_cuda.py
+C=tests/device/test_cuda.py
 FAULTS=(
   "first-copy-wait $C::test_the_first_copy_into_a_slot_waits_for_the_kernels_its_memory_carries"
   "retire-current-stream $C::test_freed_blocks_wait_for_the_work_of_another_stream[given_back]"
@@ -64,7 +64,7 @@ say() { echo "gpu-check: $*"; }
 
 plan() {
   say "1. import:          $PY -c 'import trash_panda._core'                (limit ${LIMIT_IMPORT}s)"
-  say "2. cuda tests:      $PY -m pytest -q -m cuda tests/test_cuda.py tests/test_gpu_swap.py tests/test_pipeline_devices.py (limit ${LIMIT_TESTS}s)"
+  say "2. cuda tests:      $PY -m pytest -q -m cuda tests/device/test_cuda.py tests/offload/test_gpu_swap.py tests/runner/test_pipeline_devices.py (limit ${LIMIT_TESTS}s)"
   say "3. defects put back: ${#FAULTS[@]} runs of one cuda test each, TRASH_PANDA_FAULT=name; each must fail (limit ${LIMIT_FAULT}s each)"
   say "4. with sanitizer:  TORCH_CUDA_SANITIZER=1, the tests of 2           (limit ${LIMIT_SANITIZER}s)"
   say "5. sanitizer faults: ${#SANITIZER_FAULTS[@]} missing waits it must report (limit ${LIMIT_SANITIZER_FAULT}s each)"
@@ -152,7 +152,7 @@ caught() {  # name limit fault [env...] -- pytest arguments...
 }
 
 pytest=(-m pytest -q -m cuda -p no:cacheprovider)
-tests=("${pytest[@]}" tests/test_cuda.py tests/test_gpu_swap.py tests/test_pipeline_devices.py)
+tests=("${pytest[@]}" tests/device/test_cuda.py tests/offload/test_gpu_swap.py tests/runner/test_pipeline_devices.py)
 run "cuda tests" "$LIMIT_TESTS" "$PY" "${tests[@]}"
 for entry in "${FAULTS[@]}"; do
   read -r fault test <<<"$entry"

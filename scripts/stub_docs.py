@@ -2,7 +2,7 @@
 
 The binding builds each class's and function's ``__doc__`` from the Rust doc comments; the site
 reads ``_core`` from the stub without importing it, so the stub has to carry the same words. Run
-this after changing a doc comment (tests/test_api_docs.py fails until it is run):
+this after changing a doc comment (tests/docs/test_api_docs.py fails until it is run):
 
     .venv/bin/python scripts/stub_docs.py
 
@@ -13,7 +13,7 @@ with a setter), each followed by its docstring. A name whose runtime doc is empt
 docstring, and one the stub documents by itself is replaced, so the runtime doc always wins.
 
 Every one of these names must have a runtime doc: the script lists those that have none, and
-tests/test_api_docs.py fails on them (a setter and a dunder method need none).
+tests/docs/test_api_docs.py fails on them (a setter and a dunder method need none).
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def main() -> int:
     print(f"stub_docs: {STUB.relative_to(ROOT)} matches the runtime docs; no runtime doc: {empty or 'none'}")
     print(f"stub_docs: {len(empty)} of {len(runtime_docs(updated, module))} names have no runtime doc")
     if empty:
-        print("stub_docs: give each a /// doc comment in bindings/python/src (tests/test_api_docs.py fails until then)")
+        print("stub_docs: give each a /// doc comment in bindings/python/src (tests/docs/test_api_docs.py fails until then)")
     return 0
 
 

@@ -2,7 +2,7 @@
 (:mod:`trash_panda.offload.backends.copies`, the loader's copies, the memory a stage hands to the
 next) without a GPU (docs/architecture.md).
 
-What it models, each rule with a unit test of its own in tests/test_vtdevice.py:
+What it models, each rule with a unit test of its own in tests/device/test_vtdevice.py:
 
 - **Streams.** The host queues work on streams and goes on at once. Each stream runs its queue in
   order; an event is the end of the work queued before it on its stream; a stream made to wait

@@ -1,7 +1,7 @@
 //! The one place where the binding lets go of the GIL.
 //!
 //! Every call that reads a file or converts a tensor goes through [`without_gil`], so a Python
-//! thread that loads weights never stalls the others (tests/test_gil.py checks this).
+//! thread that loads weights never stalls the others (tests/core_api/test_gil.py checks this).
 
 use pyo3::marker::Ungil;
 use pyo3::Python;

@@ -31,7 +31,7 @@ where they are.
 Both are no-ops where nothing is in device memory of its own (the CPU: its "device" memory is
 RAM already), and when the model is already in the state asked for. The moves themselves take
 the two sides as a :class:`Memory`, so the CPU test suite runs them through a simulated device
-(tests/test_gpu_swap.py).
+(tests/offload/test_gpu_swap.py).
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def _release(model: nn.Module) -> None:
     steps.run(point, "weights on the meta device")
     # The young generations only: a full collection walks every object of the process (0.3 s
     # with transformers and diffusers imported, on each stage of a pipeline), and what the
-    # runtime held is freed as its references go (tests/test_release_memory.py).
+    # runtime held is freed as its references go (tests/offload/test_release_memory.py).
     gc.collect(1)
     steps.run(point, "after garbage collection")
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -13,7 +13,7 @@ of the test suite catch the moment either is broken:
   block is running or its copy waits to be used.
 
 Two more keep copies and compute overlapping when the host runs ahead of the device, as it does
-on CUDA (proven in virtual time by tests/test_schedule.py):
+on CUDA (proven in virtual time by tests/device/test_copy_schedule.py):
 
 - a copy goes to the free slot freed longest ago, whose compute ends first, not to the one the
   previous block has just left (its copy would wait for that block's compute to end);

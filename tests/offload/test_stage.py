@@ -120,7 +120,7 @@ def test_the_peak_is_remembered_for_the_next_plan_of_the_key(tiny: tuple[Path, T
         assert json.loads(p.to_json())["options"]["activation_vram"] == 12345
     with tp.stage(build, path, device="cpu") as (_m, p, _h):
         assert json.loads(p.to_json())["options"]["activation_vram"] is None
-    # With overlap too (tests/test_overlap_peak.py: without the weights it loaded meanwhile).
+    # With overlap too (tests/offload/test_overlap_peak.py: without the weights it loaded meanwhile).
     _peaks().clear()
     with tp.stage(build, path, device="cpu", key="tiny", overlap=True) as (model, _p, _h), torch.no_grad():
         model(IDS)

@@ -2,7 +2,7 @@
 the real engine: on the threaded one, outputs equal the reference with several copies in flight,
 and removing any one of the waits the bookkeeping relies on makes them differ; on the one that
 runs ahead in virtual time as CUDA does (vtdevice.py), outputs equal the reference and no rule is
-broken at any virtual moment. The schedule's timing is tests/test_schedule.py's."""
+broken at any virtual moment. The schedule's timing is tests/device/test_copy_schedule.py's."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import trash_panda as tp
 from trash_panda import _core
 from trash_panda.errors import ArgumentError
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import pipeline_stages as ps
 
 from support.runner import ahead, arrivals, fixed_holds, fixed_stages, one_run, stages, until

@@ -22,7 +22,7 @@ from trash_panda import _core
 from trash_panda.errors import ArgumentError, StreamError
 from trash_panda.pipeline.loaded import LoadedStage
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import pipeline_stages as ps
 
 

@@ -17,7 +17,7 @@ from torch import nn
 
 from trash_panda.offload.empty import empty_weights, no_init_on_meta
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fresh(code: str) -> str:

@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 from diffusers import StableDiffusionPipeline
 
-PACKAGE = Path(__file__).resolve().parent.parent / "python" / "trash_panda"
+PACKAGE = Path(__file__).resolve().parents[2] / "python" / "trash_panda"
 SOURCES = [PACKAGE / "diffusers.py", PACKAGE / "offload" / "registry.py"]
 # torch's own hook dicts, and accelerate's hook attribute.
 FORBIDDEN = {

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "cross.sh"
 WIN = "x86_64-pc-windows-gnu"
 MAC = "aarch64-apple-darwin"

@@ -17,7 +17,7 @@ import torch
 
 import trash_panda as tp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import pipeline_stages as ps
 
 

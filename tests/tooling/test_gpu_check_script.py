@@ -13,7 +13,7 @@ from pathlib import Path
 
 from support import faults
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
 PROMISED_S = 8 * 60
 
@@ -28,7 +28,7 @@ def _entries(array: str) -> list[tuple[str, str]]:
 
 
 def _cuda_tests() -> set[str]:
-    tree = ast.parse((ROOT / "tests" / "test_cuda.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "tests" / "device" / "test_cuda.py").read_text(encoding="utf-8"))
     return {n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
 
 
@@ -36,12 +36,12 @@ def test_each_defect_put_back_names_a_fault_and_a_cuda_test() -> None:
     tests = _cuda_tests()
     for fault, test in _entries("FAULTS") + _entries("SANITIZER_FAULTS"):
         assert fault in faults.FAULTS, f"gpu-check puts back {fault}, which tests/support/faults.py does not have"
-        assert test.split("[")[0] in tests, f"gpu-check runs {test}, which tests/test_cuda.py does not have"
+        assert test.split("[")[0] in tests, f"gpu-check runs {test}, which tests/device/test_cuda.py does not have"
 
 
 def test_every_fault_is_checked_somewhere() -> None:
     used = {f for f, _t in _entries("FAULTS") + _entries("SANITIZER_FAULTS")}
-    cpu = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").glob("test_*.py"))
+    cpu = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "tests").rglob("test_*.py"))
     for name in faults.FAULTS:
         assert name in used or f'"{name}"' in cpu, f"no check puts back {name}"
 

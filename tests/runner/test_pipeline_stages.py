@@ -12,7 +12,7 @@ import torch
 
 from trash_panda import _core
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import pipeline_stages as pipe
 
 # About 35 MB of text encoder, 135 MB of denoiser and 25 MB of VAE (fp32).

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "python" / "trash_panda"
+PACKAGE = Path(__file__).resolve().parents[2] / "python" / "trash_panda"
 
 
 @dataclass

@@ -18,7 +18,7 @@ import trash_panda as tp
 from support.runner import within_seconds
 from trash_panda import _core
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import pipeline_stages as ps
 
 from support.runner import fixed_holds, fixed_stages, one_run, stages

@@ -1,5 +1,5 @@
 """The CUDA path's stream ordering, proven on the virtual-time device (vtdevice.py), whose rules
-tests/test_vtdevice.py holds to CUDA's: slots allocated where a running stage's kernels still read
+tests/device/test_vtdevice.py holds to CUDA's: slots allocated where a running stage's kernels still read
 memory, blocks that ran on a caller's own stream giving their memory back, the loader's copies on a
 stream of their own, a RAM tier pinned when it arrives, staging buffers back once their copy
 landed, copies from pageable memory behind the kernels. Each test is shown to fail with its defect

@@ -5,7 +5,7 @@
   the ``What to do:`` paragraph of its doc comment, and the site's build fails on a variant with
   none (unless ``INTERNAL`` gives the reason no user meets it).
 - The Python package's errors, and the binding's own, are quoted on the page by hand, as the
-  warnings are (tests/test_troubleshooting.py): a reworded message fails here until the page
+  warnings are (tests/docs/test_troubleshooting.py): a reworded message fails here until the page
   follows, and a new one fails until it has an entry. An ``ArgumentError`` that says what the
   argument takes (``expected ...``) needs none: its message is the fix, and one entry covers
   them. The binding's ``ArgumentError``s check the arguments the package passes to ``_core``;

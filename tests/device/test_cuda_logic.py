@@ -1,7 +1,7 @@
 """The CUDA backend's decisions, on the CPU: pinning the staging pool and the RAM tier each on its
 own with the runtime's errors cleared where they happen, the slot of a block whose bring failed,
 the device meter's reserved memory, and remove()'s refusal when the weights cannot fit. A fake
-``cudart`` and fake allocator figures stand in for the GPU; tests/test_cuda.py runs the same
+``cudart`` and fake allocator figures stand in for the GPU; tests/device/test_cuda.py runs the same
 paths on one."""
 
 from __future__ import annotations

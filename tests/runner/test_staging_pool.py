@@ -21,8 +21,8 @@ from trash_panda import _core
 from trash_panda.errors import StreamError
 from trash_panda.offload.state import get_state
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import pipeline_stages as ps
 
 from support.runner import ahead, one_run

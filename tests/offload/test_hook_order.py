@@ -21,7 +21,7 @@ from trash_panda.offload import gpu_swap
 from trash_panda.offload.registry import CUSTOM, CUSTOM_GATE, RANKS, BlockHook, hook_rank
 from trash_panda.offload.state import BlockState
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # What each install below puts in the registry, besides the handle's own four.
 FEATURES = ("overlap_wait", "final_pass", "gpu_released", "custom")
 # The block hooks of the table, in its order (the others are module hooks).

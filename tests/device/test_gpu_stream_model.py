@@ -12,7 +12,7 @@ import pytest
 
 from support.vtdevice import predict_step
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from gpu_stream import total_fill_rate
 
 LINK = 50e9
