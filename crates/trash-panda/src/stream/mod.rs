@@ -25,7 +25,6 @@ mod depth_tests;
 mod early;
 mod error;
 mod lease;
-mod lease_views;
 mod options;
 mod pool;
 mod ram_tier;
