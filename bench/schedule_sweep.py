@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _common import RESULTS, ROOT, machine, md_table
 
-from trash_panda.offload.backends.copies import SlotCopies
 from support.vtdevice import CALL_S, LAUNCH_S, predict_step
+from trash_panda.offload.backends.copies import SlotCopies
 
 SIZES = (64_000_000, 256_000_000, 1_000_000_000, 2_000_000_000)
 RATIOS = (0.1, 0.2, 0.5, 0.8, 0.9, 1.0, 1.1, 1.25, 2.0, 5.0, 10.0)
@@ -203,9 +203,9 @@ def main() -> None:
         f"is the largest (pageable staging: {STEP_BOUND}x max(copy + host, compute, fill)): {len(rows) - bad} of "
         f"{len(rows)} cases within it; pinned forms {sum(r['ok'] for r in rows if r['form'] in FORMS)} of "
         f"{sum(r['form'] in FORMS for r in rows)}.\n"
-        f"The model's rules (tests/device/test_vtdevice.py): streams and events, each host thread's current stream, one "
-        f"copy engine, copies from pageable memory holding the host, the caching allocator's per-stream reuse, and "
-        f"a lease back in the pool only once every view of its buffer is gone.\n"
+        f"The model's rules (tests/device/test_vtdevice.py): streams and events, each host thread's current "
+        f"stream, one copy engine, copies from pageable memory holding the host, the caching allocator's "
+        f"per-stream reuse, and a lease back in the pool only once every view of its buffer is gone.\n"
     )
     text = "\n".join(
         [

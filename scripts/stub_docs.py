@@ -194,7 +194,10 @@ def main() -> int:
     print(f"stub_docs: {STUB.relative_to(ROOT)} matches the runtime docs; no runtime doc: {empty or 'none'}")
     print(f"stub_docs: {len(empty)} of {len(runtime_docs(updated, module))} names have no runtime doc")
     if empty:
-        print("stub_docs: give each a /// doc comment in bindings/python/src (tests/docs/test_api_docs.py fails until then)")
+        print(
+            "stub_docs: give each a /// doc comment in bindings/python/src "
+            "(tests/docs/test_api_docs.py fails until then)"
+        )
     return 0
 
 
