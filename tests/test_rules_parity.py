@@ -306,3 +306,27 @@ def test_load_report_is_the_cores(tmp_path: Path) -> None:
         assert str(report).startswith(f"stream_load {path} -> cpu (float32)")
     finally:
         tp.release(model)
+
+
+def test_departure_is_the_cores() -> None:
+    """A stage's end leaves as the core's ``depart`` decides (the runner once restated it), and
+    no arrival or departure kind crosses the binding as a string."""
+    from trash_panda.pipeline import keeper, turn
+
+    kept = {"failed": False, "final_pass": False, "release_after": False, "keep": True, "passed": 0}
+    # What a final pass freed counts against what was asked; the rest is given back now.
+    leaving = _core.depart(**{**kept, "final_pass": True, "passed": 100}, to_give=300, sheddable=1000)
+    assert (leaving.departure, leaving.give) == (_core.Departure.KEPT, 200)
+    # Asked for all it could shed: released, by its final pass when one ran.
+    leaving = _core.depart(**{**kept, "final_pass": True}, to_give=1000, sheddable=1000)
+    assert (leaving.departure, leaving.give) == (_core.Departure.FINAL_PASS, 0)
+    assert _core.depart(**{**kept, "keep": False}, to_give=0, sheddable=0).departure == _core.Departure.RELEASED
+    assert _core.depart(**{**kept, "failed": True}, to_give=5, sheddable=9).departure == _core.Departure.FAILED
+    with pytest.raises(TypeError):
+        _core.StageRecord(1, "s", "kept", "kept")  # type: ignore[arg-type]
+    record = _core.StageRecord(1, "s", _core.Arrival.READ_AHEAD, _core.Departure.KEPT, holds=10)
+    assert (record.arrival, record.departure) == (_core.Arrival.READ_AHEAD, _core.Departure.KEPT)
+    assert _core.pipeline_report([record]).startswith("pipeline:\n  run 1 s: read ahead, 0.00 s")
+    source = inspect.getsource(keeper) + inspect.getsource(turn)
+    for name in ("kept", "released", "final_pass", "failed", "read_ahead", "read_at_start", "replanned"):
+        assert f'"{name}"' not in source, name

@@ -1149,13 +1149,17 @@ def full_order(first: list[str], blocks: list[str]) -> list[int]:
 __all__ += [
     "Allowance",
     "AllowanceStats",
+    "Arrival",
+    "Departure",
     "Free",
     "Giving",
     "Holder",
     "Holds",
+    "Leaving",
     "LoadReads",
     "Replan",
     "StageRecord",
+    "depart",
     "load_reads",
     "make_room",
     "pipeline_report",
@@ -1386,14 +1390,68 @@ class Allowance:
         """What the allowance has done so far (a copy, which later takes do not change)."""
 
 @final
+class Arrival:
+    """How a stage's weights were there when its turn came (the core's `Arrival`)."""
+
+    KEPT: Arrival
+    """How a stage's weights were there when its turn came (the core's `Arrival`)."""
+    READ_AHEAD: Arrival
+    """How a stage's weights were there when its turn came (the core's `Arrival`)."""
+    READ_AT_START: Arrival
+    """How a stage's weights were there when its turn came (the core's `Arrival`)."""
+    REPLANNED: Arrival
+    """How a stage's weights were there when its turn came (the core's `Arrival`)."""
+    def __int__(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class Departure:
+    """What became of a stage at its end (the core's `Departure`)."""
+
+    KEPT: Departure
+    """What became of a stage at its end (the core's `Departure`)."""
+    RELEASED: Departure
+    """What became of a stage at its end (the core's `Departure`)."""
+    FINAL_PASS: Departure
+    """What became of a stage at its end (the core's `Departure`)."""
+    FAILED: Departure
+    """What became of a stage at its end (the core's `Departure`)."""
+    def __int__(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class Leaving:
+    """What becomes of a stage at its end (`departure`), and the bytes of its blocks a kept one
+    gives back now (`give`, 0 otherwise), those it runs last.
+    """
+    @property
+    def departure(self) -> Departure:
+        """How it leaves."""
+    @property
+    def give(self) -> int:
+        """Kept: bytes of its blocks to give back now (0: none); 0 when it is not kept."""
+    def __eq__(self, other: object, /) -> bool: ...
+
+def depart(
+    *, failed: bool, final_pass: bool, release_after: bool, keep: bool, to_give: int, passed: int, sheddable: int
+) -> Leaving:
+    """How a stage leaves at its turn's end: `failed` (one of its blocks raised) first; released
+    (by its `final_pass` when one ran) when `release_after`, when `keep` is off, or when what it
+    must still give (`to_give` less what its final pass freed, `passed`) reaches all it could
+    shed (`sheddable`); kept otherwise, giving back the rest of what was asked.
+    """
+
+@final
 class StageRecord:
     """One stage of one pipeline run, for the pipeline's report."""
     def __new__(
         cls,
         run: int,
         stage: str,
-        arrival: str,
-        departure: str,
+        arrival: Arrival,
+        departure: Departure,
         *,
         predicted: Free | None = None,
         actual: Free | None = None,
@@ -1417,13 +1475,11 @@ class StageRecord:
     def stage(self) -> str:
         """The stage's name."""
     @property
-    def arrival(self) -> str:
-        """How its weights were there when its turn came: "kept", "read_ahead", "read_at_start" or
-        "replanned".
-        """
+    def arrival(self) -> Arrival:
+        """How its weights were there when its turn came."""
     @property
-    def departure(self) -> str:
-        """What became of it at its end: "kept", "released", "final_pass" or "failed"."""
+    def departure(self) -> Departure:
+        """What became of it at its end."""
     @property
     def read_before_start(self) -> int:
         """Bytes it already held when its turn came, read while the stage before it computed."""

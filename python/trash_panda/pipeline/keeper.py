@@ -204,13 +204,13 @@ class StageKeeper:
             actual, why = loaded.start(self._free(reading=loaded))
             turn.predicted, turn.actual = loaded.predicted, actual
             if why is not None and not self._still_fits(spec, loaded, actual):
-                turn.arrival, turn.replan = "replanned", why
+                turn.arrival, turn.replan = _core.Arrival.REPLANNED, why
                 self._release(spec.name)
                 loaded = None
             else:
-                turn.arrival = "read_ahead"
+                turn.arrival = _core.Arrival.READ_AHEAD
         elif loaded is not None:
-            turn.arrival = "kept"
+            turn.arrival = _core.Arrival.KEPT
             if loaded.given:  # given back since its last run, and not read ahead: read now
                 self._make_room(spec, loaded.holds_in(loaded.given_back), self._free(), self._others(spec), None)
                 loaded.refill(None)
@@ -229,7 +229,7 @@ class StageKeeper:
             # Found before its load (the idle stages it needed released): what it planned with.
             found = self._free()
             loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=False)
-            turn.arrival = turn.arrival or "read_at_start"
+            turn.arrival = turn.arrival or _core.Arrival.READ_AT_START
             turn.predicted = turn.predicted or predicted
             turn.actual = turn.actual or found
         loaded.runs += 1
@@ -387,24 +387,25 @@ class StageKeeper:
         if loaded.final:
             loaded.stop_feeding()
             passed = loaded.passed()
-            loaded.to_give = max(0, loaded.to_give - passed)
         if not loaded.park():  # the shared staging pool goes to the next stage
             loaded.release_after = True
-        given = 0
-        if failure is not None:
-            departure = "failed"
-        elif loaded.release_after or not self.keep or (loaded.to_give and loaded.to_give >= loaded.sheddable()):
-            departure = "final_pass" if loaded.final else "released"
-        else:
-            departure = "kept"
-            if loaded.to_give:
-                given = loaded.give_back(loaded.to_give)
-        kept = turn.arrival == "kept"
+        leaving = _core.depart(
+            failed=failure is not None,
+            final_pass=loaded.final,
+            release_after=loaded.release_after,
+            keep=self.keep,
+            to_give=loaded.to_give,
+            passed=passed,
+            sheddable=loaded.sheddable(),
+        )
+        departure = leaving.departure
+        given = loaded.give_back(leaving.give) if leaving.give else 0
+        kept = turn.arrival == _core.Arrival.KEPT
         self.records.append(
             _core.StageRecord(
                 run,
                 spec.name,
-                turn.arrival or "read_at_start",
+                turn.arrival or _core.Arrival.READ_AT_START,
                 departure,
                 predicted=turn.predicted,
                 actual=turn.actual,
@@ -417,12 +418,12 @@ class StageKeeper:
                 seconds=turn.seconds,
                 peak=turn.peak,
                 read_again=turn.read_again,
-                given_back=passed + given if departure == "kept" else 0,
+                given_back=passed + given if departure == _core.Departure.KEPT else 0,
                 file_changed=turn.file_changed,
                 plan_warnings=[] if kept else list(loaded.plan.warnings),
             )
         )
-        if departure == "kept":
+        if departure == _core.Departure.KEPT:
             given_now = given
             if self.device.type == "cpu":
                 # The stage's activations went back to the heap: hand them to the system now, as
