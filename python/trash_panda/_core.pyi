@@ -1157,15 +1157,21 @@ __all__ += [
     "Holds",
     "Leaving",
     "LoadReads",
+    "ReadCosts",
     "Replan",
+    "Shed",
     "StageRecord",
     "depart",
+    "give_back",
     "load_reads",
     "make_room",
     "pipeline_report",
     "plan_reads",
     "ram_floor",
+    "read_costs",
     "replan",
+    "resident_among",
+    "still_fits",
 ]
 
 @final
@@ -1186,6 +1192,13 @@ class Holds:
         """What `stage`, loaded by `plan`, needs free at its start: what it holds and the free
         memory its plan leaves alone.
         """
+    @property
+    def on_device(self) -> bool:
+        """Whether a stage holding this computes its blocks in device memory (it holds some)."""
+    def in_compute_memory(self, n: int) -> Holds:
+        """`n` bytes of the memory a stage holding this computes its blocks in."""
+    def compute_part(self, part: Holds) -> int:
+        """The bytes of `part` in the memory a stage holding this computes its blocks in."""
     def fits(self, free: Free) -> bool:
         """Whether this much fits in `free`."""
     def beyond(self, free: Free) -> Holds:
@@ -1325,6 +1338,13 @@ def make_room(here: int, stages: int, short: Holds, holders: list[Holder], *, ke
 def replan(predicted: Free, actual: Free) -> Replan | None:
     """Whether a stage planned for `predicted` must be planned again for `actual` (None: keep it)."""
 
+def still_fits(stage: str, loaded: Plan, fresh: Plan, actual: Free) -> bool:
+    """Whether `stage`, read ahead by plan `loaded`, whose start found `actual` free past the
+    prediction's margin, is kept as it was loaded: `fresh` (a plan made for `actual`) puts every
+    block in the same tier, and what `loaded` needs at its start under the current settings
+    fits `actual`.
+    """
+
 def ram_floor(min_free_ram: Sequence[int | str | None]) -> int:
     """The RAM a pipeline leaves to the rest of this machine: the largest of its stages'
     `min_free_ram` (each `"auto"`, bytes or a size; None is `"auto"`), `"auto"` resolved for
@@ -1388,6 +1408,52 @@ class Allowance:
         """The name of the stage the reads are for."""
     def stats(self) -> AllowanceStats:
         """What the allowance has done so far (a copy, which later takes do not change)."""
+
+@final
+class Shed:
+    """Blocks (by prefix, in the order chosen) and the bytes they hold, as their plan counts them."""
+    @property
+    def blocks(self) -> list[str]:
+        """The blocks' prefixes, in the order chosen."""
+    @property
+    def bytes(self) -> int:
+        """Their bytes together."""
+
+@final
+class ReadCosts:
+    """What each read of a stage's loader holds once done, as its plan counts it: each block asked
+    about (its stored bytes when resident, else 0), the weights outside the blocks, and a RAM tier
+    read into memory.
+    """
+    @property
+    def blocks(self) -> list[int]:
+        """Each block asked about, in the order asked: its stored bytes when resident, else 0."""
+    @property
+    def outside(self) -> int:
+        """The weights outside the blocks, when the loader reads some of them: their budget."""
+    @property
+    def ram_tier(self) -> int:
+        """A RAM tier the loader reads into memory on the CPU: each RAM-tier block's staged bytes."""
+
+def give_back(plan: Plan, run_order: list[str], gone: list[str], ask: int, counted: int = 0) -> Shed:
+    """Which blocks a stage loaded by `plan` gives back so that `ask` bytes are free, `counted` of
+    them free already: its resident blocks not given back yet (`gone`), those that run last first
+    (`run_order`: every block's prefix in the order they run), until their bytes and `counted`
+    cover `ask`.
+    """
+
+def resident_among(plan: Plan, blocks: list[str]) -> Shed:
+    """The resident blocks among `blocks` (prefixes, in their order) and the bytes they hold, as
+    `plan` counts them.
+    """
+
+def read_costs(
+    plan: Plan, config: EngineConfig, blocks: list[str], *, outside: bool, ram_tier: bool, gpu: bool
+) -> ReadCosts:
+    """What the loader's reads of `blocks` (prefixes) hold once done, with the weights outside the
+    blocks when it reads some (`outside`) and the RAM tier when it reads that too (`ram_tier`),
+    for a stage loaded by `plan` and configured as `config`, computing on a GPU when `gpu`.
+    """
 
 @final
 class Arrival:

@@ -198,9 +198,8 @@ class StageKeeper:
         turn = Turn(file_changed=self._changes.pop(spec.name, None))
         loaded = self.loaded.get(spec.name)
         if loaded is not None and loaded.runs == 0:
-            before = loaded.holds.vram or loaded.holds.ram
-            pending = loaded.pending()
-            turn.read_before_start = max(0, before - (pending.vram or pending.ram))
+            before = loaded.holds.compute_part(loaded.holds)
+            turn.read_before_start = max(0, before - loaded.holds.compute_part(loaded.pending()))
             actual, why = loaded.start(self._free(reading=loaded))
             turn.predicted, turn.actual = loaded.predicted, actual
             if why is not None and not self._still_fits(spec, loaded, actual):
@@ -247,12 +246,11 @@ class StageKeeper:
 
     def _still_fits(self, spec: Stage, loaded: LoadedStage, actual: _core.Free) -> bool:
         """Whether a stage read ahead whose start missed the prediction is kept as it was
-        loaded: a plan for the memory found puts every block in the same tier, and the loaded
-        plan fits that memory. A reload would read the same blocks into the same tiers again
-        (more memory than predicted often changes nothing in a plan that has every block
-        resident already); the report still shows the prediction against what was found."""
+        loaded: the core's ``still_fits`` compares the loaded plan with a fresh one for the
+        memory found (made here: planning needs torch). The report still shows the prediction
+        against what was found."""
         fresh = self._plan(spec, loaded.model, Checkpoint(spec.path), actual)
-        return _tiers(fresh) == _tiers(loaded.plan) and loaded.plan.needs(spec.name).fits(actual)
+        return _core.still_fits(spec.name, loaded.plan, fresh, actual)
 
     # -- the stage read ahead ---------------------------------------------------------------
 
@@ -411,7 +409,7 @@ class StageKeeper:
                 actual=turn.actual,
                 replan=turn.replan,
                 read_before_start=turn.read_before_start,
-                holds=loaded.holds.vram or loaded.holds.ram,
+                holds=loaded.holds.compute_part(loaded.holds),
                 file_bytes=0 if kept else loaded.file_bytes,
                 cached_at_load=0 if kept else loaded.cached_at_load,
                 waited=0.0 if loaded.loader is None else loaded.loader.waited_seconds,
@@ -431,7 +429,7 @@ class StageKeeper:
                 _core.trim_heap()
         else:
             held = loaded.held_now()
-            given_now = held.vram if loaded.holds.vram else held.ram
+            given_now = loaded.holds.compute_part(held)
             self._release(spec.name)
         deferred, self._deferred = self._deferred, None
         if deferred is not None and deferred.allowance is following and following is not None:
@@ -513,7 +511,3 @@ class StageKeeper:
 
     def names(self) -> list[str]:
         return [s.name for s in self.stages]
-
-
-def _tiers(p: Plan) -> list[str]:
-    return [b.tier.value for b in p.blocks]
