@@ -1149,19 +1149,29 @@ def full_order(first: list[str], blocks: list[str]) -> list[int]:
 __all__ += [
     "Allowance",
     "AllowanceStats",
+    "Arrival",
+    "Departure",
     "Free",
     "Giving",
     "Holder",
     "Holds",
+    "Leaving",
     "LoadReads",
+    "ReadCosts",
     "Replan",
+    "Shed",
     "StageRecord",
+    "depart",
+    "give_back",
     "load_reads",
     "make_room",
     "pipeline_report",
     "plan_reads",
     "ram_floor",
+    "read_costs",
     "replan",
+    "resident_among",
+    "still_fits",
 ]
 
 @final
@@ -1182,6 +1192,13 @@ class Holds:
         """What `stage`, loaded by `plan`, needs free at its start: what it holds and the free
         memory its plan leaves alone.
         """
+    @property
+    def on_device(self) -> bool:
+        """Whether a stage holding this computes its blocks in device memory (it holds some)."""
+    def in_compute_memory(self, n: int) -> Holds:
+        """`n` bytes of the memory a stage holding this computes its blocks in."""
+    def compute_part(self, part: Holds) -> int:
+        """The bytes of `part` in the memory a stage holding this computes its blocks in."""
     def fits(self, free: Free) -> bool:
         """Whether this much fits in `free`."""
     def beyond(self, free: Free) -> Holds:
@@ -1321,6 +1338,13 @@ def make_room(here: int, stages: int, short: Holds, holders: list[Holder], *, ke
 def replan(predicted: Free, actual: Free) -> Replan | None:
     """Whether a stage planned for `predicted` must be planned again for `actual` (None: keep it)."""
 
+def still_fits(stage: str, loaded: Plan, fresh: Plan, actual: Free) -> bool:
+    """Whether `stage`, read ahead by plan `loaded`, whose start found `actual` free past the
+    prediction's margin, is kept as it was loaded: `fresh` (a plan made for `actual`) puts every
+    block in the same tier, and what `loaded` needs at its start under the current settings
+    fits `actual`.
+    """
+
 def ram_floor(min_free_ram: Sequence[int | str | None]) -> int:
     """The RAM a pipeline leaves to the rest of this machine: the largest of its stages'
     `min_free_ram` (each `"auto"`, bytes or a size; None is `"auto"`), `"auto"` resolved for
@@ -1386,14 +1410,114 @@ class Allowance:
         """What the allowance has done so far (a copy, which later takes do not change)."""
 
 @final
+class Shed:
+    """Blocks (by prefix, in the order chosen) and the bytes they hold, as their plan counts them."""
+    @property
+    def blocks(self) -> list[str]:
+        """The blocks' prefixes, in the order chosen."""
+    @property
+    def bytes(self) -> int:
+        """Their bytes together."""
+
+@final
+class ReadCosts:
+    """What each read of a stage's loader holds once done, as its plan counts it: each block asked
+    about (its stored bytes when resident, else 0), the weights outside the blocks, and a RAM tier
+    read into memory.
+    """
+    @property
+    def blocks(self) -> list[int]:
+        """Each block asked about, in the order asked: its stored bytes when resident, else 0."""
+    @property
+    def outside(self) -> int:
+        """The weights outside the blocks, when the loader reads some of them: their budget."""
+    @property
+    def ram_tier(self) -> int:
+        """A RAM tier the loader reads into memory on the CPU: each RAM-tier block's staged bytes."""
+
+def give_back(plan: Plan, run_order: list[str], gone: list[str], ask: int, counted: int = 0) -> Shed:
+    """Which blocks a stage loaded by `plan` gives back so that `ask` bytes are free, `counted` of
+    them free already: its resident blocks not given back yet (`gone`), those that run last first
+    (`run_order`: every block's prefix in the order they run), until their bytes and `counted`
+    cover `ask`.
+    """
+
+def resident_among(plan: Plan, blocks: list[str]) -> Shed:
+    """The resident blocks among `blocks` (prefixes, in their order) and the bytes they hold, as
+    `plan` counts them.
+    """
+
+def read_costs(
+    plan: Plan, config: EngineConfig, blocks: list[str], *, outside: bool, ram_tier: bool, gpu: bool
+) -> ReadCosts:
+    """What the loader's reads of `blocks` (prefixes) hold once done, with the weights outside the
+    blocks when it reads some (`outside`) and the RAM tier when it reads that too (`ram_tier`),
+    for a stage loaded by `plan` and configured as `config`, computing on a GPU when `gpu`.
+    """
+
+@final
+class Arrival:
+    """How a stage's weights were there when its turn came (the core's `Arrival`)."""
+
+    KEPT: Arrival
+    """How a stage's weights were there when its turn came (the core's `Arrival`)."""
+    READ_AHEAD: Arrival
+    """How a stage's weights were there when its turn came (the core's `Arrival`)."""
+    READ_AT_START: Arrival
+    """How a stage's weights were there when its turn came (the core's `Arrival`)."""
+    REPLANNED: Arrival
+    """How a stage's weights were there when its turn came (the core's `Arrival`)."""
+    def __int__(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class Departure:
+    """What became of a stage at its end (the core's `Departure`)."""
+
+    KEPT: Departure
+    """What became of a stage at its end (the core's `Departure`)."""
+    RELEASED: Departure
+    """What became of a stage at its end (the core's `Departure`)."""
+    FINAL_PASS: Departure
+    """What became of a stage at its end (the core's `Departure`)."""
+    FAILED: Departure
+    """What became of a stage at its end (the core's `Departure`)."""
+    def __int__(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class Leaving:
+    """What becomes of a stage at its end (`departure`), and the bytes of its blocks a kept one
+    gives back now (`give`, 0 otherwise), those it runs last.
+    """
+    @property
+    def departure(self) -> Departure:
+        """How it leaves."""
+    @property
+    def give(self) -> int:
+        """Kept: bytes of its blocks to give back now (0: none); 0 when it is not kept."""
+    def __eq__(self, other: object, /) -> bool: ...
+
+def depart(
+    *, failed: bool, final_pass: bool, release_after: bool, keep: bool, to_give: int, passed: int, sheddable: int
+) -> Leaving:
+    """How a stage leaves at its turn's end: `failed` (one of its blocks raised) first; released
+    (by its `final_pass` when one ran) when `release_after`, when `keep` is off, or when what it
+    must still give (`to_give` less what its final pass freed, `passed`) reaches all it could
+    shed (`sheddable`); kept otherwise, giving back the rest of what was asked.
+    """
+
+@final
 class StageRecord:
     """One stage of one pipeline run, for the pipeline's report."""
     def __new__(
         cls,
         run: int,
         stage: str,
-        arrival: str,
-        departure: str,
+        arrival: Arrival,
+        departure: Departure,
         *,
         predicted: Free | None = None,
         actual: Free | None = None,
@@ -1417,13 +1541,11 @@ class StageRecord:
     def stage(self) -> str:
         """The stage's name."""
     @property
-    def arrival(self) -> str:
-        """How its weights were there when its turn came: "kept", "read_ahead", "read_at_start" or
-        "replanned".
-        """
+    def arrival(self) -> Arrival:
+        """How its weights were there when its turn came."""
     @property
-    def departure(self) -> str:
-        """What became of it at its end: "kept", "released", "final_pass" or "failed"."""
+    def departure(self) -> Departure:
+        """What became of it at its end."""
     @property
     def read_before_start(self) -> int:
         """Bytes it already held when its turn came, read while the stage before it computed."""

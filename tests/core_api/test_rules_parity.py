@@ -306,3 +306,106 @@ def test_load_report_is_the_cores(tmp_path: Path) -> None:
         assert str(report).startswith(f"stream_load {path} -> cpu (float32)")
     finally:
         tp.release(model)
+
+
+def test_departure_is_the_cores() -> None:
+    """A stage's end leaves as the core's ``depart`` decides (the runner once restated it), and
+    no arrival or departure kind crosses the binding as a string."""
+    from trash_panda.pipeline import keeper, turn
+
+    kept = {"failed": False, "final_pass": False, "release_after": False, "keep": True, "passed": 0}
+    # What a final pass freed counts against what was asked; the rest is given back now.
+    leaving = _core.depart(**{**kept, "final_pass": True, "passed": 100}, to_give=300, sheddable=1000)
+    assert (leaving.departure, leaving.give) == (_core.Departure.KEPT, 200)
+    # Asked for all it could shed: released, by its final pass when one ran.
+    leaving = _core.depart(**{**kept, "final_pass": True}, to_give=1000, sheddable=1000)
+    assert (leaving.departure, leaving.give) == (_core.Departure.FINAL_PASS, 0)
+    assert _core.depart(**{**kept, "keep": False}, to_give=0, sheddable=0).departure == _core.Departure.RELEASED
+    assert _core.depart(**{**kept, "failed": True}, to_give=5, sheddable=9).departure == _core.Departure.FAILED
+    with pytest.raises(TypeError):
+        _core.StageRecord(1, "s", "kept", "kept")  # type: ignore[arg-type]
+    record = _core.StageRecord(1, "s", _core.Arrival.READ_AHEAD, _core.Departure.KEPT, holds=10)
+    assert (record.arrival, record.departure) == (_core.Arrival.READ_AHEAD, _core.Departure.KEPT)
+    assert _core.pipeline_report([record]).startswith("pipeline:\n  run 1 s: read ahead, 0.00 s")
+    source = inspect.getsource(keeper) + inspect.getsource(turn)
+    for name in ("kept", "released", "final_pass", "failed", "read_ahead", "read_at_start", "replanned"):
+        assert f'"{name}"' not in source, name
+
+
+def test_still_fits_is_the_cores(tmp_path: Path) -> None:
+    """A stage read ahead whose start missed the prediction is kept when a fresh plan moves no
+    block and the loaded plan's needs fit: the core's ``still_fits`` answers as the runner's
+    own comparison of tier lists did, and that copy is gone."""
+    from trash_panda.pipeline import keeper
+
+    torch.manual_seed(0)
+    path = save(Tiny(), tmp_path / "m.safetensors")
+    roomy = tp.plan(on_meta(Tiny), path, ram="1GB", min_free_ram=0)
+    tight = tp.plan(on_meta(Tiny), path, ram=roomy.needs("s").ram // 2, min_free_ram=0)
+    assert [b.tier for b in tight.blocks] != [b.tier for b in roomy.blocks]
+
+    def old(loaded: tp.Plan, fresh: tp.Plan, actual: _core.Free) -> bool:
+        same = [b.tier.value for b in fresh.blocks] == [b.tier.value for b in loaded.blocks]
+        return same and loaded.needs("s").fits(actual)
+
+    need = roomy.needs("s").ram
+    for fresh in (roomy, tight):
+        for ram in (need - 1, need, 10**9):
+            actual = _core.Free(ram)
+            assert _core.still_fits("s", roomy, fresh, actual) is old(roomy, fresh, actual)
+    assert not hasattr(keeper, "_tiers")
+
+
+def test_giving_back_is_the_cores(tmp_path: Path) -> None:
+    """Which blocks a kept stage gives back (those run last first, resident only, until the bytes
+    asked are covered), what its final pass freed counts for, and what its loader's reads cost
+    are the core's answers; the Python loop and size table they replaced are gone."""
+    from trash_panda.offload import hooked
+    from trash_panda.offload.state import get_state
+    from trash_panda.pipeline import loaded
+
+    torch.manual_seed(0)
+    path = save(Tiny(), tmp_path / "m.safetensors")
+    blocks = [f"blocks.{i}." for i in range(6)]
+    p = tp.plan(on_meta(Tiny), path, ram="1GB", min_free_ram=0)
+    sizes = {b.name: b.stored_bytes for b in p.blocks if b.tier == Tier.DEVICE}
+    assert len(sizes) == 6
+    order = [blocks[i] for i in (1, 0, 2, 3, 4, 5)]
+
+    def old(gone: set[str], ask: int, counted: int) -> tuple[list[str], int]:
+        chosen, total = [], counted
+        for b in reversed(order):
+            if total >= ask:
+                break
+            if b in gone or b not in sizes:
+                continue
+            chosen.append(b)
+            total += sizes[b]
+        return chosen, total - counted
+
+    one = sizes[blocks[0]]
+    for gone, ask, counted in [(set(), 1, 0), (set(), 2 * one + 1, 0), ({"blocks.5."}, 2 * one, one), (set(), 0, 0)]:
+        shed = _core.give_back(p, order, sorted(gone), ask, counted=counted)
+        assert (shed.blocks, shed.bytes) == old(gone, ask, counted)
+    freed = ["blocks.3.", "elsewhere.", "blocks.0."]
+    shed = _core.resident_among(p, freed)
+    assert (shed.blocks, shed.bytes) == (["blocks.3.", "blocks.0."], sizes["blocks.3."] + sizes["blocks.0."])
+    # A stage's blocks compute in VRAM when it holds some: one rule, the core's.
+    assert _core.Holds(1, 2).in_compute_memory(5) == _core.Holds(0, 5)
+    assert _core.Holds(1, 0).in_compute_memory(5) == _core.Holds(5, 0)
+    assert _core.Holds(1, 2).compute_part(_core.Holds(3, 4)) == 4 and _core.Holds(1, 0).on_device is False
+    # The loader's costs: resident blocks their stored bytes, the outside weights their budget.
+    model = on_meta(Tiny)
+    tp.stream_load(model, path, plan=p, device="cpu")
+    try:
+        state = get_state(model)
+        assert state is not None
+        costs = hooked._costs(p, state, {0: []}, ram_tier=True)
+        want = {("block", b.index): sizes[b.prefix] for b in state.blocks}
+        assert p.budgets is not None
+        want[("outside", 0)] = p.budgets.outside
+        assert costs == want
+    finally:
+        tp.release(model)
+    source = inspect.getsource(loaded) + inspect.getsource(hooked)
+    assert "reversed(" not in source and "def resident_bytes" not in source and "Holds(0," not in source

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import trash_panda as tp
+from trash_panda._core import Arrival, Departure
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import pipeline_stages as ps
@@ -50,15 +51,15 @@ def test_a_kept_stage_whose_file_changed_is_loaded_again(tmp_path: Path) -> None
         assert not torch.equal(new, old)
         assert torch.equal(one_run(pipe), new)
         second = {r.stage: r for r in pipe.records if r.run == 2}
-        assert second["text_encoder"].arrival == second["vae"].arrival == "kept"
+        assert second["text_encoder"].arrival == second["vae"].arrival == Arrival.KEPT
         assert second["text_encoder"].file_changed is None
         moved = second["transformer"]
-        assert moved.arrival == "read_at_start"
+        assert moved.arrival == Arrival.READ_AT_START
         assert moved.file_changed is not None and "diffusion_pytorch_model.safetensors" in moved.file_changed
         assert "not kept: its checkpoint changed since it was loaded" in pipe.report()
         # Loaded from the new file, it is kept again like any other stage.
         assert torch.equal(one_run(pipe), new)
-        assert [r.arrival for r in pipe.records if r.run == 3] == ["kept", "kept", "kept"]
+        assert [r.arrival for r in pipe.records if r.run == 3] == [Arrival.KEPT, Arrival.KEPT, Arrival.KEPT]
 
 
 def test_a_stage_whose_given_back_blocks_were_read_again_from_a_changed_file_is_loaded_again(
@@ -75,12 +76,12 @@ def test_a_stage_whose_given_back_blocks_were_read_again_from_a_changed_file_is_
     with tp.Pipeline(fixed_stages(folder), ram=budget) as pipe:
         assert torch.equal(one_run(pipe, final=False), old)
         encoder = pipe.records[0]
-        assert encoder.departure == "kept" and encoder.given_back > 0
+        assert encoder.departure == Departure.KEPT and encoder.given_back > 0
         rewrite(folder, "text_encoder", seed=11)
         new = ps.plain(folder)
         assert torch.equal(one_run(pipe, final=False), new)
         again = next(r for r in pipe.records if r.run == 2 and r.stage == "text_encoder")
-        assert again.arrival == "read_at_start" and again.file_changed is not None
+        assert again.arrival == Arrival.READ_AT_START and again.file_changed is not None
         assert again.read_again == 0
 
 

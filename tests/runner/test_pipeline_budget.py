@@ -17,6 +17,7 @@ import torch
 
 import trash_panda as tp
 from trash_panda import _core
+from trash_panda._core import Arrival, Departure
 from trash_panda.errors import ArgumentError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -58,9 +59,9 @@ def test_a_budget_holds_the_reads_until_the_running_stage_gives_memory_back(fold
         # The budget does not hold both: the encoder gave back the blocks the denoiser needed
         # (those it runs last) and kept the rest for the next run.
         encoder_record = pipe.records[0]
-        assert encoder_record.departure == "kept" and 0 < encoder_record.given_back < encoder_record.holds
+        assert encoder_record.departure == Departure.KEPT and 0 < encoder_record.given_back < encoder_record.holds
         assert torch.equal(one_run(pipe, final=False), want)
-        assert pipe.records[3].arrival == "kept" and pipe.records[3].read_again > 0
+        assert pipe.records[3].arrival == Arrival.KEPT and pipe.records[3].read_again > 0
 
 
 def test_the_budget_is_all_the_stages_and_the_floor_of_free_ram_comes_off_the_machine(
@@ -77,7 +78,7 @@ def test_the_budget_is_all_the_stages_and_the_floor_of_free_ram_comes_off_the_ma
     with tp.Pipeline(st, ram=sum(h.ram for h in holds.values())) as pipe:
         for _ in range(2):
             assert torch.equal(one_run(pipe, final=False), want)
-        assert arrivals(pipe, 2) == ["kept", "kept", "kept"], pipe.report()
+        assert arrivals(pipe, 2) == [Arrival.KEPT, Arrival.KEPT, Arrival.KEPT], pipe.report()
         assert {n: s.holds for n, s in pipe._keeper.loaded.items()} == holds
     # Without a budget the stages may take the machine's free memory less the floor (free
     # memory moves by far less than the floor between the two readings).
@@ -154,7 +155,7 @@ def test_a_stage_whose_own_staging_does_not_fit_beside_the_running_one_is_loaded
         assert held and max(held) <= budget, (held, budget)
         vae = pipe._keeper.loaded["vae"].plan.budgets
         assert vae is not None and vae.host_staging > 64 << 10 and not vae.shared_staging
-        assert arrivals(pipe, 1) == ["read_at_start", "read_ahead", "read_at_start"], pipe.report()
+        assert arrivals(pipe, 1) == [Arrival.READ_AT_START, Arrival.READ_AHEAD, Arrival.READ_AT_START], pipe.report()
 
 
 def test_a_stage_read_at_its_start_finds_no_more_than_its_budget(folder: Path, want: torch.Tensor) -> None:
@@ -163,7 +164,7 @@ def test_a_stage_read_at_its_start_finds_no_more_than_its_budget(folder: Path, w
     with tp.Pipeline(stages(folder, min_free_ram=0), ram="100MB", prefetch=False) as pipe:
         assert torch.equal(one_run(pipe), want)
         for r in pipe.records:
-            assert r.arrival in ("read_at_start", "kept")
+            assert r.arrival in (Arrival.READ_AT_START, Arrival.KEPT)
             if r.actual is not None:
                 assert r.actual.ram <= 100_000_000, (r.stage, r.actual.ram)
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import trash_panda as tp
+from trash_panda._core import Arrival, Departure
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import pipeline_stages as ps
@@ -81,8 +82,8 @@ def test_runs_equal_the_plain_pipeline_on_the_device(folder: Path, device: str) 
             assert torch.equal(image, want)
         for run in (1, 2):
             records = {r.stage: r for r in pipe.records if r.run == run}
-            assert records["transformer"].departure == "final_pass"
-            assert records["vae"].arrival == "read_ahead"
+            assert records["transformer"].departure == Departure.FINAL_PASS
+            assert records["vae"].arrival == Arrival.READ_AHEAD
             held.append(records["transformer"].holds)
         assert all(h > 0 for h in held)
         report = pipe.report()
@@ -101,6 +102,6 @@ def test_kept_stages_run_again_equal_on_the_device(folder: Path, device: str) ->
     with tp.Pipeline(stages(folder), device=device) as pipe:
         for _ in range(3):
             assert torch.equal(one_run(pipe, device), want)
-        assert [r.arrival for r in pipe.records if r.run == 3] == ["kept", "kept", "kept"]
+        assert [r.arrival for r in pipe.records if r.run == 3] == [Arrival.KEPT, Arrival.KEPT, Arrival.KEPT]
         assert pipe.loaded == list(ps.COMPONENTS)
     assert pipe.loaded == []

@@ -19,6 +19,7 @@ import torch
 import trash_panda as tp
 from support.runner import ahead, arrivals, fixed_holds, fixed_stages, one_run, stages, until
 from trash_panda import _core
+from trash_panda._core import Arrival, Departure
 from trash_panda.errors import ArgumentError, StreamError
 from trash_panda.pipeline.loaded import LoadedStage
 
@@ -43,9 +44,9 @@ def test_runs_equal_the_plain_pipeline_and_keep_what_fits(folder: Path, want: to
         # The first run reads each stage ahead of its turn but the first; with the machine's
         # RAM, later runs find every stage still loaded: the denoiser's final pass frees
         # nothing the VAE does not need.
-        assert arrivals(pipe, 1) == ["read_at_start", "read_ahead", "read_ahead"]
-        assert arrivals(pipe, 2) == arrivals(pipe, 3) == ["kept", "kept", "kept"]
-        assert [r.departure for r in pipe.records if r.run == 2] == ["kept", "kept", "kept"]
+        assert arrivals(pipe, 1) == [Arrival.READ_AT_START, Arrival.READ_AHEAD, Arrival.READ_AHEAD]
+        assert arrivals(pipe, 2) == arrivals(pipe, 3) == [Arrival.KEPT, Arrival.KEPT, Arrival.KEPT]
+        assert [r.departure for r in pipe.records if r.run == 2] == [Departure.KEPT, Departure.KEPT, Departure.KEPT]
         assert all(r.given_back == r.read_again == 0 for r in pipe.records)
         assert pipe.loaded == ["text_encoder", "transformer", "vae"]
         text = pipe.report()
@@ -66,7 +67,7 @@ def test_the_next_stage_is_read_while_the_running_one_computes(folder: Path, wan
 
         assert torch.equal(one_run(pipe, inside={"text_encoder": denoiser_arrives}), want)
         rec = next(r for r in pipe.records if r.stage == "transformer")
-        assert rec.arrival == "read_ahead"
+        assert rec.arrival == Arrival.READ_AHEAD
         assert rec.read_before_start == pipe.records[1].read_before_start > 0
         # keep=False: nothing stays once the run is over.
         assert pipe.loaded == []
@@ -92,7 +93,7 @@ def test_the_next_stage_is_set_up_while_the_running_one_computes(folder: Path, w
 
         assert torch.equal(one_run(pipe, inside={"text_encoder": entered}), want)
         assert built.is_set()
-        assert arrivals(pipe, 1) == ["read_at_start", "read_ahead", "read_ahead"]
+        assert arrivals(pipe, 1) == [Arrival.READ_AT_START, Arrival.READ_AHEAD, Arrival.READ_AHEAD]
 
 
 def test_a_read_ahead_that_fails_is_released_and_loaded_at_its_start(
@@ -123,7 +124,7 @@ def test_a_read_ahead_that_fails_is_released_and_loaded_at_its_start(
             monkeypatch.setattr(pipeline_mod, "remembered_activation", real)
 
         assert torch.equal(one_run(pipe, inside={"text_encoder": look}), want)
-        assert arrivals(pipe, 1) == ["read_at_start", "read_at_start", "read_ahead"]
+        assert arrivals(pipe, 1) == [Arrival.READ_AT_START, Arrival.READ_AT_START, Arrival.READ_AHEAD]
 
 
 def test_a_build_that_fails_ahead_fails_again_at_the_stage_start(folder: Path) -> None:
@@ -157,7 +158,7 @@ def test_a_stage_is_planned_again_when_its_start_misses_the_prediction(folder: P
 
         assert torch.equal(one_run(pipe, inside={"text_encoder": shrink}), want)
         rec = next(r for r in pipe.records if r.stage == "transformer")
-        assert rec.arrival == "replanned"
+        assert rec.arrival == Arrival.REPLANNED
         assert "planned again: RAM free at the start was" in pipe.report()
 
 
@@ -183,7 +184,7 @@ def test_a_stage_that_finds_more_memory_than_predicted_keeps_its_load(folder: Pa
         assert torch.equal(one_run(pipe, inside={"text_encoder": grow, "transformer": same}), want)
         assert seen[0] is seen[1]
         rec = next(r for r in pipe.records if r.stage == "transformer")
-        assert rec.arrival == "read_ahead"
+        assert rec.arrival == Arrival.READ_AHEAD
         assert rec.predicted is not None and rec.actual is not None
         assert rec.actual.ram > rec.predicted.ram and _core.replan(rec.predicted, rec.actual) is not None
         text = pipe.report()
@@ -205,7 +206,7 @@ def test_a_final_pass_gives_each_freed_block_to_the_stage_read_ahead(folder: Pat
         assert torch.equal(one_run(pipe, inside={"transformer": watch}), want)
         gate = gates[0]
         denoiser = pipe.records[1]
-        assert denoiser.departure == "final_pass"
+        assert denoiser.departure == Departure.FINAL_PASS
         # The pass's freed blocks, then the release of the rest: the denoiser's whole holding.
         assert gate.stats().given - before[0] == denoiser.holds > 0
 
@@ -218,7 +219,7 @@ def test_an_error_in_a_stage_releases_it_and_the_next_run_goes_on(folder: Path, 
 
         with pytest.raises(RuntimeError, match="the user's code failed"):
             one_run(pipe, inside={"transformer": fail})
-        assert pipe.records[-1].departure == "failed"
+        assert pipe.records[-1].departure == Departure.FAILED
         assert "transformer" not in pipe.loaded
         assert torch.equal(one_run(pipe), want)
 
@@ -361,7 +362,11 @@ def test_each_model_is_built_once_and_loaded_as_often_as_needed(folder: Path, wa
         for _ in range(2):
             assert torch.equal(one_run(pipe), want)
         # keep=False released every stage after each run, and each was loaded again.
-        assert [r.arrival for r in pipe.records if r.run == 2] == ["read_at_start", "read_ahead", "read_ahead"]
+        assert [r.arrival for r in pipe.records if r.run == 2] == [
+            Arrival.READ_AT_START,
+            Arrival.READ_AHEAD,
+            Arrival.READ_AHEAD,
+        ]
     assert sorted(builds) == sorted(ps.COMPONENTS)
 
 
@@ -374,7 +379,7 @@ def test_a_kept_stage_gives_back_only_what_the_next_one_needs(folder: Path, want
     with tp.Pipeline(fixed_stages(folder), ram=budget) as pipe:
         assert torch.equal(one_run(pipe), want)
         denoiser = pipe.records[1]
-        assert denoiser.departure == "kept", pipe.report()
+        assert denoiser.departure == Departure.KEPT, pipe.report()
         assert 0 < denoiser.given_back < denoiser.holds
         model = pipe._keeper.models["transformer"]
         ids, latents = ps.inputs()
@@ -392,8 +397,8 @@ def test_a_kept_stage_gives_back_only_what_the_next_one_needs(folder: Path, want
         # Run 2 reads the denoiser's freed blocks again; later runs take from whichever stage
         # is needed again last, so what each reads again varies, but no stage is read whole.
         again = next(r for r in pipe.records if r.stage == "transformer" and r.run == 2)
-        assert again.arrival == "kept" and again.read_again == denoiser.given_back, pipe.report()
-        assert all(r.arrival == "kept" for r in pipe.records if r.run > 1)
+        assert again.arrival == Arrival.KEPT and again.read_again == denoiser.given_back, pipe.report()
+        assert all(r.arrival == Arrival.KEPT for r in pipe.records if r.run > 1)
         assert "given back meanwhile and read again" in pipe.report()
         # Never more than the budget's worth of stages held at once.
         assert sum(s.held_now().ram for s in pipe._keeper.loaded.values()) <= budget
@@ -432,7 +437,7 @@ def test_the_next_run_is_not_read_beside_a_stage_no_run_has_measured(
             # Either way the blocks were read again before the next run's first stage.
             until(lambda s=first: s.loader is not None and s.loader.done, "the refill")
     encoder_runs = [r for r in pipe.records if r.stage == "text_encoder"]
-    assert encoder_runs[1].arrival == "kept" and encoder_runs[1].read_again == gave, pipe.report()
+    assert encoder_runs[1].arrival == Arrival.KEPT and encoder_runs[1].read_again == gave, pipe.report()
 
 
 def test_blocks_given_back_beside_a_running_stage_do_not_hide_its_activations(folder: Path, want: torch.Tensor) -> None:
@@ -467,5 +472,5 @@ def test_the_report_repeats_the_warnings_of_each_plan_a_stage_is_loaded_by(folde
         first = next(r for r in pipe.records if r.stage == "transformer")
         assert any("read from disk every pass" in w for w in first.plan_warnings), pipe.report()
         assert f"its plan warns: {first.plan_warnings[0]}" in pipe.report()
-        kept = [r for r in pipe.records if r.arrival == "kept"]
+        kept = [r for r in pipe.records if r.arrival == Arrival.KEPT]
         assert kept and all(r.plan_warnings == [] for r in kept), pipe.report()

@@ -60,7 +60,7 @@ def fixed_holds(folder: Path) -> dict[str, _core.Holds]:
         return {name: s.holds for name, s in probe._keeper.loaded.items()}
 
 
-def arrivals(pipe: tp.Pipeline, run: int) -> list[str]:
+def arrivals(pipe: tp.Pipeline, run: int) -> list[_core.Arrival]:
     return [r.arrival for r in pipe.records if r.run == run]
 
 

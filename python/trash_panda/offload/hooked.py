@@ -15,10 +15,11 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from .. import _core
+
 if TYPE_CHECKING:
     from torch import nn
 
-    from .. import _core
     from ..checkpoint import Checkpoint
     from ..plan import Plan
     from .handle import OffloadHandle
@@ -130,25 +131,24 @@ def _load_and_hook(
     return Loaded(handle, choice, loader)
 
 
-def resident_bytes(plan: Plan) -> dict[str, int]:
-    """What each resident block holds, as its plan counts it (by prefix): what a loader's read
-    of it takes from an allowance, and what giving it back frees."""
-    return {b.name: b.stored_bytes for b in plan.blocks if b.tier.value == "device"}
-
-
 def _costs(
     plan: Plan, state: ModelState, later: dict[int, list[TensorSpec]], ram_tier: bool
 ) -> dict[tuple[str, int], int]:
-    """What each read of the loader holds once done, as the plan counts it (what the stage's
-    ``Holds`` adds up): a resident block its stored bytes, the weights outside the blocks their
-    budget, charged to their first group; with ``ram_tier`` on the CPU, a RAM tier read into
-    memory its staged bytes (with a GPU it is not device memory, which the costs count)."""
-    stored = resident_bytes(plan)
-    costs = {("block", b.index): stored[b.prefix] for b in state.blocks if b.prefix in stored}
-    budgets = plan.budgets
-    if later and budgets is not None:
-        costs[("outside", min(later))] = budgets.outside
-    in_memory = state.config.ram_in_memory_threads is not None or plan.storage_dtype is not None
-    if ram_tier and in_memory and state.device.type != "cuda":
-        costs[("ram_tier", 0)] = sum(b.staged_bytes for b in plan.blocks if b.tier.value == "ram")
+    """What each read of the loader holds once done, as the core counts it from the plan (what
+    the stage's ``Holds`` adds up): a resident block its stored bytes, the weights outside the
+    blocks their budget, charged to their first group; with ``ram_tier``, a RAM tier read into
+    memory on the CPU its staged bytes."""
+    read = _core.read_costs(
+        plan,
+        state.config,
+        [b.prefix for b in state.blocks],
+        outside=bool(later),
+        ram_tier=ram_tier,
+        gpu=state.device.type == "cuda",
+    )
+    costs = {("block", b.index): n for b, n in zip(state.blocks, read.blocks, strict=True) if n}
+    if read.outside:
+        costs[("outside", min(later))] = read.outside
+    if read.ram_tier:
+        costs[("ram_tier", 0)] = read.ram_tier
     return costs

@@ -198,19 +198,18 @@ class StageKeeper:
         turn = Turn(file_changed=self._changes.pop(spec.name, None))
         loaded = self.loaded.get(spec.name)
         if loaded is not None and loaded.runs == 0:
-            before = loaded.holds.vram or loaded.holds.ram
-            pending = loaded.pending()
-            turn.read_before_start = max(0, before - (pending.vram or pending.ram))
+            before = loaded.holds.compute_part(loaded.holds)
+            turn.read_before_start = max(0, before - loaded.holds.compute_part(loaded.pending()))
             actual, why = loaded.start(self._free(reading=loaded))
             turn.predicted, turn.actual = loaded.predicted, actual
             if why is not None and not self._still_fits(spec, loaded, actual):
-                turn.arrival, turn.replan = "replanned", why
+                turn.arrival, turn.replan = _core.Arrival.REPLANNED, why
                 self._release(spec.name)
                 loaded = None
             else:
-                turn.arrival = "read_ahead"
+                turn.arrival = _core.Arrival.READ_AHEAD
         elif loaded is not None:
-            turn.arrival = "kept"
+            turn.arrival = _core.Arrival.KEPT
             if loaded.given:  # given back since its last run, and not read ahead: read now
                 self._make_room(spec, loaded.holds_in(loaded.given_back), self._free(), self._others(spec), None)
                 loaded.refill(None)
@@ -229,7 +228,7 @@ class StageKeeper:
             # Found before its load (the idle stages it needed released): what it planned with.
             found = self._free()
             loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=False)
-            turn.arrival = turn.arrival or "read_at_start"
+            turn.arrival = turn.arrival or _core.Arrival.READ_AT_START
             turn.predicted = turn.predicted or predicted
             turn.actual = turn.actual or found
         loaded.runs += 1
@@ -247,12 +246,11 @@ class StageKeeper:
 
     def _still_fits(self, spec: Stage, loaded: LoadedStage, actual: _core.Free) -> bool:
         """Whether a stage read ahead whose start missed the prediction is kept as it was
-        loaded: a plan for the memory found puts every block in the same tier, and the loaded
-        plan fits that memory. A reload would read the same blocks into the same tiers again
-        (more memory than predicted often changes nothing in a plan that has every block
-        resident already); the report still shows the prediction against what was found."""
+        loaded: the core's ``still_fits`` compares the loaded plan with a fresh one for the
+        memory found (made here: planning needs torch). The report still shows the prediction
+        against what was found."""
         fresh = self._plan(spec, loaded.model, Checkpoint(spec.path), actual)
-        return _tiers(fresh) == _tiers(loaded.plan) and loaded.plan.needs(spec.name).fits(actual)
+        return _core.still_fits(spec.name, loaded.plan, fresh, actual)
 
     # -- the stage read ahead ---------------------------------------------------------------
 
@@ -387,42 +385,43 @@ class StageKeeper:
         if loaded.final:
             loaded.stop_feeding()
             passed = loaded.passed()
-            loaded.to_give = max(0, loaded.to_give - passed)
         if not loaded.park():  # the shared staging pool goes to the next stage
             loaded.release_after = True
-        given = 0
-        if failure is not None:
-            departure = "failed"
-        elif loaded.release_after or not self.keep or (loaded.to_give and loaded.to_give >= loaded.sheddable()):
-            departure = "final_pass" if loaded.final else "released"
-        else:
-            departure = "kept"
-            if loaded.to_give:
-                given = loaded.give_back(loaded.to_give)
-        kept = turn.arrival == "kept"
+        leaving = _core.depart(
+            failed=failure is not None,
+            final_pass=loaded.final,
+            release_after=loaded.release_after,
+            keep=self.keep,
+            to_give=loaded.to_give,
+            passed=passed,
+            sheddable=loaded.sheddable(),
+        )
+        departure = leaving.departure
+        given = loaded.give_back(leaving.give) if leaving.give else 0
+        kept = turn.arrival == _core.Arrival.KEPT
         self.records.append(
             _core.StageRecord(
                 run,
                 spec.name,
-                turn.arrival or "read_at_start",
+                turn.arrival or _core.Arrival.READ_AT_START,
                 departure,
                 predicted=turn.predicted,
                 actual=turn.actual,
                 replan=turn.replan,
                 read_before_start=turn.read_before_start,
-                holds=loaded.holds.vram or loaded.holds.ram,
+                holds=loaded.holds.compute_part(loaded.holds),
                 file_bytes=0 if kept else loaded.file_bytes,
                 cached_at_load=0 if kept else loaded.cached_at_load,
                 waited=0.0 if loaded.loader is None else loaded.loader.waited_seconds,
                 seconds=turn.seconds,
                 peak=turn.peak,
                 read_again=turn.read_again,
-                given_back=passed + given if departure == "kept" else 0,
+                given_back=passed + given if departure == _core.Departure.KEPT else 0,
                 file_changed=turn.file_changed,
                 plan_warnings=[] if kept else list(loaded.plan.warnings),
             )
         )
-        if departure == "kept":
+        if departure == _core.Departure.KEPT:
             given_now = given
             if self.device.type == "cpu":
                 # The stage's activations went back to the heap: hand them to the system now, as
@@ -430,7 +429,7 @@ class StageKeeper:
                 _core.trim_heap()
         else:
             held = loaded.held_now()
-            given_now = held.vram if loaded.holds.vram else held.ram
+            given_now = loaded.holds.compute_part(held)
             self._release(spec.name)
         deferred, self._deferred = self._deferred, None
         if deferred is not None and deferred.allowance is following and following is not None:
@@ -512,7 +511,3 @@ class StageKeeper:
 
     def names(self) -> list[str]:
         return [s.name for s in self.stages]
-
-
-def _tiers(p: Plan) -> list[str]:
-    return [b.tier.value for b in p.blocks]

@@ -85,7 +85,7 @@ class LoadedStage:
         """What its loader has still to read, in the memory the blocks compute in (VRAM with
         a GPU, else RAM)."""
         left = 0 if self.loader is None else max(0, self.loader.remaining_bytes)
-        return _core.Holds(0, left) if self.holds.vram else _core.Holds(left, 0)
+        return self.holds_in(left)
 
     def held_now(self) -> _core.Holds:
         """What it holds now: what it has :meth:`committed` less what its loader has still to
@@ -99,20 +99,13 @@ class LoadedStage:
         return self.holds.less(self.holds_in(self.given_back))
 
     def holds_in(self, n: int) -> _core.Holds:
-        """``n`` bytes of the memory its blocks compute in."""
-        return _core.Holds(0, n) if self.holds.vram else _core.Holds(n, 0)
-
-    def block_bytes(self) -> dict[str, int]:
-        """What each resident block holds, as its plan counts it (by prefix)."""
-        from ..offload.hooked import resident_bytes
-
-        return resident_bytes(self.plan)
+        """``n`` bytes of the memory its blocks compute in (the core's rule)."""
+        return self.holds.in_compute_memory(n)
 
     def sheddable(self) -> int:
         """Bytes of its resident blocks it still holds and could give back."""
-        sizes = self.block_bytes()
         gone = {b.index for b in self.given}
-        return sum(sizes.get(b.prefix, 0) for b in self.state.blocks if b.index not in gone)
+        return _core.resident_among(self.plan, [b.prefix for b in self.state.blocks if b.index not in gone]).bytes
 
     def give_back(self, nbytes: int) -> int:
         """Gives back resident blocks, those that run last first, until ``nbytes`` are free
@@ -125,16 +118,13 @@ class LoadedStage:
         total = unread
         if self.loader is not None:
             self.loader.finish()  # a block still to be read is not given back while it arrives
-        sizes = self.block_bytes()
-        gone = {b.index for b in self.given}
-        chosen: list[BlockState] = []
-        for block in reversed(self._run_order()):
-            if total >= nbytes:
-                break
-            if block.index in gone or block.prefix not in sizes:
-                continue
-            chosen.append(block)
-            total += sizes[block.prefix]
+        # Which blocks go, as the core decides: those run last first, until the bytes are free.
+        shed = _core.give_back(
+            self.plan, [b.prefix for b in self._run_order()], [b.prefix for b in self.given], nbytes, counted=unread
+        )
+        by_prefix = {b.prefix: b for b in self.state.blocks}
+        chosen = [by_prefix[p] for p in shed.blocks]
+        total += shed.bytes
         # What it frees is not the running stage's: its window's baseline moves down by it.
         meter_for(self.state.device).freed_beside(functools.partial(free_idle_blocks, self.handle, chosen))
         self.given += chosen
@@ -151,9 +141,8 @@ class LoadedStage:
             return 0
         loader.close()
         self.allowance = None
-        sizes = self.block_bytes()
         unread = [b for b in loader.blocks if b.index in loader.errors]
-        nbytes = sum(sizes.get(b.prefix, 0) for b in unread)
+        nbytes = _core.resident_among(self.plan, [b.prefix for b in unread]).bytes
         self.given += unread
         self.given_back += nbytes
         self.read_again -= nbytes
@@ -164,13 +153,11 @@ class LoadedStage:
         counts them."""
         prefixes = self._final.freed if self._final is not None else []
         self._final = None
-        sizes = self.block_bytes()
+        shed = _core.resident_among(self.plan, list(prefixes))
         by_prefix = {b.prefix: b for b in self.state.blocks}
-        blocks = [by_prefix[p] for p in prefixes if p in sizes]
-        total = sum(sizes[b.prefix] for b in blocks)
-        self.given += blocks
-        self.given_back += total
-        return total
+        self.given += [by_prefix[p] for p in shed.blocks]
+        self.given_back += shed.bytes
+        return shed.bytes
 
     def refill(self, allowance: _core.Allowance | None) -> int:
         """Reads its given-back blocks again on a loader thread, in its run order, through
@@ -183,9 +170,12 @@ class LoadedStage:
         if not self.given:
             return 0
         self.handle.hooks.remove(OverlapWait.name)  # the first load's, done: stops nothing
-        sizes = self.block_bytes()
         blocks, self.given = self.given, []
-        costs = {("block", b.index): sizes[b.prefix] for b in blocks}
+        # Every block given back was resident: the core's costs count each its stored bytes.
+        read = _core.read_costs(
+            self.plan, self.state.config, [b.prefix for b in blocks], outside=False, ram_tier=False, gpu=False
+        )
+        costs = {("block", b.index): n for b, n in zip(blocks, read.blocks, strict=True)}
         self.loader = start_loader(self.handle, self.state, blocks, self.choice.first, allowance=allowance, costs=costs)
         self.allowance = allowance
         self.read_again, self.given_back = self.given_back, 0

@@ -8,6 +8,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from .. import _core
 from ..errors import ArgumentError
 
 if TYPE_CHECKING:
@@ -92,10 +93,8 @@ class PipelineRun:
         if not current.release_after:
             # Kept for the next run: a block is freed only while the next stage still needs
             # memory (what the stage is to give back at its end), its resident blocks only.
-            sizes = current.block_bytes()
-
             def wanted() -> int:
-                done = sum(sizes.get(p, 0) for p in passing[0].freed) if passing else 0
+                done = _core.resident_among(current.plan, list(passing[0].freed)).bytes if passing else 0
                 return current.to_give - done
 
         # A run of the pipeline again finds the freed RAM-tier pages in the page cache.

@@ -15,7 +15,7 @@ __all__ = ["Turn"]
 
 @dataclass
 class Turn:
-    arrival: str | None = None  # read_ahead, kept, replanned or read_at_start
+    arrival: _core.Arrival | None = None  # None: read at its start
     file_changed: str | None = None  # why a kept stage was let go: its checkpoint changed
     predicted: _core.Free | None = None
     actual: _core.Free | None = None

@@ -5,7 +5,7 @@
 use pyo3::prelude::*;
 
 use trash_panda::engine_config::{EngineConfig, EngineSettings};
-use trash_panda::pipeline::{ram_floor, replan, Free, Holds, Replan};
+use trash_panda::pipeline::{ram_floor, replan, still_fits, Free, Holds, Replan};
 use trash_panda::sys::MemoryFigures;
 
 use crate::errors::ToPyErr;
@@ -46,6 +46,24 @@ impl PyHolds {
         let config = EngineConfig::from_plan(&plan.inner, &settings).map_err(ToPyErr::to_py)?;
         let inner = Holds::needed(stage, &plan.inner, &config).map_err(ToPyErr::to_py)?;
         Ok(PyHolds { inner })
+    }
+
+    /// Whether a stage holding this computes its blocks in device memory (it holds some).
+    #[getter]
+    fn on_device(&self) -> bool {
+        self.inner.on_device()
+    }
+
+    /// `n` bytes of the memory a stage holding this computes its blocks in.
+    fn in_compute_memory(&self, n: u64) -> PyHolds {
+        PyHolds {
+            inner: self.inner.in_compute_memory(n),
+        }
+    }
+
+    /// The bytes of `part` in the memory a stage holding this computes its blocks in.
+    fn compute_part(&self, part: &PyHolds) -> u64 {
+        self.inner.compute_part(part.inner)
     }
 
     /// Whether this much fits in `free`.
@@ -244,6 +262,22 @@ impl PyReplan {
 #[pyfunction(name = "replan")]
 pub(super) fn py_replan(predicted: &PyFree, actual: &PyFree) -> Option<PyReplan> {
     replan(predicted.inner, actual.inner).map(|inner| PyReplan { inner })
+}
+
+/// Whether `stage`, read ahead by plan `loaded`, whose start found `actual` free past the
+/// prediction's margin, is kept as it was loaded: `fresh` (a plan made for `actual`) puts every
+/// block in the same tier, and what `loaded` needs at its start under the current settings
+/// fits `actual`.
+#[pyfunction(name = "still_fits")]
+pub(super) fn py_still_fits(
+    stage: &str,
+    loaded: PyRef<'_, PyPlan>,
+    fresh: PyRef<'_, PyPlan>,
+    actual: &PyFree,
+) -> PyResult<bool> {
+    let settings = EngineSettings::from_env().map_err(ToPyErr::to_py)?;
+    let config = EngineConfig::from_plan(&loaded.inner, &settings).map_err(ToPyErr::to_py)?;
+    still_fits(stage, &loaded.inner, &fresh.inner, &config, actual.inner).map_err(ToPyErr::to_py)
 }
 
 /// The RAM a pipeline leaves to the rest of this machine: the largest of its stages'

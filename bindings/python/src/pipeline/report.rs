@@ -5,35 +5,111 @@ use pyo3::prelude::*;
 
 use trash_panda::pipeline::{report, Arrival, Departure, StageRecord};
 
-use crate::errors::{raise, Kind};
-
 use super::holds::{PyFree, PyReplan};
 
-const ARRIVALS: [(&str, Arrival); 4] = [
-    ("kept", Arrival::Kept),
-    ("read_ahead", Arrival::ReadAhead),
-    ("read_at_start", Arrival::ReadAtStart),
-    ("replanned", Arrival::Replanned),
-];
-const DEPARTURES: [(&str, Departure); 4] = [
-    ("kept", Departure::Kept),
-    ("released", Departure::Released),
-    ("final_pass", Departure::FinalPass),
-    ("failed", Departure::Failed),
-];
+/// How a stage's weights were there when its turn came (the core's `Arrival`).
+#[pyclass(
+    name = "Arrival",
+    module = "trash_panda._core",
+    eq,
+    eq_int,
+    frozen,
+    hash
+)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(clippy::upper_case_acronyms, non_camel_case_types)]
+pub(crate) enum PyArrival {
+    /// Still loaded from an earlier run.
+    KEPT,
+    /// Read while the stage before it computed (some may have arrived after its start).
+    READ_AHEAD,
+    /// Read at its start (the first stage of a run, or read-ahead off).
+    READ_AT_START,
+    /// Read ahead, then planned and read again at its start: the free memory missed the
+    /// prediction by more than the margin.
+    REPLANNED,
+}
 
-fn pick<T: Copy>(table: &[(&str, T)], name: &str, what: &str) -> PyResult<T> {
-    table
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, v)| *v)
-        .ok_or_else(|| {
-            let names: Vec<&str> = table.iter().map(|(n, _)| *n).collect();
-            raise(
-                Kind::Argument,
-                format!("{what}: {name:?} is not one of {}", names.join(", ")),
-            )
-        })
+impl From<Arrival> for PyArrival {
+    fn from(a: Arrival) -> Self {
+        match a {
+            Arrival::Kept => PyArrival::KEPT,
+            Arrival::ReadAhead => PyArrival::READ_AHEAD,
+            Arrival::ReadAtStart => PyArrival::READ_AT_START,
+            Arrival::Replanned => PyArrival::REPLANNED,
+        }
+    }
+}
+
+impl From<PyArrival> for Arrival {
+    fn from(a: PyArrival) -> Self {
+        match a {
+            PyArrival::KEPT => Arrival::Kept,
+            PyArrival::READ_AHEAD => Arrival::ReadAhead,
+            PyArrival::READ_AT_START => Arrival::ReadAtStart,
+            PyArrival::REPLANNED => Arrival::Replanned,
+        }
+    }
+}
+
+#[pymethods]
+impl PyArrival {
+    /// How the report says it ("read ahead", "kept from the run before", ...).
+    fn __str__(&self) -> String {
+        Arrival::from(*self).to_string()
+    }
+}
+
+/// What became of a stage at its end (the core's `Departure`).
+#[pyclass(
+    name = "Departure",
+    module = "trash_panda._core",
+    eq,
+    eq_int,
+    frozen,
+    hash
+)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(clippy::upper_case_acronyms, non_camel_case_types)]
+pub(crate) enum PyDeparture {
+    /// Left loaded: the stages after it did not need its memory.
+    KEPT,
+    /// Released: a later stage needed its memory (or keeping is off).
+    RELEASED,
+    /// Its blocks were freed by a final pass and given to the next stage as they went.
+    FINAL_PASS,
+    /// Its block raised; it was released.
+    FAILED,
+}
+
+impl From<Departure> for PyDeparture {
+    fn from(d: Departure) -> Self {
+        match d {
+            Departure::Kept => PyDeparture::KEPT,
+            Departure::Released => PyDeparture::RELEASED,
+            Departure::FinalPass => PyDeparture::FINAL_PASS,
+            Departure::Failed => PyDeparture::FAILED,
+        }
+    }
+}
+
+impl From<PyDeparture> for Departure {
+    fn from(d: PyDeparture) -> Self {
+        match d {
+            PyDeparture::KEPT => Departure::Kept,
+            PyDeparture::RELEASED => Departure::Released,
+            PyDeparture::FINAL_PASS => Departure::FinalPass,
+            PyDeparture::FAILED => Departure::Failed,
+        }
+    }
+}
+
+#[pymethods]
+impl PyDeparture {
+    /// How the report says it ("kept", "freed by its final pass", ...).
+    fn __str__(&self) -> String {
+        Departure::from(*self).to_string()
+    }
 }
 
 /// One stage of one pipeline run, for the pipeline's report.
@@ -45,8 +121,6 @@ pub(crate) struct PyStageRecord {
 
 #[pymethods]
 impl PyStageRecord {
-    /// `arrival`: "kept", "read_ahead", "read_at_start" or "replanned"; `departure`: "kept",
-    /// "released", "final_pass" or "failed".
     #[new]
     #[pyo3(signature = (run, stage, arrival, departure, *, predicted=None, actual=None, replan=None,
         read_before_start=0, holds=0, file_bytes=0, cached_at_load=0, waited=0.0, seconds=0.0, peak=0, read_again=0, given_back=0, file_changed=None, plan_warnings=Vec::new()))]
@@ -54,8 +128,8 @@ impl PyStageRecord {
     fn new(
         run: u32,
         stage: String,
-        arrival: &str,
-        departure: &str,
+        arrival: PyArrival,
+        departure: PyDeparture,
         predicted: Option<PyFree>,
         actual: Option<PyFree>,
         replan: Option<PyReplan>,
@@ -70,12 +144,12 @@ impl PyStageRecord {
         given_back: u64,
         file_changed: Option<String>,
         plan_warnings: Vec<String>,
-    ) -> PyResult<Self> {
-        Ok(PyStageRecord {
+    ) -> Self {
+        PyStageRecord {
             inner: StageRecord {
                 run,
                 stage,
-                arrival: pick(&ARRIVALS, arrival, "arrival")?,
+                arrival: arrival.into(),
                 predicted: predicted.map(|f| f.inner),
                 actual: actual.map(|f| f.inner),
                 replan: replan.map(|r| r.inner),
@@ -86,13 +160,13 @@ impl PyStageRecord {
                 waited,
                 seconds,
                 peak,
-                departure: pick(&DEPARTURES, departure, "departure")?,
+                departure: departure.into(),
                 read_again,
                 given_back,
                 file_changed,
                 plan_warnings,
             },
-        })
+        }
     }
 
     /// The run's number, as the caller counts its runs.
@@ -105,22 +179,15 @@ impl PyStageRecord {
     fn stage(&self) -> &str {
         &self.inner.stage
     }
-    /// How its weights were there when its turn came: "kept", "read_ahead", "read_at_start" or
-    /// "replanned".
+    /// How its weights were there when its turn came.
     #[getter]
-    fn arrival(&self) -> &'static str {
-        ARRIVALS
-            .iter()
-            .find(|(_, a)| *a == self.inner.arrival)
-            .map_or("", |(n, _)| n)
+    fn arrival(&self) -> PyArrival {
+        self.inner.arrival.into()
     }
-    /// What became of it at its end: "kept", "released", "final_pass" or "failed".
+    /// What became of it at its end.
     #[getter]
-    fn departure(&self) -> &'static str {
-        DEPARTURES
-            .iter()
-            .find(|(_, d)| *d == self.inner.departure)
-            .map_or("", |(n, _)| n)
+    fn departure(&self) -> PyDeparture {
+        self.inner.departure.into()
     }
     /// Bytes it already held when its turn came, read while the stage before it computed.
     #[getter]

@@ -125,6 +125,31 @@ impl Holds {
         })
     }
 
+    /// Whether a stage holding this computes its blocks in device memory (a GPU's): it holds
+    /// some. Its blocks are given back, and its loader's reads are counted, in that memory; in
+    /// RAM otherwise.
+    pub fn on_device(self) -> bool {
+        self.vram > 0
+    }
+
+    /// `n` bytes of the memory a stage holding this computes its blocks in.
+    pub fn in_compute_memory(self, n: u64) -> Holds {
+        if self.on_device() {
+            Holds { ram: 0, vram: n }
+        } else {
+            Holds { ram: n, vram: 0 }
+        }
+    }
+
+    /// The bytes of `part` in the memory a stage holding this computes its blocks in.
+    pub fn compute_part(self, part: Holds) -> u64 {
+        if self.on_device() {
+            part.vram
+        } else {
+            part.ram
+        }
+    }
+
     /// Whether this much fits in `free` (VRAM only where `free` has it).
     pub fn fits(self, free: Free) -> bool {
         self.ram <= free.ram && free.vram.is_none_or(|v| self.vram <= v)
@@ -323,11 +348,90 @@ pub fn replan(predicted: Free, actual: Free) -> Option<Replan> {
     vram.or_else(|| check("RAM", predicted.ram, actual.ram))
 }
 
+/// Whether a stage read ahead by plan `loaded`, whose start found `actual` free past the
+/// prediction's margin ([`replan`]), is kept as it was loaded: `fresh`, a plan made for
+/// `actual`, puts every block in the same tier as `loaded` does, and what `loaded` needs at its
+/// start (configured as `config`) fits `actual`. A reload would then read the same blocks into
+/// the same tiers again (more memory than predicted often changes nothing in a plan that has
+/// every block resident already).
+pub fn still_fits(
+    stage: &str,
+    loaded: &Plan,
+    fresh: &Plan,
+    config: &EngineConfig,
+    actual: Free,
+) -> Result<bool, PipelineError> {
+    let same_tiers = loaded.blocks.len() == fresh.blocks.len()
+        && loaded
+            .blocks
+            .iter()
+            .zip(&fresh.blocks)
+            .all(|(a, b)| a.name == b.name && a.tier == b.tier);
+    Ok(same_tiers && Holds::needed(stage, loaded, config)?.fits(actual))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const GB: u64 = 1_000_000_000;
+
+    fn planned(ram: u64) -> (Plan, EngineConfig) {
+        use crate::dtype::DType;
+        use crate::engine_config::EngineSettings;
+        use crate::plan::{plan, Figures, ModelBlocks, PlanOptions};
+        use crate::rules::TensorSizes;
+
+        let mut ts = vec![TensorSizes::new("embed.weight", DType::F32, &[256, 256])];
+        for i in 0..4 {
+            ts.push(TensorSizes::new(
+                format!("layers.{i}.w.weight"),
+                DType::F32,
+                &[1024, 1024],
+            ));
+        }
+        let options = PlanOptions {
+            min_free_ram: MinFreeRam::Bytes(0),
+            ..PlanOptions::default()
+        };
+        let p = plan(
+            &ModelBlocks::discover(ts),
+            &Figures::injected(ram, None),
+            &options,
+        )
+        .unwrap();
+        let settings = EngineSettings::resolve(|_| None).unwrap();
+        let config = EngineConfig::from_plan(&p, &settings).unwrap();
+        (p, config)
+    }
+
+    #[test]
+    fn a_stage_still_fits_when_a_fresh_plan_moves_no_block_and_its_needs_fit() {
+        let (loaded, config) = planned(GB);
+        assert!(loaded.blocks.iter().all(|b| b.tier == Tier::Device));
+        let need = Holds::needed("s", &loaded, &config).unwrap();
+        let free = |ram| Free { ram, vram: None };
+        // More memory than predicted: the same tiers, and it fits.
+        let (more, _) = planned(2 * GB);
+        assert!(still_fits("s", &loaded, &more, &config, free(2 * GB)).unwrap());
+        // The same tiers, but less free than the loaded plan needs.
+        assert!(!still_fits("s", &loaded, &loaded, &config, free(need.ram - 1)).unwrap());
+        assert!(still_fits("s", &loaded, &loaded, &config, free(need.ram)).unwrap());
+        // A fresh plan that moves a block: planned again, however much is free.
+        let mut moved = loaded.clone();
+        moved.blocks[3].tier = Tier::Ram;
+        assert!(!still_fits("s", &loaded, &moved, &config, free(2 * GB)).unwrap());
+        let mut fewer = loaded.clone();
+        fewer.blocks.pop();
+        assert!(!still_fits("s", &loaded, &fewer, &config, free(2 * GB)).unwrap());
+        // A plan with no budgets cannot say what it needs.
+        let mut unresolved = loaded.clone();
+        unresolved.budgets = None;
+        assert!(matches!(
+            still_fits("s", &unresolved, &loaded, &config, free(2 * GB)),
+            Err(PipelineError::Unresolved { .. })
+        ));
+    }
 
     #[test]
     fn early_reads_leave_the_running_stage_its_working_memory() {
@@ -502,6 +606,18 @@ mod tests {
                 vram: 0
             }
         );
+    }
+
+    #[test]
+    fn a_stage_computes_in_vram_when_it_holds_some() {
+        let gpu = Holds { ram: 5, vram: 7 };
+        let cpu = Holds { ram: 5, vram: 0 };
+        assert!(gpu.on_device() && !cpu.on_device());
+        assert_eq!(gpu.in_compute_memory(3), Holds { ram: 0, vram: 3 });
+        assert_eq!(cpu.in_compute_memory(3), Holds { ram: 3, vram: 0 });
+        let part = Holds { ram: 2, vram: 4 };
+        assert_eq!((gpu.compute_part(part), cpu.compute_part(part)), (4, 2));
+        assert_eq!((gpu.compute_part(gpu), cpu.compute_part(cpu)), (7, 5));
     }
 
     #[test]

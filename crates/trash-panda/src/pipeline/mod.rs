@@ -1,15 +1,22 @@
-//! The memory that moves between the stages of a pipeline: what a loaded stage holds and gives
-//! back when it is released ([`Holds`]), the free memory predicted at the next stage's start
-//! ([`Free::after_release`]), when a stage planned for that prediction is planned again
-//! ([`replan`]), the allowance the next stage's early reads take their memory from
+//! The memory that moves between the stages of a pipeline, each decision a plain value the
+//! runner (in Python) carries out: what a loaded stage holds and gives back when it is released
+//! ([`Holds`], and in which memory its blocks compute: [`Holds::on_device`]), the free memory
+//! predicted at the next stage's start ([`Free::after_release`]), when a stage planned for that
+//! prediction is planned again ([`replan`]) or kept as it was loaded though the prediction
+//! missed ([`still_fits`]), the allowance the next stage's early reads take their memory from
 //! ([`Allowance`]), which loaded stages give memory to a stage that needs more ([`make_room`]),
-//! and whether the stages' loads read through the page cache ([`load_reads`]).
+//! which of its blocks a stage gives and what they hold as its plan counts them ([`give_back`],
+//! [`resident_among`], [`read_costs`]), whether the stages' loads read through the page cache
+//! ([`load_reads`]), how a stage leaves at its turn's end ([`depart`]), and the report of each
+//! turn ([`StageRecord`]).
 //!
 //! A stage is planned once, for the memory expected to be free when it starts; its reads begin
 //! while the stage before it still computes, each taking its bytes from the allowance, which
 //! starts at what is free beside the running stage and grows as that stage gives memory back.
 
 mod allowance;
+mod blocks;
+mod departure;
 mod error;
 mod holds;
 mod reads;
@@ -17,9 +24,11 @@ mod report;
 mod room;
 
 pub use allowance::{Allowance, AllowanceStats};
+pub use blocks::{give_back, read_costs, resident_among, ReadCosts, Shed};
+pub use departure::{depart, Ending, Leaving};
 pub use error::PipelineError;
 pub use holds::{
-    ram_floor, replan, Free, Holds, Replan, REPLAN_MARGIN_FRACTION, REPLAN_MARGIN_MIN,
+    ram_floor, replan, still_fits, Free, Holds, Replan, REPLAN_MARGIN_FRACTION, REPLAN_MARGIN_MIN,
 };
 pub use reads::{load_reads, plan_reads, LoadReads};
 pub use report::{report, Arrival, Departure, StageRecord};

@@ -23,13 +23,6 @@ pub struct Holder {
     pub has_run: bool,
 }
 
-impl Holder {
-    /// Whether its blocks compute in device memory (a GPU's).
-    fn on_device(&self) -> bool {
-        self.whole.vram > 0
-    }
-}
-
 /// What one holder gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Give {
@@ -73,25 +66,11 @@ pub fn make_room(
         if !((short.ram > 0 && h.whole.ram > 0) || (short.vram > 0 && h.whole.vram > 0)) {
             continue; // it holds none of the memory missing: releasing it would not help
         }
-        let (missing, in_blocks) = if h.on_device() {
-            (
-                short.vram,
-                Holds {
-                    ram: 0,
-                    vram: short.vram,
-                },
-            )
-        } else {
-            (
-                short.ram,
-                Holds {
-                    ram: short.ram,
-                    vram: 0,
-                },
-            )
-        };
+        // Its blocks go back in the memory they compute in (the core's one rule for it).
+        let missing = h.whole.compute_part(short);
+        let in_blocks = h.whole.in_compute_memory(missing);
         // A GPU stage's RAM (its pinned tier, its staging) is not given back block by block.
-        let ram_wanted_of_device = h.on_device() && short.ram > 0;
+        let ram_wanted_of_device = h.whole.on_device() && short.ram > 0;
         let partial =
             keep && h.has_run && !ram_wanted_of_device && 0 < missing && missing < h.sheddable;
         let (give, took) = if partial {
