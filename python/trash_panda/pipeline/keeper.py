@@ -174,11 +174,11 @@ class StageKeeper:
             if giving.whole:
                 took = whole[s.name]
                 if s is running:
-                    s.release_after = True
+                    s.release_at_end()
                 else:
                     self._release(s.name)
             elif s is running:
-                s.to_give = giving.blocks
+                s.give_at_end(giving.blocks)
                 took = s.holds_in(giving.blocks)
             else:
                 took = s.holds_in(s.give_back(giving.blocks))
@@ -215,7 +215,7 @@ class StageKeeper:
                 loaded.refill(None)
             elif loaded.allowance is not None:  # read again ahead of its turn
                 loaded.allowance.open()
-            turn.read_again, loaded.read_again = loaded.read_again, 0
+            turn.read_again = loaded.take_read_again()
             if loaded.state.lane is not None:
                 loaded.state.lane.priority = "run"
         if loaded is None:
@@ -231,9 +231,7 @@ class StageKeeper:
             turn.arrival = turn.arrival or _core.Arrival.READ_AT_START
             turn.predicted = turn.predicted or predicted
             turn.actual = turn.actual or found
-        loaded.runs += 1
-        loaded.last_used = self._ticks
-        loaded.to_give, loaded.release_after, loaded.final = 0, not self.keep, False
+        loaded.begin_turn(self._ticks, self.keep)
         self.loaded[spec.name] = loaded
         if self.prefetch and index + 1 < len(self.stages):
             self._read_ahead_later(self.stages[index + 1], loaded)
@@ -386,7 +384,7 @@ class StageKeeper:
             loaded.stop_feeding()
             passed = loaded.passed()
         if not loaded.park():  # the shared staging pool goes to the next stage
-            loaded.release_after = True
+            loaded.release_at_end()
         leaving = _core.depart(
             failed=failure is not None,
             final_pass=loaded.final,

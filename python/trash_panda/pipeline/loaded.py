@@ -186,6 +186,27 @@ class LoadedStage:
         order = _core.full_order(self.choice.first or [], [b.prefix for b in blocks])
         return [blocks[i] for i in order]
 
+    def begin_turn(self, tick: int, keep: bool) -> None:
+        """Its turn starts, the ``tick``-th stage start of the pipeline: nothing asked of it
+        yet; ``keep``: it may stay loaded after the turn."""
+        self.runs += 1
+        self.last_used = tick
+        self.to_give, self.release_after, self.final = 0, not keep, False
+
+    def release_at_end(self) -> None:
+        """All it holds is needed elsewhere (or it cannot stay): released as its turn ends."""
+        self.release_after = True
+
+    def give_at_end(self, nbytes: int) -> None:
+        """``nbytes`` of its blocks go to the stage after it as its turn ends (its final pass
+        frees them sooner)."""
+        self.to_give = nbytes
+
+    def take_read_again(self) -> int:
+        """The bytes read again ahead of this turn (given back since its last run), once."""
+        read, self.read_again = self.read_again, 0
+        return read
+
     def start(self, free: _core.Free) -> tuple[_core.Free, _core.Replan | None]:
         """Its turn, with ``free`` free now: the allowance stops limiting, and the plan is
         checked against that memory with what it holds already counted as free, as its plan
