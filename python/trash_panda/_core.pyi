@@ -58,6 +58,7 @@ __all__ = [
     "read_tensors",
     "read_block",
     "ReadLane",
+    "Priority",
     "HeldPlace",
     "setting",
     "settings",
@@ -687,15 +688,37 @@ def read_block(
     """
 
 @final
+class Priority:
+    """How a lane's reads rank against other lanes': the core's `io::Priority` as a Python enum
+    class. `RUN` reads go before any `AHEAD` read.
+    """
+
+    RUN: Priority
+    """How a lane's reads rank against other lanes': the core's `io::Priority` as a Python enum
+    class. `RUN` reads go before any `AHEAD` read.
+    """
+    AHEAD: Priority
+    """How a lane's reads rank against other lanes': the core's `io::Priority` as a Python enum
+    class. `RUN` reads go before any `AHEAD` read.
+    """
+    def __new__(cls, name: str) -> Priority: ...
+    @property
+    def value(self) -> str:
+        """The priority's name, lower-case ("run" or "ahead")."""
+    def __int__(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
 class ReadLane:
     """One model's lane of the read queue of the drive its checkpoint lies on (see the core's
     `io::Lane` and `io::drive_queue`): the queue has `DRIVE_IN_FLIGHT` places for every model of
     the process reading that drive; the lane ranks this model's reads by its run order of
-    `blocks` blocks and by its priority ("run" before "ahead"). With `direct`, `read_block`'s
+    `blocks` blocks and by its `Priority` (`RUN` before `AHEAD`). With `direct`, `read_block`'s
     reads through the lane go past the page cache.
     """
     def __new__(
-        cls, files: Sequence[str | PathLike[str]], blocks: int, priority: str = "run", direct: bool = False
+        cls, files: Sequence[str | PathLike[str]], blocks: int, priority: Priority = ..., direct: bool = False
     ) -> ReadLane: ...
     @property
     def direct(self) -> bool:
@@ -712,10 +735,10 @@ class ReadLane:
     def current(self) -> int:
         """The position of the block being run."""
     @property
-    def priority(self) -> str:
-        """ "run" or "ahead"."""
+    def priority(self) -> Priority:
+        """How the lane's reads rank against other lanes' (`Priority.RUN` before `Priority.AHEAD`)."""
     @priority.setter
-    def priority(self, priority: str) -> None: ...
+    def priority(self, priority: Priority) -> None: ...
     @property
     def queue_id(self) -> int:
         """An identity of the drive's queue: equal for two lanes on the same queue."""

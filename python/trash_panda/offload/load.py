@@ -257,7 +257,7 @@ def _stream_load(
         reads = _plan_reads(plan, files)
         direct = reads is not None and reads.direct
         report.reads = "" if reads is None else reads.reason
-    lane = _core.ReadLane(files, len(blocks), "ahead" if ahead else "run", direct=direct)
+    lane = _core.ReadLane(files, len(blocks), _core.Priority.AHEAD if ahead else _core.Priority.RUN, direct=direct)
     threads = max(1, int(setting("ram_threads")))
     here = [b for b in blocks if b.tier == Tier.DEVICE and deferred is None]  # the resident blocks read here
     to_read = sum(s.info.nbytes for s in outside) + sum(s.info.nbytes for b in here for s in b.tensors)

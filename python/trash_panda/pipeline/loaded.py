@@ -203,7 +203,7 @@ class LoadedStage:
         if self.allowance is not None:
             self.allowance.open()
         if self.state.lane is not None:
-            self.state.lane.priority = "run"
+            self.state.lane.priority = _core.Priority.RUN
         actual = free.after_release(self.held_now())
         return actual, _core.replan(self.predicted, actual)
 
