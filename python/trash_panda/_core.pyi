@@ -15,6 +15,7 @@ __all__ = [
     "EngineConfig",
     "EngineStats",
     "Staging",
+    "StagingSource",
     "StagedTensor",
     "StagingPool",
     "rows_cols",
@@ -794,8 +795,8 @@ class RssSampler:
         """Stops sampling: (start, peak, end) in bytes."""
 
 def profile_report(
-    blocks: list[tuple[str, str]],
-    runs: list[tuple[int, float, float, float, float, int, str]],
+    blocks: Sequence[tuple[str, Tier | str]],
+    runs: Sequence[tuple[int, float, float, float, float, int, Tier | str]],
     load: str | None = None,
     engine: EngineStats | None = None,
     memory: str | None = None,
@@ -951,8 +952,35 @@ class Staging:
     def bytes(self) -> int:
         """Tensor bytes staged."""
     @property
-    def source(self) -> Literal["disk", "ram_warm", "ram_cold"]:
-        """ "disk", "ram_warm" (pages in memory) or "ram_cold" (pages read from the drive)."""
+    def source(self) -> StagingSource:
+        """Where the bytes came from: `StagingSource.DISK`, `RAM_WARM` (pages in memory) or
+        `RAM_COLD` (pages read from the drive).
+        """
+
+@final
+class StagingSource:
+    """Where a worker's staging read its bytes from: the core's `stream::StagingSource` as a Python
+    enum class.
+    """
+
+    DISK: StagingSource
+    """Where a worker's staging read its bytes from: the core's `stream::StagingSource` as a Python
+    enum class.
+    """
+    RAM_WARM: StagingSource
+    """Where a worker's staging read its bytes from: the core's `stream::StagingSource` as a Python
+    enum class.
+    """
+    RAM_COLD: StagingSource
+    """Where a worker's staging read its bytes from: the core's `stream::StagingSource` as a Python
+    enum class.
+    """
+    @property
+    def value(self) -> str:
+        """The source's name in traces and logs: "disk", "ram_warm" or "ram_cold"."""
+    def __int__(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
 
 @final
 class StagingPool:

@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..plan import Tier
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -133,7 +135,7 @@ def _load_and_hook(
 def resident_bytes(plan: Plan) -> dict[str, int]:
     """What each resident block holds, as its plan counts it (by prefix): what a loader's read
     of it takes from an allowance, and what giving it back frees."""
-    return {b.name: b.stored_bytes for b in plan.blocks if b.tier.value == "device"}
+    return {b.name: b.stored_bytes for b in plan.blocks if b.tier == Tier.DEVICE}
 
 
 def _costs(
@@ -150,5 +152,5 @@ def _costs(
         costs[("outside", min(later))] = budgets.outside
     in_memory = state.config.ram_in_memory_threads is not None or plan.storage_dtype is not None
     if ram_tier and in_memory and state.device.type != "cuda":
-        costs[("ram_tier", 0)] = sum(b.staged_bytes for b in plan.blocks if b.tier.value == "ram")
+        costs[("ram_tier", 0)] = sum(b.staged_bytes for b in plan.blocks if b.tier == Tier.RAM)
     return costs

@@ -514,5 +514,5 @@ class StageKeeper:
         return [s.name for s in self.stages]
 
 
-def _tiers(p: Plan) -> list[str]:
-    return [b.tier.value for b in p.blocks]
+def _tiers(p: Plan) -> list[_core.Tier]:
+    return [b.tier for b in p.blocks]

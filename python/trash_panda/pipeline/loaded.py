@@ -223,7 +223,7 @@ class LoadedStage:
                     continue
                 # Only what the stage's Holds counts moves: a resident block's memory. A mapped
                 # RAM-tier block's pages are the page cache, which free memory counts already.
-                if freed.tier != "device":
+                if freed.tier != _core.Tier.DEVICE:
                     continue
                 if freed.event is not None:
                     freed.event.synchronize()
