@@ -15,6 +15,8 @@ __all__ = [
     "EngineConfig",
     "EngineStats",
     "Staging",
+    "StreamBlock",
+    "StreamTensor",
     "StagingSource",
     "StagedTensor",
     "StagingPool",
@@ -1009,13 +1011,57 @@ class StagingPool:
         """Engines (and their leases) that still hold a reference to the pool's memory."""
 
 @final
+class StreamTensor:
+    """One tensor of a streamed block, as the engine reads it: bytes `start..end` of the engine's
+    file `file` (an index into its `files`), holding `shape` elements of `dtype`.
+    """
+    def __new__(
+        cls, name: str, *, file: int, start: int, end: int, dtype: str, shape: Sequence[int]
+    ) -> StreamTensor: ...
+    @property
+    def name(self) -> str:
+        """The tensor's name in the checkpoint."""
+    @property
+    def file(self) -> int:
+        """Index into the engine's files."""
+    @property
+    def start(self) -> int:
+        """Offset of its first byte in the file (header included)."""
+    @property
+    def end(self) -> int:
+        """Offset one past its last byte."""
+    @property
+    def dtype(self) -> str:
+        """The dtype of its bytes in the file (header name)."""
+    @property
+    def shape(self) -> list[int]:
+        """Elements along each dimension, outermost first; empty for a scalar."""
+
+@final
+class StreamBlock:
+    """A streamed block as the engine stages it: its name, the tier it waits in between runs
+    (`Tier.RAM` or `Tier.DISK`) and its tensors.
+    """
+    def __new__(cls, name: str, tier: Tier | str, tensors: Sequence[StreamTensor]) -> StreamBlock: ...
+    @property
+    def name(self) -> str:
+        """The block's name, as the plan and the run order name it."""
+    @property
+    def tier(self) -> Tier:
+        """The tier it waits in between runs: `Tier.RAM` or `Tier.DISK`."""
+    @property
+    def tensors(self) -> list[StreamTensor]:
+        """Its tensors, in the order the engine stages them."""
+
+@final
 class Engine:
     """The prefetch engine of one model."""
     def __new__(
         cls,
-        blocks: list[tuple[str, str, list[tuple[str, int, int, int, str, list[int]]]]],
-        files: list[str],
+        blocks: Sequence[StreamBlock],
+        files: Sequence[str | PathLike[str]],
         config: EngineConfig,
+        *,
         pool: StagingPool | None = None,
         holder: str | None = None,
     ) -> Engine: ...
