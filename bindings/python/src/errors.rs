@@ -18,7 +18,7 @@ use trash_panda::pipeline::PipelineError;
 use trash_panda::plan::PlanError;
 use trash_panda::profile::ProfileError;
 use trash_panda::settings::SettingsError;
-use trash_panda::stream::StreamError;
+use trash_panda::stream::{ExpandError, StreamError};
 use trash_panda::sys::SysError;
 
 /// The Python exception classes of `trash_panda.errors`.
@@ -124,6 +124,17 @@ impl ToPyErr for StreamError {
             }
             other => raise(Kind::Stream, other.to_string()),
         }
+    }
+}
+
+impl ToPyErr for ExpandError {
+    fn to_py(self) -> PyErr {
+        let kind = if self.is_argument() {
+            Kind::Argument
+        } else {
+            Kind::Dtype
+        };
+        raise(kind, self.to_string())
     }
 }
 

@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use trash_panda::dtype::{self, rows_cols, DType, ALL_DTYPES};
-use trash_panda::engine_config::{leased_scale, staged_work, EngineConfig, ScaleSource};
+use trash_panda::dtype::{DType, ALL_DTYPES};
+use trash_panda::engine_config::{staged_work, EngineConfig, ScaleSource};
 use trash_panda::io::{ReadMode, WritableSpan};
 use trash_panda::plan::Tier;
-use trash_panda::stream::{Engine, Lease, RamImage, SourceTier, StreamBlock, StreamTensor};
+use trash_panda::stream::{
+    Engine, ExpandTarget, Expansion, Lease, RamImage, SourceTier, StreamBlock, StreamTensor,
+};
 
 use crate::checkpoint::PyTensorBytes;
 use crate::dlpack::{Borrowed, ByteOwner, Memory};
@@ -596,81 +598,29 @@ impl PyLease {
         let cell = self.cell()?;
         let lease = &cell.0;
         let to = crate::dtype::parse_dtype(dtype)?;
-        let layout = lease.layout();
-        let work =
-            staged_work(layout, to, trash_panda::stream::TENSOR_ALIGN).map_err(ToPyErr::to_py)?;
-        let staged = lease.bytes().as_ptr() as usize;
-        let staged = (staged, staged + lease.bytes().len());
-        let mut dsts = Vec::with_capacity(items.len());
-        for (idx, dst) in &items {
-            let t = layout.get(*idx).ok_or_else(|| {
-                raise(
-                    Kind::Argument,
-                    format!("expand_into: no tensor #{idx} in the block"),
-                )
-            })?;
-            let dst = Borrowed::new(dst, "dst")?;
-            let want = t.shape.iter().product::<usize>() * to.size();
-            if dst.len() != want {
-                return Err(raise(
-                    Kind::Argument,
-                    format!(
-                        "expand_into: the destination of {} holds {} bytes, expected {want}",
-                        t.name,
-                        dst.len()
-                    ),
-                ));
-            }
-            let (a, b) = dst.span();
-            if a < staged.1 && staged.0 < b && a < b {
-                return Err(raise(
-                    Kind::Argument,
-                    format!(
-                        "expand_into: the destination of {} overlaps the staged block it reads",
-                        t.name
-                    ),
-                ));
-            }
-            dsts.push((*idx, dst));
-        }
-        let mut spans: Vec<(usize, usize)> = dsts
+        let dsts = items
             .iter()
-            .map(|d| d.1.span())
-            .filter(|(a, b)| a < b)
+            .map(|(i, dst)| Ok((*i, Borrowed::new(dst, "dst")?)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let targets: Vec<ExpandTarget> = dsts
+            .iter()
+            .map(|(tensor, d)| {
+                let (a, b) = d.span();
+                ExpandTarget {
+                    tensor: *tensor,
+                    span: a..b,
+                }
+            })
             .collect();
-        spans.sort_unstable();
-        if spans.windows(2).any(|w| w[1].0 < w[0].1) {
-            return Err(raise(
-                Kind::Argument,
-                "expand_into: two destinations overlap",
-            ));
-        }
+        let staged = lease.bytes().as_ptr_range();
+        let staged = staged.start as usize..staged.end as usize;
+        let expansion =
+            Expansion::plan(lease.layout(), staged, &targets, to).map_err(ToPyErr::to_py)?;
+        // SAFETY: the plan checked the destinations pairwise disjoint and disjoint from the
+        // staged buffer, the only other memory borrowed while the slices live.
+        let jobs: Vec<&mut [u8]> = dsts.iter().map(|(_, d)| unsafe { d.bytes_mut() }).collect();
         let n = worker_threads(threads);
-        // SAFETY: the destinations were checked pairwise disjoint and disjoint from the staged
-        // buffer, the only other memory borrowed while the slices live.
-        let jobs: Vec<(usize, &mut [u8])> = dsts
-            .iter()
-            .map(|(i, d)| (*i, unsafe { d.bytes_mut() }))
-            .collect();
-        without_gil(py, || {
-            for (idx, dst) in jobs {
-                let fail = |m: String| format!("tensor {}: {m}", layout[idx].name);
-                let scale = leased_scale(lease, &work, idx).map_err(|e| e.to_string())?;
-                let src = lease.tensor(idx).map_err(|e| e.to_string())?;
-                dtype::expand(
-                    src,
-                    layout[idx].dtype,
-                    dst,
-                    to,
-                    rows_cols(&layout[idx].shape),
-                    &scale.scale(),
-                    n,
-                )
-                .map_err(|e| fail(e.to_string()))?;
-            }
-            Ok(())
-        })
-        .map_err(|msg: String| raise(Kind::Dtype, msg))
+        without_gil(py, || expansion.run(lease, jobs, n)).map_err(ToPyErr::to_py)
     }
 
     /// Marks the staged bytes as spoiled: the block is staged again before its next run.
