@@ -11,14 +11,14 @@ use pyo3::types::PyType;
 
 use trash_panda::checkpoint::CheckpointError;
 use trash_panda::dtype::DtypeError;
-use trash_panda::engine_config::EngineConfigError;
+use trash_panda::engine_config::{EngineConfigError, ExpandError};
 use trash_panda::io::IoError;
 use trash_panda::order::OrderError;
 use trash_panda::pipeline::PipelineError;
 use trash_panda::plan::PlanError;
 use trash_panda::profile::ProfileError;
 use trash_panda::settings::SettingsError;
-use trash_panda::stream::{ExpandError, StreamError};
+use trash_panda::stream::StreamError;
 use trash_panda::sys::SysError;
 
 /// The Python exception classes of `trash_panda.errors`.

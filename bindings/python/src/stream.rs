@@ -10,12 +10,10 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 use trash_panda::dtype::{DType, ALL_DTYPES};
-use trash_panda::engine_config::{staged_work, EngineConfig, ScaleSource};
+use trash_panda::engine_config::{staged_work, EngineConfig, ExpandTarget, Expansion, ScaleSource};
 use trash_panda::io::{ReadMode, WritableSpan};
 use trash_panda::plan::Tier;
-use trash_panda::stream::{
-    Engine, ExpandTarget, Expansion, Lease, RamImage, SourceTier, StreamBlock, StreamTensor,
-};
+use trash_panda::stream::{Engine, Lease, RamImage, SourceTier, StreamBlock, StreamTensor};
 
 use crate::checkpoint::PyTensorBytes;
 use crate::dlpack::{Borrowed, ByteOwner, Memory};

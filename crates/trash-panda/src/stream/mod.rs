@@ -24,7 +24,6 @@ mod depth;
 mod depth_tests;
 mod early;
 mod error;
-mod expand;
 mod lease;
 mod lease_views;
 mod options;
@@ -47,7 +46,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use error::StreamError;
-pub use expand::{ExpandError, ExpandStep, ExpandTarget, Expansion};
 pub use lease::{Lease, TensorKey};
 pub use options::{ColdRead, EngineOptions, RamSource};
 pub use staging_pool::StagingPool;

@@ -9,10 +9,10 @@
 use std::ops::Range;
 
 use crate::dtype::{self, rows_cols, DType, DtypeError, ScaleLayout};
-use crate::engine_config::{leased_scale, staged_work, ScaleReadError, ScaleSource, TensorWork};
 use crate::rules::StagedTensor;
+use crate::stream::{Lease, StreamError, TENSOR_ALIGN};
 
-use super::{Lease, StreamError, TENSOR_ALIGN};
+use super::{leased_scale, staged_work, ScaleReadError, ScaleSource, TensorWork};
 
 /// Why an expansion into destinations was refused or failed.
 #[derive(Debug, thiserror::Error)]
