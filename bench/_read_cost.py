@@ -32,7 +32,7 @@ def _read(path: Path, marks: list[tuple[float, int]], stop: threading.Event) -> 
     from trash_panda.offload.materialize import _fresh
 
     size = path.stat().st_size
-    lane = _core.ReadLane([os.fspath(path)], 1, "run", direct=True)
+    lane = _core.ReadLane([os.fspath(path)], 1, _core.Priority.RUN, direct=True)
     threads = max(1, int(settings.setting("ram_threads")))
     held = []  # kept until the end, as a stage's blocks are
     for start in range(0, size, PIECE):

@@ -111,7 +111,11 @@ def fill_rate(handle: tp.OffloadHandle, since: float) -> float | None:
     state = handle.state
     if state.engine is None:
         return None
-    done = [s for s in state.engine.stagings() if s.start >= since and s.source == "ram_warm" and s.end > s.start]
+    done = [
+        s
+        for s in state.engine.stagings()
+        if s.start >= since and s.source == _core.StagingSource.RAM_WARM and s.end > s.start
+    ]
     return total_fill_rate([(s.start, s.end, s.bytes) for s in done])
 
 

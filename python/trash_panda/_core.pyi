@@ -15,6 +15,9 @@ __all__ = [
     "EngineConfig",
     "EngineStats",
     "Staging",
+    "StreamBlock",
+    "StreamTensor",
+    "StagingSource",
     "StagedTensor",
     "StagingPool",
     "rows_cols",
@@ -58,6 +61,7 @@ __all__ = [
     "read_tensors",
     "read_block",
     "ReadLane",
+    "Priority",
     "HeldPlace",
     "setting",
     "settings",
@@ -687,15 +691,37 @@ def read_block(
     """
 
 @final
+class Priority:
+    """How a lane's reads rank against other lanes': the core's `io::Priority` as a Python enum
+    class. `RUN` reads go before any `AHEAD` read.
+    """
+
+    RUN: Priority
+    """How a lane's reads rank against other lanes': the core's `io::Priority` as a Python enum
+    class. `RUN` reads go before any `AHEAD` read.
+    """
+    AHEAD: Priority
+    """How a lane's reads rank against other lanes': the core's `io::Priority` as a Python enum
+    class. `RUN` reads go before any `AHEAD` read.
+    """
+    def __new__(cls, name: str) -> Priority: ...
+    @property
+    def value(self) -> str:
+        """The priority's name, lower-case ("run" or "ahead")."""
+    def __int__(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
 class ReadLane:
     """One model's lane of the read queue of the drive its checkpoint lies on (see the core's
     `io::Lane` and `io::drive_queue`): the queue has `DRIVE_IN_FLIGHT` places for every model of
     the process reading that drive; the lane ranks this model's reads by its run order of
-    `blocks` blocks and by its priority ("run" before "ahead"). With `direct`, `read_block`'s
+    `blocks` blocks and by its `Priority` (`RUN` before `AHEAD`). With `direct`, `read_block`'s
     reads through the lane go past the page cache.
     """
     def __new__(
-        cls, files: Sequence[str | PathLike[str]], blocks: int, priority: str = "run", direct: bool = False
+        cls, files: Sequence[str | PathLike[str]], blocks: int, priority: Priority = ..., direct: bool = False
     ) -> ReadLane: ...
     @property
     def direct(self) -> bool:
@@ -712,10 +738,10 @@ class ReadLane:
     def current(self) -> int:
         """The position of the block being run."""
     @property
-    def priority(self) -> str:
-        """ "run" or "ahead"."""
+    def priority(self) -> Priority:
+        """How the lane's reads rank against other lanes' (`Priority.RUN` before `Priority.AHEAD`)."""
     @priority.setter
-    def priority(self, priority: str) -> None: ...
+    def priority(self, priority: Priority) -> None: ...
     @property
     def queue_id(self) -> int:
         """An identity of the drive's queue: equal for two lanes on the same queue."""
@@ -771,8 +797,8 @@ class RssSampler:
         """Stops sampling: (start, peak, end) in bytes."""
 
 def profile_report(
-    blocks: list[tuple[str, str]],
-    runs: list[tuple[int, float, float, float, float, int, str]],
+    blocks: Sequence[tuple[str, Tier | str]],
+    runs: Sequence[tuple[int, float, float, float, float, int, Tier | str]],
     load: str | None = None,
     engine: EngineStats | None = None,
     memory: str | None = None,
@@ -928,8 +954,35 @@ class Staging:
     def bytes(self) -> int:
         """Tensor bytes staged."""
     @property
-    def source(self) -> Literal["disk", "ram_warm", "ram_cold"]:
-        """ "disk", "ram_warm" (pages in memory) or "ram_cold" (pages read from the drive)."""
+    def source(self) -> StagingSource:
+        """Where the bytes came from: `StagingSource.DISK`, `RAM_WARM` (pages in memory) or
+        `RAM_COLD` (pages read from the drive).
+        """
+
+@final
+class StagingSource:
+    """Where a worker's staging read its bytes from: the core's `stream::StagingSource` as a Python
+    enum class.
+    """
+
+    DISK: StagingSource
+    """Where a worker's staging read its bytes from: the core's `stream::StagingSource` as a Python
+    enum class.
+    """
+    RAM_WARM: StagingSource
+    """Where a worker's staging read its bytes from: the core's `stream::StagingSource` as a Python
+    enum class.
+    """
+    RAM_COLD: StagingSource
+    """Where a worker's staging read its bytes from: the core's `stream::StagingSource` as a Python
+    enum class.
+    """
+    @property
+    def value(self) -> str:
+        """The source's name in traces and logs: "disk", "ram_warm" or "ram_cold"."""
+    def __int__(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
 
 @final
 class StagingPool:
@@ -958,13 +1011,57 @@ class StagingPool:
         """Engines (and their leases) that still hold a reference to the pool's memory."""
 
 @final
+class StreamTensor:
+    """One tensor of a streamed block, as the engine reads it: bytes `start..end` of the engine's
+    file `file` (an index into its `files`), holding `shape` elements of `dtype`.
+    """
+    def __new__(
+        cls, name: str, *, file: int, start: int, end: int, dtype: str, shape: Sequence[int]
+    ) -> StreamTensor: ...
+    @property
+    def name(self) -> str:
+        """The tensor's name in the checkpoint."""
+    @property
+    def file(self) -> int:
+        """Index into the engine's files."""
+    @property
+    def start(self) -> int:
+        """Offset of its first byte in the file (header included)."""
+    @property
+    def end(self) -> int:
+        """Offset one past its last byte."""
+    @property
+    def dtype(self) -> str:
+        """The dtype of its bytes in the file (header name)."""
+    @property
+    def shape(self) -> list[int]:
+        """Elements along each dimension, outermost first; empty for a scalar."""
+
+@final
+class StreamBlock:
+    """A streamed block as the engine stages it: its name, the tier it waits in between runs
+    (`Tier.RAM` or `Tier.DISK`) and its tensors.
+    """
+    def __new__(cls, name: str, tier: Tier | str, tensors: Sequence[StreamTensor]) -> StreamBlock: ...
+    @property
+    def name(self) -> str:
+        """The block's name, as the plan and the run order name it."""
+    @property
+    def tier(self) -> Tier:
+        """The tier it waits in between runs: `Tier.RAM` or `Tier.DISK`."""
+    @property
+    def tensors(self) -> list[StreamTensor]:
+        """Its tensors, in the order the engine stages them."""
+
+@final
 class Engine:
     """The prefetch engine of one model."""
     def __new__(
         cls,
-        blocks: list[tuple[str, str, list[tuple[str, int, int, int, str, list[int]]]]],
-        files: list[str],
+        blocks: Sequence[StreamBlock],
+        files: Sequence[str | PathLike[str]],
         config: EngineConfig,
+        *,
         pool: StagingPool | None = None,
         holder: str | None = None,
     ) -> Engine: ...

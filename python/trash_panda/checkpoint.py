@@ -61,7 +61,7 @@ class Checkpoint:
         the tensor never changes the file.
         """
         if self._lane is None:
-            self._lane = _core.ReadLane(self.files, 0, "run")
+            self._lane = _core.ReadLane(self.files, 0, _core.Priority.RUN)
         return self._view(name, self._lane)
 
     def map(self, name: str) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 import trash_panda as tp
 from support.models import Tiny, assert_writes_are_caught, save
 from trash_panda import Plan, Tier, _core
+from trash_panda.errors import ArgumentError, DtypeError, PlanError
 from trash_panda.offload.backends import cuda as cuda_backend
 
 MiB = 1 << 20
@@ -143,4 +144,42 @@ def test_pinned_registration_is_undone_when_dropped(tmp_path: Path) -> None:
     del reg, engine  # a model dropped without release(): nothing stays registered
     gc.collect()
     assert fake.registered == set()
+    tp.release(model)
+
+
+def test_the_engine_takes_typed_blocks_and_refuses_a_bad_option_naming_it(tmp_path: Path) -> None:
+    """An engine is described with StreamBlock / StreamTensor and keyword options; a bad value is
+    refused where it is given, with an error naming it and what is accepted."""
+    torch.manual_seed(0)
+    path = save(Tiny(layers=2), tmp_path / "m.safetensors")
+    model = on_meta(layers=2)
+    tp.stream_load(model, path, plan=Plan.manual(resident=["blocks.0."], streamed=["blocks.1."]), device="cpu")
+    state = tp.offload.state.get_state(model)
+    assert state is not None
+    ckpt = tp.Checkpoint(path)
+    files = list(ckpt.files)
+    infos = [s.info for s in state.blocks[1].tensors]  # in the order stream_load described them
+    tensors = [
+        _core.StreamTensor(i.name, file=0, start=i.start, end=i.end, dtype=i.dtype, shape=i.shape) for i in infos
+    ]
+    block = _core.StreamBlock("blocks.1.", Tier.RAM, tensors)  # the tier the plan streams it from
+    assert block.tier == Tier.RAM and [t.name for t in block.tensors] == [i.name for i in infos]
+    engine = _core.Engine([block], files, state.config, holder="a test")
+    lease = engine.acquire(0)
+    assert lease.block == 0 and [t.name for t in engine.layout(0)] == [i.name for i in infos]
+    lease.release()
+    engine.close()
+
+    with pytest.raises(ArgumentError, match=r'block "blocks.1.": tier: expected Tier.RAM or Tier.DISK'):
+        _core.StreamBlock("blocks.1.", Tier.DEVICE, tensors)
+    with pytest.raises(PlanError, match="ram"):
+        _core.StreamBlock("blocks.1.", "tape", tensors)
+    with pytest.raises(DtypeError, match=r'tensor "w": unknown dtype "bfloat": expected .*BF16, .*F8_E4M3'):
+        _core.StreamTensor("w", file=0, start=0, end=2, dtype="bfloat", shape=[1])
+    with pytest.raises(TypeError, match="pool"):
+        _core.Engine([block], files, state.config, pool=4)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):  # the options are keywords
+        _core.Engine([block], files, state.config, None, "a test")  # type: ignore[misc]
+    with pytest.raises(TypeError):  # a block is a StreamBlock, not a tuple
+        _core.Engine([("blocks.1.", "disk", [])], files, state.config)  # type: ignore[list-item]
     tp.release(model)

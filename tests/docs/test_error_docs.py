@@ -48,7 +48,6 @@ TEXT_FROM_ELSEWHERE = {
     "dtype.py:expand": "the core's DtypeError::ScaleShape, listed with the core's errors",
     "offload/restore.py:check_restore_fits": "refusal() in offload/restore.py builds it (its return is quoted)",
     "trace.py:_trace": "_no_values() in trace.py builds it (its return is quoted)",
-    "stream.rs:expand_into": "the core's ScaleReadError, listed with the core's errors",
 }
 # Functions that return a message as text for a raise elsewhere: each returned text is quoted.
 MESSAGE_BUILDERS = {"refusal"}

@@ -67,7 +67,11 @@ def test_trace_draws_each_staging_on_a_worker_lane_beside_the_runs(
     tp.release(model, handle)
 
     assert stagings and all(s.start <= s.end and s.bytes > 0 for s in stagings)
-    assert {s.source for s in stagings} <= {"disk", "ram_warm", "ram_cold"}
+    assert {s.source for s in stagings} <= {
+        _core.StagingSource.DISK,
+        _core.StagingSource.RAM_WARM,
+        _core.StagingSource.RAM_COLD,
+    }
     trace = json.loads(Path(str(log) + ".trace.json").read_text())
     runs = slices(trace, "device", "ram", "disk")
     copies = slices(trace, "copy")

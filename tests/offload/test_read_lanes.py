@@ -55,7 +55,7 @@ def test_stream_load_reads_through_the_models_lane(
     state = get_state(model)
     assert state is not None and state.lane is not None
     assert lanes and all(lane is state.lane for lane in lanes)
-    assert state.lane.priority == "run"
+    assert state.lane.priority == _core.Priority.RUN
     assert state.lane.blocks == len(state.blocks)
     grants, _waits, _seconds = state.lane.stats()
     # Outside weights, two resident blocks and buffers in a few calls; with a storage dtype the
@@ -121,14 +121,17 @@ def test_checkpoint_read_goes_through_the_drives_queue(tiny: tuple[Path, Tiny]) 
 
 def test_priority_names(tiny: tuple[Path, Tiny]) -> None:
     path, _ref = tiny
-    lane = _core.ReadLane([path], 4, "ahead")
-    assert lane.priority == "ahead"
-    lane.priority = "run"
-    assert lane.priority == "run"
+    lane = _core.ReadLane([path], 4, _core.Priority.AHEAD)
+    assert lane.priority == _core.Priority.AHEAD
+    lane.priority = _core.Priority.RUN
+    assert lane.priority == _core.Priority.RUN
+    assert _core.Priority("ahead") == _core.Priority.AHEAD and _core.Priority.RUN.value == "run"
     with pytest.raises(ArgumentError, match=r'"soon".*run, ahead'):
-        lane.priority = "soon"
-    with pytest.raises(ArgumentError, match="run, ahead"):
-        _core.ReadLane([path], 4, "later")
+        _core.Priority("soon")
+    with pytest.raises(TypeError):  # a name does not cross: it is parsed by Priority(name)
+        lane.priority = "run"  # type: ignore[assignment]
+    with pytest.raises(TypeError):
+        _core.ReadLane([path], 4, "later")  # type: ignore[arg-type]
 
 
 def _until_waiting(lane: _core.ReadLane, n: int) -> None:
@@ -141,8 +144,8 @@ def _until_waiting(lane: _core.ReadLane, n: int) -> None:
 def test_an_ahead_lanes_read_waits_behind_a_run_lanes(tmp_path: Path) -> None:
     data = tmp_path / "bytes.bin"
     data.write_bytes(bytes(range(256)) * 64)
-    run = _core.ReadLane([data], 8, "run")
-    ahead = _core.ReadLane([data], 8, "ahead")
+    run = _core.ReadLane([data], 8, _core.Priority.RUN)
+    ahead = _core.ReadLane([data], 8, _core.Priority.AHEAD)
     assert run.queue_id == ahead.queue_id
     run.advance(5)  # block 4 is the run lane's last: it still goes first
     holds = [run.hold_place() for _ in range(run.depth)]  # the drive is busy

@@ -307,11 +307,11 @@ def test_final_pass_gives_memory_back_block_by_block(tmp_path: Path) -> None:
         ram_bytes = events[3].bytes
         assert block_bytes <= ram_bytes < block_bytes + 4 * 4096
         assert [(e.block, e.bytes, e.tier) for e in events] == [
-            ("blocks.0.", block_bytes, "device"),
-            ("blocks.1.", block_bytes, "device"),
-            ("blocks.2.", block_bytes, "device"),
-            ("blocks.4.", ram_bytes, "ram"),
-            ("blocks.5.", ram_bytes, "ram"),
+            ("blocks.0.", block_bytes, tp.Tier.DEVICE),
+            ("blocks.1.", block_bytes, tp.Tier.DEVICE),
+            ("blocks.2.", block_bytes, tp.Tier.DEVICE),
+            ("blocks.4.", ram_bytes, tp.Tier.RAM),
+            ("blocks.5.", ram_bytes, tp.Tier.RAM),
         ]
         # The RAM-tier blocks gave back their mapped pages: the file's pages mapped in the
         # process fell by about a block each.
@@ -344,7 +344,7 @@ def test_a_final_pass_keeps_the_page_cache_when_asked(tmp_path: Path, keep: bool
         with h.final_pass(keep_page_cache=keep) as fp, torch.no_grad():
             m(IDS)
         ram = [fp.events.get_nowait() for _ in range(fp.events.qsize())][2:]
-        assert [e.tier for e in ram] == ["ram", "ram"] and all(e.bytes > 0 for e in ram)
+        assert [e.tier for e in ram] == [tp.Tier.RAM, tp.Tier.RAM] and all(e.bytes > 0 for e in ram)
         freed = sum(e.bytes for e in ram)
         dropped = cached - _core.cached_bytes(path)
         if keep:
@@ -388,7 +388,7 @@ def test_a_stage_reads_past_the_page_cache_when_its_file_could_not_stay_in_it(
     _core.drop_cache(path)
     build = lambda: on_meta(Tiny, dim=512, layers=4)  # noqa: E731
     with tp.stage(build, path, device="cpu", ram=ram, min_free_ram=0, overlap=overlap) as (m, p, _h):
-        assert all(b.tier.value == "device" for b in p.blocks), p  # every block held: the tight case's point
+        assert all(b.tier == tp.Tier.DEVICE for b in p.blocks), p  # every block held: the tight case's point
         with torch.no_grad():
             assert torch.equal(m(IDS), want)
         lane = get_state(m).lane  # type: ignore[union-attr]

@@ -49,7 +49,7 @@ def test_each_block_is_handed_over_only_after_its_kernels_ran() -> None:
     kernels = [QueuedKernels() for _ in range(3)]
     started = time.monotonic()
     for i, k in enumerate(kernels):  # the compute thread frees three blocks and goes on
-        fp.events.put_nowait(FreedBlock(f"blocks.{i}.", 100, "device", k))  # type: ignore[arg-type]
+        fp.events.put_nowait(FreedBlock(f"blocks.{i}.", 100, _core.Tier.DEVICE, k))  # type: ignore[arg-type]
     assert time.monotonic() - started < 1.0  # guards against a hang only: putting never waits
 
     assert kernels[0].waited.wait(60)
@@ -75,9 +75,9 @@ def test_blocks_without_memory_of_their_own_are_not_handed_over() -> None:
     running, fp = stage(), Pass()
     nxt = _core.Allowance("vae", 0)
     running.feed(fp, nxt)  # type: ignore[arg-type]
-    fp.events.put_nowait(FreedBlock("blocks.0.", 100, "ram", None))
-    fp.events.put_nowait(FreedBlock("blocks.1.", 0, "disk", None))
-    fp.events.put_nowait(FreedBlock("blocks.2.", 50, "device", None))
+    fp.events.put_nowait(FreedBlock("blocks.0.", 100, _core.Tier.RAM, None))
+    fp.events.put_nowait(FreedBlock("blocks.1.", 0, _core.Tier.DISK, None))
+    fp.events.put_nowait(FreedBlock("blocks.2.", 50, _core.Tier.DEVICE, None))
     fp.active = False
     running.stop_feeding()
     assert nxt.stats().given == 50 == running.freed

@@ -123,6 +123,60 @@ impl From<EngineStats> for PyEngineStats {
     }
 }
 
+/// Where a worker's staging read its bytes from: the core's `stream::StagingSource` as a Python
+/// enum class.
+#[pyclass(
+    name = "StagingSource",
+    module = "trash_panda._core",
+    eq,
+    eq_int,
+    frozen,
+    hash
+)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(clippy::upper_case_acronyms, non_camel_case_types)]
+pub(crate) enum PyStagingSource {
+    /// The disk tier, read from the checkpoint file.
+    DISK,
+    /// The RAM tier with its pages in memory: a memory copy.
+    RAM_WARM,
+    /// The RAM tier with pages read from the drive (a mapped RAM tier's first pass).
+    RAM_COLD,
+}
+
+impl From<StagingSource> for PyStagingSource {
+    fn from(s: StagingSource) -> Self {
+        match s {
+            StagingSource::Disk => PyStagingSource::DISK,
+            StagingSource::RamWarm => PyStagingSource::RAM_WARM,
+            StagingSource::RamCold => PyStagingSource::RAM_COLD,
+        }
+    }
+}
+
+impl From<PyStagingSource> for StagingSource {
+    fn from(s: PyStagingSource) -> Self {
+        match s {
+            PyStagingSource::DISK => StagingSource::Disk,
+            PyStagingSource::RAM_WARM => StagingSource::RamWarm,
+            PyStagingSource::RAM_COLD => StagingSource::RamCold,
+        }
+    }
+}
+
+#[pymethods]
+impl PyStagingSource {
+    /// The source's name in traces and logs: "disk", "ram_warm" or "ram_cold".
+    #[getter]
+    fn value(&self) -> &'static str {
+        StagingSource::from(*self).name()
+    }
+
+    fn __str__(&self) -> &'static str {
+        StagingSource::from(*self).name()
+    }
+}
+
 /// One block a worker read into a staging buffer, timed on `clock()`.
 #[pyclass(name = "Staging", module = "trash_panda._core", frozen)]
 #[derive(Debug, Clone, Copy)]
@@ -180,10 +234,11 @@ impl PyStaging {
     fn bytes(&self) -> u64 {
         self.inner.bytes
     }
-    /// "disk", "ram_warm" (pages in memory) or "ram_cold" (pages read from the drive).
+    /// Where the bytes came from: `StagingSource.DISK`, `RAM_WARM` (pages in memory) or
+    /// `RAM_COLD` (pages read from the drive).
     #[getter]
-    fn source(&self) -> &'static str {
-        self.inner.source.name()
+    fn source(&self) -> PyStagingSource {
+        self.inner.source.into()
     }
     fn __repr__(&self) -> String {
         let s = &self.inner;
@@ -208,5 +263,6 @@ impl From<Staging> for PyStaging {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngineStats>()?;
     m.add_class::<PyStaging>()?;
+    m.add_class::<PyStagingSource>()?;
     Ok(())
 }

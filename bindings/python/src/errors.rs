@@ -11,7 +11,7 @@ use pyo3::types::PyType;
 
 use trash_panda::checkpoint::CheckpointError;
 use trash_panda::dtype::DtypeError;
-use trash_panda::engine_config::EngineConfigError;
+use trash_panda::engine_config::{EngineConfigError, ExpandError};
 use trash_panda::io::IoError;
 use trash_panda::order::OrderError;
 use trash_panda::pipeline::PipelineError;
@@ -124,6 +124,17 @@ impl ToPyErr for StreamError {
             }
             other => raise(Kind::Stream, other.to_string()),
         }
+    }
+}
+
+impl ToPyErr for ExpandError {
+    fn to_py(self) -> PyErr {
+        let kind = if self.is_argument() {
+            Kind::Argument
+        } else {
+            Kind::Dtype
+        };
+        raise(kind, self.to_string())
     }
 }
 

@@ -63,7 +63,7 @@ fn read_tensors(
 /// One model's lane of the read queue of the drive its checkpoint lies on (see the core's
 /// `io::Lane` and `io::drive_queue`): the queue has `DRIVE_IN_FLIGHT` places for every model of
 /// the process reading that drive; the lane ranks this model's reads by its run order of
-/// `blocks` blocks and by its priority ("run" before "ahead"). With `direct`, `read_block`'s
+/// `blocks` blocks and by its `Priority` (`RUN` before `AHEAD`). With `direct`, `read_block`'s
 /// reads through the lane go past the page cache.
 #[pyclass(name = "ReadLane", module = "trash_panda._core", frozen)]
 #[derive(Debug)]
@@ -72,16 +72,68 @@ pub(crate) struct PyReadLane {
     direct: bool,
 }
 
-fn parse_priority(name: &str) -> PyResult<Priority> {
-    Priority::parse(name).ok_or_else(|| {
-        crate::errors::raise(
-            crate::errors::Kind::Argument,
-            format!(
-                "unknown read priority {name:?}: expected one of {}",
-                Priority::NAMES.join(", ")
-            ),
-        )
-    })
+/// How a lane's reads rank against other lanes': the core's `io::Priority` as a Python enum
+/// class. `RUN` reads go before any `AHEAD` read.
+#[pyclass(
+    name = "Priority",
+    module = "trash_panda._core",
+    eq,
+    eq_int,
+    frozen,
+    hash
+)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(clippy::upper_case_acronyms)]
+pub(crate) enum PyPriority {
+    /// A model that runs now or is about to: its reads go before any `AHEAD` read.
+    RUN,
+    /// A model that runs later, read ahead of time behind the running one.
+    AHEAD,
+}
+
+impl From<Priority> for PyPriority {
+    fn from(p: Priority) -> Self {
+        match p {
+            Priority::Run => PyPriority::RUN,
+            Priority::Ahead => PyPriority::AHEAD,
+        }
+    }
+}
+
+impl From<PyPriority> for Priority {
+    fn from(p: PyPriority) -> Self {
+        match p {
+            PyPriority::RUN => Priority::Run,
+            PyPriority::AHEAD => Priority::Ahead,
+        }
+    }
+}
+
+#[pymethods]
+impl PyPriority {
+    /// The priority named `name` ("run" or "ahead"); an ArgumentError listing them otherwise.
+    #[new]
+    fn new(name: &str) -> PyResult<Self> {
+        Priority::parse(name).map(Self::from).ok_or_else(|| {
+            crate::errors::raise(
+                crate::errors::Kind::Argument,
+                format!(
+                    "unknown read priority {name:?}: expected one of {}",
+                    Priority::NAMES.join(", ")
+                ),
+            )
+        })
+    }
+
+    /// The priority's name, lower-case ("run" or "ahead").
+    #[getter]
+    fn value(&self) -> &'static str {
+        Priority::from(*self).name()
+    }
+
+    fn __str__(&self) -> &'static str {
+        Priority::from(*self).name()
+    }
 }
 
 fn stats_tuple(s: QueueStats) -> (u64, u64, f64) {
@@ -93,15 +145,14 @@ impl PyReadLane {
     /// A new lane on the queue of the drive holding `files[0]` (a checkpoint's files lie on one
     /// drive as a rule; its other files are not looked at).
     #[new]
-    #[pyo3(signature = (files, blocks, priority="run", direct=false))]
+    #[pyo3(signature = (files, blocks, priority=PyPriority::RUN, direct=false))]
     fn new(
         py: Python<'_>,
         files: Vec<PathBuf>,
         blocks: usize,
-        priority: &str,
+        priority: PyPriority,
         direct: bool,
     ) -> PyResult<Self> {
-        let priority = parse_priority(priority)?;
         let first = files.first().ok_or_else(|| {
             crate::errors::raise(
                 crate::errors::Kind::Argument,
@@ -110,7 +161,7 @@ impl PyReadLane {
         })?;
         let queue = without_gil(py, || drive_queue(first)).map_err(ToPyErr::to_py)?;
         Ok(PyReadLane {
-            inner: queue.lane(blocks, priority),
+            inner: queue.lane(blocks, priority.into()),
             direct,
         })
     }
@@ -144,16 +195,15 @@ impl PyReadLane {
         self.inner.current()
     }
 
-    /// "run" or "ahead".
+    /// How the lane's reads rank against other lanes' (`Priority.RUN` before `Priority.AHEAD`).
     #[getter]
-    fn priority(&self) -> &'static str {
-        self.inner.priority().name()
+    fn priority(&self) -> PyPriority {
+        self.inner.priority().into()
     }
 
     #[setter]
-    fn set_priority(&self, priority: &str) -> PyResult<()> {
-        self.inner.set_priority(parse_priority(priority)?);
-        Ok(())
+    fn set_priority(&self, priority: PyPriority) {
+        self.inner.set_priority(priority.into());
     }
 
     /// An identity of the drive's queue: equal for two lanes on the same queue.
@@ -403,6 +453,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(read_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(read_block, m)?)?;
     m.add_class::<PyReadLane>()?;
+    m.add_class::<PyPriority>()?;
     m.add_class::<PyHeldPlace>()?;
     m.add_function(wrap_pyfunction!(drop_cache, m)?)?;
     m.add_function(wrap_pyfunction!(cached_bytes, m)?)?;

@@ -10,13 +10,10 @@ use trash_panda::profile::{
 use crate::engine_stats::{PyEngineStats, PyStaging};
 use crate::errors::{raise, Kind, ToPyErr};
 use crate::io::PyDriveRate;
-
-fn tier(name: &str) -> PyResult<Tier> {
-    name.parse::<Tier>().map_err(ToPyErr::to_py)
-}
+use crate::plan::TierArg;
 
 /// A block run: (block, start, end, staged wait, gpu wait, bytes, tier).
-type RunArg = (usize, f64, f64, f64, f64, u64, String);
+type RunArg = (usize, f64, f64, f64, f64, u64, TierArg);
 
 /// Seconds on the clock the engine's workers time their stagings with; block runs timed with it
 /// line up with the stagings in the trace.
@@ -37,7 +34,7 @@ fn clock() -> f64 {
 ))]
 #[allow(clippy::too_many_arguments)]
 fn profile_report(
-    blocks: Vec<(String, String)>,
+    blocks: Vec<(String, TierArg)>,
     runs: Vec<RunArg>,
     load: Option<&str>,
     engine: Option<PyRef<'_, PyEngineStats>>,
@@ -48,10 +45,7 @@ fn profile_report(
     engine_blocks: Option<Vec<usize>>,
     drive: Option<PyRef<'_, PyDriveRate>>,
 ) -> PyResult<(String, String, String)> {
-    let tiers = blocks
-        .iter()
-        .map(|(_, t)| tier(t))
-        .collect::<PyResult<Vec<_>>>()?;
+    let tiers: Vec<Tier> = blocks.iter().map(|(_, t)| t.0).collect();
     let names = blocks.into_iter().map(|(n, _)| n).collect();
     let mut profile = Profile::new(names, tiers).map_err(ToPyErr::to_py)?;
     for (block, start, end, staged_wait, gpu_wait, bytes, t) in runs {
@@ -63,7 +57,7 @@ fn profile_report(
                 staged_wait,
                 gpu_wait,
                 bytes,
-                tier: tier(&t)?,
+                tier: t.0,
             })
             .map_err(ToPyErr::to_py)?;
     }

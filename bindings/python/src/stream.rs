@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use trash_panda::dtype::{self, rows_cols, DType};
-use trash_panda::engine_config::{leased_scale, staged_work, EngineConfig, ScaleSource};
+use trash_panda::dtype::{DType, ALL_DTYPES};
+use trash_panda::engine_config::{staged_work, EngineConfig, ExpandTarget, Expansion, ScaleSource};
 use trash_panda::io::{ReadMode, WritableSpan};
+use trash_panda::plan::Tier;
 use trash_panda::stream::{Engine, Lease, RamImage, SourceTier, StreamBlock, StreamTensor};
 
 use crate::checkpoint::PyTensorBytes;
@@ -21,49 +22,149 @@ use crate::engine_stats::{PyEngineStats, PyStaging};
 use crate::errors::{raise, Kind, ToPyErr};
 use crate::gil::{threads as worker_threads, without_gil};
 use crate::io::PyReadLane;
+use crate::plan::{PyTier, TierArg};
 use crate::staging_pool::PyStagingPool;
 
-/// A tensor as Python describes it: name, file index, start, end, dtype (header name), shape.
-type TensorArg = (String, usize, u64, u64, String, Vec<usize>);
-/// A block: name, tier ("ram" or "disk"), tensors.
-type BlockArg = (String, String, Vec<TensorArg>);
+/// One tensor of a streamed block, as the engine reads it: bytes `start..end` of the engine's
+/// file `file` (an index into its `files`), holding `shape` elements of `dtype`.
+#[pyclass(name = "StreamTensor", module = "trash_panda._core", frozen)]
+#[derive(Debug, Clone)]
+pub(crate) struct PyStreamTensor {
+    inner: StreamTensor,
+}
 
-fn block_from(arg: BlockArg) -> PyResult<StreamBlock> {
-    let (name, tier, tensors) = arg;
-    let tier = match tier.as_str() {
-        "ram" => SourceTier::Ram,
-        "disk" => SourceTier::Disk,
-        other => {
-            return Err(raise(
-                Kind::Argument,
-                format!("block {name:?}: tier {other:?} is not ram or disk"),
-            ))
-        }
-    };
-    let tensors = tensors
-        .into_iter()
-        .map(|(name, file, start, end, dtype, shape)| {
-            let dtype = DType::from_safetensors_name(&dtype).ok_or_else(|| {
-                raise(
-                    Kind::Dtype,
-                    format!("tensor {name:?}: unknown dtype {dtype:?}"),
-                )
-            })?;
-            Ok(StreamTensor {
+#[pymethods]
+impl PyStreamTensor {
+    /// `dtype` is the safetensors header name ("BF16", "F8_E4M3", ...), checked here.
+    #[new]
+    #[pyo3(signature = (name, *, file, start, end, dtype, shape))]
+    fn new(
+        name: String,
+        file: usize,
+        start: u64,
+        end: u64,
+        dtype: &str,
+        shape: Vec<usize>,
+    ) -> PyResult<Self> {
+        let dtype = DType::from_safetensors_name(dtype).ok_or_else(|| {
+            let names: Vec<&str> = ALL_DTYPES.iter().map(|d| d.safetensors_name()).collect();
+            raise(
+                Kind::Dtype,
+                format!(
+                    "tensor {name:?}: unknown dtype {dtype:?}: expected a safetensors header name, one of {}",
+                    names.join(", ")
+                ),
+            )
+        })?;
+        Ok(PyStreamTensor {
+            inner: StreamTensor {
                 name,
                 file,
                 start,
                 end,
                 dtype,
                 shape,
-            })
+            },
         })
-        .collect::<PyResult<Vec<_>>>()?;
-    Ok(StreamBlock {
-        name,
-        tier,
-        tensors,
-    })
+    }
+
+    /// The tensor's name in the checkpoint.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Index into the engine's files.
+    #[getter]
+    fn file(&self) -> usize {
+        self.inner.file
+    }
+
+    /// Offset of its first byte in the file (header included).
+    #[getter]
+    fn start(&self) -> u64 {
+        self.inner.start
+    }
+
+    /// Offset one past its last byte.
+    #[getter]
+    fn end(&self) -> u64 {
+        self.inner.end
+    }
+
+    /// The dtype of its bytes in the file (header name).
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.inner.dtype.safetensors_name()
+    }
+
+    /// Elements along each dimension, outermost first; empty for a scalar.
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        self.inner.shape.clone()
+    }
+}
+
+/// A streamed block as the engine stages it: its name, the tier it waits in between runs
+/// (`Tier.RAM` or `Tier.DISK`) and its tensors.
+#[pyclass(name = "StreamBlock", module = "trash_panda._core", frozen)]
+#[derive(Debug, Clone)]
+pub(crate) struct PyStreamBlock {
+    inner: StreamBlock,
+}
+
+#[pymethods]
+impl PyStreamBlock {
+    /// `tier` is a `Tier` (or a tier name, parsed here); a resident tier is refused.
+    #[new]
+    fn new(name: String, tier: TierArg, tensors: Vec<PyRef<'_, PyStreamTensor>>) -> PyResult<Self> {
+        let tier = match tier.0 {
+            Tier::Ram => SourceTier::Ram,
+            Tier::Disk => SourceTier::Disk,
+            Tier::Device => {
+                return Err(raise(
+                    Kind::Argument,
+                    format!(
+                        "block {name:?}: tier: expected Tier.RAM or Tier.DISK (a streamed tier), \
+                         got Tier.DEVICE"
+                    ),
+                ))
+            }
+        };
+        let tensors = tensors.iter().map(|t| t.inner.clone()).collect();
+        Ok(PyStreamBlock {
+            inner: StreamBlock {
+                name,
+                tier,
+                tensors,
+            },
+        })
+    }
+
+    /// The block's name, as the plan and the run order name it.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The tier it waits in between runs: `Tier.RAM` or `Tier.DISK`.
+    #[getter]
+    fn tier(&self) -> PyTier {
+        match self.inner.tier {
+            SourceTier::Ram => PyTier::RAM,
+            SourceTier::Disk => PyTier::DISK,
+        }
+    }
+
+    /// Its tensors, in the order the engine stages them.
+    #[getter]
+    fn tensors(&self) -> Vec<PyStreamTensor> {
+        self.inner
+            .tensors
+            .iter()
+            .map(|t| PyStreamTensor { inner: t.clone() })
+            .collect()
+    }
 }
 
 /// The prefetch engine of one model.
@@ -92,24 +193,21 @@ impl PyEngine {
 
 #[pymethods]
 impl PyEngine {
-    /// An engine for `blocks` (name, tier, tensors) of `files`, with every figure from
-    /// `config` (the plan's): its pool is exactly the plan's host staging. With `pool`, it
-    /// stages into that shared pool instead, taken when it streams and given back at `park`,
-    /// under the name `holder`.
+    /// An engine for `blocks` (`StreamBlock`s) of `files`, with every figure from `config`
+    /// (the plan's): its pool is exactly the plan's host staging. With `pool`, it stages into
+    /// that shared pool instead, taken when it streams and given back at `park`, under the name
+    /// `holder`.
     #[new]
-    #[pyo3(signature = (blocks, files, config, pool=None, holder=None))]
+    #[pyo3(signature = (blocks, files, config, *, pool=None, holder=None))]
     fn new(
         py: Python<'_>,
-        blocks: Vec<BlockArg>,
+        blocks: Vec<PyRef<'_, PyStreamBlock>>,
         files: Vec<PathBuf>,
         config: PyRef<'_, PyEngineConfig>,
         pool: Option<PyRef<'_, PyStagingPool>>,
         holder: Option<String>,
     ) -> PyResult<Self> {
-        let blocks = blocks
-            .into_iter()
-            .map(block_from)
-            .collect::<PyResult<Vec<_>>>()?;
+        let blocks: Vec<StreamBlock> = blocks.iter().map(|b| b.inner.clone()).collect();
         let config = config.inner.clone();
         let options = config.engine_options();
         let pool = pool.map(|p| p.inner.clone());
@@ -498,81 +596,29 @@ impl PyLease {
         let cell = self.cell()?;
         let lease = &cell.0;
         let to = crate::dtype::parse_dtype(dtype)?;
-        let layout = lease.layout();
-        let work =
-            staged_work(layout, to, trash_panda::stream::TENSOR_ALIGN).map_err(ToPyErr::to_py)?;
-        let staged = lease.bytes().as_ptr() as usize;
-        let staged = (staged, staged + lease.bytes().len());
-        let mut dsts = Vec::with_capacity(items.len());
-        for (idx, dst) in &items {
-            let t = layout.get(*idx).ok_or_else(|| {
-                raise(
-                    Kind::Argument,
-                    format!("expand_into: no tensor #{idx} in the block"),
-                )
-            })?;
-            let dst = Borrowed::new(dst, "dst")?;
-            let want = t.shape.iter().product::<usize>() * to.size();
-            if dst.len() != want {
-                return Err(raise(
-                    Kind::Argument,
-                    format!(
-                        "expand_into: the destination of {} holds {} bytes, expected {want}",
-                        t.name,
-                        dst.len()
-                    ),
-                ));
-            }
-            let (a, b) = dst.span();
-            if a < staged.1 && staged.0 < b && a < b {
-                return Err(raise(
-                    Kind::Argument,
-                    format!(
-                        "expand_into: the destination of {} overlaps the staged block it reads",
-                        t.name
-                    ),
-                ));
-            }
-            dsts.push((*idx, dst));
-        }
-        let mut spans: Vec<(usize, usize)> = dsts
+        let dsts = items
             .iter()
-            .map(|d| d.1.span())
-            .filter(|(a, b)| a < b)
+            .map(|(i, dst)| Ok((*i, Borrowed::new(dst, "dst")?)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let targets: Vec<ExpandTarget> = dsts
+            .iter()
+            .map(|(tensor, d)| {
+                let (a, b) = d.span();
+                ExpandTarget {
+                    tensor: *tensor,
+                    span: a..b,
+                }
+            })
             .collect();
-        spans.sort_unstable();
-        if spans.windows(2).any(|w| w[1].0 < w[0].1) {
-            return Err(raise(
-                Kind::Argument,
-                "expand_into: two destinations overlap",
-            ));
-        }
+        let staged = lease.bytes().as_ptr_range();
+        let staged = staged.start as usize..staged.end as usize;
+        let expansion =
+            Expansion::plan(lease.layout(), staged, &targets, to).map_err(ToPyErr::to_py)?;
+        // SAFETY: the plan checked the destinations pairwise disjoint and disjoint from the
+        // staged buffer, the only other memory borrowed while the slices live.
+        let jobs: Vec<&mut [u8]> = dsts.iter().map(|(_, d)| unsafe { d.bytes_mut() }).collect();
         let n = worker_threads(threads);
-        // SAFETY: the destinations were checked pairwise disjoint and disjoint from the staged
-        // buffer, the only other memory borrowed while the slices live.
-        let jobs: Vec<(usize, &mut [u8])> = dsts
-            .iter()
-            .map(|(i, d)| (*i, unsafe { d.bytes_mut() }))
-            .collect();
-        without_gil(py, || {
-            for (idx, dst) in jobs {
-                let fail = |m: String| format!("tensor {}: {m}", layout[idx].name);
-                let scale = leased_scale(lease, &work, idx).map_err(|e| e.to_string())?;
-                let src = lease.tensor(idx).map_err(|e| e.to_string())?;
-                dtype::expand(
-                    src,
-                    layout[idx].dtype,
-                    dst,
-                    to,
-                    rows_cols(&layout[idx].shape),
-                    &scale.scale(),
-                    n,
-                )
-                .map_err(|e| fail(e.to_string()))?;
-            }
-            Ok(())
-        })
-        .map_err(|msg: String| raise(Kind::Dtype, msg))
+        without_gil(py, || expansion.run(lease, jobs, n)).map_err(ToPyErr::to_py)
     }
 
     /// Marks the staged bytes as spoiled: the block is staged again before its next run.
@@ -592,6 +638,8 @@ impl PyLease {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyStreamTensor>()?;
+    m.add_class::<PyStreamBlock>()?;
     m.add_class::<PyEngine>()?;
     m.add_class::<PyLease>()?;
     m.add_class::<PyStagedTensor>()?;

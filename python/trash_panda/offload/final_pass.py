@@ -44,7 +44,7 @@ class FreedBlock:
 
     block: str  # its prefix
     bytes: int  # bytes given back
-    tier: str  # "device", "ram" or "disk" (the plan's tier)
+    tier: _core.Tier  # the plan's tier
     # On a device: happens once the block's queued work has run; reuse the memory after its
     # ``synchronize()`` returns. None on the CPU, which ran the work before the hook returned.
     event: Any
@@ -120,7 +120,7 @@ class FinalPass(BlockHook):
             _core.trim_heap()
         self.freed.append(block.prefix)
         event = _Done(self._device, self._device.compute_done()) if self._device is not None else None
-        self.events.put_nowait(FreedBlock(block.prefix, freed, block.tier.value, event))
+        self.events.put_nowait(FreedBlock(block.prefix, freed, block.tier, event))
 
     def free_idle(self, block: BlockState) -> int:
         """Frees ``block`` outside a pass (its stage is idle); it refuses to run until its

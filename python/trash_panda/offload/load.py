@@ -257,7 +257,7 @@ def _stream_load(
         reads = _plan_reads(plan, files)
         direct = reads is not None and reads.direct
         report.reads = "" if reads is None else reads.reason
-    lane = _core.ReadLane(files, len(blocks), "ahead" if ahead else "run", direct=direct)
+    lane = _core.ReadLane(files, len(blocks), _core.Priority.AHEAD if ahead else _core.Priority.RUN, direct=direct)
     threads = max(1, int(setting("ram_threads")))
     here = [b for b in blocks if b.tier == Tier.DEVICE and deferred is None]  # the resident blocks read here
     to_read = sum(s.info.nbytes for s in outside) + sum(s.info.nbytes for b in here for s in b.tensors)
@@ -342,10 +342,10 @@ def _engine_for(
     their staging indices, their placeholders and the report's RAM and disk lines."""
     file_index = {f: i for i, f in enumerate(files)}
     described = []
-    loads = {"ram": [0, 0], "disk": [0, 0]}  # blocks, bytes
+    loads = {Tier.RAM: [0, 0], Tier.DISK: [0, 0]}  # blocks, bytes
     for e, sb in enumerate(streamed):
         sb.stream_as(e)
-        entries: list[tuple[str, int, int, int, str, list[int]]] = []
+        entries: list[_core.StreamTensor] = []
         for spec in sb.tensors:
             staged = len(entries)
             entries.append(_entry(spec.info, file_index))
@@ -354,12 +354,11 @@ def _engine_for(
                 scale = len(entries)
                 entries.append(_entry(spec.scale, file_index))
             spec.stream_at(staged, scale, placeholder(spec))
-        tier = "ram" if sb.tier == Tier.RAM else "disk"
-        described.append((sb.prefix, tier, entries))
-        loads[tier][0] += 1
-        loads[tier][1] += sum(s.info.nbytes + (s.scale.nbytes if s.scale else 0) for s in sb.tensors)
-    report.ram = _core.TierLoad(blocks=loads["ram"][0], bytes=loads["ram"][1])
-    report.disk = _core.TierLoad(blocks=loads["disk"][0], bytes=loads["disk"][1])
+        described.append(_core.StreamBlock(sb.prefix, sb.tier, entries))
+        loads[sb.tier][0] += 1
+        loads[sb.tier][1] += sum(s.info.nbytes + (s.scale.nbytes if s.scale else 0) for s in sb.tensors)
+    report.ram = _core.TierLoad(blocks=loads[Tier.RAM][0], bytes=loads[Tier.RAM][1])
+    report.disk = _core.TierLoad(blocks=loads[Tier.DISK][0], bytes=loads[Tier.DISK][1])
     engine = _core.Engine(described, files, config, pool=pool[0], holder=f"stage {pool[1]}")
     # Before the RAM tier's load, which reads through the engine's lane too.
     engine.share_reads(lane, [sb.index for sb in streamed])
@@ -377,5 +376,12 @@ def _engine_for(
     return engine
 
 
-def _entry(info: _core.TensorInfo, file_index: dict[str, int]) -> tuple[str, int, int, int, str, list[int]]:
-    return (info.name, file_index[os.fspath(info.file)], info.start, info.end, info.dtype, list(info.shape))
+def _entry(info: _core.TensorInfo, file_index: dict[str, int]) -> _core.StreamTensor:
+    return _core.StreamTensor(
+        info.name,
+        file=file_index[os.fspath(info.file)],
+        start=info.start,
+        end=info.end,
+        dtype=info.dtype,
+        shape=list(info.shape),
+    )

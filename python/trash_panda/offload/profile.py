@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 class Snapshot:
     """What the profile is made from, taken while the engine is still open."""
 
-    blocks: list[tuple[str, str]]
-    runs: list[tuple[int, float, float, float, float, int, str]]
+    blocks: list[tuple[str, _core.Tier]]
+    runs: list[tuple[int, float, float, float, float, int, _core.Tier]]
     load: str | None
     engine: _core.EngineStats | None
     memory: list[dict[str, object]] = field(default_factory=list)
@@ -122,11 +122,10 @@ def _runtime_tensors(state: ModelState) -> Iterator[tuple[object, str]]:
 def snapshot(handle: OffloadHandle) -> Snapshot:
     """The profile's inputs for what ran under ``handle``."""
     state = handle.state
-    blocks = [(b.prefix.rstrip("."), b.tier.value) for b in state.blocks]
+    blocks = [(b.prefix.rstrip("."), b.tier) for b in state.blocks]
     handle.backend.settle()
     runs = [
-        (i, start, end, t.staged_wait, t.gpu_wait, t.bytes, state.blocks[i].tier.value)
-        for i, start, end, t in handle.runs
+        (i, start, end, t.staged_wait, t.gpu_wait, t.bytes, state.blocks[i].tier) for i, start, end, t in handle.runs
     ]
     copies = [(start, t.bytes, t.copy_seconds) for _i, start, _end, t in handle.runs if t.copy_seconds > 0]
     r = state.report

@@ -217,7 +217,7 @@ class StageKeeper:
                 loaded.allowance.open()
             turn.read_again = loaded.take_read_again()
             if loaded.state.lane is not None:
-                loaded.state.lane.priority = "run"
+                loaded.state.lane.priority = _core.Priority.RUN
         if loaded is None:
             model = self._model(spec)
             ckpt = Checkpoint(spec.path)

@@ -214,7 +214,7 @@ class LoadedStage:
         if self.allowance is not None:
             self.allowance.open()
         if self.state.lane is not None:
-            self.state.lane.priority = "run"
+            self.state.lane.priority = _core.Priority.RUN
         actual = free.after_release(self.held_now())
         return actual, _core.replan(self.predicted, actual)
 
@@ -234,7 +234,7 @@ class LoadedStage:
                     continue
                 # Only what the stage's Holds counts moves: a resident block's memory. A mapped
                 # RAM-tier block's pages are the page cache, which free memory counts already.
-                if freed.tier != "device":
+                if freed.tier != _core.Tier.DEVICE:
                     continue
                 if freed.event is not None:
                     freed.event.synchronize()

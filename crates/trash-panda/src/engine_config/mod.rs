@@ -11,6 +11,7 @@
 
 mod block;
 mod choices;
+mod expand;
 
 use serde::Serialize;
 
@@ -18,6 +19,7 @@ pub use block::{
     leased_scale, scale_layout, staged_work, ScaleReadError, ScaleSource, ScaleValues, TensorWork,
 };
 pub use choices::{DiskModeChoice, EngineSettings};
+pub use expand::{ExpandError, ExpandStep, ExpandTarget, Expansion};
 
 use crate::io::{ReadMode, ReadOptions};
 use crate::plan::{Budgets, Plan};
