@@ -174,6 +174,23 @@ fn module_edges() -> (BTreeSet<String>, Evidence) {
 }
 
 /// The groups of modules that reach each other (strongly connected, more than one module).
+/// Each circle of `found` with the lines that make it.
+fn describe(found: &[Vec<String>], edges: &Evidence) -> String {
+    let mut report = String::new();
+    for group in found {
+        report.push_str(&format!("circle: {}\n", group.join(", ")));
+        for ((from, to), lines) in edges {
+            if group.contains(from) && group.contains(to) {
+                report.push_str(&format!("  {from} -> {to}:\n"));
+                for l in lines {
+                    report.push_str(&format!("    {l}\n"));
+                }
+            }
+        }
+    }
+    report
+}
+
 fn circles(modules: &BTreeSet<String>, edges: &Evidence) -> Vec<Vec<String>> {
     let reach = |from: &str| -> BTreeSet<String> {
         let mut seen = BTreeSet::new();
@@ -215,18 +232,7 @@ fn no_import_circle_across_core_modules() {
         src_dir().display()
     );
     let found = circles(&modules, &edges);
-    let mut report = String::new();
-    for group in &found {
-        report.push_str(&format!("circle: {}\n", group.join(", ")));
-        for ((from, to), lines) in &edges {
-            if group.contains(from) && group.contains(to) {
-                report.push_str(&format!("  {from} -> {to}:\n"));
-                for l in lines {
-                    report.push_str(&format!("    {l}\n"));
-                }
-            }
-        }
-    }
+    let report = describe(&found, &edges);
     assert!(
         found.is_empty(),
         "the core's top-level modules import each other in a circle:\n{report}"
@@ -589,18 +595,7 @@ fn no_import_circle_between_the_files_of_a_module() {
         named.keys().take(20).collect::<Vec<_>>()
     );
     let found = circles(&names, &named);
-    let mut report = String::new();
-    for group in &found {
-        report.push_str(&format!("circle: {}\n", group.join(", ")));
-        for ((from, to), lines) in &named {
-            if group.contains(from) && group.contains(to) {
-                report.push_str(&format!("  {from} -> {to}:\n"));
-                for l in lines {
-                    report.push_str(&format!("    {l}\n"));
-                }
-            }
-        }
-    }
+    let report = describe(&found, &named);
     assert!(
         found.is_empty(),
         "files of the core import each other in a circle (a file that another reaches must not \

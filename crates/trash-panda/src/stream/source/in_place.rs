@@ -14,7 +14,7 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::super::StreamError;
+use super::super::{StreamBlock, StreamError, StreamTensor};
 use super::{CheckpointSource, PAGES_READ};
 use crate::io::{IoError, MappedFile, ReadMode, WritableSpan};
 use crate::rules::layout::Run;
@@ -125,12 +125,12 @@ impl CheckpointSource {
         Ok(())
     }
 
-    /// Tensor `tensor` of `block` (used in place) in its file's map.
-    pub(super) fn in_place_tensor(
+    /// Block `block` and its tensor `tensor`, or the error that names both.
+    fn in_place_entry(
         &self,
         block: usize,
         tensor: usize,
-    ) -> Result<&[u8], StreamError> {
+    ) -> Result<(&StreamBlock, &StreamTensor), StreamError> {
         let b = &self.blocks[block];
         let t = b
             .tensors
@@ -140,6 +140,16 @@ impl CheckpointSource {
                 name: b.name.clone(),
                 tensor: format!("#{tensor}"),
             })?;
+        Ok((b, t))
+    }
+
+    /// Tensor `tensor` of `block` (used in place) in its file's map.
+    pub(super) fn in_place_tensor(
+        &self,
+        block: usize,
+        tensor: usize,
+    ) -> Result<&[u8], StreamError> {
+        let (b, t) = self.in_place_entry(block, tensor)?;
         self.in_place_file(t.file)
             .map
             .slice(t.start as usize, t.end as usize)
@@ -152,15 +162,7 @@ impl CheckpointSource {
         block: usize,
         tensor: usize,
     ) -> Result<WritableSpan, StreamError> {
-        let b = &self.blocks[block];
-        let t = b
-            .tensors
-            .get(tensor)
-            .ok_or_else(|| StreamError::UnknownTensor {
-                block,
-                name: b.name.clone(),
-                tensor: format!("#{tensor}"),
-            })?;
+        let (b, t) = self.in_place_entry(block, tensor)?;
         self.in_place_file(t.file)
             .map
             .writable(t.start as usize, t.end as usize)
