@@ -66,7 +66,6 @@ __all__ = [
     "setting",
     "settings",
     "storage_conversion",
-    "tier_name",
     "Tier",
     "trim_heap",
 ]
@@ -539,11 +538,6 @@ def storage_conversion(name: str, dtype: str, shape: list[int], storage: str) ->
 def infer_compute_dtype(tensors: Sequence[TensorInfo]) -> Literal["BF16", "F16", "F32"]:
     """The dtype a model computes in when nothing says (the core's one rule): "BF16", "F16" or
     "F32", from the checkpoint's tensors by element count (see `rules::infer_compute_dtype`).
-    """
-
-def tier_name(name: str) -> Literal["device", "ram", "disk"]:
-    """The canonical name of a tier ("device", "ram" or "disk") from any name the core accepts
-    ("gpu", "cuda", "vram", "cpu", "memory" too); a PlanError naming the accepted ones else.
     """
 
 def paired_scale(name: str, names: Container[str]) -> str | None:

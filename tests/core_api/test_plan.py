@@ -223,7 +223,6 @@ def test_tier_names_are_the_cores(tiny_ckpt: Path) -> None:
         p.assign(3, indices=[0])  # type: ignore[arg-type]
     assert p.to_json() == before
     tiers = [Tier.DEVICE, Tier.RAM, Tier.DISK]
-    assert {_core.tier_name(t.value) for t in tiers} == {t.value for t in tiers}
     assert [Tier(t.value) for t in tiers] == tiers and Tier("vram") == Tier.GPU == Tier.DEVICE
 
 

@@ -75,7 +75,7 @@ def test_run_order_duplicates_raise_in_both_paths(tmp_path: Path) -> None:
     [("gpu", Tier.DEVICE), ("CUDA", Tier.DEVICE), ("vram", Tier.DEVICE), ("cpu", Tier.RAM), ("memory", Tier.RAM)],
 )
 def test_tier_aliases(name: str, tier: Tier) -> None:
-    assert _core.tier_name(name) == tier.value
+    assert Tier(name) == tier
     p = tp.Plan.manual(resident=["blocks.0."], streamed=["blocks.1."], streamed_tier=name)
     assert p.blocks_in(name) == (["blocks.0.", "blocks.1."] if tier == Tier.DEVICE else ["blocks.1."])
 

@@ -63,10 +63,6 @@ fn dtype_arg(value: &Bound<'_, PyAny>, what: &str) -> PyResult<DType> {
         .map_err(|e| raise(Kind::Argument, format!("{what}: {e}")))
 }
 
-fn tier_arg(name: &str) -> PyResult<Tier> {
-    name.parse::<Tier>().map_err(ToPyErr::to_py)
-}
-
 /// `min_free_ram`: `"auto"`, or bytes or a size such as `"1GB"`.
 pub(crate) fn min_free_ram_arg(value: &Bound<'_, PyAny>) -> PyResult<MinFreeRam> {
     Ok(match value.extract::<String>() {
@@ -533,13 +529,6 @@ fn paired_scale(name: &str, names: &Bound<'_, PyAny>) -> PyResult<Option<String>
     }
 }
 
-/// The canonical name of a tier ("device", "ram" or "disk") from any name the core accepts
-/// ("gpu", "cuda", "vram", "cpu", "memory" too); a PlanError naming the accepted ones else.
-#[pyfunction]
-fn tier_name(name: &str) -> PyResult<&'static str> {
-    Ok(tier_arg(name)?.name())
-}
-
 fn dtype_arg_str(value: &str, what: &str) -> PyResult<DType> {
     value
         .parse::<DType>()
@@ -565,7 +554,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(storage_conversion, m)?)?;
     m.add_function(wrap_pyfunction!(infer_compute_dtype, m)?)?;
-    m.add_function(wrap_pyfunction!(tier_name, m)?)?;
     m.add_function(wrap_pyfunction!(paired_scale, m)?)?;
     Ok(())
 }
