@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,10 @@ from safetensors.torch import save_file
 from support import faults, sanitizer
 from support.models import Tiny, save
 from support.simdevice import SimulatedDevice
+from trash_panda.offload import overlap
+
+# What the loader_reads fixture gives: put reads in (block=, outside=, now=) until the test ends.
+ReadsWith = Callable[..., overlap.LoaderReads]
 
 
 def _tensors(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -100,3 +105,11 @@ def tiny(tmp_path: Path) -> tuple[Path, Tiny]:
     torch.manual_seed(0)
     ref = Tiny().eval()
     return save(ref, tmp_path / "tiny.safetensors"), ref
+
+
+@pytest.fixture
+def loader_reads() -> Iterator[ReadsWith]:
+    """Puts reads of a test's own in for the loaders it makes (``block=``, ``outside=``, ``now=``:
+    see :func:`trash_panda.offload.overlap.reading_with`), until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **replaced: stack.enter_context(overlap.reading_with(**replaced))

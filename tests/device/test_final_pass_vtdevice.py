@@ -216,12 +216,11 @@ def _hand_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HandedOver:
         dev.fill("outside weights", costs[("outside", 0)])
         load_out(*a, **k)
 
-    monkeypatch.setattr(overlap, "load_block", load_block)
-    monkeypatch.setattr(outside, "load_outside", load_outside)
-    nxt = load_stage(
-        "next", nxt_model, tp.Checkpoint(nxt_path), p, _core.Free(0, 0),
-        device=torch.device("cpu"), order=None, destination=None, shared={}, key="", ahead=True,
-    )  # fmt: skip
+    with overlap.reading_with(block=load_block, outside=load_outside):  # the loader keeps them
+        nxt = load_stage(
+            "next", nxt_model, tp.Checkpoint(nxt_path), p, _core.Free(0, 0),
+            device=torch.device("cpu"), order=None, destination=None, shared={}, key="", ahead=True,
+        )  # fmt: skip
     assert nxt.loader is not None and nxt.allowance is not None
     costs.update(nxt.loader.costs)
     watched = Watched(nxt.allowance, dev)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import trash_panda
+from conftest import ReadsWith
 from support.hf_folders import make_sd
 from support.sd import STREAM, sd_image
 from trash_panda import _core
@@ -114,7 +115,7 @@ def _note_loader(seen: list[bool], model: torch.nn.Module, _args: object) -> Non
 
 @pytest.mark.parametrize("chain", [False, True])
 def test_overlap_gives_the_same_image(
-    folder: Path, plain_image: torch.Tensor, chain: bool, monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, folder: Path, plain_image: torch.Tensor, chain: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """overlap=True goes to each component's stage(): its resident blocks, and the weights
     outside them that its order file (written by the first run) places later, are read by the
@@ -129,7 +130,7 @@ def test_overlap_gives_the_same_image(
         later.append(args[4])
         real(*args)
 
-    monkeypatch.setattr(outside_mod, "load_outside", load)
+    loader_reads(outside=load)
     images = {}
     for overlap in (False, True):  # the first writes the order files the second reads
         pipe = trash_panda.diffusers.load_pipeline(
@@ -153,7 +154,7 @@ def test_overlap_gives_the_same_image(
 
 
 def test_a_chained_component_called_by_a_child_waits_for_that_childs_weights(
-    folder: Path, plain_image: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, folder: Path, plain_image: torch.Tensor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pipeline calls ``vae.decode``: the VAE's stage starts in the pre-hook of its
     post_quant_conv, which torch then runs without the hooks the stage puts on it. With an order
@@ -177,7 +178,7 @@ def test_a_chained_component_called_by_a_child_waits_for_that_childs_weights(
         positions.append(args[4] if len(args) > 4 else None)
         real(*args)
 
-    monkeypatch.setattr(outside_mod, "load_outside", load)
+    loader_reads(outside=load)
     pipe = trash_panda.diffusers.load_pipeline(
         StableDiffusionPipeline, folder, stream=STREAM, chain=True, overlap=True, **_some_blocks_resident()
     )

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import trash_panda
+from conftest import ReadsWith
 from support.hf_folders import make_llama, randomize, save_sharded
 from trash_panda import Plan, Tier
 
@@ -218,7 +219,7 @@ def test_plan_and_stream_load_take_a_sharded_folder(llama_folder: Path, form: st
 
 
 def test_overlap_returns_before_the_resident_blocks_are_read(
-    llama_folder: Path, monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, llama_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """overlap=True: the call returns with the resident blocks still unread; the first forward
     waits for each, and the output is the plain model's. Released mid-load, the thread stops."""
@@ -233,7 +234,7 @@ def test_overlap_returns_before_the_resident_blocks_are_read(
         gate.wait(timeout=30)
         real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(overlap, "load_block", slow)
+    loader_reads(block=slow)
     tok = AutoTokenizer.from_pretrained(llama_folder)
     plain = AutoModelForCausalLM.from_pretrained(llama_folder).eval()
     inputs = tok(["the raccoon streams"], return_tensors="pt")

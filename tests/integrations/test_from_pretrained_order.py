@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import trash_panda
+from conftest import ReadsWith
 from support.hf_folders import llama_config, randomize, save_sharded
 from support.outside_loads import OutsideLoads
 from trash_panda import Plan
@@ -79,10 +80,10 @@ class Loads(OutsideLoads):
 
 
 def test_the_head_placed_after_the_blocks_is_read_after_the_first_block_starts(
-    untied: Path, order_file: Path, plain_logits: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, untied: Path, order_file: Path, plain_logits: torch.Tensor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before = order_file.read_bytes()
-    loads = Loads(monkeypatch)
+    loads = Loads(loader_reads)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a usable file warns about nothing
         got = loads.logits(untied)
@@ -92,9 +93,9 @@ def test_the_head_placed_after_the_blocks_is_read_after_the_first_block_starts(
 
 
 def test_with_order_every_outside_weight_is_read_first(
-    untied: Path, order_file: Path, plain_logits: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, untied: Path, order_file: Path, plain_logits: torch.Tensor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    loads = Loads(monkeypatch)
+    loads = Loads(loader_reads)
     got = loads.logits(untied, order=BLOCKS)
     assert loads.calls == [(None, LATER, False)]
     assert torch.equal(got, plain_logits)
@@ -102,20 +103,20 @@ def test_with_order_every_outside_weight_is_read_first(
 
 
 def test_an_old_file_reads_and_stays_and_a_bad_one_warns_it_is_only_read(
-    untied: Path, order_file: Path, plain_logits: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, untied: Path, order_file: Path, plain_logits: torch.Tensor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # What the writer before outside positions wrote: a stage() would add them on release.
     text = json.loads(order_file.read_text())
     del text["outside"]
     order_file.write_text(json.dumps(text))
     before = order_file.read_bytes()
-    loads = Loads(monkeypatch)
+    loads = Loads(loader_reads)
     assert torch.equal(loads.logits(untied), plain_logits)
     assert loads.calls == [(None, LATER, False)]
     assert order_file.read_bytes() == before
 
     order_file.write_text("{not json")
-    loads = Loads(monkeypatch)
+    loads = Loads(loader_reads)
     with pytest.warns(UserWarning, match=r"model_order.json ignored: .*only read here, not replaced"):
         got = loads.logits(untied)
     assert torch.equal(got, plain_logits)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import trash_panda as tp
-from conftest import bits
+from conftest import ReadsWith, bits
 from support.checkpoints import every_tier, fp8_checkpoint, ids, reference
 from support.cudart import FakeCudart
 from support.models import Tiny, on_meta, save
@@ -298,7 +298,7 @@ def test_a_swap_that_does_not_wait_for_its_copies_is_caught(
 
 
 def test_release_waits_for_an_overlap_load(
-    tmp_path: Path, sim: SimulatedDevice, monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, tmp_path: Path, sim: SimulatedDevice, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Blocks an ``overlap=True`` loader had not read yet would land on the device after the
     move: release_gpu() waits for them, then moves them too."""
@@ -312,7 +312,7 @@ def test_release_waits_for_an_overlap_load(
         first_read.set()
         go_on.wait(10)
 
-    monkeypatch.setattr(overlap, "load_block", held)
+    loader_reads(block=held)
     with tp.stage(lambda: on_meta(Tiny), path, device="cpu", resident_blocks=4, overlap=True) as (model, _p, handle):
         assert first_read.wait(10)
         assert any(model.blocks[i].up.weight.is_meta for i in range(4))

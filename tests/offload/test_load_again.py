@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import trash_panda as tp
+from conftest import ReadsWith
 from support.models import Tiny, save
 from trash_panda.offload import overlap
 from trash_panda.offload.state import get_state
@@ -139,7 +140,7 @@ def test_remove_after_a_final_pass_restores_the_freed_blocks(scaled: tuple[Path,
 
 
 def test_remove_during_an_overlap_load_restores_what_it_had_not_read(
-    scaled: tuple[Path, Scaled], monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, scaled: tuple[Path, Scaled], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, ref = scaled
     real = overlap.load_block
@@ -151,7 +152,7 @@ def test_remove_during_an_overlap_load_restores_what_it_had_not_read(
         first_read.set()
         go_on.wait(10)  # the first block read, the rest wait until the hooks are off
 
-    monkeypatch.setattr(overlap, "load_block", held)
+    loader_reads(block=held)
     with tp.stage(build_scaled, path, device="cpu", resident_blocks=4, overlap=True) as (model, _p, handle):
         assert first_read.wait(10)
         unread = [i for i in range(4) if model.blocks[i].up.weight.is_meta]

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import trash_panda as tp
+from conftest import ReadsWith
 from support.models import Tiny, save
 from support.outside_loads import OutsideLoads
 from trash_panda import _core
 from trash_panda.errors import StreamError
-from trash_panda.offload import outside as outside_mod
 
 IDS = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(7))
 BLOCKS = [f"blocks.{i}" for i in range(6)]
@@ -77,7 +77,7 @@ def test_a_real_run_writes_the_outside_positions_and_a_traced_run_the_same_file(
 
 
 def test_an_old_order_file_without_outside_weights_still_reads(
-    tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, ref = tiny
     # What the writer before outside positions wrote: a run order and nothing else.
@@ -87,7 +87,7 @@ def test_an_old_order_file_without_outside_weights_still_reads(
     assert read.usable and read.blocks == [f"{b}." for b in BLOCKS]
     assert read.outside == {} and read.outside_for(["embed", "norm", "head"]) == {}
 
-    loads = Loads(monkeypatch)
+    loads = Loads(loader_reads)
     out = _staged_overlap(path, loads)
     # Today's behaviour: every outside weight is read before the first call, in one go.
     assert loads.calls == [(None, ALL, False)]
@@ -106,12 +106,12 @@ def _staged_overlap(path: Path, loads: Loads) -> torch.Tensor:
 
 
 def test_with_overlap_the_weights_after_the_last_block_load_after_the_first_starts(
-    tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, ref = tiny
     eager = run(path)  # writes the file with the positions
     assert order_file(path)["outside"] == RECORDED
-    loads = Loads(monkeypatch)
+    loads = Loads(loader_reads)
     out = _staged_overlap(path, loads)
     # The embedding before the first call; the norm and the head at position 6 (after the last
     # block), on the loader, after the first block started.
@@ -121,10 +121,12 @@ def test_with_overlap_the_weights_after_the_last_block_load_after_the_first_star
         assert torch.equal(out, ref(IDS))
 
 
-def test_without_overlap_nothing_changes(tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_overlap_nothing_changes(
+    loader_reads: ReadsWith, tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
+) -> None:
     path, ref = tiny
     run(path)
-    loads = Loads(monkeypatch)
+    loads = Loads(loader_reads)
     out = run(path)
     assert loads.calls == []  # stream_load read them all, before the first call
     with torch.no_grad():
@@ -132,14 +134,14 @@ def test_without_overlap_nothing_changes(tiny: tuple[Path, Tiny], monkeypatch: p
 
 
 def test_a_file_placing_a_module_the_model_lacks_loads_everything_first(
-    tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, ref = tiny
     run(path)
     text = order_file(path)
     text["outside"] = {"head": 6, "norm": 6, "lm_head": 6}
     (path.parent / "tiny_order.json").write_text(json.dumps(text))
-    loads = Loads(monkeypatch)
+    loads = Loads(loader_reads)
     out = _staged_overlap(path, loads)
     assert loads.calls == [(None, ALL, False)]
     with torch.no_grad():
@@ -147,14 +149,16 @@ def test_a_file_placing_a_module_the_model_lacks_loads_everything_first(
     assert order_file(path)["outside"] == RECORDED  # replaced by what the run recorded
 
 
-def test_a_failed_later_load_raises_naming_the_module(tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_later_load_raises_naming_the_module(
+    loader_reads: ReadsWith, tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
+) -> None:
     path, _ref = tiny
     run(path)
 
     def fail(*_args: Any) -> None:
         raise OSError("the drive went away")
 
-    monkeypatch.setattr(outside_mod, "load_outside", fail)
+    loader_reads(outside=fail)
     with (
         pytest.raises(StreamError, match=r"module (norm|head) could not be loaded.*drive went away"),
         tp.stage(build, path, device="cpu", resident_blocks=6, overlap=True) as (model, _p, _h),

@@ -20,9 +20,11 @@ import pytest
 import torch
 
 import trash_panda as tp
+from conftest import ReadsWith
 from support.models import Tiny, on_meta, save
 from trash_panda import _core
-from trash_panda.offload import meter, outside, overlap, reads
+from trash_panda.offload import meter, outside, overlap
+from trash_panda.offload import reads as reads_mod
 from trash_panda.offload.meter import Meter
 from trash_panda.options import remembered_activation
 
@@ -107,10 +109,10 @@ class Loader:
     the first block is read before the stage's block opens, the others each wait for their
     gate."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, mem: DeviceMemory, ref: Tiny) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, reads: ReadsWith, mem: DeviceMemory, ref: Tiny) -> None:
         self.gates = {f"blocks.{i}.": threading.Event() for i in range(1, RESIDENT)}
         self.loader: overlap.ResidentLoader | None = None
-        read, read_many, start = overlap.load_block, reads.read_many, overlap.start_loader
+        read, read_many, start = overlap.load_block, reads_mod.read_many, overlap.start_loader
         sizes = {name: p.nbytes for name, p in ref.named_parameters()}
 
         def load_block(block: Any, *args: Any) -> None:
@@ -144,9 +146,8 @@ class Loader:
                 assert self.outside_gate.wait(10)
             load_outside(specs, device, threads, queue, position, copies)
 
-        monkeypatch.setattr(overlap, "load_block", load_block)
-        monkeypatch.setattr(reads, "read_many", read_counted)
-        monkeypatch.setattr(outside, "load_outside", load_outside_gated)
+        reads(block=load_block, outside=load_outside_gated)
+        monkeypatch.setattr(reads_mod, "read_many", read_counted)
         monkeypatch.setattr(overlap, "start_loader", start_loader)
 
     def open_all(self) -> None:
@@ -168,12 +169,12 @@ def plain_peak(path: Path, ref: Tiny, mem: DeviceMemory) -> int:
 
 
 def test_the_overlap_peak_is_remembered_and_used_by_the_next_plan(
-    tiny: tuple[Path, Tiny], memory: DeviceMemory, monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, tiny: tuple[Path, Tiny], memory: DeviceMemory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, ref = tiny
     plain = plain_peak(path, ref, memory)
     nbytes = block_bytes(ref)
-    loads = Loader(monkeypatch, memory, ref)
+    loads = Loader(monkeypatch, loader_reads, memory, ref)
     with tp.stage(build, path, device="cpu", key="lap", resident_blocks=RESIDENT, overlap=True) as (model, p, _h):
         assert p.budgets is not None and not p.budgets.reserve_measured  # nothing remembered yet
         assert memory.now == nbytes  # blocks.0. is in the window's baseline
@@ -200,7 +201,7 @@ def test_the_overlap_peak_is_remembered_and_used_by_the_next_plan(
 
 
 def test_blocks_that_land_while_the_model_runs_are_not_counted(
-    tiny: tuple[Path, Tiny], memory: DeviceMemory, monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, tiny: tuple[Path, Tiny], memory: DeviceMemory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """blocks.1. lands while blocks.0.'s activations are held, and blocks.2. after the peak
     (blocks.1.'s activations): restarting the measurement once the loader is done would lose the
@@ -209,7 +210,7 @@ def test_blocks_that_land_while_the_model_runs_are_not_counted(
     path, ref = tiny
     plain = plain_peak(path, ref, memory)
     nbytes = block_bytes(ref)
-    loads = Loader(monkeypatch, memory, ref)
+    loads = Loader(monkeypatch, loader_reads, memory, ref)
 
     def block_0(when: str) -> None:
         if when == "in":
@@ -232,7 +233,7 @@ def test_blocks_that_land_while_the_model_runs_are_not_counted(
 
 
 def test_the_private_memory_peak_of_an_overlapped_stage_is_the_plain_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The real meter on the CPU: five blocks of 32 MB are read while the model runs, and the
     peak remembered is the plain stage's, not 160 MB more."""
@@ -260,7 +261,7 @@ def test_the_private_memory_peak_of_an_overlapped_stage_is_the_plain_one(
                 assert gate.wait(10)
             read(block, *args)
 
-        monkeypatch.setattr(overlap, "load_block", load_block)
+        loader_reads(block=load_block)
         gc.collect()
         _core.trim_heap()
         with tp.stage(build_big, path, device="cpu", key="lap", resident_blocks=6, overlap=True) as (m, _p, _h):

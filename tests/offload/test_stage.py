@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import trash_panda as tp
+from conftest import ReadsWith
 from support.models import Tiny, on_meta, save
 from trash_panda import _core, settings
 from trash_panda.errors import ArgumentError, StreamError
@@ -127,7 +128,9 @@ def test_the_peak_is_remembered_for_the_next_plan_of_the_key(tiny: tuple[Path, T
     assert options_module.remembered_activation("tiny") is not None
 
 
-def test_overlap_waits_for_a_slow_read(tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_overlap_waits_for_a_slow_read(
+    loader_reads: ReadsWith, tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
+) -> None:
     path, ref = tiny
     real = overlap.load_block
     order: list[str] = []
@@ -141,7 +144,7 @@ def test_overlap_waits_for_a_slow_read(tiny: tuple[Path, Tiny], monkeypatch: pyt
         loaded_on.add(threading.current_thread().name)
         real(block, *args)
 
-    monkeypatch.setattr(overlap, "load_block", slow)
+    loader_reads(block=slow)
     with (
         pytest.warns(UserWarning, match=r"blocks\.0\. ran before the order given \(blocks\.2\."),
         tp.stage(build, path, device="cpu", resident_blocks=3, overlap=True, order=["blocks.2"]) as (model, _, h),
@@ -169,7 +172,7 @@ def test_profile_reports_the_loader_thread_and_private_memory(
 
 
 def test_overlap_raises_in_the_call_that_needs_a_failed_block(
-    tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, tiny: tuple[Path, Tiny], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, _ = tiny
     real = overlap.load_block
@@ -179,7 +182,7 @@ def test_overlap_raises_in_the_call_that_needs_a_failed_block(
             raise OSError("injected read failure")
         real(block, *args)
 
-    monkeypatch.setattr(overlap, "load_block", failing)
+    loader_reads(block=failing)
     with (
         pytest.raises(StreamError, match=r"blocks\.1\..*injected read failure"),
         tp.stage(build, path, device="cpu", resident_blocks=3, overlap=True) as (model, _, h),

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import trash_panda as tp
+from conftest import ReadsWith
 from trash_panda import _core
 from trash_panda._core import Arrival, Departure
 from trash_panda.errors import ArgumentError
@@ -89,7 +90,7 @@ def test_the_budget_is_all_the_stages_and_the_floor_of_free_ram_comes_off_the_ma
 
 
 def test_the_next_stage_is_planned_for_what_the_others_free_with_their_reads_still_coming(
-    folder: Path, want: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+    loader_reads: ReadsWith, folder: Path, want: torch.Tensor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The stage read ahead is planned for the memory it gets once the others give theirs:
     what each holds when its reads are in, not what has arrived so far. With the denoiser's
@@ -107,7 +108,7 @@ def test_the_next_stage_is_planned_for_what_the_others_free_with_their_reads_sti
             gate.wait(30)
         real(block, *args)
 
-    monkeypatch.setattr(overlap, "load_block", held_back)
+    loader_reads(block=held_back)
     ids, latents = ps.inputs()
     with tp.Pipeline(fixed_stages(folder), ram=budget) as pipe, torch.no_grad(), pipe.run() as run:
         with run.stage("text_encoder") as encoder:

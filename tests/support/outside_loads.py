@@ -1,13 +1,14 @@
 """A watch on where the weights outside the blocks are read: ``outside.load_now`` (before the
-first call: position None) and ``outside.load_outside`` (on the loader thread), shared by the
-tests of the order file's outside positions."""
+first call: position None) and ``outside.load_outside`` (on the loader thread), put in as the
+loader's reads (the ``loader_reads`` fixture), shared by the tests of the order file's outside
+positions."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 import torch
 
 from trash_panda.offload import outside as outside_mod
@@ -18,7 +19,7 @@ class OutsideLoads:
     A loader call waits for the first block to start (``first_block``): one made before the first
     call would time out instead."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, reads: Callable[..., object]) -> None:
         self.calls: list[tuple[int | None, list[str], bool]] = []
         self.first_block = threading.Event()
         later, now = outside_mod.load_outside, outside_mod.load_now
@@ -39,5 +40,4 @@ class OutsideLoads:
             self.calls.append((None, sorted(s.name for s in specs), self.first_block.is_set()))
             now(specs, device, threads, lane)
 
-        monkeypatch.setattr(outside_mod, "load_outside", load)
-        monkeypatch.setattr(outside_mod, "load_now", load_now)
+        reads(outside=load, now=load_now)

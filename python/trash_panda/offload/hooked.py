@@ -97,7 +97,7 @@ def _load_and_hook(
     from .handle import install_offload
     from .load import load_deferred, stream_load
     from .order import OrderChoice, choose_order
-    from .overlap import start_loader
+    from .overlap import loader_reads, start_loader
     from .state import BlockState, get_state
 
     unread: list[TensorSpec] = []  # with overlap: the outside weights left for later
@@ -118,8 +118,7 @@ def _load_and_hook(
     # Outside weights the file does not place after the first block are needed at once.
     now, later, waits = outside_mod.split_outside(unread, state.outside_modules, choice.outside, defer=ahead)
     if now:
-        # Looked up on the module when called, so tests can watch it.
-        outside_mod.load_now(now, state.device, max(1, int(setting("ram_threads"))), state.lane)
+        loader_reads().now(now, state.device, max(1, int(setting("ram_threads"))), state.lane)
     handle = install_offload(model, order=choice.first)
     if not (overlap or ahead):
         return Loaded(handle, choice)

@@ -74,7 +74,7 @@ def split_outside(
 def load_now(specs: list[TensorSpec], device: torch.device, threads: int, lane: _core.ReadLane | None = None) -> None:
     """Reads the outside weights needed before the first call as stream_load reads them (the
     same calls through the model's ``lane``, so without positions nothing changes), paused as a
-    load is: they are nobody's activation memory. Module-level so tests can watch it."""
+    load is: they are nobody's activation memory."""
     with paused():
         materialize_all(specs, device, storage=None, threads=threads, expand=True, lane=lane)
 
@@ -90,8 +90,7 @@ def load_outside(
     """Reads outside tensors (and their scales) in one call of the core through ``lane``, as
     the block at ``position`` of the run order, expanded to the compute dtype as stream_load
     expands them, put on the device through its meter (on a device with memory of its own, by
-    the loader's ``copies``, the event of ``position`` their last one's). Module-level so tests
-    can watch it."""
+    the loader's ``copies``, the event of ``position`` their last one's)."""
     if copies is None:
         meter = meter_for(device)
         meter.moved_in(functools.partial(read_group, specs, device, None, threads, lane, position, expand=True))

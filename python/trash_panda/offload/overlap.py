@@ -20,20 +20,22 @@ naming the block and the cause.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import StreamError
 from ..settings import setting
 from .meter import meter_for
+from .outside import load_now, load_outside
 from .reads import block_groups, read_group, through_host
 from .registry import BlockHook
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     import torch
     from torch import nn
 
@@ -57,8 +59,7 @@ def load_block(
 ) -> None:
     """Reads one resident block to the device in its stored form (or the storage dtype), as
     stream_load does, in large reads of the core through ``lane`` as the block at ``position``
-    of the run order, each put on the device through its meter. Module-level so tests can slow
-    it down or make it fail.
+    of the run order, each put on the device through its meter.
 
     On the CPU the tensors read are the block's weights: one read for the whole block, inside
     the meter's window. On a device with memory of its own (``copies``) they pass through host
@@ -73,6 +74,39 @@ def load_block(
             through_host(group, device, storage, threads, lane, position, copies)
     if copies is not None:
         copies.done(("block", block.index))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderReads:
+    """What the loading of a staged model calls to read: a resident block (:func:`load_block`),
+    the outside weights of a position in the run order (:func:`.outside.load_outside`), and those
+    needed before the first call (:func:`.outside.load_now`). A loader takes the ones current as
+    it is made; :func:`reading_with` puts others in (a test's slow or failing read)."""
+
+    block: Callable[..., None] = load_block
+    outside: Callable[..., None] = load_outside
+    now: Callable[..., None] = load_now
+
+
+_reads = LoaderReads()
+
+
+def loader_reads() -> LoaderReads:
+    """The reads a loader made now takes."""
+    return _reads
+
+
+@contextlib.contextmanager
+def reading_with(**replaced: Callable[..., None]) -> Iterator[LoaderReads]:
+    """Within the block, loaders made (and loads begun) read with ``replaced`` (``block``,
+    ``outside``, ``now``) instead of the current ones."""
+    global _reads
+    before = _reads
+    _reads = dataclasses.replace(before, **replaced)
+    try:
+        yield _reads
+    finally:
+        _reads = before
 
 
 class ResidentLoader:
@@ -92,8 +126,10 @@ class ResidentLoader:
         engine: _core.Engine | None = None,
         copies: LoaderCopies | None = None,
         ram_tier_arrived: Callable[[], None] | None = None,
+        reads: LoaderReads | None = None,
     ) -> None:
         self.blocks = blocks
+        self.reads = reads or loader_reads()
         self.lane = lane  # the model's, shared with the engine: one order for the drive
         self.positions = positions or {}  # a block's index -> its position in the run order
         self.device = device
@@ -139,7 +175,7 @@ class ResidentLoader:
                 if self.stopping.is_set():
                     raise StreamError("the stage ended before it was loaded")
                 self._take(("block", block.index))
-                load_block(block, self.device, self.storage, self.threads, self.lane, position, self.copies)
+                self.reads.block(block, self.device, self.storage, self.threads, self.lane, position, self.copies)
                 # `work` is fixed by the load (resident weights to expand each run, or none).
                 block.mark_loaded()
                 self.loaded_bytes += sum(s.info.nbytes for s in block.tensors)
@@ -177,14 +213,12 @@ class ResidentLoader:
             self.ram_tier_arrived()
 
     def _load_outside(self, at: int) -> None:
-        from . import outside
-
         specs = self.outside[at]
         try:
             if self.stopping.is_set():
                 raise StreamError("the stage ended before they were loaded")
             self._take(("outside", at))
-            outside.load_outside(specs, self.device, self.threads, self.lane, at, self.copies)
+            self.reads.outside(specs, self.device, self.threads, self.lane, at, self.copies)
             self.loaded_bytes += sum(s.info.nbytes for s in specs)
         except BaseException as e:  # reported in the call that needs them
             self.outside_errors[at] = _detached(e)
