@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +194,40 @@ def test_a_chained_component_called_by_a_child_waits_for_that_childs_weights(
 def test_overlap_is_checked(folder: Path) -> None:
     with pytest.raises(trash_panda.ArgumentError, match="overlap: expected True or False, got 'yes'"):
         trash_panda.diffusers.load_pipeline(StableDiffusionPipeline, folder, stream=STREAM, overlap="yes")
+
+
+def _image_and_order_warnings(pipe: Any) -> tuple[torch.Tensor, list[str]]:
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = pipe(
+            "a raccoon at night",
+            num_inference_steps=3,
+            height=16,
+            width=16,
+            guidance_scale=3.0,
+            output_type="pt",
+            generator=torch.Generator().manual_seed(0),
+        )
+    said = [str(w.message) for w in caught if "ran before the order given" in str(w.message)]
+    return out.images, said
+
+
+def test_a_chain_run_twice_gives_no_order_warning_on_its_second_run(tmp_path: Path) -> None:
+    """The VAE only decodes: its first run writes an order that starts with the decoder blocks
+    (the encoder's, never run, after them), so the next load of the pipeline stages them in the
+    order they run, and warns about none."""
+    folder = make_sd(tmp_path / "sd")  # no order files yet
+    images = []
+    for _ in range(2):
+        pipe = trash_panda.diffusers.load_pipeline(
+            StableDiffusionPipeline, folder, stream=STREAM, chain=True, **_every_block_streamed()
+        )
+        try:
+            image, said = _image_and_order_warnings(pipe)  # the first run's UNet and VAE warn
+            images.append(image)
+        finally:
+            trash_panda.diffusers.release_pipeline(pipe)
+    assert said == []
+    assert torch.equal(images[0], images[1])
+    vae = json.loads((folder / "vae" / "vae_order.json").read_text())["blocks"]
+    assert vae[0].startswith("decoder."), vae

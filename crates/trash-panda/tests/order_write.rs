@@ -73,27 +73,31 @@ fn a_partial_pass_is_merged_into_the_known_order() {
         to_write(&good, &["double_blocks.2", "double_blocks.1"]),
         None
     );
-    // A call of the last blocks alone changes nothing either.
+    // A call of the last blocks alone puts them first: its next pass starts where they do.
     assert_eq!(
         to_write(&good, &["double_blocks.1", "double_blocks.0"]),
-        None
+        Some(vec![
+            "double_blocks.1.".to_string(),
+            "double_blocks.0.".to_string(),
+            "double_blocks.2.".to_string()
+        ])
     );
-    // Blocks that ran the other way round swap places; the rest keep theirs.
+    // Blocks that ran lead, in the order they ran; the rest follow in the file's order.
     assert_eq!(
         to_write(&good, &["double_blocks.0", "double_blocks.2"]),
         Some(vec![
             "double_blocks.0.".to_string(),
-            "double_blocks.1.".to_string(),
-            "double_blocks.2.".to_string()
+            "double_blocks.2.".to_string(),
+            "double_blocks.1.".to_string()
         ])
     );
-    // Without a file, the model's order takes the partial pass.
+    // Without a file, the blocks that ran lead the model's order.
     assert_eq!(
         to_write(&OrderRead::Ignored(Ignored::Absent), &["double_blocks.2"]),
         Some(vec![
+            "double_blocks.2.".to_string(),
             "double_blocks.0.".to_string(),
-            "double_blocks.1.".to_string(),
-            "double_blocks.2.".to_string()
+            "double_blocks.1.".to_string()
         ])
     );
     let err = order_to_write(&good, &["nope.3"], &DOUBLE).unwrap_err();

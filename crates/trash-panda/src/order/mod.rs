@@ -202,10 +202,10 @@ fn match_order<S: AsRef<str>>(bytes: &[u8], model_blocks: &[S], index: &BlockInd
 /// counts at its first place); `model_blocks` the model's blocks in plan order. A pass that ran
 /// every block gives its own order. A pass that ran only some (a call of one part of the model,
 /// or a run stopped early) is merged into the order known before it (the file's, else the
-/// model's): the blocks that ran take the places those blocks held there, in the order they
-/// ran, and the others keep theirs, so a partial pass never drops what the file knew. The
-/// result is written when there was no usable file, or when it differs from the file's whole
-/// order. Nothing ran: nothing is written (it would wipe a good file).
+/// model's): the blocks that ran come first, in the order they ran, and the others follow in
+/// the order known, so a partial pass never drops what the file knew. The result is written
+/// when there was no usable file, or when it differs from the file's whole order. Nothing ran:
+/// nothing is written (it would wipe a good file).
 pub fn order_to_write<S: AsRef<str>, B: AsRef<str>>(
     read: &OrderRead,
     recorded: &[S],
@@ -278,15 +278,16 @@ fn to_write<S: AsRef<str>, B: AsRef<str>>(
     let merged = if whole {
         ran
     } else {
-        let mut order = known.clone().unwrap_or_else(|| (0..count).collect());
+        // The blocks that ran lead, in the order they ran: a part of the model called alone (a
+        // VAE that only decodes) then starts where its calls start, and its next pass is staged
+        // in that order. The others follow in the order known before.
         let mut ran_here = vec![false; count];
         for &i in &ran {
             ran_here[i] = true;
         }
-        let mut next = ran.iter();
-        for slot in order.iter_mut().filter(|b| ran_here[**b]) {
-            *slot = *next.next().expect("one place per block that ran");
-        }
+        let rest = known.clone().unwrap_or_else(|| (0..count).collect());
+        let mut order = ran;
+        order.extend(rest.into_iter().filter(|&b| !ran_here[b]));
         order
     };
     // Without recorded positions (the blocks-only API) the file's are not compared.
