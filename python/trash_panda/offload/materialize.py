@@ -66,6 +66,9 @@ FRESH_BYTES = 1 << 20
 # The alignment of memory and file offsets a direct read needs (the core's io::DIRECT_ALIGN); a
 # map starts on a page, and every system's page is a multiple of it.
 DIRECT_ALIGN = 4096
+# Where every tensor handed to torch on the CPU starts (the core's rules::TENSOR_ALIGN): a kernel
+# may round differently on a weight that is not aligned like the allocator's own blocks.
+TENSOR_ALIGN = 64
 
 
 def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int, offset: int | None = None) -> torch.Tensor:
@@ -73,9 +76,10 @@ def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int, offset: int 
     to the system when it is freed. From the heap it could take pages another stage's
     activations just freed, and a memory meter that reads the process's private memory could
     not tell the read from the activations (offload/meter.py); glibc would also keep its pages
-    after a release. Given the tensor's ``offset`` in its file, its first byte lies at the same
-    place in its page as in the file's, so a direct read (``ReadLane(direct=True)``) lands in it
-    with no bounce buffer and no copy but for the two partial pages at its ends."""
+    after a release. Given the tensor's ``offset`` in its file, where that offset is 64-byte
+    aligned its first byte lies at the same place in its page as in the file's, so a direct read
+    (``ReadLane(direct=True)``) lands in it with no bounce buffer and no copy but for the two
+    partial pages at its ends."""
     import mmap
 
     import torch
@@ -89,7 +93,10 @@ def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int, offset: int 
         # nor the release of a block given back (a give-back beside a running stage came out
         # as that stage's activations). No large pages asked for: where the kernel compacts
         # memory to make them at the fault, a read of 2.3 GB took 11 s instead of 6.
-        shift = 0 if offset is None or offset % dtype.itemsize else offset % DIRECT_ALIGN
+        # A tensor whose file offset is 64-byte aligned lies in its page as in the file (a direct
+        # read lands in it); any other starts on the page, as torch's own allocations are
+        # aligned, and the direct read passes through the core's bounce buffer.
+        shift = offset % DIRECT_ALIGN if offset is not None and offset % TENSOR_ALIGN == 0 else 0
         pages = mmap.mmap(-1, shift + nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     else:
         # Windows, where an anonymous map is a section the private bytes leave out: its heap

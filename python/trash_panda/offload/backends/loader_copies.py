@@ -36,7 +36,7 @@ __all__ = ["HostRing", "LoaderCopies"]
 
 PAGE = 4096
 # A direct read lands in a tensor whose first byte sits at the same place in its page as in
-# the file (materialize._fresh), so a half has room for that shift per tensor.
+# the file (HostRing.take), so a half has room for that shift per tensor.
 SLACK = 1 << 20
 FALLBACK = "the loader copies from pageable memory, which holds its thread until each copy is done"
 # Room left on the device beside a group allocated on the loader's stream: the allocator's
@@ -79,8 +79,10 @@ class HostRing:
         return True
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int, offset: int | None) -> torch.Tensor | None:
-        """An uninitialised tensor in the half under way, placed as ``materialize._fresh``
-        places one (None when it has no room left)."""
+        """An uninitialised tensor in the half under way, its first byte at the same place in its
+        page as in the file, so a direct read lands in it with no bounce (None when the half has
+        no room left). It is only a copy's source, never computed on, so torch's alignment does
+        not matter here."""
         shift = 0 if offset is None or offset % dtype.itemsize else offset % PAGE
         at = -(-self.cursor // PAGE) * PAGE + shift
         if at + nbytes > self.half:
