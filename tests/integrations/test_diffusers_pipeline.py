@@ -16,7 +16,7 @@ import torch
 import trash_panda
 from conftest import ReadsWith
 from support.hf_folders import make_sd
-from support.sd import STREAM, sd_image
+from support.sd import STREAM, sd_call, sd_image
 from trash_panda import _core
 from trash_panda.offload.state import get_state
 
@@ -197,19 +197,10 @@ def test_overlap_is_checked(folder: Path) -> None:
 
 
 def _image_and_order_warnings(pipe: Any) -> tuple[torch.Tensor, list[str]]:
-    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = pipe(
-            "a raccoon at night",
-            num_inference_steps=3,
-            height=16,
-            width=16,
-            guidance_scale=3.0,
-            output_type="pt",
-            generator=torch.Generator().manual_seed(0),
-        )
-    said = [str(w.message) for w in caught if "ran before the order given" in str(w.message)]
-    return out.images, said
+        image = sd_call(pipe)
+    return image, [str(w.message) for w in caught if "ran before the order given" in str(w.message)]
 
 
 def test_a_chain_run_twice_gives_no_order_warning_on_its_second_run(tmp_path: Path) -> None:

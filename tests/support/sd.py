@@ -10,9 +10,9 @@ from diffusers import StableDiffusionPipeline
 STREAM = ["text_encoder", "unet", "vae"]
 
 
-def sd_image(pipe: StableDiffusionPipeline) -> torch.Tensor:
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the UNet runs its middle blocks out of their defined order
+def sd_call(pipe: StableDiffusionPipeline) -> torch.Tensor:
+    """One small image, the same each call (the warnings it raises go to the caller)."""
+    with torch.no_grad():
         out = pipe(
             "a raccoon at night",
             num_inference_steps=3,
@@ -25,3 +25,9 @@ def sd_image(pipe: StableDiffusionPipeline) -> torch.Tensor:
     image = out.images
     assert isinstance(image, torch.Tensor) and image.shape == (1, 3, 16, 16)
     return image
+
+
+def sd_image(pipe: StableDiffusionPipeline) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the UNet runs its middle blocks out of their defined order
+        return sd_call(pipe)
