@@ -1,5 +1,5 @@
 """The pipeline runner against the other ways of running a pipeline too large for the RAM budget
-(issue 22), on a cold cache, two runs each (not a test).
+(one staging pool, stages read ahead and kept), on a cold cache, two runs each (not a test).
 
     PYTHONPATH=python .venv/bin/python bench/pipeline.py [--preset full] [--steps 8] [--budget 0.6]
 
@@ -431,7 +431,7 @@ def report(
     ]
     mach = machine(pm.DATA)
     lines = [
-        "# Pipeline runner (`bench/pipeline.py`, issue 22)",
+        "# Pipeline runner (`bench/pipeline.py`)",
         "",
         f"- date: {mach['date']}",
         f"- machine: nproc {mach['nproc']} ({mach['cpu']}, {args.cpu_flags}), {mach['ram']} RAM, kernel "

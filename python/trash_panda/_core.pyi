@@ -51,6 +51,8 @@ __all__ = [
     "staging_buffers",
     "DEFAULT_HEADROOM_VRAM",
     "DEFAULT_LOOKAHEAD",
+    "TENSOR_ALIGN",
+    "DIRECT_ALIGN",
     "LoadReport",
     "TierLoad",
     "make_plan",
@@ -589,6 +591,10 @@ CUDA_CONTEXT_FLOOR: int
 SCALE_SUFFIXES: list[str]
 DEFAULT_HEADROOM_VRAM: int
 DEFAULT_LOOKAHEAD: int
+# Where every tensor handed to torch on the CPU starts, in bytes.
+TENSOR_ALIGN: int
+# The alignment of memory and file offsets a direct (O_DIRECT) read needs, in bytes.
+DIRECT_ALIGN: int
 
 @final
 class TierLoad:

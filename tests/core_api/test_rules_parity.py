@@ -1,4 +1,4 @@
-"""Python asks the core, never restates it (issue 20): one test per rule that Python once held a
+"""Python asks the core, never restates it: one test per rule that Python once held a
 copy of, checking Python's public behaviour against the core's answer on the cases where the two
 used to disagree, and that the Python copy is gone."""
 

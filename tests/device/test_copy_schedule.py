@@ -46,7 +46,7 @@ def test_the_steady_step_is_the_slowest_of_copy_compute_and_fill(form: str, look
 
 @pytest.mark.parametrize("compute_ms", [5, 15])
 def test_copies_overlap_compute_with_1_gb_blocks(compute_ms: int) -> None:
-    """The case of issue 19: without the overlap, 1 GB blocks at 5 ms of compute kept the link
+    """The case that started the schedule: without the overlap, 1 GB blocks at 5 ms of compute kept the link
     busy 80% of the time (57% at 15 ms), each block costing copy + compute."""
     r = predict_step(1_000_000_000, compute_ms / 1000, 2, LINK, 2 * LINK)
     assert r["step_s"] == pytest.approx(0.020, rel=0.01)

@@ -152,7 +152,7 @@ def _running(tmp_path: Path, dev: HandoverDevice) -> tuple[Tiny, OffloadHandle, 
     handle = _install(model, state, state.blocks, None, backend)
     for b in state.blocks:
         b.module.register_forward_pre_hook(lambda *_, name=b.prefix: dev.run_block(name, COMPUTE_S))
-    stage = LoadedStage("k", model, p, handle, None, _core.Holds(0, 0), _core.Free(0, 0), None, None)  # type: ignore[arg-type]
+    stage = LoadedStage("k", model, p, handle, None, _core.Holds(0, 0), _core.Free(0, 0), None)  # type: ignore[arg-type]
     return ref, handle, stage
 
 

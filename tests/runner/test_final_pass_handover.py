@@ -39,7 +39,7 @@ class Pass:
 
 def stage() -> LoadedStage:
     none: object = None
-    return LoadedStage("dit", none, none, none, none, _core.Holds(0, 300), _core.Free(0, 0), None, None)  # type: ignore[arg-type]
+    return LoadedStage("dit", none, none, none, none, _core.Holds(0, 300), _core.Free(0, 0), None)  # type: ignore[arg-type]
 
 
 def test_each_block_is_handed_over_only_after_its_kernels_ran() -> None:

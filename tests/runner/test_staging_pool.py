@@ -1,4 +1,4 @@
-"""One staging pool for the whole pipeline (issue 22): every stage's engine stages into the same
+"""One staging pool for the whole pipeline: every stage's engine stages into the same
 buffers, taken at its turn and given back at its end; each stage's plan counts the pool, the
 pipeline counts it once; the pool goes with the pipeline; a stage that asks for it out of turn
 gets an error naming the holder. The tiny pipeline of examples/pipeline_stages.py, every block

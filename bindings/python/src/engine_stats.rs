@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+use crate::mirror::mirror_enum;
 use trash_panda::profile::{CopyRun, EngineSummary, Tier};
 use trash_panda::stream::{EngineStats, Staging, StagingSource};
 
@@ -144,25 +145,11 @@ pub(crate) enum PyStagingSource {
     RAM_COLD,
 }
 
-impl From<StagingSource> for PyStagingSource {
-    fn from(s: StagingSource) -> Self {
-        match s {
-            StagingSource::Disk => PyStagingSource::DISK,
-            StagingSource::RamWarm => PyStagingSource::RAM_WARM,
-            StagingSource::RamCold => PyStagingSource::RAM_COLD,
-        }
-    }
-}
-
-impl From<PyStagingSource> for StagingSource {
-    fn from(s: PyStagingSource) -> Self {
-        match s {
-            PyStagingSource::DISK => StagingSource::Disk,
-            PyStagingSource::RAM_WARM => StagingSource::RamWarm,
-            PyStagingSource::RAM_COLD => StagingSource::RamCold,
-        }
-    }
-}
+mirror_enum!(PyStagingSource <=> StagingSource {
+    DISK = Disk,
+    RAM_WARM = RamWarm,
+    RAM_COLD = RamCold,
+});
 
 #[pymethods]
 impl PyStagingSource {

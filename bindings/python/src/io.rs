@@ -10,12 +10,13 @@ use pyo3::prelude::*;
 
 use trash_panda::io::{
     drive_queue, read_ranges_queued, read_ranges_with, FileReader, Lane, Need, Priority,
-    QueueStats, ReadMode, ReadOptions, ReadRequest, ReadStats,
+    QueueStats, ReadMode, ReadOptions, ReadRequest, ReadStats, DIRECT_ALIGN,
 };
 
 use crate::dlpack::{disjoint, Borrowed};
 use crate::errors::ToPyErr;
 use crate::gil::without_gil;
+use crate::mirror::mirror_enum;
 
 /// Reads byte ranges of a file straight into CPU tensors: `requests` is a list of
 /// (file offset, destination); each destination is filled completely. Returns (bytes, seconds).
@@ -91,23 +92,10 @@ pub(crate) enum PyPriority {
     AHEAD,
 }
 
-impl From<Priority> for PyPriority {
-    fn from(p: Priority) -> Self {
-        match p {
-            Priority::Run => PyPriority::RUN,
-            Priority::Ahead => PyPriority::AHEAD,
-        }
-    }
-}
-
-impl From<PyPriority> for Priority {
-    fn from(p: PyPriority) -> Self {
-        match p {
-            PyPriority::RUN => Priority::Run,
-            PyPriority::AHEAD => Priority::Ahead,
-        }
-    }
-}
+mirror_enum!(PyPriority <=> Priority {
+    RUN = Run,
+    AHEAD = Ahead,
+});
 
 #[pymethods]
 impl PyPriority {
@@ -450,6 +438,7 @@ fn cached_bytes(py: Python<'_>, path: PathBuf) -> PyResult<u64> {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("DIRECT_ALIGN", DIRECT_ALIGN)?;
     m.add_function(wrap_pyfunction!(read_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(read_block, m)?)?;
     m.add_class::<PyReadLane>()?;

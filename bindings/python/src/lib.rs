@@ -14,6 +14,7 @@ mod errors;
 mod gil;
 mod io;
 mod load_report;
+mod mirror;
 mod order;
 mod pipeline;
 mod plan;

@@ -58,6 +58,7 @@ fn staging_buffers(asked: Option<usize>, lookahead: usize) -> usize {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_HEADROOM_VRAM", rules::DEFAULT_HEADROOM_VRAM)?;
     m.add("DEFAULT_LOOKAHEAD", rules::DEFAULT_LOOKAHEAD)?;
+    m.add("TENSOR_ALIGN", rules::TENSOR_ALIGN)?;
     m.add_function(wrap_pyfunction!(is_scale_name, m)?)?;
     m.add_function(wrap_pyfunction!(weight_of_scale, m)?)?;
     m.add_function(wrap_pyfunction!(needs_expansion, m)?)?;

@@ -1,4 +1,4 @@
-//! The core's top-level modules import each other without a circle (issue 20): a module that a
+//! The core's top-level modules import each other without a circle: a module that a
 //! lower one reaches must never reach back. The test reads the sources under `src/`, takes every
 //! path that leaves its own top-level module (`crate::plan::Tier`, `super::super::x` from a
 //! file deep enough, `crate::DType` through the crate root's re-exports), and fails with the

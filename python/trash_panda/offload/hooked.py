@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from ..plan import Plan
     from .handle import OffloadHandle
     from .order import OrderChoice
-    from .overlap import ResidentLoader
     from .state import ModelState, TensorSpec
 
 __all__ = ["Loaded", "OrderFile", "load_and_hook"]
@@ -42,7 +41,6 @@ class Loaded:
 
     handle: OffloadHandle
     choice: OrderChoice
-    loader: ResidentLoader | None = None  # with overlap: the thread reading the rest
 
 
 def load_and_hook(
@@ -124,10 +122,9 @@ def _load_and_hook(
         return Loaded(handle, choice)
     # Stopped when the hooks come off.
     costs = _costs(plan, state, later, ahead)
-    loader = start_loader(
-        handle, state, deferred, choice.first, later, waits, allowance=allowance, costs=costs, ram_tier=ahead
-    )
-    return Loaded(handle, choice, loader)
+    # With overlap the rest is read by the loader on the model's state (``state.loader``).
+    start_loader(handle, state, deferred, choice.first, later, waits, allowance=allowance, costs=costs, ram_tier=ahead)
+    return Loaded(handle, choice)
 
 
 def _costs(

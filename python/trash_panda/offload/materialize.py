@@ -63,12 +63,11 @@ def read_many(
 
 # Tensors from this size on are read into pages of their own (an anonymous map), not the heap.
 FRESH_BYTES = 1 << 20
-# The alignment of memory and file offsets a direct read needs (the core's io::DIRECT_ALIGN); a
-# map starts on a page, and every system's page is a multiple of it.
-DIRECT_ALIGN = 4096
-# Where every tensor handed to torch on the CPU starts (the core's rules::TENSOR_ALIGN): a kernel
-# may round differently on a weight that is not aligned like the allocator's own blocks.
-TENSOR_ALIGN = 64
+# The alignment of memory and file offsets a direct read needs (a map starts on a page, and
+# every system's page is a multiple of it), and where every tensor handed to torch on the CPU
+# starts (a kernel may round differently on a weight not aligned like the allocator's blocks).
+DIRECT_ALIGN = _core.DIRECT_ALIGN
+TENSOR_ALIGN = _core.TENSOR_ALIGN
 
 
 def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int, offset: int | None = None) -> torch.Tensor:

@@ -55,7 +55,6 @@ class LoadedStage:
     choice: OrderChoice
     holds: _core.Holds  # what it holds once fully loaded, by its plan
     predicted: _core.Free  # the free memory its plan was made for
-    loader: ResidentLoader | None
     allowance: _core.Allowance | None  # None: loaded at its turn, nothing to gate
     key: str = ""  # what its peak activation memory is remembered under
     file_bytes: int = 0  # its checkpoint's size
@@ -80,6 +79,11 @@ class LoadedStage:
         state = get_state(self.model)
         assert state is not None, f"stage {self.name} is not loaded"
         return state
+
+    @property
+    def loader(self) -> ResidentLoader | None:
+        """Its overlap loader, while its hook is on (the model's state holds it)."""
+        return self.state.loader
 
     def pending(self) -> _core.Holds:
         """What its loader has still to read, in the memory the blocks compute in (VRAM with
@@ -176,7 +180,7 @@ class LoadedStage:
             self.plan, self.state.config, [b.prefix for b in blocks], outside=False, ram_tier=False, gpu=False
         )
         costs = {("block", b.index): n for b, n in zip(blocks, read.blocks, strict=True)}
-        self.loader = start_loader(self.handle, self.state, blocks, self.choice.first, allowance=allowance, costs=costs)
+        start_loader(self.handle, self.state, blocks, self.choice.first, allowance=allowance, costs=costs)
         self.allowance = allowance
         self.read_again, self.given_back = self.given_back, 0
         return self.read_again
@@ -321,6 +325,4 @@ def load_stage(
         allowance=gate,
     )
     holds = plan.holds(name)
-    return LoadedStage(
-        name, model, plan, loaded.handle, loaded.choice, holds, predicted, loaded.loader, gate, key, file_bytes, cached
-    )
+    return LoadedStage(name, model, plan, loaded.handle, loaded.choice, holds, predicted, gate, key, file_bytes, cached)

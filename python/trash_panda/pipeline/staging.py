@@ -1,4 +1,4 @@
-"""The pipeline's one staging pool (issue 22): every stage's engine stages into the same
+"""The pipeline's one staging pool: every stage's engine stages into the same
 buffers, taken at its turn and given back when it ends, so a stage read ahead or kept loaded
 between runs holds none. Sized once, before the first stage streams, for the largest block of
 any stage in any tier; on CUDA registered as pinned once; freed when the pipeline closes.

@@ -5,6 +5,8 @@ use pyo3::prelude::*;
 
 use trash_panda::pipeline::{report, Arrival, Departure, StageRecord};
 
+use crate::mirror::mirror_enum;
+
 use super::holds::{PyFree, PyReplan};
 
 /// How a stage's weights were there when its turn came (the core's `Arrival`).
@@ -30,27 +32,12 @@ pub(crate) enum PyArrival {
     REPLANNED,
 }
 
-impl From<Arrival> for PyArrival {
-    fn from(a: Arrival) -> Self {
-        match a {
-            Arrival::Kept => PyArrival::KEPT,
-            Arrival::ReadAhead => PyArrival::READ_AHEAD,
-            Arrival::ReadAtStart => PyArrival::READ_AT_START,
-            Arrival::Replanned => PyArrival::REPLANNED,
-        }
-    }
-}
-
-impl From<PyArrival> for Arrival {
-    fn from(a: PyArrival) -> Self {
-        match a {
-            PyArrival::KEPT => Arrival::Kept,
-            PyArrival::READ_AHEAD => Arrival::ReadAhead,
-            PyArrival::READ_AT_START => Arrival::ReadAtStart,
-            PyArrival::REPLANNED => Arrival::Replanned,
-        }
-    }
-}
+mirror_enum!(PyArrival <=> Arrival {
+    KEPT = Kept,
+    READ_AHEAD = ReadAhead,
+    READ_AT_START = ReadAtStart,
+    REPLANNED = Replanned,
+});
 
 #[pymethods]
 impl PyArrival {
@@ -82,27 +69,12 @@ pub(crate) enum PyDeparture {
     FAILED,
 }
 
-impl From<Departure> for PyDeparture {
-    fn from(d: Departure) -> Self {
-        match d {
-            Departure::Kept => PyDeparture::KEPT,
-            Departure::Released => PyDeparture::RELEASED,
-            Departure::FinalPass => PyDeparture::FINAL_PASS,
-            Departure::Failed => PyDeparture::FAILED,
-        }
-    }
-}
-
-impl From<PyDeparture> for Departure {
-    fn from(d: PyDeparture) -> Self {
-        match d {
-            PyDeparture::KEPT => Departure::Kept,
-            PyDeparture::RELEASED => Departure::Released,
-            PyDeparture::FINAL_PASS => Departure::FinalPass,
-            PyDeparture::FAILED => Departure::Failed,
-        }
-    }
-}
+mirror_enum!(PyDeparture <=> Departure {
+    KEPT = Kept,
+    RELEASED = Released,
+    FINAL_PASS = FinalPass,
+    FAILED = Failed,
+});
 
 #[pymethods]
 impl PyDeparture {

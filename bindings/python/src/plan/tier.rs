@@ -8,6 +8,7 @@ use pyo3::types::PyString;
 use trash_panda::plan::Tier;
 
 use crate::errors::{raise, Kind, ToPyErr};
+use crate::mirror::mirror_enum;
 
 /// Where a block's weights live between uses: on the compute device, in host RAM, or on disk.
 #[pyclass(name = "Tier", module = "trash_panda._core", eq, eq_int, frozen, hash)]
@@ -22,25 +23,11 @@ pub(crate) enum PyTier {
     DISK,
 }
 
-impl From<Tier> for PyTier {
-    fn from(t: Tier) -> Self {
-        match t {
-            Tier::Device => PyTier::DEVICE,
-            Tier::Ram => PyTier::RAM,
-            Tier::Disk => PyTier::DISK,
-        }
-    }
-}
-
-impl From<PyTier> for Tier {
-    fn from(t: PyTier) -> Self {
-        match t {
-            PyTier::DEVICE => Tier::Device,
-            PyTier::RAM => Tier::Ram,
-            PyTier::DISK => Tier::Disk,
-        }
-    }
-}
+mirror_enum!(PyTier <=> Tier {
+    DEVICE = Device,
+    RAM = Ram,
+    DISK = Disk,
+});
 
 #[pymethods]
 impl PyTier {

@@ -26,7 +26,7 @@ pub enum RamSource {
 #[serde(rename_all = "snake_case")]
 pub enum ColdRead {
     /// Copy through the map after `MADV_WILLNEED` on the run: page faults and the kernel's
-    /// read-ahead (the reader before issue 12; kept to measure against).
+    /// read-ahead (the first reader, kept to measure the others against).
     Map,
     /// `MADV_POPULATE_READ` on the run, then copy from the map; where the system refuses it,
     /// as `Map`.

@@ -1,5 +1,5 @@
 //! Hand-written AVX2 kernels for the conversions the autovectorized loops leave far from memory
-//! speed on AVX2-only CPUs (issue 24); AVX-512 CPUs run them too, as they beat its loops.
+//! speed on AVX2-only CPUs; AVX-512 CPUs run them too, as they beat its loops.
 //!
 //! Why the generic path is slow there: a scaled conversion decodes a chunk to an f32 buffer,
 //! scales it, and encodes it, three loops with a load and a store per element each, and on AVX2
@@ -20,7 +20,7 @@
 //!   quotient-and-encode without division (Markstein's correction of the reciprocal, exact;
 //!   bf16 by a per-scale table of one binade's codes where it can; see there).
 //!
-//! Measured and left to the generic loops (issue 24 item 2; `TRASH_PANDA_SIMD=avx2 make
+//! Measured and left to the generic loops (`TRASH_PANDA_SIMD=avx2 make
 //! bench-convert` on this Xeon, one thread, times memcpy): bf16 -> f32 0.69 (a widening, at
 //! memory speed in cache: fine); fp8 -> f32 or f16 with block scales (not measured; the bf16
 //! block rows could be shared); quantizing f32 sources.
@@ -51,7 +51,7 @@
 //! narrowing loops and a whole tensor's amax by `primitives::prefetch_l2`, the quantizing loops
 //! by their loads (`quant::reciprocal::load_32`, the next row ahead per row). f32 -> bf16 runs at 0.84x memcpy
 //! and f32 -> f16 at 0.9-0.98x, as fast as the best plain read of the source (see
-//! BENCHMARK.md, issue 24).
+//! BENCHMARK.md).
 
 use core::arch::x86_64::*;
 

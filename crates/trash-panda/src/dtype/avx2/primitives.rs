@@ -25,10 +25,10 @@ pub(crate) fn pack_16(a: __m256i, b: __m256i) -> __m256i {
 
 /// How far ahead of their loads the hand-written loops prefetch their source, in bytes.
 ///
-/// On the Xeon of issue 24 (a KVM guest) one core's demand loads and the hardware prefetcher
+/// On a Xeon KVM guest (BENCHMARK.md's AVX2 kernels) one core's demand loads and the hardware prefetcher
 /// read about 7 GB/s, which held f32 -> bf16 at 0.30-0.34x memcpy; software prefetches 2-4 KiB
 /// ahead (one per 64-byte line) brought it to 0.45-0.51x; 8 KiB ahead into L1 fell back (see
-/// BENCHMARK.md, issue 24).
+/// BENCHMARK.md).
 pub(crate) const PREFETCH_AHEAD: usize = 4096;
 
 /// Asks for the source line `PREFETCH_AHEAD` bytes past `src[at]` in L1, for the fp8 table
@@ -48,7 +48,7 @@ pub(crate) fn prefetch(src: &[u8], at: usize) {
 ///
 /// A prefetch into L1 holds one of the core's few line fill buffers until its line arrives, so
 /// only a dozen or so lines are on their way at once; into L2 it leaves them to the L2's
-/// larger queue. On the Xeon of issue 24 this took f32 -> bf16 from 0.69-0.73x memcpy to
+/// larger queue. On that Xeon this took f32 -> bf16 from 0.69-0.73x memcpy to
 /// 0.83-0.86x and f32 -> f16 from 0.78-0.82x to 0.93-0.97x (one thread, 2026-12-03), above a
 /// plain read of the source with L1 prefetches; the fp8 table loops went no faster with it.
 /// AMD's cores before Zen 4 take the T1 hint as T0 (into L1), so there it is the prefetch it

@@ -118,7 +118,7 @@ pub(crate) struct Amax {
 /// them. Works on the 16-bit patterns directly, sixteen to a register: their magnitudes order
 /// like the values. The loop takes NaNs as the largest magnitudes; only when one comes out on
 /// top does a second pass leave them out. `PREFETCH`: ask for `src` in L2 ahead of the loads
-/// (see `prefetch_l2`), as a whole tensor's pass needs: on the Xeon of issue 24 it took
+/// (see `prefetch_l2`), as a whole tensor's pass needs: on a Xeon KVM guest it took
 /// per-tensor quantizing from 0.33-0.36x memcpy to 0.37-0.40x, where a row the per-row
 /// quantizer had prefetched lost 6% to the extra hints.
 #[target_feature(enable = "avx2,fma,f16c")]

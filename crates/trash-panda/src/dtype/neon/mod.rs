@@ -1,5 +1,5 @@
 //! Hand-written NEON kernels for aarch64 (Apple Silicon, Graviton): fp8 expansion, f32 <-> bf16
-//! and f16, and bf16/f16 -> e4m3 quantization (issue 24), run at the `neon` level.
+//! and f16, and bf16/f16 -> e4m3 quantization, run at the `neon` level.
 //!
 //! Why not leave these to LLVM, as the other conversions are: the portable loops are shaped by
 //! what vectorizes on x86. Each branch-free element function computes every case (normal,
@@ -31,7 +31,7 @@
 //! None of this was timed (no Arm machine in this project); the tables follow the AVX2
 //! kernels, which measured it on x86. What guided the f32 -> bf16 rounding and the quantize
 //! tables is llvm-mca's model of the loops as compiled, on Neoverse N1, V1, V2 and Apple M1
-//! (`make bench-neon-model`, BENCHMARK.md, issue 24): about 1.4 times fewer cycles a block
+//! (`make bench-neon-model`, BENCHMARK.md): about 1.4 times fewer cycles a block
 //! for the rounding and 3 to 3.7 times for the tables than the loops they replaced.
 //! bf16 -> f32 is only a widening shift, written here too so
 //! the level runs no per-element loop for it; everything else (f64, scaled bf16/f16/f32
