@@ -1383,11 +1383,12 @@ class LoadReads:
     def reason(self) -> str:
         """Why, in a sentence for the report."""
 
-def load_reads(files: int, ram: int, vram: int | None = None) -> LoadReads:
+def load_reads(files: int, ram: int, vram: int | None = None, keep: bool = True) -> LoadReads:
     """How a pipeline whose stages' files hold `files` bytes together reads them at its loads,
-    allowed `ram` bytes of RAM (and `vram` of device memory on a GPU): past the page cache unless
-    the files stay cached beside what the stages hold in RAM; `TRASH_PANDA_DISK_MODE` other than
-    `auto` wins.
+    allowed `ram` bytes of RAM (and `vram` of device memory on a GPU), keeping its stages loaded
+    between runs where they fit (`keep`): past the page cache when each file is read once (the
+    stages stay loaded together), or when the files would not stay cached beside what the stages
+    hold in RAM; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
     """
 
 def plan_reads(plan: Plan, files: int) -> LoadReads:

@@ -117,6 +117,7 @@ impl Bench {
                 let opts = ReadOptions {
                     threads,
                     chunk_size: self.chunk,
+                    populate: false, // one staging buffer, reused
                 };
                 let mut off = 0u64;
                 while off < self.size {

@@ -51,6 +51,8 @@ fn read_tensors(
     };
     let options = ReadOptions {
         threads: threads.max(1),
+        // Python's destinations are tensors made for the read: fresh pages.
+        populate: true,
         ..ReadOptions::default()
     };
     let stats = without_gil(py, || {
@@ -344,6 +346,8 @@ fn read_block(
     }
     let options = ReadOptions {
         threads: threads.max(1),
+        // Python's destinations are tensors made for the read: fresh pages.
+        populate: true,
         ..ReadOptions::default()
     };
     let mode = match lane {

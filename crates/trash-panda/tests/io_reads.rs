@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use trash_panda::io::{
     cached_bytes, drop_cache, read_ranges, read_ranges_with, AlignedBuf, FileReader, IoError,
-    MappedFile, ReadMode, ReadOptions, ReadRequest,
+    MappedFile, ReadMode, ReadOptions, ReadRequest, POPULATE_MIN,
 };
 
 const SIZES: &[usize] = &[
@@ -122,6 +122,43 @@ fn direct_really_is_direct_on_the_disk() {
 }
 
 #[test]
+fn reads_into_fresh_memory_whose_pages_are_made_present_ahead_match_the_file() {
+    // Over POPULATE_MIN, so the thread that makes the destinations' pages present runs beside
+    // the readers; destinations fresh (never touched), one at an odd address.
+    let size = POPULATE_MIN + 3 * 4096 + 17;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let (f, want) = write_file(&dir, size, 5);
+    for mode in [ReadMode::Buffered, ReadMode::Direct] {
+        let r = FileReader::open(f.path(), mode).unwrap();
+        for threads in [1, 2, 4] {
+            let half = size / 2 + 5;
+            let mut a = vec![0u8; half + 1];
+            let mut b = vec![0u8; size - half];
+            let mut reqs = vec![
+                ReadRequest::new(0, &mut a[1..]),
+                ReadRequest::new(half as u64, &mut b[..]),
+            ];
+            let opts = ReadOptions {
+                threads,
+                chunk_size: 1 << 20,
+                populate: true,
+            };
+            let stats = read_ranges_with(&r, &mut reqs, &opts).unwrap();
+            assert_eq!(stats.bytes, size as u64);
+            drop(reqs);
+            assert!(
+                a[1..] == want[..half],
+                "{mode} threads {threads}: first half"
+            );
+            assert!(
+                b[..] == want[half..],
+                "{mode} threads {threads}: second half"
+            );
+        }
+    }
+}
+
+#[test]
 fn parallel_reads_match_fs_read_for_every_mode_and_thread_count() {
     let mut rng = Rng(11);
     for dir in dirs() {
@@ -153,6 +190,7 @@ fn parallel_reads_match_fs_read_for_every_mode_and_thread_count() {
                         let opts = ReadOptions {
                             threads,
                             chunk_size,
+                            populate: false,
                         };
                         let stats = read_ranges_with(&r, &mut reqs, &opts).unwrap();
                         let total: usize = rs.iter().map(|r| r.1).sum();

@@ -482,7 +482,7 @@ class StageKeeper:
             # Decided once, at the first load, for the budget with nothing held.
             files = sum(os.path.getsize(f) for s in self.stages for f in Checkpoint(s.path).files)
             budget = self._free().after_release(self._held())
-            self._reads = _core.load_reads(files, budget.ram, budget.vram)
+            self._reads = _core.load_reads(files, budget.ram, budget.vram, keep=self.keep)
         return {
             "device": self.device,
             "order": spec.order,

@@ -38,15 +38,21 @@ impl PyLoadReads {
 }
 
 /// How a pipeline whose stages' files hold `files` bytes together reads them at its loads,
-/// allowed `ram` bytes of RAM (and `vram` of device memory on a GPU): past the page cache unless
-/// the files stay cached beside what the stages hold in RAM; `TRASH_PANDA_DISK_MODE` other than
-/// `auto` wins.
+/// allowed `ram` bytes of RAM (and `vram` of device memory on a GPU), keeping its stages loaded
+/// between runs where they fit (`keep`): past the page cache when each file is read once (the
+/// stages stay loaded together), or when the files would not stay cached beside what the stages
+/// hold in RAM; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
 #[pyfunction(name = "load_reads")]
-#[pyo3(signature = (files, ram, vram=None))]
-pub(super) fn py_load_reads(files: u64, ram: u64, vram: Option<u64>) -> PyResult<PyLoadReads> {
+#[pyo3(signature = (files, ram, vram=None, keep=true))]
+pub(super) fn py_load_reads(
+    files: u64,
+    ram: u64,
+    vram: Option<u64>,
+    keep: bool,
+) -> PyResult<PyLoadReads> {
     let settings = EngineSettings::from_env().map_err(ToPyErr::to_py)?;
     Ok(PyLoadReads {
-        inner: load_reads(settings.disk_mode, files, ram, vram),
+        inner: load_reads(settings.disk_mode, files, ram, vram, keep),
     })
 }
 

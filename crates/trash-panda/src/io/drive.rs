@@ -61,6 +61,7 @@ pub fn measure_drive(files: &[PathBuf], max_bytes: u64) -> Result<Option<DriveRa
     let opts = ReadOptions {
         threads: DRIVE_IN_FLIGHT,
         chunk_size: DRIVE_CHUNK,
+        populate: false,
     };
     let mut left = max_bytes;
     let mut bytes = 0u64;

@@ -28,7 +28,7 @@ pub use error::IoError;
 pub use mapped::MappedFile;
 pub use parallel::{
     read_ranges, read_ranges_queued, read_ranges_until, read_ranges_with, ReadOptions, ReadRequest,
-    DEFAULT_CHUNK_SIZE,
+    DEFAULT_CHUNK_SIZE, POPULATE_MIN,
 };
 pub(crate) use platform::page_size;
 pub use platform::read_exact_at;

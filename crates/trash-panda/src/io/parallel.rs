@@ -5,6 +5,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use super::aligned::{AlignedBuf, DIRECT_ALIGN};
+use super::platform;
 use super::schedule::{Lane, Need, Permit};
 use super::{FileReader, IoError, ReadMode, ReadStats};
 
@@ -39,6 +40,11 @@ pub struct ReadOptions {
     pub threads: usize,
     /// Largest single read, rounded up to the alignment.
     pub chunk_size: usize,
+    /// The destinations are fresh memory, never touched: one more thread makes their pages
+    /// present ahead of the readers ([`POPULATE_MIN`] bytes or more in all), so a reader's
+    /// request is not held up by faulting its destination page by page. Where that thread
+    /// cannot (not Linux, kernels before 5.14) the readers fault the pages as before.
+    pub populate: bool,
 }
 
 impl Default for ReadOptions {
@@ -46,9 +52,14 @@ impl Default for ReadOptions {
         ReadOptions {
             threads: 2,
             chunk_size: DEFAULT_CHUNK_SIZE,
+            populate: false,
         }
     }
 }
+
+/// Below this many bytes in all, [`ReadOptions::populate`] starts no thread: the faults of a
+/// few megabytes cost less than starting one.
+pub const POPULATE_MIN: usize = 16 << 20;
 
 /// Reads every request with `threads` threads and the default chunk size.
 pub fn read_ranges(
@@ -110,9 +121,20 @@ pub fn read_ranges_queued(
         bytes += r.dst.len() as u64;
         split(r.offset, &mut *r.dst, chunk_size, &mut chunks);
     }
+    // The destinations' addresses, in the order the readers take them, for the thread that
+    // makes their pages present: addresses only, since the readers hold the memory.
+    let spans: Vec<(usize, usize)> = if opts.populate && bytes >= POPULATE_MIN as u64 {
+        chunks
+            .iter_mut()
+            .map(|(_, dst)| (dst.as_mut_ptr() as usize, dst.len()))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let threads = opts.threads.clamp(1, chunks.len().max(1));
     let queue = Mutex::new(chunks.into_iter());
     let failed = AtomicBool::new(false);
+    let readers_done = AtomicBool::new(false);
     let first_error = Mutex::new(None);
     let work = || {
         if let Err(e) = worker(reader, &queue, &failed, stop, chunk_size, gate) {
@@ -121,12 +143,23 @@ pub fn read_ranges_queued(
             slot.get_or_insert(e);
         }
     };
-    if threads == 1 {
+    if threads == 1 && spans.is_empty() {
         work();
     } else {
         std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(work);
+            if !spans.is_empty() {
+                s.spawn(|| populate_ahead(&spans, &readers_done));
+            }
+            let readers: Vec<_> = (0..threads).map(|_| s.spawn(work)).collect();
+            let mut panicked = None;
+            for r in readers {
+                if let Err(p) = r.join() {
+                    panicked.get_or_insert(p);
+                }
+            }
+            readers_done.store(true, Ordering::Relaxed);
+            if let Some(p) = panicked {
+                std::panic::resume_unwind(p);
             }
         });
     }
@@ -145,6 +178,24 @@ pub fn read_ranges_queued(
 }
 
 type Chunk<'a> = (u64, &'a mut [u8]);
+
+/// Makes the pages of `spans` present, in order, until done or the readers have ended (what
+/// they reached they faulted themselves). Stops at the first refusal: the platform or the
+/// memory (not anonymous or file-backed writable) does not allow it, and the readers fault.
+fn populate_ahead(spans: &[(usize, usize)], readers_done: &AtomicBool) {
+    for &(start, len) in spans {
+        if readers_done.load(Ordering::Relaxed) {
+            return;
+        }
+        // SAFETY: each span is a destination chunk the caller lent to this call, so mapped and
+        // writable until it returns, which is after this thread ends (the scope joins it).
+        // Making its pages present reads and writes none of its bytes, so the readers filling
+        // it at the same time see nothing of it.
+        if unsafe { platform::populate_write(start as *mut u8, len) }.is_err() {
+            return;
+        }
+    }
+}
 
 fn split<'a>(mut offset: u64, mut dst: &'a mut [u8], chunk: usize, out: &mut Vec<Chunk<'a>>) {
     while !dst.is_empty() {

@@ -1,14 +1,19 @@
 //! How a pipeline reads its stages' weights into memory: through the page cache or past it.
 //!
-//! A buffered read costs the CPU a copy out of the page cache and the cache's own bookkeeping
-//! (about 0.8 s of system time per GB on the 2-core bench machine, against 0.3 s for a direct
-//! read, much of that the first touch of the destination's pages). While the next stage's
-//! weights are read behind the running stage's compute, that time comes out of the compute.
-//! It buys something only when the pages stay cached until they are read again; the pipeline
-//! reads a stage again when the stages did not fit together, and then the page cache has no
-//! room to keep them either, unless the budget leaves it that room. The rule is the disk tier's
-//! ([`crate::engine_config::disk_mode`]), with the pipeline's budget for the plan's; one model
-//! loaded on its own ([`plan_reads`]) follows it with its plan's RAM and what the plan holds.
+//! The two ways cost the compute beside them differently. A buffered read costs the CPU a copy
+//! out of the page cache and the cache's own bookkeeping; a direct read lands in the
+//! destination with no copy. Beside a model's compute (a stage read ahead, or the later blocks
+//! of a stage that has started), measured on the 2-core bench machines, a buffered read took
+//! 0.56 to 1.1 s of compute per GB, a direct one into fresh pages 0.36 to 0.83 s, and a read
+//! with nothing computing beside it is no faster buffered. The buffered read buys one thing:
+//! the pages stay cached, and a second load of the same files reads them at memory speed. So
+//! the rule asks whether anything reads the files again while they can stay cached: a
+//! pipeline whose stages stay loaded together reads each once, and pays the copy for nothing;
+//! one whose stages are read again each run (they do not fit together, or `keep=False`) gains,
+//! when the page cache has room for them beside what the stages hold. A model loaded on its
+//! own ([`plan_reads`]) is read again by the next load of it (`stage()` releases the model at
+//! its end), so it keeps its files cached where they fit beside what its plan holds. The
+//! disk tier, read every pass, follows [`crate::engine_config::disk_mode`].
 
 use std::fmt;
 
@@ -34,12 +39,34 @@ impl fmt::Display for LoadReads {
 }
 
 /// The mode for loading stages whose files hold `files` bytes together, in a pipeline allowed
-/// `ram` bytes of RAM (and `vram` of device memory, on a GPU): buffered when the files fit in
-/// the page cache beside everything the stages can hold in RAM (what of the files the device
-/// memory cannot hold, at most the budget), else direct; a `choice` other than `auto` wins.
-pub fn load_reads(choice: DiskModeChoice, files: u64, ram: u64, vram: Option<u64>) -> LoadReads {
+/// `ram` bytes of RAM (and `vram` of device memory, on a GPU), that keeps its stages loaded
+/// between runs where they fit (`keep`). Buffered only when the files fit in the page cache
+/// beside everything the stages can hold in RAM (what of the files the device memory cannot
+/// hold, at most the budget) and the stages are read again: with that much room and `keep`,
+/// every stage stays loaded and each file is read once, so direct. A `choice` other than
+/// `auto` wins.
+pub fn load_reads(
+    choice: DiskModeChoice,
+    files: u64,
+    ram: u64,
+    vram: Option<u64>,
+    keep: bool,
+) -> LoadReads {
     let held = ram.min(files.saturating_sub(vram.unwrap_or(0)));
-    decide(choice, "the stages'", files, ram, held)
+    let reads = decide(choice, "the stages'", files, ram, held);
+    if choice.mode().is_some() || reads.mode == ReadMode::Direct || !keep {
+        return reads;
+    }
+    LoadReads {
+        mode: ReadMode::Direct,
+        reason: format!(
+            "direct reads: the stages' {} of files fit together in the {} budget with room to \
+             spare, so each stays loaded and is read once; a copy through the page cache would \
+             only take CPU from the compute beside the reads",
+            format_bytes(files),
+            format_bytes(ram)
+        ),
+    }
 }
 
 /// The mode for loading one model by `plan` (configured as `config`) from files of `files`
@@ -78,8 +105,8 @@ fn decide(choice: DiskModeChoice, whose: &str, files: u64, ram: u64, held: u64) 
         (
             ReadMode::Buffered,
             format!(
-                "buffered reads: {whose} {} of files stay in the page cache beside what is \
-                 held in RAM ({} spare in the {} budget)",
+                "buffered reads: {whose} {} of files stay in the page cache for their next load, \
+                 beside what is held in RAM ({} spare in the {} budget)",
                 format_bytes(files),
                 format_bytes(spare),
                 format_bytes(ram)
@@ -108,11 +135,24 @@ mod tests {
     #[test]
     fn direct_when_the_files_cannot_stay_cached_beside_the_stages() {
         // The bench's case: 4 GB of files, a 3 GB budget the stages fill.
-        let r = load_reads(DiskModeChoice::Auto, 4_000_000_000, 3_000_000_000, None);
+        let r = load_reads(
+            DiskModeChoice::Auto,
+            4_000_000_000,
+            3_000_000_000,
+            None,
+            true,
+        );
         assert_eq!(r.mode, ReadMode::Direct);
         assert!(r.reason.contains("4.00 GB"), "{}", r.reason);
-        // The stages fit, but not twice over: their pages would be evicted by their own loads.
-        let r = load_reads(DiskModeChoice::Auto, 4_000_000_000, 7_999_999_999, None);
+        // Read again each run, but not fitting twice over: their pages would be evicted by
+        // their own loads.
+        let r = load_reads(
+            DiskModeChoice::Auto,
+            4_000_000_000,
+            7_999_999_999,
+            None,
+            false,
+        );
         assert_eq!(r.mode, ReadMode::Direct);
         // On a GPU the stages hold in RAM what the device cannot: here 3 of the 4 GB.
         let r = load_reads(
@@ -120,13 +160,54 @@ mod tests {
             4_000_000_000,
             6_999_999_999,
             Some(1_000_000_000),
+            false,
         );
         assert_eq!(r.mode, ReadMode::Direct);
     }
 
     #[test]
+    fn direct_when_every_stage_stays_loaded() {
+        // Room for the files twice over, but the stages stay loaded: each file is read once.
+        let r = load_reads(
+            DiskModeChoice::Auto,
+            4_000_000_000,
+            20_000_000_000,
+            None,
+            true,
+        );
+        assert_eq!(r.mode, ReadMode::Direct);
+        assert!(r.reason.contains("read once"), "{}", r.reason);
+        // The same stages, let go after each turn: read again every run, and cached.
+        let r = load_reads(
+            DiskModeChoice::Auto,
+            4_000_000_000,
+            20_000_000_000,
+            None,
+            false,
+        );
+        assert_eq!(r.mode, ReadMode::Buffered);
+        assert!(r.reason.contains("next load"), "{}", r.reason);
+        // The device holds a quarter; RAM holds the rest and the files: still read once.
+        let r = load_reads(
+            DiskModeChoice::Auto,
+            4_000_000_000,
+            8_000_000_000,
+            Some(1_000_000_000),
+            true,
+        );
+        assert_eq!(r.mode, ReadMode::Direct);
+        assert!(r.reason.contains("read once"), "{}", r.reason);
+    }
+
+    #[test]
     fn buffered_when_the_budget_holds_the_stages_and_their_files() {
-        let r = load_reads(DiskModeChoice::Auto, 4_000_000_000, 8_000_000_000, None);
+        let r = load_reads(
+            DiskModeChoice::Auto,
+            4_000_000_000,
+            8_000_000_000,
+            None,
+            false,
+        );
         assert_eq!(r.mode, ReadMode::Buffered);
         assert!(r.reason.contains("4.00 GB spare"), "{}", r.reason);
         // A GPU that holds every stage leaves the RAM to the page cache.
@@ -135,16 +216,19 @@ mod tests {
             4_000_000_000,
             4_000_000_000,
             Some(8_000_000_000),
+            false,
         );
         assert_eq!(r.mode, ReadMode::Buffered);
     }
 
     #[test]
     fn the_setting_wins() {
-        let r = load_reads(DiskModeChoice::Buffered, 4_000_000_000, 1, None);
+        let r = load_reads(DiskModeChoice::Buffered, 4_000_000_000, 1, None, true);
         assert_eq!(r.mode, ReadMode::Buffered);
         assert!(r.reason.contains("TRASH_PANDA_DISK_MODE"));
-        let r = load_reads(DiskModeChoice::Direct, 1, u64::MAX, None);
+        let r = load_reads(DiskModeChoice::Direct, 1, u64::MAX, None, false);
         assert_eq!(r.mode, ReadMode::Direct);
+        let r = load_reads(DiskModeChoice::Buffered, 1, u64::MAX, None, true);
+        assert_eq!(r.mode, ReadMode::Buffered);
     }
 }

@@ -102,3 +102,15 @@ pub(crate) fn advise_huge(_bytes: &[u8]) -> Result<(), OpError> {
         io::Error::from(io::ErrorKind::Unsupported),
     ))
 }
+
+/// macOS has no way to make pages present without touching them: the reads fault them.
+///
+/// # Safety
+///
+/// None needed; unsafe to match the other platforms.
+pub(crate) unsafe fn populate_write(_start: *mut u8, _len: usize) -> Result<(), OpError> {
+    Err((
+        "populating fresh memory (no MADV_POPULATE_WRITE on macOS)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
+}

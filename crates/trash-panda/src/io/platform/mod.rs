@@ -17,6 +17,8 @@
 //! - `advise_huge(bytes)`: ask for a mapped range to be mapped with huge pages (a hint);
 //! - `forget_pages(bytes)`: give back the process's pages of a mapped range, leaving the cache's;
 //! - `populate(bytes)`: read a mapped range in now (returns when it is in memory), or say why not;
+//! - `populate_write(start, len)`: make fresh memory's pages present and writable now, without
+//!   writing, or say why not;
 //! - `advise_read(file, offset, len)`: start reading a file range ahead into the cache;
 //! - `page_size()`.
 

@@ -162,3 +162,15 @@ pub(crate) fn advise_huge(_bytes: &[u8]) -> Result<(), OpError> {
         io::Error::from(io::ErrorKind::Unsupported),
     ))
 }
+
+/// Windows has no way to make pages present without touching them: the reads fault them.
+///
+/// # Safety
+///
+/// None needed; unsafe to match the other platforms.
+pub(crate) unsafe fn populate_write(_start: *mut u8, _len: usize) -> Result<(), OpError> {
+    Err((
+        "populating fresh memory (no MADV_POPULATE_WRITE on Windows)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
+}

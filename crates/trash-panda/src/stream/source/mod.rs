@@ -357,6 +357,7 @@ impl CheckpointSource {
         let opts = ReadOptions {
             threads,
             chunk_size: self.chunk_size,
+            populate: false,
         };
         if let Some(storage) = self.storage {
             let lane = self.reads.lane();

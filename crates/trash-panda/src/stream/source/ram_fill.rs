@@ -57,6 +57,7 @@ impl CheckpointSource {
         let opts = ReadOptions {
             threads: in_flight.max(1),
             chunk_size: self.chunk_size,
+            populate: false,
         };
         let (lane, need) = self.reads.of(block);
         match read_ranges_queued(reader, &mut requests, &opts, stop, Some((&lane, need))) {
