@@ -25,6 +25,7 @@ Writes bench/results/chain-<dtype>.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -248,7 +249,7 @@ def child(way: str, dtype: str, out: Path) -> None:
             mark("denoiser", t0)
         times["total"] = time.perf_counter() - start
     else:
-        stages = [tp.Stage(n, lambda n=n: meta(n, dtype), ps[n]) for n in MAKE]
+        stages = [tp.Stage(n, functools.partial(meta, n, dtype), ps[n]) for n in MAKE]
         with torch.inference_mode(), tp.Pipeline(stages, device="cpu", prefetch=way == "pipeline") as pipe:
             with pipe.run() as run:
                 t0 = time.perf_counter()
@@ -379,7 +380,14 @@ def report(
     ]
     for way in ways:
         if "report" in results[way][-1]:
-            lines += ["", f"`pipe.report()` of {way}, last round:", "", "```", results[way][-1]["report"].rstrip(), "```"]
+            lines += [
+                "",
+                f"`pipe.report()` of {way}, last round:",
+                "",
+                "```",
+                results[way][-1]["report"].rstrip(),
+                "```",
+            ]
     text = "\n".join(lines) + "\n"
     print(text)
     (RESULTS / f"chain-{args.dtype}.md").write_text(text)

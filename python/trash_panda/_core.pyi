@@ -1254,6 +1254,9 @@ __all__ += [
     "Holds",
     "Leaving",
     "LoadReads",
+    "Pace",
+    "PaceChoice",
+    "PaceVerdict",
     "ReadCosts",
     "Replan",
     "Shed",
@@ -1504,8 +1507,67 @@ class Allowance:
     @property
     def stage(self) -> str:
         """The name of the stage the reads are for."""
+    def hold(self) -> None:
+        """Makes every read wait, whatever memory is there, until `resume` or `open`: the read
+        ahead is paused.
+        """
+    def resume(self) -> None:
+        """Lets reads take what is there again after `hold`."""
+    @property
+    def is_held(self) -> bool:
+        """Whether reads are held (and the allowance not opened since)."""
     def stats(self) -> AllowanceStats:
         """What the allowance has done so far (a copy, which later takes do not change)."""
+
+@final
+class PaceChoice:
+    """What the read-ahead does now."""
+
+    MEASURING: PaceChoice
+    """What the read-ahead does now."""
+    READ: PaceChoice
+    """What the read-ahead does now."""
+    PAUSE: PaceChoice
+    """What the read-ahead does now."""
+    def __int__(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class PaceVerdict:
+    """The choice, the figures behind it, and why."""
+    @property
+    def choice(self) -> PaceChoice:
+        """What the read-ahead does."""
+    @property
+    def lost_per_gb(self) -> float | None:
+        """Seconds of the running stage's compute lost per GB read beside it, once measured."""
+    @property
+    def alone_per_gb(self) -> float | None:
+        """Seconds a GB takes to read with nothing beside it, where known."""
+    @property
+    def reason(self) -> str:
+        """Why, in a sentence for the report."""
+
+@final
+class Pace:
+    """The running stage's block times, with reads in flight and without, and what the read-ahead
+    has read: `verdict()` says whether reading ahead pays.
+    """
+    def __new__(cls, blocks: int) -> Pace: ...
+    def set_alone_rate(self, bytes_per_second: float) -> None:
+        """The rate, in bytes per second, of a read with nothing beside it; ignored unless positive."""
+    def ran(self, block: int, seconds: float, busy: bool) -> None:
+        """Block `block` of the running stage computed for `seconds`, with reads in flight (`busy`)
+        or not.
+        """
+    def set_read(self, bytes: int) -> None:
+        """The read-ahead has read `bytes` so far."""
+    @property
+    def wants_quiet(self) -> bool:
+        """Whether fewer quiet runs than one pass are known."""
+    def verdict(self) -> PaceVerdict:
+        """What the read-ahead should do now."""
 
 @final
 class Shed:
@@ -1630,6 +1692,7 @@ class StageRecord:
         read_again: int = 0,
         given_back: int = 0,
         file_changed: str | None = None,
+        beside: PaceVerdict | None = None,
         plan_warnings: list[str] = ...,
     ) -> StageRecord: ...
     @property
@@ -1678,6 +1741,11 @@ class StageRecord:
     @property
     def plan_warnings(self) -> list[str]:
         """The warnings of the plan it was loaded by; empty when it was kept loaded."""
+    @property
+    def beside(self) -> PaceVerdict | None:
+        """What the next stage's read-ahead cost its compute, and what the runner did about it;
+        None when nothing was read beside it.
+        """
     @property
     def file_changed(self) -> str | None:
         """Why it was loaded afresh though kept from an earlier run: its checkpoint changed on disk

@@ -189,7 +189,11 @@ def test_loads_read_past_the_page_cache_unless_the_files_are_read_again_from_it(
         lanes = [s.state.lane for s in pipe._keeper.loaded.values() if s.state.lane is not None]
         assert bool(lanes) is not buffered and all(lane.direct for lane in lanes)
         first = pipe.report().splitlines()[0]
-        why = {"tight": "would not stay in the page cache", "roomy": "is read once", "roomy_let_go": "for their next load"}
+        why = {
+            "tight": "would not stay in the page cache",
+            "roomy": "is read once",
+            "roomy_let_go": "for their next load",
+        }
         assert first.startswith("loads: buffered reads" if buffered else "loads: direct reads"), first
         assert why[budget] in first, first
         assert f"{files / 1e6:.2f} MB of files" in first, first  # its files are a few MB

@@ -158,6 +158,11 @@ class ResidentLoader:
         self.load_seconds = 0.0  # the loader's time, first block to last
         self.waited_seconds = 0.0  # the main thread's waits for blocks not yet loaded
         self.loaded_bytes = 0
+        # Reads begun and ended: one was in flight during a span of time when, at its end, more
+        # had begun than had ended at its start (a pipeline times the running stage's blocks
+        # with and without reads beside them: pipeline/pace.py).
+        self.reads_begun = 0
+        self.reads_ended = 0
         self._thread = threading.Thread(target=self._run, name="trash-panda-loader", daemon=True)
 
     def start(self) -> None:
@@ -175,7 +180,8 @@ class ResidentLoader:
                 if self.stopping.is_set():
                     raise StreamError("the stage ended before it was loaded")
                 self._take(("block", block.index))
-                self.reads.block(block, self.device, self.storage, self.threads, self.lane, position, self.copies)
+                with self._reading():
+                    self.reads.block(block, self.device, self.storage, self.threads, self.lane, position, self.copies)
                 # `work` is fixed by the load (resident weights to expand each run, or none).
                 block.mark_loaded()
                 self.loaded_bytes += sum(s.info.nbytes for s in block.tensors)
@@ -204,7 +210,8 @@ class ResidentLoader:
         try:
             self._take(("ram_tier", 0))
             if not engine.closed:
-                engine.load_ram_tier()
+                with self._reading():
+                    engine.load_ram_tier()
         except Exception:  # the block that needs it reads it again and raises there
             return
         finally:
@@ -218,13 +225,22 @@ class ResidentLoader:
             if self.stopping.is_set():
                 raise StreamError("the stage ended before they were loaded")
             self._take(("outside", at))
-            self.reads.outside(specs, self.device, self.threads, self.lane, at, self.copies)
+            with self._reading():
+                self.reads.outside(specs, self.device, self.threads, self.lane, at, self.copies)
             self.loaded_bytes += sum(s.info.nbytes for s in specs)
         except BaseException as e:  # reported in the call that needs them
             self.outside_errors[at] = _detached(e)
         finally:
             self.remaining_bytes -= self.costs.get(("outside", at), 0)
             self.outside_ready[at].set()
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        self.reads_begun += 1
+        try:
+            yield
+        finally:
+            self.reads_ended += 1
 
     def _take(self, what: tuple[str, int]) -> None:
         """Waits (without the GIL) for the memory of ``what`` in the allowance, if it has one."""

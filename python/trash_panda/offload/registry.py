@@ -21,7 +21,9 @@ The order (:data:`RANKS`, lowest first; module hooks and block hooks share it):
 7. ``overlap_wait``: waits for ``stage(overlap=True)``'s loader to read the block.
 8. ``timing``: times each run (from here the block runs: what staging waits for is in it).
 9. ``staging``: brings the block's weights, and gives them back after the run.
-10. ``order``: records each block's first run, once it has its weights.
+10. ``pace``: a pipeline's running stage times each block's compute, with and without the next
+    stage's reads beside it (from here the weights are there: its time is the compute's).
+11. ``order``: records each block's first run, once it has its weights.
 
 Why this order: refusals come first (they cost nothing, hold nothing and raise before any hook
 does work for a call that cannot happen: a freed block does not restore a model, nor wait for a
@@ -116,6 +118,7 @@ RANKS: dict[str, int] = {
     # profile splits it out), then the weights brought (the last gate), then the run recorded.
     "timing": 80,
     "staging": 90,
+    "pace": 95,  # a pipeline's running stage: the compute's time, with reads beside it or not
     "order": 100,
 }
 # A custom gate: after the built-in gates that refuse, restore or wait, before ``timing`` and

@@ -27,6 +27,7 @@ from ..options import (
 )
 from ..plan import plan as make_plan
 from .ahead import Pending
+from .pace import Pacer, Rates
 from .spec import Stage
 from .staging import SharedStaging
 from .turn import Turn
@@ -68,6 +69,7 @@ class StageKeeper:
         # touches it, and every other reader waits for that thread first (``settle``).
         self.loaded: dict[str, LoadedStage] = {}
         self.pending: Pending | None = None  # the read-ahead being set up on its own thread
+        self._rates = Rates()  # what loads at a stage's start read at (pace.py)
         self._deferred: LoadedStage | None = None  # a read-ahead given memory only at the stage's end
         self.models: dict[str, nn.Module] = {}  # each stage's model, built once
         self._ticks = 0  # stage starts so far: a stage's last use, for keeping the recent ones
@@ -233,6 +235,12 @@ class StageKeeper:
             turn.actual = turn.actual or found
         loaded.begin_turn(self._ticks, self.keep)
         self.loaded[spec.name] = loaded
+        if self.prefetch and self.device.type == "cpu":
+            # Times its blocks beside the read-ahead, and pauses that where it costs more than
+            # it saves (on a GPU a block's time on the host is not its compute's).
+            own = loaded.loader if turn.arrival == _core.Arrival.READ_AT_START else None
+            loaded.pacer = Pacer(len(loaded.state.blocks), own, self._rates)
+            loaded.handle.hooks.add(loaded.pacer)
         if self.prefetch and index + 1 < len(self.stages):
             self._read_ahead_later(self.stages[index + 1], loaded)
         elif self.prefetch and self.keep and index > 0:
@@ -319,6 +327,7 @@ class StageKeeper:
                 # waits for the stage's end instead (``_end``).
                 self._deferred = kept
                 return
+            self._watch(running, kept)
             self._give_now(kept, running)
             return
         self._size_staging()
@@ -332,7 +341,14 @@ class StageKeeper:
             return
         loaded = load_stage(spec.name, model, ckpt, p, predicted, **self._load_args(spec), ahead=True)
         self.loaded[spec.name] = loaded
+        self._watch(running, loaded)
         self._give_now(loaded, running)
+
+    @staticmethod
+    def _watch(running: LoadedStage, ahead: LoadedStage) -> None:
+        """The running stage's pacer weighs the read-ahead of ``ahead`` from now on."""
+        if running.pacer is not None and ahead.loader is not None and ahead.allowance is not None:
+            running.pacer.watch(ahead.loader, ahead.allowance)
 
     def _size_staging(self) -> None:
         """Makes the shared staging pool (pipeline_staging.py) once, before the first stage that
@@ -379,6 +395,11 @@ class StageKeeper:
                 peak = max(peak, remembered_activation(loaded.key) or 0)
             remember_activation(loaded.key, peak)
             write_order(loaded.choice, loaded.handle.ran, loaded.handle.outside_ran)
+        beside = None
+        if loaded.pacer is not None:
+            beside = loaded.pacer.beside()
+            loaded.handle.hooks.remove(Pacer.name)
+            loaded.pacer = None
         passed = 0
         if loaded.final:
             loaded.stop_feeding()
@@ -416,6 +437,7 @@ class StageKeeper:
                 read_again=turn.read_again,
                 given_back=passed + given if departure == _core.Departure.KEPT else 0,
                 file_changed=turn.file_changed,
+                beside=beside,
                 plan_warnings=[] if kept else list(loaded.plan.warnings),
             )
         )

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ..offload.overlap import ResidentLoader
     from ..offload.state import BlockState, ModelState
     from ..plan import Plan
+    from .pace import Pacer
 
 __all__ = ["LoadedStage", "free_now", "load_stage"]
 
@@ -68,6 +69,7 @@ class LoadedStage:
     given: list[BlockState] = field(default_factory=list)  # blocks given back, to read again
     given_back: int = 0  # their bytes, as its plan counts them
     read_again: int = 0  # bytes read again at its last start
+    pacer: Pacer | None = None  # while it runs with the next stage read beside it (pace.py)
     _feeder: threading.Thread | None = field(default=None, repr=False)
     _final: FinalPass | None = field(default=None, repr=False)  # the pass fed from, while it counts
 

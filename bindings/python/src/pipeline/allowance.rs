@@ -65,6 +65,23 @@ impl PyAllowance {
         self.inner.give(bytes);
     }
 
+    /// Makes every read wait, whatever memory is there, until `resume` or `open`: the read
+    /// ahead is paused.
+    fn hold(&self) {
+        self.inner.hold();
+    }
+
+    /// Lets reads take what is there again after `hold`.
+    fn resume(&self) {
+        self.inner.resume();
+    }
+
+    /// Whether reads are held (and the allowance not opened since).
+    #[getter]
+    fn is_held(&self) -> bool {
+        self.inner.is_held()
+    }
+
     /// Lifts the limit: call it when the stage the reads are for starts, as its plan holds from
     /// then on; waiting and later takes go through.
     fn open(&self) {

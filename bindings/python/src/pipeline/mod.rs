@@ -10,6 +10,7 @@ mod allowance;
 mod blocks;
 mod departure;
 mod holds;
+mod pace;
 mod reads;
 mod report;
 mod room;
@@ -26,6 +27,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<holds::PyReplan>()?;
     m.add_class::<allowance::PyAllowanceStats>()?;
     m.add_class::<allowance::PyAllowance>()?;
+    m.add_class::<pace::PyPaceChoice>()?;
+    m.add_class::<pace::PyPaceVerdict>()?;
+    m.add_class::<pace::PyPace>()?;
     m.add_class::<blocks::PyShed>()?;
     m.add_class::<blocks::PyReadCosts>()?;
     m.add_function(wrap_pyfunction!(blocks::py_give_back, m)?)?;

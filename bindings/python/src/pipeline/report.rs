@@ -8,6 +8,7 @@ use trash_panda::pipeline::{report, Arrival, Departure, StageRecord};
 use crate::mirror::mirror_enum;
 
 use super::holds::{PyFree, PyReplan};
+use super::pace::PyPaceVerdict;
 
 /// How a stage's weights were there when its turn came (the core's `Arrival`).
 #[pyclass(
@@ -95,7 +96,7 @@ pub(crate) struct PyStageRecord {
 impl PyStageRecord {
     #[new]
     #[pyo3(signature = (run, stage, arrival, departure, *, predicted=None, actual=None, replan=None,
-        read_before_start=0, holds=0, file_bytes=0, cached_at_load=0, waited=0.0, seconds=0.0, peak=0, read_again=0, given_back=0, file_changed=None, plan_warnings=Vec::new()))]
+        read_before_start=0, holds=0, file_bytes=0, cached_at_load=0, waited=0.0, seconds=0.0, peak=0, read_again=0, given_back=0, file_changed=None, beside=None, plan_warnings=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         run: u32,
@@ -115,6 +116,7 @@ impl PyStageRecord {
         read_again: u64,
         given_back: u64,
         file_changed: Option<String>,
+        beside: Option<PyPaceVerdict>,
         plan_warnings: Vec<String>,
     ) -> Self {
         PyStageRecord {
@@ -136,6 +138,7 @@ impl PyStageRecord {
                 read_again,
                 given_back,
                 file_changed,
+                beside: beside.map(|v| v.inner),
                 plan_warnings,
             },
         }
@@ -213,6 +216,15 @@ impl PyStageRecord {
     #[getter]
     fn file_changed(&self) -> Option<&str> {
         self.inner.file_changed.as_deref()
+    }
+    /// What the next stage's read-ahead cost its compute, and what the runner did about it;
+    /// None when nothing was read beside it.
+    #[getter]
+    fn beside(&self) -> Option<PyPaceVerdict> {
+        self.inner
+            .beside
+            .clone()
+            .map(|inner| PyPaceVerdict { inner })
     }
     /// The warnings of the plan it was loaded by; empty when it was kept loaded.
     #[getter]

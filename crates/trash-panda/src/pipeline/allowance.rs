@@ -28,6 +28,9 @@ struct State {
     available: u64,
     unlimited: bool,
     closed: bool,
+    /// Reads wait whatever is available, until resumed or opened (the runner found that
+    /// reading beside the running stage costs it more than the read saves).
+    held: bool,
     /// Takes waiting now.
     waiting: usize,
     stats: AllowanceStats,
@@ -51,6 +54,7 @@ impl Allowance {
                 available: bytes,
                 unlimited: false,
                 closed: false,
+                held: false,
                 waiting: 0,
                 stats: AllowanceStats::default(),
             }),
@@ -77,7 +81,7 @@ impl Allowance {
                     wanted: bytes,
                 });
             }
-            if st.unlimited || st.available >= bytes {
+            if st.unlimited || (!st.held && st.available >= bytes) {
                 break;
             }
             waited = true;
@@ -99,7 +103,7 @@ impl Allowance {
     /// Takes `bytes` if they are there now, without waiting.
     pub fn try_take(&self, bytes: u64) -> bool {
         let mut st = self.lock();
-        if st.closed || !(st.unlimited || st.available >= bytes) {
+        if st.closed || !(st.unlimited || (!st.held && st.available >= bytes)) {
             return false;
         }
         if !st.unlimited {
@@ -116,6 +120,25 @@ impl Allowance {
         st.stats.given += bytes;
         drop(st);
         self.cv.notify_all();
+    }
+
+    /// Reads wait from now on, whatever memory is there, until [`resume`](Self::resume) or
+    /// [`open`](Self::open): the read ahead is paused, and what it has not read is read at the
+    /// stage's start.
+    pub fn hold(&self) {
+        self.lock().held = true;
+    }
+
+    /// Reads take what is there again after [`hold`](Self::hold).
+    pub fn resume(&self) {
+        self.lock().held = false;
+        self.cv.notify_all();
+    }
+
+    /// Whether reads are held (and the allowance not opened since).
+    pub fn is_held(&self) -> bool {
+        let st = self.lock();
+        st.held && !st.unlimited
     }
 
     /// The stage the reads are for starts: its plan holds from now on, so nothing waits.
@@ -215,6 +238,27 @@ mod tests {
         assert!(a.is_open());
         assert_eq!(a.available(), u64::MAX);
         assert!(a.try_take(u64::MAX));
+    }
+
+    #[test]
+    fn a_held_allowance_lets_no_read_through_until_resumed_or_opened() {
+        let a = Arc::new(Allowance::new("dit", 100));
+        a.hold();
+        assert!(a.is_held());
+        assert!(!a.try_take(10));
+        let a2 = a.clone();
+        let reader = std::thread::spawn(move || a2.take(10));
+        until(|| a.waiting() == 1);
+        a.resume();
+        reader.join().unwrap().unwrap();
+        assert_eq!(a.available(), 90);
+        a.hold();
+        let a2 = a.clone();
+        let reader = std::thread::spawn(move || a2.take(10));
+        until(|| a.waiting() == 1);
+        a.open();
+        reader.join().unwrap().unwrap();
+        assert!(!a.is_held());
     }
 
     #[test]

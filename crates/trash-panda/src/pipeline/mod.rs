@@ -7,8 +7,9 @@
 //! ([`Allowance`]), which loaded stages give memory to a stage that needs more ([`make_room`]),
 //! which of its blocks a stage gives and what they hold as its plan counts them ([`give_back`],
 //! [`resident_among`], [`read_costs`]), whether the stages' loads read through the page cache
-//! ([`load_reads`]), how a stage leaves at its turn's end ([`depart`]), and the report of each
-//! turn ([`StageRecord`]).
+//! ([`load_reads`]), whether reading the next stage ahead pays, measured as it happens
+//! ([`Pace`]), how a stage leaves at its turn's end ([`depart`]), and the report of each turn
+//! ([`StageRecord`]).
 //!
 //! A stage is planned once, for the memory expected to be free when it starts; its reads begin
 //! while the stage before it still computes, each taking its bytes from the allowance, which
@@ -19,6 +20,7 @@ mod blocks;
 mod departure;
 mod error;
 mod holds;
+mod pace;
 mod reads;
 mod report;
 mod room;
@@ -30,6 +32,7 @@ pub use error::PipelineError;
 pub use holds::{
     ram_floor, replan, still_fits, Free, Holds, Replan, REPLAN_MARGIN_FRACTION, REPLAN_MARGIN_MIN,
 };
+pub use pace::{Pace, PaceChoice, PaceVerdict, PACE_MIN_BYTES, PACE_MIN_SAMPLES};
 pub use reads::{load_reads, plan_reads, LoadReads};
 pub use report::{report, Arrival, Departure, StageRecord};
 pub use room::{make_room, Give, Giving, Holder};

@@ -3,7 +3,7 @@
 
 use std::fmt::{self, Write as _};
 
-use super::{Free, Replan};
+use super::{Free, PaceVerdict, Replan};
 use crate::units::format_bytes;
 
 /// How a stage's weights were there when its turn came.
@@ -75,6 +75,9 @@ pub struct StageRecord {
     /// Loaded afresh though kept from an earlier run: its checkpoint changed on disk since that
     /// load (which file, and how). `None` otherwise.
     pub file_changed: Option<String>,
+    /// What the next stage's read-ahead cost this stage's compute, and what the runner did
+    /// about it ([`super::PaceVerdict`]); `None` when nothing was read beside it.
+    pub beside: Option<PaceVerdict>,
     /// The warnings of the plan it was loaded by (forced tiers over the budget, blocks read
     /// from disk every pass, ...); empty when kept, as its plan was reported at its load.
     pub plan_warnings: Vec<String>,
@@ -172,6 +175,9 @@ impl fmt::Display for StageRecord {
                 "\n    not kept: its checkpoint changed since it was loaded ({c}), so it was loaded again"
             )?;
         }
+        if let Some(v) = &self.beside {
+            write!(f, "\n    {v}")?;
+        }
         for w in &self.plan_warnings {
             write!(f, "\n    its plan warns: {w}")?;
         }
@@ -221,6 +227,7 @@ mod tests {
             read_again: 0,
             given_back: 0,
             file_changed: None,
+            beside: None,
             plan_warnings: Vec::new(),
         }
     }
@@ -264,6 +271,21 @@ mod tests {
             text.contains("6.00 GB of its 6.00 GB file in the page cache"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_stage_beside_which_the_next_was_read_says_what_that_cost() {
+        let mut r = record(Arrival::ReadAtStart);
+        let mut pace = crate::pipeline::Pace::new(1);
+        pace.set_alone_rate(2e9);
+        for _ in 0..10 {
+            pace.ran(0, 0.01, false);
+            pace.ran(0, 0.5, true);
+        }
+        pace.set_read(1_000_000_000);
+        r.beside = Some(pace.verdict());
+        let text = report(&[r]);
+        assert!(text.contains("read ahead paused after 1.00 GB"), "{text}");
     }
 
     #[test]

@@ -1,0 +1,142 @@
+"""Reading ahead only where it pays: the ``pace`` hook on a pipeline's running stage times each
+block's compute, with the next stage's reads in flight and without, and the core's
+:class:`~trash_panda._core.Pace` weighs the compute they cost against what the same bytes take
+to read with nothing beside them. Where reading ahead loses, the hook holds the read-ahead's
+allowance: the rest of that stage is read at its start, as without read-ahead.
+
+Until it has one quiet pass of the running stage to compare with (at most :data:`QUIET_WAIT`
+seconds of quiet runs, or :data:`QUIET_LIMIT` in all), the read-ahead waits: once it reads,
+every run is beside it. Runs beside the running stage's own loads are not counted either way.
+What a read takes alone is the rate its own load reached, read at its start while little
+computed beside it. On the CPU only: on a GPU a block's time on the host is its kernels' launch,
+not their compute.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from .. import _core
+from ..offload.registry import BlockHook
+
+if TYPE_CHECKING:
+    from ..offload.overlap import ResidentLoader
+    from ..offload.state import BlockState
+
+__all__ = ["QUIET_LIMIT", "QUIET_WAIT", "Pacer", "Rates"]
+
+# Seconds of quiet runs the read-ahead waits for, at most, before it reads.
+QUIET_WAIT = 0.5
+# Seconds it waits in all for quiet runs (the running stage's own load may be under way).
+QUIET_LIMIT = 3.0
+# A load at a stage's start this small says little of the drive.
+RATE_MIN_BYTES = 64 << 20
+
+
+class Rates:
+    """The read rates loads at a stage's start reached in this pipeline: what a read takes with
+    (almost) nothing beside it."""
+
+    def __init__(self) -> None:
+        self.best: float | None = None
+
+    def note(self, loader: ResidentLoader) -> None:
+        if loader.done and loader.loaded_bytes >= RATE_MIN_BYTES and loader.load_seconds > 0:
+            rate = loader.loaded_bytes / loader.load_seconds
+            self.best = rate if self.best is None else max(self.best, rate)
+
+
+def _spans(loader: ResidentLoader | None) -> tuple[int, int]:
+    return (0, 0) if loader is None else (loader.reads_begun, loader.reads_ended)
+
+
+class Pacer(BlockHook):
+    """The ``pace`` block hook of a running stage of ``blocks`` blocks, ``own`` its loader when
+    it was read at its start (None: kept or read ahead); :meth:`watch` adds the read-ahead."""
+
+    name = "pace"
+
+    def __init__(self, blocks: int, own: ResidentLoader | None, rates: Rates) -> None:
+        self.pace = _core.Pace(blocks)
+        self.own = own
+        self.rates = rates
+        self.ahead: ResidentLoader | None = None
+        self.allowance: _core.Allowance | None = None
+        self.verdict: _core.PaceVerdict | None = None
+        self.paused = False
+        self._quiet_hold = False  # held until a quiet pass is known
+        self._quiet_since: float | None = None
+        self._started = 0.0
+        self._own0 = (0, 0)
+        self._ahead0 = (0, 0)
+        self._lock = threading.Lock()
+        self.clock = time.perf_counter
+
+    def watch(self, ahead: ResidentLoader, allowance: _core.Allowance) -> None:
+        """From the read-ahead's thread, before its reads get memory: times from now on are
+        weighed against ``ahead``'s reads, and it waits for a quiet pass if none is known."""
+        with self._lock:
+            self.ahead, self.allowance = ahead, allowance
+            if self.pace.wants_quiet:
+                allowance.hold()
+                self._quiet_hold = True
+                timer = threading.Timer(QUIET_LIMIT, self._end_quiet_hold)
+                timer.daemon = True
+                timer.start()
+
+    def pre_forward(self, block: BlockState) -> None:
+        self._own0, self._ahead0 = _spans(self.own), _spans(self.ahead)
+        self._started = self.clock()
+
+    def post_forward(self, block: BlockState) -> None:
+        seconds = self.clock() - self._started
+        own, ahead = _spans(self.own), _spans(self.ahead)
+        if own[0] > self._own0[1]:
+            return  # its own load read beside it: neither quiet nor the read-ahead's cost
+        if self.own is not None and self.rates.best is None:
+            self.rates.note(self.own)
+        if self.rates.best is not None:
+            self.pace.set_alone_rate(self.rates.best)
+        busy = ahead[0] > self._ahead0[1]
+        self.pace.ran(block.index, seconds, busy)
+        if self._quiet_hold:
+            self._after_quiet_run()
+            return
+        if not busy or self.ahead is None or self.paused:
+            return
+        self.pace.set_read(self.ahead.loaded_bytes)
+        verdict = self.pace.verdict()
+        self.verdict = verdict
+        if verdict.choice == _core.PaceChoice.PAUSE and self.allowance is not None:
+            self.paused = True
+            self.allowance.hold()
+
+    def _after_quiet_run(self) -> None:
+        now = self.clock()
+        if self._quiet_since is None:
+            self._quiet_since = self._started  # from the first quiet run's start
+        if not self.pace.wants_quiet or now - self._quiet_since > QUIET_WAIT:
+            self._end_quiet_hold()
+
+    def _end_quiet_hold(self) -> None:
+        with self._lock:
+            if self._quiet_hold and self.allowance is not None:
+                self._quiet_hold = False
+                self.allowance.resume()
+
+    def close(self) -> None:
+        # The stage's turn is over: a hold for quiet runs must not outlast it (a pause stays
+        # until the next stage's start opens its allowance).
+        self._end_quiet_hold()
+
+    def beside(self) -> _core.PaceVerdict | None:
+        """What the read-ahead cost this stage's compute, for its record (None: nothing was
+        read beside it)."""
+        if self.ahead is None or self.ahead.loaded_bytes == 0:
+            return None
+        if self.verdict is None or not self.paused:
+            self.pace.set_read(self.ahead.loaded_bytes)
+            self.verdict = self.pace.verdict()
+        return self.verdict
