@@ -344,10 +344,13 @@ fn read_block(
     for (_, reqs) in &mut files {
         reqs.sort_by_key(|r| r.offset);
     }
+    // Python's destinations are tensors made for the read: fresh pages, made present ahead of
+    // the readers, except for a model read ahead of its turn: beside another's compute, the
+    // thread that does it would only take the same CPU sooner.
+    let ahead = lane.is_some_and(|l| l.inner.priority() == Priority::Ahead);
     let options = ReadOptions {
         threads: threads.max(1),
-        // Python's destinations are tensors made for the read: fresh pages.
-        populate: true,
+        populate: !ahead,
         ..ReadOptions::default()
     };
     let mode = match lane {
