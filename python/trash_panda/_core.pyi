@@ -267,9 +267,10 @@ class Plan:
         read ahead puts behind its allowance: its own staging buffers and, on a GPU, its device
         slots and expansion buffers.
         """
-    def load_reads(self, files: int) -> LoadReads:
+    def load_reads(self, files: int, read_again: bool = False) -> LoadReads:
         """How a model loaded by this (resolved) plan on its own reads its files of `files` bytes:
-        past the page cache unless they stay cached beside what the plan holds in RAM
+        through the page cache only when a later load reads them again (`read_again`: `stage()`
+        releases the model at its end) and they stay cached beside what the plan holds in RAM
         (`TRASH_PANDA_DISK_MODE` other than `auto` wins).
         """
     @staticmethod
@@ -1394,10 +1395,11 @@ def load_reads(files: int, ram: int, vram: int | None = None, keep: bool = True)
     hold in RAM; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
     """
 
-def plan_reads(plan: Plan, files: int) -> LoadReads:
+def plan_reads(plan: Plan, files: int, read_again: bool = False) -> LoadReads:
     """How one model loaded by `plan` on its own (not a pipeline's stage) reads its files of `files`
-    bytes: past the page cache unless they stay cached beside what the plan holds in RAM, within
-    the RAM the plan may use; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
+    bytes: through the page cache only when a later load reads them again (`read_again`:
+    `stage()` releases the model at its end) and they stay cached beside what the plan holds in
+    RAM, within the RAM the plan may use; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
     """
 
 @final

@@ -115,8 +115,16 @@ def _stage(
     try:
         ckpt = Checkpoint(path)
         p = make_plan(model, ckpt, **options)
+        # Released at the end of the block: the next stage() of this model reads its files again.
         loaded = load_and_hook(
-            model, ckpt, p, path, order=order, destination=destination, overlap=overlap, load_kwargs=shared
+            model,
+            ckpt,
+            p,
+            path,
+            order=order,
+            destination=destination,
+            overlap=overlap,
+            load_kwargs={**shared, "read_again": True},
         )
         handle, choice = loaded.handle, loaded.choice
         # The block's own peak: other stages opened meanwhile (their loads and releases) are

@@ -376,8 +376,10 @@ def test_a_stage_reads_past_the_page_cache_when_its_file_could_not_stay_in_it(
 ) -> None:
     """A model on its own follows the pipeline's rule with its plan's RAM: a budget that holds
     its weights but not also its file's pages reads past the page cache (nothing of the file
-    stays cached), a roomy one reads through it (the file stays for the next load), and
-    TRASH_PANDA_DISK_MODE wins over the rule; the outputs are the plain model's every way."""
+    stays cached); a roomy one reads through it when the file is read again (stage() releases
+    the model, and its next call loads it again: the file stays cached for it), and past it
+    when the model stays loaded (stream_load: read once); TRASH_PANDA_DISK_MODE wins over the
+    rule; the outputs are the plain model's every way."""
     torch.manual_seed(0)
     ref = Tiny(dim=512, layers=4).eval()
     path = save(ref, tmp_path / "m.safetensors")
@@ -401,12 +403,17 @@ def test_a_stage_reads_past_the_page_cache_when_its_file_could_not_stay_in_it(
             assert cached < 0.1 * size, (cached, size)
         else:
             assert cached > 0.9 * size, (cached, size)
-    reads = p.load_reads(size)
+    reads = p.load_reads(size, read_again=True)  # as stage() asked: its next call reads it again
     assert reads.direct is (budget == "tight")
     assert reads.reason.startswith("direct reads: the model's" if budget == "tight" else "buffered reads"), reads
+    # A model loaded and kept reads its file once: past the page cache, with that room or not.
+    once = p.load_reads(size)
+    assert once.direct is (budget != "setting"), once
+    if budget == "roomy":
+        assert "reads them once" in once.reason, once
     model = build()
     report = tp.stream_load(model, path, plan=p, device="cpu")
     try:
-        assert report.reads == reads.reason and f"loads: {reads.reason}" in str(report), str(report)
+        assert report.reads == once.reason and f"loads: {once.reason}" in str(report), str(report)
     finally:
         tp.release(model)

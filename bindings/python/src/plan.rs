@@ -262,10 +262,12 @@ impl PyPlan {
     }
 
     /// How a model loaded by this (resolved) plan on its own reads its files of `files` bytes:
-    /// past the page cache unless they stay cached beside what the plan holds in RAM
+    /// through the page cache only when a later load reads them again (`read_again`: `stage()`
+    /// releases the model at its end) and they stay cached beside what the plan holds in RAM
     /// (`TRASH_PANDA_DISK_MODE` other than `auto` wins).
-    fn load_reads(slf: PyRef<'_, Self>, files: u64) -> PyResult<PyLoadReads> {
-        crate::pipeline::py_plan_reads(slf, files)
+    #[pyo3(signature = (files, read_again=false))]
+    fn load_reads(slf: PyRef<'_, Self>, files: u64, read_again: bool) -> PyResult<PyLoadReads> {
+        crate::pipeline::py_plan_reads(slf, files, read_again)
     }
 
     /// Reads a plan from the JSON `to_json` writes; a PlanError for another format or version.

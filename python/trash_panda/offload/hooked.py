@@ -93,7 +93,7 @@ def _load_and_hook(
     from ..settings import setting
     from . import outside as outside_mod
     from .handle import install_offload
-    from .load import load_deferred, stream_load
+    from .load import load_deferred, load_now
     from .order import OrderChoice, choose_order
     from .overlap import loader_reads, start_loader
     from .state import BlockState, get_state
@@ -104,7 +104,7 @@ def _load_and_hook(
     if overlap or ahead:
         _report, deferred = load_deferred(model, ckpt, plan, outside=unread, ahead=ahead, **load_kwargs)
     else:
-        stream_load(model, ckpt, plan=plan, **load_kwargs)
+        load_now(model, ckpt, plan=plan, **load_kwargs)
     state = get_state(model)
     assert state is not None
     blocks = [b.prefix for b in state.blocks]

@@ -46,6 +46,9 @@ class LoadRequest:
     device: torch.device
     # Reads past the page cache: a pipeline's rule for its stages, else (None) the plan's.
     direct: bool | None = None
+    # A later load in this process reads the files again (stage() releases the model at its
+    # end): the plan's rule keeps them in the page cache where they fit.
+    read_again: bool = False
 
 
 def stream_load(
@@ -71,6 +74,37 @@ def stream_load(
     streamed blocks with ``offload_prefixes`` (and those to keep with ``resident_prefixes``).
     On any error the model is left unloaded (every weight on the meta device), never half-loaded.
     """
+    return load_now(
+        model,
+        checkpoint,
+        plan,
+        offload_prefixes=offload_prefixes,
+        resident_prefixes=resident_prefixes,
+        compute_dtype=compute_dtype,
+        storage_dtype=storage_dtype,
+        key_map=key_map,
+        skip_prefixes=skip_prefixes,
+        device=device,
+    )
+
+
+def load_now(
+    model: nn.Module,
+    checkpoint: str | os.PathLike[str] | Checkpoint,
+    plan: Plan | None = None,
+    *,
+    offload_prefixes: list[str] | None = None,
+    resident_prefixes: list[str] | None = None,
+    compute_dtype: str | torch.dtype | None = None,
+    storage_dtype: str | torch.dtype | None = None,
+    key_map: KeyMap = None,
+    skip_prefixes: list[str] | None = None,
+    device: str | torch.device | None = None,
+    read_again: bool = False,
+) -> _core.LoadReport:
+    """:func:`stream_load`, told whether a later load in this process reads the files again
+    (``read_again``: :func:`trash_panda.stage` releases the model at its end), which the plan's
+    rule for reading through the page cache weighs."""
     from torch import nn
 
     if not isinstance(model, nn.Module):
@@ -93,6 +127,7 @@ def stream_load(
         key_map,
         skip_prefixes,
         resolve_device(device),
+        read_again=read_again,
     )
     try:
         with paused():  # another model's load is not an open measurement's activation memory
@@ -119,6 +154,7 @@ def load_deferred(
     staging_pool: _core.StagingPool | None = None,
     holder: str = "model",
     direct: bool | None = None,
+    read_again: bool = False,
 ) -> tuple[_core.LoadReport, list[BlockState]]:
     """stream_load() that leaves the resident blocks unread (on the meta device) and returns
     them, for a loader that fills them while the model runs (``overlap=True``). Given a list
@@ -138,7 +174,16 @@ def load_deferred(
         raise ArgumentError("model: it is already loaded by stream_load; release() it first")
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
     request = LoadRequest(
-        plan, None, None, compute_dtype, storage_dtype, key_map, skip_prefixes, resolve_device(device), direct
+        plan,
+        None,
+        None,
+        compute_dtype,
+        storage_dtype,
+        key_map,
+        skip_prefixes,
+        resolve_device(device),
+        direct,
+        read_again,
     )
     deferred: list[BlockState] = []
     try:
@@ -151,13 +196,14 @@ def load_deferred(
     return report, deferred
 
 
-def _plan_reads(plan: Plan, files: list[str]) -> _core.LoadReads | None:
-    """How a model loaded on its own reads: past the page cache when its files would not stay
-    cached beside what its plan holds in RAM (``_core.plan_reads``). None for a plan without
-    budgets (the low-level form's), which reads through the cache."""
+def _plan_reads(plan: Plan, files: list[str], read_again: bool) -> _core.LoadReads | None:
+    """How a model loaded on its own reads: through the page cache only when a later load
+    reads its files again and they stay cached beside what its plan holds in RAM
+    (``_core.plan_reads``). None for a plan without budgets (the low-level form's), which reads
+    through the cache."""
     if plan.budgets is None:
         return None
-    return plan.load_reads(sum(os.path.getsize(f) for f in files))
+    return plan.load_reads(sum(os.path.getsize(f) for f in files), read_again=read_again)
 
 
 def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
@@ -254,7 +300,7 @@ def _stream_load(
     # (install_offload's order=, the overlap loader's): every read below goes through it.
     direct = req.direct
     if direct is None:
-        reads = _plan_reads(plan, files)
+        reads = _plan_reads(plan, files, req.read_again)
         direct = reads is not None and reads.direct
         report.reads = "" if reads is None else reads.reason
     lane = _core.ReadLane(files, len(blocks), _core.Priority.AHEAD if ahead else _core.Priority.RUN, direct=direct)

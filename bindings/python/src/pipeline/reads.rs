@@ -57,13 +57,19 @@ pub(super) fn py_load_reads(
 }
 
 /// How one model loaded by `plan` on its own (not a pipeline's stage) reads its files of `files`
-/// bytes: past the page cache unless they stay cached beside what the plan holds in RAM, within
-/// the RAM the plan may use; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
+/// bytes: through the page cache only when a later load reads them again (`read_again`:
+/// `stage()` releases the model at its end) and they stay cached beside what the plan holds in
+/// RAM, within the RAM the plan may use; `TRASH_PANDA_DISK_MODE` other than `auto` wins.
 #[pyfunction(name = "plan_reads")]
-pub(crate) fn py_plan_reads(plan: PyRef<'_, PyPlan>, files: u64) -> PyResult<PyLoadReads> {
+#[pyo3(signature = (plan, files, read_again=false))]
+pub(crate) fn py_plan_reads(
+    plan: PyRef<'_, PyPlan>,
+    files: u64,
+    read_again: bool,
+) -> PyResult<PyLoadReads> {
     let settings = EngineSettings::from_env().map_err(ToPyErr::to_py)?;
     let config = EngineConfig::from_plan(&plan.inner, &settings).map_err(ToPyErr::to_py)?;
-    let inner =
-        plan_reads(settings.disk_mode, files, &plan.inner, &config).map_err(ToPyErr::to_py)?;
+    let inner = plan_reads(settings.disk_mode, files, &plan.inner, &config, read_again)
+        .map_err(ToPyErr::to_py)?;
     Ok(PyLoadReads { inner })
 }

@@ -70,15 +70,17 @@ pub fn load_reads(
 }
 
 /// The mode for loading one model by `plan` (configured as `config`) from files of `files`
-/// bytes, outside a pipeline: buffered when the files fit in the page cache beside what the
-/// plan holds in RAM ([`Holds::of`]), within the RAM the plan may use (its usable RAM less the
-/// free RAM it leaves); a `choice` other than `auto` wins. A model that fits twice over keeps
-/// its file cached for the next load; one that does not would only push its own pages out.
+/// bytes, outside a pipeline, whose files a later load in this process reads again
+/// (`read_again`: `stage()` releases the model at its end; a model loaded and kept reads them
+/// once). Buffered when they are read again and fit in the page cache beside what the plan
+/// holds in RAM ([`Holds::of`]), within the RAM the plan may use (its usable RAM less the free
+/// RAM it leaves); else direct; a `choice` other than `auto` wins.
 pub fn plan_reads(
     choice: DiskModeChoice,
     files: u64,
     plan: &Plan,
     config: &EngineConfig,
+    read_again: bool,
 ) -> Result<LoadReads, PipelineError> {
     let budgets = plan
         .budgets
@@ -88,7 +90,19 @@ pub fn plan_reads(
         })?;
     let ram = budgets.usable_ram.saturating_sub(budgets.min_free_ram);
     let held = Holds::of("model", plan, config)?.ram.min(ram);
-    Ok(decide(choice, "the model's", files, ram, held))
+    let reads = decide(choice, "the model's", files, ram, held);
+    if choice.mode().is_some() || reads.mode == ReadMode::Direct || read_again {
+        return Ok(reads);
+    }
+    Ok(LoadReads {
+        mode: ReadMode::Direct,
+        reason: format!(
+            "direct reads: the model's {} of files would fit in the page cache, but it stays \
+             loaded and reads them once; a copy through the page cache would only take CPU \
+             from the compute beside the reads",
+            format_bytes(files)
+        ),
+    })
 }
 
 /// The rule: `files` bytes (of `whose` files) stay in the page cache only beside `held` bytes
