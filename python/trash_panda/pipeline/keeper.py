@@ -238,8 +238,10 @@ class StageKeeper:
         if self.prefetch and self.device.type == "cpu":
             # Times its blocks beside the read-ahead, and pauses that where it costs more than
             # it saves (on a GPU a block's time on the host is not its compute's).
-            own = loaded.loader if turn.arrival == _core.Arrival.READ_AT_START else None
-            loaded.pacer = Pacer(len(loaded.state.blocks), own, self._rates)
+            # Its own loader's reads (its blocks still arriving) are neither quiet nor the
+            # read-ahead's; one read at its start also tells what a read takes alone.
+            at_start = turn.arrival == _core.Arrival.READ_AT_START
+            loaded.pacer = Pacer(len(loaded.state.blocks), loaded.loader, self._rates, measures_drive=at_start)
             loaded.handle.hooks.add(loaded.pacer)
         if self.prefetch and index + 1 < len(self.stages):
             self._read_ahead_later(self.stages[index + 1], loaded)

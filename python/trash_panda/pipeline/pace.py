@@ -53,15 +53,17 @@ def _spans(loader: ResidentLoader | None) -> tuple[int, int]:
 
 
 class Pacer(BlockHook):
-    """The ``pace`` block hook of a running stage of ``blocks`` blocks, ``own`` its loader when
-    it was read at its start (None: kept or read ahead); :meth:`watch` adds the read-ahead."""
+    """The ``pace`` block hook of a running stage of ``blocks`` blocks, ``own`` its loader (None
+    once everything of it was read); ``measures_drive``: it was read at its start, so its
+    load's rate is what a read takes with little beside it. :meth:`watch` adds the read-ahead."""
 
     name = "pace"
 
-    def __init__(self, blocks: int, own: ResidentLoader | None, rates: Rates) -> None:
+    def __init__(self, blocks: int, own: ResidentLoader | None, rates: Rates, *, measures_drive: bool = True) -> None:
         self.pace = _core.Pace(blocks)
         self.own = own
         self.rates = rates
+        self.measures_drive = measures_drive
         self.ahead: ResidentLoader | None = None
         self.allowance: _core.Allowance | None = None
         self.verdict: _core.PaceVerdict | None = None
@@ -95,8 +97,9 @@ class Pacer(BlockHook):
         own, ahead = _spans(self.own), _spans(self.ahead)
         if own[0] > self._own0[1]:
             return  # its own load read beside it: neither quiet nor the read-ahead's cost
-        if self.own is not None and self.rates.best is None:
+        if self.measures_drive and self.own is not None and self.own.done:
             self.rates.note(self.own)
+            self.measures_drive = False  # once: its load is over
         if self.rates.best is not None:
             self.pace.set_alone_rate(self.rates.best)
         busy = ahead[0] > self._ahead0[1]
