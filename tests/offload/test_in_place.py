@@ -77,3 +77,66 @@ class _Spy:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
+
+
+def _load_ram(tmp_path: Path, dtype: torch.dtype) -> tuple[Tiny, Tiny, Any]:
+    torch.manual_seed(0)
+    ref = Tiny(dim=64, layers=4, vocab=50).to(dtype).eval()
+    path = save(ref, tmp_path / "m.safetensors", dtype)
+    with torch.device("meta"):
+        model = Tiny(dim=64, layers=4, vocab=50).to(dtype).eval()
+    plan = Plan.manual(resident=["blocks.0."], streamed=["blocks.1.", "blocks.2.", "blocks.3."], streamed_tier="ram")
+    tp.stream_load(model, path, plan=plan, device="cpu")
+    return ref, model, tp.install_offload(model)
+
+
+def test_ram_tier_blocks_of_a_mapped_ram_tier_run_where_they_lie(tmp_path: Path) -> None:
+    """A warm pass over the RAM tier copies nothing: its blocks' leases are the file's pages
+    (the page cache the RAM tier is), every pass, and the outputs are the plain model's."""
+    ref, model, handle = _load_ram(tmp_path, torch.bfloat16)
+    state = model._trash_panda_state
+    engine = state.engine
+    acquire = engine.acquire
+    seen: list[bool] = []
+
+    def spy(index: int) -> Any:
+        lease = acquire(index)
+        seen.append(lease.in_place)
+        return lease
+
+    state.engine = _Spy(engine, spy)
+    x = torch.randint(0, 50, (2, 5))
+    with torch.no_grad():
+        want = ref(x)
+        for _ in range(3):
+            assert torch.equal(model(x), want)
+    state.engine = engine
+    assert len(seen) == 9 and all(seen), seen
+    tp.release(model, handle)
+
+
+def test_a_write_to_a_ram_tier_weight_used_in_place_is_an_error_and_undone(tmp_path: Path) -> None:
+    ref, model, handle = _load_ram(tmp_path, torch.bfloat16)
+    x = torch.randint(0, 50, (1, 3))
+    with torch.no_grad():
+        want = ref(x)
+        assert torch.equal(model(x), want)
+        # The write goes to this process's copy of the page, dropped with the block's mapping
+        # after its run: the RAM tier's values (the file's) come back.
+        assert_writes_are_caught(model, 2, x, want)
+    tp.release(model, handle)
+
+
+def test_a_ram_tier_with_a_storage_dtype_is_staged(tmp_path: Path) -> None:
+    """Converted to a storage dtype, the RAM tier's bytes are not the file's: staged as before."""
+    torch.manual_seed(0)
+    ref = Tiny(dim=64, layers=4, vocab=50).eval()
+    path = save(ref, tmp_path / "m.safetensors")
+    with torch.device("meta"):
+        model = Tiny(dim=64, layers=4, vocab=50).eval()
+    plan = Plan.manual(resident=[], streamed=[f"blocks.{i}." for i in range(4)], streamed_tier="ram")
+    tp.stream_load(model, path, plan=plan, device="cpu", storage_dtype="bf16")
+    handle = tp.install_offload(model)
+    engine = model._trash_panda_state.engine
+    assert not any(engine.in_place(i) for i in range(4))
+    tp.release(model, handle)

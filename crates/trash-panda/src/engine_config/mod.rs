@@ -124,6 +124,8 @@ impl EngineConfig {
             direct_ram: self.gpu && self.pin_ram_tier,
             buffers: Some(self.held.staging_buffers),
             in_place: maps_disk_tier(self.gpu),
+            // The same for a mapped RAM tier: a warm pass on the CPU then copies nothing.
+            ram_in_place: maps_disk_tier(self.gpu),
             ..EngineOptions::default()
         }
     }

@@ -142,12 +142,14 @@ impl Engine {
         options: EngineOptions,
         pool: Option<(Arc<StagingPool>, String)>,
     ) -> Result<Engine, StreamError> {
-        let layout = StagedLayout::build(
+        let ram_in_place = options.ram_in_place && matches!(options.ram_source, RamSource::Mapped);
+        let layout = StagedLayout::build_in_place(
             &blocks,
             files.len(),
             options.storage,
             options.align,
             options.in_place,
+            ram_in_place,
         )?;
         let meta = blocks.iter().map(|b| (b.name.clone(), b.tier)).collect();
         let reads = Reads::own(own_depth(&options), blocks.len());

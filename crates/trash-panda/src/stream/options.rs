@@ -96,6 +96,11 @@ pub struct EngineOptions {
     /// staging buffer. After a block runs its pages are unmapped, and with `disk_mode: Direct`
     /// also dropped from the page cache, so the pass does not evict what the RAM tier keeps there.
     pub in_place: bool,
+    /// RAM-tier blocks of a mapped RAM tier (no storage dtype) are used in place the same way,
+    /// where their tensors allow: a warm pass copies nothing. Their pages stay in the page cache
+    /// (the RAM tier's); only their mapping goes after each run, with what a buggy in-place write
+    /// left in it.
+    pub ram_in_place: bool,
 }
 
 impl Default for EngineOptions {
@@ -115,6 +120,7 @@ impl Default for EngineOptions {
             buffers: None,
             max_lookahead: None,
             in_place: false,
+            ram_in_place: false,
         }
     }
 }

@@ -164,14 +164,29 @@ impl StagedLayout {
     /// Lays out `blocks` for an engine with storage dtype `storage`, every tensor at an `align`
     /// offset ([`TENSOR_ALIGN`] or [`DEVICE_TENSOR_ALIGN`](super::DEVICE_TENSOR_ALIGN)):
     /// RAM-tier blocks packed in their converted form, disk-tier blocks as stored, or, with
-    /// `in_place`, used from the map where [`in_place_eligible`] allows. Errors on a storage dtype the engine does not convert to, or
-    /// an alignment that is not a power of two from 64 to a page.
+    /// `in_place`, used from the map where [`in_place_eligible`] allows. Errors on a storage
+    /// dtype the engine does not convert to, or an alignment that is not a power of two from 64
+    /// to a page.
     pub fn build(
         blocks: &[StreamBlock],
         file_count: usize,
         storage: Option<DType>,
         align: usize,
         in_place: bool,
+    ) -> Result<Self, RuleError> {
+        Self::build_in_place(blocks, file_count, storage, align, in_place, false)
+    }
+
+    /// As [`build`](Self::build), with RAM-tier blocks used in place too where `ram_in_place`
+    /// (a RAM tier that is the checkpoint's map, no storage dtype: its pages are the file's, as
+    /// the disk tier's are).
+    pub fn build_in_place(
+        blocks: &[StreamBlock],
+        file_count: usize,
+        storage: Option<DType>,
+        align: usize,
+        in_place: bool,
+        ram_in_place: bool,
     ) -> Result<Self, RuleError> {
         check_storage(storage)?;
         if !align.is_power_of_two() || !(TENSOR_ALIGN..=DIRECT_ALIGN).contains(&align) {
@@ -185,6 +200,13 @@ impl StagedLayout {
                 Ok(match storage {
                     Some(dtype) if b.tier == SourceTier::Ram => pack(b, dtype, align),
                     _ if in_place && in_place_eligible(b, align) => lay_out_in_place(b),
+                    _ if ram_in_place
+                        && storage.is_none()
+                        && b.tier == SourceTier::Ram
+                        && tensors_in_place_eligible(b, align) =>
+                    {
+                        lay_out_in_place(b)
+                    }
                     _ => lay_out(b, align),
                 })
             })
@@ -378,8 +400,12 @@ fn runs_of(block: &StreamBlock, order: &[usize]) -> Vec<Run> {
 /// weight that is not 64-byte aligned (measured; bf16 and f16 Linears round the same at any
 /// even offset, which the tests hold against plain models).
 pub fn in_place_eligible(block: &StreamBlock, align: usize) -> bool {
-    block.tier == SourceTier::Disk
-        && !block.tensors.is_empty()
+    block.tier == SourceTier::Disk && tensors_in_place_eligible(block, align)
+}
+
+/// Whether every tensor of `block` may be used from its file's pages (and it has some).
+fn tensors_in_place_eligible(block: &StreamBlock, align: usize) -> bool {
+    !block.tensors.is_empty()
         && block
             .tensors
             .iter()

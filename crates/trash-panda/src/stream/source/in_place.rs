@@ -14,7 +14,7 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::super::{StreamBlock, StreamError, StreamTensor};
+use super::super::{SourceTier, StreamBlock, StreamError, StreamTensor};
 use super::{CheckpointSource, PAGES_READ};
 use crate::io::{IoError, MappedFile, ReadMode, WritableSpan};
 use crate::rules::layout::Run;
@@ -24,7 +24,7 @@ use crate::rules::MAP_GRAIN;
 pub(crate) struct InPlaceFile {
     /// Private, so a model that writes to a weight changes its own copy of the page, never the
     /// file; the copy is dropped when the block's lease goes.
-    map: MappedFile,
+    pub(super) map: MappedFile,
     /// To check the file before its pages are handed out (a page past a truncated end raises
     /// SIGBUS when touched; a file written to shows other bytes) and to drop its pages from the
     /// page cache.
@@ -198,9 +198,11 @@ impl CheckpointSource {
                 })
                 .collect(),
         };
+        // A RAM-tier block's pages are the RAM tier's: they stay in the page cache.
+        let disk = b.tier == SourceTier::Disk;
         for (file, start, end, lo, hi) in ranges {
             let f = self.in_place_file(file);
-            if self.disk_mode == ReadMode::Direct {
+            if disk && self.disk_mode == ReadMode::Direct {
                 let _ = f.map.release(start as usize..end as usize, &f.file);
             }
             let hi = (hi as usize).min(f.map.len());

@@ -195,8 +195,8 @@ impl CheckpointSource {
         for (i, b) in blocks.iter().enumerate() {
             for t in &b.tensors {
                 match b.tier {
+                    _ if layout.is_in_place(i) => needs_in_place[t.file] = true,
                     SourceTier::Ram => needs_map[t.file] |= ram_threads.is_none(),
-                    SourceTier::Disk if layout.is_in_place(i) => needs_in_place[t.file] = true,
                     SourceTier::Disk => needs_reader[t.file] = true,
                 }
             }
@@ -459,9 +459,7 @@ impl Source for CheckpointSource {
 
     fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<Filled, StreamError> {
         let cold_bytes = match (self.blocks[block].tier, self.ram_threads) {
-            (SourceTier::Disk, _) if self.layout.is_in_place(block) => {
-                self.fill_in_place(block, stop)?
-            }
+            _ if self.layout.is_in_place(block) => self.fill_in_place(block, stop)?,
             (SourceTier::Disk, _) => {
                 self.fill_disk(block, dst, stop)?;
                 0
@@ -509,8 +507,10 @@ impl Source for CheckpointSource {
         let layout = &self.layout.blocks[block];
         let mut released = 0;
         for run in &layout.runs {
-            let Some((map, file)) = self.mapped[run.file].as_ref() else {
-                continue;
+            let (map, file) = match (&self.mapped[run.file], &self.in_place[run.file]) {
+                (Some((map, file)), _) => (map, file),
+                (None, Some(f)) => (&f.map, &f.file),
+                (None, None) => continue,
             };
             let range = run.start as usize..run.end as usize;
             let done = if keep_cache {
@@ -562,7 +562,12 @@ impl Source for CheckpointSource {
     }
 
     fn disk_mode(&self) -> Option<ReadMode> {
-        if self.readers.iter().all(Option::is_none) && self.in_place.iter().any(Option::is_some) {
+        let disk_in_place = self
+            .blocks
+            .iter()
+            .enumerate()
+            .any(|(i, b)| b.tier == SourceTier::Disk && self.layout.is_in_place(i));
+        if self.readers.iter().all(Option::is_none) && disk_in_place {
             // Blocks used in place are read through the page cache whatever the mode.
             return Some(ReadMode::Buffered);
         }
