@@ -16,16 +16,40 @@ from trash_panda import Plan
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="blocks are used in place on Linux only")
 
 
-def _load(tmp_path: Path, dtype: torch.dtype) -> tuple[Tiny, Tiny, Any]:
+def _load(tmp_path: Path, dtype: torch.dtype, tier: str = "disk") -> tuple[Tiny, Tiny, Any]:
     torch.manual_seed(0)
     with torch.device("cpu"):
         ref = Tiny(dim=64, layers=4, vocab=50).to(dtype).eval()
     path = save(ref, tmp_path / "m.safetensors", dtype)
     with torch.device("meta"):
         model = Tiny(dim=64, layers=4, vocab=50).to(dtype).eval()
-    plan = Plan.manual(resident=["blocks.0."], streamed=["blocks.1.", "blocks.2.", "blocks.3."], streamed_tier="disk")
+    plan = Plan.manual(resident=["blocks.0."], streamed=["blocks.1.", "blocks.2.", "blocks.3."], streamed_tier=tier)
     tp.stream_load(model, path, plan=plan, device="cpu")
     return ref, model, tp.install_offload(model)
+
+
+def _leases_in_place(ref: Tiny, model: Tiny) -> list[bool]:
+    """Three passes, each equal to the plain model's; whether each lease was used in place."""
+    state = model._trash_panda_state
+    engine = state.engine
+    acquire = engine.acquire
+    seen: list[bool] = []
+
+    def spy(index: int) -> Any:
+        lease = acquire(index)
+        seen.append(lease.in_place)
+        return lease
+
+    state.engine = _Spy(engine, spy)
+    x = torch.randint(0, 50, (2, 5))
+    try:
+        with torch.no_grad():
+            want = ref(x)
+            for _ in range(3):
+                assert torch.equal(model(x), want)
+    finally:
+        state.engine = engine
+    return seen
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -36,34 +60,20 @@ def test_sixteen_bit_blocks_run_from_the_map_and_equal_the_plain_model(tmp_path:
     assert budgets is not None and budgets.mapped_window > 0
     # Nothing is staged for blocks used in place: one page per buffer paces the look-ahead.
     assert state.config.staging_buffer_bytes == 4096
-    seen: list[bool] = []
-    engine = state.engine
-    acquire = engine.acquire
-
-    def spy(index: int) -> Any:
-        lease = acquire(index)
-        seen.append(lease.in_place)
-        return lease
-
-    state.engine = _Spy(engine, spy)
-    x = torch.randint(0, 50, (2, 5))
-    with torch.no_grad():
-        want = ref(x)
-        for _ in range(3):
-            assert torch.equal(model(x), want)
-    state.engine = engine
+    seen = _leases_in_place(ref, model)
     assert seen and all(seen)
     tp.release(model, handle)
 
 
-def test_a_write_to_a_weight_used_in_place_is_an_error_and_undone(tmp_path: Path) -> None:
-    ref, model, handle = _load(tmp_path, torch.bfloat16)
+@pytest.mark.parametrize("tier", ["disk", "ram"])
+def test_a_write_to_a_weight_used_in_place_is_an_error_and_undone(tmp_path: Path, tier: str) -> None:
+    ref, model, handle = _load(tmp_path, torch.bfloat16, tier)
     x = torch.randint(0, 50, (1, 3))
     with torch.no_grad():
         want = ref(x)
         assert torch.equal(model(x), want)
-        # The write goes to this process's copy of the page, dropped with the lease: the file's
-        # values come back.
+        # The write goes to this process's copy of the page, dropped with the block's mapping
+        # after its run: the file's values (the page cache's, a RAM tier's) come back.
         assert_writes_are_caught(model, 2, x, want)
     tp.release(model, handle)
 
@@ -79,51 +89,12 @@ class _Spy:
         return getattr(self._engine, name)
 
 
-def _load_ram(tmp_path: Path, dtype: torch.dtype) -> tuple[Tiny, Tiny, Any]:
-    torch.manual_seed(0)
-    ref = Tiny(dim=64, layers=4, vocab=50).to(dtype).eval()
-    path = save(ref, tmp_path / "m.safetensors", dtype)
-    with torch.device("meta"):
-        model = Tiny(dim=64, layers=4, vocab=50).to(dtype).eval()
-    plan = Plan.manual(resident=["blocks.0."], streamed=["blocks.1.", "blocks.2.", "blocks.3."], streamed_tier="ram")
-    tp.stream_load(model, path, plan=plan, device="cpu")
-    return ref, model, tp.install_offload(model)
-
-
 def test_ram_tier_blocks_of_a_mapped_ram_tier_run_where_they_lie(tmp_path: Path) -> None:
     """A warm pass over the RAM tier copies nothing: its blocks' leases are the file's pages
     (the page cache the RAM tier is), every pass, and the outputs are the plain model's."""
-    ref, model, handle = _load_ram(tmp_path, torch.bfloat16)
-    state = model._trash_panda_state
-    engine = state.engine
-    acquire = engine.acquire
-    seen: list[bool] = []
-
-    def spy(index: int) -> Any:
-        lease = acquire(index)
-        seen.append(lease.in_place)
-        return lease
-
-    state.engine = _Spy(engine, spy)
-    x = torch.randint(0, 50, (2, 5))
-    with torch.no_grad():
-        want = ref(x)
-        for _ in range(3):
-            assert torch.equal(model(x), want)
-    state.engine = engine
+    ref, model, handle = _load(tmp_path, torch.bfloat16, "ram")
+    seen = _leases_in_place(ref, model)
     assert len(seen) == 9 and all(seen), seen
-    tp.release(model, handle)
-
-
-def test_a_write_to_a_ram_tier_weight_used_in_place_is_an_error_and_undone(tmp_path: Path) -> None:
-    ref, model, handle = _load_ram(tmp_path, torch.bfloat16)
-    x = torch.randint(0, 50, (1, 3))
-    with torch.no_grad():
-        want = ref(x)
-        assert torch.equal(model(x), want)
-        # The write goes to this process's copy of the page, dropped with the block's mapping
-        # after its run: the RAM tier's values (the file's) come back.
-        assert_writes_are_caught(model, 2, x, want)
     tp.release(model, handle)
 
 
