@@ -1,5 +1,7 @@
-//! Disk-tier blocks used in place on the CPU: the compute reads the weights straight from the page
-//! cache's pages, through a private map of the checkpoint, instead of from a copy.
+//! Disk-tier blocks (and a mapped RAM tier's) used in place on the CPU: the compute reads the
+//! weights straight from the page cache's pages, through a private map of the checkpoint,
+//! instead of from a copy. A RAM-tier block's pages are the RAM tier: they stay in the page
+//! cache, and only their mapping goes after each run.
 //!
 //! A warm pass then costs no copy at all (a staged block costs one memcpy of its bytes, which on
 //! a machine of few cores competes with the compute), and the process holds a block's pages only
