@@ -1559,6 +1559,10 @@ class Pace:
     def __new__(cls, blocks: int) -> Pace: ...
     def set_alone_rate(self, bytes_per_second: float) -> None:
         """The rate, in bytes per second, of a read with nothing beside it; ignored unless positive."""
+    def note_load(self, bytes: int, seconds: float) -> None:
+        """A load at a stage's start read `bytes` in `seconds`: the fastest such load large enough
+        to say something of the drive is what a read takes alone.
+        """
     def ran(self, block: int, seconds: float, busy: bool) -> None:
         """Block `block` of the running stage computed for `seconds`, with reads in flight (`busy`)
         or not.
@@ -1568,8 +1572,11 @@ class Pace:
     @property
     def wants_quiet(self) -> bool:
         """Whether fewer quiet runs than one pass are known."""
+    @property
+    def choice(self) -> PaceChoice:
+        """What the read-ahead should do now, without the figures and words of `verdict()`."""
     def verdict(self) -> PaceVerdict:
-        """What the read-ahead should do now."""
+        """What the read-ahead should do now, the figures behind it and why."""
 
 @final
 class Shed:

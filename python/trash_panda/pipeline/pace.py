@@ -31,21 +31,14 @@ __all__ = ["QUIET_LIMIT", "QUIET_WAIT", "Pacer", "Rates"]
 QUIET_WAIT = 0.5
 # Seconds it waits in all for quiet runs (the running stage's own load may be under way).
 QUIET_LIMIT = 3.0
-# A load at a stage's start this small says little of the drive.
-RATE_MIN_BYTES = 64 << 20
 
 
 class Rates:
-    """The read rates loads at a stage's start reached in this pipeline: what a read takes with
-    (almost) nothing beside it."""
+    """The loads at a stage's start in this pipeline, (bytes, seconds) each: what a read takes
+    with (almost) nothing beside it, as each pacer's ``Pace`` weighs them."""
 
     def __init__(self) -> None:
-        self.best: float | None = None
-
-    def note(self, loader: ResidentLoader) -> None:
-        if loader.done and loader.loaded_bytes >= RATE_MIN_BYTES and loader.load_seconds > 0:
-            rate = loader.loaded_bytes / loader.load_seconds
-            self.best = rate if self.best is None else max(self.best, rate)
+        self.loads: list[tuple[int, float]] = []
 
 
 def _spans(loader: ResidentLoader | None) -> tuple[int, int]:
@@ -64,6 +57,8 @@ class Pacer(BlockHook):
         self.own = own
         self.rates = rates
         self.measures_drive = measures_drive
+        for nbytes, seconds in rates.loads:
+            self.pace.note_load(nbytes, seconds)
         self.ahead: ResidentLoader | None = None
         self.allowance: _core.Allowance | None = None
         self.verdict: _core.PaceVerdict | None = None
@@ -98,10 +93,10 @@ class Pacer(BlockHook):
         if own[0] > self._own0[1]:
             return  # its own load read beside it: neither quiet nor the read-ahead's cost
         if self.measures_drive and self.own is not None and self.own.done:
-            self.rates.note(self.own)
+            load = (self.own.loaded_bytes, self.own.load_seconds)
+            self.rates.loads.append(load)
+            self.pace.note_load(*load)
             self.measures_drive = False  # once: its load is over
-        if self.rates.best is not None:
-            self.pace.set_alone_rate(self.rates.best)
         busy = ahead[0] > self._ahead0[1]
         self.pace.ran(block.index, seconds, busy)
         if self._quiet_hold:
@@ -110,9 +105,8 @@ class Pacer(BlockHook):
         if not busy or self.ahead is None or self.paused:
             return
         self.pace.set_read(self.ahead.loaded_bytes)
-        verdict = self.pace.verdict()
-        self.verdict = verdict
-        if verdict.choice == _core.PaceChoice.PAUSE and self.allowance is not None:
+        if self.pace.choice == _core.PaceChoice.PAUSE and self.allowance is not None:
+            self.verdict = self.pace.verdict()
             self.paused = True
             self.allowance.hold()
 
@@ -139,7 +133,7 @@ class Pacer(BlockHook):
         read beside it)."""
         if self.ahead is None or self.ahead.loaded_bytes == 0:
             return None
-        if self.verdict is None or not self.paused:
+        if self.verdict is None:  # not paused: what it weighs now
             self.pace.set_read(self.ahead.loaded_bytes)
-            self.verdict = self.pace.verdict()
+            return self.pace.verdict()
         return self.verdict

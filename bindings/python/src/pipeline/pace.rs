@@ -109,6 +109,12 @@ impl PyPace {
         self.with(|p| p.set_alone_rate(bytes_per_second));
     }
 
+    /// A load at a stage's start read `bytes` in `seconds`: the fastest such load large enough
+    /// to say something of the drive is what a read takes alone.
+    fn note_load(&self, bytes: u64, seconds: f64) {
+        self.with(|p| p.note_load(bytes, seconds));
+    }
+
     /// Block `block` of the running stage computed for `seconds`, with reads in flight (`busy`)
     /// or not.
     fn ran(&self, block: usize, seconds: f64, busy: bool) {
@@ -126,7 +132,13 @@ impl PyPace {
         self.with(|p| p.wants_quiet())
     }
 
-    /// What the read-ahead should do now.
+    /// What the read-ahead should do now, without the figures and words of `verdict()`.
+    #[getter]
+    fn choice(&self) -> PyPaceChoice {
+        self.with(|p| p.choice()).into()
+    }
+
+    /// What the read-ahead should do now, the figures behind it and why.
     fn verdict(&self) -> PyPaceVerdict {
         PyPaceVerdict {
             inner: self.with(|p| p.verdict()),

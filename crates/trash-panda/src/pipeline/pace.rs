@@ -60,12 +60,20 @@ pub struct Pace {
     /// Per block: the sum and count of its runs with no read in flight.
     quiet: HashMap<usize, (f64, u32)>,
     quiet_runs: usize,
-    /// Runs with reads in flight: (block, seconds).
-    busy: Vec<(usize, f64)>,
+    /// Per block: the sum and count of its runs with reads in flight.
+    busy: HashMap<usize, (f64, u32)>,
+    busy_runs: u32,
     /// Bytes per second of a read with nothing beside it.
     alone_rate: Option<f64>,
     /// Bytes the read-ahead has read.
     read_bytes: u64,
+}
+
+/// What the block times say so far.
+enum Measured {
+    NoRate,
+    TooLittle { compared: u32, wanted: usize },
+    Lost { per_gb: f64, alone_per_gb: f64 },
 }
 
 impl Pace {
@@ -85,18 +93,34 @@ impl Pace {
         }
     }
 
+    /// A load at a stage's start read `bytes` in `seconds`: the fastest such load of at least
+    /// [`PACE_MIN_BYTES`] is what a read takes alone (a smaller one says little of the drive).
+    pub fn note_load(&mut self, bytes: u64, seconds: f64) {
+        if bytes >= PACE_MIN_BYTES && seconds > 0.0 {
+            let rate = bytes as f64 / seconds;
+            if self.alone_rate.is_none_or(|r| rate > r) {
+                self.set_alone_rate(rate);
+            }
+        }
+    }
+
     /// Block `block` of the running stage computed for `seconds`, with reads in flight
     /// (`busy`) or not.
     pub fn ran(&mut self, block: usize, seconds: f64, busy: bool) {
         if !seconds.is_finite() || seconds < 0.0 {
             return;
         }
-        if busy {
-            self.busy.push((block, seconds));
+        let runs = if busy {
+            &mut self.busy
         } else {
-            let q = self.quiet.entry(block).or_insert((0.0, 0));
-            q.0 += seconds;
-            q.1 += 1;
+            &mut self.quiet
+        };
+        let r = runs.entry(block).or_insert((0.0, 0));
+        r.0 += seconds;
+        r.1 += 1;
+        if busy {
+            self.busy_runs += 1;
+        } else {
             self.quiet_runs += 1;
         }
     }
@@ -112,7 +136,44 @@ impl Pace {
         self.quiet_runs < self.blocks.max(1)
     }
 
-    /// What the read-ahead should do now.
+    /// Each busy run against its block's quiet mean, summed per block: as cheap per call as the
+    /// blocks are few, so the hook may ask after every run.
+    fn measure(&self) -> Measured {
+        let Some(rate) = self.alone_rate else {
+            return Measured::NoRate;
+        };
+        let (mut lost, mut compared) = (0.0, 0u32);
+        for (block, &(sum, n)) in &self.busy {
+            if let Some(&(q_sum, q_n)) = self.quiet.get(block) {
+                lost += sum - f64::from(n) * q_sum / f64::from(q_n);
+                compared += n;
+            }
+        }
+        let wanted = PACE_MIN_SAMPLES.max(self.blocks / 2);
+        if (compared as usize) < wanted || self.read_bytes < PACE_MIN_BYTES {
+            return Measured::TooLittle { compared, wanted };
+        }
+        // Runs of blocks never seen quiet lost time too: counted at the compared runs' rate.
+        let lost = lost * f64::from(self.busy_runs) / f64::from(compared);
+        Measured::Lost {
+            per_gb: lost.max(0.0) / (self.read_bytes as f64 / 1e9),
+            alone_per_gb: 1e9 / rate,
+        }
+    }
+
+    /// What the read-ahead should do now (without the figures and words of [`verdict`](Self::verdict)).
+    pub fn choice(&self) -> PaceChoice {
+        match self.measure() {
+            Measured::Lost {
+                per_gb,
+                alone_per_gb,
+            } if per_gb > alone_per_gb => PaceChoice::Pause,
+            Measured::Lost { .. } => PaceChoice::Read,
+            _ => PaceChoice::Measuring,
+        }
+    }
+
+    /// What the read-ahead should do now, the figures behind it and why.
     pub fn verdict(&self) -> PaceVerdict {
         let alone_per_gb = self.alone_rate.map(|r| 1e9 / r);
         let measuring = |reason: String| PaceVerdict {
@@ -121,30 +182,25 @@ impl Pace {
             alone_per_gb,
             reason,
         };
-        let Some(alone) = alone_per_gb else {
-            return measuring(
-                "read ahead: no load at a stage's start measured the drive yet, so nothing to \
-                 weigh its cost against"
-                    .into(),
-            );
-        };
-        let compared: Vec<f64> = self
-            .busy
-            .iter()
-            .filter_map(|&(b, s)| self.quiet.get(&b).map(|&(sum, n)| s - sum / f64::from(n)))
-            .collect();
-        let wanted = PACE_MIN_SAMPLES.max(self.blocks / 2);
-        if compared.len() < wanted || self.read_bytes < PACE_MIN_BYTES {
-            return measuring(format!(
-                "read ahead: {} of {wanted} block runs beside reads compared, {:.2} GB read: \
-                 too little to weigh yet",
-                compared.len(),
-                self.read_bytes as f64 / 1e9
-            ));
-        }
-        // Runs of blocks never seen quiet lost time too: counted at the compared runs' rate.
-        let lost = compared.iter().sum::<f64>() * self.busy.len() as f64 / compared.len() as f64;
-        let lost_per_gb = lost.max(0.0) / (self.read_bytes as f64 / 1e9);
+        let (lost_per_gb, alone) =
+            match self.measure() {
+                Measured::NoRate => return measuring(
+                    "read ahead: no load at a stage's start measured the drive yet, so nothing \
+                     to weigh its cost against"
+                        .into(),
+                ),
+                Measured::TooLittle { compared, wanted } => {
+                    return measuring(format!(
+                        "read ahead: {compared} of {wanted} block runs beside reads compared, \
+                     {:.2} GB read: too little to weigh yet",
+                        self.read_bytes as f64 / 1e9
+                    ))
+                }
+                Measured::Lost {
+                    per_gb,
+                    alone_per_gb,
+                } => (per_gb, alone_per_gb),
+            };
         let (choice, reason) = if lost_per_gb > alone {
             (
                 PaceChoice::Pause,
@@ -244,6 +300,36 @@ mod tests {
         p.set_alone_rate(0.0);
         p.ran(0, f64::INFINITY, false);
         assert_eq!(p.verdict().choice, PaceChoice::Measuring);
+    }
+
+    #[test]
+    fn a_small_or_slower_load_says_nothing_more_of_the_drive() {
+        let mut p = Pace::new(1);
+        p.note_load(PACE_MIN_BYTES - 1, 0.001);
+        assert!(p.verdict().reason.contains("no load"));
+        p.note_load(2_000_000_000, 1.0);
+        p.note_load(1_000_000_000, 1.0); // slower: the faster one stands
+        assert_eq!(p.verdict().alone_per_gb, Some(0.5));
+    }
+
+    #[test]
+    fn the_choice_alone_is_the_verdict_s() {
+        for extra in [0.030, 0.002, -0.002] {
+            for passes in [1, 3] {
+                let mut p = Pace::new(4);
+                p.set_alone_rate(2e9);
+                for b in 0..4 {
+                    p.ran(b, 0.010, false);
+                }
+                for _ in 0..passes {
+                    for b in 0..4 {
+                        p.ran(b, 0.010 + extra, true);
+                    }
+                }
+                p.set_read(200_000_000);
+                assert_eq!(p.choice(), p.verdict().choice);
+            }
+        }
     }
 
     #[test]

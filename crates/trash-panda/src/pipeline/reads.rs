@@ -53,20 +53,8 @@ pub fn load_reads(
     keep: bool,
 ) -> LoadReads {
     let held = ram.min(files.saturating_sub(vram.unwrap_or(0)));
-    let reads = decide(choice, "the stages'", files, ram, held);
-    if choice.mode().is_some() || reads.mode == ReadMode::Direct || !keep {
-        return reads;
-    }
-    LoadReads {
-        mode: ReadMode::Direct,
-        reason: format!(
-            "direct reads: the stages' {} of files fit together in the {} budget with room to \
-             spare, so each stays loaded and is read once; a copy through the page cache would \
-             only take CPU from the compute beside the reads",
-            format_bytes(files),
-            format_bytes(ram)
-        ),
-    }
+    let once = keep.then_some("the stages fit together, so each stays loaded and is read once");
+    decide(choice, "the stages'", files, ram, held, once)
 }
 
 /// The mode for loading one model by `plan` (configured as `config`) from files of `files`
@@ -90,24 +78,21 @@ pub fn plan_reads(
         })?;
     let ram = budgets.usable_ram.saturating_sub(budgets.min_free_ram);
     let held = Holds::of("model", plan, config)?.ram.min(ram);
-    let reads = decide(choice, "the model's", files, ram, held);
-    if choice.mode().is_some() || reads.mode == ReadMode::Direct || read_again {
-        return Ok(reads);
-    }
-    Ok(LoadReads {
-        mode: ReadMode::Direct,
-        reason: format!(
-            "direct reads: the model's {} of files would fit in the page cache, but it stays \
-             loaded and reads them once; a copy through the page cache would only take CPU \
-             from the compute beside the reads",
-            format_bytes(files)
-        ),
-    })
+    let once = (!read_again).then_some("the model stays loaded and reads them once");
+    Ok(decide(choice, "the model's", files, ram, held, once))
 }
 
 /// The rule: `files` bytes (of `whose` files) stay in the page cache only beside `held` bytes
-/// in a `ram` budget.
-fn decide(choice: DiskModeChoice, whose: &str, files: u64, ram: u64, held: u64) -> LoadReads {
+/// in a `ram` budget, and are worth keeping there only when read again: `once` says why they
+/// are not (None: they are).
+fn decide(
+    choice: DiskModeChoice,
+    whose: &str,
+    files: u64,
+    ram: u64,
+    held: u64,
+    once: Option<&str>,
+) -> LoadReads {
     if let Some(mode) = choice.mode() {
         return LoadReads {
             mode,
@@ -115,7 +100,19 @@ fn decide(choice: DiskModeChoice, whose: &str, files: u64, ram: u64, held: u64) 
         };
     }
     let spare = ram.saturating_sub(held);
-    let (mode, reason) = if files <= spare {
+    let (mode, reason) = if let (true, Some(why)) = (files <= spare, once) {
+        (
+            ReadMode::Direct,
+            format!(
+                "direct reads: {whose} {} of files would stay in the page cache ({} spare in \
+                 the {} budget), but {why}; a copy through it would only take CPU from the \
+                 compute beside the reads",
+                format_bytes(files),
+                format_bytes(spare),
+                format_bytes(ram)
+            ),
+        )
+    } else if files <= spare {
         (
             ReadMode::Buffered,
             format!(
