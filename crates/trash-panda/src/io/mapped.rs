@@ -140,9 +140,21 @@ impl MappedFile {
     /// pages, and the page cache's where the platform allows (Linux). The next read of the
     /// range comes from the file again. An error where the platform cannot (Windows).
     pub fn release(&self, range: Range<usize>, file: &std::fs::File) -> Result<(), IoError> {
+        let cache = range.start as u64..range.end as u64;
+        self.release_cached(range, cache, file)
+    }
+
+    /// As [`release`](Self::release), dropping the page cache's pages of `cache` (a file range
+    /// around `range`: a huge folio is dropped only when the range holds it whole).
+    pub fn release_cached(
+        &self,
+        range: Range<usize>,
+        cache: Range<u64>,
+        file: &std::fs::File,
+    ) -> Result<(), IoError> {
         let range = self.check(range.start, range.end)?;
-        let offset = range.start as u64;
-        platform::release_range(&self.bytes()[range], file, offset).map_err(self.cache_error())
+        debug_assert!(cache.start <= range.start as u64 && range.end as u64 <= cache.end);
+        platform::release_range(&self.bytes()[range], file, cache).map_err(self.cache_error())
     }
 
     /// Asks for the map's pages to be mapped as huge pages where the page cache holds them so

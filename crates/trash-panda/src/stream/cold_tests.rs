@@ -159,3 +159,43 @@ fn a_refused_populate_falls_back_to_the_map() {
     let stats = pass(&e, &blocks, &data);
     assert_eq!(stats.failures, 0);
 }
+
+#[test]
+fn a_block_given_back_drops_the_cache_out_to_the_grain_its_neighbours_let_go() {
+    // Blocks of 1.36 MB from byte 1736: each 2 MiB grain holds parts of two blocks.
+    let (f, blocks, _) = checkpoint(3);
+    let options = EngineOptions::default();
+    let layout = StagedLayout::build(&blocks, 1, None, options.align, false).unwrap();
+    let source = CheckpointSource::open(
+        blocks.clone(),
+        vec![f.path().to_owned()],
+        Arc::new(layout.clone()),
+        &options,
+        super::reads::Reads::own(4, blocks.len()),
+    )
+    .unwrap();
+    let run = |b: usize| {
+        assert_eq!(layout.blocks[b].runs.len(), 1);
+        layout.blocks[b].runs[0].clone()
+    };
+    let (grain, ends) = (MAP_GRAIN, [run(0).end, run(1).end, run(2).end]);
+    // Held neighbours keep their side; the header before block 0 and the end after block 2
+    // belong to no block.
+    assert_eq!(source.cache_span(0, &run(0)), 0..ends[0]);
+    assert_eq!(source.cache_span(1, &run(1)), ends[0]..ends[1]);
+    assert_eq!(source.cache_span(2, &run(2)), ends[1]..2 * grain);
+    if source.release(1, false) == 0 {
+        // Windows gives back no range of a map: block 1 still holds its pages.
+        assert_eq!(source.cache_span(0, &run(0)), 0..ends[0]);
+        return;
+    }
+    assert_eq!(source.cache_span(0, &run(0)), 0..grain);
+    assert_eq!(source.cache_span(2, &run(2)), grain..2 * grain);
+    // Kept pages (a pipeline's pass) leave the neighbours' grains alone.
+    assert!(source.release(0, true) > 0);
+    assert_eq!(source.cache_span(1, &run(1)), ends[0]..ends[1]);
+    // Staged again, a block holds its pages once more.
+    let mut dst = vec![0u8; layout.block_len(1)];
+    source.fill(1, &mut dst, &AtomicBool::new(false)).unwrap();
+    assert_eq!(source.cache_span(2, &run(2)), ends[1]..2 * grain);
+}

@@ -2,6 +2,7 @@
 
 use std::fs::File;
 use std::io;
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -92,11 +93,16 @@ pub(crate) fn drop_cache(file: &File) -> Result<(), OpError> {
 }
 
 /// Gives back a mapped range's memory: the process's pages (`madvise(DONTNEED)`) and the page
-/// cache's (`posix_fadvise(DONTNEED)` on the same file range).
-pub(crate) fn release_range(bytes: &[u8], file: &File, offset: u64) -> Result<(), OpError> {
+/// cache's (`posix_fadvise(DONTNEED)` on the file range `cache`, which holds the mapped one).
+pub(crate) fn release_range(bytes: &[u8], file: &File, cache: Range<u64>) -> Result<(), OpError> {
     super::unix::forget(bytes).map_err(|e| ("madvise(DONTNEED)", e))?;
-    fadvise(file, offset, bytes.len() as u64, libc::POSIX_FADV_DONTNEED)
-        .map_err(|e| ("posix_fadvise(DONTNEED)", e))
+    fadvise(
+        file,
+        cache.start,
+        cache.end - cache.start,
+        libc::POSIX_FADV_DONTNEED,
+    )
+    .map_err(|e| ("posix_fadvise(DONTNEED)", e))
 }
 
 pub(crate) fn advise_read(file: &File, offset: u64, len: u64) -> Result<(), OpError> {

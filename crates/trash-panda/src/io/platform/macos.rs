@@ -3,6 +3,7 @@
 
 use std::fs::File;
 use std::io;
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
@@ -47,7 +48,7 @@ pub(crate) fn drop_cache(_file: &File) -> Result<(), OpError> {
 
 /// Gives back a mapped range's pages in this process (`madvise(DONTNEED)`); macOS has no
 /// per-file eviction, so the file's cache keeps them until the system needs the memory.
-pub(crate) fn release_range(bytes: &[u8], _file: &File, _offset: u64) -> Result<(), OpError> {
+pub(crate) fn release_range(bytes: &[u8], _file: &File, _cache: Range<u64>) -> Result<(), OpError> {
     super::unix::forget(bytes).map_err(|e| ("madvise(DONTNEED)", e))
 }
 

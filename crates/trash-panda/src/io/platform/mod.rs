@@ -12,8 +12,8 @@
 //!   cannot be done here;
 //! - `page_residency(window, out)`: which pages of a mapped window are in memory;
 //! - `prefetch(bytes)`: start reading a mapped range ahead of its use;
-//! - `release_range(bytes, file, offset)`: give back a mapped range's memory (the process's
-//!   pages, and the cache's where the platform allows);
+//! - `release_range(bytes, file, cache)`: give back a mapped range's memory (the process's
+//!   pages, and the cache's of the file range `cache` where the platform allows);
 //! - `advise_huge(bytes)`: ask for a mapped range to be mapped with huge pages (a hint);
 //! - `forget_pages(bytes)`: give back the process's pages of a mapped range, leaving the cache's;
 //! - `populate(bytes)`: read a mapped range in now (returns when it is in memory), or say why not;

@@ -5,6 +5,7 @@
 use std::ffi::c_void;
 use std::fs::File;
 use std::io;
+use std::ops::Range;
 use std::os::windows::fs::OpenOptionsExt;
 use std::os::windows::io::AsRawHandle;
 use std::path::Path;
@@ -124,7 +125,11 @@ pub(crate) fn populate(_bytes: &[u8]) -> Result<(), OpError> {
 }
 
 /// A view's pages stay in the working set until Windows trims it; nothing gives them back early.
-pub(crate) fn release_range(_bytes: &[u8], _file: &File, _offset: u64) -> Result<(), OpError> {
+pub(crate) fn release_range(
+    _bytes: &[u8],
+    _file: &File,
+    _cache: Range<u64>,
+) -> Result<(), OpError> {
     Err((
         "giving back a mapped range's pages (not available on Windows)",
         io::Error::from(io::ErrorKind::Unsupported),

@@ -16,6 +16,7 @@ use crate::io::{
     ReadOptions, ReadRequest, ReadStats, WritableSpan, DIRECT_ALIGN,
 };
 use crate::rules::layout::{Run, StagedLayout};
+use crate::rules::MAP_GRAIN;
 
 mod check;
 mod disk_fill;
@@ -127,6 +128,8 @@ pub(crate) trait Source: Send + Sync {
 // `mincore` on Windows): cold until read once.
 const PAGES_UNREAD: u8 = 0;
 const PAGES_READ: u8 = 1;
+/// Given back with its page cache by a final pass, until staged again.
+const PAGES_GIVEN_BACK: u8 = 2;
 
 /// Refusals to pretend, so tests reach the fallbacks on a system that has every method.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -155,7 +158,8 @@ pub(crate) struct CheckpointSource {
     /// For files holding disk-tier blocks used in place: their private map.
     in_place: Vec<Option<InPlaceFile>>,
     cold_read: ColdRead,
-    /// Per block: `PAGES_READ` once a cold read brought it into the page cache.
+    /// Per block: `PAGES_READ` once a cold read brought it into the page cache,
+    /// `PAGES_GIVEN_BACK` once released with its page cache.
     pages: Vec<AtomicU8>,
     /// Set once `MADV_POPULATE_READ` was refused: the rest of the run copies through the map.
     populate_refused: AtomicBool,
@@ -316,6 +320,31 @@ impl CheckpointSource {
         populated
     }
 
+    /// The file range whose page cache goes with `run` of `block`, given back: out to
+    /// [`MAP_GRAIN`] on each side where no other RAM-tier block still holds pages. The kernel
+    /// drops only folios the range holds whole, so a huge folio across two blocks' boundary is
+    /// dropped with the second of them given back, not left behind by both.
+    pub(super) fn cache_span(&self, block: usize, run: &Run) -> std::ops::Range<u64> {
+        let (lo, hi) = (
+            run.start - run.start % MAP_GRAIN,
+            run.end.next_multiple_of(MAP_GRAIN),
+        );
+        let held = |from: u64, to: u64| {
+            self.layout.blocks.iter().enumerate().any(|(b, layout)| {
+                b != block
+                    && self.blocks[b].tier == SourceTier::Ram
+                    && self.pages[b].load(Ordering::Relaxed) != PAGES_GIVEN_BACK
+                    && layout
+                        .runs
+                        .iter()
+                        .any(|r| r.file == run.file && r.start < to && from < r.end)
+            })
+        };
+        let start = if held(lo, run.start) { run.start } else { lo };
+        let end = if held(run.end, hi) { run.end } else { hi };
+        start..end
+    }
+
     fn stopped(&self, block: usize) -> StreamError {
         StreamError::ShuttingDown {
             block,
@@ -458,6 +487,13 @@ impl Source for CheckpointSource {
     }
 
     fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<Filled, StreamError> {
+        // Staged again: its pages are held once more (see `cache_span`).
+        let _ = self.pages[block].compare_exchange(
+            PAGES_GIVEN_BACK,
+            PAGES_UNREAD,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
         let cold_bytes = match (self.blocks[block].tier, self.ram_threads) {
             _ if self.layout.is_in_place(block) => self.fill_in_place(block, stop)?,
             (SourceTier::Disk, _) => {
@@ -516,15 +552,15 @@ impl Source for CheckpointSource {
             let done = if keep_cache {
                 map.forget(range)
             } else {
-                map.release(range, file)
+                map.release_cached(range, self.cache_span(block, run), file)
             };
             if done.is_ok() {
                 released += run.len() as u64;
             }
         }
-        if !keep_cache {
+        if !keep_cache && released > 0 {
             // The block is cold again: its next staging reads it from the drive.
-            self.pages[block].store(PAGES_UNREAD, Ordering::Relaxed);
+            self.pages[block].store(PAGES_GIVEN_BACK, Ordering::Relaxed);
         }
         released
     }

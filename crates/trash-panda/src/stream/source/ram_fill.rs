@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::super::copy::copy_pairs;
 use super::super::{ColdRead, StreamError};
-use super::{CheckpointSource, PAGES_READ, PAGES_UNREAD};
+use super::{CheckpointSource, PAGES_READ};
 use crate::io::{read_ranges_queued, MappedFile, ReadOptions, ReadRequest};
 use crate::rules::layout::Run;
 
@@ -21,7 +21,7 @@ impl CheckpointSource {
         };
         match asked {
             Ok(resident) => !resident,
-            Err(()) => self.pages[block].load(Ordering::Relaxed) == PAGES_UNREAD,
+            Err(()) => self.pages[block].load(Ordering::Relaxed) != PAGES_READ,
         }
     }
 
