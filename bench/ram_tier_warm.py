@@ -5,9 +5,11 @@ test).
     PYTHONPATH=python .venv/bin/python bench/ram_tier_warm.py [--dtype bf16] [--blocks 24] [--tokens 64]
 
 Model: ``--blocks`` pre-norm MLP blocks (d 2048, ffn 8192), written once under
-target/bench-data/. The RAM tier is the checkpoint's map (the default); its pages are in the
-page cache after the first pass. Each way runs 7 passes of ``--tokens`` tokens; the figure is
-the median of the last 6. Rounds alternate the ways. Writes bench/results/ram_tier_warm-<dtype>.md.
+target/bench-data/. The RAM tier is the checkpoint's map (the default). The file is dropped from
+the page cache before each way, so the RAM tier's pages are those its own first pass read in (as
+after a user's load), not those the writer left; they are in the page cache after that pass.
+Each way runs 7 passes of ``--tokens`` tokens; the figure is the median of the last 6. Rounds
+alternate the ways. Writes bench/results/ram_tier_warm-<dtype>.md.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 from _common import DATA, RESULTS, build_meta, machine, md_table, write_checkpoint
 
 import trash_panda as tp
-from trash_panda import Plan
+from trash_panda import Plan, _core
 
 D, F = 2048, 8192
 PASSES = 7
@@ -42,6 +44,7 @@ def passes(model: torch.nn.Module, x: torch.Tensor) -> tuple[float, torch.Tensor
 
 def way(name: str, path: Path, blocks: int, dtype: torch.dtype, x: torch.Tensor) -> tuple[float, torch.Tensor]:
     prefixes = [f"blocks.{i}." for i in range(blocks)]
+    _core.drop_cache(path)
     model = build_meta(blocks, D, F, dtype)
     if name == "resident":
         tp.stream_load(model, path, plan=Plan.manual(resident=prefixes, streamed=[]), device="cpu")

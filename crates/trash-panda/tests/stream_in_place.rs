@@ -1,7 +1,8 @@
 //! Disk-tier blocks used in place from the checkpoint's map: which blocks qualify, that their
 //! tensors are the file's bytes, that the pool stages nothing for them, that a truncated file or
 //! one written to is an error and not a crash or other bytes, that with O_DIRECT reads the pages leave the page cache after
-//! use, and that the process never maps more of the checkpoint than the plan's window.
+//! use, that a RAM-tier block stays mapped from run to run unless a run wrote to it, and that the
+//! process never maps more of the checkpoint than the plan's window.
 
 mod common;
 
@@ -296,4 +297,79 @@ fn the_process_maps_no_more_than_the_plans_window() {
         "mapped {peak} bytes, the plan's window is {window}"
     );
     assert_eq!(mapped_rss(&files), 0, "every lease unmapped its block");
+}
+
+/// This process's resident bytes of its maps of `path` (`Rss` in `/proc/self/smaps`).
+fn mapped_bytes(path: &std::path::Path) -> u64 {
+    let name = path.to_string_lossy().into_owned();
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut ours = false;
+    let mut total = 0;
+    for line in smaps.lines() {
+        if line.starts_with(|c: char| c.is_ascii_hexdigit()) && line.contains('-') {
+            ours = line.ends_with(&name);
+        } else if let Some(kb) = line.strip_prefix("Rss:").filter(|_| ours) {
+            total += kb
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+                * 1024;
+        }
+    }
+    total
+}
+
+#[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "blocks are used in place on Linux only"
+)]
+fn a_ram_tier_block_stays_mapped_between_runs_unless_a_run_wrote_to_it() {
+    let dir = Dir::new("in_place_ram_kept");
+    let (files, mut blocks) = checkpoint(&dir, &[(DType::BF16, 8), (DType::BF16, 8)], 1_000_000);
+    for b in &mut blocks {
+        b.tier = SourceTier::Ram;
+    }
+    let opts = EngineOptions {
+        ram_in_place: true,
+        ..options(ReadMode::Buffered)
+    };
+    let e = Engine::new(blocks.clone(), files.clone(), opts).unwrap();
+    let file0 = std::fs::read(&files[0]).unwrap();
+    let t = &blocks[0].tensors[1];
+    let want = &file0[t.start as usize..t.end as usize];
+    let block_bytes = blocks[0].tensors[2].end - blocks[0].tensors[0].start;
+    // Read, not written: after the lease the block's pages are still mapped for its next run.
+    for _ in 0..2 {
+        let lease = e.acquire(0).unwrap();
+        assert!(lease.in_place());
+        for t in &blocks[0].tensors {
+            let bytes = &file0[t.start as usize..t.end as usize];
+            assert_eq!(lease.tensor(t.name.as_str()).unwrap(), bytes);
+        }
+        e.release(lease);
+        e.release(e.acquire(1).unwrap());
+        assert!(
+            mapped_bytes(&files[0]) >= block_bytes,
+            "block 0 was unmapped"
+        );
+    }
+    // Written: the run's copy of the page goes with the lease, and the next run reads the
+    // file's bytes.
+    let lease = e.acquire(0).unwrap();
+    let span = lease.tensor_writable(t.name.as_str()).unwrap();
+    // SAFETY: the span is the lease's tensor, live while the lease is; nothing else reads it now.
+    unsafe { span.as_mut_ptr().add(10).write(!want[10]) };
+    assert_ne!(lease.tensor(t.name.as_str()).unwrap(), want);
+    e.release(lease);
+    assert!(
+        mapped_bytes(&files[0]) < block_bytes,
+        "a written block stays mapped"
+    );
+    e.release(e.acquire(1).unwrap());
+    let lease = e.acquire(0).unwrap();
+    assert_eq!(lease.tensor(t.name.as_str()).unwrap(), want);
+    e.release(lease);
 }

@@ -173,6 +173,14 @@ impl MappedFile {
         platform::forget_pages(&self.bytes()[range]).map_err(self.cache_error())
     }
 
+    /// Whether this process wrote to a page of `range` of a private map (its own copy of the
+    /// page instead of the file's); an error where the system cannot tell (before Linux 6.7,
+    /// macOS, Windows).
+    pub fn written(&self, range: Range<usize>) -> Result<bool, IoError> {
+        let range = self.check(range.start, range.end)?;
+        platform::written_pages(&self.bytes()[range]).map_err(self.cache_error())
+    }
+
     /// Whether every page holding `range` is in memory now (`mincore`); an error where the system
     /// cannot tell (Windows).
     pub fn resident(&self, range: Range<usize>) -> Result<bool, IoError> {
@@ -339,6 +347,29 @@ mod tests {
         m.bytes_mut().unwrap()[0] = b'X';
         assert_eq!(m.bytes(), b"Xbcdef");
         assert_eq!(std::fs::read(f.path()).unwrap(), b"abcdef");
+    }
+
+    #[test]
+    fn a_private_map_tells_the_pages_written_until_they_are_forgotten() {
+        let page = platform::page_size();
+        let data: Vec<u8> = (0..8 * page as u32).map(|i| (i % 251) as u8).collect();
+        let f = file_with(&data);
+        let mut m = MappedFile::open_private(f.path()).unwrap();
+        let Ok(untouched) = m.written(0..data.len()) else {
+            return; // this system cannot tell (the callers then forget every page)
+        };
+        assert!(!untouched);
+        let sum: u64 = m.bytes().iter().step_by(page).map(|&b| b as u64).sum();
+        assert!(sum > 0);
+        assert!(!m.written(0..data.len()).unwrap(), "read, not written");
+        m.bytes_mut().unwrap()[5 * page + 3] = 0xff;
+        assert!(m.written(0..data.len()).unwrap());
+        assert!(m.written(5 * page + 100..5 * page + 101).unwrap());
+        assert!(!m.written(0..5 * page).unwrap());
+        assert!(!m.written(6 * page..data.len()).unwrap());
+        m.forget(5 * page..6 * page).unwrap();
+        assert!(!m.written(0..data.len()).unwrap());
+        assert_eq!(m.bytes(), &data[..]);
     }
 
     #[test]

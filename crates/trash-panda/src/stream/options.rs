@@ -98,8 +98,9 @@ pub struct EngineOptions {
     pub in_place: bool,
     /// RAM-tier blocks of a mapped RAM tier (no storage dtype) are used in place the same way,
     /// where their tensors allow: a warm pass copies nothing. Their pages stay in the page cache
-    /// (the RAM tier's); only their mapping goes after each run, with what a buggy in-place write
-    /// left in it.
+    /// (the RAM tier's) and stay mapped from run to run; a run that wrote to them (a buggy
+    /// in-place write) has its block unmapped after it, which drops what it wrote. Where the
+    /// system cannot tell written pages, every run's mapping goes.
     pub ram_in_place: bool,
 }
 

@@ -128,6 +128,83 @@ pub(crate) fn forget_pages(bytes: &[u8]) -> Result<(), OpError> {
     super::unix::forget(bytes).map_err(|e| ("madvise(DONTNEED)", e))
 }
 
+/// Whether this process wrote to any page of `bytes`, part of a private map of a file: a page
+/// written holds this process's copy (an anonymous page, present or swapped out) instead of the
+/// file's page. Asked with one `PAGEMAP_SCAN` of `/proc/self/pagemap` (Linux 6.7 on), which
+/// walks the range's page tables and stops at the first such page; an error where the kernel
+/// cannot say.
+pub(crate) fn written_pages(bytes: &[u8]) -> Result<bool, OpError> {
+    let fail = |e| ("ioctl(PAGEMAP_SCAN)", e);
+    let Some((start, len)) = super::unix::page_span(bytes) else {
+        return Ok(false);
+    };
+    let pagemap = pagemap().map_err(|e| ("opening /proc/self/pagemap", e))?;
+    let page = super::unix::page_size();
+    let mut found = PageRegion::default();
+    let mut arg = PmScanArg {
+        size: std::mem::size_of::<PmScanArg>() as u64,
+        start: start as u64,
+        end: (start + len.next_multiple_of(page)) as u64,
+        vec: &mut found as *mut PageRegion as u64,
+        vec_len: 1,
+        max_pages: 1,
+        // Not the file's page, and present or swapped out.
+        category_inverted: PAGE_IS_FILE,
+        category_mask: PAGE_IS_FILE,
+        category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        ..PmScanArg::default()
+    };
+    // SAFETY: `arg` is a valid pm_scan_arg whose `size` is its own; `vec` points at one live,
+    // writable page_region (`vec_len` 1) that outlives the call; the scan only reads page tables
+    // of this process's range and writes `found` and `arg.walk_end`.
+    let rc = unsafe { libc::ioctl(pagemap.as_raw_fd(), PAGEMAP_SCAN as _, &mut arg) };
+    if rc < 0 {
+        return Err(fail(io::Error::last_os_error()));
+    }
+    Ok(rc > 0)
+}
+
+/// `/proc/self/pagemap`, opened once.
+fn pagemap() -> io::Result<&'static File> {
+    static PAGEMAP: std::sync::OnceLock<Option<File>> = std::sync::OnceLock::new();
+    PAGEMAP
+        .get_or_init(|| File::open("/proc/self/pagemap").ok())
+        .as_ref()
+        .ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))
+}
+
+// The kernel's pagemap scan (include/uapi/linux/fs.h).
+const PAGEMAP_SCAN: u64 = 0xC060_6610; // _IOWR('f', 16, struct pm_scan_arg)
+const PAGE_IS_FILE: u64 = 1 << 2;
+const PAGE_IS_PRESENT: u64 = 1 << 3;
+const PAGE_IS_SWAPPED: u64 = 1 << 4;
+
+#[repr(C)]
+#[derive(Default)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
+}
+
 /// `madvise(MADV_HUGEPAGE)` over a mapped range: a hint that changes no content.
 pub(crate) fn advise_huge(bytes: &[u8]) -> Result<(), OpError> {
     super::unix::advise(bytes, libc::MADV_HUGEPAGE).map_err(|e| ("madvise(HUGEPAGE)", e))

@@ -91,6 +91,15 @@ fn fcntl(file: &File, cmd: libc::c_int, value: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether this process wrote to a page of a private map: the system cannot say here, so
+/// callers give the pages back.
+pub(crate) fn written_pages(_bytes: &[u8]) -> Result<bool, OpError> {
+    Err((
+        "telling written pages of a map (no pagemap on macOS)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
+}
+
 /// Drops this process's pages of a mapped range (`madvise(DONTNEED)`); the page cache keeps them.
 pub(crate) fn forget_pages(bytes: &[u8]) -> Result<(), OpError> {
     super::unix::forget(bytes).map_err(|e| ("madvise(DONTNEED)", e))

@@ -16,6 +16,8 @@
 //!   pages, and the cache's of the file range `cache` where the platform allows);
 //! - `advise_huge(bytes)`: ask for a mapped range to be mapped with huge pages (a hint);
 //! - `forget_pages(bytes)`: give back the process's pages of a mapped range, leaving the cache's;
+//! - `written_pages(bytes)`: whether the process wrote to a page of a private map's range, or
+//!   say that it cannot tell;
 //! - `populate(bytes)`: read a mapped range in now (returns when it is in memory), or say why not;
 //! - `populate_write(start, len)`: make fresh memory's pages present and writable now, without
 //!   writing, or say why not;

@@ -87,7 +87,7 @@ pub(crate) fn forget(bytes: &[u8]) -> io::Result<()> {
 
 /// The page-aligned start and the length of the pages that hold `bytes` (`None` when empty):
 /// madvise takes whole pages.
-fn page_span(bytes: &[u8]) -> Option<(usize, usize)> {
+pub(crate) fn page_span(bytes: &[u8]) -> Option<(usize, usize)> {
     if bytes.is_empty() {
         return None;
     }

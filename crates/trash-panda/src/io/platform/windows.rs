@@ -151,6 +151,15 @@ pub(crate) fn page_size() -> usize {
         .unwrap_or(4096)
 }
 
+/// Whether this process wrote to a page of a private map: the system cannot say here, so
+/// callers give the pages back.
+pub(crate) fn written_pages(_bytes: &[u8]) -> Result<bool, OpError> {
+    Err((
+        "telling written pages of a view (not available on Windows)",
+        io::Error::from(io::ErrorKind::Unsupported),
+    ))
+}
+
 /// A view's pages stay in the working set until Windows trims it (blocks are not used in place
 /// from maps here).
 pub(crate) fn forget_pages(_bytes: &[u8]) -> Result<(), OpError> {

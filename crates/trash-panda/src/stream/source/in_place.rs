@@ -1,7 +1,7 @@
 //! Disk-tier blocks (and a mapped RAM tier's) used in place on the CPU: the compute reads the
 //! weights straight from the page cache's pages, through a private map of the checkpoint,
 //! instead of from a copy. A RAM-tier block's pages are the RAM tier: they stay in the page
-//! cache, and only their mapping goes after each run.
+//! cache, and stay mapped from run to run unless a run wrote to them.
 //!
 //! A warm pass then costs no copy at all (a staged block costs one memcpy of its bytes, which on
 //! a machine of few cores competes with the compute), and the process holds a block's pages only
@@ -174,13 +174,21 @@ impl CheckpointSource {
     /// Unmaps the pages of `block` (or of one of its tensors); with the disk tier read O_DIRECT,
     /// also drops them from the page cache, which the plan keeps for the RAM tier. The whole
     /// block is unmapped out to [`MAP_GRAIN`]: a huge folio at a run's end was mapped whole, the
-    /// bytes past the run with it. Failures only leave pages mapped or cached a little longer,
-    /// so they are not errors.
+    /// bytes past the run with it. A RAM-tier block stays mapped for its next run unless the run
+    /// wrote to its pages (or the system cannot tell): mapping it again costs each pass page
+    /// faults on the compute's thread, and unmapping the pages written is what gives the next
+    /// run the file's weights again. Failures only leave pages mapped or cached a little
+    /// longer, so they are not errors.
     pub(super) fn forget_in_place(&self, block: usize, tensor: Option<usize>) {
         if !self.layout.is_in_place(block) {
             return;
         }
         let b = &self.blocks[block];
+        if b.tier == SourceTier::Ram && tensor.is_some() {
+            // Its pages stay in the page cache whatever the map does: unmapping a tensor early
+            // frees nothing, and the block's own forget undoes what the run wrote.
+            return;
+        }
         let ranges: Vec<(usize, u64, u64, u64, u64)> = match tensor {
             Some(i) => b
                 .tensors
@@ -207,8 +215,11 @@ impl CheckpointSource {
             if disk && self.disk_mode == ReadMode::Direct {
                 let _ = f.map.release(start as usize..end as usize, &f.file);
             }
-            let hi = (hi as usize).min(f.map.len());
-            let _ = f.map.forget(lo as usize..hi.max(lo as usize));
+            let range = lo as usize..(hi as usize).min(f.map.len()).max(lo as usize);
+            if !disk && matches!(f.map.written(range.clone()), Ok(false)) {
+                continue;
+            }
+            let _ = f.map.forget(range);
         }
     }
 }

@@ -541,9 +541,12 @@ impl Source for CheckpointSource {
             return 0;
         }
         let layout = &self.layout.blocks[block];
+        let in_place = self.layout.is_in_place(block);
         let mut released = 0;
         for run in &layout.runs {
+            // A block used in place stays mapped between runs in the in-place map.
             let (map, file) = match (&self.mapped[run.file], &self.in_place[run.file]) {
+                (_, Some(f)) if in_place => (&f.map, &f.file),
                 (Some((map, file)), _) => (map, file),
                 (None, Some(f)) => (&f.map, &f.file),
                 (None, None) => continue,
