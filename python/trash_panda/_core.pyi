@@ -53,6 +53,9 @@ __all__ = [
     "DEFAULT_LOOKAHEAD",
     "TENSOR_ALIGN",
     "DIRECT_ALIGN",
+    "LOAD_GROUP_BYTES",
+    "LOADER_RING_SLACK",
+    "LOADER_RING_BYTES",
     "LoadReport",
     "TierLoad",
     "make_plan",
@@ -407,6 +410,11 @@ class Budgets:
         Linux), 0 when none is.
         """
     @property
+    def loader_ring(self) -> int:
+        """The pinned host memory a loader reads resident weights into on a GPU before its own
+        stream copies them to the device; 0 on the CPU.
+        """
+    @property
     def outside(self) -> int:
         """The weights outside the blocks (embeddings, final norm, heads) in the compute dtype: on the
         device, or in RAM without a GPU.
@@ -487,6 +495,9 @@ class EngineConfig:
     @property
     def mapped_window_bytes(self) -> int:
         """The checkpoint pages a disk-tier block used in place maps while it runs."""
+    @property
+    def loader_ring_bytes(self) -> int:
+        """The pinned ring a loader reads resident weights into on a GPU (both halves); 0 on the CPU."""
     @property
     def disk_mode(self) -> str:
         """ "direct" or "buffered"."""
@@ -596,6 +607,12 @@ DEFAULT_LOOKAHEAD: int
 TENSOR_ALIGN: int
 # The alignment of memory and file offsets a direct (O_DIRECT) read needs, in bytes.
 DIRECT_ALIGN: int
+# What a loader reads at once of a model's resident weights before it hands them on, in bytes.
+LOAD_GROUP_BYTES: int
+# Room a loader's pinned ring keeps in each half beside a group (page shifts of direct reads).
+LOADER_RING_SLACK: int
+# A loader's pinned ring on a GPU as the plan counts it: two halves and a page to align it on.
+LOADER_RING_BYTES: int
 
 @final
 class TierLoad:

@@ -48,12 +48,13 @@ def test_plan_fills_device_then_ram_then_disk(tiny_ckpt: Path) -> None:
     outside = (100 * 64 + 2 * 64 + 100 * 64) * 4
     assert b.outside == outside
     # Room on the device for two blocks and a half beside two slots and the outside weights,
-    # and in RAM for two and a half beside the two staging buffers.
+    # and in RAM for two and a half beside the two staging buffers and the loader's ring.
+    assert b.loader_ring == _core.LOADER_RING_BYTES  # planned as a GPU
     p = plan(
         model,
         tiny_ckpt,
         vram=b.cuda_floor + outside + 2 * buffer + 2 * BLOCK + BLOCK // 2,  # no floor unless a GPU computes
-        ram=2 * buffer + 2 * BLOCK + BLOCK // 2,
+        ram=2 * buffer + b.loader_ring + 2 * BLOCK + BLOCK // 2,
         **fixed,
     )
     assert [b.tier for b in p.blocks] == [Tier.DEVICE] * 2 + [Tier.RAM] * 2 + [Tier.DISK] * 2, str(p)

@@ -195,6 +195,27 @@ def test_held_on_device(tmp_path: Path, gpu: bool) -> None:
     slots = b.device_slot_bytes if gpu else b.host_staging + b.mapped_window
     assert b.held_on_device == slots + b.expansion
     assert (b.device_slot_bytes > 0) is gpu
+    # A loader on a GPU reads resident weights into a pinned ring of its own: host RAM the plan
+    # sets aside beside the staging pool.
+    assert b.loader_ring == (_core.LOADER_RING_BYTES if gpu else 0)
+    if gpu:
+        assert b.ram_budget == b.usable_ram - b.min_free_ram - b.host_staging - b.loader_ring
+
+
+def test_the_loaders_ring_is_what_the_plan_counts() -> None:
+    from trash_panda.offload.backends.loader_copies import HostRing, LoaderCopies
+    from trash_panda.offload.materialize import GROUP_BYTES
+
+    class Unpinned:
+        def pin(self, t: torch.Tensor, ranges: object, fallback: str) -> None:
+            return None
+
+        def side(self) -> Unpinned:
+            return self
+
+    copies = LoaderCopies(Unpinned(), GROUP_BYTES)  # type: ignore[arg-type]
+    ring = HostRing(copies.device, copies.ring_half)
+    assert ring.raw.untyped_storage().nbytes() == _core.LOADER_RING_BYTES
 
 
 def test_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

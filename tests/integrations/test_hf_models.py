@@ -102,7 +102,7 @@ def _auto_plan(model: nn.Module, path: Path, device: str) -> Plan:
     # The floor kept for the CUDA context (0 when the CPU computes) comes off the free VRAM too.
     floor = budgets.cuda_floor
     vram = floor + budgets.device_slot_bytes + budgets.expansion + budgets.outside + 2 * block + block // 2
-    ram = budgets.host_staging + 2 * block + block // 2
+    ram = budgets.host_staging + budgets.loader_ring + 2 * block + block // 2
     p = trash_panda.plan(model, path, vram=vram, ram=ram, **fixed)
     assert [b.tier for b in p.blocks] == [Tier.DEVICE] * 2 + [Tier.RAM] * 2 + [Tier.DISK] * 2, str(p)
     return p

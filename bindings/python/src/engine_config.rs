@@ -92,6 +92,12 @@ impl PyEngineConfig {
         self.inner.held.mapped_window_bytes
     }
 
+    /// The pinned ring a loader reads resident weights into on a GPU (both halves); 0 on the CPU.
+    #[getter]
+    fn loader_ring_bytes(&self) -> u64 {
+        self.inner.held.loader_ring_bytes
+    }
+
     /// "direct" or "buffered".
     #[getter]
     fn disk_mode(&self) -> &'static str {

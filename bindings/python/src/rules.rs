@@ -59,6 +59,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_HEADROOM_VRAM", rules::DEFAULT_HEADROOM_VRAM)?;
     m.add("DEFAULT_LOOKAHEAD", rules::DEFAULT_LOOKAHEAD)?;
     m.add("TENSOR_ALIGN", rules::TENSOR_ALIGN)?;
+    m.add("LOAD_GROUP_BYTES", rules::LOAD_GROUP_BYTES)?;
+    m.add("LOADER_RING_SLACK", rules::LOADER_RING_SLACK)?;
+    m.add("LOADER_RING_BYTES", rules::LOADER_RING_BYTES)?;
     m.add_function(wrap_pyfunction!(is_scale_name, m)?)?;
     m.add_function(wrap_pyfunction!(weight_of_scale, m)?)?;
     m.add_function(wrap_pyfunction!(needs_expansion, m)?)?;

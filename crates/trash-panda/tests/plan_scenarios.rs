@@ -10,7 +10,7 @@ use trash_panda::plan::{
     plan, Figures, MinFreeRam, ModelBlocks, PlanError, PlanOptions, TensorSizes, Tier, WarningKind,
     CUDA_CONTEXT_FLOOR,
 };
-use trash_panda::rules::maps_disk_tier;
+use trash_panda::rules::{maps_disk_tier, LOADER_RING_BYTES};
 use trash_panda::sys::{CgroupMemory, MemoryFigures, SysRoots};
 use trash_panda::DType;
 
@@ -25,7 +25,7 @@ fn bf16_fill_order_and_budgets() {
     // 4.7 GB - 1.0 CUDA floor - 1.5 headroom - 3 x 0.2 device slots - 0.2 outside leaves 1.4 GB
     // less a little: six blocks (bf16 blocks computing in bf16 are used in place: no expansion).
     // All ten would free the slots but need 3.7002 GB beside the floor. One fits in RAM after
-    // the 3-buffer staging pool, three go to disk.
+    // the 3-buffer staging pool and the loader's pinned ring, three go to disk.
     let vram = 3_700_000_000 + CUDA_CONTEXT_FLOOR;
     let p = plan(&m, &Figures::injected(1_000_000_000, Some(vram)), &opts()).unwrap();
     assert_eq!(tiers(&p), "DDDDDDRKKK");
@@ -41,7 +41,8 @@ fn bf16_fill_order_and_budgets() {
         vram - CUDA_CONTEXT_FLOOR - 1_500_000_000 - 3 * buffer - 200_020_000
     );
     assert_eq!(b.device_used, 6 * block);
-    assert_eq!(b.ram_budget, 1_000_000_000 - 3 * buffer);
+    assert_eq!(b.loader_ring, LOADER_RING_BYTES);
+    assert_eq!(b.ram_budget, 1_000_000_000 - 3 * buffer - LOADER_RING_BYTES);
     assert_eq!((b.ram_used, b.disk_bytes), (block, 3 * block));
     assert_eq!(kinds(&p), ["spills", "headroom"]);
     assert!(p.warnings[0].message.contains("3 block(s) (600.06 MB)"));
@@ -116,7 +117,10 @@ fn fp8_with_scales_counts_fp8_and_expands_to_bf16() {
     let stored = 100_000_000 + 40_000 + 4 + 20_000;
     let p = plan(
         &m,
-        &Figures::injected(500_000_000, Some(2_500_000_000 + CUDA_CONTEXT_FLOOR)),
+        &Figures::injected(
+            500_000_000 + LOADER_RING_BYTES,
+            Some(2_500_000_000 + CUDA_CONTEXT_FLOOR),
+        ),
         &opts(),
     )
     .unwrap();
@@ -131,7 +135,7 @@ fn fp8_with_scales_counts_fp8_and_expands_to_bf16() {
     );
     // 2.5 (beside the floor) - 1.5 - 3 x 0.1 slots - 0.2 expansion - 0.2 outside = 0.3 GB less a little: two
     // blocks of 0.1 GB (three would need 0.30018 GB; all six, with no slots, 0.60036); RAM
-    // (0.5 - 0.3 staging) holds one more.
+    // (0.5 - 0.3 staging, beside the loader's ring) holds one more.
     assert_eq!(tiers(&p), "DDRKKK");
     let b = p.budgets.as_ref().unwrap();
     assert_eq!(b.expansion, 200_000_000);
@@ -309,9 +313,10 @@ fn min_free_ram_auto_and_explicit() {
     assert_eq!(b.min_free_ram, 1_280_000_000);
     assert_eq!(
         b.ram_budget,
-        3_000_000_000 - 1_280_000_000 - 3 * 200_024_064
+        3_000_000_000 - 1_280_000_000 - 3 * 200_024_064 - LOADER_RING_BYTES
     );
-    assert_eq!(tiers(&p), "RRRRRKKKKK");
+    // 0.99 GB: four blocks of 0.2 GB.
+    assert_eq!(tiers(&p), "RRRRKKKKKK");
     let explicit = PlanOptions {
         min_free_ram: MinFreeRam::Bytes(2_500_000_000),
         ..opts()
@@ -406,10 +411,11 @@ fn cgroup_limit_from_a_fake_tree() {
     let p = plan(&decoder(4, DType::BF16), &figures, &opts()).unwrap();
     assert_eq!(
         p.budgets.as_ref().unwrap().ram_budget,
-        1_500_000_000 - 3 * 200_024_064
+        1_500_000_000 - 3 * 200_024_064 - LOADER_RING_BYTES
     );
     assert!(kinds(&p).contains(&"cgroup"), "{:?}", kinds(&p));
-    assert_eq!(tiers(&p), "RRRR");
+    // 0.77 GB: three blocks of 0.2 GB.
+    assert_eq!(tiers(&p), "RRRK");
     // The same limit filled in by hand.
     let mut memory = MemoryFigures::with_ram(64_000_000_000);
     memory.cgroup = Some(CgroupMemory {

@@ -128,7 +128,7 @@ def _materialize_group(
 # device) are read in groups of at most this many bytes, or the largest tensor: a call per group
 # keeps the drive's queue full, and host memory holds one group at a time, as the overlap
 # loader's groups (offload/overlap.py).
-GROUP_BYTES = 64 << 20
+GROUP_BYTES = _core.LOAD_GROUP_BYTES
 
 
 def stored_bytes(spec: TensorSpec) -> int:

@@ -85,6 +85,12 @@ impl PyBudgets {
     fn mapped_window(&self) -> u64 {
         self.inner.mapped_window
     }
+    /// The pinned host memory a loader reads resident weights into on a GPU before its own
+    /// stream copies them to the device; 0 on the CPU.
+    #[getter]
+    fn loader_ring(&self) -> u64 {
+        self.inner.loader_ring
+    }
     /// The weights outside the blocks (embeddings, final norm, heads) in the compute dtype: on the
     /// device, or in RAM without a GPU.
     #[getter]

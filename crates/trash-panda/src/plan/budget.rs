@@ -146,6 +146,10 @@ pub struct Budgets {
     /// `host_staging` counts the pool, which the pipeline holds, not the stage.
     #[serde(default)]
     pub shared_staging: bool,
+    /// The pinned ring a loader reads resident weights into on a GPU (see
+    /// [`Held::loader_ring_bytes`]), counted in host RAM beside `host_staging`.
+    #[serde(default)]
+    pub loader_ring: u64,
     /// The outside weights in the compute dtype (on the device; in RAM without a GPU).
     pub outside: u64,
     /// What resident blocks may take on the device. Negative results clamp to 0.
@@ -175,6 +179,7 @@ impl Budgets {
             expansion_bytes: self.expansion,
             mapped_window_bytes: self.mapped_window,
             shared_staging: self.shared_staging,
+            loader_ring_bytes: self.loader_ring,
         }
     }
 
@@ -222,6 +227,7 @@ pub(crate) fn compute(
         expansion: held.expansion_bytes,
         mapped_window: held.mapped_window_bytes,
         shared_staging: held.shared_staging,
+        loader_ring: held.loader_ring_bytes,
         outside: outside.expanded_bytes,
         device_budget: shape.device_budget(&held),
         device_used,

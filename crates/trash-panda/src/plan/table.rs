@@ -198,9 +198,18 @@ impl Plan {
                 MinFreeRam::Auto => "min_free_ram (auto)",
                 MinFreeRam::Bytes(_) => "min_free_ram",
             };
+            // What else the runtime holds in RAM, where it holds any.
+            let mut beside = String::new();
+            if b.mapped_window > 0 {
+                beside += &format!(" - mapped window {}", format_bytes(b.mapped_window));
+            }
+            if b.loader_ring > 0 {
+                beside += &format!(" - loader ring {}", format_bytes(b.loader_ring));
+            }
             writeln!(
                 f,
-                "ram budget {} = usable RAM {} - {min_free} {} - staging {} ({} x {}){}; used {}",
+                "ram budget {} = usable RAM {} - {min_free} {} - staging {} ({} x {}){beside}{}; \
+                 used {}",
                 format_bytes(b.ram_budget),
                 format_bytes(b.usable_ram),
                 format_bytes(b.min_free_ram),

@@ -19,6 +19,19 @@ pub const DEVICE_TENSOR_ALIGN: usize = 512;
 /// place may map beyond its own bytes, at each end of each run.
 pub const MAP_GRAIN: u64 = 2 << 20;
 
+/// What a loader reads at once of a model's resident weights (a block's, or a group of the
+/// weights outside the blocks) before it hands them on: the bound of one call of the core.
+pub const LOAD_GROUP_BYTES: u64 = 64 << 20;
+
+/// Room a loader's pinned ring keeps in each half beside a group: a direct read lands in a
+/// tensor whose first byte sits at the same place in its page as in the file.
+pub const LOADER_RING_SLACK: u64 = 1 << 20;
+
+/// The pinned host memory a loader on a GPU reads resident weights into while its own stream
+/// copies the other half's to the device: two halves of a group and its slack, and a page to
+/// align it on (registration takes whole pages).
+pub const LOADER_RING_BYTES: u64 = 2 * (LOAD_GROUP_BYTES + LOADER_RING_SLACK) + DIRECT_ALIGN as u64;
+
 /// Streamed blocks staged ahead of the one that runs, unless a plan says otherwise.
 pub const DEFAULT_LOOKAHEAD: usize = 2;
 
@@ -141,6 +154,10 @@ pub struct Held {
     /// plan, but held by the pipeline, which counts them once for all its stages.
     #[serde(default)]
     pub shared_staging: bool,
+    /// The pinned ring a loader reads resident weights into on a GPU ([`LOADER_RING_BYTES`]),
+    /// 0 on the CPU, which reads them where they stay.
+    #[serde(default)]
+    pub loader_ring_bytes: u64,
 }
 
 impl Held {
@@ -156,6 +173,7 @@ impl Held {
             expansion_bytes: expansion,
             mapped_window_bytes: 0,
             shared_staging: false,
+            loader_ring_bytes: if gpu { LOADER_RING_BYTES } else { 0 },
         }
     }
 
@@ -193,9 +211,10 @@ impl Held {
         self.staging_buffers as u64 * self.staging_buffer_bytes
     }
 
-    /// Host RAM the streaming takes beside the weights: the staging pool and the mapped window.
+    /// Host RAM the runtime takes beside the weights: the staging pool, the mapped window and
+    /// the loader's ring.
     pub fn host_ram(&self) -> u64 {
-        self.host_staging() + self.mapped_window_bytes
+        self.host_staging() + self.mapped_window_bytes + self.loader_ring_bytes
     }
 
     /// Bytes of the device slots.

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ... import _core
+
 if TYPE_CHECKING:
     import torch
 
@@ -34,10 +36,11 @@ if TYPE_CHECKING:
 
 __all__ = ["HostRing", "LoaderCopies"]
 
-PAGE = 4096
+PAGE = _core.DIRECT_ALIGN
 # A direct read lands in a tensor whose first byte sits at the same place in its page as in
-# the file (HostRing.take), so a half has room for that shift per tensor.
-SLACK = 1 << 20
+# the file (HostRing.take), so a half has room for that shift per tensor. The plan counts the
+# ring as the core's figures make it (budgets.loader_ring).
+SLACK = _core.LOADER_RING_SLACK
 FALLBACK = "the loader copies from pageable memory, which holds its thread until each copy is done"
 # Room left on the device beside a group allocated on the loader's stream: the allocator's
 # segments round up (to 2 MiB, or 20 MiB for large ones) and the running model allocates too.
