@@ -138,7 +138,9 @@ pub(crate) fn written_pages(bytes: &[u8]) -> Result<bool, OpError> {
     let Some((start, len)) = super::unix::page_span(bytes) else {
         return Ok(false);
     };
-    let pagemap = pagemap().map_err(|e| ("opening /proc/self/pagemap", e))?;
+    // Opened each time: a descriptor kept across a fork would read the parent's page tables.
+    let pagemap =
+        File::open("/proc/self/pagemap").map_err(|e| ("opening /proc/self/pagemap", e))?;
     let page = super::unix::page_size();
     let mut found = PageRegion::default();
     let mut arg = PmScanArg {
@@ -163,15 +165,6 @@ pub(crate) fn written_pages(bytes: &[u8]) -> Result<bool, OpError> {
         return Err(fail(io::Error::last_os_error()));
     }
     Ok(rc > 0)
-}
-
-/// `/proc/self/pagemap`, opened once.
-fn pagemap() -> io::Result<&'static File> {
-    static PAGEMAP: std::sync::OnceLock<Option<File>> = std::sync::OnceLock::new();
-    PAGEMAP
-        .get_or_init(|| File::open("/proc/self/pagemap").ok())
-        .as_ref()
-        .ok_or_else(|| io::Error::from(io::ErrorKind::Unsupported))
 }
 
 // The kernel's pagemap scan (include/uapi/linux/fs.h).
