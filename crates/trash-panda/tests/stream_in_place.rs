@@ -299,28 +299,6 @@ fn the_process_maps_no_more_than_the_plans_window() {
     assert_eq!(mapped_rss(&files), 0, "every lease unmapped its block");
 }
 
-/// This process's resident bytes of its maps of `path` (`Rss` in `/proc/self/smaps`).
-fn mapped_bytes(path: &std::path::Path) -> u64 {
-    let name = path.to_string_lossy().into_owned();
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let mut ours = false;
-    let mut total = 0;
-    for line in smaps.lines() {
-        if line.starts_with(|c: char| c.is_ascii_hexdigit()) && line.contains('-') {
-            ours = line.ends_with(&name);
-        } else if let Some(kb) = line.strip_prefix("Rss:").filter(|_| ours) {
-            total += kb
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .unwrap()
-                * 1024;
-        }
-    }
-    total
-}
-
 #[test]
 #[cfg_attr(
     not(target_os = "linux"),
@@ -329,6 +307,7 @@ fn mapped_bytes(path: &std::path::Path) -> u64 {
 fn a_ram_tier_block_stays_mapped_between_runs_unless_a_run_wrote_to_it() {
     let dir = Dir::new("in_place_ram_kept");
     let (files, mut blocks) = checkpoint(&dir, &[(DType::BF16, 8), (DType::BF16, 8)], 1_000_000);
+    let mapped0 = [files[0].canonicalize().unwrap()];
     for b in &mut blocks {
         b.tier = SourceTier::Ram;
     }
@@ -351,10 +330,7 @@ fn a_ram_tier_block_stays_mapped_between_runs_unless_a_run_wrote_to_it() {
         }
         e.release(lease);
         e.release(e.acquire(1).unwrap());
-        assert!(
-            mapped_bytes(&files[0]) >= block_bytes,
-            "block 0 was unmapped"
-        );
+        assert!(mapped_rss(&mapped0) >= block_bytes, "block 0 was unmapped");
     }
     // Written: the run's copy of the page goes with the lease, and the next run reads the
     // file's bytes.
@@ -365,7 +341,7 @@ fn a_ram_tier_block_stays_mapped_between_runs_unless_a_run_wrote_to_it() {
     assert_ne!(lease.tensor(t.name.as_str()).unwrap(), want);
     e.release(lease);
     assert!(
-        mapped_bytes(&files[0]) < block_bytes,
+        mapped_rss(&mapped0) < block_bytes,
         "a written block stays mapped"
     );
     e.release(e.acquire(1).unwrap());
