@@ -120,6 +120,7 @@ def plan(
         lookahead=lookahead if lookahead is not None else setting("lookahead"),
         pinned_buffers=setting("pinned_buffers", pinned_buffers),
         max_lookahead=setting("max_lookahead"),
+        ram_in_memory=setting("ram_in_memory"),
         staging_pool=staging_pool,
     )
     from .log import log_plan

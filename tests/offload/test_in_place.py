@@ -11,7 +11,7 @@ import torch
 
 import trash_panda as tp
 from support.models import Tiny, assert_writes_are_caught, save
-from trash_panda import Plan
+from trash_panda import Plan, PlanError
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="blocks are used in place on Linux only")
 
@@ -95,6 +95,61 @@ def test_ram_tier_blocks_of_a_mapped_ram_tier_run_where_they_lie(tmp_path: Path)
     ref, model, handle = _load(tmp_path, torch.bfloat16, "ram")
     seen = _leases_in_place(ref, model)
     assert len(seen) == 9 and all(seen), seen
+    tp.release(model, handle)
+
+
+@pytest.mark.parametrize("in_memory", [False, True])
+def test_the_plan_counts_staging_only_for_ram_tier_blocks_that_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_memory: bool
+) -> None:
+    """A mapped RAM tier's blocks run in place: the plan counts no staging buffer for them (one
+    page per buffer paces the look-ahead), and the engine holds what the plan counted. Read
+    into memory (TRASH_PANDA_RAM_IN_MEMORY), they are staged, and counted so."""
+    if in_memory:
+        monkeypatch.setenv("TRASH_PANDA_RAM_IN_MEMORY", "1")
+    ref, model, handle = _load(tmp_path, torch.bfloat16, "ram")
+    state = model._trash_panda_state
+    budgets = state.plan.budgets
+    assert budgets is not None
+    block = max(b.stored_bytes for b in state.plan.blocks)
+    if in_memory:
+        assert budgets.staging_buffer_bytes >= block
+    else:
+        assert budgets.staging_buffer_bytes == 4096
+    assert state.config.staging_buffer_bytes == budgets.staging_buffer_bytes
+    assert state.engine.staging_bytes() == budgets.host_staging
+    seen = _leases_in_place(ref, model)
+    assert seen and seen == [not in_memory] * len(seen)
+    tp.release(model, handle)
+
+
+def test_a_plan_made_for_a_mapped_ram_tier_refuses_to_read_it_into_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.manual_seed(0)
+    ref = Tiny(dim=64, layers=4, vocab=50).to(torch.bfloat16).eval()
+    path = save(ref, tmp_path / "m.safetensors", torch.bfloat16)
+
+    def meta() -> Tiny:
+        with torch.device("meta"):
+            return Tiny(dim=64, layers=4, vocab=50).to(torch.bfloat16).eval()
+
+    streamed = ["blocks.1.", "blocks.2.", "blocks.3."]
+    manual = Plan.manual(resident=["blocks.0."], streamed=streamed, streamed_tier="ram")
+    model = meta()
+    tp.stream_load(model, path, plan=manual, device="cpu")
+    made = model._trash_panda_state.plan  # resolved without the setting
+    tp.release(model)
+    monkeypatch.setenv("TRASH_PANDA_RAM_IN_MEMORY", "1")
+    model = meta()
+    with pytest.raises(PlanError, match=r"TRASH_PANDA_RAM_IN_MEMORY=1 .*\(3 RAM-tier block\(s\) run in place"):
+        tp.stream_load(model, path, plan=made, device="cpu")
+    # A plan made with the setting in place stages them.
+    tp.stream_load(model, path, plan=manual, device="cpu")
+    handle = tp.install_offload(model)
+    x = torch.randint(0, 50, (1, 3))
+    with torch.no_grad():
+        assert torch.equal(model(x), ref(x))
     tp.release(model, handle)
 
 

@@ -54,7 +54,7 @@ def test_twenty_stages_hold_nothing_more(tmp_path: Path) -> None:
             path,
             device="cpu",
             resident_blocks=2,
-            ram="44MB",
+            ram="29MB",
             min_free_ram=0,
         ) as (model, plan, handle):
             assert plan.blocks_in("device") and plan.blocks_in("ram") and plan.blocks_in("disk")

@@ -108,6 +108,11 @@ fn options_from(kwargs: &Bound<'_, PyDict>, base: PlanOptions) -> PyResult<PlanO
                 })?;
                 o.max_lookahead = trash_panda::rules::asked_max_depth(n);
             }
+            "ram_in_memory" => {
+                o.ram_in_memory = value.extract().map_err(|_| {
+                    raise(Kind::Argument, format!("ram_in_memory: expected True or False, got {value}"))
+                })?
+            }
             "staging_pool" => {
                 let pool: PyRef<'_, PyStagingPool> = value.extract().map_err(|_| {
                     raise(Kind::Argument, format!("staging_pool: expected a StagingPool, got {value}"))
@@ -121,7 +126,7 @@ fn options_from(kwargs: &Bound<'_, PyDict>, base: PlanOptions) -> PyResult<PlanO
                 return Err(raise(Kind::Argument, format!(
                     "unknown plan option {other:?}: expected resident_blocks, max_vram, min_free_ram, \
                      headroom_vram, activation_vram, compute_dtype, storage_dtype, lookahead, \
-                     pinned_buffers, max_lookahead or staging_pool"
+                     pinned_buffers, max_lookahead, ram_in_memory or staging_pool"
                 )))
             }
         }

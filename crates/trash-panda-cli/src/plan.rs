@@ -85,6 +85,9 @@ impl PlanArgs {
             }
             _ => None,
         };
+        // TRASH_PANDA_RAM_IN_MEMORY: a RAM tier read into memory stages its blocks.
+        let ram_in_memory = trash_panda::settings::get("ram_in_memory", None)?
+            == trash_panda::settings::Value::Switch(true);
         Ok(PlanOptions {
             resident_blocks: self.resident_blocks,
             max_vram: self.max_vram,
@@ -98,6 +101,7 @@ impl PlanArgs {
             lookahead,
             staging_buffers,
             max_lookahead,
+            ram_in_memory,
             // A pipeline's shared pool is the library's; a plan made here stands alone.
             staging_pool: None,
         })

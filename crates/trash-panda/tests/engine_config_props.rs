@@ -163,6 +163,9 @@ proptest! {
             lookahead,
             staging_buffers: pinned,
             max_lookahead: max_look,
+            // The plan is made with the setting the engine reads: a RAM tier read into memory
+            // stages its blocks, a mapped one on the CPU runs them in place.
+            ram_in_memory: in_memory,
             ..PlanOptions::default()
         };
         let figures = Figures::injected(1 << 40, gpu.then_some(1 << 40));

@@ -234,6 +234,8 @@ def _resolve_plan(model: nn.Module, ckpt: Checkpoint, req: LoadRequest) -> Plan:
         "lookahead": None if plan.resolved else setting("lookahead"),
         "pinned_buffers": None if plan.resolved else setting("pinned_buffers"),
         "max_lookahead": None if plan.resolved else setting("max_lookahead"),
+        # How the RAM tier is held decides whether its blocks stage: always today's setting.
+        "ram_in_memory": setting("ram_in_memory"),
     }
     if compute_dtype is not None:
         options["compute_dtype"] = dtype_name(compute_dtype)

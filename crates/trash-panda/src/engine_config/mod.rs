@@ -22,8 +22,8 @@ pub use choices::{DiskModeChoice, EngineSettings};
 pub use expand::{ExpandError, ExpandStep, ExpandTarget, Expansion};
 
 use crate::io::{ReadMode, ReadOptions};
-use crate::plan::{Budgets, Plan};
-use crate::rules::{maps_disk_tier, tensor_align, Held};
+use crate::plan::{Budgets, Plan, Tier};
+use crate::rules::{maps_disk_tier, maps_ram_tier, tensor_align, Held};
 use crate::settings::SettingsError;
 use crate::stream::{EngineOptions, RamSource};
 use crate::DType;
@@ -34,12 +34,29 @@ pub enum EngineConfigError {
     /// The plan has no budgets: a manual plan not yet resolved for a model.
     ///
     /// What to do: a manual plan is matched against its model before it runs: pass it to
-    /// `stream_load()` or `stage()` with the model, or use the plan `resolved_for()` returns.
+    /// `stream_load()` or `stage()` with the model, or make the plan with `plan(model,
+    /// checkpoint)`.
     #[error("the plan has not been matched against a model, so it has no sizes: resolve it first")]
     Unresolved,
     /// A `TRASH_PANDA_*` setting the configuration reads has a bad value.
     #[error(transparent)]
     Setting(#[from] SettingsError),
+    /// `TRASH_PANDA_RAM_IN_MEMORY` asks for a RAM tier read into memory, whose blocks are staged
+    /// each run, but the plan was made for one mapped from the checkpoint, whose blocks run in
+    /// place: it counted no staging buffers for them.
+    ///
+    /// What to do: make the plan with the setting in place (`plan()` and `stage()` read it), or
+    /// unset it.
+    #[error(
+        "TRASH_PANDA_RAM_IN_MEMORY=1 asks to read the RAM tier into memory, but the plan was made \
+         for a RAM tier mapped from the checkpoint ({blocks} RAM-tier block(s) run in place and \
+         the plan counted no staging for them): make the plan again with the setting in place, \
+         or unset it"
+    )]
+    RamTierPlannedMapped {
+        /// The plan's RAM-tier blocks.
+        blocks: usize,
+    },
 }
 
 /// Every figure the runtime of one model holds, derived from its plan and the settings.
@@ -84,6 +101,13 @@ impl EngineConfig {
         let budgets = plan.budgets.as_ref().ok_or(EngineConfigError::Unresolved)?;
         let options = &plan.options;
         let (disk_mode, disk_mode_reason) = disk_mode(settings.disk_mode, budgets);
+        let ram_in_memory = options.ram_in_memory || settings.ram_in_memory;
+        let planned_in_place =
+            maps_ram_tier(budgets.gpu, options.ram_in_memory, options.storage_dtype);
+        let ram_blocks = plan.blocks.iter().filter(|b| b.tier == Tier::Ram).count();
+        if ram_in_memory && planned_in_place && ram_blocks > 0 {
+            return Err(EngineConfigError::RamTierPlannedMapped { blocks: ram_blocks });
+        }
         Ok(EngineConfig {
             gpu: budgets.gpu,
             compute_dtype: plan.compute_dtype(),
@@ -95,7 +119,7 @@ impl EngineConfig {
             disk_mode,
             disk_mode_reason,
             workers: settings.workers.max(1),
-            ram_source: match (settings.ram_in_memory, options.storage_dtype) {
+            ram_source: match (ram_in_memory, options.storage_dtype) {
                 (true, _) => RamSource::InMemory {
                     threads: settings.ram_threads.max(1),
                 },
@@ -124,7 +148,8 @@ impl EngineConfig {
             direct_ram: self.gpu && self.pin_ram_tier,
             buffers: Some(self.held.staging_buffers),
             in_place: maps_disk_tier(self.gpu),
-            // The same for a mapped RAM tier: a warm pass on the CPU then copies nothing.
+            // The same for a mapped RAM tier (the engine asks no more of the RAM source): a warm
+            // pass on the CPU then copies nothing.
             ram_in_place: maps_disk_tier(self.gpu),
             ..EngineOptions::default()
         }

@@ -122,12 +122,16 @@ pub fn read_costs(
 mod tests {
     use super::*;
     use crate::dtype::DType;
-    use crate::engine_config::EngineSettings;
+    use crate::engine_config::{EngineConfigError, EngineSettings};
     use crate::plan::{plan, Figures, ModelBlocks, PlanOptions};
-    use crate::rules::TensorSizes;
+    use crate::rules::{maps_disk_tier, TensorSizes};
 
     /// Six blocks of 4 MiB (f32 1024x1024), the first `resident` on the device, the rest in RAM.
     fn planned(resident: usize) -> Plan {
+        planned_with(resident, PlanOptions::default())
+    }
+
+    fn planned_with(resident: usize, options: PlanOptions) -> Plan {
         let mut ts = vec![TensorSizes::new("embed.weight", DType::F32, &[64, 64])];
         for i in 0..6 {
             ts.push(TensorSizes::new(
@@ -139,7 +143,7 @@ mod tests {
         let mut p = plan(
             &ModelBlocks::discover(ts),
             &Figures::injected(1 << 34, None),
-            &PlanOptions::default(),
+            &options,
         )
         .unwrap();
         for (i, b) in p.blocks.iter_mut().enumerate() {
@@ -199,10 +203,23 @@ mod tests {
         assert!(matches!(config.ram_source, RamSource::Mapped));
         assert_eq!(got.ram_tier, 0);
         assert_eq!(read_costs(&p, &config, &[], false, true, false).outside, 0);
-        // Read into memory, on the CPU, by a stage read ahead: its staged bytes.
+        // Read into memory, on the CPU, by a stage read ahead: its staged bytes. The plan is
+        // made for it: one made for a mapped RAM tier counted no staging for blocks run in place.
         let in_memory =
-            EngineSettings::resolve(|k| (k == "TRASH_PANDA_RAM_IN_MEMORY").then(|| "1".into()));
-        let config = EngineConfig::from_plan(&p, &in_memory.unwrap()).unwrap();
+            EngineSettings::resolve(|k| (k == "TRASH_PANDA_RAM_IN_MEMORY").then(|| "1".into()))
+                .unwrap();
+        if maps_disk_tier(false) {
+            assert!(matches!(
+                EngineConfig::from_plan(&p, &in_memory),
+                Err(EngineConfigError::RamTierPlannedMapped { blocks: 4 })
+            ));
+        }
+        let options = PlanOptions {
+            ram_in_memory: true,
+            ..PlanOptions::default()
+        };
+        let p = planned_with(2, options);
+        let config = EngineConfig::from_plan(&p, &in_memory).unwrap();
         let staged: u64 = p.blocks[2..].iter().map(|b| b.staging.get(Tier::Ram)).sum();
         assert!(staged >= 4 * BLOCK);
         assert_eq!(

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use super::options::{ComputeDevice, Figures, PlanOptions};
 use super::{BlockPlan, OutsidePlan};
 use crate::rules::{
-    block_figures, buffer_len, maps_disk_tier, storage_conversion, tensor_align, Conversion, Held,
-    SharedStaging, TensorSizes, Tier,
+    block_figures, buffer_len, maps_disk_tier, maps_ram_tier, storage_conversion, tensor_align,
+    Conversion, Held, SharedStaging, TensorSizes, Tier,
 };
 use crate::DType;
 
@@ -69,6 +69,7 @@ pub(crate) fn block_plan(
         options.storage_dtype,
         tensor_align(gpu),
         maps_disk_tier(gpu),
+        maps_ram_tier(gpu, options.ram_in_memory, options.storage_dtype),
     );
     BlockPlan {
         name: name.to_string(),

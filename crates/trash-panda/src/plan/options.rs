@@ -85,6 +85,12 @@ pub struct PlanOptions {
     /// (the stage keeps buffers of its own, `Budgets::shared_staging` false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staging_pool: Option<SharedStaging>,
+    /// The RAM tier is read into private memory at load (`TRASH_PANDA_RAM_IN_MEMORY`) rather
+    /// than mapped from the checkpoint: its blocks are staged for each run. Mapped, on the CPU
+    /// on Linux, they run where they lie and stage nothing ([`rules::maps_ram_tier`]). Written
+    /// only when set.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ram_in_memory: bool,
 }
 
 impl PlanOptions {
@@ -124,6 +130,7 @@ impl Default for PlanOptions {
             staging_buffers: None,
             max_lookahead: None,
             staging_pool: None,
+            ram_in_memory: false,
         }
     }
 }

@@ -23,8 +23,9 @@ pub struct BlockFigures {
 
 /// The figures of a block of `tensors` (a checkpoint's, scale tensors included) for an engine
 /// with these dtypes and alignment, that uses disk-tier blocks in place if `in_place` (see
-/// [`crate::rules::maps_disk_tier`]). Tensors without a location are taken as lying one after the
-/// other, from offset 0, in the first file.
+/// [`crate::rules::maps_disk_tier`]) and RAM-tier ones if `ram_in_place`
+/// ([`crate::rules::maps_ram_tier`]). Tensors without a location are taken as lying one after
+/// the other, from offset 0, in the first file.
 pub fn block_figures(
     name: &str,
     tensors: &[TensorSizes],
@@ -32,6 +33,7 @@ pub fn block_figures(
     storage: Option<DType>,
     align: usize,
     in_place: bool,
+    ram_in_place: bool,
 ) -> BlockFigures {
     let names = || tensors.iter().map(|t| t.name.as_str());
     let weights: Vec<&TensorSizes> = tensors.iter().filter(|t| !t.is_scale()).collect();
@@ -55,7 +57,7 @@ pub fn block_figures(
         let files = block.tensors.iter().map(|t| t.file + 1).max().unwrap_or(1);
         // Sizes were checked against dtype and shape when the tensors were read; a block the
         // layout refuses cannot be streamed, and the engine reports why when it is made.
-        StagedLayout::build(&[block], files, storage, align, in_place).ok()
+        StagedLayout::build_in_place(&[block], files, storage, align, in_place, ram_in_place).ok()
     };
     let staging = |l: &Option<StagedLayout>| l.as_ref().map_or(0, |l| l.block_len(0) as u64);
     let disk = layout(SourceTier::Disk);

@@ -56,6 +56,14 @@ pub const fn maps_disk_tier(gpu: bool) -> bool {
     !gpu && cfg!(target_os = "linux")
 }
 
+/// Whether RAM-tier blocks are used in place from maps of the checkpoint, as disk-tier ones are
+/// ([`maps_disk_tier`]): where the RAM tier is the checkpoint's map, not read into private
+/// memory (`ram_in_memory`) nor converted to a storage dtype (its bytes are then not the
+/// file's).
+pub const fn maps_ram_tier(gpu: bool, ram_in_memory: bool, storage: Option<DType>) -> bool {
+    maps_disk_tier(gpu) && !ram_in_memory && storage.is_none()
+}
+
 /// The per-tensor half of [`crate::rules::in_place_eligible`]: a 16-bit float anywhere, or any
 /// dtype at an `align` offset of its file.
 pub fn tensor_in_place_eligible(dtype: DType, start: u64, align: usize) -> bool {
