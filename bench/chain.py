@@ -20,7 +20,8 @@ References measured in the same run: the drive (``dd iflag=direct bs=8M`` over b
 before and after the ways); each model's warm compute (plain's process, after its run); and
 what reading the second file costs the first model's compute beside it, three ways (plain's
 process, files dropped first): an O_DIRECT read into one reused buffer (the irreducible cost),
-O_DIRECT into fresh pages, and a read through the page cache. The floor is
+O_DIRECT into fresh pages, O_DIRECT into pages faulted before the compute began (what a pool of
+pages would give the reads), and a read through the page cache. The floor is
 max(total compute + the second file's GB x the irreducible cost per GB, both files / drive);
 the floor with the models' order adds that nothing computes before the first model's weights
 are in. The runner's report (below the table) says what reading ahead cost the first model's
@@ -156,10 +157,12 @@ def denoise(denoiser: torch.nn.Module, ids: torch.Tensor, dtype: torch.dtype) ->
 # -- what a read beside the compute costs it --------------------------------------------------
 
 
-def _reader(path: Path, how: str, stop: threading.Event, done: list[int]) -> None:
+def _reader(path: Path, how: str, stop: threading.Event, done: list[int], ready: list[torch.Tensor]) -> None:
     """Reads ``path`` to its end (or ``stop``): ``reused``, O_DIRECT into one buffer touched
-    beforehand; ``fresh``, O_DIRECT into new pages per piece, kept; ``buffered``, through the
-    page cache into one reused buffer."""
+    beforehand; ``fresh``, O_DIRECT into new pages per piece, kept; ``prefaulted``, O_DIRECT
+    into ``ready``, pages of their own per piece written before the compute began (what a pool
+    of pages faulted once would hand the reads); ``buffered``, through the page cache into one
+    reused buffer."""
     from trash_panda import _core
     from trash_panda.offload.materialize import _fresh
 
@@ -167,13 +170,15 @@ def _reader(path: Path, how: str, stop: threading.Event, done: list[int]) -> Non
     buf = torch.empty(PIECE + 8192, dtype=torch.uint8)
     buf.fill_(0)
     kept = []
-    for start in range(0, size, PIECE):
+    for i, start in enumerate(range(0, size, PIECE)):
         if stop.is_set():
             break
         n = min(PIECE, size - start)
         if how == "fresh":
             dst = _fresh((n,), torch.uint8, n, start)
             kept.append(dst)
+        elif how == "prefaulted":
+            dst = ready[i][:n]
         else:
             shift = (start - buf.data_ptr()) % 4096
             dst = buf[shift : shift + n]
@@ -183,11 +188,19 @@ def _reader(path: Path, how: str, stop: threading.Event, done: list[int]) -> Non
 
 def read_costs(work: Callable[[], Any], path: Path, alone: float) -> dict[str, float]:
     """Seconds of compute lost per GB read beside ``work``, for each way of reading."""
+    from trash_panda.offload.materialize import _fresh
+
     out = {}
-    for how in ("reused", "fresh", "buffered"):
+    for how in ("reused", "fresh", "prefaulted", "buffered"):
+        ready = []
+        if how == "prefaulted":
+            size = path.stat().st_size // 4096 * 4096
+            ready = [_fresh((PIECE,), torch.uint8, PIECE, 0) for _ in range(0, size, PIECE)]
+            for piece in ready:
+                piece.fill_(0)
         cold(path)
         stop, done = threading.Event(), [0]
-        t = threading.Thread(target=_reader, args=(path, how, stop, done))
+        t = threading.Thread(target=_reader, args=(path, how, stop, done, ready))
         t.start()
         t0 = time.perf_counter()
         work()
@@ -382,6 +395,7 @@ def report(
         f"Warm compute: language model {warm['llm']:.2f} s, transformer {warm['denoiser']:.2f} s. "
         f"Reading the transformer's file beside the language model's compute costs it, per GB: "
         f"O_DIRECT into a reused buffer {costs['reused']:.2f} s, into fresh pages {costs['fresh']:.2f} s, "
+        f"into pages faulted before the compute {costs.get('prefaulted', float('nan')):.2f} s, "
         f"through the page cache {costs['buffered']:.2f} s.",
         "",
         f"Floor: max({compute:.2f} s + {den_gb:.2f} GB x {costs['reused']:.2f} s/GB, "
