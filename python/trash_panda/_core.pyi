@@ -1155,6 +1155,10 @@ class Engine:
         """True when `block` is used in place from the map of its files (its leases are views of
         the file's pages).
         """
+    def unmaps_as_used(self, block: int) -> bool:
+        """True when `block`'s tensors are unmapped one by one as the modules that use them end (a
+        disk-tier block used in place); a RAM-tier block's pages stay cached either way.
+        """
     def disk_read_mode(self) -> str | None:
         """The mode disk reads really use ("direct", or "buffered" after a refused O_DIRECT)."""
     def stats(self) -> EngineStats:

@@ -406,6 +406,12 @@ impl PyEngine {
         self.engine()?.in_place(block).map_err(ToPyErr::to_py)
     }
 
+    /// True when `block`'s tensors are unmapped one by one as the modules that use them end (a
+    /// disk-tier block used in place); a RAM-tier block's pages stay cached either way.
+    fn unmaps_as_used(&self, block: usize) -> PyResult<bool> {
+        self.engine()?.unmaps_as_used(block).map_err(ToPyErr::to_py)
+    }
+
     /// The mode disk reads really use ("direct", or "buffered" after a refused O_DIRECT).
     fn disk_read_mode(&self) -> PyResult<Option<&'static str>> {
         Ok(self.engine()?.disk_read_mode().map(ReadMode::as_str))

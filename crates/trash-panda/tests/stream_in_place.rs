@@ -99,6 +99,8 @@ fn tensors_are_the_files_bytes_and_the_pool_stages_nothing() {
         !e.staged_layout().is_in_place(2),
         "f32 at 8 bytes is staged, 64-byte aligned"
     );
+    // Disk-tier blocks used in place give their tensors back as the modules end.
+    assert!(e.unmaps_as_used(0).unwrap() && !e.unmaps_as_used(2).unwrap());
     // The pool is sized by the staged block alone.
     assert_eq!(
         e.staging_bytes(),
@@ -316,6 +318,8 @@ fn a_ram_tier_block_stays_mapped_between_runs_unless_a_run_wrote_to_it() {
         ..options(ReadMode::Buffered)
     };
     let e = Engine::new(blocks.clone(), files.clone(), opts).unwrap();
+    // Its pages stay cached whatever the map does: nothing is given back tensor by tensor.
+    assert!(e.staged_layout().is_in_place(0) && !e.unmaps_as_used(0).unwrap());
     let file0 = std::fs::read(&files[0]).unwrap();
     let t = &blocks[0].tensors[1];
     let want = &file0[t.start as usize..t.end as usize];

@@ -92,12 +92,12 @@ class Staging(BlockHook):
         if not isinstance(backend, CpuBackend) or engine is None:
             return
         for block in self.blocks:
-            if block.engine_index is not None and engine.in_place(block.engine_index):
+            if block.engine_index is not None and engine.unmaps_as_used(block.engine_index):
                 self._forget_as_used(registry, backend, block)
 
     def _forget_as_used(self, registry: HookRegistry, backend: CpuBackend, block: BlockState) -> None:
-        """A block used in place from the checkpoint's map gives each module's weights back to
-        the page cache as soon as that module has run, not at the end of the block: the process
+        """A disk-tier block used in place from the checkpoint's map gives each module's weights
+        back to the page cache as soon as that module has run, not at the end of the block: the process
         then maps one module's weights at a time, not the whole block's. A later use in the same
         run maps them again."""
         by_module: dict[int, tuple[nn.Module, list[TensorSpec]]] = {}

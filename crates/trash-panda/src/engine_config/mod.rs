@@ -148,9 +148,13 @@ impl EngineConfig {
             direct_ram: self.gpu && self.pin_ram_tier,
             buffers: Some(self.held.staging_buffers),
             in_place: maps_disk_tier(self.gpu),
-            // The same for a mapped RAM tier (the engine asks no more of the RAM source): a warm
-            // pass on the CPU then copies nothing.
-            ram_in_place: maps_disk_tier(self.gpu),
+            // The same for a mapped RAM tier, by the rule the plan counted it with: a warm pass
+            // on the CPU then copies nothing.
+            ram_in_place: maps_ram_tier(
+                self.gpu,
+                matches!(self.ram_source, RamSource::InMemory { .. }),
+                self.storage_dtype,
+            ),
             ..EngineOptions::default()
         }
     }

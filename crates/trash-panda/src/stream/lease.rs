@@ -93,7 +93,8 @@ impl Lease {
     }
 
     /// Gives back the pages of one tensor of a block used in place, once the caller is done with
-    /// its views (they would fault the pages back in); does nothing for a staged block.
+    /// its views (they would fault the pages back in); does nothing for a staged block or a
+    /// RAM-tier one (see [`Engine::unmaps_as_used`](super::Engine::unmaps_as_used)).
     pub fn forget_tensor<'k>(&self, key: impl Into<TensorKey<'k>>) -> Result<(), StreamError> {
         let (index, _) = self.staged(key.into())?;
         if self.in_place() {

@@ -257,6 +257,14 @@ impl Engine {
         Ok(self.shared.layout.is_in_place(block))
     }
 
+    /// Whether `block`'s tensors are unmapped one by one as the modules that use them end
+    /// ([`Lease::forget_tensor`]): a disk-tier block used in place, whose process then maps one
+    /// module's weights at a time. A RAM-tier block's pages stay cached either way.
+    pub fn unmaps_as_used(&self, block: usize) -> Result<bool, StreamError> {
+        self.check(block)?;
+        Ok(self.source.unmaps_as_used(block))
+    }
+
     /// `(address, length)` of every staging buffer, by buffer index. They live as long as the
     /// engine and any lease, never move, and are the only memory leases point into, so the CUDA
     /// layer can register them as pinned once.

@@ -171,6 +171,14 @@ impl CheckpointSource {
             .map_err(|e| StreamError::read(block, b, t, &self.files, e))
     }
 
+    /// Whether `block`'s tensors are unmapped one by one as the modules that use them end (a
+    /// disk-tier block used in place: the process then maps one module's weights at a time). A
+    /// RAM-tier block's pages stay in the page cache whatever its map does, so unmapping them
+    /// early frees nothing; its own forget after the run undoes what the run wrote.
+    pub(super) fn unmaps_as_used(&self, block: usize) -> bool {
+        self.layout.is_in_place(block) && self.blocks[block].tier == SourceTier::Disk
+    }
+
     /// Unmaps the pages of `block` (or of one of its tensors); with the disk tier read O_DIRECT,
     /// also drops them from the page cache, which the plan keeps for the RAM tier. The whole
     /// block is unmapped out to [`MAP_GRAIN`]: a huge folio at a run's end was mapped whole, the
@@ -183,12 +191,10 @@ impl CheckpointSource {
         if !self.layout.is_in_place(block) {
             return;
         }
-        let b = &self.blocks[block];
-        if b.tier == SourceTier::Ram && tensor.is_some() {
-            // Its pages stay in the page cache whatever the map does: unmapping a tensor early
-            // frees nothing, and the block's own forget undoes what the run wrote.
+        if tensor.is_some() && !self.unmaps_as_used(block) {
             return;
         }
+        let b = &self.blocks[block];
         let ranges: Vec<(usize, u64, u64, u64, u64)> = match tensor {
             Some(i) => b
                 .tensors

@@ -122,6 +122,12 @@ pub(crate) trait Source: Send + Sync {
 
     /// As [`forget`](Self::forget) for one tensor of the block, while the others still run.
     fn forget_tensor(&self, _block: usize, _tensor: usize) {}
+
+    /// Whether the block's tensors are given back one by one as they are used
+    /// ([`forget_tensor`](Self::forget_tensor) does something).
+    fn unmaps_as_used(&self, _block: usize) -> bool {
+        false
+    }
 }
 
 // What the engine knows of a mapped RAM-tier block's pages when the system cannot say (no
@@ -598,6 +604,10 @@ impl Source for CheckpointSource {
 
     fn forget_tensor(&self, block: usize, tensor: usize) {
         self.forget_in_place(block, Some(tensor));
+    }
+
+    fn unmaps_as_used(&self, block: usize) -> bool {
+        CheckpointSource::unmaps_as_used(self, block)
     }
 
     fn disk_mode(&self) -> Option<ReadMode> {
