@@ -11,6 +11,9 @@ order of the ways rotated from round to round:
   stage        one trash_panda.stage() per model, one after the other
   pipeline     trash_panda.Pipeline(stages), its defaults
   no_prefetch  trash_panda.Pipeline(stages, prefetch=False)
+  no_pool      trash_panda.Pipeline(stages) without its pool of pages (every read into new
+               pages): with ``--ram``, what the pool gives the reads that wait for the first
+               model's memory
   *_direct     the same with TRASH_PANDA_DISK_MODE=direct (``--direct``)
 
 ``plain``'s load copies each tensor out of the file's map (so that the file can leave the page
@@ -25,7 +28,9 @@ pages would give the reads), and a read through the page cache. The floor is
 max(total compute + the second file's GB x the irreducible cost per GB, both files / drive);
 the floor with the models' order adds that nothing computes before the first model's weights
 are in. The runner's report (below the table) says what reading ahead cost the first model's
-compute and whether it went on. Writes bench/results/chain-<dtype>.md.
+compute and whether it went on. ``--ram 3GB`` gives the runner ways that budget (the second
+model's reads then wait in part for the first model's memory). Each way's process time (user
+and system CPU seconds) is beside its run time. Writes bench/results/chain-<dtype>[-ram].md.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ import torch
 from _common import DATA, RESULTS, cold, dd_direct, loadavg, machine, md_table, write_checkpoint
 
 WAYS = ("plain", "stage", "pipeline", "no_prefetch")
+ALL_WAYS = (*WAYS, "no_pool")
 TOKENS = 48  # the language model's greedy tokens, each a pass over its layers
 STEPS = 6  # the transformer's Euler steps
 LATENT = 16  # 16x16 latents: 64 image tokens
@@ -216,7 +222,9 @@ def read_costs(work: Callable[[], Any], path: Path, alone: float) -> dict[str, f
 # -- one way, in its own process ---------------------------------------------------------------
 
 
-def child(way: str, dtype: str, out: Path) -> None:
+def child(way: str, dtype: str, out: Path, ram: str | None) -> None:
+    import resource
+
     import trash_panda as tp
 
     ps = paths(dtype)
@@ -268,7 +276,10 @@ def child(way: str, dtype: str, out: Path) -> None:
         times["total"] = time.perf_counter() - start
     else:
         stages = [tp.Stage(n, functools.partial(meta, n, dtype), ps[n]) for n in MAKE]
-        with torch.inference_mode(), tp.Pipeline(stages, device="cpu", prefetch=way == "pipeline") as pipe:
+        prefetch = way != "no_prefetch"
+        with torch.inference_mode(), tp.Pipeline(stages, device="cpu", prefetch=prefetch, ram=ram) as pipe:
+            if way == "no_pool":
+                pipe._keeper.pages = None  # the reference: every read into new pages
             with pipe.run() as run:
                 t0 = time.perf_counter()
                 with run.stage("llm") as llm:
@@ -281,17 +292,21 @@ def child(way: str, dtype: str, out: Path) -> None:
             times["total"] = time.perf_counter() - start
             result["report"] = pipe.report()
     result["times"] = times
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result["cpu"] = {"user": usage.ru_utime, "system": usage.ru_stime}
     torch.save({"ids": ids, "latents": latents}, out.with_suffix(".pt"))
     out.write_text(json.dumps(result))
 
 
-def run_way(way: str, dtype: str, work: Path) -> dict[str, Any]:
+def run_way(way: str, dtype: str, work: Path, ram: str | None) -> dict[str, Any]:
     base = way.removesuffix("_direct")
     env = dict(os.environ)
     if way.endswith("_direct"):
         env["TRASH_PANDA_DISK_MODE"] = "direct"
     out = work / f"{way}.json"
     cmd = [sys.executable, __file__, "--child", base, "--dtype", dtype, "--out", str(out)]
+    if ram is not None:
+        cmd += ["--ram", ram]
     subprocess.run(cmd, check=True, env=env)
     result: dict[str, Any] = json.loads(out.read_text())
     result["outputs"] = torch.load(out.with_suffix(".pt"))
@@ -310,17 +325,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ways", default=",".join(WAYS))
     ap.add_argument("--direct", action="store_true", help="also each runner way with TRASH_PANDA_DISK_MODE=direct")
+    ap.add_argument("--ram", default=None, help="the runner ways' RAM budget (Pipeline(ram=)), e.g. 3GB")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.child:
-        child(args.child, args.dtype, Path(args.out))
+        child(args.child, args.dtype, Path(args.out), args.ram)
         return
     write(args.dtype)
     ps = paths(args.dtype)
     sizes = {n: p.stat().st_size for n, p in ps.items()}
     ways = args.ways.split(",")
+    unknown = [w for w in ways if w not in ALL_WAYS]
+    if unknown:
+        ap.error(f"unknown ways {unknown}: expected some of {', '.join(ALL_WAYS)}")
     if args.direct:
         ways += [f"{w}_direct" for w in ways if w != "plain"]
 
@@ -337,7 +356,7 @@ def main() -> None:
         for r in range(args.rounds):
             order = ways[r % len(ways) :] + ways[: r % len(ways)]
             for way in order:
-                res = run_way(way, args.dtype, work)
+                res = run_way(way, args.dtype, work, args.ram)
                 results[way].append(res)
                 print(f"round {r + 1} {way}: {res['times']}", flush=True)
             drives.append(drive())
@@ -378,12 +397,15 @@ def report(
             + [
                 f"{statistics.median(totals) / floor:.2f}x",
                 f"{statistics.median(totals) / ordered:.2f}x",
+                f"{statistics.median(r['cpu']['user'] for r in results[way]):.1f}",
+                f"{statistics.median(r['cpu']['system'] for r in results[way]):.1f}",
                 "yes" if equal else "**no**",
             ]
         )
     m = machine(next(iter(paths(args.dtype).values())))
     lines = [
-        f"# Two-model chain, {args.dtype}, cold ({m['date']})",
+        f"# Two-model chain, {args.dtype}, cold{'' if args.ram is None else f', the runners within ram={args.ram}'} "
+        f"({m['date']})",
         "",
         f"Machine: {m['cpu']}, {m['nproc']} CPUs, {m['ram']}, kernel {m['kernel']}, {m['fs']}; "
         f"torch {m['torch']}; load after: {loadavg()}.",
@@ -407,7 +429,7 @@ def report(
         md_table(
             ["way"]
             + [f"round {i + 1} s" for i in range(args.rounds)]
-            + ["median / floor", "median / floor with the order", "output = plain's"],
+            + ["median / floor", "median / floor with the order", "user s", "system s", "output = plain's"],
             rows,
         ),
     ]
@@ -423,7 +445,8 @@ def report(
             ]
     text = "\n".join(lines) + "\n"
     print(text)
-    (RESULTS / f"chain-{args.dtype}.md").write_text(text)
+    suffix = "" if args.ram is None else f"-ram{args.ram}"
+    (RESULTS / f"chain-{args.dtype}{suffix}.md").write_text(text)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ __all__ = [
     "read_tensors",
     "read_block",
     "ReadLane",
+    "PagePool",
     "Priority",
     "HeldPlace",
     "setting",
@@ -731,19 +732,60 @@ class Priority:
     def __hash__(self) -> int: ...
 
 @final
+class PagePool:
+    """Private memory faulted once and handed on (the core's `io::PagePool`): regions given back
+    (their tensors freed) are kept and handed out again by `take`, whatever their sizes. Kept
+    pages are the process's memory until `trim()` or `close()`.
+    """
+    def __new__(cls) -> PagePool: ...
+    @staticmethod
+    def keeps_pages() -> bool:
+        """Whether pages given back are kept on this platform (not on Windows, where a pool hands
+        out new memory only).
+        """
+    def take(self, nbytes: int, shift: int = 0) -> TensorBytes:
+        """`nbytes` bytes starting `shift` bytes into a new region of whole pages (`shift` places
+        them in their page as a direct read needs), as `TensorBytes` for `torch.from_dlpack`;
+        kept pages where the pool has them. The bytes are whatever the pages held: for a read
+        that fills them.
+        """
+    @property
+    def idle_bytes(self) -> int:
+        """Bytes of pages kept, not handed out."""
+    @property
+    def reused(self) -> int:
+        """Bytes handed out in pages that had been given back."""
+    @property
+    def fresh(self) -> int:
+        """Bytes handed out in new pages."""
+    def trim(self) -> int:
+        """Gives every kept page back to the system; returns their bytes."""
+    def close(self) -> int:
+        """Trims, and keeps nothing from now on; returns the bytes given back."""
+
+@final
 class ReadLane:
     """One model's lane of the read queue of the drive its checkpoint lies on (see the core's
     `io::Lane` and `io::drive_queue`): the queue has `DRIVE_IN_FLIGHT` places for every model of
     the process reading that drive; the lane ranks this model's reads by its run order of
     `blocks` blocks and by its `Priority` (`RUN` before `AHEAD`). With `direct`, `read_block`'s
-    reads through the lane go past the page cache.
+    reads through the lane go past the page cache. `pages`: the pool the model's tensors are
+    read into (a pipeline's), or None for new memory of their own.
     """
     def __new__(
-        cls, files: Sequence[str | PathLike[str]], blocks: int, priority: Priority = ..., direct: bool = False
+        cls,
+        files: Sequence[str | PathLike[str]],
+        blocks: int,
+        priority: Priority = ...,
+        direct: bool = False,
+        pages: PagePool | None = None,
     ) -> ReadLane: ...
     @property
     def direct(self) -> bool:
         """Whether `read_block` reads through this lane past the page cache."""
+    @property
+    def pages(self) -> PagePool | None:
+        """The pool the model's tensors are read into, or None."""
     @property
     def depth(self) -> int:
         """Reads at the drive at once (the queue's, shared with every lane)."""
@@ -1356,6 +1398,10 @@ class Free:
     def with_shared_pool(self, pool: int) -> Free:
         """The memory free for planning a stage beside a shared staging pool of `pool` bytes,
         which every stage's plan counts itself: the pool's RAM back (before `within`).
+        """
+    def with_kept_pages(self, kept: int) -> Free:
+        """The memory free for a pipeline whose pool of pages keeps `kept` bytes for its stages'
+        next reads: those pages back (before `within`).
         """
     def for_reads_beside(self, *, peak: int = 0, reserve: int = 0) -> int:
         """The bytes a stage read ahead may fill now, beside a running stage: the free memory its

@@ -9,11 +9,13 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 
 use trash_panda::io::{
-    drive_queue, read_ranges_queued, read_ranges_with, FileReader, Lane, Need, Priority,
-    QueueStats, ReadMode, ReadOptions, ReadRequest, ReadStats, DIRECT_ALIGN,
+    drive_queue, read_ranges_queued, read_ranges_with, FileReader, Lane, Need, PagePool,
+    PooledPages, Priority, QueueStats, ReadMode, ReadOptions, ReadRequest, ReadStats, WritableSpan,
+    DIRECT_ALIGN,
 };
 
-use crate::dlpack::{disjoint, Borrowed};
+use crate::checkpoint::PyTensorBytes;
+use crate::dlpack::{disjoint, Borrowed, ByteOwner, Memory};
 use crate::errors::ToPyErr;
 use crate::gil::without_gil;
 use crate::mirror::mirror_enum;
@@ -67,12 +69,14 @@ fn read_tensors(
 /// `io::Lane` and `io::drive_queue`): the queue has `DRIVE_IN_FLIGHT` places for every model of
 /// the process reading that drive; the lane ranks this model's reads by its run order of
 /// `blocks` blocks and by its `Priority` (`RUN` before `AHEAD`). With `direct`, `read_block`'s
-/// reads through the lane go past the page cache.
+/// reads through the lane go past the page cache. `pages`: the pool the model's tensors are
+/// read into (a pipeline's), or None for new memory of their own.
 #[pyclass(name = "ReadLane", module = "trash_panda._core", frozen)]
 #[derive(Debug)]
 pub(crate) struct PyReadLane {
     pub(crate) inner: Lane,
     direct: bool,
+    pages: Option<Py<PyPagePool>>,
 }
 
 /// How a lane's reads rank against other lanes': the core's `io::Priority` as a Python enum
@@ -135,13 +139,14 @@ impl PyReadLane {
     /// A new lane on the queue of the drive holding `files[0]` (a checkpoint's files lie on one
     /// drive as a rule; its other files are not looked at).
     #[new]
-    #[pyo3(signature = (files, blocks, priority=PyPriority::RUN, direct=false))]
+    #[pyo3(signature = (files, blocks, priority=PyPriority::RUN, direct=false, pages=None))]
     fn new(
         py: Python<'_>,
         files: Vec<PathBuf>,
         blocks: usize,
         priority: PyPriority,
         direct: bool,
+        pages: Option<Py<PyPagePool>>,
     ) -> PyResult<Self> {
         let first = files.first().ok_or_else(|| {
             crate::errors::raise(
@@ -153,7 +158,14 @@ impl PyReadLane {
         Ok(PyReadLane {
             inner: queue.lane(blocks, priority.into()),
             direct,
+            pages,
         })
+    }
+
+    /// The pool the model's tensors are read into, or None.
+    #[getter]
+    fn pages(&self, py: Python<'_>) -> Option<Py<PyPagePool>> {
+        self.pages.as_ref().map(|p| p.clone_ref(py))
     }
 
     /// Whether `read_block` reads through this lane past the page cache.
@@ -444,7 +456,109 @@ fn cached_bytes(py: Python<'_>, path: PathBuf) -> PyResult<u64> {
     without_gil(py, || trash_panda::io::cached_bytes(&path)).map_err(ToPyErr::to_py)
 }
 
+/// Private memory faulted once and handed on (the core's `io::PagePool`): regions given back
+/// (their tensors freed) are kept and handed out again by `take`, whatever their sizes. Kept
+/// pages are the process's memory until `trim()` or `close()`.
+#[pyclass(name = "PagePool", module = "trash_panda._core", frozen)]
+#[derive(Debug, Default)]
+pub(crate) struct PyPagePool {
+    inner: PagePool,
+}
+
+/// Part of a region from a pool, shown to torch: the region's pages go back to the pool with
+/// the tensor.
+struct PoolRegion {
+    _region: PooledPages,
+    /// Made by the region itself, which owns its pages alone.
+    span: WritableSpan,
+}
+
+impl ByteOwner for PoolRegion {
+    fn memory(&self) -> Memory {
+        Memory::Writable(self.span)
+    }
+}
+
+#[pymethods]
+impl PyPagePool {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether pages given back are kept on this platform (not on Windows, where a pool hands
+    /// out new memory only).
+    #[staticmethod]
+    fn keeps_pages() -> bool {
+        PagePool::keeps_pages()
+    }
+
+    /// `nbytes` bytes starting `shift` bytes into a new region of whole pages (`shift` places
+    /// them in their page as a direct read needs), as `TensorBytes` for `torch.from_dlpack`;
+    /// kept pages where the pool has them. The bytes are whatever the pages held: for a read
+    /// that fills them.
+    #[pyo3(signature = (nbytes, shift=0))]
+    fn take(&self, py: Python<'_>, nbytes: usize, shift: usize) -> PyResult<PyTensorBytes> {
+        let len = nbytes.checked_add(shift).ok_or_else(|| {
+            crate::errors::raise(
+                crate::errors::Kind::Argument,
+                "PagePool.take: nbytes + shift overflows",
+            )
+        })?;
+        let region = without_gil(py, || self.inner.take(len)).map_err(ToPyErr::to_py)?;
+        let span = region.writable_part(shift, nbytes).ok_or_else(|| {
+            crate::errors::raise(
+                crate::errors::Kind::Argument,
+                "PagePool.take: the part lies past the region",
+            )
+        })?;
+        Ok(PyTensorBytes::from_owner(Arc::new(PoolRegion {
+            _region: region,
+            span,
+        })))
+    }
+
+    /// Bytes of pages kept, not handed out.
+    #[getter]
+    fn idle_bytes(&self) -> usize {
+        self.inner.idle_bytes()
+    }
+
+    /// Bytes handed out in pages that had been given back.
+    #[getter]
+    fn reused(&self) -> u64 {
+        self.inner.stats().reused
+    }
+
+    /// Bytes handed out in new pages.
+    #[getter]
+    fn fresh(&self) -> u64 {
+        self.inner.stats().fresh
+    }
+
+    /// Gives every kept page back to the system; returns their bytes.
+    fn trim(&self, py: Python<'_>) -> usize {
+        without_gil(py, || self.inner.trim())
+    }
+
+    /// Trims, and keeps nothing from now on; returns the bytes given back.
+    fn close(&self, py: Python<'_>) -> usize {
+        without_gil(py, || self.inner.close())
+    }
+
+    fn __repr__(&self) -> String {
+        let stats = self.inner.stats();
+        format!(
+            "PagePool(idle_bytes={}, reused={}, fresh={})",
+            self.inner.idle_bytes(),
+            stats.reused,
+            stats.fresh
+        )
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyPagePool>()?;
     m.add("DIRECT_ALIGN", DIRECT_ALIGN)?;
     m.add_function(wrap_pyfunction!(read_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(read_block, m)?)?;

@@ -49,6 +49,8 @@ class LoadRequest:
     # A later load in this process reads the files again (stage() releases the model at its
     # end): the plan's rule keeps them in the page cache where they fit.
     read_again: bool = False
+    # Where its tensors are read into: a pipeline's pool of pages, else memory of their own.
+    pages: _core.PagePool | None = None
 
 
 def stream_load(
@@ -155,6 +157,7 @@ def load_deferred(
     holder: str = "model",
     direct: bool | None = None,
     read_again: bool = False,
+    pages: _core.PagePool | None = None,
 ) -> tuple[_core.LoadReport, list[BlockState]]:
     """stream_load() that leaves the resident blocks unread (on the meta device) and returns
     them, for a loader that fills them while the model runs (``overlap=True``). Given a list
@@ -165,7 +168,8 @@ def load_deferred(
     a RAM tier held in memory unread, for the loader. ``staging_pool`` (a pipeline's) is the
     engine's staging buffers, under the name ``holder``, where the plan counted it. ``direct``:
     whether the model's reads go past the page cache (a pipeline's ``_core.load_reads``); None
-    leaves it to the plan (:func:`_plan_reads`)."""
+    leaves it to the plan (:func:`_plan_reads`). ``pages``: the pool its tensors are read into
+    (a pipeline's), which its released tensors go back to."""
     from torch import nn
 
     if not isinstance(model, nn.Module):
@@ -184,6 +188,7 @@ def load_deferred(
         resolve_device(device),
         direct,
         read_again,
+        pages,
     )
     deferred: list[BlockState] = []
     try:
@@ -305,7 +310,8 @@ def _stream_load(
         reads = _plan_reads(plan, files, req.read_again)
         direct = reads is not None and reads.direct
         report.reads = "" if reads is None else reads.reason
-    lane = _core.ReadLane(files, len(blocks), _core.Priority.AHEAD if ahead else _core.Priority.RUN, direct=direct)
+    priority = _core.Priority.AHEAD if ahead else _core.Priority.RUN
+    lane = _core.ReadLane(files, len(blocks), priority, direct=direct, pages=req.pages)
     threads = max(1, int(setting("ram_threads")))
     here = [b for b in blocks if b.tier == Tier.DEVICE and deferred is None]  # the resident blocks read here
     to_read = sum(s.info.nbytes for s in outside) + sum(s.info.nbytes for b in here for s in b.tensors)

@@ -46,11 +46,12 @@ def read_many(
     has room."""
     import torch
 
+    pages = lane.pages if lane is not None else None
     out = []
     for info in infos:
         shape, dtype = tuple(info.shape), torch_dtype(info.dtype)
         t = place(shape, dtype, info.nbytes, info.start) if place is not None else None
-        out.append(t if t is not None else _fresh(shape, dtype, info.nbytes, info.start))
+        out.append(t if t is not None else _fresh(shape, dtype, info.nbytes, info.start, pages))
     requests = [
         (os.fspath(info.file), info.start, t.reshape(-1).view(torch.uint8))
         for info, t in zip(infos, out, strict=True)
@@ -70,7 +71,13 @@ DIRECT_ALIGN = _core.DIRECT_ALIGN
 TENSOR_ALIGN = _core.TENSOR_ALIGN
 
 
-def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int, offset: int | None = None) -> torch.Tensor:
+def _fresh(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    nbytes: int,
+    offset: int | None = None,
+    pages: _core.PagePool | None = None,
+) -> torch.Tensor:
     """An uninitialised CPU tensor; from ``FRESH_BYTES`` on, in new pages of its own, given back
     to the system when it is freed. From the heap it could take pages another stage's
     activations just freed, and a memory meter that reads the process's private memory could
@@ -78,7 +85,9 @@ def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int, offset: int 
     after a release. Given the tensor's ``offset`` in its file, where that offset is 64-byte
     aligned its first byte lies at the same place in its page as in the file's, so a direct read
     (``ReadLane(direct=True)``) lands in it with no bounce buffer and no copy but for the two
-    partial pages at its ends."""
+    partial pages at its ends. From ``pages`` (a pipeline's pool), its pages are ones another
+    stage's tensors gave back where the pool has them, already faulted: a read into them costs
+    the compute beside it a third of one into new pages."""
     import mmap
 
     import torch
@@ -96,12 +105,17 @@ def _fresh(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int, offset: int 
         # read lands in it); any other starts on the page, as torch's own allocations are
         # aligned, and the direct read passes through the core's bounce buffer.
         shift = offset % DIRECT_ALIGN if offset is not None and offset % TENSOR_ALIGN == 0 else 0
-        pages = mmap.mmap(-1, shift + nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if pages is not None:
+            from torch.utils.dlpack import from_dlpack
+
+            # The region's pages go back to the pool with the tensor's last reference.
+            return from_dlpack(pages.take(nbytes, shift)).view(dtype).reshape(shape)
+        region = mmap.mmap(-1, shift + nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     else:
         # Windows, where an anonymous map is a section the private bytes leave out: its heap
         # gives a block this large a virtual allocation of its own, returned when freed.
         return torch.empty(shape, dtype=dtype)
-    return torch.frombuffer(pages, dtype=dtype, count=nbytes // dtype.itemsize, offset=shift).reshape(shape)
+    return torch.frombuffer(region, dtype=dtype, count=nbytes // dtype.itemsize, offset=shift).reshape(shape)
 
 
 def _materialize_group(
@@ -214,7 +228,8 @@ def materialize_all(
             rest.append(spec)
             continue
         info = spec.info
-        final.append((spec, _fresh(tuple(info.shape), torch_dtype(info.dtype), info.nbytes, info.start)))
+        pages = lane.pages if lane is not None else None
+        final.append((spec, _fresh(tuple(info.shape), torch_dtype(info.dtype), info.nbytes, info.start, pages)))
     requests = [
         (os.fspath(spec.info.file), spec.info.start, t.reshape(-1).view(torch.uint8))
         for spec, t in final

@@ -75,6 +75,9 @@ class StageKeeper:
         self._ticks = 0  # stage starts so far: a stage's last use, for keeping the recent ones
         self.records: list[_core.StageRecord] = []
         self.staging = SharedStaging(device)  # one staging pool for every stage
+        # The pages the stages' weights are read into on the CPU: a stage's pages given back
+        # (released, or blocks a final pass freed) take the next reads, already faulted.
+        self.pages = _core.PagePool() if device.type == "cpu" and _core.PagePool.keeps_pages() else None
         self._reads: _core.LoadReads | None = None  # through the page cache or past it (_load_args)
         self._changes: dict[str, str] = {}  # kept stages let go because their file changed, why
 
@@ -85,7 +88,16 @@ class StageKeeper:
 
     def report(self) -> str:
         text = _core.pipeline_report(self.records)
+        if self.pages is not None and self.pages.reused + self.pages.fresh:
+            reused, fresh = self.pages.reused / 1e9, self.pages.fresh / 1e9
+            text = f"pages: {reused:.2f} GB read into pages given back, {fresh:.2f} GB into new ones\n{text}"
         return text if self._reads is None else f"loads: {self._reads}\n{text}"
+
+    def end_run(self) -> None:
+        """At a run's end: the pages no stage took back go to the system (a pipeline between
+        runs holds only its stages)."""
+        if self.pages is not None:
+            self.pages.trim()
 
     def close(self) -> None:
         """Releases every stage still loaded (each step runs; the first error is raised after)."""
@@ -97,6 +109,8 @@ class StageKeeper:
             steps.run(self._release, name)
         self.models.clear()
         steps.run(self.staging.close)
+        if self.pages is not None:
+            steps.run(self.pages.close)
         steps.done()
 
     # -- the memory between stages --------------------------------------------------------
@@ -115,7 +129,10 @@ class StageKeeper:
             else:
                 coming, held = coming.plus(s.pending()), held.plus(s.committed())
         # Every plan counts the shared pool as its own staging: its RAM comes back here, once.
-        machine = free_now(self.device).keeping(self._floor).with_shared_pool(self.staging.bytes).less(coming)
+        # The pages kept for the next reads are the stages' too: they take them before new ones.
+        kept = self.pages.idle_bytes if self.pages is not None else 0
+        machine = free_now(self.device).keeping(self._floor).with_shared_pool(self.staging.bytes)
+        machine = machine.with_kept_pages(kept).less(coming)
         return machine.within(self.ram, self.vram, held)
 
     def _held(self) -> _core.Holds:
@@ -515,6 +532,7 @@ class StageKeeper:
             "key": checkpoint_key(spec.memo_key),
             "staging_pool": self.staging.pool,
             "direct": self._reads.direct,
+            "pages": self.pages,
         }
 
     def _release(self, name: str) -> None:

@@ -25,6 +25,8 @@ from ..errors import StreamError
 from ..plan import free_vram
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
     from torch import nn
 
@@ -38,6 +40,14 @@ if TYPE_CHECKING:
     from .pace import Pacer
 
 __all__ = ["LoadedStage", "free_now", "load_stage"]
+
+
+def _to_system(free: Callable[[], int], pages: _core.PagePool | None) -> int:
+    """Runs ``free`` (which returns the bytes it freed); returns those of them the system got
+    back: less what ``pages`` kept for the next reads."""
+    kept = pages.idle_bytes if pages is not None else 0
+    freed = free()
+    return max(0, freed - ((pages.idle_bytes - kept) if pages is not None else 0))
 
 
 def free_now(device: torch.device) -> _core.Free:
@@ -131,8 +141,11 @@ class LoadedStage:
         by_prefix = {b.prefix: b for b in self.state.blocks}
         chosen = [by_prefix[p] for p in shed.blocks]
         total += shed.bytes
-        # What it frees is not the running stage's: its window's baseline moves down by it.
-        meter_for(self.state.device).freed_beside(functools.partial(free_idle_blocks, self.handle, chosen))
+        # What it frees is not the running stage's: its window's baseline moves down by what
+        # went back to the system (the pages a pipeline's pool keeps are still the process's).
+        lane = self.state.lane
+        free = functools.partial(free_idle_blocks, self.handle, chosen)
+        meter_for(self.state.device).freed_beside(functools.partial(_to_system, free, lane.pages if lane else None))
         self.given += chosen
         self.given_back += total - unread
         return total
@@ -298,12 +311,14 @@ def load_stage(
     ahead: bool,
     staging_pool: _core.StagingPool | None = None,
     direct: bool = False,
+    pages: _core.PagePool | None = None,
 ) -> LoadedStage:
     """Loads ``model`` by ``plan`` with its resident blocks on a loader thread, as
     ``stage(overlap=True)`` does; ``ahead`` (a stage read while another runs) puts every read
     behind an allowance that starts empty, for the caller to fill. On an error the model is
     left unloaded. ``staging_pool`` (the pipeline's) is its engine's staging buffers where its
-    plan counted it. ``direct``: its reads go past the page cache."""
+    plan counted it. ``direct``: its reads go past the page cache. ``pages``: the pipeline's
+    pool its tensors are read into."""
     from ..offload.hooked import load_and_hook
 
     path = ckpt.files[0] if len(ckpt.files) == 1 else os.path.dirname(ckpt.files[0])
@@ -323,6 +338,7 @@ def load_stage(
             **shared,
             **({} if staging_pool is None else {"staging_pool": staging_pool, "holder": name}),
             "direct": direct,  # the pipeline's rule, not one stage's plan's
+            "pages": pages,
         },
         allowance=gate,
     )

@@ -137,6 +137,7 @@ class Pipeline:
             yield run
         finally:
             self._running = None
+            self._keeper.end_run()
 
     def settle(self) -> None:
         """Waits until the stage being read ahead is set up (its hooks on its model); nothing

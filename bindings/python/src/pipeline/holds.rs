@@ -179,6 +179,14 @@ impl PyFree {
         }
     }
 
+    /// The memory free for a pipeline whose pool of pages keeps `kept` bytes for its stages'
+    /// next reads: those pages back (before `within`).
+    fn with_kept_pages(&self, kept: u64) -> PyFree {
+        PyFree {
+            inner: self.inner.with_kept_pages(kept),
+        }
+    }
+
     /// The bytes a stage read ahead may fill now, beside a running stage: the free memory its
     /// blocks compute in (VRAM with a GPU, else RAM) less the running stage's working memory
     /// (`peak`, its measured activations; on a GPU at least the `reserve` its plan set aside).

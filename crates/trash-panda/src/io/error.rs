@@ -136,6 +136,21 @@ pub enum IoError {
         reason: &'static str,
     },
 
+    /// Private memory for reads could not be mapped.
+    ///
+    /// What to do: the machine is out of memory (or of maps: `vm.max_map_count`): plan with
+    /// less (a smaller `ram=`) or free memory.
+    #[error("cannot map {len} bytes of memory ({op}): {source}")]
+    Pages {
+        /// Bytes asked for.
+        len: usize,
+        /// The call that failed.
+        op: &'static str,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// Page cache control (`posix_fadvise`, `mincore`) failed or is not available here.
     ///
     /// What to do: the file system refuses page-cache control (some network mounts): set
@@ -164,7 +179,7 @@ impl IoError {
             | IoError::Changed { path, .. }
             | IoError::BufferTooSmall { path, .. }
             | IoError::Cache { path, .. } => Some(path),
-            IoError::Alloc { .. } => None,
+            IoError::Alloc { .. } | IoError::Pages { .. } => None,
         }
     }
 }

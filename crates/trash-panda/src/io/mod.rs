@@ -12,6 +12,7 @@ mod drive;
 mod drive_queue;
 mod error;
 mod mapped;
+mod pages;
 mod parallel;
 mod platform;
 mod reader;
@@ -26,6 +27,7 @@ pub use drive::{measure_drive, DriveRate, DRIVE_IN_FLIGHT};
 pub use drive_queue::drive_queue;
 pub use error::IoError;
 pub use mapped::MappedFile;
+pub use pages::{PagePool, PoolStats, PooledPages};
 pub use parallel::{
     read_ranges, read_ranges_queued, read_ranges_until, read_ranges_with, ReadOptions, ReadRequest,
     DEFAULT_CHUNK_SIZE, POPULATE_MIN,

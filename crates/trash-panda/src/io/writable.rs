@@ -1,8 +1,10 @@
 //! Memory that may be lent out as writable views (to torch, through the binding).
 //!
-//! A [`WritableSpan`] can only be made here, from one of two kinds of memory, so a consumer that
+//! A [`WritableSpan`] can only be made here, from one of three kinds of memory, so a consumer that
 //! is handed one knows a write through it reaches nothing but its owner's own bytes:
 //! - an [`AlignedBuf`]: heap memory owned by one value (a staging buffer a lease owns alone);
+//! - a [`PooledPages`]: private anonymous memory owned by one value (a tensor's region from a
+//!   page pool);
 //! - a private (copy-on-write) [`MappedFile`]: a write makes this process's own copy of the page,
 //!   never the file's or another process's.
 //!
@@ -10,7 +12,7 @@
 
 use std::ptr::NonNull;
 
-use super::{AlignedBuf, IoError, MappedFile};
+use super::{AlignedBuf, IoError, MappedFile, PooledPages};
 
 /// `len` bytes at `ptr`, writable, in memory that is either owned by one value or privately
 /// mapped. The pointer comes from the owner's raw allocation (never from a `&[u8]`), so it
@@ -65,6 +67,22 @@ impl AlignedBuf {
             len: self.len(),
         }
         .sub(start, len)
+    }
+}
+
+impl PooledPages {
+    /// The whole region as a writable span. The region owns its pages alone (the pool hands a
+    /// page to one region at a time): no other value's memory is reachable through the span.
+    pub fn writable(&self) -> WritableSpan {
+        WritableSpan {
+            ptr: self.raw_ptr(),
+            len: self.len(),
+        }
+    }
+
+    /// Bytes `start..start + len` of the region as a writable span, `None` past its end.
+    pub fn writable_part(&self, start: usize, len: usize) -> Option<WritableSpan> {
+        self.writable().sub(start, len)
     }
 }
 

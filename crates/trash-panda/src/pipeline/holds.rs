@@ -212,6 +212,17 @@ impl Free {
         }
     }
 
+    /// The memory free for a pipeline whose pool of pages keeps `kept` bytes given back by its
+    /// stages for their next reads: what the machine has free, with those pages added back
+    /// (the process holds them, but the next reads take them before any new page). Apply
+    /// before [`within`](Self::within), whose `held` counts only the stages loaded.
+    pub fn with_kept_pages(self, kept: u64) -> Free {
+        Free {
+            ram: self.ram.saturating_add(kept),
+            vram: self.vram,
+        }
+    }
+
     /// The memory free within a budget: at most `ram` (and `vram`) less what the pipeline's
     /// loaded stages hold (`held`), and never more than `self`, what the machine has free.
     /// Without a budget for a memory, the machine's figure stands.

@@ -7,7 +7,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-pub(crate) use super::unix::{page_residency, page_size, prefetch, read_at};
+pub(crate) use super::unix::{map_anonymous, page_residency, page_size, prefetch, read_at, unmap};
 use super::OpError;
 
 pub(crate) const UNBUFFERED: &str = "O_DIRECT";
@@ -201,4 +201,42 @@ struct PageRegion {
 /// `madvise(MADV_HUGEPAGE)` over a mapped range: a hint that changes no content.
 pub(crate) fn advise_huge(bytes: &[u8]) -> Result<(), OpError> {
     super::unix::advise(bytes, libc::MADV_HUGEPAGE).map_err(|e| ("madvise(HUGEPAGE)", e))
+}
+
+/// Whether a pool may keep pages given back and hand out parts of them (`munmap` takes any
+/// page-aligned part of a map).
+pub(crate) const KEEPS_PAGES: bool = true;
+
+/// Whether [`move_pages`] can move pages here.
+pub(crate) const CAN_MOVE_PAGES: bool = cfg!(target_os = "linux");
+
+/// Moves the pages of `len` bytes at `from` to `to` with `mremap`, contents and all, with no
+/// page faulted again: `to..to + len` is replaced, `from..from + len` is left unmapped.
+///
+/// # Safety
+/// Both ranges are page-aligned, lie in private anonymous maps made by [`map_anonymous`], do
+/// not overlap, and nothing refers to either (the moved bytes are read through `to` after).
+pub(crate) unsafe fn move_pages(from: *mut u8, len: usize, to: *mut u8) -> Result<(), OpError> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: the caller's contract; MREMAP_FIXED replaces whatever was mapped at `to`.
+        let got = unsafe {
+            libc::mremap(
+                from.cast(),
+                len,
+                len,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                to.cast::<libc::c_void>(),
+            )
+        };
+        if got == libc::MAP_FAILED {
+            return Err(("mremap", io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (from, len, to);
+        Err(("mremap", io::Error::from(io::ErrorKind::Unsupported)))
+    }
 }

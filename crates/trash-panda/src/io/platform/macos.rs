@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-pub(crate) use super::unix::{page_residency, page_size, prefetch, read_at};
+pub(crate) use super::unix::{map_anonymous, page_residency, page_size, prefetch, read_at, unmap};
 use super::OpError;
 
 pub(crate) const UNBUFFERED: &str = "F_NOCACHE";
@@ -123,4 +123,19 @@ pub(crate) unsafe fn populate_write(_start: *mut u8, _len: usize) -> Result<(), 
         "populating fresh memory (no MADV_POPULATE_WRITE on macOS)",
         io::Error::from(io::ErrorKind::Unsupported),
     ))
+}
+
+/// Whether a pool may keep pages given back and hand out parts of them (`munmap` takes any
+/// page-aligned part of a map).
+pub(crate) const KEEPS_PAGES: bool = true;
+
+/// Whether [`move_pages`] can move pages here: macOS has no `mremap`.
+pub(crate) const CAN_MOVE_PAGES: bool = false;
+
+/// Moving pages between maps is Linux's `mremap`; see the Linux module.
+///
+/// # Safety
+/// None needed: it does nothing.
+pub(crate) unsafe fn move_pages(_from: *mut u8, _len: usize, _to: *mut u8) -> Result<(), OpError> {
+    Err(("mremap", io::Error::from(io::ErrorKind::Unsupported)))
 }

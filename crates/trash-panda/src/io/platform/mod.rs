@@ -22,6 +22,10 @@
 //! - `populate_write(start, len)`: make fresh memory's pages present and writable now, without
 //!   writing, or say why not;
 //! - `advise_read(file, offset, len)`: start reading a file range ahead into the cache;
+//! - `map_anonymous(len)` / `unmap(ptr, len)`: new private memory, and giving it back;
+//! - `KEEPS_PAGES`: whether part of such memory can be given back (a pool can split it);
+//! - `move_pages(from, len, to)` and `CAN_MOVE_PAGES`: move pages, contents and all, from one
+//!   address to another without faulting them again (Linux's `mremap`);
 //! - `page_size()`.
 
 #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]

@@ -1,4 +1,5 @@
-//! The parts Linux and macOS share: `pread`, `mincore`, `madvise` and the page size.
+//! The parts Linux and macOS share: `pread`, `mincore`, `madvise`, anonymous maps and the page
+//! size.
 
 use std::ffi::c_void;
 use std::fs::File;
@@ -94,4 +95,39 @@ pub(crate) fn page_span(bytes: &[u8]) -> Option<(usize, usize)> {
     let start = bytes.as_ptr() as usize;
     let aligned = start - start % page_size();
     Some((aligned, bytes.len() + (start - aligned)))
+}
+
+/// `len` bytes (a multiple of the page size) of new private anonymous memory, read-write: no page
+/// is present until it is first touched.
+pub(crate) fn map_anonymous(len: usize) -> Result<std::ptr::NonNull<u8>, super::OpError> {
+    // SAFETY: a new private anonymous map at an address the kernel picks: it aliases nothing.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANON,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(("mmap(MAP_ANONYMOUS)", io::Error::last_os_error()));
+    }
+    std::ptr::NonNull::new(ptr.cast()).ok_or((
+        "mmap(MAP_ANONYMOUS)",
+        io::Error::from(io::ErrorKind::OutOfMemory),
+    ))
+}
+
+/// Unmaps `len` bytes at `ptr`, part of (or all of) a map made by [`map_anonymous`].
+///
+/// # Safety
+/// `ptr..ptr + len` is page-aligned, lies in such a map, and nothing refers to it any more.
+pub(crate) unsafe fn unmap(ptr: *mut u8, len: usize) -> Result<(), super::OpError> {
+    // SAFETY: the caller's contract.
+    if unsafe { libc::munmap(ptr.cast(), len) } != 0 {
+        return Err(("munmap", io::Error::last_os_error()));
+    }
+    Ok(())
 }

@@ -188,3 +188,48 @@ pub(crate) unsafe fn populate_write(_start: *mut u8, _len: usize) -> Result<(), 
         io::Error::from(io::ErrorKind::Unsupported),
     ))
 }
+
+/// Whether a pool may keep pages given back and hand out parts of them: not here, where
+/// `VirtualFree` releases only a whole allocation, so every region goes back whole.
+pub(crate) const KEEPS_PAGES: bool = false;
+
+/// Whether [`move_pages`] can move pages here: Windows has no `mremap`.
+pub(crate) const CAN_MOVE_PAGES: bool = false;
+
+/// `len` bytes of new committed private memory, read-write (pages appear on first touch).
+pub(crate) fn map_anonymous(len: usize) -> Result<std::ptr::NonNull<u8>, OpError> {
+    use windows_sys::Win32::System::Memory::{
+        VirtualAlloc, MEM_COMMIT, MEM_RESERVE, PAGE_READWRITE,
+    };
+    // SAFETY: a new allocation at an address the system picks: it aliases nothing.
+    let ptr = unsafe {
+        VirtualAlloc(
+            std::ptr::null(),
+            len,
+            MEM_COMMIT | MEM_RESERVE,
+            PAGE_READWRITE,
+        )
+    };
+    std::ptr::NonNull::new(ptr.cast()).ok_or_else(|| ("VirtualAlloc", io::Error::last_os_error()))
+}
+
+/// Releases an allocation made by [`map_anonymous`], whole (`len` is its length).
+///
+/// # Safety
+/// `ptr` is the start of such an allocation, and nothing refers to it any more.
+pub(crate) unsafe fn unmap(ptr: *mut u8, _len: usize) -> Result<(), OpError> {
+    use windows_sys::Win32::System::Memory::{VirtualFree, MEM_RELEASE};
+    // SAFETY: the caller's contract.
+    if unsafe { VirtualFree(ptr.cast::<c_void>(), 0, MEM_RELEASE) } == 0 {
+        return Err(("VirtualFree", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Moving pages between allocations is Linux's `mremap`.
+///
+/// # Safety
+/// None needed: it does nothing.
+pub(crate) unsafe fn move_pages(_from: *mut u8, _len: usize, _to: *mut u8) -> Result<(), OpError> {
+    Err(("mremap", io::Error::from(io::ErrorKind::Unsupported)))
+}
