@@ -13,6 +13,8 @@ Ways, each in a process of its own started with the four files dropped from the 
   plain          every model loaded with load_state_dict at the start (over the budget)
   stage          one trash_panda.stage(ram=budget, overlap=True) per model, one after another
   pipeline       trash_panda.Pipeline(ram=budget)
+  no_pool        the same without its pool of pages (every read into new pages; not a default
+                 way: ``--ways plain,pipeline,no_pool`` weighs what the pool gives)
   model_offload  diffusers' enable_model_cpu_offload(device="cpu"): without an accelerator it
                  refuses; on the CPU it holds every model in RAM
   group_offload  diffusers' apply_group_offloading(block_level, offload_to_disk_path) per model,
@@ -70,6 +72,7 @@ from _pipeline_report import (
 from _read_cost import stage_costs
 
 WAYS = ("plain", "stage", "pipeline", "model_offload", "group_offload")
+ALL_WAYS = (*WAYS, "no_pool")
 WORK = pm.DATA / "pipeline-work"
 CLASS_STAGE = {
     "LlamaForCausalLM": "llm",
@@ -274,7 +277,7 @@ def child(way: str, preset: str, steps: int, budget: int, drop: bool, out: Path)
 
         for r in (1, 2):
             images.append(one_run(r, rec, enter, steps, final))
-    elif way == "pipeline":
+    elif way in ("pipeline", "no_pool"):
         stages = [
             tp.Stage(
                 n, functools.partial(pm.meta, m), m.path, options={"min_free_ram": 0}, order_file_destination=orders
@@ -282,6 +285,8 @@ def child(way: str, preset: str, steps: int, budget: int, drop: bool, out: Path)
             for n, m in ms.items()
         ]
         with tp.Pipeline(stages, device="cpu", ram=budget) as pipe:
+            if way == "no_pool":
+                pipe._keeper.pages = None  # the reference: every read into new pages
             kept = []
             for r in (1, 2):
                 with pipe.run() as run:
@@ -331,7 +336,7 @@ def child(way: str, preset: str, steps: int, budget: int, drop: bool, out: Path)
         result["written"] = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         shutil.rmtree(folder, ignore_errors=True)
     else:
-        raise SystemExit(f"unknown way {way!r}: expected one of {', '.join(WAYS)}")
+        raise SystemExit(f"unknown way {way!r}: expected one of {', '.join(ALL_WAYS)}")
     result.update(rec.finish())
     if way == "plain":  # after the recorder stops: its reads and memory are not the way's
         result["read_cost"] = stage_costs(loaded, ms["transformer"].path, steps)

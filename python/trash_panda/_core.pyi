@@ -749,6 +749,11 @@ class PagePool:
         kept pages where the pool has them. The bytes are whatever the pages held: for a read
         that fills them.
         """
+    def want(self, nbytes: int) -> int:
+        """Keeps at most `nbytes` of pages from now on (what the reads still to come will take;
+        each region handed out counts against it), giving back at once what is kept beyond;
+        returns the bytes given back.
+        """
     @property
     def idle_bytes(self) -> int:
         """Bytes of pages kept, not handed out."""

@@ -117,6 +117,20 @@ def test_runs_beside_the_stage_s_own_load_are_not_counted() -> None:
     assert not allowance.is_held
 
 
+def test_a_turn_s_end_leaves_no_timer_thread_behind() -> None:
+    """The wait for a quiet pass has a timer; the turn's end stops it, so no thread of it is
+    left waiting (one still waiting when the interpreter exits aborts the process)."""
+    before = set(threading.enumerate())
+    pacer = Pacer(2, None, Rates())
+    allowance = _core.Allowance("next", 10**12)
+    pacer.watch(FakeLoader(done=False), allowance)  # type: ignore[arg-type]
+    started = [t for t in threading.enumerate() if t not in before]
+    assert len(started) == 1 and started[0].is_alive()
+    pacer.close()
+    assert not started[0].is_alive()
+    assert not allowance.is_held
+
+
 def test_a_read_ahead_waiting_for_a_quiet_pass_reads_after_a_while_without_one() -> None:
     pacer = Pacer(4, None, Rates())
     clock = Clock()

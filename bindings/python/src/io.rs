@@ -518,6 +518,13 @@ impl PyPagePool {
         })))
     }
 
+    /// Keeps at most `nbytes` of pages from now on (what the reads still to come will take;
+    /// each region handed out counts against it), giving back at once what is kept beyond;
+    /// returns the bytes given back.
+    fn want(&self, py: Python<'_>, nbytes: usize) -> usize {
+        without_gil(py, || self.inner.want(nbytes))
+    }
+
     /// Bytes of pages kept, not handed out.
     #[getter]
     fn idle_bytes(&self) -> usize {

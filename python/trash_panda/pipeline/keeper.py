@@ -42,6 +42,20 @@ if TYPE_CHECKING:
 __all__ = ["StageKeeper"]
 
 
+def _reads_now(stage: LoadedStage) -> int:
+    """What the stage's loader has still to read and may read now: all of it, or for a stage
+    read ahead, as far as its allowance goes (nothing while it is held: paused where reading
+    ahead costs more than it saves, or waiting for a quiet pass)."""
+    left = stage.pending().ram
+    gate = stage.allowance
+    if gate is None:
+        return left
+    if gate.is_held:
+        return 0
+    available = gate.available
+    return left if available is None else min(left, available)
+
+
 class StageKeeper:
     """The stages of one pipeline as loaded now; the caller's thread and the read-ahead's share it
     (see :attr:`loaded`)."""
@@ -76,7 +90,8 @@ class StageKeeper:
         self.records: list[_core.StageRecord] = []
         self.staging = SharedStaging(device)  # one staging pool for every stage
         # The pages the stages' weights are read into on the CPU: a stage's pages given back
-        # (released, or blocks a final pass freed) take the next reads, already faulted.
+        # (released, or blocks a final pass freed) take the reads still to come, already
+        # faulted (_want_pages says how many those take).
         self.pages = _core.PagePool() if device.type == "cpu" and _core.PagePool.keeps_pages() else None
         self._reads: _core.LoadReads | None = None  # through the page cache or past it (_load_args)
         self._changes: dict[str, str] = {}  # kept stages let go because their file changed, why
@@ -92,6 +107,40 @@ class StageKeeper:
             reused, fresh = self.pages.reused / 1e9, self.pages.fresh / 1e9
             text = f"pages: {reused:.2f} GB read into pages given back, {fresh:.2f} GB into new ones\n{text}"
         return text if self._reads is None else f"loads: {self._reads}\n{text}"
+
+    def _want_pages(self, coming: int = 0) -> None:
+        """Tells the pool of pages what the reads to come will take: what the loaded stages'
+        loaders have still to read and may read now (a stage read ahead, as far as its
+        allowance goes), and ``coming`` bytes about to be read (a stage's need, or what a stage
+        frees for the one read ahead). It keeps no more of the pages given back: the rest go to
+        the system at once. A page kept for a read that waits for memory would be memory held
+        for nothing meanwhile, which the stages' activations cannot use (they take theirs from
+        the system)."""
+        if self.pages is None:
+            return
+        import torch
+
+        from ..offload.meter import meter_for
+
+        wanted = sum(_reads_now(s) for s in self.loaded.values()) + coming
+        # What it gives back is not the running stage's: its window's baseline moves down by it
+        # (a drop it did not see would make its peak look smaller than it was).
+        meter_for(torch.device("cpu")).freed_beside(functools.partial(self.pages.want, wanted))
+
+    def _freeing_for(self, index: int, nbytes: int) -> None:
+        """The stage at ``index`` is about to free ``nbytes`` (released, given back or in a final
+        pass), which go to the stage after it: its pages are kept for that stage's reads still
+        waiting, as far as they go."""
+        following = self.loaded.get(self.stages[(index + 1) % len(self.stages)].name)
+        waiting = following.pending().ram - _reads_now(following) if following is not None else 0
+        self._want_pages(min(nbytes, max(0, waiting)))
+
+    def feeding(self, index: int) -> None:
+        """The stage at ``index`` starts a final pass: the blocks it frees go to the stage after
+        it, and their pages to that stage's reads still waiting."""
+        following = self.loaded.get(self.stages[(index + 1) % len(self.stages)].name)
+        if following is not None:
+            self._freeing_for(index, following.pending().ram)
 
     def end_run(self) -> None:
         """At a run's end: the pages no stage took back go to the system (a pipeline between
@@ -181,6 +230,7 @@ class StageKeeper:
         ``make_room`` decides (the stage needed again last first; from a stage that has run only
         the blocks missing, those it runs last). The running stage gives at its end (or as its
         final pass frees). Returns what is given."""
+        self._want_pages(need.ram)  # the pages of what it releases for it go to its reads
         by_name = {s.name: s for s in others}
         # What each frees whole: all it holds once the reads it has begun are in (a release
         # stops them).
@@ -252,6 +302,7 @@ class StageKeeper:
             turn.actual = turn.actual or found
         loaded.begin_turn(self._ticks, self.keep)
         self.loaded[spec.name] = loaded
+        self._want_pages()
         if self.prefetch and self.device.type == "cpu":
             # Times its blocks beside the read-ahead, and pauses that where it costs more than
             # it saves (on a GPU a block's time on the host is not its compute's).
@@ -345,9 +396,11 @@ class StageKeeper:
                 # has measured yet: it would take the memory that stage is about to need. It
                 # waits for the stage's end instead (``_end``).
                 self._deferred = kept
+                self._want_pages()  # the pages freed for it would hold that memory meanwhile
                 return
             self._watch(running, kept)
             self._give_now(kept, running)
+            self._want_pages()
             return
         self._size_staging()
         model = self._model(spec)
@@ -362,6 +415,7 @@ class StageKeeper:
         self.loaded[spec.name] = loaded
         self._watch(running, loaded)
         self._give_now(loaded, running)
+        self._want_pages()
 
     @staticmethod
     def _watch(running: LoadedStage, ahead: LoadedStage) -> None:
@@ -435,6 +489,8 @@ class StageKeeper:
             sheddable=loaded.sheddable(),
         )
         departure = leaving.departure
+        if leaving.give:
+            self._freeing_for(index, leaving.give)
         given = loaded.give_back(leaving.give) if leaving.give else 0
         kept = turn.arrival == _core.Arrival.KEPT
         self.records.append(
@@ -469,6 +525,7 @@ class StageKeeper:
         else:
             held = loaded.held_now()
             given_now = loaded.holds.compute_part(held)
+            self._freeing_for(index, held.ram)
             self._release(spec.name)
         deferred, self._deferred = self._deferred, None
         if deferred is not None and deferred.allowance is following and following is not None:
@@ -481,6 +538,7 @@ class StageKeeper:
             # loader, which copies on a stream of its own, takes memory from the default
             # stream's pool only behind an event recorded there (loader_copies.py).
             following.give(given_now)
+        self._want_pages()
 
     def _drop_changed(self, name: str) -> bool:
         """Releases the stage ``name`` kept from an earlier run when its checkpoint changed on disk

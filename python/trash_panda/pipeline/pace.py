@@ -69,6 +69,7 @@ class Pacer(BlockHook):
         self._own0 = (0, 0)
         self._ahead0 = (0, 0)
         self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
         self.clock = time.perf_counter
 
     def watch(self, ahead: ResidentLoader, allowance: _core.Allowance) -> None:
@@ -79,9 +80,9 @@ class Pacer(BlockHook):
             if self.pace.wants_quiet:
                 allowance.hold()
                 self._quiet_hold = True
-                timer = threading.Timer(QUIET_LIMIT, self._end_quiet_hold)
-                timer.daemon = True
-                timer.start()
+                self._timer = threading.Timer(QUIET_LIMIT, self._end_quiet_hold)
+                self._timer.daemon = True
+                self._timer.start()
 
     def pre_forward(self, block: BlockState) -> None:
         self._own0, self._ahead0 = _spans(self.own), _spans(self.ahead)
@@ -125,8 +126,14 @@ class Pacer(BlockHook):
 
     def close(self) -> None:
         # The stage's turn is over: a hold for quiet runs must not outlast it (a pause stays
-        # until the next stage's start opens its allowance).
+        # until the next stage's start opens its allowance), nor its timer: a timer thread still
+        # waiting when the interpreter exits is woken into a finalizing runtime, which aborts
+        # the process.
         self._end_quiet_hold()
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+            timer.join()
 
     def beside(self) -> _core.PaceVerdict | None:
         """What the read-ahead cost this stage's compute, for its record (None: nothing was

@@ -84,7 +84,9 @@ class PipelineRun:
         current = self._current
         if current is None:
             raise ArgumentError("final_pass(): no stage is running; call it inside run.stage(...)")
-        following = self._keeper.ahead_allowance(self._keeper.index(current.name))
+        index = self._keeper.index(current.name)
+        following = self._keeper.ahead_allowance(index)
+        self._keeper.feeding(index)
         current.final = True
         from ..offload.final_pass import final_pass
 

@@ -11,8 +11,8 @@
 //! (`mremap`, Linux). Where the system cannot split a region (Windows) the pool keeps nothing, and
 //! where it cannot move pages (macOS) only a kept region large enough is used.
 //!
-//! Pages kept are the process's memory still: their owner counts them ([`PagePool::idle_bytes`])
-//! and gives them back when no read will want them ([`PagePool::trim`]).
+//! Pages kept are the process's memory still: their owner says how many the reads to come will
+//! take ([`PagePool::want`]), the pool keeps no more, and [`PagePool::trim`] gives back the rest.
 
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -71,6 +71,32 @@ struct State {
     idle_bytes: usize,
     closed: bool,
     stats: PoolStats,
+    /// The most bytes of pages kept: what reads still to come will take ([`PagePool::want`]),
+    /// less what has been taken since; `None`, no bound.
+    wanted: Option<usize>,
+}
+
+impl State {
+    /// Takes kept pieces out until at most `keep` bytes are kept; returns them.
+    fn shed_to(&mut self, keep: usize) -> Vec<Piece> {
+        let mut out = Vec::new();
+        while self.idle_bytes > keep {
+            let Some(mut piece) = self.idle.pop() else {
+                break;
+            };
+            let over = self.idle_bytes - keep;
+            if piece.len > over {
+                let rest = piece.split_off(piece.len - over);
+                self.idle_bytes -= rest.len;
+                self.idle.push(piece);
+                out.push(rest);
+            } else {
+                self.idle_bytes -= piece.len;
+                out.push(piece);
+            }
+        }
+        out
+    }
 }
 
 impl Drop for State {
@@ -147,6 +173,9 @@ impl PagePool {
                 reason: "the length overflows",
             })?;
         let mut state = self.shared.lock();
+        if let Some(w) = state.wanted.as_mut() {
+            *w = w.saturating_sub(len);
+        }
         if let Some(region) = self.cut(&mut state, len) {
             return Ok(region);
         }
@@ -217,6 +246,23 @@ impl PagePool {
         state.stats.reused += moved as u64;
         state.stats.fresh += (len - moved) as u64;
         Ok(region)
+    }
+
+    /// Keeps at most `bytes` of pages from now on (what the reads still to come will take;
+    /// each region handed out counts against it), giving back at once what is kept beyond:
+    /// pages no read will take are memory the process holds for nothing. Returns the bytes
+    /// given back.
+    pub fn want(&self, bytes: usize) -> usize {
+        let shed = {
+            let mut state = self.shared.lock();
+            state.wanted = Some(bytes);
+            state.shed_to(bytes)
+        };
+        let given = shed.iter().map(|p| p.len).sum();
+        for piece in shed {
+            piece.unmap();
+        }
+        given
     }
 
     /// Bytes of pages kept, not handed out.
@@ -312,6 +358,14 @@ fn give_back(shared: &Shared, pieces: Vec<Piece>) {
     for piece in pieces {
         state.idle_bytes += piece.len;
         state.idle.push(piece);
+    }
+    let shed = match state.wanted {
+        Some(keep) => state.shed_to(keep),
+        None => Vec::new(),
+    };
+    drop(state);
+    for piece in shed {
+        piece.unmap();
     }
 }
 

@@ -167,3 +167,29 @@ fn regions_from_many_threads_never_share_a_page() {
         assert!(stats.reused > 0);
     }
 }
+
+#[test]
+fn a_pool_keeps_no_more_than_the_reads_to_come_will_take() {
+    if !PagePool::keeps_pages() {
+        return;
+    }
+    let pool = PagePool::new();
+    let a = pool.take(4 * page()).unwrap();
+    let b = pool.take(2 * page()).unwrap();
+    assert_eq!(pool.want(3 * page()), 0);
+    drop(a);
+    // 3 of the 4 pages kept, the last one given back.
+    assert_eq!(pool.idle_bytes(), 3 * page());
+    // A region handed out counts against what is wanted: 2 pages left to want.
+    let c = pool.take(page()).unwrap();
+    assert_eq!(pool.idle_bytes(), 2 * page());
+    drop(b);
+    assert_eq!(pool.idle_bytes(), 2 * page());
+    // Wanting less gives back the difference at once.
+    assert_eq!(pool.want(page()), page());
+    assert_eq!(pool.idle_bytes(), page());
+    assert_eq!(pool.want(0), page());
+    assert_eq!(pool.idle_bytes(), 0);
+    drop(c);
+    assert_eq!(pool.idle_bytes(), 0);
+}
