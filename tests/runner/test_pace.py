@@ -166,13 +166,20 @@ def test_a_pipeline_pauses_a_costly_read_ahead_and_reads_the_rest_at_the_stage_s
 ) -> None:
     paths, refs = two
     slow = threading.Event()  # set once stage a's own load is in: only b's reads are costly
+    paused = threading.Event()  # set once a's pacer has paused b's reads
+    costly_blocks = [0]
 
     def costly(*args: object, **kwargs: object) -> None:
         overlap.load_block(*args, **kwargs)  # type: ignore[arg-type]
         if slow.is_set():
+            costly_blocks[0] += 1
             until = time.perf_counter() + 0.2
             while time.perf_counter() < until:  # Python, holding the GIL in turns
                 pass
+            if costly_blocks[0] == 6:
+                # However slowly a computes on a loaded machine, b's last blocks wait for the
+                # pacer's weighing: some of b is in before its start, the rest is not.
+                paused.wait(60)
 
     loader_reads(block=costly)
     steps = 0
@@ -198,6 +205,7 @@ def test_a_pipeline_pauses_a_costly_read_ahead_and_reads_the_rest_at_the_stage_s
                     ids, steps = _step(a, ids), steps + 1
                     if time.monotonic() > deadline:
                         break
+                paused.set()
             with run.stage("b") as b:
                 got = b(ids)
         record_a, record_b = pipe.records

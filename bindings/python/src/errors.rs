@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
+use trash_panda::adapter::AdapterError;
 use trash_panda::checkpoint::CheckpointError;
 use trash_panda::dtype::DtypeError;
 use trash_panda::engine_config::{EngineConfigError, ExpandError};
@@ -84,6 +85,13 @@ pub(crate) trait ToPyErr {
 }
 
 impl ToPyErr for CheckpointError {
+    fn to_py(self) -> PyErr {
+        raise(Kind::Checkpoint, self.to_string())
+    }
+}
+
+/// An adapter file that does not fit the model is a file/model mismatch, as a checkpoint's is.
+impl ToPyErr for AdapterError {
     fn to_py(self) -> PyErr {
         raise(Kind::Checkpoint, self.to_string())
     }

@@ -7,6 +7,7 @@
 // Every public item says what it is for; `cargo doc -p trash-panda --no-deps` is the reference.
 #![deny(missing_docs)]
 
+pub mod adapter;
 pub mod checkpoint;
 pub mod dtype;
 pub mod engine_config;

@@ -11,7 +11,7 @@ mod edit;
 #[cfg(test)]
 mod fit_props;
 mod json;
-mod near;
+pub(crate) mod near;
 mod options;
 mod table;
 pub use table::PlanTable;
