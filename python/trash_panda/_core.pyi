@@ -1,6 +1,6 @@
 """Type stubs of the compiled core (checked against the module by mypy.stubtest in `make test`)."""
 
-from collections.abc import Container, Sequence
+from collections.abc import Container, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
 from typing import Any, Literal, final
@@ -66,6 +66,9 @@ __all__ = [
     "read_tensors",
     "read_block",
     "ReadLane",
+    "AdapterMap",
+    "LayerAdapter",
+    "map_adapter",
     "PagePool",
     "Priority",
     "HeldPlace",
@@ -730,6 +733,55 @@ class Priority:
     def __int__(self) -> int: ...
     def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
+
+@final
+class LayerAdapter:
+    """One layer's patch, checked: its layer, kind (`lora`, `lokr`, `loha`), rank, scale and the
+    file's tensors that make it, by part (`down`, `up`, `alpha`, `lokr_w1`, ...).
+    """
+    @property
+    def layer(self) -> str:
+        """The layer's module name in the model."""
+    @property
+    def kind(self) -> str:
+        """`lora`, `lokr` or `loha`."""
+    @property
+    def rank(self) -> int:
+        """Its rank (0 for a LoKr whose factors are both whole)."""
+    @property
+    def scale(self) -> float:
+        """What its update is multiplied by before the user's weight."""
+    @property
+    def parts(self) -> dict[str, str]:
+        """The file's tensor for each part."""
+
+@final
+class AdapterMap:
+    """An adapter file mapped onto a model: the layers it patches, in the model's order, and the
+    tensors it holds for other components of a pipeline (left alone).
+    """
+    @property
+    def layers(self) -> list[LayerAdapter]:
+        """The layers it patches."""
+    @property
+    def skipped(self) -> list[str]:
+        """Tensors for other components."""
+
+def map_adapter(
+    tensors: Sequence[tuple[str, Sequence[int]]],
+    alphas: Mapping[str, float],
+    layers: Sequence[tuple[str, Sequence[int]]],
+    *,
+    component: str | None = None,
+    lora_alpha: float | None = None,
+    use_rslora: bool = False,
+) -> AdapterMap:
+    """Maps an adapter file's `tensors` (name, shape) onto a model's `layers` (module name, weight
+    shape) by the core's rules; `alphas` holds the value of each alpha tensor, by name.
+    `component`: the pipeline component the model is (other components' tensors are skipped);
+    `lora_alpha` and `use_rslora`: PEFT's adapter_config.json. A file that does not fit raises
+    CheckpointError naming the tensor (and, for a key that matches no layer, the nearest ones).
+    """
 
 @final
 class PagePool:

@@ -4,6 +4,7 @@
 
 use pyo3::prelude::*;
 
+mod adapter;
 mod checkpoint;
 mod cli;
 mod dlpack;
@@ -28,6 +29,7 @@ mod sys;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    adapter::register(m)?;
     checkpoint::register(m)?;
     dtype::register(m)?;
     engine_config::register(m)?;

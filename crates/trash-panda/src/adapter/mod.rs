@@ -30,6 +30,17 @@ pub enum AdapterKind {
     Loha,
 }
 
+impl AdapterKind {
+    /// The kind's name (`lora`, `lokr`, `loha`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AdapterKind::Lora => "lora",
+            AdapterKind::Lokr => "lokr",
+            AdapterKind::Loha => "loha",
+        }
+    }
+}
+
 /// A layer of the model an adapter may patch: its name and its weight's shape (`[out, in]` for
 /// a linear layer, `[out, in, kh, kw]` for a convolution).
 #[derive(Debug, Clone, PartialEq, Eq)]

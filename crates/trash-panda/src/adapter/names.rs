@@ -33,11 +33,11 @@ pub enum Part {
 }
 
 impl Part {
-    /// The part's name as LyCORIS and kohya files spell it (for messages).
-    pub fn name(self) -> &'static str {
+    /// The part's short name, one word (`down`, `up`, `alpha`, `lokr_w1`, `hada_w2_b`, ...).
+    pub fn key(self) -> &'static str {
         match self {
-            Part::Down => "lora_down (lora_A)",
-            Part::Up => "lora_up (lora_B)",
+            Part::Down => "down",
+            Part::Up => "up",
             Part::Alpha => "alpha",
             Part::LokrW1 => "lokr_w1",
             Part::LokrW1A => "lokr_w1_a",
@@ -49,6 +49,15 @@ impl Part {
             Part::HadaW1B => "hada_w1_b",
             Part::HadaW2A => "hada_w2_a",
             Part::HadaW2B => "hada_w2_b",
+        }
+    }
+
+    /// The part's name as the files spell it (for messages).
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Down => "lora_down (lora_A)",
+            Part::Up => "lora_up (lora_B)",
+            other => other.key(),
         }
     }
 }
