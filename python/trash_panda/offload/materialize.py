@@ -223,12 +223,12 @@ def materialize_all(
 
     final: list[tuple[TensorSpec, torch.Tensor]] = []
     rest: list[TensorSpec] = []
+    pages = lane.pages if lane is not None else None
     for spec in specs:
         if device.type != "cpu" or not _final_as_read(spec, storage, expand):
             rest.append(spec)
             continue
         info = spec.info
-        pages = lane.pages if lane is not None else None
         final.append((spec, _fresh(tuple(info.shape), torch_dtype(info.dtype), info.nbytes, info.start, pages)))
     requests = [
         (os.fspath(spec.info.file), spec.info.start, t.reshape(-1).view(torch.uint8))

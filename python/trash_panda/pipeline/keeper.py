@@ -127,20 +127,24 @@ class StageKeeper:
         # (a drop it did not see would make its peak look smaller than it was).
         meter_for(torch.device("cpu")).freed_beside(functools.partial(self.pages.want, wanted))
 
-    def _freeing_for(self, index: int, nbytes: int) -> None:
-        """The stage at ``index`` is about to free ``nbytes`` (released, given back or in a final
-        pass), which go to the stage after it: its pages are kept for that stage's reads still
-        waiting, as far as they go."""
-        following = self.loaded.get(self.stages[(index + 1) % len(self.stages)].name)
-        waiting = following.pending().ram - _reads_now(following) if following is not None else 0
-        self._want_pages(min(nbytes, max(0, waiting)))
+    def _following(self, index: int) -> LoadedStage | None:
+        """The stage after ``index``, where it is loaded: what the stage at ``index`` frees goes
+        to it. After the last stage comes the first of the next run (see _start)."""
+        return self.loaded.get(self.stages[(index + 1) % len(self.stages)].name)
+
+    def _freeing_for(self, index: int, nbytes: int | None = None) -> None:
+        """The stage at ``index`` is about to free ``nbytes`` (released or given back; None: as
+        much as a final pass frees), which go to the stage after it: its pages are kept for that
+        stage's reads still waiting, as far as they go."""
+        following = self._following(index)
+        waiting = max(0, following.pending().ram - _reads_now(following)) if following is not None else 0
+        self._want_pages(waiting if nbytes is None else min(nbytes, waiting))
 
     def feeding(self, index: int) -> None:
         """The stage at ``index`` starts a final pass: the blocks it frees go to the stage after
         it, and their pages to that stage's reads still waiting."""
-        following = self.loaded.get(self.stages[(index + 1) % len(self.stages)].name)
-        if following is not None:
-            self._freeing_for(index, following.pending().ram)
+        if self._following(index) is not None:
+            self._freeing_for(index)
 
     def end_run(self) -> None:
         """At a run's end: the pages no stage took back go to the system (a pipeline between
@@ -374,8 +378,7 @@ class StageKeeper:
         for): what the stage at ``index`` frees goes to it. A stage that has started has its
         allowance open already, where more changes nothing."""
         self.settle()
-        # After the last stage comes the first of the next run (see _start).
-        following = self.loaded.get(self.stages[(index + 1) % len(self.stages)].name)
+        following = self._following(index)
         return following.allowance if following is not None else None
 
     def _read_ahead(self, spec: Stage, running: LoadedStage) -> None:

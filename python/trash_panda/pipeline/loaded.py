@@ -45,9 +45,11 @@ __all__ = ["LoadedStage", "free_now", "load_stage"]
 def _to_system(free: Callable[[], int], pages: _core.PagePool | None) -> int:
     """Runs ``free`` (which returns the bytes it freed); returns those of them the system got
     back: less what ``pages`` kept for the next reads."""
-    kept = pages.idle_bytes if pages is not None else 0
+    if pages is None:
+        return free()
+    kept = pages.idle_bytes
     freed = free()
-    return max(0, freed - ((pages.idle_bytes - kept) if pages is not None else 0))
+    return max(0, freed - (pages.idle_bytes - kept))
 
 
 def free_now(device: torch.device) -> _core.Free:

@@ -239,7 +239,11 @@ fn check_layer(
     alphas: &HashMap<String, f64>,
     options: &MapOptions,
 ) -> Result<LayerAdapter, AdapterError> {
-    let shape = |part: Part| parts.get(&part).map(|k| (k.as_str(), shapes[k.as_str()]));
+    let found = Found {
+        layer: &layer.name,
+        parts: &parts,
+        shapes,
+    };
     let has = |ps: &[Part]| ps.iter().any(|p| parts.contains_key(p));
     let kind = if has(&[Part::Down, Part::Up]) {
         AdapterKind::Lora
@@ -261,11 +265,6 @@ fn check_layer(
             missing: "the matrices it scales",
         });
     };
-    let missing = |what: &'static str| AdapterError::Incomplete {
-        layer: layer.name.clone(),
-        has: parts.values().cloned().collect::<Vec<_>>().join(", "),
-        missing: what,
-    };
     let w = &layer.weight;
     if w.len() < 2 {
         return Err(AdapterError::Shape {
@@ -277,8 +276,8 @@ fn check_layer(
     let (out, inp, kernel) = (w[0], w[1], &w[2..]);
     let rank = match kind {
         AdapterKind::Lora => {
-            let (dk, down) = shape(Part::Down).ok_or_else(|| missing("lora_down (lora_A)"))?;
-            let (uk, up) = shape(Part::Up).ok_or_else(|| missing("lora_up (lora_B)"))?;
+            let (dk, down) = found.need(Part::Down)?;
+            let (uk, up) = found.need(Part::Up)?;
             let rank = down.first().copied().unwrap_or(0);
             let down_ok =
                 down.len() == w.len() && rank > 0 && down[1] == inp && &down[2..] == kernel;
@@ -308,8 +307,8 @@ fn check_layer(
             }
             rank
         }
-        AdapterKind::Lokr => check_lokr(layer, &parts, shapes, &missing)?,
-        AdapterKind::Loha => check_loha(layer, &parts, shapes, &missing)?,
+        AdapterKind::Lokr => check_lokr(layer, &found)?,
+        AdapterKind::Loha => check_loha(layer, &found)?,
     };
     let alpha = match parts.get(&Part::Alpha) {
         Some(key) => {
@@ -357,25 +356,47 @@ fn bad(key: &str, found: &[u64], expected: String) -> AdapterError {
     }
 }
 
+/// One layer's parts with their shapes, for the checks.
+struct Found<'a> {
+    layer: &'a str,
+    parts: &'a BTreeMap<Part, String>,
+    shapes: &'a HashMap<&'a str, &'a [u64]>,
+}
+
+impl<'a> Found<'a> {
+    /// The tensor and shape of `part`, where the layer has it.
+    fn get(&self, part: Part) -> Option<(&'a str, &'a [u64])> {
+        self.parts
+            .get(&part)
+            .map(|k| (k.as_str(), self.shapes[k.as_str()]))
+    }
+
+    /// The tensor and shape of `part`, which the layer's adapter needs.
+    fn need(&self, part: Part) -> Result<(&'a str, &'a [u64]), AdapterError> {
+        self.get(part).ok_or_else(|| AdapterError::Incomplete {
+            layer: self.layer.to_owned(),
+            has: self.parts.values().cloned().collect::<Vec<_>>().join(", "),
+            missing: part.name(),
+        })
+    }
+}
+
 /// A LoKr factor, whole or as a product: its shape (rows, cols) and the product's rank (0 when
 /// whole).
 fn lokr_factor(
+    found: &Found<'_>,
     whole: Part,
     left: Part,
     right: Part,
-    parts: &BTreeMap<Part, String>,
-    shapes: &HashMap<&str, &[u64]>,
-    missing: &dyn Fn(&'static str) -> AdapterError,
 ) -> Result<(u64, u64, u64), AdapterError> {
-    let get = |p: Part| parts.get(&p).map(|k| (k.as_str(), shapes[k.as_str()]));
-    if let Some((k, s)) = get(whole) {
+    if let Some((k, s)) = found.get(whole) {
         if s.len() != 2 || s.contains(&0) {
             return Err(bad(k, s, format!("a 2-D {} factor", whole.name())));
         }
         return Ok((s[0], s[1], 0));
     }
-    let (lk, l) = get(left).ok_or_else(|| missing(left.name()))?;
-    let (rk, r) = get(right).ok_or_else(|| missing(right.name()))?;
+    let (lk, l) = found.need(left)?;
+    let (rk, r) = found.need(right)?;
     if l.len() != 2 || l.contains(&0) {
         return Err(bad(lk, l, format!("a 2-D {} matrix", left.name())));
     }
@@ -389,32 +410,13 @@ fn lokr_factor(
     Ok((l[0], r[1], l[1]))
 }
 
-fn check_lokr(
-    layer: &LayerShape,
-    parts: &BTreeMap<Part, String>,
-    shapes: &HashMap<&str, &[u64]>,
-    missing: &dyn Fn(&'static str) -> AdapterError,
-) -> Result<u64, AdapterError> {
-    let (a, c, r1) = lokr_factor(
-        Part::LokrW1,
-        Part::LokrW1A,
-        Part::LokrW1B,
-        parts,
-        shapes,
-        missing,
-    )?;
-    let (b, d, r2) = lokr_factor(
-        Part::LokrW2,
-        Part::LokrW2A,
-        Part::LokrW2B,
-        parts,
-        shapes,
-        missing,
-    )?;
+fn check_lokr(layer: &LayerShape, found: &Found<'_>) -> Result<u64, AdapterError> {
+    let (a, c, r1) = lokr_factor(found, Part::LokrW1, Part::LokrW1A, Part::LokrW1B)?;
+    let (b, d, r2) = lokr_factor(found, Part::LokrW2, Part::LokrW2A, Part::LokrW2B)?;
     let w = &layer.weight;
     let flat_in = w[1..].iter().fold(1u64, |p, &d| p.saturating_mul(d));
     if a.checked_mul(b) != Some(w[0]) || c.checked_mul(d) != Some(flat_in) {
-        let key = parts.values().next().cloned().unwrap_or_default();
+        let key = found.parts.values().next().cloned().unwrap_or_default();
         return Err(AdapterError::Shape {
             key,
             found: vec![a.saturating_mul(b), c.saturating_mul(d)],
@@ -429,12 +431,7 @@ fn check_lokr(
     Ok(if r2 > 0 { r2 } else { r1 })
 }
 
-fn check_loha(
-    layer: &LayerShape,
-    parts: &BTreeMap<Part, String>,
-    shapes: &HashMap<&str, &[u64]>,
-    missing: &dyn Fn(&'static str) -> AdapterError,
-) -> Result<u64, AdapterError> {
+fn check_loha(layer: &LayerShape, found: &Found<'_>) -> Result<u64, AdapterError> {
     let w = &layer.weight;
     let flat_in = w[1..].iter().fold(1u64, |p, &d| p.saturating_mul(d));
     let mut rank = 0;
@@ -442,14 +439,8 @@ fn check_loha(
         (Part::HadaW1A, Part::HadaW1B),
         (Part::HadaW2A, Part::HadaW2B),
     ] {
-        let (lk, l) = parts
-            .get(&left)
-            .map(|k| (k.as_str(), shapes[k.as_str()]))
-            .ok_or_else(|| missing(left.name()))?;
-        let (rk, r) = parts
-            .get(&right)
-            .map(|k| (k.as_str(), shapes[k.as_str()]))
-            .ok_or_else(|| missing(right.name()))?;
+        let (lk, l) = found.need(left)?;
+        let (rk, r) = found.need(right)?;
         if l.len() != 2 || l[0] != w[0] || l[1] == 0 {
             return Err(bad(
                 lk,

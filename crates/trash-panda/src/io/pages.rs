@@ -101,9 +101,7 @@ impl State {
 
 impl Drop for State {
     fn drop(&mut self) {
-        for piece in self.idle.drain(..) {
-            piece.unmap();
-        }
+        unmap_all(std::mem::take(&mut self.idle));
     }
 }
 
@@ -203,7 +201,7 @@ impl PagePool {
         let mut region = match self.fresh(len) {
             Ok(r) => r,
             Err(e) => {
-                self.give_back(moving);
+                give_back(&self.shared, moving);
                 return Err(e);
             }
         };
@@ -258,11 +256,7 @@ impl PagePool {
             state.wanted = Some(bytes);
             state.shed_to(bytes)
         };
-        let given = shed.iter().map(|p| p.len).sum();
-        for piece in shed {
-            piece.unmap();
-        }
-        given
+        unmap_all(shed)
     }
 
     /// Bytes of pages kept, not handed out.
@@ -277,16 +271,8 @@ impl PagePool {
 
     /// Gives every kept page back to the system; returns their bytes.
     pub fn trim(&self) -> usize {
-        let pieces = {
-            let mut state = self.shared.lock();
-            state.idle_bytes = 0;
-            std::mem::take(&mut state.idle)
-        };
-        let bytes = pieces.iter().map(|p| p.len).sum();
-        for piece in pieces {
-            piece.unmap();
-        }
-        bytes
+        let pieces = self.shared.lock().shed_to(0);
+        unmap_all(pieces)
     }
 
     /// Trims the pool and keeps nothing from now on: regions still out go back to the system
@@ -331,10 +317,6 @@ impl PagePool {
             pool: Arc::downgrade(&self.shared),
         })
     }
-
-    fn give_back(&self, pieces: Vec<Piece>) {
-        give_back(&self.shared, pieces);
-    }
 }
 
 /// Adds `n` bytes at `at` of a region to its maps (start, length, moved): a moved piece is a map
@@ -346,13 +328,20 @@ fn push_map(maps: &mut Vec<(usize, usize, bool)>, at: usize, n: usize, moved: bo
     }
 }
 
+/// Gives `pieces` back to the system; returns their bytes.
+fn unmap_all(pieces: Vec<Piece>) -> usize {
+    let bytes = pieces.iter().map(|p| p.len).sum();
+    for piece in pieces {
+        piece.unmap();
+    }
+    bytes
+}
+
 fn give_back(shared: &Shared, pieces: Vec<Piece>) {
     let mut state = shared.lock();
     if state.closed || !PagePool::keeps_pages() {
         drop(state);
-        for piece in pieces {
-            piece.unmap();
-        }
+        unmap_all(pieces);
         return;
     }
     for piece in pieces {
@@ -364,9 +353,7 @@ fn give_back(shared: &Shared, pieces: Vec<Piece>) {
         None => Vec::new(),
     };
     drop(state);
-    for piece in shed {
-        piece.unmap();
-    }
+    unmap_all(shed);
 }
 
 impl PooledPages {
@@ -392,9 +379,7 @@ impl Drop for PooledPages {
         match self.pool.upgrade() {
             Some(shared) => give_back(&shared, pieces),
             None => {
-                for piece in pieces {
-                    piece.unmap();
-                }
+                unmap_all(pieces);
             }
         }
     }
