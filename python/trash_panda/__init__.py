@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import diffusers, dtype, errors
 from ._core import __version__
+from .adapters import AdapterHandle, load_adapter, read_adapter
 from .checkpoint import Checkpoint
 from .errors import (
     ArgumentError,
@@ -34,6 +35,7 @@ from .stage import stage
 from .trace import trace_order
 
 __all__ = [
+    "AdapterHandle",
     "ArgumentError",
     "Checkpoint",
     "CheckpointError",
@@ -57,11 +59,13 @@ __all__ = [
     "dtype",
     "empty_weights",
     "install_offload",
+    "load_adapter",
     "measure_activation_vram",
     "offload_blocks",
     "errors",
     "from_pretrained",
     "plan",
+    "read_adapter",
     "release",
     "stage",
     "stream_load",

@@ -752,6 +752,11 @@ class LayerAdapter:
     def scale(self) -> float:
         """What its update is multiplied by before the user's weight."""
     @property
+    def alpha(self) -> float:
+        """The alpha `scale` divides by the rank (the rank itself where the file gives none; 0
+        with no rank): what PEFT takes with the rank.
+        """
+    @property
     def parts(self) -> dict[str, str]:
         """The file's tensor for each part."""
 

@@ -5,10 +5,11 @@ touched."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from . import _core
 from .checkpoint import Checkpoint
@@ -17,7 +18,7 @@ from .errors import ArgumentError, CheckpointError
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["read_adapter"]
+__all__ = ["AdapterHandle", "load_adapter", "read_adapter"]
 
 # The names PEFT and diffusers save an adapter's weights under, in a folder.
 ADAPTER_FILES = ("adapter_model.safetensors", "pytorch_lora_weights.safetensors")
@@ -101,3 +102,265 @@ def _layers(model: nn.Module) -> list[tuple[str, list[int]]]:
         if weight.dim() in (2, 4):
             out.append((name, list(weight.shape)))
     return out
+
+
+# PEFT's config class and parameter names for each kind of adapter the core maps.
+_PEFT_KINDS = {"lora": "LoraConfig", "loha": "LoHaConfig", "lokr": "LoKrConfig"}
+_PEFT_PARTS = {"down": "lora_A.weight", "up": "lora_B.weight"}
+# Where a model keeps the adapters load_adapter put on it, in the order they were loaded.
+_LOADED_ATTR = "_trash_panda_adapters"
+
+
+class AdapterHandle:
+    """An adapter :func:`load_adapter` put on a model: ``scale`` (settable: the user's weight
+    on top of the file's alpha / rank), ``merge()`` and ``unmerge()`` (into the layers'
+    weights; on a streamed layer the merge is made on each copy it runs with, and an unmerge
+    gives back the checkpoint's bits), ``remove()``. ``layers`` names the layers it patches and
+    ``nbytes`` what its matrices hold on the device."""
+
+    def __init__(self, model: nn.Module, name: str, kind: str, layers: list[str], scale: float) -> None:
+        self.model = model
+        self.name = name
+        self.kind = kind
+        self.layers = layers
+        self._scale = scale
+        self.removed = False
+
+    def __repr__(self) -> str:
+        state = "removed" if self.removed else f"{len(self.layers)} layers, scale {self._scale:g}"
+        return f"AdapterHandle({self.name!r}, {self.kind}, {state})"
+
+    def _tuner_layers(self) -> list[Any]:
+        if self.removed:
+            raise ArgumentError(f"adapter {self.name!r} was removed from the model")
+        modules = dict(self.model.named_modules())
+        return [modules[n] for n in self.layers]
+
+    @property
+    def scale(self) -> float:
+        """The user's weight on the adapter (1: the file's alpha / rank alone); setting it
+        changes no weight and reads nothing."""
+        return self._scale
+
+    @scale.setter
+    def scale(self, value: float) -> None:
+        scale = _check_scale(value)
+        for layer in self._tuner_layers():
+            if self.name in layer.merged_adapters:
+                raise ArgumentError(f"adapter {self.name!r} is merged: unmerge() it before changing its scale")
+        for layer in self._tuner_layers():
+            layer.set_scale(self.name, scale)
+        self._scale = scale
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its matrices (where the model computes)."""
+        from torch import nn
+
+        total = 0
+        for layer in self._tuner_layers():
+            for attr in layer.adapter_layer_names:
+                held = getattr(layer, attr)
+                if self.name in held:
+                    found = held[self.name]
+                    params = list(found.parameters()) if isinstance(found, nn.Module) else [found]
+                    total += sum(p.numel() * p.element_size() for p in params)
+        return total
+
+    @property
+    def merged(self) -> bool:
+        """Whether it is merged into a layer's weight."""
+        return any(self.name in layer.merged_adapters for layer in self._tuner_layers())
+
+    def merge(self) -> None:
+        """Merges it into its layers' weights (PEFT's merge)."""
+        for layer in self._tuner_layers():
+            layer.merge(adapter_names=[self.name])
+
+    def unmerge(self) -> None:
+        """Takes it out of its layers' weights again (with the other adapters merged there, as
+        PEFT's unmerge does: every merge of the layer is undone)."""
+        for layer in self._tuner_layers():
+            if self.name in layer.merged_adapters:
+                layer.unmerge()
+
+    def remove(self) -> None:
+        """Takes it off the model: a merge is undone first, and a layer left with no adapter is
+        the model's own layer again. Calling it again does nothing."""
+        if self.removed:
+            return
+        self.unmerge()
+        modules = dict(self.model.named_modules())
+        for name in self.layers:
+            layer = modules[name]
+            layer.delete_adapter(self.name)
+            if not layer._all_available_adapter_names():
+                parent, _, child = name.rpartition(".")
+                setattr(modules[parent] if parent else self.model, child, layer.get_base_layer())
+        config = getattr(self.model, "peft_config", None)
+        if isinstance(config, dict):
+            config.pop(self.name, None)
+            if not config:
+                del self.model.peft_config
+        loaded = self.model.__dict__.get(_LOADED_ATTR, [])
+        if self.name in loaded:
+            loaded.remove(self.name)
+        self.removed = True
+
+
+def _peft_config(
+    kind: str,
+    targets: list[str],
+    ranks: dict[str, int],
+    alphas: dict[str, float],
+    use_rslora: bool,
+    decompose_both: bool,
+) -> Any:
+    """PEFT's config for the layers ``targets``, each with its rank and alpha."""
+    import peft
+
+    # PEFT types alpha as an int; a file's alpha may be any number, which PEFT divides as well.
+    r, alpha = next(iter(ranks.values())), cast(Any, next(iter(alphas.values())))
+    if kind == "lora":
+        return peft.LoraConfig(
+            r=r,
+            lora_alpha=alpha,
+            target_modules=targets,
+            rank_pattern=ranks,
+            alpha_pattern=alphas,
+            use_rslora=use_rslora,
+            init_lora_weights=False,
+        )
+    if kind == "loha":
+        return peft.LoHaConfig(
+            r=r, alpha=alpha, target_modules=targets, rank_pattern=ranks, alpha_pattern=alphas, init_weights=False
+        )
+    return peft.LoKrConfig(
+        r=r,
+        alpha=alpha,
+        target_modules=targets,
+        rank_pattern=ranks,
+        alpha_pattern=alphas,
+        decompose_both=decompose_both,
+        init_weights=False,
+    )
+
+
+def _is_adapter_key(key: str, name: str) -> bool:
+    """Whether ``key`` (a model's state dict key) is a weight of the adapter ``name``
+    (``...lora_A.<name>.weight``, ``...hada_w1_a.<name>``)."""
+    parts = key.split(".")
+    return any(p.startswith(("lora_", "hada_", "lokr_")) and nxt == name for p, nxt in itertools.pairwise(parts))
+
+
+def _undo(model: nn.Module, name: str, layers: list[str]) -> None:
+    """Takes a half-loaded adapter off again."""
+    AdapterHandle(model, name, "", layers, 1.0).remove()
+
+
+def _check_scale(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise ArgumentError(f"scale: expected a number, got {value!r}")
+    return float(value)
+
+
+def load_adapter(
+    model: nn.Module,
+    path: str | os.PathLike[str],
+    *,
+    scale: float = 1.0,
+    name: str | None = None,
+    component: str | None = None,
+) -> AdapterHandle:
+    """Puts the adapter at ``path`` (LoRA, LoHa or LoKr, in PEFT's, diffusers', kohya's or
+    LyCORIS' naming: see :func:`read_adapter`) on ``model``, streamed or not, as PEFT's layers
+    (the calls of PEFT and diffusers then see it), active beside the adapters loaded before it.
+    ``scale`` multiplies the file's alpha / rank; ``name`` is its name among the model's
+    adapters (by default the file's stem); ``component`` as for :func:`read_adapter`.
+    Nothing of the model's weights is read again. Needs PEFT."""
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    scale = _check_scale(scale)
+    if component is not None and (not isinstance(component, str) or not component):
+        raise ArgumentError(f"component: expected a component's name (unet, transformer, ...), got {component!r}")
+    file = _adapter_file(Path(path))
+    if name is None:
+        name = file.parent.name if file.name in ADAPTER_FILES else file.stem
+    if not isinstance(name, str) or not name or "." in name:
+        raise ArgumentError(f"name: expected a name without dots, got {name!r}")
+    loaded = model.__dict__.setdefault(_LOADED_ATTR, [])
+    config = getattr(model, "peft_config", None)
+    if name in loaded or (isinstance(config, dict) and name in config):
+        raise ArgumentError(f"name: the model already has an adapter named {name!r}; pass another name")
+    try:
+        import peft  # noqa: F401
+    except ImportError as e:
+        raise ArgumentError("load_adapter needs PEFT: pip install peft") from e
+    return _load_adapter(model, file, scale, name, component)
+
+
+def _load_adapter(model: nn.Module, file: Path, scale: float, name: str, component: str | None) -> AdapterHandle:
+    import re
+
+    from peft import inject_adapter_in_model, set_peft_model_state_dict
+
+    from .offload.tuner_layers import watch_peft
+
+    watch_peft()
+    mapped = _read_adapter(model, file, component)
+    kinds = sorted({layer.kind for layer in mapped.layers})
+    if not kinds:
+        raise CheckpointError(f"{file}: holds no adapter for this model (every tensor is another component's)")
+    if len(kinds) > 1:
+        raise CheckpointError(f"{file}: mixes kinds of adapters ({', '.join(kinds)}); one kind per file is supported")
+    kind = kinds[0]
+    shapes = dict(_layers(model))
+    ckpt = Checkpoint(file)
+    ranks: dict[str, int] = {}
+    alphas: dict[str, float] = {}
+    state: dict[str, Any] = {}
+    for layer in mapped.layers:
+        key = re.escape(layer.layer)
+        if layer.rank:
+            ranks[key], alphas[key] = layer.rank, layer.alpha
+        else:
+            # A LoKr of whole factors: PEFT keeps a factor whole where the rank is at least half
+            # its size, and scales by alpha / rank (here 1).
+            ranks[key] = max(shapes[layer.layer])
+            alphas[key] = float(ranks[key])
+        for part, tensor in layer.parts.items():
+            if part == "alpha":
+                continue
+            value = ckpt.read(tensor)
+            if kind == "lora" and len(shapes[layer.layer]) == 2 and value.dim() == 4:
+                value = value.reshape(value.shape[0], value.shape[1])  # a linear layer's LoRA saved as 1x1
+            state[f"{layer.layer}.{_PEFT_PARTS.get(part, part)}"] = value
+    _alpha, use_rslora = _config(file.parent / "adapter_config.json")
+    # PEFT takes the first pattern that matches the end of a layer's name: the longest first.
+    order = sorted(ranks, key=len, reverse=True)
+    config = _peft_config(
+        kind,
+        [layer.layer for layer in mapped.layers],
+        {k: ranks[k] for k in order},
+        {k: alphas[k] for k in order},
+        use_rslora,
+        decompose_both=any("lokr_w1_a" in layer.parts for layer in mapped.layers),
+    )
+    inject_adapter_in_model(config, model, adapter_name=name)
+    result = set_peft_model_state_dict(model, state, adapter_name=name)
+    missing = [k for k in getattr(result, "missing_keys", []) if _is_adapter_key(k, name)]
+    if missing:
+        _undo(model, name, [layer.layer for layer in mapped.layers])
+        raise CheckpointError(f"{file}: the adapter's weights do not fit its layers: {missing[:3]} were not filled")
+    loaded = model.__dict__.setdefault(_LOADED_ATTR, [])
+    loaded.append(name)
+    handle = AdapterHandle(model, name, kind, [layer.layer for layer in mapped.layers], 1.0)
+    modules = dict(model.named_modules())
+    for layer_name in handle.layers:
+        layer = modules[layer_name]
+        layer.set_adapter([n for n in loaded if n in layer._all_available_adapter_names()], inference_mode=True)
+    if scale != 1.0:
+        handle.scale = scale
+    return handle

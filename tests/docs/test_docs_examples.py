@@ -34,10 +34,19 @@ def _sd(folder: Path) -> Path:
     return make_sd(folder)
 
 
+def _sd_lora(folder: Path) -> Path:
+    from support.adapters import sd_loras
+    from support.hf_folders import make_sd
+
+    folder.mkdir()
+    return sd_loras(make_sd(folder / "sd"), folder)["a"]
+
+
 # The large models the pages name, and the tiny ones made in their place.
 FOLDERS: dict[str, Callable[[Path], Path]] = {
     '"target/demo-llama-6gb"': _llama,
     '"path/to/stable-diffusion"': _sd,
+    '"path/to/raccoon-lora"': _sd_lora,
 }
 
 

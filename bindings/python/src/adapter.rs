@@ -21,6 +21,9 @@ pub(crate) struct PyLayerAdapter {
     rank: u64,
     /// What its update is multiplied by before the user's weight.
     scale: f64,
+    /// The alpha `scale` divides by the rank (the rank itself where the file gives none; 0
+    /// with no rank): what PEFT takes with the rank.
+    alpha: f64,
     /// The file's tensor for each part.
     parts: HashMap<&'static str, String>,
 }
@@ -80,6 +83,7 @@ fn map_adapter(
                 kind: l.kind.name(),
                 rank: l.rank,
                 scale: l.scale,
+                alpha: l.alpha,
                 parts: l.parts.into_iter().map(|(p, k)| (p.key(), k)).collect(),
             })
             .collect(),

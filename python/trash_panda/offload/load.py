@@ -24,6 +24,7 @@ from .materialize import guard_lookup_tables, load_buffers, map_lookup_tables, m
 from .meter import paused
 from .outside import outside_modules
 from .state import STATE_ATTR, BlockState, ModelState, TensorSpec, clear_released, get_state, register_model
+from .tuner_layers import watch_peft
 
 if TYPE_CHECKING:
     import torch
@@ -377,6 +378,7 @@ def _stream_load(
     guard_lookup_tables(model, tables, ckpt)
     setattr(model, STATE_ATTR, state)
     register_model(model)
+    watch_peft()  # PEFT's adapters on it go to its device and merge into what it brings
     report.seconds = time.perf_counter() - t_start
     log_report(report)
     return report

@@ -77,6 +77,10 @@ pub struct LayerAdapter {
     /// What `ΔW` is multiplied by before the user's weight: alpha / rank (or / sqrt(rank)), 1
     /// where the file gives no alpha and no `lora_alpha` is set.
     pub scale: f64,
+    /// The alpha that `scale` divides by the rank: the file's, or `lora_alpha`, or the rank
+    /// itself where neither is given (0 with no rank). PEFT takes alpha and rank, not the scale,
+    /// and computes `weight * alpha / rank` on each change of the user's weight.
+    pub alpha: f64,
     /// The tensors of the file that make it, by part.
     pub parts: BTreeMap<Part, String>,
 }
@@ -330,16 +334,18 @@ fn check_layer(
         }
         None => options.lora_alpha,
     };
-    let scale = match (alpha, rank) {
-        (_, 0) | (None, _) => 1.0,
-        (Some(a), r) if options.use_rslora => a / (r as f64).sqrt(),
-        (Some(a), r) => a / r as f64,
+    let (scale, alpha) = match (alpha, rank) {
+        (_, 0) => (1.0, 0.0),
+        (None, r) => (1.0, r as f64),
+        (Some(a), r) if options.use_rslora => (a / (r as f64).sqrt(), a),
+        (Some(a), r) => (a / r as f64, a),
     };
     Ok(LayerAdapter {
         layer: layer.name.clone(),
         kind,
         rank,
         scale,
+        alpha,
         parts,
     })
 }

@@ -129,6 +129,10 @@ fn a_peft_lora_maps_with_its_config_s_alpha() {
     };
     let m = map(&tensors, &[], &options).unwrap();
     assert_eq!(m.layers.len(), 2);
+    assert_eq!(m.layers[0].alpha, 8.0);
+    // No lora_alpha: the scale is 1, and the alpha PEFT takes is the rank.
+    let plain = map(&tensors, &[], &MapOptions::default()).unwrap();
+    assert_eq!((plain.layers[0].scale, plain.layers[0].alpha), (1.0, 4.0));
     assert_eq!(m.layers[0].layer, "down_blocks.0.attentions.0.to_q");
     assert_eq!(
         (m.layers[0].kind, m.layers[0].rank, m.layers[0].scale),
@@ -145,7 +149,8 @@ fn a_peft_lora_maps_with_its_config_s_alpha() {
     )
     .unwrap();
     assert_eq!(rs.layers[0].scale, 4.0); // 8 / sqrt(4)
-                                         // No alpha anywhere: a scale of 1.
+    assert_eq!(rs.layers[0].alpha, 8.0);
+    // No alpha anywhere: a scale of 1.
     assert_eq!(
         map(&tensors, &[], &MapOptions::default()).unwrap().layers[0].scale,
         1.0

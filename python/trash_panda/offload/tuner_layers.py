@@ -1,0 +1,320 @@
+"""PEFT's tuner layers (LoRA, LoHa, LoKr, ... as diffusers' ``load_lora_weights`` and
+``PeftModel`` put them) on a streamed model.
+
+Between two runs a streamed layer holds a meta placeholder, not its weight, and PEFT reads the
+base weight where that matters:
+
+- a new adapter is moved to its base weight's device and dtype (by the layer, then again by the
+  model-level tuner that put it in): on a placeholder that is the meta device, which drops the
+  adapter's values (the model then computes NaNs). Here an adapter goes to the device the
+  streamed model computes on, in the dtype the layer computes in;
+- a merge (``fuse_lora()``, ``merge_adapter()``) adds ``ΔW`` to the weight in place: on a
+  placeholder, nothing, and the layer then runs without its adapter. Here the merge is recorded
+  on the streamed layer, and each time the layer runs its weight is a copy of the brought one
+  with PEFT's own merge applied (the same code, so the same bits as merging the plain model);
+  an unmerge forgets the record, which gives back the checkpoint's exact bits. A merge that
+  outlives its tuner layer (``unload_lora_weights()`` after ``fuse_lora()``, as on the plain
+  model) stays.
+
+Layers whose weights are real (resident blocks, the weights outside the blocks) are left to
+PEFT. The patch is put on PEFT's classes once, when PEFT is imported after a model was streamed
+or a model is streamed after PEFT was imported, and does nothing for a model that is not
+streamed.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from .registry import model_hooks
+from .state import get_state, live_models
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from .state import ModelState, TensorSpec
+
+__all__ = ["MERGE_HOOK", "merged_layers", "watch_peft"]
+
+# The module hooks that merge recorded adapters into a streamed layer's brought weights.
+MERGE_HOOK = "adapter_merge"
+# PEFT's package (patched once its import is done: every tuner's classes then exist) and where it
+# keeps its tuners' base classes.
+_PEFT = "peft"
+_TUNERS = "peft.tuners.tuners_utils"
+# Where a streamed layer keeps the merges recorded on it.
+_MERGES_ATTR = "_trash_panda_merges"
+
+_lock = threading.Lock()
+_patched = False
+
+
+@dataclass
+class Merge:
+    """One merge of a tuner layer into a streamed layer, as PEFT was asked for it."""
+
+    layer: nn.Module  # the tuner layer (kept: a merge outlives the layer's unload)
+    adapters: list[str]
+    merge: Callable[..., None]  # PEFT's own merge of the layer's class
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def watch_peft() -> None:
+    """Puts the patch on PEFT's tuner layers now if PEFT is imported, else as soon as it is."""
+    global _patched
+    with _lock:
+        if _patched:
+            return
+        module = sys.modules.get(_TUNERS)
+        if module is None or _PEFT not in sys.modules:
+            if not any(isinstance(f, _PeftFinder) for f in sys.meta_path):
+                sys.meta_path.insert(0, _PeftFinder())
+            return
+        _patch(module)
+        _patched = True
+
+
+class _PeftFinder(importlib.abc.MetaPathFinder):
+    """Patches PEFT's tuner layers right after PEFT's package is imported."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
+        if fullname != _PEFT:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... as the loader's
+        return getattr(self.loader, name)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        global _patched
+        self.loader.exec_module(module)
+        with _lock:
+            tuners = sys.modules.get(_TUNERS)
+            if not _patched and tuners is not None:
+                _patch(tuners)
+                _patched = True
+            sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PeftFinder)]
+
+
+def _patch(tuners: ModuleType) -> None:
+    try:
+        _patch_classes(tuners)
+    except AttributeError as e:  # a PEFT whose classes we do not know
+        warnings.warn(
+            f"trash_panda: PEFT's tuner layers are not what this version knows ({e}): adapters "
+            "added to a streamed model may not work",
+            stacklevel=2,
+        )
+
+
+def _patch_classes(tuners: ModuleType) -> None:
+    base = tuners.BaseTunerLayer
+    find = base._get_base_layer_device_and_dtype
+
+    @functools.wraps(find)
+    def device_and_dtype(self: Any, base_layer: nn.Module) -> tuple[Any, Any]:
+        found = _streamed_weight(base_layer)
+        if found is None:
+            device, dtype = find(self, base_layer)
+            return device, dtype
+        state, spec = found
+        return state.device, spec.target
+
+    base._get_base_layer_device_and_dtype = device_and_dtype
+    # A model-level tuner moves each new layer to its base's weight's device.
+    for cls in [tuners.BaseTuner, *_subclasses(tuners.BaseTuner)]:
+        if "_replace_module" in cls.__dict__:
+            cls._replace_module = _replacing(cls.__dict__["_replace_module"])
+    # Every layer class with a merge of its own (the tuners PEFT imports with its base class).
+    for cls in _subclasses(base):
+        if "merge" in cls.__dict__:
+            setattr(cls, "merge", _merging(cls.__dict__["merge"]))  # noqa: B010
+        if "unmerge" in cls.__dict__:
+            setattr(cls, "unmerge", _unmerging(cls.__dict__["unmerge"]))  # noqa: B010
+
+
+def _subclasses(cls: type) -> list[type]:
+    out: list[type] = []
+    todo = [cls]
+    while todo:
+        subs: list[type] = todo.pop().__subclasses__()
+        for sub in subs:
+            if sub not in out:
+                out.append(sub)
+                todo.append(sub)
+    return out
+
+
+def _replacing(replace: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(replace)
+    def patched(self: Any, parent: nn.Module, child_name: str, new_module: nn.Module, child: nn.Module) -> None:
+        base = getattr(child, "base_layer", child)
+        found = _streamed_weight(base)
+        if found is None:
+            return replace(self, parent, child_name, new_module, child)
+        import torch
+        from torch import nn
+
+        # It reads the device off the weight: an empty one on the model's device stands in for
+        # the placeholder while it runs.
+        state, spec = found
+        stand_in = nn.Parameter(torch.empty(0, device=state.device, dtype=spec.target), requires_grad=False)
+        spec.put(stand_in)
+        try:
+            return replace(self, parent, child_name, new_module, child)
+        finally:
+            spec.put(spec.placeholder)
+
+    return patched
+
+
+def _merging(merge: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(merge)
+    def patched(self: Any, safe_merge: bool = False, adapter_names: list[str] | None = None, **kwargs: Any) -> None:
+        base = self.get_base_layer()
+        if _streamed_weight(base) is None:
+            return merge(self, safe_merge=safe_merge, adapter_names=adapter_names, **kwargs)
+        from peft.tuners.tuners_utils import check_adapters_to_merge
+
+        names = [n for n in check_adapters_to_merge(self, adapter_names) if _holds(self, n)]
+        if not names:
+            return None
+        record = Merge(self, names, merge, dict(kwargs, safe_merge=safe_merge))
+        _set_merges(base, [*merged_layers(base), record])
+        self.merged_adapters.extend(names)
+        return None
+
+    return patched
+
+
+def _unmerging(unmerge: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(unmerge)
+    def patched(self: Any, *args: Any, **kwargs: Any) -> None:
+        base = self.get_base_layer()
+        if _streamed_weight(base) is None:
+            return unmerge(self, *args, **kwargs)
+        _set_merges(base, [m for m in merged_layers(base) if m.layer is not self])
+        self.merged_adapters.clear()
+        return None
+
+    return patched
+
+
+def _holds(layer: Any, adapter: str) -> bool:
+    """Whether the tuner layer has weights for ``adapter`` (PEFT merges only those)."""
+    for name in layer.adapter_layer_names:
+        held = getattr(layer, name, None)
+        if held is not None and adapter in held:
+            return True
+    return False
+
+
+def merged_layers(module: nn.Module) -> list[Merge]:
+    """The merges recorded on a streamed layer, in the order they were made."""
+    found: list[Merge] = module.__dict__.get(_MERGES_ATTR, [])
+    return found
+
+
+def _set_merges(module: nn.Module, merges: list[Merge]) -> None:
+    if merges:
+        module.__dict__[_MERGES_ATTR] = merges
+    else:
+        module.__dict__.pop(_MERGES_ATTR, None)
+    found = _owner(module)
+    if found is not None:
+        _hook_merges(*found)
+
+
+def _streamed_weight(module: nn.Module) -> tuple[ModelState, TensorSpec] | None:
+    """The streamed model and tensor whose placeholder ``module`` holds as its weight, if any."""
+    weight = module._parameters.get("weight") if hasattr(module, "_parameters") else None
+    if weight is None or not weight.is_meta:
+        return None
+    found = _owner(module)
+    if found is None:
+        return None
+    state = found[1]
+    for spec in state.specs_of(module):
+        if spec.placeholder is weight:
+            return state, spec
+    return None
+
+
+def _owner(module: nn.Module) -> tuple[nn.Module, ModelState] | None:
+    """The loaded model whose blocks hold ``module``, and its state."""
+    for model in live_models():
+        state = get_state(model)
+        if state is not None and state.specs_of(module):
+            return model, state
+    return None
+
+
+def _hook_merges(model: nn.Module, state: ModelState) -> None:
+    """Puts the merge hooks on the model's layers that have merges recorded (and on no other)."""
+    hooks = model_hooks(model)
+    hooks.remove(MERGE_HOOK)
+    for module in state.modules_with_specs():
+        if merged_layers(module):
+            held: list[tuple[TensorSpec, torch.Tensor]] = []
+            ref = weakref.ref(module)
+            hooks.on_module_start(MERGE_HOOK, module, functools.partial(_merge_in, ref, state, held))
+            hooks.on_module_end(MERGE_HOOK, module, functools.partial(_give_back, held))
+
+
+def _merge_in(ref: weakref.ref[nn.Module], state: ModelState, held: list[tuple[TensorSpec, torch.Tensor]]) -> None:
+    """Before the layer runs: its brought weights become copies with PEFT's merges applied."""
+    from torch import nn
+
+    module = ref()
+    if module is None:
+        return
+    merges = merged_layers(module)
+    if not merges:
+        return
+    for spec in state.specs_of(module):
+        param = spec.held()
+        if param is None or param.is_meta:
+            continue
+        held.append((spec, param))
+        spec.put(nn.Parameter(param.detach().clone(), requires_grad=False))
+    for m in merges:
+        layer: Any = m.layer
+        kept = list(layer.merged_adapters)
+        layer.merged_adapters = []
+        try:
+            m.merge(layer, adapter_names=m.adapters, **m.kwargs)
+        finally:
+            layer.merged_adapters = kept
+
+
+def _give_back(held: list[tuple[TensorSpec, torch.Tensor]]) -> None:
+    """After the layer ran: the brought weights go back under it (staging gives them back)."""
+    while held:
+        spec, param = held.pop()
+        spec.put(param)

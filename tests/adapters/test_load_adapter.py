@@ -1,0 +1,192 @@
+"""trash_panda.load_adapter on a streamed model (blocks on every tier, in fp32 and bf16): a LoRA
+saved by PEFT, the same LoRA in kohya's naming, and a LoHa and a LoKr made by PEFT and saved in
+LyCORIS' naming each give the outputs of the plain model carrying the same adapter through PEFT,
+bit for bit; a new scale, a second adapter, a merge and an unmerge (the checkpoint's bits back),
+and remove() do too. Bad names and files are refused."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import trash_panda as tp
+from support.checkpoints import every_tier, ids, reference
+from support.models import Tiny, on_meta, save
+
+peft = pytest.importorskip("peft")
+
+from peft import LoHaConfig, LoKrConfig, LoraConfig, get_peft_model_state_dict, inject_adapter_in_model  # noqa: E402
+from peft.tuners.tuners_utils import BaseTunerLayer  # noqa: E402
+
+TARGETS = ["up", "down", "head"]
+
+
+def _config(kind: str, rank: int) -> Any:
+    if kind == "lora":
+        return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS, init_lora_weights=False)
+    if kind == "loha":
+        return LoHaConfig(r=rank, alpha=3 * rank, target_modules=TARGETS, init_weights=False)
+    return LoKrConfig(r=rank, alpha=3 * rank, target_modules=TARGETS, init_weights=False, decompose_both=True)
+
+
+def _adapted(base: Tiny, kind: str, rank: int, seed: int, name: str) -> dict[str, torch.Tensor]:
+    """Puts a PEFT adapter named ``name`` on ``base`` (random, non-zero) and returns its weights
+    as PEFT saves them."""
+    torch.manual_seed(seed)
+    inject_adapter_in_model(_config(kind, rank), base, adapter_name=name)
+    with torch.no_grad():  # LoRA's B and LoHa/LoKr's second factor start at zero or tiny
+        for layer in base.modules():
+            if isinstance(layer, BaseTunerLayer):
+                for attr in layer.adapter_layer_names:
+                    held = getattr(layer, attr)
+                    if name in held:
+                        found = held[name]
+                        for p in found.parameters() if isinstance(found, torch.nn.Module) else [found]:
+                            p.copy_(torch.randn(p.shape) * 0.2)
+    return get_peft_model_state_dict(base, adapter_name=name)
+
+
+def _kohya(state: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
+    """PEFT's names in kohya's / LyCORIS' form: ``lora_unet_<path with _>.<part>``, an alpha each."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        for peft_part, part in (("lora_A.weight", "lora_down.weight"), ("lora_B.weight", "lora_up.weight")):
+            key = key.replace(peft_part, part)
+        layer, _, part = key.rpartition(".lora_") if ".lora_" in key else key.rpartition(".")
+        if ".lora_" in key:
+            part = "lora_" + part
+        prefix = "lora_unet_" + layer.replace(".", "_")
+        out[f"{prefix}.{part}"] = value.contiguous()
+        out[f"{prefix}.alpha"] = torch.tensor(alpha)
+    return out
+
+
+def _files(tmp: Path, kind: str, base: Tiny, rank: int, seed: int, name: str) -> tuple[dict[str, Path], Tiny]:
+    """The adapter in each format it is saved in, and the plain model carrying it."""
+    state = _adapted(base, kind, rank, seed, name)
+    files = {}
+    if kind == "lora":
+        folder = tmp / f"peft-{name}"
+        folder.mkdir()
+        save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "adapter_model.safetensors"))
+        (folder / "adapter_config.json").write_text(json.dumps({"lora_alpha": 2 * rank, "r": rank}))
+        files["peft"] = folder
+        files["kohya"] = tmp / f"kohya-{name}.safetensors"
+        save_file(_kohya(state, 2 * rank), str(files["kohya"]))
+    else:
+        files["lycoris"] = tmp / f"lycoris-{name}.safetensors"
+        save_file(_kohya(state, 3 * rank), str(files["lycoris"]))
+    return files, base
+
+
+def _plain(tmp: Path, kind: str, dtype: torch.dtype) -> tuple[dict[str, Path], dict[str, Path], Tiny, list[Any]]:
+    """Adapters ``a`` (rank 4) and ``b`` (rank 2) saved in each format, and the plain model
+    carrying both through PEFT, with its tuner layers."""
+    tmp.mkdir()
+    plain = reference(torch.float32).to(dtype)
+    first, plain = _files(tmp, kind, plain, 4, 1, "a")
+    second, plain = _files(tmp, kind, plain, 2, 2, "b")
+    return first, second, plain, [m for m in plain.modules() if isinstance(m, BaseTunerLayer)]
+
+
+def _streamed(path: Path) -> Tiny:
+    model = on_meta(Tiny)
+    tp.stream_load(model, path, plan=every_tier(), device="cpu")  # computes in the file's dtype
+    tp.install_offload(model)
+    return model
+
+
+CASES = [("lora", "peft"), ("lora", "kohya"), ("loha", "lycoris"), ("lokr", "lycoris")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("kind", "form"), CASES, ids=[f"{k}-{f}" for k, f in CASES])
+def test_load_adapter_equals_peft_on_the_plain_model(tmp_path: Path, kind: str, form: str, dtype: torch.dtype) -> None:
+    ref = reference(torch.float32)
+    path = save(ref, tmp_path / "tiny.safetensors", dtype)
+    files, second, plain, layers = _plain(tmp_path / "first", kind, dtype)
+    x = ids()
+    with torch.no_grad():
+        for layer in layers:
+            layer.set_adapter(["a"])
+        want = {"a": plain(x)}
+        for layer in layers:
+            layer.set_scale("a", 0.5)
+        want["scaled"] = plain(x)
+        for layer in layers:
+            layer.set_adapter(["a", "b"])
+        want["both"] = plain(x)
+        for layer in layers:
+            layer.merge(adapter_names=["a", "b"])
+        want["merged"] = plain(x)
+        # PEFT's unmerge subtracts what it added (not always the bits there were) from the
+        # layers it merged in place, the resident blocks' and the head's, as on the plain
+        # model; the streamed ones are the checkpoint's again.
+        _, _, again, again_layers = _plain(tmp_path / "again", kind, dtype)
+        for name, layer in again.named_modules():
+            if isinstance(layer, BaseTunerLayer):
+                layer.set_scale("a", 0.5)
+                layer.set_adapter(["a", "b"])
+                if name.startswith(("blocks.0.", "blocks.1.", "head")):
+                    layer.merge(adapter_names=["a", "b"])
+                    layer.unmerge()
+        want["unmerged"] = again(x)
+        for layer in again_layers:
+            layer.enable_adapters(False)
+        want["removed"] = again(x)  # the base weights, those PEFT unmerged included
+    model = _streamed(path)
+    try:
+        with torch.no_grad():
+            bare = model(x)
+            a = tp.load_adapter(model, files[form], name="a")
+            assert a.kind == kind and sorted(a.layers) == sorted(n for n, m in plain.named_modules() if m in layers)
+            assert a.nbytes > 0
+            assert torch.equal(model(x), want["a"]), "a"
+            assert not torch.equal(want["a"], bare)
+            a.scale = 0.5
+            assert torch.equal(model(x), want["scaled"]), "scaled"
+            b = tp.load_adapter(model, second[form], name="b")
+            assert torch.equal(model(x), want["both"]), "both"
+            a.merge()
+            b.merge()
+            assert a.merged and b.merged
+            assert torch.equal(model(x), want["merged"]), "merged"
+            a.unmerge()  # every merge of a layer is undone, b's too (as PEFT does)
+            assert torch.equal(model(x), want["unmerged"]), "unmerged"
+            b.remove()
+            a.remove()
+            assert torch.equal(model(x), want["removed"]), "removed"
+            assert not any(isinstance(m, BaseTunerLayer) for m in model.modules())
+            with pytest.raises(tp.ArgumentError, match="was removed"):
+                a.scale = 1.0
+    finally:
+        tp.release(model)
+
+
+def test_bad_arguments_and_files_are_refused(tmp_path: Path) -> None:
+    ref = reference(torch.float32)
+    path = save(ref, tmp_path / "tiny.safetensors")
+    files, _ = _files(tmp_path, "lora", reference(torch.float32), 4, 1, "a")
+    model = _streamed(path)
+    refusals: list[tuple[Callable[[], Any], type[Exception], str]] = [
+        (lambda: tp.load_adapter(model, files["kohya"], scale="1"), tp.ArgumentError, "scale: expected a number"),
+        (lambda: tp.load_adapter(model, files["kohya"], name="a.b"), tp.ArgumentError, "without dots"),
+        (lambda: tp.load_adapter(model, tmp_path / "missing.safetensors"), tp.ArgumentError, "not an adapter file"),
+        (lambda: tp.load_adapter(model, path), tp.CheckpointError, "no tensor of the file is a LoRA"),  # a model
+    ]
+    try:
+        for call, error, match in refusals:
+            with pytest.raises(error, match=match):
+                call()
+        assert not any(isinstance(m, BaseTunerLayer) for m in model.modules())  # nothing was put on
+        tp.load_adapter(model, files["kohya"], name="a")
+        with pytest.raises(tp.ArgumentError, match="already has an adapter named 'a'"):
+            tp.load_adapter(model, files["peft"], name="a")
+    finally:
+        tp.release(model)
