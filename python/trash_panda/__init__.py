@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import diffusers, dtype, errors
 from ._core import __version__
-from .adapters import AdapterHandle, load_adapter, read_adapter
+from .adapters import AdapterHandle, adapter_report, load_adapter, read_adapter
 from .checkpoint import Checkpoint
 from .errors import (
     ArgumentError,
@@ -55,6 +55,7 @@ __all__ = [
     "TraceError",
     "TrashPandaError",
     "__version__",
+    "adapter_report",
     "diffusers",
     "dtype",
     "empty_weights",

@@ -18,7 +18,7 @@ from .errors import ArgumentError, CheckpointError
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["AdapterHandle", "load_adapter", "read_adapter"]
+__all__ = ["AdapterHandle", "adapter_report", "load_adapter", "read_adapter"]
 
 # The names PEFT and diffusers save an adapter's weights under, in a folder.
 ADAPTER_FILES = ("adapter_model.safetensors", "pytorch_lora_weights.safetensors")
@@ -95,7 +95,12 @@ def _layers(model: nn.Module) -> list[tuple[str, list[int]]]:
     from torch import nn
 
     out = []
+    inside: tuple[str, ...] = ()  # PEFT's tuner layers: their own modules are no layers of the model
     for name, module in model.named_modules():
+        if inside and name.startswith(inside):
+            continue
+        if _is_tuner_layer(module):
+            inside = (*inside, f"{name}.")
         weight = getattr(module, "weight", None)
         if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) or not isinstance(weight, torch.Tensor):
             continue
@@ -155,17 +160,7 @@ class AdapterHandle:
     @property
     def nbytes(self) -> int:
         """Bytes of its matrices (where the model computes)."""
-        from torch import nn
-
-        total = 0
-        for layer in self._tuner_layers():
-            for attr in layer.adapter_layer_names:
-                held = getattr(layer, attr)
-                if self.name in held:
-                    found = held[self.name]
-                    params = list(found.parameters()) if isinstance(found, nn.Module) else [found]
-                    total += sum(p.numel() * p.element_size() for p in params)
-        return total
+        return sum(_adapter_bytes(layer, self.name) for layer in self._tuner_layers())
 
     @property
     def merged(self) -> bool:
@@ -256,6 +251,26 @@ def _is_adapter_key(key: str, name: str) -> bool:
 def _undo(model: nn.Module, name: str, layers: list[str]) -> None:
     """Takes a half-loaded adapter off again."""
     AdapterHandle(model, name, "", layers, 1.0).remove()
+
+
+def _is_tuner_layer(module: object) -> bool:
+    """Whether ``module`` is one of PEFT's tuner layers (told by what it has: PEFT may not be
+    imported)."""
+    return hasattr(module, "merged_adapters") and hasattr(module, "get_base_layer")
+
+
+def _adapter_bytes(layer: Any, adapter: str) -> int:
+    """Bytes of ``adapter``'s matrices in the tuner layer ``layer``."""
+    from torch import nn
+
+    total = 0
+    for attr in layer.adapter_layer_names:
+        held = getattr(layer, attr)
+        if adapter in held:
+            found = held[adapter]
+            params = list(found.parameters()) if isinstance(found, nn.Module) else [found]
+            total += sum(p.numel() * p.element_size() for p in params)
+    return total
 
 
 def _check_scale(value: object) -> float:
@@ -364,3 +379,50 @@ def _load_adapter(model: nn.Module, file: Path, scale: float, name: str, compone
     if scale != 1.0:
         handle.scale = scale
     return handle
+
+
+def adapter_report(model: nn.Module) -> str:
+    """What the adapters on ``model`` are and how each layer runs them: unmerged (beside the
+    weight, on each call), merged into a streamed layer (kept merged in the RAM the plan leaves
+    free, or merged again on each run where there is none), or merged in place by PEFT (a
+    weight held in memory). Every PEFT layer counts, whoever put it there."""
+    from torch import nn
+
+    from .offload.state import get_state
+    from .offload.tuner_layers import merged_copies, merged_layers
+
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    state = get_state(model)
+    layers: list[Any] = [m for m in model.modules() if _is_tuner_layer(m)]
+    if not layers:
+        return f"{type(model).__name__}: no adapters"
+    adapters: dict[str, list[int]] = {}  # name -> [layers, bytes]
+    streamed = unmerged = in_place = 0
+    for layer in layers:
+        for adapter in layer._all_available_adapter_names():
+            entry = adapters.setdefault(adapter, [0, 0])
+            entry[0] += 1
+            entry[1] += _adapter_bytes(layer, adapter)
+        if merged_layers(layer.get_base_layer()):
+            streamed += 1
+        elif layer.merged_adapters:
+            in_place += 1
+        if any(a not in layer.merged_adapters for a in layer.active_adapters):
+            unmerged += 1
+    where = f"streamed on {state.device}" if state is not None else "not streamed"
+    lines = [f"{type(model).__name__} ({where}): {len(adapters)} adapter(s) on {len(layers)} layers"]
+    for adapter, (count, nbytes) in adapters.items():
+        lines.append(f"  {adapter}: {count} layers, {nbytes / 1e6:.1f} MB")
+    lines.append(f"  with an adapter unmerged (W x + s·B(A x) on each call): {unmerged} layers")
+    lines.append(f"  merged in place by PEFT (weights held in memory): {in_place} layers")
+    if state is not None:
+        copies = merged_copies(state)
+        lines.append(
+            f"  merged into streamed layers: {streamed} layers; {copies.kept} merged tensors kept "
+            f"({copies.held / 1e9:.3f} GB of {copies.limit / 1e9:.2f} GB the plan leaves free), "
+            f"{copies.made} merges made, {copies.reused} runs on kept ones"
+        )
+        if streamed and copies.limit == 0:
+            lines.append("  (no RAM left free by the plan: each streamed layer is merged again on each run)")
+    return "\n".join(lines)

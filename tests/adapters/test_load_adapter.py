@@ -95,6 +95,28 @@ def _plain(tmp: Path, kind: str, dtype: torch.dtype) -> tuple[dict[str, Path], d
     return first, second, plain, [m for m in plain.modules() if isinstance(m, BaseTunerLayer)]
 
 
+def _unmerged(
+    tmp: Path, kind: str, dtype: torch.dtype, active: list[str], scale_a: float, in_place: tuple[str, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain model's outputs after a merge and an unmerge of the ``active`` adapters on a
+    streamed model whose layers under ``in_place`` hold real weights: PEFT subtracts from those
+    what it added (not always the bits they had), as on the plain model, and the streamed ones
+    are the checkpoint's again. Then with the adapters off (the base weights)."""
+    _, _, again, layers = _plain(tmp, kind, dtype)
+    with torch.no_grad():
+        for name, layer in again.named_modules():
+            if isinstance(layer, BaseTunerLayer):
+                layer.set_scale("a", scale_a)
+                layer.set_adapter(active)
+                if name.startswith(in_place):
+                    layer.merge(adapter_names=active)
+                    layer.unmerge()
+        unmerged = again(ids())
+        for layer in layers:
+            layer.enable_adapters(False)
+        return unmerged, again(ids())
+
+
 def _streamed(path: Path) -> Tiny:
     model = on_meta(Tiny)
     tp.stream_load(model, path, plan=every_tier(), device="cpu")  # computes in the file's dtype
@@ -125,21 +147,9 @@ def test_load_adapter_equals_peft_on_the_plain_model(tmp_path: Path, kind: str, 
         for layer in layers:
             layer.merge(adapter_names=["a", "b"])
         want["merged"] = plain(x)
-        # PEFT's unmerge subtracts what it added (not always the bits there were) from the
-        # layers it merged in place, the resident blocks' and the head's, as on the plain
-        # model; the streamed ones are the checkpoint's again.
-        _, _, again, again_layers = _plain(tmp_path / "again", kind, dtype)
-        for name, layer in again.named_modules():
-            if isinstance(layer, BaseTunerLayer):
-                layer.set_scale("a", 0.5)
-                layer.set_adapter(["a", "b"])
-                if name.startswith(("blocks.0.", "blocks.1.", "head")):
-                    layer.merge(adapter_names=["a", "b"])
-                    layer.unmerge()
-        want["unmerged"] = again(x)
-        for layer in again_layers:
-            layer.enable_adapters(False)
-        want["removed"] = again(x)  # the base weights, those PEFT unmerged included
+        want["unmerged"], want["removed"] = _unmerged(
+            tmp_path / "again", kind, dtype, ["a", "b"], 0.5, ("blocks.0.", "blocks.1.", "head")
+        )
     model = _streamed(path)
     try:
         with torch.no_grad():
@@ -190,3 +200,58 @@ def test_bad_arguments_and_files_are_refused(tmp_path: Path) -> None:
             tp.load_adapter(model, files["peft"], name="a")
     finally:
         tp.release(model)
+
+
+def test_merged_weights_are_kept_within_the_plan_s_spare_ram(tmp_path: Path) -> None:
+    """A merge into streamed layers is computed on the first run and kept for the next ones, in
+    no more than the RAM the plan leaves unassigned; a final pass keeps none, an unmerge drops
+    them; with no RAM to spare (a disk tier) each run merges again. The outputs are the plain
+    model's every time."""
+    from trash_panda.offload.state import get_state
+    from trash_panda.offload.tuner_layers import merged_copies
+
+    path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
+    files, _, plain, layers = _plain(tmp_path / "plain", "lora", torch.float32)
+    x = ids()
+    with torch.no_grad():
+        for layer in layers:
+            layer.set_adapter(["a"])
+            layer.merge(adapter_names=["a"])
+        want = plain(x)
+    for ram, kept in (("1TB", True), ("1KB", False)):
+        model = on_meta(Tiny)
+        planned = tp.plan(model, path, vram="1TB", ram=ram, resident_blocks=0, headroom_vram=0, device="cpu")
+        tp.stream_load(model, path, plan=planned, device="cpu")
+        handle = tp.install_offload(model)
+        try:
+            adapter = tp.load_adapter(model, files["peft"], name="a")
+            adapter.merge()
+            state = get_state(model)
+            assert state is not None
+            copies = merged_copies(state)
+            budgets = planned.budgets
+            assert budgets is not None
+            assert copies.limit == max(0, budgets.ram_budget - budgets.ram_used)
+            with torch.no_grad():
+                for _ in range(3):
+                    assert torch.equal(model(x), want)
+                streamed = sum(1 for n in adapter.layers if n.startswith("blocks."))
+                if kept:
+                    assert copies.kept == 2 * streamed and 0 < copies.held <= copies.limit  # weights, biases
+                    assert copies.made == streamed and copies.reused == 2 * streamed
+                    adapter.unmerge()
+                    assert copies.kept == 0 and copies.held == 0
+                    adapter.merge()
+                    assert torch.equal(model(x), want) and copies.kept == 2 * streamed
+                    with handle.final_pass():
+                        assert torch.equal(model(x), want)
+                    assert copies.kept == 0 and copies.held == 0  # the freed blocks keep nothing
+                else:
+                    assert copies.limit < 1 << 20 and copies.kept == 0
+                    assert copies.made == 3 * streamed and copies.reused == 0
+                    adapter.unmerge()
+                    unmerged, _ = _unmerged(tmp_path / "again", "lora", torch.float32, ["a"], 1.0, ("head",))
+                    assert torch.equal(model(x), unmerged)  # the streamed layers: the checkpoint's bits
+                    assert copies.kept == 0
+        finally:
+            tp.release(model)

@@ -18,7 +18,7 @@ from support.adapters import sd_loras
 from support.hf_folders import make_sd
 from support.sd import STREAM, sd_image
 from trash_panda.offload.state import get_state
-from trash_panda.offload.tuner_layers import merged_layers
+from trash_panda.offload.tuner_layers import merged_copies, merged_layers
 
 diffusers = pytest.importorskip("diffusers")
 peft = pytest.importorskip("peft")
@@ -105,7 +105,8 @@ def test_diffusers_lora_calls_equal_plain(
 
 
 def test_unload_after_fuse_keeps_the_merge(folder: Path, loras: dict[str, Path]) -> None:
-    """As on the plain model, unload_lora_weights() after fuse_lora() keeps the fused weights."""
+    """As on the plain model, a fused weight keeps its scale when set_adapters changes it, and
+    unload_lora_weights() after fuse_lora() keeps the fused weights."""
     plain = StableDiffusionPipeline.from_pretrained(folder)
     pipe = trash_panda.diffusers.load_pipeline(
         StableDiffusionPipeline, folder, stream=STREAM, vram="1TB", headroom_vram=0, device="cpu", **TIERS["ram"]
@@ -114,6 +115,13 @@ def test_unload_after_fuse_keeps_the_merge(folder: Path, loras: dict[str, Path])
         for p in (plain, pipe):
             p.load_lora_weights(loras["a"], adapter_name="a")
             p.fuse_lora()
+        assert torch.equal(sd_image(pipe), sd_image(plain))
+        for p in (plain, pipe):  # a fused weight keeps the scale it was fused with
+            p.set_adapters(["a"], adapter_weights=[0.3])
+        assert torch.equal(sd_image(pipe), sd_image(plain))
+        copies = merged_copies(get_state(pipe.unet))
+        assert copies.kept > 0 and copies.reused > 0  # merged once, kept for the next steps
+        for p in (plain, pipe):
             p.unload_lora_weights()
         assert torch.equal(sd_image(pipe), sd_image(plain))
     finally:

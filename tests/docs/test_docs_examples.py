@@ -42,11 +42,20 @@ def _sd_lora(folder: Path) -> Path:
     return sd_loras(make_sd(folder / "sd"), folder)["a"]
 
 
+def _llama_lora(folder: Path) -> Path:
+    from support.adapters import llama_lora
+    from support.hf_folders import make_llama
+
+    folder.mkdir()
+    return llama_lora(make_llama(folder / "llama", 4), folder / "llama-lora")
+
+
 # The large models the pages name, and the tiny ones made in their place.
 FOLDERS: dict[str, Callable[[Path], Path]] = {
     '"target/demo-llama-6gb"': _llama,
     '"path/to/stable-diffusion"': _sd,
     '"path/to/raccoon-lora"': _sd_lora,
+    '"path/to/llama-lora"': _llama_lora,
 }
 
 

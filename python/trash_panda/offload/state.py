@@ -142,6 +142,9 @@ class ModelState:
     # stage(overlap=True)'s loader of the resident blocks, while its hook is on: what a GPU
     # release waits for and the profile reports.
     loader: ResidentLoader | None = None
+    # Merged weights of streamed layers kept between runs (tuner_layers.MergedCopies), once an
+    # adapter is merged into one.
+    merged: Any = None
 
     def share_reads(self, run_order: list[int]) -> None:
         """The model's run order is ``run_order`` (block indices): the lane counts positions in
@@ -195,6 +198,7 @@ class ModelState:
                 spec.forget()
         self.blocks = []
         self.engine = None
+        self.merged = None
         self.lane = None  # its slot in the drive's queue goes with the last handle
 
 

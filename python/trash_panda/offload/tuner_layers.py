@@ -10,11 +10,13 @@ base weight where that matters:
   streamed model computes on, in the dtype the layer computes in;
 - a merge (``fuse_lora()``, ``merge_adapter()``) adds ``ΔW`` to the weight in place: on a
   placeholder, nothing, and the layer then runs without its adapter. Here the merge is recorded
-  on the streamed layer, and each time the layer runs its weight is a copy of the brought one
-  with PEFT's own merge applied (the same code, so the same bits as merging the plain model);
-  an unmerge forgets the record, which gives back the checkpoint's exact bits. A merge that
-  outlives its tuner layer (``unload_lora_weights()`` after ``fuse_lora()``, as on the plain
-  model) stays.
+  on the streamed layer (with the scales of that moment), and the first time the layer runs its
+  weight is a copy of the brought one with PEFT's own merge applied (the same code, so the same
+  bits as merging the plain model); the merged copy is kept for the next runs within the RAM the
+  plan leaves free (:class:`MergedCopies`), else made again on each run. An unmerge forgets the
+  record and the kept copy, which gives back the checkpoint's exact bits. A merge that outlives
+  its tuner layer (``unload_lora_weights()`` after ``fuse_lora()``, as on the plain model)
+  stays.
 
 Layers whose weights are real (resident blocks, the weights outside the blocks) are left to
 PEFT. The patch is put on PEFT's classes once, when PEFT is imported after a model was streamed
@@ -36,7 +38,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .registry import model_hooks
+from .. import _core
+from .registry import HookRegistry, model_hooks
 from .state import get_state, live_models
 
 if TYPE_CHECKING:
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
 
     from .state import ModelState, TensorSpec
 
-__all__ = ["MERGE_HOOK", "merged_layers", "watch_peft"]
+__all__ = ["MERGE_HOOK", "MergedCopies", "merged_copies", "merged_layers", "watch_peft"]
 
 # The module hooks that merge recorded adapters into a streamed layer's brought weights.
 MERGE_HOOK = "adapter_merge"
@@ -53,6 +56,8 @@ MERGE_HOOK = "adapter_merge"
 # keeps its tuners' base classes.
 _PEFT = "peft"
 _TUNERS = "peft.tuners.tuners_utils"
+# The hook of a final pass, which frees each block after its run.
+FINAL_PASS = "final_pass"
 # Where a streamed layer keeps the merges recorded on it.
 _MERGES_ATTR = "_trash_panda_merges"
 
@@ -68,6 +73,59 @@ class Merge:
     adapters: list[str]
     merge: Callable[..., None]  # PEFT's own merge of the layer's class
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # The layer's scales when it was merged: a merged weight keeps them, as the plain model's
+    # does, when the scales change later (set_adapters after fuse_lora).
+    scaling: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What the merged weight depends on besides the base weight."""
+        return (id(self.layer), tuple(self.adapters), tuple(sorted(self.scaling.items())))
+
+
+class MergedCopies:
+    """Merged weights of streamed layers kept from one run to the next, so a merge is computed
+    once, not on each run, within ``limit`` bytes: on the CPU the RAM the plan leaves
+    unassigned (its RAM budget less what the RAM tier takes), and only while the machine keeps
+    the plan's ``min_free_ram`` available; none on a GPU yet, nor in a pipeline's stage. A layer
+    with no room is merged again on each run."""
+
+    def __init__(self, limit: int, min_free: int = 0) -> None:
+        self.limit = limit
+        # What the machine must keep available: a copy that would go below it is not kept
+        # (other models planned from the same free RAM may have taken some since).
+        self.min_free = min_free
+        self.held = 0
+        self.made = 0  # merges computed
+        self.reused = 0  # runs that found their merged copy kept
+        self._copies: dict[int, tuple[tuple[Any, ...], torch.Tensor]] = {}  # id(spec) -> (key, copy)
+
+    def get(self, spec: TensorSpec, key: tuple[Any, ...]) -> torch.Tensor | None:
+        found = self._copies.get(id(spec))
+        return found[1] if found is not None and found[0] == key else None
+
+    def put(self, spec: TensorSpec, key: tuple[Any, ...], copy: torch.Tensor) -> bool:
+        self.drop(spec)
+        nbytes = copy.numel() * copy.element_size()
+        if self.held + nbytes > self.limit or _core.available_ram() - nbytes < self.min_free:
+            return False
+        self._copies[id(spec)] = (key, copy)
+        self.held += nbytes
+        return True
+
+    def drop(self, spec: TensorSpec) -> None:
+        found = self._copies.pop(id(spec), None)
+        if found is not None:
+            self.held -= found[1].numel() * found[1].element_size()
+
+    @property
+    def kept(self) -> int:
+        """How many merged tensors are kept (a layer's weight and bias each count)."""
+        return len(self._copies)
+
+    def clear(self) -> None:
+        self._copies.clear()
+        self.held = 0
 
 
 def watch_peft() -> None:
@@ -205,7 +263,7 @@ def _merging(merge: Callable[..., None]) -> Callable[..., None]:
         names = [n for n in check_adapters_to_merge(self, adapter_names) if _holds(self, n)]
         if not names:
             return None
-        record = Merge(self, names, merge, dict(kwargs, safe_merge=safe_merge))
+        record = Merge(self, names, merge, dict(kwargs, safe_merge=safe_merge), dict(self.scaling))
         _set_merges(base, [*merged_layers(base), record])
         self.merged_adapters.extend(names)
         return None
@@ -248,7 +306,24 @@ def _set_merges(module: nn.Module, merges: list[Merge]) -> None:
         module.__dict__.pop(_MERGES_ATTR, None)
     found = _owner(module)
     if found is not None:
+        copies = merged_copies(found[1])
+        for spec in found[1].specs_of(module):
+            copies.drop(spec)
         _hook_merges(*found)
+
+
+def merged_copies(state: ModelState) -> MergedCopies:
+    """The model's kept merged weights (made on first use, with the plan's spare RAM)."""
+    if state.merged is None:
+        budgets = state.plan.budgets
+        spare = min_free = 0
+        # A pipeline's stage keeps none: the runner hands the memory its plan leaves free to the
+        # next stages' reads.
+        if budgets is not None and state.device.type == "cpu" and not budgets.shared_staging:
+            spare, min_free = max(0, budgets.ram_budget - budgets.ram_used), budgets.min_free_ram
+        state.merged = MergedCopies(spare, min_free)
+    copies: MergedCopies = state.merged
+    return copies
 
 
 def _streamed_weight(module: nn.Module) -> tuple[ModelState, TensorSpec] | None:
@@ -283,12 +358,18 @@ def _hook_merges(model: nn.Module, state: ModelState) -> None:
         if merged_layers(module):
             held: list[tuple[TensorSpec, torch.Tensor]] = []
             ref = weakref.ref(module)
-            hooks.on_module_start(MERGE_HOOK, module, functools.partial(_merge_in, ref, state, held))
+            hooks.on_module_start(MERGE_HOOK, module, functools.partial(_merge_in, ref, state, hooks, held))
             hooks.on_module_end(MERGE_HOOK, module, functools.partial(_give_back, held))
 
 
-def _merge_in(ref: weakref.ref[nn.Module], state: ModelState, held: list[tuple[TensorSpec, torch.Tensor]]) -> None:
-    """Before the layer runs: its brought weights become copies with PEFT's merges applied."""
+def _merge_in(
+    ref: weakref.ref[nn.Module],
+    state: ModelState,
+    hooks: HookRegistry,
+    held: list[tuple[TensorSpec, torch.Tensor]],
+) -> None:
+    """Before the layer runs: its brought weights become copies with PEFT's merges applied,
+    kept for the next runs where there is room (a block a final pass frees keeps none)."""
     from torch import nn
 
     module = ref()
@@ -297,20 +378,34 @@ def _merge_in(ref: weakref.ref[nn.Module], state: ModelState, held: list[tuple[T
     merges = merged_layers(module)
     if not merges:
         return
-    for spec in state.specs_of(module):
-        param = spec.held()
-        if param is None or param.is_meta:
-            continue
-        held.append((spec, param))
+    brought = [(spec, p) for spec in state.specs_of(module) if (p := spec.held()) is not None and not p.is_meta]
+    held.extend(brought)
+    copies = merged_copies(state)
+    key = tuple(m.key for m in merges)
+    found = [copies.get(spec, key) for spec, _ in brought]
+    kept = [copy for copy in found if copy is not None]
+    final = FINAL_PASS in hooks
+    if len(kept) == len(brought):
+        for (spec, _), copy in zip(brought, kept, strict=True):
+            spec.put(nn.Parameter(copy, requires_grad=False))
+            if final:
+                copies.drop(spec)
+        copies.reused += 1
+        return
+    for spec, param in brought:
         spec.put(nn.Parameter(param.detach().clone(), requires_grad=False))
     for m in merges:
         layer: Any = m.layer
-        kept = list(layer.merged_adapters)
-        layer.merged_adapters = []
+        merged, scaling = list(layer.merged_adapters), layer.scaling
+        layer.merged_adapters, layer.scaling = [], dict(m.scaling)
         try:
             m.merge(layer, adapter_names=m.adapters, **m.kwargs)
         finally:
-            layer.merged_adapters = kept
+            layer.merged_adapters, layer.scaling = merged, scaling
+    copies.made += 1
+    if not final:
+        for spec, _ in brought:
+            copies.put(spec, key, spec.held().detach())
 
 
 def _give_back(held: list[tuple[TensorSpec, torch.Tensor]]) -> None:
