@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _core
+from .adapter_names import is_tuner_layer
 from .checkpoint import Checkpoint
 from .errors import ArgumentError, CheckpointError
 
@@ -99,7 +100,7 @@ def _layers(model: nn.Module) -> list[tuple[str, list[int]]]:
     for name, module in model.named_modules():
         if inside and name.startswith(inside):
             continue
-        if _is_tuner_layer(module):
+        if is_tuner_layer(module):
             inside = (*inside, f"{name}.")
         weight = getattr(module, "weight", None)
         if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) or not isinstance(weight, torch.Tensor):
@@ -253,12 +254,6 @@ def _undo(model: nn.Module, name: str, layers: list[str]) -> None:
     AdapterHandle(model, name, "", layers, 1.0).remove()
 
 
-def _is_tuner_layer(module: object) -> bool:
-    """Whether ``module`` is one of PEFT's tuner layers (told by what it has: PEFT may not be
-    imported)."""
-    return hasattr(module, "merged_adapters") and hasattr(module, "get_base_layer")
-
-
 def _adapter_bytes(layer: Any, adapter: str) -> int:
     """Bytes of ``adapter``'s matrices in the tuner layer ``layer``."""
     from torch import nn
@@ -394,7 +389,7 @@ def adapter_report(model: nn.Module) -> str:
     if not isinstance(model, nn.Module):
         raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     state = get_state(model)
-    layers: list[Any] = [m for m in model.modules() if _is_tuner_layer(m)]
+    layers: list[Any] = [m for m in model.modules() if is_tuner_layer(m)]
     if not layers:
         return f"{type(model).__name__}: no adapters"
     adapters: dict[str, list[int]] = {}  # name -> [layers, bytes]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import _core
+from .adapter_names import unwrapped
 from .errors import ArgumentError
 
 if TYPE_CHECKING:
@@ -52,9 +53,9 @@ def find_blocks(model: nn.Module, prefixes: list[str] | None = None) -> list[Blo
                     + (f"; modules with that start: {', '.join(near)}" if near else "")
                 )
             if isinstance(module, nn.ModuleList):
-                found.extend(Block(f"{key}.{i}.", child) for i, child in enumerate(module))
+                found.extend(Block(f"{key}.{i}.", unwrapped(child)) for i, child in enumerate(module))
             else:
-                found.append(Block(key + ".", module))
+                found.append(Block(key + ".", unwrapped(module)))
         # The planner's check: none named twice, none inside another (a PlanError).
         _core.check_block_prefixes([b.prefix for b in found])
         return found
@@ -66,7 +67,7 @@ def find_blocks(model: nn.Module, prefixes: list[str] | None = None) -> list[Blo
         if sum(1 for child in module if _numel(child) > 0) >= 2:
             lists.append(name)
     return [
-        Block(f"{name}.{i}." if name else f"{i}.", child)
+        Block(f"{name}.{i}." if name else f"{i}.", unwrapped(child))
         for name in lists
         for i, child in enumerate(modules[name])
         if _numel(child) > 0

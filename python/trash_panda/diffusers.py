@@ -26,6 +26,7 @@ from .errors import ArgumentError
 from .hf import build_empty, checkpoint_dtype, checkpoint_of, guard_to
 from .offload import empty_weights
 from .offload.registry import model_hooks
+from .offload.tuner_layers import expect_device, watch_peft
 
 if TYPE_CHECKING:
     import torch
@@ -190,6 +191,11 @@ def _load_pipeline(
         streamed.chained = _Chain(_runner(streamed))
         for c in streamed.components:
             _chain_hooks(streamed, c)
+            expect_device(c.model, dev)  # adapters loaded before its first call go there
+            # diffusers' LoRA loading moves a text encoder "to" its own device: for a component
+            # still on meta that would send its buffers there too.
+            guard_to(c.model)
+        watch_peft()
         # Until a component is loaded it is on meta, and a diffusers pipeline takes its
         # execution device from ``device`` (its ``_execution_device`` does, for components that
         # no accelerate hook offloads): the chain's pipeline reports the chain's device.

@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING
 
 from . import _core
+from .adapter_names import tensor_names
 from .blocks import find_blocks
 from .checkpoint import Checkpoint
 from .checkpoint_names import KeyMap, check_prefixes, model_tensors
@@ -50,7 +51,7 @@ def planning_inputs(
     """The model's tensors (its names and their checkpoint entries: exactly what stream_load
     reads), and the model's block prefixes."""
     ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint(checkpoint)
-    expected = set(model.state_dict(keep_vars=True).keys())
+    expected = tensor_names(model)
     named = model_tensors(ckpt, key_map, skip_prefixes)
     # The scale tensor the core pairs with each weight (what stream_load reads with it);
     # `input_scale` (activations) is neither loaded nor counted.

@@ -255,3 +255,34 @@ def test_merged_weights_are_kept_within_the_plan_s_spare_ram(tmp_path: Path) -> 
                     assert copies.kept == 0
         finally:
             tp.release(model)
+
+
+def test_adapters_on_fp8_blocks_equal_the_reference_expansion(tmp_path: Path) -> None:
+    """Blocks stored in fp8 (three scale layouts) and expanded to bf16 as they run: the LoRA
+    unmerged, and merged into the expanded weight, give the outputs of the plain bf16 model
+    holding the reference expansion with the same adapter through PEFT. The merge is made in the
+    compute dtype; the kept merge is that bf16 weight (not requantized to fp8)."""
+    from support.checkpoints import fp8_checkpoint
+
+    path = tmp_path / "fp8.safetensors"
+    expected = fp8_checkpoint(reference(torch.float32), path)
+    files, plain = _files(tmp_path, "lora", expected, 4, 1, "a")
+    layers = [m for m in plain.modules() if isinstance(m, BaseTunerLayer)]
+    x = ids()
+    with torch.no_grad():
+        unmerged = plain(x)
+        for layer in layers:
+            layer.merge()
+        merged = plain(x)
+    model = on_meta(Tiny)
+    tp.stream_load(model, path, plan=every_tier(), device="cpu", compute_dtype="bf16")
+    tp.install_offload(model)
+    try:
+        with torch.no_grad():
+            adapter = tp.load_adapter(model, files["kohya"], name="a")
+            assert torch.equal(model(x), unmerged)
+            adapter.merge()
+            assert torch.equal(model(x), merged)
+            assert torch.equal(model(x), merged)
+    finally:
+        tp.release(model)

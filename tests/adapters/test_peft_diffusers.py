@@ -126,3 +126,56 @@ def test_unload_after_fuse_keeps_the_merge(folder: Path, loras: dict[str, Path])
         assert torch.equal(sd_image(pipe), sd_image(plain))
     finally:
         trash_panda.diffusers.release_pipeline(pipe)
+
+
+@pytest.mark.parametrize("resident_blocks", [0, None], ids=["streamed", "resident"])
+def test_chained_pipeline_takes_loras_before_its_first_call(
+    folder: Path, loras: dict[str, Path], resident_blocks: int | None
+) -> None:
+    """A chained pipeline's components are built on meta and loaded when they first run: LoRAs
+    loaded (and fused) before that land on the chain's device, and each call's image is the
+    plain pipeline's; the adapters outlive each component's release between calls."""
+    plain = StableDiffusionPipeline.from_pretrained(folder)
+    kw: dict[str, Any] = {} if resident_blocks is None else {"resident_blocks": resident_blocks}
+    pipe = trash_panda.diffusers.load_pipeline(
+        StableDiffusionPipeline, folder, stream=STREAM, chain=True, vram="1TB", headroom_vram=0, device="cpu", **kw
+    )
+    try:
+        assert all(get_state(getattr(pipe, n)) is None for n in STREAM)  # nothing loaded yet
+        for p in (plain, pipe):
+            p.load_lora_weights(loras["a"], adapter_name="a")
+            p.load_lora_weights(loras["b"], adapter_name="b")
+            p.set_adapters(["a", "b"], adapter_weights=[0.7, -0.5])
+        layer = pipe.text_encoder.encoder.layers[0].self_attn.k_proj
+        assert layer.lora_A["a"].weight.device == torch.device("cpu")  # not the meta device
+        assert torch.equal(sd_image(pipe), sd_image(plain))
+        assert torch.equal(sd_image(pipe), sd_image(plain))  # again: loaded, released, loaded
+        for p in (plain, pipe):
+            p.fuse_lora(components=["unet", "text_encoder"], adapter_names=["a", "b"])
+        assert torch.equal(sd_image(pipe), sd_image(plain))
+        for p in (plain, pipe):
+            p.unfuse_lora(components=["unet", "text_encoder"])
+            p.unload_lora_weights()
+        torch.testing.assert_close(sd_image(pipe), sd_image(plain))
+    finally:
+        trash_panda.diffusers.release_pipeline(pipe)
+
+
+def test_chained_pipeline_fused_before_its_first_call(folder: Path, loras: dict[str, Path]) -> None:
+    """fuse_lora() on a chained pipeline before any component is loaded: the merges are
+    recorded on the streamed layers and made when each is loaded and runs."""
+    plain = StableDiffusionPipeline.from_pretrained(folder)
+    pipe = trash_panda.diffusers.load_pipeline(
+        StableDiffusionPipeline, folder, stream=STREAM, chain=True, vram="1TB", headroom_vram=0, device="cpu",
+        resident_blocks=0,
+    )  # fmt: skip
+    try:
+        for p in (plain, pipe):
+            p.load_lora_weights(loras["a"], adapter_name="a")
+            p.fuse_lora(components=["unet", "text_encoder"], lora_scale=0.9)
+        conv = pipe.unet.up_blocks[-1].resnets[-1].conv1.base_layer
+        assert conv.weight.is_meta and [m.adapters for m in merged_layers(conv)] == [["a"]]
+        assert torch.equal(sd_image(pipe), sd_image(plain))
+        assert torch.equal(sd_image(pipe), sd_image(plain))
+    finally:
+        trash_panda.diffusers.release_pipeline(pipe)

@@ -24,7 +24,7 @@ from .materialize import guard_lookup_tables, load_buffers, map_lookup_tables, m
 from .meter import paused
 from .outside import outside_modules
 from .state import STATE_ATTR, BlockState, ModelState, TensorSpec, clear_released, get_state, register_model
-from .tuner_layers import watch_peft
+from .tuner_layers import attach_merges, watch_peft
 
 if TYPE_CHECKING:
     import torch
@@ -379,6 +379,7 @@ def _stream_load(
     setattr(model, STATE_ATTR, state)
     register_model(model)
     watch_peft()  # PEFT's adapters on it go to its device and merge into what it brings
+    attach_merges(model)  # merges recorded before it was loaded
     report.seconds = time.perf_counter() - t_start
     log_report(report)
     return report

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from .._dtypes import torch_dtype
+from ..adapter_names import adapter_params, base_name, unwrapped
 from ..errors import ArgumentError, CheckpointError, DtypeError
 from ..plan import Plan
 from .state import BlockState, TensorSpec
@@ -43,19 +44,22 @@ def match(
     ``where`` names the checkpoint in errors. Parameters whose every name starts with one of
     ``skip`` are not loaded: they stay as the model was built."""
     # Every parameter once (tied ones share an entry), with the names it goes by.
+    # Names as the checkpoint has them: PEFT's adapters (none in the checkpoint) are left as
+    # they are, and the layers they wrap go by their own names.
+    adapters = adapter_params(model)
     params: dict[int, tuple[list[tuple[nn.Module, str, str]], Any]] = {}
     for mod_name, module in model.named_modules(remove_duplicate=False):
         for attr, p in module._parameters.items():
-            if p is not None:
+            if p is not None and id(p) not in adapters:
                 entry = params.setdefault(id(p), ([], p))
-                entry[0].append((module, attr, f"{mod_name}.{attr}" if mod_name else attr))
+                entry[0].append((module, attr, base_name(f"{mod_name}.{attr}" if mod_name else attr)))
 
     block_tiers = {b.name: b.tier for b in plan.blocks}
     prefixes = sorted(block_tiers, key=len, reverse=True)
     blocks: dict[str, BlockState] = {}
     for i, b in enumerate(plan.blocks):
         try:
-            module = model.get_submodule(b.name.rstrip("."))
+            module = unwrapped(model.get_submodule(b.name.rstrip(".")))
         except AttributeError:
             raise ArgumentError(f"plan block {b.name!r} names no module of {type(model).__name__}") from None
         blocks[b.name] = BlockState(index=i, prefix=b.name, module=module, tier=b.tier)

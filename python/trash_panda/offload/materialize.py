@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from .._dtypes import needs_expansion, torch_dtype
+from ..adapter_names import adapter_params
 from ..errors import CheckpointError
 from .registry import HOOKS_ATTR
 from .state import KEPT_BUFFERS_ATTR, STATE_ATTR, TensorSpec, get_state
@@ -402,9 +403,10 @@ def unload(model: nn.Module) -> None:
     # One meta parameter for each parameter, so weights tied together stay tied (a model loaded
     # again must look as it was built).
     emptied: dict[int, nn.Parameter] = {}
+    adapters = adapter_params(model)  # PEFT's adapters stay: no checkpoint of the model has them
     for module in model.modules():
         for attr, p in list(module._parameters.items()):
-            if p is not None and not p.is_meta:
+            if p is not None and not p.is_meta and id(p) not in adapters:
                 empty = emptied.get(id(p))
                 if empty is None:
                     empty = emptied[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False)

@@ -18,8 +18,11 @@ base weight where that matters:
   its tuner layer (``unload_lora_weights()`` after ``fuse_lora()``, as on the plain model)
   stays.
 
-Layers whose weights are real (resident blocks, the weights outside the blocks) are left to
-PEFT. The patch is put on PEFT's classes once, when PEFT is imported after a model was streamed
+A chained pipeline's components are built on the meta device and loaded when they first run
+(:func:`expect_device` names their device): adapters put on them before that go to that device,
+and merges into them are recorded and made each time they run once loaded, on the weights
+outside the blocks too. Layers whose weights are real when PEFT merges (resident blocks, the
+weights outside the blocks of a loaded model) are left to PEFT. The patch is put on PEFT's classes once, when PEFT is imported after a model was streamed
 or a model is streamed after PEFT was imported, and does nothing for a model that is not
 streamed.
 """
@@ -48,7 +51,15 @@ if TYPE_CHECKING:
 
     from .state import ModelState, TensorSpec
 
-__all__ = ["MERGE_HOOK", "MergedCopies", "merged_copies", "merged_layers", "watch_peft"]
+__all__ = [
+    "MERGE_HOOK",
+    "MergedCopies",
+    "attach_merges",
+    "expect_device",
+    "merged_copies",
+    "merged_layers",
+    "watch_peft",
+]
 
 # The module hooks that merge recorded adapters into a streamed layer's brought weights.
 MERGE_HOOK = "adapter_merge"
@@ -98,23 +109,23 @@ class MergedCopies:
         self.held = 0
         self.made = 0  # merges computed
         self.reused = 0  # runs that found their merged copy kept
-        self._copies: dict[int, tuple[tuple[Any, ...], torch.Tensor]] = {}  # id(spec) -> (key, copy)
+        self._copies: dict[tuple[int, str], tuple[tuple[Any, ...], torch.Tensor]] = {}  # slot -> (key, copy)
 
-    def get(self, spec: TensorSpec, key: tuple[Any, ...]) -> torch.Tensor | None:
-        found = self._copies.get(id(spec))
+    def get(self, slot: tuple[int, str], key: tuple[Any, ...]) -> torch.Tensor | None:
+        found = self._copies.get(slot)
         return found[1] if found is not None and found[0] == key else None
 
-    def put(self, spec: TensorSpec, key: tuple[Any, ...], copy: torch.Tensor) -> bool:
-        self.drop(spec)
+    def put(self, slot: tuple[int, str], key: tuple[Any, ...], copy: torch.Tensor) -> bool:
+        self.drop(slot)
         nbytes = copy.numel() * copy.element_size()
         if self.held + nbytes > self.limit or _core.available_ram() - nbytes < self.min_free:
             return False
-        self._copies[id(spec)] = (key, copy)
+        self._copies[slot] = (key, copy)
         self.held += nbytes
         return True
 
-    def drop(self, spec: TensorSpec) -> None:
-        found = self._copies.pop(id(spec), None)
+    def drop(self, slot: tuple[int, str]) -> None:
+        found = self._copies.pop(slot, None)
         if found is not None:
             self.held -= found[1].numel() * found[1].element_size()
 
@@ -197,12 +208,11 @@ def _patch_classes(tuners: ModuleType) -> None:
 
     @functools.wraps(find)
     def device_and_dtype(self: Any, base_layer: nn.Module) -> tuple[Any, Any]:
-        found = _streamed_weight(base_layer)
+        found = _placement(base_layer)
         if found is None:
             device, dtype = find(self, base_layer)
             return device, dtype
-        state, spec = found
-        return state.device, spec.target
+        return found
 
     base._get_base_layer_device_and_dtype = device_and_dtype
     # A model-level tuner moves each new layer to its base's weight's device.
@@ -233,7 +243,7 @@ def _replacing(replace: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(replace)
     def patched(self: Any, parent: nn.Module, child_name: str, new_module: nn.Module, child: nn.Module) -> None:
         base = getattr(child, "base_layer", child)
-        found = _streamed_weight(base)
+        found = _placement(base)
         if found is None:
             return replace(self, parent, child_name, new_module, child)
         import torch
@@ -241,13 +251,12 @@ def _replacing(replace: Callable[..., None]) -> Callable[..., None]:
 
         # It reads the device off the weight: an empty one on the model's device stands in for
         # the placeholder while it runs.
-        state, spec = found
-        stand_in = nn.Parameter(torch.empty(0, device=state.device, dtype=spec.target), requires_grad=False)
-        spec.put(stand_in)
+        placeholder = base._parameters["weight"]
+        base._parameters["weight"] = nn.Parameter(torch.empty(0, device=found[0], dtype=found[1]), requires_grad=False)
         try:
             return replace(self, parent, child_name, new_module, child)
         finally:
-            spec.put(spec.placeholder)
+            base._parameters["weight"] = placeholder
 
     return patched
 
@@ -256,7 +265,7 @@ def _merging(merge: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(merge)
     def patched(self: Any, safe_merge: bool = False, adapter_names: list[str] | None = None, **kwargs: Any) -> None:
         base = self.get_base_layer()
-        if _streamed_weight(base) is None:
+        if _placement(base) is None:
             return merge(self, safe_merge=safe_merge, adapter_names=adapter_names, **kwargs)
         from peft.tuners.tuners_utils import check_adapters_to_merge
 
@@ -275,7 +284,7 @@ def _unmerging(unmerge: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(unmerge)
     def patched(self: Any, *args: Any, **kwargs: Any) -> None:
         base = self.get_base_layer()
-        if _streamed_weight(base) is None:
+        if not any(m.layer is self for m in merged_layers(base)):
             return unmerge(self, *args, **kwargs)
         _set_merges(base, [m for m in merged_layers(base) if m.layer is not self])
         self.merged_adapters.clear()
@@ -304,11 +313,11 @@ def _set_merges(module: nn.Module, merges: list[Merge]) -> None:
         module.__dict__[_MERGES_ATTR] = merges
     else:
         module.__dict__.pop(_MERGES_ATTR, None)
-    found = _owner(module)
+    found = _owner(module, outside=True)
     if found is not None:
         copies = merged_copies(found[1])
-        for spec in found[1].specs_of(module):
-            copies.drop(spec)
+        for slot in _slots(found[1], module):
+            copies.drop(slot.key)
         _hook_merges(*found)
 
 
@@ -326,6 +335,44 @@ def merged_copies(state: ModelState) -> MergedCopies:
     return copies
 
 
+def expect_device(model: nn.Module, device: torch.device) -> None:
+    """``model``, built on the meta device, will be loaded to compute on ``device`` in its
+    parameters' dtype (a chained pipeline's component before its first call): adapters put on
+    it now go there, and merges into it are recorded for when it is loaded."""
+    _pending[model] = (device, frozenset(id(m) for m in model.modules()))
+    if hasattr(model, "_load_pretrained_model") and not hasattr(model, "hf_device_map"):
+        # transformers' load_adapter reads the adapter's weights onto the model's device map,
+        # else onto the device of its first parameter (here the meta device).
+        setattr(model, "hf_device_map", {"": str(device)})  # noqa: B010
+
+
+# Models built on meta that will stream once loaded, with their device and their modules.
+_pending: weakref.WeakKeyDictionary[nn.Module, tuple[torch.device, frozenset[int]]] = weakref.WeakKeyDictionary()
+
+
+def _placement(module: nn.Module) -> tuple[torch.device, torch.dtype] | None:
+    """Where a managed layer (streamed, or of a model still to be loaded) computes, in what dtype;
+    None for a layer whose weight is real or of no model of ours."""
+    found = _streamed_weight(module)
+    if found is not None:
+        return found[0].device, found[1].target
+    weight = module._parameters.get("weight") if hasattr(module, "_parameters") else None
+    if weight is None or not weight.is_meta:
+        return None
+    for model, (device, modules) in list(_pending.items()):
+        if id(module) in modules and get_state(model) is None:
+            return device, weight.dtype
+    return None
+
+
+def attach_merges(model: nn.Module) -> None:
+    """After ``model`` is loaded: the merges recorded on its layers before (or in an earlier
+    load) take effect."""
+    state = get_state(model)
+    if state is not None and any(merged_layers(m) for m in model.modules()):
+        _hook_merges(model, state)
+
+
 def _streamed_weight(module: nn.Module) -> tuple[ModelState, TensorSpec] | None:
     """The streamed model and tensor whose placeholder ``module`` holds as its weight, if any."""
     weight = module._parameters.get("weight") if hasattr(module, "_parameters") else None
@@ -341,11 +388,14 @@ def _streamed_weight(module: nn.Module) -> tuple[ModelState, TensorSpec] | None:
     return None
 
 
-def _owner(module: nn.Module) -> tuple[nn.Module, ModelState] | None:
-    """The loaded model whose blocks hold ``module``, and its state."""
+def _owner(module: nn.Module, outside: bool = False) -> tuple[nn.Module, ModelState] | None:
+    """The loaded model whose blocks hold ``module`` (``outside``: or that holds it anywhere),
+    and its state."""
     for model in live_models():
         state = get_state(model)
-        if state is not None and state.specs_of(module):
+        if state is None:
+            continue
+        if state.specs_of(module) or (outside and any(m is module for m in model.modules())):
             return model, state
     return None
 
@@ -354,22 +404,54 @@ def _hook_merges(model: nn.Module, state: ModelState) -> None:
     """Puts the merge hooks on the model's layers that have merges recorded (and on no other)."""
     hooks = model_hooks(model)
     hooks.remove(MERGE_HOOK)
-    for module in state.modules_with_specs():
+    for module in model.modules():
         if merged_layers(module):
-            held: list[tuple[TensorSpec, torch.Tensor]] = []
+            held: list[tuple[_Slot, torch.Tensor]] = []
             ref = weakref.ref(module)
             hooks.on_module_start(MERGE_HOOK, module, functools.partial(_merge_in, ref, state, hooks, held))
             hooks.on_module_end(MERGE_HOOK, module, functools.partial(_give_back, held))
+
+
+@dataclass
+class _Slot:
+    """Where a merged layer keeps one of its tensors: a streamed tensor (put under every name
+    it goes by), or a parameter of the layer's own (a weight held in memory: a merge recorded
+    before the model was loaded, on a layer that then stayed outside the blocks)."""
+
+    module: nn.Module
+    attr: str
+    spec: TensorSpec | None
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (id(self.module), self.attr)
+
+    def held(self) -> torch.Tensor | None:
+        param: torch.Tensor | None = self.module._parameters.get(self.attr)
+        return param
+
+    def put(self, param: torch.Tensor) -> None:
+        if self.spec is not None:
+            self.spec.put(param)
+        else:
+            self.module._parameters[self.attr] = param  # type: ignore[assignment]
+
+
+def _slots(state: ModelState, module: nn.Module) -> list[_Slot]:
+    specs = state.specs_of(module)
+    if specs:
+        return [_Slot(spec.owners[0][0], spec.owners[0][1], spec) for spec in specs]
+    return [_Slot(module, attr, None) for attr, p in module._parameters.items() if p is not None]
 
 
 def _merge_in(
     ref: weakref.ref[nn.Module],
     state: ModelState,
     hooks: HookRegistry,
-    held: list[tuple[TensorSpec, torch.Tensor]],
+    held: list[tuple[_Slot, torch.Tensor]],
 ) -> None:
-    """Before the layer runs: its brought weights become copies with PEFT's merges applied,
-    kept for the next runs where there is room (a block a final pass frees keeps none)."""
+    """Before the layer runs: its weights become copies with PEFT's merges applied, kept for
+    the next runs where there is room (a block a final pass frees keeps none)."""
     from torch import nn
 
     module = ref()
@@ -378,22 +460,22 @@ def _merge_in(
     merges = merged_layers(module)
     if not merges:
         return
-    brought = [(spec, p) for spec in state.specs_of(module) if (p := spec.held()) is not None and not p.is_meta]
+    brought = [(slot, p) for slot in _slots(state, module) if (p := slot.held()) is not None and not p.is_meta]
     held.extend(brought)
     copies = merged_copies(state)
     key = tuple(m.key for m in merges)
-    found = [copies.get(spec, key) for spec, _ in brought]
+    found = [copies.get(slot.key, key) for slot, _ in brought]
     kept = [copy for copy in found if copy is not None]
     final = FINAL_PASS in hooks
     if len(kept) == len(brought):
-        for (spec, _), copy in zip(brought, kept, strict=True):
-            spec.put(nn.Parameter(copy, requires_grad=False))
+        for (slot, _), copy in zip(brought, kept, strict=True):
+            slot.put(nn.Parameter(copy, requires_grad=False))
             if final:
-                copies.drop(spec)
+                copies.drop(slot.key)
         copies.reused += 1
         return
-    for spec, param in brought:
-        spec.put(nn.Parameter(param.detach().clone(), requires_grad=False))
+    for slot, param in brought:
+        slot.put(nn.Parameter(param.detach().clone(), requires_grad=False))
     for m in merges:
         layer: Any = m.layer
         merged, scaling = list(layer.merged_adapters), layer.scaling
@@ -404,12 +486,15 @@ def _merge_in(
             layer.merged_adapters, layer.scaling = merged, scaling
     copies.made += 1
     if not final:
-        for spec, _ in brought:
-            copies.put(spec, key, spec.held().detach())
+        for slot, _ in brought:
+            now = slot.held()
+            if now is not None:
+                copies.put(slot.key, key, now.detach())
 
 
-def _give_back(held: list[tuple[TensorSpec, torch.Tensor]]) -> None:
-    """After the layer ran: the brought weights go back under it (staging gives them back)."""
+def _give_back(held: list[tuple[_Slot, torch.Tensor]]) -> None:
+    """After the layer ran: its own weights go back under it (staging gives the brought ones
+    back)."""
     while held:
-        spec, param = held.pop()
-        spec.put(param)
+        slot, param = held.pop()
+        slot.put(param)

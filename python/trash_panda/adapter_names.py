@@ -1,0 +1,56 @@
+"""How PEFT's tuner layers change a model's tensor names, for the code that matches a model to
+its checkpoint: a wrapped layer's weight is ``to_q.base_layer.weight`` where the checkpoint has
+``to_q.weight``, and the adapters' own weights are in no checkpoint of the model. Told by what the
+modules have, so PEFT need not be imported."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["adapter_params", "base_name", "is_tuner_layer", "tensor_names", "unwrapped"]
+
+
+def is_tuner_layer(module: Any) -> bool:
+    """Whether ``module`` is one of PEFT's tuner layers."""
+    return hasattr(module, "merged_adapters") and hasattr(module, "get_base_layer")
+
+
+def unwrapped(module: nn.Module) -> nn.Module:
+    """The model's own layer under a tuner layer (the one that stays when the adapters go, and
+    that holds the weights), else ``module``."""
+    if is_tuner_layer(module):
+        base: nn.Module = module.get_base_layer()  # type: ignore[operator]
+        return base
+    return module
+
+
+def adapter_params(model: nn.Module) -> set[int]:
+    """The ids of the parameters PEFT's tuner layers hold for their adapters (no checkpoint of
+    the model has them: a load leaves them as they are, a release keeps them)."""
+    from torch import nn
+
+    found: set[int] = set()
+    for module in model.modules():
+        if is_tuner_layer(module):
+            layer: Any = module
+            for attr in (*layer.adapter_layer_names, *getattr(layer, "other_param_names", ())):
+                held = getattr(layer, attr, None)
+                if isinstance(held, nn.Module):
+                    found.update(id(p) for p in held.parameters())
+    return found
+
+
+def base_name(name: str) -> str:
+    """A parameter's name with PEFT's wrapping taken out (``to_q.base_layer.weight`` is the
+    checkpoint's ``to_q.weight``)."""
+    return name.replace(".base_layer.", ".")
+
+
+def tensor_names(model: nn.Module) -> set[str]:
+    """The names of the model's tensors as its checkpoint has them: its state dict's, without
+    PEFT's adapters and with the layers they wrap under their own names."""
+    adapters = adapter_params(model)
+    return {base_name(n) for n, t in model.state_dict(keep_vars=True).items() if id(t) not in adapters}
