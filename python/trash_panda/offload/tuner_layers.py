@@ -22,9 +22,10 @@ A chained pipeline's components are built on the meta device and loaded when the
 (:func:`expect_device` names their device): adapters put on them before that go to that device,
 and merges into them are recorded and made each time they run once loaded, on the weights
 outside the blocks too. Layers whose weights are real when PEFT merges (resident blocks, the
-weights outside the blocks of a loaded model) are left to PEFT. The patch is put on PEFT's classes once, when PEFT is imported after a model was streamed
-or a model is streamed after PEFT was imported, and does nothing for a model that is not
-streamed.
+weights outside the blocks of a loaded model) are left to PEFT.
+
+The patch is put on PEFT's classes once, when PEFT is imported after a model was streamed or a
+model is streamed after PEFT was imported, and does nothing for a model that is not streamed.
 """
 
 from __future__ import annotations
