@@ -217,29 +217,12 @@ def _peft_config(
 
     # PEFT types alpha as an int; a file's alpha may be any number, which PEFT divides as well.
     r, alpha = next(iter(ranks.values())), cast(Any, next(iter(alphas.values())))
+    common: dict[str, Any] = {"r": r, "target_modules": targets, "rank_pattern": ranks, "alpha_pattern": alphas}
     if kind == "lora":
-        return peft.LoraConfig(
-            r=r,
-            lora_alpha=alpha,
-            target_modules=targets,
-            rank_pattern=ranks,
-            alpha_pattern=alphas,
-            use_rslora=use_rslora,
-            init_lora_weights=False,
-        )
+        return peft.LoraConfig(**common, lora_alpha=alpha, use_rslora=use_rslora, init_lora_weights=False)
     if kind == "loha":
-        return peft.LoHaConfig(
-            r=r, alpha=alpha, target_modules=targets, rank_pattern=ranks, alpha_pattern=alphas, init_weights=False
-        )
-    return peft.LoKrConfig(
-        r=r,
-        alpha=alpha,
-        target_modules=targets,
-        rank_pattern=ranks,
-        alpha_pattern=alphas,
-        decompose_both=decompose_both,
-        init_weights=False,
-    )
+        return peft.LoHaConfig(**common, alpha=alpha, init_weights=False)
+    return peft.LoKrConfig(**common, alpha=alpha, decompose_both=decompose_both, init_weights=False)
 
 
 def _is_adapter_key(key: str, name: str) -> bool:
