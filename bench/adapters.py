@@ -126,8 +126,8 @@ def one(way: str, tokens: int, steps: int) -> dict[str, Any]:
         for h in handles:
             h.merge()
     if kind == "per_copy":
+        from trash_panda.offload.merges import merged_copies
         from trash_panda.offload.state import get_state
-        from trash_panda.offload.tuner_layers import merged_copies
 
         state = get_state(model)
         assert state is not None

@@ -366,8 +366,8 @@ def adapter_report(model: nn.Module) -> str:
     weight held in memory). Every PEFT layer counts, whoever put it there."""
     from torch import nn
 
+    from .offload.merges import merged_copies, merged_layers
     from .offload.state import get_state
-    from .offload.tuner_layers import merged_copies, merged_layers
 
     if not isinstance(model, nn.Module):
         raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")

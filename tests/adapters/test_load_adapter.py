@@ -207,8 +207,8 @@ def test_merged_weights_are_kept_within_the_plan_s_spare_ram(tmp_path: Path) -> 
     no more than the RAM the plan leaves unassigned; a final pass keeps none, an unmerge drops
     them; with no RAM to spare (a disk tier) each run merges again. The outputs are the plain
     model's every time."""
+    from trash_panda.offload.merges import merged_copies
     from trash_panda.offload.state import get_state
-    from trash_panda.offload.tuner_layers import merged_copies
 
     path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
     files, _, plain, layers = _plain(tmp_path / "plain", "lora", torch.float32)

@@ -17,8 +17,8 @@ import trash_panda
 from support.adapters import sd_loras
 from support.hf_folders import make_sd
 from support.sd import STREAM, sd_image
+from trash_panda.offload.merges import merged_copies, merged_layers
 from trash_panda.offload.state import get_state
-from trash_panda.offload.tuner_layers import merged_copies, merged_layers
 
 diffusers = pytest.importorskip("diffusers")
 peft = pytest.importorskip("peft")

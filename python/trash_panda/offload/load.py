@@ -21,10 +21,11 @@ from ..progress import Progress
 from ..settings import setting
 from .matching import match
 from .materialize import guard_lookup_tables, load_buffers, map_lookup_tables, materialize_all, placeholder, unload
+from .merges import attach_merges
 from .meter import paused
 from .outside import outside_modules
 from .state import STATE_ATTR, BlockState, ModelState, TensorSpec, clear_released, get_state, register_model
-from .tuner_layers import attach_merges, watch_peft
+from .tuner_layers import watch_peft
 
 if TYPE_CHECKING:
     import torch

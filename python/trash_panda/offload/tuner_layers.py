@@ -10,13 +10,9 @@ base weight where that matters:
   streamed model computes on, in the dtype the layer computes in;
 - a merge (``fuse_lora()``, ``merge_adapter()``) adds ``ΔW`` to the weight in place: on a
   placeholder, nothing, and the layer then runs without its adapter. Here the merge is recorded
-  on the streamed layer (with the scales of that moment), and the first time the layer runs its
-  weight is a copy of the brought one with PEFT's own merge applied (the same code, so the same
-  bits as merging the plain model); the merged copy is kept for the next runs within the RAM the
-  plan leaves free (:class:`MergedCopies`), else made again on each run. An unmerge forgets the
-  record and the kept copy, which gives back the checkpoint's exact bits. A merge that outlives
-  its tuner layer (``unload_lora_weights()`` after ``fuse_lora()``, as on the plain model)
-  stays.
+  on the streamed layer and made by PEFT's own code as the layer runs (:mod:`.merges`: the same
+  bits as merging the plain model, kept from run to run where the plan leaves RAM free); an
+  unmerge forgets it, which gives back the checkpoint's exact bits.
 
 A chained pipeline's components are built on the meta device and loaded when they first run
 (:func:`expect_device` names their device): adapters put on them before that go to that device,
@@ -38,13 +34,11 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .. import _core
-from .registry import HookRegistry, model_hooks
-from .state import get_state, live_models
+from .merges import Merge, merged_layers, owner, set_merges
+from .state import get_state
 
 if TYPE_CHECKING:
     import torch
@@ -52,92 +46,15 @@ if TYPE_CHECKING:
 
     from .state import ModelState, TensorSpec
 
-__all__ = [
-    "MERGE_HOOK",
-    "MergedCopies",
-    "attach_merges",
-    "expect_device",
-    "merged_copies",
-    "merged_layers",
-    "watch_peft",
-]
+__all__ = ["expect_device", "watch_peft"]
 
-# The module hooks that merge recorded adapters into a streamed layer's brought weights.
-MERGE_HOOK = "adapter_merge"
 # PEFT's package (patched once its import is done: every tuner's classes then exist) and where it
 # keeps its tuners' base classes.
 _PEFT = "peft"
 _TUNERS = "peft.tuners.tuners_utils"
-# The hook of a final pass, which frees each block after its run.
-FINAL_PASS = "final_pass"
-# Where a streamed layer keeps the merges recorded on it.
-_MERGES_ATTR = "_trash_panda_merges"
 
 _lock = threading.Lock()
 _patched = False
-
-
-@dataclass
-class Merge:
-    """One merge of a tuner layer into a streamed layer, as PEFT was asked for it."""
-
-    layer: nn.Module  # the tuner layer (kept: a merge outlives the layer's unload)
-    adapters: list[str]
-    merge: Callable[..., None]  # PEFT's own merge of the layer's class
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    # The layer's scales when it was merged: a merged weight keeps them, as the plain model's
-    # does, when the scales change later (set_adapters after fuse_lora).
-    scaling: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def key(self) -> tuple[Any, ...]:
-        """What the merged weight depends on besides the base weight."""
-        return (id(self.layer), tuple(self.adapters), tuple(sorted(self.scaling.items())))
-
-
-class MergedCopies:
-    """Merged weights of streamed layers kept from one run to the next, so a merge is computed
-    once, not on each run, within ``limit`` bytes: on the CPU the RAM the plan leaves
-    unassigned (its RAM budget less what the RAM tier takes), and only while the machine keeps
-    the plan's ``min_free_ram`` available; none on a GPU yet, nor in a pipeline's stage. A layer
-    with no room is merged again on each run."""
-
-    def __init__(self, limit: int, min_free: int = 0) -> None:
-        self.limit = limit
-        # What the machine must keep available: a copy that would go below it is not kept
-        # (other models planned from the same free RAM may have taken some since).
-        self.min_free = min_free
-        self.held = 0
-        self.made = 0  # merges computed
-        self.reused = 0  # runs that found their merged copy kept
-        self._copies: dict[tuple[int, str], tuple[tuple[Any, ...], torch.Tensor]] = {}  # slot -> (key, copy)
-
-    def get(self, slot: tuple[int, str], key: tuple[Any, ...]) -> torch.Tensor | None:
-        found = self._copies.get(slot)
-        return found[1] if found is not None and found[0] == key else None
-
-    def put(self, slot: tuple[int, str], key: tuple[Any, ...], copy: torch.Tensor) -> bool:
-        self.drop(slot)
-        nbytes = copy.numel() * copy.element_size()
-        if self.held + nbytes > self.limit or _core.available_ram() - nbytes < self.min_free:
-            return False
-        self._copies[slot] = (key, copy)
-        self.held += nbytes
-        return True
-
-    def drop(self, slot: tuple[int, str]) -> None:
-        found = self._copies.pop(slot, None)
-        if found is not None:
-            self.held -= found[1].numel() * found[1].element_size()
-
-    @property
-    def kept(self) -> int:
-        """How many merged tensors are kept (a layer's weight and bias each count)."""
-        return len(self._copies)
-
-    def clear(self) -> None:
-        self._copies.clear()
-        self.held = 0
 
 
 def watch_peft() -> None:
@@ -274,7 +191,7 @@ def _merging(merge: Callable[..., None]) -> Callable[..., None]:
         if not names:
             return None
         record = Merge(self, names, merge, dict(kwargs, safe_merge=safe_merge), dict(self.scaling))
-        _set_merges(base, [*merged_layers(base), record])
+        set_merges(base, [*merged_layers(base), record])
         self.merged_adapters.extend(names)
         return None
 
@@ -287,7 +204,7 @@ def _unmerging(unmerge: Callable[..., None]) -> Callable[..., None]:
         base = self.get_base_layer()
         if not any(m.layer is self for m in merged_layers(base)):
             return unmerge(self, *args, **kwargs)
-        _set_merges(base, [m for m in merged_layers(base) if m.layer is not self])
+        set_merges(base, [m for m in merged_layers(base) if m.layer is not self])
         self.merged_adapters.clear()
         return None
 
@@ -301,39 +218,6 @@ def _holds(layer: Any, adapter: str) -> bool:
         if held is not None and adapter in held:
             return True
     return False
-
-
-def merged_layers(module: nn.Module) -> list[Merge]:
-    """The merges recorded on a streamed layer, in the order they were made."""
-    found: list[Merge] = module.__dict__.get(_MERGES_ATTR, [])
-    return found
-
-
-def _set_merges(module: nn.Module, merges: list[Merge]) -> None:
-    if merges:
-        module.__dict__[_MERGES_ATTR] = merges
-    else:
-        module.__dict__.pop(_MERGES_ATTR, None)
-    found = _owner(module, outside=True)
-    if found is not None:
-        copies = merged_copies(found[1])
-        for slot in _slots(found[1], module):
-            copies.drop(slot.key)
-        _hook_merges(*found)
-
-
-def merged_copies(state: ModelState) -> MergedCopies:
-    """The model's kept merged weights (made on first use, with the plan's spare RAM)."""
-    if state.merged is None:
-        budgets = state.plan.budgets
-        spare = min_free = 0
-        # A pipeline's stage keeps none: the runner hands the memory its plan leaves free to the
-        # next stages' reads.
-        if budgets is not None and state.device.type == "cpu" and not budgets.shared_staging:
-            spare, min_free = max(0, budgets.ram_budget - budgets.ram_used), budgets.min_free_ram
-        state.merged = MergedCopies(spare, min_free)
-    copies: MergedCopies = state.merged
-    return copies
 
 
 def expect_device(model: nn.Module, device: torch.device) -> None:
@@ -366,20 +250,12 @@ def _placement(module: nn.Module) -> tuple[torch.device, torch.dtype] | None:
     return None
 
 
-def attach_merges(model: nn.Module) -> None:
-    """After ``model`` is loaded: the merges recorded on its layers before (or in an earlier
-    load) take effect."""
-    state = get_state(model)
-    if state is not None and any(merged_layers(m) for m in model.modules()):
-        _hook_merges(model, state)
-
-
 def _streamed_weight(module: nn.Module) -> tuple[ModelState, TensorSpec] | None:
     """The streamed model and tensor whose placeholder ``module`` holds as its weight, if any."""
     weight = module._parameters.get("weight") if hasattr(module, "_parameters") else None
     if weight is None or not weight.is_meta:
         return None
-    found = _owner(module)
+    found = owner(module)
     if found is None:
         return None
     state = found[1]
@@ -387,115 +263,3 @@ def _streamed_weight(module: nn.Module) -> tuple[ModelState, TensorSpec] | None:
         if spec.placeholder is weight:
             return state, spec
     return None
-
-
-def _owner(module: nn.Module, outside: bool = False) -> tuple[nn.Module, ModelState] | None:
-    """The loaded model whose blocks hold ``module`` (``outside``: or that holds it anywhere),
-    and its state."""
-    for model in live_models():
-        state = get_state(model)
-        if state is None:
-            continue
-        if state.specs_of(module) or (outside and any(m is module for m in model.modules())):
-            return model, state
-    return None
-
-
-def _hook_merges(model: nn.Module, state: ModelState) -> None:
-    """Puts the merge hooks on the model's layers that have merges recorded (and on no other)."""
-    hooks = model_hooks(model)
-    hooks.remove(MERGE_HOOK)
-    for module in model.modules():
-        if merged_layers(module):
-            held: list[tuple[_Slot, torch.Tensor]] = []
-            ref = weakref.ref(module)
-            hooks.on_module_start(MERGE_HOOK, module, functools.partial(_merge_in, ref, state, hooks, held))
-            hooks.on_module_end(MERGE_HOOK, module, functools.partial(_give_back, held))
-
-
-@dataclass
-class _Slot:
-    """Where a merged layer keeps one of its tensors: a streamed tensor (put under every name
-    it goes by), or a parameter of the layer's own (a weight held in memory: a merge recorded
-    before the model was loaded, on a layer that then stayed outside the blocks)."""
-
-    module: nn.Module
-    attr: str
-    spec: TensorSpec | None
-
-    @property
-    def key(self) -> tuple[int, str]:
-        return (id(self.module), self.attr)
-
-    def held(self) -> torch.Tensor | None:
-        param: torch.Tensor | None = self.module._parameters.get(self.attr)
-        return param
-
-    def put(self, param: torch.Tensor) -> None:
-        if self.spec is not None:
-            self.spec.put(param)
-        else:
-            self.module._parameters[self.attr] = param  # type: ignore[assignment]
-
-
-def _slots(state: ModelState, module: nn.Module) -> list[_Slot]:
-    specs = state.specs_of(module)
-    if specs:
-        return [_Slot(spec.owners[0][0], spec.owners[0][1], spec) for spec in specs]
-    return [_Slot(module, attr, None) for attr, p in module._parameters.items() if p is not None]
-
-
-def _merge_in(
-    ref: weakref.ref[nn.Module],
-    state: ModelState,
-    hooks: HookRegistry,
-    held: list[tuple[_Slot, torch.Tensor]],
-) -> None:
-    """Before the layer runs: its weights become copies with PEFT's merges applied, kept for
-    the next runs where there is room (a block a final pass frees keeps none)."""
-    from torch import nn
-
-    module = ref()
-    if module is None:
-        return
-    merges = merged_layers(module)
-    if not merges:
-        return
-    brought = [(slot, p) for slot in _slots(state, module) if (p := slot.held()) is not None and not p.is_meta]
-    held.extend(brought)
-    copies = merged_copies(state)
-    key = tuple(m.key for m in merges)
-    found = [copies.get(slot.key, key) for slot, _ in brought]
-    kept = [copy for copy in found if copy is not None]
-    final = FINAL_PASS in hooks
-    if len(kept) == len(brought):
-        for (slot, _), copy in zip(brought, kept, strict=True):
-            slot.put(nn.Parameter(copy, requires_grad=False))
-            if final:
-                copies.drop(slot.key)
-        copies.reused += 1
-        return
-    for slot, param in brought:
-        slot.put(nn.Parameter(param.detach().clone(), requires_grad=False))
-    for m in merges:
-        layer: Any = m.layer
-        merged, scaling = list(layer.merged_adapters), layer.scaling
-        layer.merged_adapters, layer.scaling = [], dict(m.scaling)
-        try:
-            m.merge(layer, adapter_names=m.adapters, **m.kwargs)
-        finally:
-            layer.merged_adapters, layer.scaling = merged, scaling
-    copies.made += 1
-    if not final:
-        for slot, _ in brought:
-            now = slot.held()
-            if now is not None:
-                copies.put(slot.key, key, now.detach())
-
-
-def _give_back(held: list[tuple[_Slot, torch.Tensor]]) -> None:
-    """After the layer ran: its own weights go back under it (staging gives the brought ones
-    back)."""
-    while held:
-        slot, param = held.pop()
-        slot.put(param)

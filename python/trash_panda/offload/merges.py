@@ -1,0 +1,263 @@
+"""Merges of PEFT's adapters into streamed layers: recorded when PEFT is asked to merge (the
+layer holds a placeholder then), made by PEFT's own code each time the layer runs, on the weight
+it is brought with, and kept from one run to the next where the plan leaves RAM free.
+
+A merge is recorded with the scales of that moment (a merged weight keeps them, as the plain
+model's does, when the scales change later) and outlives its tuner layer
+(``unload_lora_weights()`` after ``fuse_lora()``). An unmerge forgets the record and the kept
+copy, which gives back the checkpoint's exact bits. The hooks are module hooks named
+:data:`MERGE_HOOK` on the layers with merges recorded, put again whenever a record changes or
+the model is loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import _core
+from .registry import HookRegistry, model_hooks
+from .state import get_state, live_models
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from .state import ModelState, TensorSpec
+
+__all__ = [
+    "MERGE_HOOK",
+    "Merge",
+    "MergedCopies",
+    "attach_merges",
+    "merged_copies",
+    "merged_layers",
+    "owner",
+    "set_merges",
+]
+
+# The module hooks that merge recorded adapters into a layer's weights as it runs.
+MERGE_HOOK = "adapter_merge"
+# The hook of a final pass, which frees each block after its run.
+FINAL_PASS = "final_pass"
+# Where a layer keeps the merges recorded on it.
+_MERGES_ATTR = "_trash_panda_merges"
+
+
+@dataclass
+class Merge:
+    """One merge of a tuner layer into a streamed layer, as PEFT was asked for it."""
+
+    layer: nn.Module  # the tuner layer (kept: a merge outlives the layer's unload)
+    adapters: list[str]
+    merge: Callable[..., None]  # PEFT's own merge of the layer's class
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # The layer's scales when it was merged: a merged weight keeps them, as the plain model's
+    # does, when the scales change later (set_adapters after fuse_lora).
+    scaling: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What the merged weight depends on besides the base weight."""
+        return (id(self.layer), tuple(self.adapters), tuple(sorted(self.scaling.items())))
+
+
+class MergedCopies:
+    """Merged weights of streamed layers kept from one run to the next, so a merge is computed
+    once, not on each run, within ``limit`` bytes: on the CPU the RAM the plan leaves
+    unassigned (its RAM budget less what the RAM tier takes), and only while the machine keeps
+    the plan's ``min_free_ram`` available; none on a GPU yet, nor in a pipeline's stage. A layer
+    with no room is merged again on each run."""
+
+    def __init__(self, limit: int, min_free: int = 0) -> None:
+        self.limit = limit
+        # What the machine must keep available: a copy that would go below it is not kept
+        # (other models planned from the same free RAM may have taken some since).
+        self.min_free = min_free
+        self.held = 0
+        self.made = 0  # merges computed
+        self.reused = 0  # runs that found their merged copy kept
+        self._copies: dict[tuple[int, str], tuple[tuple[Any, ...], torch.Tensor]] = {}  # slot -> (key, copy)
+
+    def get(self, slot: tuple[int, str], key: tuple[Any, ...]) -> torch.Tensor | None:
+        found = self._copies.get(slot)
+        return found[1] if found is not None and found[0] == key else None
+
+    def put(self, slot: tuple[int, str], key: tuple[Any, ...], copy: torch.Tensor) -> bool:
+        self.drop(slot)
+        nbytes = copy.numel() * copy.element_size()
+        if self.held + nbytes > self.limit or _core.available_ram() - nbytes < self.min_free:
+            return False
+        self._copies[slot] = (key, copy)
+        self.held += nbytes
+        return True
+
+    def drop(self, slot: tuple[int, str]) -> None:
+        found = self._copies.pop(slot, None)
+        if found is not None:
+            self.held -= found[1].numel() * found[1].element_size()
+
+    @property
+    def kept(self) -> int:
+        """How many merged tensors are kept (a layer's weight and bias each count)."""
+        return len(self._copies)
+
+    def clear(self) -> None:
+        self._copies.clear()
+        self.held = 0
+
+
+def merged_layers(module: nn.Module) -> list[Merge]:
+    """The merges recorded on a streamed layer, in the order they were made."""
+    found: list[Merge] = module.__dict__.get(_MERGES_ATTR, [])
+    return found
+
+
+def set_merges(module: nn.Module, merges: list[Merge]) -> None:
+    if merges:
+        module.__dict__[_MERGES_ATTR] = merges
+    else:
+        module.__dict__.pop(_MERGES_ATTR, None)
+    found = owner(module, outside=True)
+    if found is not None:
+        copies = merged_copies(found[1])
+        for slot in _slots(found[1], module):
+            copies.drop(slot.key)
+        _hook_merges(*found)
+
+
+def merged_copies(state: ModelState) -> MergedCopies:
+    """The model's kept merged weights (made on first use, with the plan's spare RAM)."""
+    if state.merged is None:
+        budgets = state.plan.budgets
+        spare = min_free = 0
+        # A pipeline's stage keeps none: the runner hands the memory its plan leaves free to the
+        # next stages' reads.
+        if budgets is not None and state.device.type == "cpu" and not budgets.shared_staging:
+            spare, min_free = max(0, budgets.ram_budget - budgets.ram_used), budgets.min_free_ram
+        state.merged = MergedCopies(spare, min_free)
+    copies: MergedCopies = state.merged
+    return copies
+
+
+def attach_merges(model: nn.Module) -> None:
+    """After ``model`` is loaded: the merges recorded on its layers before (or in an earlier
+    load) take effect."""
+    state = get_state(model)
+    if state is not None and any(merged_layers(m) for m in model.modules()):
+        _hook_merges(model, state)
+
+
+def owner(module: nn.Module, outside: bool = False) -> tuple[nn.Module, ModelState] | None:
+    """The loaded model whose blocks hold ``module`` (``outside``: or that holds it anywhere),
+    and its state."""
+    for model in live_models():
+        state = get_state(model)
+        if state is None:
+            continue
+        if state.specs_of(module) or (outside and any(m is module for m in model.modules())):
+            return model, state
+    return None
+
+
+def _hook_merges(model: nn.Module, state: ModelState) -> None:
+    """Puts the merge hooks on the model's layers that have merges recorded (and on no other)."""
+    hooks = model_hooks(model)
+    hooks.remove(MERGE_HOOK)
+    for module in model.modules():
+        if merged_layers(module):
+            held: list[tuple[_Slot, torch.Tensor]] = []
+            ref = weakref.ref(module)
+            hooks.on_module_start(MERGE_HOOK, module, functools.partial(_merge_in, ref, state, hooks, held))
+            hooks.on_module_end(MERGE_HOOK, module, functools.partial(_give_back, held))
+
+
+@dataclass
+class _Slot:
+    """Where a merged layer keeps one of its tensors: a streamed tensor (put under every name
+    it goes by), or a parameter of the layer's own (a weight held in memory: a merge recorded
+    before the model was loaded, on a layer that then stayed outside the blocks)."""
+
+    module: nn.Module
+    attr: str
+    spec: TensorSpec | None
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (id(self.module), self.attr)
+
+    def held(self) -> torch.Tensor | None:
+        param: torch.Tensor | None = self.module._parameters.get(self.attr)
+        return param
+
+    def put(self, param: torch.Tensor) -> None:
+        if self.spec is not None:
+            self.spec.put(param)
+        else:
+            self.module._parameters[self.attr] = param  # type: ignore[assignment]
+
+
+def _slots(state: ModelState, module: nn.Module) -> list[_Slot]:
+    specs = state.specs_of(module)
+    if specs:
+        return [_Slot(spec.owners[0][0], spec.owners[0][1], spec) for spec in specs]
+    return [_Slot(module, attr, None) for attr, p in module._parameters.items() if p is not None]
+
+
+def _merge_in(
+    ref: weakref.ref[nn.Module],
+    state: ModelState,
+    hooks: HookRegistry,
+    held: list[tuple[_Slot, torch.Tensor]],
+) -> None:
+    """Before the layer runs: its weights become copies with PEFT's merges applied, kept for
+    the next runs where there is room (a block a final pass frees keeps none)."""
+    from torch import nn
+
+    module = ref()
+    if module is None:
+        return
+    merges = merged_layers(module)
+    if not merges:
+        return
+    brought = [(slot, p) for slot in _slots(state, module) if (p := slot.held()) is not None and not p.is_meta]
+    held.extend(brought)
+    copies = merged_copies(state)
+    key = tuple(m.key for m in merges)
+    found = [copies.get(slot.key, key) for slot, _ in brought]
+    kept = [copy for copy in found if copy is not None]
+    final = FINAL_PASS in hooks
+    if len(kept) == len(brought):
+        for (slot, _), copy in zip(brought, kept, strict=True):
+            slot.put(nn.Parameter(copy, requires_grad=False))
+            if final:
+                copies.drop(slot.key)
+        copies.reused += 1
+        return
+    for slot, param in brought:
+        slot.put(nn.Parameter(param.detach().clone(), requires_grad=False))
+    for m in merges:
+        layer: Any = m.layer
+        merged, scaling = list(layer.merged_adapters), layer.scaling
+        layer.merged_adapters, layer.scaling = [], dict(m.scaling)
+        try:
+            m.merge(layer, adapter_names=m.adapters, **m.kwargs)
+        finally:
+            layer.merged_adapters, layer.scaling = merged, scaling
+    copies.made += 1
+    if not final:
+        for slot, _ in brought:
+            now = slot.held()
+            if now is not None:
+                copies.put(slot.key, key, now.detach())
+
+
+def _give_back(held: list[tuple[_Slot, torch.Tensor]]) -> None:
+    """After the layer ran: its own weights go back under it (staging gives the brought ones
+    back)."""
+    while held:
+        slot, param = held.pop()
+        slot.put(param)
