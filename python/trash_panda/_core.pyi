@@ -424,6 +424,11 @@ class Budgets:
         device, or in RAM without a GPU.
         """
     @property
+    def adapters(self) -> int:
+        """The adapters (LoRA matrices and the like) the model holds beside the outside weights,
+        counted with them (the `adapter_bytes` the plan was given).
+        """
+    @property
     def device_budget(self) -> int:
         """What resident (device-tier) blocks may take: `device_limit` less `cuda_floor`, `reserve`,
         `device_slot_bytes`, `expansion` and `outside` (0 rather than below).

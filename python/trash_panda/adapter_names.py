@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["adapter_params", "base_name", "is_tuner_layer", "tensor_names", "unwrapped"]
+__all__ = ["adapter_bytes", "adapter_params", "base_name", "is_tuner_layer", "tensor_names", "unwrapped"]
 
 
 def is_tuner_layer(module: Any) -> bool:
@@ -41,6 +41,13 @@ def adapter_params(model: nn.Module) -> set[int]:
                 if isinstance(held, nn.Module):
                     found.update(id(p) for p in held.parameters())
     return found
+
+
+def adapter_bytes(model: nn.Module) -> int:
+    """Bytes of the parameters PEFT's tuner layers hold for their adapters."""
+    ids = adapter_params(model)
+    seen = {id(p): p for p in model.parameters() if id(p) in ids}
+    return sum(p.numel() * p.element_size() for p in seen.values())
 
 
 def base_name(name: str) -> str:

@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING
 
 from . import _core
-from .adapter_names import tensor_names
+from .adapter_names import adapter_bytes, tensor_names
 from .blocks import find_blocks
 from .checkpoint import Checkpoint
 from .checkpoint_names import KeyMap, check_prefixes, model_tensors
@@ -101,6 +101,8 @@ def plan(
     ``lookahead``, or ``TRASH_PANDA_MAX_LOOKAHEAD`` where that is higher. ``headroom_vram`` defaults to the
     planner's (``_core.DEFAULT_HEADROOM_VRAM``, 1.5 GB). ``staging_pool`` (a pipeline's shared
     pool) is counted as the staging buffers where it holds every block (``budgets.shared_staging``).
+    Adapters already on the model (PEFT's layers) are counted beside the weights outside the
+    blocks (``budgets.adapters``).
     """
     dev = resolve_device(device)
     tensors, prefixes = planning_inputs(model, checkpoint, blocks, key_map, skip_prefixes)
@@ -123,6 +125,9 @@ def plan(
         max_lookahead=setting("max_lookahead"),
         ram_in_memory=setting("ram_in_memory"),
         staging_pool=staging_pool,
+        # Adapters already on the model (a chained pipeline's LoRAs loaded before its first
+        # call): no checkpoint has them, but they take their memory beside the outside weights.
+        adapter_bytes=adapter_bytes(model),
     )
     from .log import log_plan
 

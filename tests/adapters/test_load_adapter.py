@@ -286,3 +286,72 @@ def test_adapters_on_fp8_blocks_equal_the_reference_expansion(tmp_path: Path) ->
             assert torch.equal(model(x), merged)
     finally:
         tp.release(model)
+
+
+def test_changing_adapters_reads_nothing_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new scale, a second adapter, a merge, an unmerge and a removal read nothing from the
+    checkpoint: the resident and outside weights are not read again (no read_many call), and
+    each pass reads from the disk tier exactly what a pass without the change reads."""
+    from trash_panda.offload import materialize
+    from trash_panda.offload.state import get_state
+
+    path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
+    first, second, _, _ = _plain(tmp_path / "plain", "lora", torch.float32)
+    model = _streamed(path)
+    try:
+        state = get_state(model)
+        assert state is not None and state.handle is not None
+        stats = state.handle.stats
+        x = ids()
+        with torch.no_grad():
+            model(x)
+            before = _disk_bytes(stats())
+            model(x)
+            per_pass = _disk_bytes(stats()) - before
+            assert per_pass > 0  # two blocks on disk, read on each pass
+            reads: list[object] = []
+            original = materialize.read_many
+            monkeypatch.setattr(materialize, "read_many", lambda *a, **k: reads.append(a) or original(*a, **k))
+            a = tp.load_adapter(model, first["peft"], name="a")
+            changes: list[Callable[[], object]] = [
+                lambda: setattr(a, "scale", 0.3),
+                lambda: tp.load_adapter(model, second["kohya"], name="b"),
+                a.merge,
+                a.unmerge,
+                a.remove,
+            ]
+            for change in changes:
+                change()
+                now = _disk_bytes(stats())
+                model(x)
+                assert _disk_bytes(stats()) - now == per_pass
+            assert reads == []
+    finally:
+        tp.release(model)
+
+
+def _disk_bytes(stats: Any) -> int:
+    assert stats is not None
+    found: int = stats.disk_bytes
+    return found
+
+
+def test_the_plan_counts_adapters_already_on_the_model(tmp_path: Path) -> None:
+    """A model that carries PEFT's layers before it is planned (a chained pipeline's component
+    with LoRAs loaded before its first call): the plan matches it to its checkpoint under the
+    checkpoint's names and counts the adapters' bytes beside the outside weights, which leaves
+    the resident blocks that much less."""
+    path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
+    bare = on_meta(Tiny)
+    adapted = on_meta(Tiny)
+    inject_adapter_in_model(_config("lora", 8), adapted, adapter_name="a")
+    nbytes = sum(p.numel() * p.element_size() for n, p in adapted.named_parameters() if "lora_" in n)
+    assert nbytes > 0
+    kw: dict[str, Any] = {"vram": "1TB", "ram": "1TB", "headroom_vram": 0, "device": "cpu", "max_vram": "2MB"}
+    without, with_ = tp.plan(bare, path, **kw), tp.plan(adapted, path, **kw)
+    b, w = without.budgets, with_.budgets
+    assert b is not None and w is not None
+    assert (b.adapters, w.adapters) == (0, nbytes)
+    assert w.device_budget == b.device_budget - nbytes
+    assert [blk.name for blk in with_.blocks] == [blk.name for blk in without.blocks]
+    assert "adapters" in with_.table()

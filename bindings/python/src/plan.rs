@@ -122,11 +122,16 @@ fn options_from(kwargs: &Bound<'_, PyDict>, base: PlanOptions) -> PyResult<PlanO
                     buffer_bytes: pool.inner.buffer_len() as u64,
                 });
             }
+            "adapter_bytes" => {
+                o.adapter_bytes = value.extract().map_err(|_| {
+                    raise(Kind::Argument, format!("adapter_bytes: expected a count of bytes, got {value}"))
+                })?
+            }
             other => {
                 return Err(raise(Kind::Argument, format!(
                     "unknown plan option {other:?}: expected resident_blocks, max_vram, min_free_ram, \
                      headroom_vram, activation_vram, compute_dtype, storage_dtype, lookahead, \
-                     pinned_buffers, max_lookahead, ram_in_memory or staging_pool"
+                     pinned_buffers, max_lookahead, ram_in_memory, staging_pool or adapter_bytes"
                 )))
             }
         }

@@ -104,6 +104,8 @@ impl PlanArgs {
             ram_in_memory,
             // A pipeline's shared pool is the library's; a plan made here stands alone.
             staging_pool: None,
+            // Adapters are put on a model in Python; a checkpoint alone has none.
+            adapter_bytes: 0,
         })
     }
 

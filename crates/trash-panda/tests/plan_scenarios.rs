@@ -540,3 +540,46 @@ fn diffusion_model_with_two_block_lists() {
     assert!(table.contains("single_blocks.3-8"), "{table}");
     assert!(table.contains("single_blocks.9-11"), "{table}");
 }
+
+#[test]
+fn adapters_take_their_memory_beside_the_outside_weights() {
+    let m = decoder(10, DType::BF16);
+    let vram = 3_700_000_000 + CUDA_CONTEXT_FLOOR;
+    let figures = Figures::injected(8_000_000_000, Some(vram));
+    let bare = plan(&m, &figures, &opts()).unwrap();
+    // One block's worth of LoRA matrices on the device: one resident block fewer.
+    let adapters = 200_020_000;
+    let options = PlanOptions {
+        adapter_bytes: adapters,
+        ..opts()
+    };
+    let with = plan(&m, &figures, &options).unwrap();
+    let (b, w) = (bare.budgets.clone().unwrap(), with.budgets.clone().unwrap());
+    assert_eq!((b.adapters, w.adapters), (0, adapters));
+    assert_eq!(w.outside, b.outside);
+    assert_eq!(w.device_budget, b.device_budget - adapters);
+    assert_eq!(tiers(&bare), "DDDDDDRRRR");
+    assert_eq!(tiers(&with), "DDDDDRRRRR");
+    let table = with.to_string();
+    assert!(
+        table.contains("adapters") && table.contains("- adapters 200.02 MB"),
+        "{table}"
+    );
+    // On the CPU the device tier and the RAM tier share the pool: the adapters come out of it.
+    let cpu = Figures::injected(3_000_000_000, None);
+    let (b, w) = (
+        plan(&m, &cpu, &opts()).unwrap().budgets.unwrap(),
+        plan(&m, &cpu, &options).unwrap().budgets.unwrap(),
+    );
+    assert_eq!(
+        w.device_budget + w.device_used,
+        b.device_budget + b.device_used - adapters
+    );
+    // A plan written without adapters reads back as it was, and one with them keeps them.
+    let again: trash_panda::plan::Plan =
+        serde_json::from_str(&serde_json::to_string(&with).unwrap()).unwrap();
+    assert_eq!(again.budgets.unwrap().adapters, adapters);
+    assert!(!serde_json::to_string(&bare)
+        .unwrap()
+        .contains("adapter_bytes"));
+}

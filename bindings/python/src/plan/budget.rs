@@ -97,6 +97,12 @@ impl PyBudgets {
     fn outside(&self) -> u64 {
         self.inner.outside
     }
+    /// The adapters (LoRA matrices and the like) the model holds beside the outside weights,
+    /// counted with them (the `adapter_bytes` the plan was given).
+    #[getter]
+    fn adapters(&self) -> u64 {
+        self.inner.adapters
+    }
     /// What resident (device-tier) blocks may take: `device_limit` less `cuda_floor`, `reserve`,
     /// `device_slot_bytes`, `expansion` and `outside` (0 rather than below).
     #[getter]

@@ -153,6 +153,10 @@ pub struct Budgets {
     pub loader_ring: u64,
     /// The outside weights in the compute dtype (on the device; in RAM without a GPU).
     pub outside: u64,
+    /// The adapters the model holds beside them ([`PlanOptions::adapter_bytes`]), counted with
+    /// them (absent in older files: 0).
+    #[serde(default)]
+    pub adapters: u64,
     /// What resident blocks may take on the device. Negative results clamp to 0.
     pub device_budget: u64,
     /// What the device-tier blocks take, in their stored form.
@@ -230,6 +234,7 @@ pub(crate) fn compute(
         shared_staging: held.shared_staging,
         loader_ring: held.loader_ring_bytes,
         outside: outside.expanded_bytes,
+        adapters: options.adapter_bytes,
         device_budget: shape.device_budget(&held),
         device_used,
         usable_ram: figures.memory.usable_ram(),
@@ -270,7 +275,8 @@ impl Shape {
                 ComputeDevice::Gpu => CUDA_CONTEXT_FLOOR,
                 ComputeDevice::Cpu => 0,
             },
-            outside: outside.expanded_bytes,
+            // The adapters sit beside the outside weights and take the same memory.
+            outside: outside.expanded_bytes + options.adapter_bytes,
             usable_ram: figures.memory.usable_ram(),
             min_free_ram: options.min_free_ram.resolve(figures.memory.total_ram),
         }

@@ -91,6 +91,15 @@ pub struct PlanOptions {
     /// only when set.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ram_in_memory: bool,
+    /// Bytes of the adapters (LoRA matrices and the like) the model holds where it computes,
+    /// beside the weights outside the blocks: no checkpoint of the model has them, yet they
+    /// take the same memory. Written only when set.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub adapter_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl PlanOptions {
@@ -131,6 +140,7 @@ impl Default for PlanOptions {
             max_lookahead: None,
             staging_pool: None,
             ram_in_memory: false,
+            adapter_bytes: 0,
         }
     }
 }

@@ -156,6 +156,14 @@ impl Plan {
                 format_gb(self.outside.expanded_bytes),
             ));
         }
+        if o.adapter_bytes > 0 {
+            rows.push((
+                "adapters".into(),
+                "beside the outside weights".into(),
+                String::new(),
+                format_gb(o.adapter_bytes),
+            ));
+        }
         let w1 = rows.iter().map(|r| r.1.len()).max().unwrap_or(0).min(60);
         let w2 = rows.iter().map(|r| r.2.len()).max().unwrap_or(0);
         for (tier, blocks, count, gb) in &rows {
@@ -183,10 +191,15 @@ impl Plan {
             } else {
                 String::new()
             };
+            let adapters = if b.adapters > 0 {
+                format!(" - adapters {}", format_bytes(b.adapters))
+            } else {
+                String::new()
+            };
             writeln!(
                 f,
                 "device budget {} = {limit} {}{floor} - {reserve} - device slots {} - expansion {} \
-                 - outside {}; used {}",
+                 - outside {}{adapters}; used {}",
                 format_bytes(b.device_budget),
                 format_bytes(b.device_limit),
                 format_bytes(b.device_slot_bytes),
