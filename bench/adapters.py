@@ -120,7 +120,7 @@ def one(way: str, tokens: int, steps: int) -> dict[str, Any]:
         tp.install_offload(model)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    handles = [tp.load_adapter(model, f, name=f"l{i}") for i, f in enumerate(files)]
+    handles = [tp.load_adapter(model, f, name=f"l{i}", mode="unmerged") for i, f in enumerate(files)]
     adapters_s = time.perf_counter() - t0
     if kind in ("merged", "per_copy"):
         for h in handles:

@@ -113,6 +113,8 @@ def _layers(model: nn.Module) -> list[tuple[str, list[int]]]:
 # PEFT's config class and parameter names for each kind of adapter the core maps.
 _PEFT_KINDS = {"lora": "LoraConfig", "loha": "LoHaConfig", "lokr": "LoKrConfig"}
 _PEFT_PARTS = {"down": "lora_A.weight", "up": "lora_B.weight"}
+# How load_adapter may run an adapter (see its docstring).
+_MODES = ("auto", "merged", "unmerged")
 # Where a model keeps the adapters load_adapter put on it, in the order they were loaded.
 _LOADED_ATTR = "_trash_panda_adapters"
 
@@ -131,6 +133,8 @@ class AdapterHandle:
         self.layers = layers
         self._scale = scale
         self.removed = False
+        # Each layer's way of running the adapter and why: see load_adapter's ``mode``.
+        self.modes: dict[str, str] = {n: "unmerged (as loaded)" for n in layers}
 
     def __repr__(self) -> str:
         state = "removed" if self.removed else f"{len(self.layers)} layers, scale {self._scale:g}"
@@ -150,12 +154,22 @@ class AdapterHandle:
 
     @scale.setter
     def scale(self, value: float) -> None:
+        from .offload.tuner_layers import streams
+
         scale = _check_scale(value)
-        for layer in self._tuner_layers():
-            if self.name in layer.merged_adapters:
-                raise ArgumentError(f"adapter {self.name!r} is merged: unmerge() it before changing its scale")
-        for layer in self._tuner_layers():
+        layers = self._tuner_layers()
+        merged = [layer for layer in layers if self.name in layer.merged_adapters]
+        if any(not streams(layer.get_base_layer()) for layer in merged):
+            raise ArgumentError(f"adapter {self.name!r} is merged: unmerge() it before changing its scale")
+        # A streamed layer's merge is made as it runs: dropped here and made again with the new
+        # scale on the layer's next run, reading nothing.
+        again = [(layer, list(layer.merged_adapters)) for layer in merged]
+        for layer in merged:
+            layer.unmerge()
+        for layer in layers:
             layer.set_scale(self.name, scale)
+        for layer, names in again:
+            layer.merge(adapter_names=names)
         self._scale = scale
 
     @property
@@ -170,15 +184,17 @@ class AdapterHandle:
 
     def merge(self) -> None:
         """Merges it into its layers' weights (PEFT's merge)."""
-        for layer in self._tuner_layers():
+        for name, layer in zip(self.layers, self._tuner_layers(), strict=True):
             layer.merge(adapter_names=[self.name])
+            self.modes[name] = "merged (asked)"
 
     def unmerge(self) -> None:
         """Takes it out of its layers' weights again (with the other adapters merged there, as
         PEFT's unmerge does: every merge of the layer is undone)."""
-        for layer in self._tuner_layers():
+        for name, layer in zip(self.layers, self._tuner_layers(), strict=True):
             if self.name in layer.merged_adapters:
                 layer.unmerge()
+            self.modes[name] = "unmerged (asked)"
 
     def remove(self) -> None:
         """Takes it off the model: a merge is undone first, and a layer left with no adapter is
@@ -264,12 +280,21 @@ def load_adapter(
     scale: float = 1.0,
     name: str | None = None,
     component: str | None = None,
+    mode: str = "auto",
 ) -> AdapterHandle:
     """Puts the adapter at ``path`` (LoRA, LoHa or LoKr, in PEFT's, diffusers', kohya's or
     LyCORIS' naming: see :func:`read_adapter`) on ``model``, streamed or not, as PEFT's layers
     (the calls of PEFT and diffusers then see it), active beside the adapters loaded before it.
     ``scale`` multiplies the file's alpha / rank; ``name`` is its name among the model's
     adapters (by default the file's stem); ``component`` as for :func:`read_adapter`.
+
+    ``mode`` says how each layer runs it: ``"unmerged"`` (``W x + s·B(A x)`` on each call),
+    ``"merged"`` (merged into every layer's weight), or ``"auto"``: merged into each streamed
+    layer whose merged weight fits in the RAM the plan leaves free (made on its first run, then
+    kept: later steps cost what they cost without the adapter), unmerged elsewhere (a weight
+    held in memory would be changed in place, and a streamed layer with no room would be merged
+    again on every run, which costs more than running the adapter beside it).
+    ``handle.modes`` says which, and why, per layer.
     Nothing of the model's weights is read again. Needs PEFT."""
     from torch import nn
 
@@ -278,6 +303,8 @@ def load_adapter(
     scale = _check_scale(scale)
     if component is not None and (not isinstance(component, str) or not component):
         raise ArgumentError(f"component: expected a component's name (unet, transformer, ...), got {component!r}")
+    if mode not in _MODES:
+        raise ArgumentError(f"mode: expected one of {', '.join(_MODES)}, got {mode!r}")
     file = _adapter_file(Path(path))
     if name is None:
         name = file.parent.name if file.name in ADAPTER_FILES else file.stem
@@ -291,10 +318,12 @@ def load_adapter(
         import peft  # noqa: F401
     except ImportError as e:
         raise ArgumentError("load_adapter needs PEFT: pip install peft") from e
-    return _load_adapter(model, file, scale, name, component)
+    return _load_adapter(model, file, scale, name, component, mode)
 
 
-def _load_adapter(model: nn.Module, file: Path, scale: float, name: str, component: str | None) -> AdapterHandle:
+def _load_adapter(
+    model: nn.Module, file: Path, scale: float, name: str, component: str | None, mode: str
+) -> AdapterHandle:
     import re
 
     from peft import inject_adapter_in_model, set_peft_model_state_dict
@@ -356,7 +385,38 @@ def _load_adapter(model: nn.Module, file: Path, scale: float, name: str, compone
         layer.set_adapter([n for n in loaded if n in layer._all_available_adapter_names()], inference_mode=True)
     if scale != 1.0:
         handle.scale = scale
+    if mode == "merged":
+        handle.merge()
+    elif mode == "auto":
+        _merge_where_kept(model, handle)
     return handle
+
+
+def _merge_where_kept(model: nn.Module, handle: AdapterHandle) -> None:
+    """``mode="auto"``: merges the adapter into the streamed layers whose merged weights fit in
+    the room the model's kept merges have left, in the model's order; the others run it
+    unmerged."""
+    from .offload.merges import merged_copies
+    from .offload.state import get_state
+    from .offload.tuner_layers import streams
+
+    state = get_state(model)
+    room = 0
+    if state is not None:
+        copies = merged_copies(state)
+        room = copies.limit - copies.held
+    for name, layer in zip(handle.layers, handle._tuner_layers(), strict=True):
+        base = layer.get_base_layer()
+        if not streams(base):
+            handle.modes[name] = "unmerged (its weight is held in memory: a merge would change it in place)"
+            continue
+        nbytes = sum(p.numel() * p.element_size() for p in base.parameters())
+        if state is None or nbytes > room:
+            handle.modes[name] = "unmerged (no room left to keep its merge: merging on each run costs more)"
+            continue
+        room -= nbytes
+        layer.merge(adapter_names=[handle.name])
+        handle.modes[name] = "merged (kept in the RAM the plan leaves free after its first run)"
 
 
 def adapter_report(model: nn.Module) -> str:

@@ -154,14 +154,14 @@ def test_load_adapter_equals_peft_on_the_plain_model(tmp_path: Path, kind: str, 
     try:
         with torch.no_grad():
             bare = model(x)
-            a = tp.load_adapter(model, files[form], name="a")
+            a = tp.load_adapter(model, files[form], name="a", mode="unmerged")
             assert a.kind == kind and sorted(a.layers) == sorted(n for n, m in plain.named_modules() if m in layers)
             assert a.nbytes > 0
             assert torch.equal(model(x), want["a"]), "a"
             assert not torch.equal(want["a"], bare)
             a.scale = 0.5
             assert torch.equal(model(x), want["scaled"]), "scaled"
-            b = tp.load_adapter(model, second[form], name="b")
+            b = tp.load_adapter(model, second[form], name="b", mode="unmerged")
             assert torch.equal(model(x), want["both"]), "both"
             a.merge()
             b.merge()
@@ -195,9 +195,9 @@ def test_bad_arguments_and_files_are_refused(tmp_path: Path) -> None:
             with pytest.raises(error, match=match):
                 call()
         assert not any(isinstance(m, BaseTunerLayer) for m in model.modules())  # nothing was put on
-        tp.load_adapter(model, files["kohya"], name="a")
+        tp.load_adapter(model, files["kohya"], name="a", mode="unmerged")
         with pytest.raises(tp.ArgumentError, match="already has an adapter named 'a'"):
-            tp.load_adapter(model, files["peft"], name="a")
+            tp.load_adapter(model, files["peft"], name="a", mode="unmerged")
     finally:
         tp.release(model)
 
@@ -224,7 +224,7 @@ def test_merged_weights_are_kept_within_the_plan_s_spare_ram(tmp_path: Path) -> 
         tp.stream_load(model, path, plan=planned, device="cpu")
         handle = tp.install_offload(model)
         try:
-            adapter = tp.load_adapter(model, files["peft"], name="a")
+            adapter = tp.load_adapter(model, files["peft"], name="a", mode="unmerged")
             adapter.merge()
             state = get_state(model)
             assert state is not None
@@ -279,7 +279,7 @@ def test_adapters_on_fp8_blocks_equal_the_reference_expansion(tmp_path: Path) ->
     tp.install_offload(model)
     try:
         with torch.no_grad():
-            adapter = tp.load_adapter(model, files["kohya"], name="a")
+            adapter = tp.load_adapter(model, files["kohya"], name="a", mode="unmerged")
             assert torch.equal(model(x), unmerged)
             adapter.merge()
             assert torch.equal(model(x), merged)
@@ -312,10 +312,10 @@ def test_changing_adapters_reads_nothing_again(tmp_path: Path, monkeypatch: pyte
             reads: list[object] = []
             original = materialize.read_many
             monkeypatch.setattr(materialize, "read_many", lambda *a, **k: reads.append(a) or original(*a, **k))
-            a = tp.load_adapter(model, first["peft"], name="a")
+            a = tp.load_adapter(model, first["peft"], name="a", mode="unmerged")
             changes: list[Callable[[], object]] = [
                 lambda: setattr(a, "scale", 0.3),
-                lambda: tp.load_adapter(model, second["kohya"], name="b"),
+                lambda: tp.load_adapter(model, second["kohya"], name="b", mode="unmerged"),
                 a.merge,
                 a.unmerge,
                 a.remove,
@@ -355,3 +355,60 @@ def test_the_plan_counts_adapters_already_on_the_model(tmp_path: Path) -> None:
     assert w.device_budget == b.device_budget - nbytes
     assert [blk.name for blk in with_.blocks] == [blk.name for blk in without.blocks]
     assert "adapters" in with_.table()
+
+
+@pytest.mark.parametrize("mode", ["auto", "merged", "unmerged"])
+def test_each_mode_equals_the_plain_model_merged_where_it_merged(tmp_path: Path, mode: str) -> None:
+    """``mode="auto"`` merges into the streamed layers whose merge fits the plan's free RAM and
+    runs the adapter unmerged on the layers held in memory; ``"merged"`` merges everywhere,
+    ``"unmerged"`` nowhere. Each gives the plain model with PEFT's merge on the same layers, bit
+    for bit, and so does a new scale (the merges made again, reading nothing)."""
+    path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
+    files, _, _, _ = _plain(tmp_path / "plain", "lora", torch.float32)
+    model = on_meta(Tiny)
+    planned = tp.plan(model, path, vram="1TB", ram="1TB", resident_blocks=2, headroom_vram=0, device="cpu")
+    tp.stream_load(model, path, plan=planned, device="cpu")
+    tp.install_offload(model)
+    x = ids()
+    try:
+        with torch.no_grad():
+            adapter = tp.load_adapter(model, files["peft"], name="a", mode=mode)
+            merged = {n for n, why in adapter.modes.items() if why.startswith("merged")}
+            streamed = {n for n in adapter.layers if n.startswith(("blocks.2.", "blocks.3.", "blocks.4.", "blocks.5."))}
+            want_merged = {"auto": streamed, "merged": set(adapter.layers), "unmerged": set()}[mode]
+            assert merged == want_merged, adapter.modes
+            if mode == "auto":
+                assert all("held in memory" in adapter.modes[n] for n in set(adapter.layers) - streamed)
+            for scale in (1.0, 0.4):
+                # A fresh plain model each time: its unmerge below changes its weights' bits.
+                _, _, plain, layers = _plain(tmp_path / f"plain-{scale}", "lora", torch.float32)
+                by_name = dict(plain.named_modules())
+                for layer in layers:
+                    layer.set_adapter(["a"])
+                    layer.set_scale("a", scale)
+                for n in merged:
+                    by_name[n].merge(adapter_names=["a"])
+                want = plain(x)
+                for n in merged:
+                    by_name[n].unmerge()
+                if scale != 1.0:
+                    if mode == "merged":  # the resident layers were merged in place
+                        with pytest.raises(tp.ArgumentError, match="is merged"):
+                            adapter.scale = scale
+                        continue
+                    adapter.scale = scale
+                assert torch.equal(model(x), want), (mode, scale)
+                assert torch.equal(model(x), want), (mode, scale)
+    finally:
+        tp.release(model)
+
+
+def test_a_bad_mode_is_refused(tmp_path: Path) -> None:
+    path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
+    files, _, _, _ = _plain(tmp_path / "plain", "lora", torch.float32)
+    model = _streamed(path)
+    try:
+        with pytest.raises(tp.ArgumentError, match="mode: expected one of auto, merged, unmerged, got 'fused'"):
+            tp.load_adapter(model, files["peft"], mode="fused")
+    finally:
+        tp.release(model)

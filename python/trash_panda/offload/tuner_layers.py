@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from .state import ModelState, TensorSpec
 
-__all__ = ["expect_device", "watch_peft"]
+__all__ = ["expect_device", "streams", "watch_peft"]
 
 # PEFT's package (patched once its import is done: every tuner's classes then exist) and where it
 # keeps its tuners' base classes.
@@ -233,6 +233,12 @@ def expect_device(model: nn.Module, device: torch.device) -> None:
 
 # Models built on meta that will stream once loaded, with their device and their modules.
 _pending: weakref.WeakKeyDictionary[nn.Module, tuple[torch.device, frozenset[int]]] = weakref.WeakKeyDictionary()
+
+
+def streams(module: nn.Module) -> bool:
+    """Whether ``module``'s weights are streamed (or will be, once its model is loaded): a merge
+    into it is recorded and made as it runs, never written into a weight in place."""
+    return _placement(module) is not None
 
 
 def _placement(module: nn.Module) -> tuple[torch.device, torch.dtype] | None:
