@@ -8,9 +8,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
-__all__ = ["adapter_bytes", "adapter_params", "base_name", "is_tuner_layer", "tensor_names", "unwrapped"]
+__all__ = [
+    "adapter_bytes",
+    "adapter_params",
+    "adapter_tensors",
+    "base_name",
+    "held_adapters",
+    "is_tuner_layer",
+    "tensor_names",
+    "unwrapped",
+]
 
 
 def is_tuner_layer(module: Any) -> bool:
@@ -27,27 +37,47 @@ def unwrapped(module: nn.Module) -> nn.Module:
     return module
 
 
+def adapter_tensors(layer: Any, adapter: str | None = None) -> list[torch.Tensor]:
+    """The parameters the tuner layer ``layer`` holds for ``adapter`` (for every adapter: None)."""
+    from torch import nn
+
+    out: list[torch.Tensor] = []
+    for attr in (*layer.adapter_layer_names, *getattr(layer, "other_param_names", ())):
+        held = getattr(layer, attr, None)
+        if not isinstance(held, nn.Module):
+            continue
+        by_name: Any = held  # a ModuleDict or ParameterDict, by adapter name
+        if adapter is None:
+            out.extend(held.parameters())
+        elif adapter in by_name:
+            found = by_name[adapter]
+            out.extend(found.parameters() if isinstance(found, nn.Module) else [found])
+    return out
+
+
+def held_adapters(layer: Any) -> list[str]:
+    """The names of the adapters the tuner layer ``layer`` holds weights for, sorted."""
+    from torch import nn
+
+    names: set[str] = set()
+    for attr in layer.adapter_layer_names:
+        held = getattr(layer, attr, None)
+        if isinstance(held, nn.Module):
+            names.update(name for name, _ in held.named_children())
+            names.update(name for name, _ in held.named_parameters(recurse=False))
+    return sorted(names)
+
+
 def adapter_params(model: nn.Module) -> set[int]:
     """The ids of the parameters PEFT's tuner layers hold for their adapters (no checkpoint of
     the model has them: a load leaves them as they are, a release keeps them)."""
-    from torch import nn
-
-    found: set[int] = set()
-    for module in model.modules():
-        if is_tuner_layer(module):
-            layer: Any = module
-            for attr in (*layer.adapter_layer_names, *getattr(layer, "other_param_names", ())):
-                held = getattr(layer, attr, None)
-                if isinstance(held, nn.Module):
-                    found.update(id(p) for p in held.parameters())
-    return found
+    return {id(p) for module in model.modules() if is_tuner_layer(module) for p in adapter_tensors(module)}
 
 
 def adapter_bytes(model: nn.Module) -> int:
     """Bytes of the parameters PEFT's tuner layers hold for their adapters."""
-    ids = adapter_params(model)
-    seen = {id(p): p for p in model.parameters() if id(p) in ids}
-    return sum(p.numel() * p.element_size() for p in seen.values())
+    held = {id(p): p for m in model.modules() if is_tuner_layer(m) for p in adapter_tensors(m)}
+    return sum(p.numel() * p.element_size() for p in held.values())
 
 
 def base_name(name: str) -> str:

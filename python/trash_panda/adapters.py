@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _core
-from .adapter_names import is_tuner_layer
+from .adapter_names import adapter_tensors, held_adapters, is_tuner_layer
 from .checkpoint import Checkpoint
 from .errors import ArgumentError, CheckpointError
 
@@ -38,17 +38,19 @@ def read_adapter(model: nn.Module, path: str | os.PathLike[str], *, component: s
         raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if component is not None and (not isinstance(component, str) or not component):
         raise ArgumentError(f"component: expected a component's name (unet, transformer, ...), got {component!r}")
-    return _read_adapter(model, _adapter_file(Path(path)), component)
+    file = _adapter_file(Path(path))
+    return _read_adapter(Checkpoint(file), _layers(model), component, _config(file))
 
 
-def _read_adapter(model: nn.Module, file: Path, component: str | None) -> _core.AdapterMap:
-    ckpt = Checkpoint(file)
+def _read_adapter(
+    ckpt: Checkpoint, layers: list[tuple[str, list[int]]], component: str | None, config: tuple[float | None, bool]
+) -> _core.AdapterMap:
+    """The file ``ckpt`` mapped onto ``layers`` (see :func:`_layers`), with PEFT's config
+    (:func:`_config`)."""
     tensors = [(t.name, list(t.shape)) for t in ckpt.tensors()]
     alphas = {name: _scalar(ckpt, name) for name, _shape in tensors if name.endswith(".alpha")}
-    lora_alpha, use_rslora = _config(file.parent / "adapter_config.json")
-    return _core.map_adapter(
-        tensors, alphas, _layers(model), component=component, lora_alpha=lora_alpha, use_rslora=use_rslora
-    )
+    lora_alpha, use_rslora = config
+    return _core.map_adapter(tensors, alphas, layers, component=component, lora_alpha=lora_alpha, use_rslora=use_rslora)
 
 
 def _adapter_file(path: Path) -> Path:
@@ -74,8 +76,10 @@ def _scalar(ckpt: Checkpoint, name: str) -> float:
     return float(value.float().reshape(-1)[0]) if value.numel() == 1 else float("nan")
 
 
-def _config(path: Path) -> tuple[float | None, bool]:
-    """PEFT's ``lora_alpha`` and ``use_rslora`` from ``adapter_config.json``, where there is one."""
+def _config(file: Path) -> tuple[float | None, bool]:
+    """PEFT's ``lora_alpha`` and ``use_rslora`` from the ``adapter_config.json`` beside the
+    adapter's ``file``, where there is one."""
+    path = file.parent / "adapter_config.json"
     if not path.is_file():
         return None, False
     try:
@@ -175,7 +179,7 @@ class AdapterHandle:
     @property
     def nbytes(self) -> int:
         """Bytes of its matrices (where the model computes)."""
-        return sum(_adapter_bytes(layer, self.name) for layer in self._tuner_layers())
+        return sum(_nbytes(adapter_tensors(layer, self.name)) for layer in self._tuner_layers())
 
     @property
     def merged(self) -> bool:
@@ -206,7 +210,7 @@ class AdapterHandle:
         for name in self.layers:
             layer = modules[name]
             layer.delete_adapter(self.name)
-            if not layer._all_available_adapter_names():
+            if not held_adapters(layer):
                 parent, _, child = name.rpartition(".")
                 setattr(modules[parent] if parent else self.model, child, layer.get_base_layer())
         config = getattr(self.model, "peft_config", None)
@@ -253,18 +257,8 @@ def _undo(model: nn.Module, name: str, layers: list[str]) -> None:
     AdapterHandle(model, name, "", layers, 1.0).remove()
 
 
-def _adapter_bytes(layer: Any, adapter: str) -> int:
-    """Bytes of ``adapter``'s matrices in the tuner layer ``layer``."""
-    from torch import nn
-
-    total = 0
-    for attr in layer.adapter_layer_names:
-        held = getattr(layer, attr)
-        if adapter in held:
-            found = held[adapter]
-            params = list(found.parameters()) if isinstance(found, nn.Module) else [found]
-            total += sum(p.numel() * p.element_size() for p in params)
-    return total
+def _nbytes(tensors: list[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _check_scale(value: object) -> float:
@@ -331,15 +325,15 @@ def _load_adapter(
     from .offload.tuner_layers import watch_peft
 
     watch_peft()
-    mapped = _read_adapter(model, file, component)
+    ckpt, layers, config = Checkpoint(file), _layers(model), _config(file)
+    mapped = _read_adapter(ckpt, layers, component, config)
     kinds = sorted({layer.kind for layer in mapped.layers})
     if not kinds:
         raise CheckpointError(f"{file}: holds no adapter for this model (every tensor is another component's)")
     if len(kinds) > 1:
         raise CheckpointError(f"{file}: mixes kinds of adapters ({', '.join(kinds)}); one kind per file is supported")
     kind = kinds[0]
-    shapes = dict(_layers(model))
-    ckpt = Checkpoint(file)
+    shapes = dict(layers)
     ranks: dict[str, int] = {}
     alphas: dict[str, float] = {}
     state: dict[str, Any] = {}
@@ -359,7 +353,7 @@ def _load_adapter(
             if kind == "lora" and len(shapes[layer.layer]) == 2 and value.dim() == 4:
                 value = value.reshape(value.shape[0], value.shape[1])  # a linear layer's LoRA saved as 1x1
             state[f"{layer.layer}.{_PEFT_PARTS.get(part, part)}"] = value
-    _alpha, use_rslora = _config(file.parent / "adapter_config.json")
+    use_rslora = config[1]
     # PEFT takes the first pattern that matches the end of a layer's name: the longest first.
     order = sorted(ranks, key=len, reverse=True)
     config = _peft_config(
@@ -382,7 +376,7 @@ def _load_adapter(
     modules = dict(model.named_modules())
     for layer_name in handle.layers:
         layer = modules[layer_name]
-        layer.set_adapter([n for n in loaded if n in layer._all_available_adapter_names()], inference_mode=True)
+        layer.set_adapter([n for n in loaded if n in held_adapters(layer)], inference_mode=True)
     if scale != 1.0:
         handle.scale = scale
     if mode == "merged":
@@ -410,7 +404,7 @@ def _merge_where_kept(model: nn.Module, handle: AdapterHandle) -> None:
         if not streams(base):
             handle.modes[name] = "unmerged (its weight is held in memory: a merge would change it in place)"
             continue
-        nbytes = sum(p.numel() * p.element_size() for p in base.parameters())
+        nbytes = _nbytes(list(base.parameters()))
         if state is None or nbytes > room:
             handle.modes[name] = "unmerged (no room left to keep its merge: merging on each run costs more)"
             continue
@@ -438,10 +432,10 @@ def adapter_report(model: nn.Module) -> str:
     adapters: dict[str, list[int]] = {}  # name -> [layers, bytes]
     streamed = unmerged = in_place = 0
     for layer in layers:
-        for adapter in layer._all_available_adapter_names():
+        for adapter in held_adapters(layer):
             entry = adapters.setdefault(adapter, [0, 0])
             entry[0] += 1
-            entry[1] += _adapter_bytes(layer, adapter)
+            entry[1] += _nbytes(adapter_tensors(layer, adapter))
         if merged_layers(layer.get_base_layer()):
             streamed += 1
         elif layer.merged_adapters:

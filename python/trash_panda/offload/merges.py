@@ -5,9 +5,9 @@ it is brought with, and kept from one run to the next where the plan leaves RAM 
 A merge is recorded with the scales of that moment (a merged weight keeps them, as the plain
 model's does, when the scales change later) and outlives its tuner layer
 (``unload_lora_weights()`` after ``fuse_lora()``). An unmerge forgets the record and the kept
-copy, which gives back the checkpoint's exact bits. The hooks are module hooks named
-:data:`MERGE_HOOK` on the layers with merges recorded, put again whenever a record changes or
-the model is loaded.
+copy, which gives back the checkpoint's exact bits. The hooks are module hooks on the layers
+with merges recorded, named :data:`MERGE_HOOK` and the layer's id, put again whenever the
+layer's records change or the model is loaded.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ __all__ = [
     "set_merges",
 ]
 
-# The module hooks that merge recorded adapters into a layer's weights as it runs.
+# The module hooks that merge recorded adapters into a layer's weights as it runs (each
+# layer's named by this and the layer's id).
 MERGE_HOOK = "adapter_merge"
 # The hook of a final pass, which frees each block after its run.
 FINAL_PASS = "final_pass"
@@ -105,10 +106,6 @@ class MergedCopies:
         """How many merged tensors are kept (a layer's weight and bias each count)."""
         return len(self._copies)
 
-    def clear(self) -> None:
-        self._copies.clear()
-        self.held = 0
-
 
 def merged_layers(module: nn.Module) -> list[Merge]:
     """The merges recorded on a streamed layer, in the order they were made."""
@@ -126,7 +123,7 @@ def set_merges(module: nn.Module, merges: list[Merge]) -> None:
         copies = merged_copies(found[1])
         for slot in _slots(found[1], module):
             copies.drop(slot.key)
-        _hook_merges(*found)
+        _hook(found[0], found[1], module)
 
 
 def merged_copies(state: ModelState) -> MergedCopies:
@@ -147,8 +144,10 @@ def attach_merges(model: nn.Module) -> None:
     """After ``model`` is loaded: the merges recorded on its layers before (or in an earlier
     load) take effect."""
     state = get_state(model)
-    if state is not None and any(merged_layers(m) for m in model.modules()):
-        _hook_merges(model, state)
+    if state is not None:
+        for module in model.modules():
+            if merged_layers(module):
+                _hook(model, state, module)
 
 
 def owner(module: nn.Module, outside: bool = False) -> tuple[nn.Module, ModelState] | None:
@@ -163,16 +162,18 @@ def owner(module: nn.Module, outside: bool = False) -> tuple[nn.Module, ModelSta
     return None
 
 
-def _hook_merges(model: nn.Module, state: ModelState) -> None:
-    """Puts the merge hooks on the model's layers that have merges recorded (and on no other)."""
+def _hook(model: nn.Module, state: ModelState, module: nn.Module) -> None:
+    """Puts the merge hooks on ``module`` if it has merges recorded, and takes off any it had
+    (from an earlier load, or before its last merge was undone): each layer's hooks go by a name
+    of their own, so a merge of one layer touches no other's."""
     hooks = model_hooks(model)
-    hooks.remove(MERGE_HOOK)
-    for module in model.modules():
-        if merged_layers(module):
-            held: list[tuple[_Slot, torch.Tensor]] = []
-            ref = weakref.ref(module)
-            hooks.on_module_start(MERGE_HOOK, module, functools.partial(_merge_in, ref, state, hooks, held))
-            hooks.on_module_end(MERGE_HOOK, module, functools.partial(_give_back, held))
+    name = f"{MERGE_HOOK} {id(module)}"
+    hooks.remove(name)
+    if merged_layers(module):
+        held: list[tuple[_Slot, torch.Tensor]] = []
+        start = functools.partial(_merge_in, weakref.ref(module), state, hooks, held)
+        hooks.on_module_start(name, module, start)
+        hooks.on_module_end(name, module, functools.partial(_give_back, held))
 
 
 @dataclass

@@ -159,21 +159,17 @@ class ModelState:
 
     def specs_of(self, module: nn.Module) -> list[TensorSpec]:
         """The tensors of the blocks that ``module`` holds (none for a module outside them)."""
-        return self._by_module().get(id(module), (module, []))[1]
+        return self._by_module().get(id(module), [])
 
-    def modules_with_specs(self) -> list[nn.Module]:
-        """Every module that holds a tensor of the blocks."""
-        return [module for module, _specs in self._by_module().values()]
-
-    def _by_module(self) -> dict[int, tuple[nn.Module, list[TensorSpec]]]:
+    def _by_module(self) -> dict[int, list[TensorSpec]]:
         # The blocks are fixed once loaded (a drop replaces the list): made once per list.
         cached = self.__dict__.get("_specs_by_module")
         if cached is None or cached[0] is not self.blocks:
-            by: dict[int, tuple[nn.Module, list[TensorSpec]]] = {}
+            by: dict[int, list[TensorSpec]] = {}
             for block in self.blocks:
                 for spec in block.tensors:
                     for module, _attr in spec.owners:
-                        by.setdefault(id(module), (module, []))[1].append(spec)
+                        by.setdefault(id(module), []).append(spec)
             cached = (self.blocks, by)
             self.__dict__["_specs_by_module"] = cached
         return cached[1]

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from ..adapter_names import adapter_tensors
 from .merges import Merge, merged_layers, owner, set_merges
 from .state import get_state
 
@@ -187,7 +188,8 @@ def _merging(merge: Callable[..., None]) -> Callable[..., None]:
             return merge(self, safe_merge=safe_merge, adapter_names=adapter_names, **kwargs)
         from peft.tuners.tuners_utils import check_adapters_to_merge
 
-        names = [n for n in check_adapters_to_merge(self, adapter_names) if _holds(self, n)]
+        # PEFT merges only the adapters the layer has weights for.
+        names = [n for n in check_adapters_to_merge(self, adapter_names) if adapter_tensors(self, n)]
         if not names:
             return None
         record = Merge(self, names, merge, dict(kwargs, safe_merge=safe_merge), dict(self.scaling))
@@ -209,15 +211,6 @@ def _unmerging(unmerge: Callable[..., None]) -> Callable[..., None]:
         return None
 
     return patched
-
-
-def _holds(layer: Any, adapter: str) -> bool:
-    """Whether the tuner layer has weights for ``adapter`` (PEFT merges only those)."""
-    for name in layer.adapter_layer_names:
-        held = getattr(layer, name, None)
-        if held is not None and adapter in held:
-            return True
-    return False
 
 
 def expect_device(model: nn.Module, device: torch.device) -> None:
