@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 import trash_panda as tp
 from support.checkpoints import every_tier, ids, reference
 from support.models import Tiny, on_meta, save
+from trash_panda import Tier
 
 peft = pytest.importorskip("peft")
 
@@ -291,7 +292,7 @@ def test_adapters_on_fp8_blocks_equal_the_reference_expansion(tmp_path: Path) ->
 def test_changing_adapters_reads_nothing_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A new scale, a second adapter, a merge, an unmerge and a removal read nothing of the
     model's checkpoint: no read into memory (the resident and outside weights are not read
-    again), and each pass reads from the disk tier exactly what a pass without the change reads."""
+    again), and each pass reads from the disk no more than the disk tier's blocks, once."""
     from trash_panda import _core
     from trash_panda.checkpoint import Checkpoint
     from trash_panda.offload.state import get_state
@@ -318,15 +319,25 @@ def test_changing_adapters_reads_nothing_again(tmp_path: Path, monkeypatch: pyte
     reads.clear()
     try:
         state = get_state(model)
-        assert state is not None and state.handle is not None
-        stats = state.handle.stats
+        assert state is not None and state.handle is not None and state.engine is not None
+        engine, stats = state.engine, state.handle.stats
+        on_disk = {b.engine_index for b in state.blocks if b.tier == Tier.DISK}
+        assert len(on_disk) == 2
+
+        def disk_bytes() -> int:
+            # A pass stages the next pass's first blocks after its end, on the workers: read the
+            # counter once they are idle. Which blocks a staging buffer still holds from the pass
+            # before depends on timing, so a pass may read fewer blocks, never more.
+            assert engine.wait_idle(10.0)
+            return _disk_bytes(stats())
+
         x = ids()
         with torch.no_grad():
             model(x)
-            before = _disk_bytes(stats())
             model(x)
-            per_pass = _disk_bytes(stats()) - before
-            assert per_pass > 0  # two blocks on disk, read on each pass
+            sizes = {s.block: s.bytes for s in engine.stagings() if s.block in on_disk}
+            assert set(sizes) == on_disk  # both were staged from the disk
+            disk_tier = sum(sizes.values())
             a = tp.load_adapter(model, first["peft"], name="a", mode="unmerged")
             changes: list[Callable[[], object]] = [
                 lambda: setattr(a, "scale", 0.3),
@@ -335,11 +346,15 @@ def test_changing_adapters_reads_nothing_again(tmp_path: Path, monkeypatch: pyte
                 a.unmerge,
                 a.remove,
             ]
+            read = 0
             for change in changes:
                 change()
-                now = _disk_bytes(stats())
+                now = disk_bytes()
                 model(x)
-                assert _disk_bytes(stats()) - now == per_pass
+                per_pass = disk_bytes() - now
+                assert 0 <= per_pass <= disk_tier
+                read += per_pass
+            assert read > 0  # the disk tier was read, not held
             assert reads == []
     finally:
         tp.release(model)
