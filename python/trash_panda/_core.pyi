@@ -186,10 +186,13 @@ def quantize_fp8(
     scales: Any,
     rows: int,
     cols: int,
-    per_row: bool,
+    layout: str,
+    block: int = 128,
     threads: int | None = None,
 ) -> None:
-    """Quantizes `src` to fp8 e4m3fn into `dst`, writing the float32 scales into `scales`."""
+    """Quantizes `src` to fp8 e4m3fn into `dst`, writing the float32 scales into `scales`: one
+    per tensor, per row or per `block` x `block` tile (`layout` "tensor", "row" or "block").
+    """
 
 def drop_cache(path: str | PathLike[str]) -> None:
     """Asks the kernel to drop the file's pages from the page cache."""

@@ -137,12 +137,25 @@ class AdapterHandle:
         self.layers = layers
         self._scale = scale
         self.removed = False
-        # Each layer's way of running the adapter and why: see load_adapter's ``mode``.
-        self.modes: dict[str, str] = {n: "unmerged (as loaded)" for n in layers}
+        # Why each layer runs the adapter the way it was last decided here: see ``modes``.
+        self._why: dict[str, str] = {n: "unmerged (as loaded)" for n in layers}
 
     def __repr__(self) -> str:
         state = "removed" if self.removed else f"{len(self.layers)} layers, scale {self._scale:g}"
         return f"AdapterHandle({self.name!r}, {self.kind}, {state})"
+
+    @property
+    def modes(self) -> dict[str, str]:
+        """Each layer's way of running the adapter, merged or unmerged, and why (see
+        :func:`load_adapter`'s ``mode``). PEFT runs a layer's adapters all merged or all
+        unmerged, so loading or merging another adapter there can change it."""
+        found: dict[str, str] = {}
+        for name, layer in zip(self.layers, self._tuner_layers(), strict=True):
+            way = "merged" if self.name in layer.merged_adapters else "unmerged"
+            why = self._why[name]
+            together = f"{way} (with the layer's other adapters: PEFT runs them all merged or all unmerged)"
+            found[name] = why if why.startswith(way) else together
+        return found
 
     def _tuner_layers(self) -> list[Any]:
         if self.removed:
@@ -187,10 +200,11 @@ class AdapterHandle:
         return any(self.name in layer.merged_adapters for layer in self._tuner_layers())
 
     def merge(self) -> None:
-        """Merges it into its layers' weights (PEFT's merge)."""
+        """Merges it into its layers' weights (PEFT's merge), with the other adapters active
+        there and not merged yet: PEFT runs a layer's adapters all merged or all unmerged."""
         for name, layer in zip(self.layers, self._tuner_layers(), strict=True):
-            layer.merge(adapter_names=[self.name])
-            self.modes[name] = "merged (asked)"
+            _merge_active(layer)
+            self._why[name] = "merged (asked)"
 
     def unmerge(self) -> None:
         """Takes it out of its layers' weights again (with the other adapters merged there, as
@@ -198,7 +212,7 @@ class AdapterHandle:
         for name, layer in zip(self.layers, self._tuner_layers(), strict=True):
             if self.name in layer.merged_adapters:
                 layer.unmerge()
-            self.modes[name] = "unmerged (asked)"
+            self._why[name] = "unmerged (asked)"
 
     def remove(self) -> None:
         """Takes it off the model: a merge is undone first, and a layer left with no adapter is
@@ -386,11 +400,19 @@ def _load_adapter(
     return handle
 
 
+def _merge_active(layer: Any) -> None:
+    """Merges the adapters active on ``layer`` and not merged yet (a merged PEFT layer runs no
+    unmerged adapter)."""
+    names = [n for n in layer.active_adapters if n not in layer.merged_adapters]
+    if names:
+        layer.merge(adapter_names=names)
+
+
 def _merge_where_kept(model: nn.Module, handle: AdapterHandle) -> None:
     """``mode="auto"``: merges the adapter into the streamed layers whose merged weights fit in
     the room the model's kept merges have left, in the model's order; the others run it
     unmerged."""
-    from .offload.merges import merged_copies
+    from .offload.merges import kept_size, merged_copies
     from .offload.state import get_state
     from .offload.tuner_layers import streams
 
@@ -402,15 +424,20 @@ def _merge_where_kept(model: nn.Module, handle: AdapterHandle) -> None:
     for name, layer in zip(handle.layers, handle._tuner_layers(), strict=True):
         base = layer.get_base_layer()
         if not streams(base):
-            handle.modes[name] = "unmerged (its weight is held in memory: a merge would change it in place)"
+            handle._why[name] = "unmerged (its weight is held in memory: a merge would change it in place)"
             continue
-        nbytes = _nbytes(list(base.parameters()))
+        nbytes = kept_size(state, base) if state is not None else 0
         if state is None or nbytes > room:
-            handle.modes[name] = "unmerged (no room left to keep its merge: merging on each run costs more)"
+            handle._why[name] = "unmerged (no room left to keep its merge: merging on each run costs more)"
             continue
         room -= nbytes
-        layer.merge(adapter_names=[handle.name])
-        handle.modes[name] = "merged (kept in the RAM the plan leaves free after its first run)"
+        _merge_active(layer)
+        handle._why[name] = "merged (kept in the RAM the plan leaves free after its first run)"
+
+
+def _listed(names: list[str], most: int = 6) -> str:
+    shown = ", ".join(names[:most]) + (f", ... ({len(names) - most} more)" if len(names) > most else "")
+    return f"({shown})" if names else ""
 
 
 def adapter_report(model: nn.Module) -> str:
@@ -457,4 +484,15 @@ def adapter_report(model: nn.Module) -> str:
         )
         if streamed and copies.limit == 0:
             lines.append("  (no RAM left free by the plan: each streamed layer is merged again on each run)")
+        modules = {id(m): (n.removesuffix(".base_layer"), m) for n, m in model.named_modules()}
+        rebuilt = sorted(modules[i][0] for i in copies.rebuilt if i in modules)
+        waiting = sorted(modules[i][0] for i in copies.stale if i in modules and merged_layers(modules[i][1]))
+        if rebuilt or waiting:
+            lines.append(
+                f"  merges made again after a change of adapters or scales: {len(rebuilt)} layers "
+                f"{_listed(rebuilt)}, {sum(copies.rebuilt.values())} times; the weights were "
+                "streamed as on any run, nothing else read"
+            )
+        if waiting:
+            lines.append(f"  to be made again on their next run: {len(waiting)} layers {_listed(waiting)}")
     return "\n".join(lines)

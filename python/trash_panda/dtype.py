@@ -118,19 +118,31 @@ def cast(
 def quantize_fp8(
     tensor: torch.Tensor,
     *,
-    per_row: bool = True,
+    layout: str = "row",
+    block_size: int = 128,
     threads: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantizes to float8_e4m3fn with scale = absmax / 448, per row or for the whole tensor.
+    """Quantizes to float8_e4m3fn with scale = absmax / 448 over each group of ``layout``:
+    ``"row"``, ``"tensor"`` or ``"block"`` (``block_size`` x ``block_size`` tiles).
 
-    Returns ``(q, scale)`` with ``q.float() * scale`` close to the input; ``scale`` has shape
-    ``[rows, 1]`` per row, ``[]`` per tensor.
+    Returns ``(q, scale)`` with ``q.float() * scale`` close to the input (tile scales repeated
+    over their tiles); ``scale`` has shape ``[rows, 1]`` per row, ``[]`` per tensor and
+    ``[ceil(rows / block_size), ceil(cols / block_size)]`` per tile, the layouts :func:`expand`
+    takes.
     """
     import torch
 
     t = _check_cpu(tensor, "tensor")
     rows, cols = rows_cols(tuple(t.shape))
+    shapes = {"row": (rows, 1), "tensor": (), "block": (-(-rows // max(block_size, 1)), -(-cols // max(block_size, 1)))}
+    if layout not in shapes:
+        raise ArgumentError(f"layout: expected one of {', '.join(map(repr, shapes))}, got {layout!r}")
+    if block_size < 1:
+        raise ArgumentError(f"block_size: expected at least 1, got {block_size}")
+    shape = shapes[layout]
     q = torch.empty(t.shape, dtype=torch.float8_e4m3fn)
-    scales = torch.empty(rows if per_row else 1, dtype=torch.float32)
-    _core.quantize_fp8(_bytes(t), core_name(t.dtype), _bytes(q), scales, rows, cols, per_row, threads=threads)
-    return q, scales.reshape(rows, 1) if per_row else scales.reshape(())
+    scales = torch.empty(shape, dtype=torch.float32)
+    _core.quantize_fp8(
+        _bytes(t), core_name(t.dtype), _bytes(q), scales.reshape(-1), rows, cols, layout, block_size, threads=threads
+    )
+    return q, scales

@@ -259,22 +259,44 @@ def test_merged_weights_are_kept_within_the_plan_s_spare_ram(tmp_path: Path) -> 
 
 
 def test_adapters_on_fp8_blocks_equal_the_reference_expansion(tmp_path: Path) -> None:
-    """Blocks stored in fp8 (three scale layouts) and expanded to bf16 as they run: the LoRA
-    unmerged, and merged into the expanded weight, give the outputs of the plain bf16 model
-    holding the reference expansion with the same adapter through PEFT. The merge is made in the
-    compute dtype; the kept merge is that bf16 weight (not requantized to fp8)."""
+    """Blocks stored in fp8 (three scale layouts) and expanded to bf16 as they run. The LoRA
+    unmerged gives the outputs of the plain bf16 model holding the reference expansion with the
+    same adapter through PEFT. Merged, each fp8 layer's merge (PEFT's, on the expansion) is
+    quantized again by the core's quantizer in the layer's own scale layout, and the layer runs
+    on the reference expansion of that, on every run; the kept merge is those codes and scales."""
     from support.checkpoints import fp8_checkpoint
+    from trash_panda.offload.state import get_state
 
     path = tmp_path / "fp8.safetensors"
     expected = fp8_checkpoint(reference(torch.float32), path)
     files, plain = _files(tmp_path, "lora", expected, 4, 1, "a")
-    layers = [m for m in plain.modules() if isinstance(m, BaseTunerLayer)]
+    layers = {n: m for n, m in plain.named_modules() if isinstance(m, BaseTunerLayer)}
     x = ids()
     with torch.no_grad():
         unmerged = plain(x)
-        for layer in layers:
+        for layer in layers.values():
             layer.merge()
+        bf16_merge = plain(x)
+        codes = 0
+        for name, layer in layers.items():
+            weight = layer.get_base_layer().weight
+            if name.startswith("blocks.") and weight.dim() == 2:
+                # The layouts of fp8_checkpoint: per row, per tensor, per 128 x 128 tile.
+                layout = ("row", "tensor", "block")[int(name.split(".")[1]) % 3]
+                q, scale = tp.dtype.quantize_fp8(weight.data, layout=layout)
+                full = scale
+                if layout == "block":
+                    full = scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[: q.shape[0], : q.shape[1]]
+                requantized = (q.float() * full).to(torch.bfloat16)
+                # One rounding to e4m3 (3 bits of mantissa): a few percent of the weight.
+                error = (requantized.float() - weight.float()).norm() / weight.float().norm()
+                assert 0 < error.item() < 0.05, (name, error)
+                weight.data = requantized
+                bias = layer.get_base_layer().bias
+                # Kept for the streamed model: these codes and scales, and the bias in bf16.
+                codes += q.numel() + scale.numel() * 4 + (bias.numel() * 2 if bias is not None else 0)
         merged = plain(x)
+    assert codes > 0 and not torch.equal(merged, bf16_merge)
     model = on_meta(Tiny)
     tp.stream_load(model, path, plan=every_tier(), device="cpu", compute_dtype="bf16")
     tp.install_offload(model)
@@ -284,9 +306,29 @@ def test_adapters_on_fp8_blocks_equal_the_reference_expansion(tmp_path: Path) ->
             assert torch.equal(model(x), unmerged)
             adapter.merge()
             assert torch.equal(model(x), merged)
-            assert torch.equal(model(x), merged)
+            assert torch.equal(model(x), merged)  # on the kept codes and scales
+            state = get_state(model)
+            assert state is not None and state.merged is not None
+            assert state.merged.reused > 0
+            assert state.merged.held == codes
     finally:
         tp.release(model)
+
+
+def test_the_requantization_on_a_gpu_computes_the_core_s_bits() -> None:
+    """On a GPU a merged fp8 layer is quantized again by torch operations: on the CPU they
+    give the core's quantizer's codes and scales, bit for bit, in each layout."""
+    from trash_panda.offload.requant import quantize_like_the_core
+
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(300, 200, generator=g) * 0.05).to(torch.bfloat16)
+    w[7] = 0.0
+    w[0, 0] = float("nan")
+    for layout in ("tensor", "row", "block"):
+        q, scale = tp.dtype.quantize_fp8(w, layout=layout)
+        tq, tscale = quantize_like_the_core(w, layout)
+        assert torch.equal(q.view(torch.uint8), tq.view(torch.uint8)), layout
+        assert torch.equal(scale, tscale.reshape(scale.shape)), layout
 
 
 def test_changing_adapters_reads_nothing_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -429,6 +471,60 @@ def test_each_mode_equals_the_plain_model_merged_where_it_merged(tmp_path: Path,
                     adapter.scale = scale
                 assert torch.equal(model(x), want), (mode, scale)
                 assert torch.equal(model(x), want), (mode, scale)
+    finally:
+        tp.release(model)
+
+
+def test_the_report_says_how_each_layer_runs_and_what_a_change_made_again(tmp_path: Path) -> None:
+    """adapter_report: the adapters, the layers running one unmerged, those merged into
+    streamed weights with the merges kept; after a second adapter (merged with the first, as
+    PEFT merges a layer's active adapters together) and after a new scale, which layers' merges
+    wait to be made again, then which were made again on the next run. Each state's outputs
+    are the plain model's with PEFT's merges on the same layers."""
+    path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
+    first, second, _, _ = _plain(tmp_path / "plain", "lora", torch.float32)
+    model = on_meta(Tiny)
+    planned = tp.plan(model, path, vram="1TB", ram="1TB", resident_blocks=2, headroom_vram=0, device="cpu")
+    tp.stream_load(model, path, plan=planned, device="cpu")
+    tp.install_offload(model)
+    x = ids()
+
+    def plain_with(active: list[str], scale_a: float, merged: list[str]) -> torch.Tensor:
+        _, _, plain, layers = _plain(tmp_path / f"plain-{len(active)}-{scale_a}", "lora", torch.float32)
+        for layer in layers:
+            layer.set_adapter(active)
+            layer.set_scale("a", scale_a)
+        by_name = dict(plain.named_modules())
+        for n in merged:
+            by_name[n].merge(adapter_names=active)
+        return plain(x)
+
+    try:
+        with torch.no_grad():
+            a = tp.load_adapter(model, first["peft"], name="a")
+            merged = sorted(n for n, why in a.modes.items() if why.startswith("merged"))
+            assert merged and len(merged) < len(a.layers)
+            assert torch.equal(model(x), plain_with(["a"], 1.0, merged))
+            report = tp.adapter_report(model)
+            assert f"1 adapter(s) on {len(a.layers)} layers" in report
+            assert f"a: {len(a.layers)} layers, {a.nbytes / 1e6:.1f} MB" in report
+            unmerged = f"with an adapter unmerged (W x + s·B(A x) on each call): {len(a.layers) - len(merged)} layers"
+            assert unmerged in report
+            assert f"merged into streamed layers: {len(merged)} layers" in report
+            assert "made again" not in report
+            b = tp.load_adapter(model, second["kohya"], name="b")
+            assert sorted(n for n, why in b.modes.items() if why.startswith("merged")) == merged
+            assert sorted(n for n, why in a.modes.items() if why.startswith("merged")) == merged
+            waiting = f"to be made again on their next run: {len(merged)} layers ({', '.join(merged[:6])}"
+            assert waiting in tp.adapter_report(model)
+            assert torch.equal(model(x), plain_with(["a", "b"], 1.0, merged))
+            report = tp.adapter_report(model)
+            assert f"merges made again after a change of adapters or scales: {len(merged)} layers" in report
+            assert f"{len(merged)} times" in report and "to be made again" not in report
+            a.scale = 0.5
+            assert waiting in tp.adapter_report(model)
+            assert torch.equal(model(x), plain_with(["a", "b"], 0.5, merged))
+            assert f"{2 * len(merged)} times" in tp.adapter_report(model)
     finally:
         tp.release(model)
 

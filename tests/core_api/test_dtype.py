@@ -85,20 +85,36 @@ def test_large_tensor_uses_threads_and_matches() -> None:
         same(expand(w, "bf16", s, threads=threads), ref)
 
 
-@pytest.mark.parametrize("per_row", [True, False])
+@pytest.mark.parametrize("layout", ["row", "tensor", "block"])
 @pytest.mark.parametrize("src", FLOATS)
-def test_quantize_matches_torch_reference(per_row: bool, src: torch.dtype) -> None:
+def test_quantize_matches_torch_reference(layout: str, src: torch.dtype) -> None:
     g = torch.Generator().manual_seed(4)
     w = (torch.randn(257, 130, generator=g) * 3).to(src)
     w[0, 0] = 0.0
     w[5] = 0.0  # an all-zero row
-    q, scale = quantize_fp8(w, per_row=per_row)
+    w[128:, 128:] = 0.0  # an all-zero tile
+    q, scale = quantize_fp8(w, layout=layout)
     wf = w.float()
-    amax = wf.abs().amax(dim=1, keepdim=True) if per_row else wf.abs().amax()
+    if layout == "block":
+        tiles = torch.nn.functional.pad(wf.abs(), (0, 126, 0, 127)).reshape(3, 128, 2, 128)
+        amax = tiles.amax(dim=(1, 3))
+        assert scale.shape == (3, 2)
+    else:
+        amax = wf.abs().amax(dim=1, keepdim=True) if layout == "row" else wf.abs().amax()
     ref_scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
     assert torch.equal(scale, ref_scale.reshape(scale.shape))
-    ref_q = torch.clamp(wf / ref_scale, -448.0, 448.0).to(torch.float8_e4m3fn)
+    full = ref_scale.repeat_interleave(128, 0).repeat_interleave(128, 1)[:257, :130] if layout == "block" else ref_scale
+    ref_q = torch.clamp(wf / full, -448.0, 448.0).to(torch.float8_e4m3fn)
     same(q, ref_q)
+    # The scale comes back in the layout expand() takes.
+    same(expand(q, "float32", scale), q.float() * full)
+
+
+def test_quantize_refuses_a_bad_layout() -> None:
+    with pytest.raises(ArgumentError, match="layout: expected one of 'row', 'tensor', 'block', got 'tile'"):
+        quantize_fp8(torch.ones(2, 2), layout="tile")
+    with pytest.raises(ArgumentError, match="block_size: expected at least 1"):
+        quantize_fp8(torch.ones(2, 2), layout="block", block_size=0)
 
 
 def test_errors() -> None:

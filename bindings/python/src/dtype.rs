@@ -117,9 +117,10 @@ fn cast(
     without_gil(py, || dtype::cast(sb, sd, db, dd, n)).map_err(ToPyErr::to_py)
 }
 
-/// Quantizes `src` to fp8 e4m3fn into `dst`, writing the float32 scales into `scales`.
+/// Quantizes `src` to fp8 e4m3fn into `dst`, writing the float32 scales into `scales`: one
+/// per tensor, per row or per `block` x `block` tile (`layout` "tensor", "row" or "block").
 #[pyfunction]
-#[pyo3(signature = (src, src_dtype, dst, scales, rows, cols, per_row, threads=None))]
+#[pyo3(signature = (src, src_dtype, dst, scales, rows, cols, layout, block=128, threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn quantize_fp8(
     py: Python<'_>,
@@ -129,10 +130,22 @@ fn quantize_fp8(
     scales: &Bound<'_, PyAny>,
     rows: usize,
     cols: usize,
-    per_row: bool,
+    layout: &str,
+    block: usize,
     threads: Option<usize>,
 ) -> PyResult<()> {
     let sd = parse_dtype(src_dtype)?;
+    let granularity = match layout {
+        "tensor" => QuantGranularity::PerTensor,
+        "row" => QuantGranularity::PerRow,
+        "block" => QuantGranularity::Block { block },
+        other => {
+            return Err(raise(
+                Kind::Argument,
+                format!("quantize_fp8: layout {other:?} is not one of tensor, row, block"),
+            ))
+        }
+    };
     let (s, d, sc) = (
         Borrowed::new(src, "src")?,
         Borrowed::new(dst, "dst")?,
@@ -147,11 +160,6 @@ fn quantize_fp8(
             "quantize_fp8: scales must be a float32 tensor",
         ));
     }
-    let granularity = if per_row {
-        QuantGranularity::PerRow
-    } else {
-        QuantGranularity::PerTensor
-    };
     let n = worker_threads(threads);
     let mut out = vec![0f32; sc.len() / 4];
     // SAFETY: the three tensors were checked pairwise disjoint above.

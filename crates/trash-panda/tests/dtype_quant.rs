@@ -49,6 +49,94 @@ fn reference(x: &[f32], rows: usize, cols: usize, per_row: bool) -> (Vec<u8>, Ve
     (q, scales)
 }
 
+/// The documented formula for block-wise scales: the amax over each tile (edge tiles partial).
+fn block_reference(x: &[f32], rows: usize, cols: usize, block: usize) -> (Vec<u8>, Vec<f32>) {
+    let tiles = cols.div_ceil(block);
+    let mut scales = vec![0f32; rows.div_ceil(block) * tiles];
+    for (i, s) in scales.iter_mut().enumerate() {
+        let (tr, tc) = (i / tiles, i % tiles);
+        let amax = (tr * block..((tr + 1) * block).min(rows))
+            .flat_map(|r| (tc * block..((tc + 1) * block).min(cols)).map(move |c| r * cols + c))
+            .map(|e| x[e])
+            .filter(|v| !v.is_nan())
+            .fold(0f32, |m, v| m.max(v.abs()));
+        let k = amax / 448.0;
+        *s = if k > 0.0 && k.is_finite() { k } else { 1.0 };
+    }
+    let q = (0..rows * cols)
+        .map(|e| {
+            let s = scales[(e / cols / block) * tiles + (e % cols) / block];
+            f32_to_fp8_e4m3fn((x[e] / s).clamp(-448.0, 448.0))
+        })
+        .collect();
+    (q, scales)
+}
+
+#[test]
+fn block_wise_quantization_matches_the_formula_and_expands_back() {
+    on_every_level(|| {
+        // Whole and partial tiles, a band split over threads, a tensor smaller than one tile.
+        for (rows, cols, block, threads) in [
+            (300, 200, 128, 2),
+            (1100, 1000, 128, 2),
+            (256, 256, 128, 1),
+            (5, 3, 128, 1),
+            (37, 129, 16, 2),
+        ] {
+            let mut x = values(rows * cols, 11);
+            x[cols + 1] = f32::NAN;
+            let src = f32_bytes(&x);
+            let tiles = rows.div_ceil(block) * cols.div_ceil(block);
+            let (mut q, mut s) = (vec![0u8; rows * cols], vec![0f32; tiles]);
+            let g = QuantGranularity::Block { block };
+            quantize_fp8(&src, DType::F32, (rows, cols), g, &mut q, &mut s, threads).unwrap();
+            let (wq, ws) = block_reference(&x, rows, cols, block);
+            assert_eq!(s, ws, "scales {rows}x{cols} block {block}");
+            assert!(q == wq, "codes {rows}x{cols} block {block}");
+            // The expansion of the same layout multiplies each code by its tile's scale.
+            let mut back = vec![0u8; rows * cols * 4];
+            let scale = Scale::Block { scales: &s, block };
+            expand(
+                &q,
+                DType::F8E4M3,
+                &mut back,
+                DType::F32,
+                (rows, cols),
+                &scale,
+                1,
+            )
+            .unwrap();
+            for (e, b) in back.chunks_exact(4).enumerate() {
+                let got = f32::from_le_bytes(b.try_into().unwrap());
+                let want = fp8_e4m3fn_to_f32(q[e])
+                    * s[(e / cols / block) * cols.div_ceil(block) + (e % cols) / block];
+                assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()));
+            }
+        }
+        let (mut q, mut s) = (vec![0u8; 4], vec![0f32; 1]);
+        let zero = QuantGranularity::Block { block: 0 };
+        let err = quantize_fp8(&[0u8; 16], DType::F32, (2, 2), zero, &mut q, &mut s, 1);
+        assert!(matches!(err, Err(DtypeError::ZeroBlock)));
+        let wrong = quantize_fp8(
+            &[0u8; 16],
+            DType::F32,
+            (2, 2),
+            QuantGranularity::Block { block: 1 },
+            &mut q,
+            &mut s,
+            1,
+        );
+        assert!(matches!(
+            wrong,
+            Err(DtypeError::ScaleLength {
+                expected: 4,
+                actual: 1,
+                ..
+            })
+        ));
+    });
+}
+
 #[test]
 fn quantize_matches_the_formula_and_round_trips() {
     on_every_level(|| {

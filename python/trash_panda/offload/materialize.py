@@ -331,7 +331,7 @@ def _convert_storage(stored: torch.Tensor, storage: str, spec: TensorSpec) -> tu
     if how == "bf16":
         return kernels.cast(stored.float() if stored.dtype == torch.float64 else stored, torch.bfloat16), None
     if how == "fp8":
-        q, s = kernels.quantize_fp8(stored, per_row=True)
+        q, s = kernels.quantize_fp8(stored, layout="row")
         spec.scale_by_rows()
         return q, s
     return stored, None

@@ -2,6 +2,9 @@
 layer holds a placeholder then), made by PEFT's own code each time the layer runs, on the weight
 it is brought with, and kept from one run to the next where the plan leaves RAM free.
 
+A layer stored in fp8 keeps its merge in the same form (:mod:`.requant`): quantized again in
+its scale layout, and expanded on each run as the stored block is.
+
 A merge is recorded with the scales of that moment (a merged weight keeps them, as the plain
 model's does, when the scales change later) and outlives its tuner layer
 (``unload_lora_weights()`` after ``fuse_lora()``). An unmerge forgets the record and the kept
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from .registry import HookRegistry, model_hooks
+from .requant import expand_back, fp8_layout, requantize
 from .state import get_state, live_models
 
 if TYPE_CHECKING:
@@ -30,9 +34,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MERGE_HOOK",
+    "Kept",
     "Merge",
     "MergedCopies",
     "attach_merges",
+    "kept_size",
     "merged_copies",
     "merged_layers",
     "owner",
@@ -66,6 +72,27 @@ class Merge:
         return (id(self.layer), tuple(self.adapters), tuple(sorted(self.scaling.items())))
 
 
+@dataclass
+class Kept:
+    """A merged tensor as it is kept: the weight itself, or (for a layer stored in fp8) its
+    codes and scales in the stored layout, expanded on each run."""
+
+    key: tuple[Any, ...]
+    tensor: torch.Tensor  # the weight, or its e4m3 codes
+    scale: torch.Tensor | None = None
+    layout: str | None = None  # the fp8 scale layout; None: ``tensor`` is the weight
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.tensor, self.scale) if t is not None)
+
+    def weight(self, target: torch.dtype) -> torch.Tensor:
+        """The weight the layer runs on."""
+        if self.layout is None:
+            return self.tensor
+        return expand_back(self.tensor, self.scale, self.layout, target)
+
+
 class MergedCopies:
     """Merged weights of streamed layers kept from one run to the next, so a merge is computed
     once, not on each run, within ``limit`` bytes: on the CPU the RAM the plan leaves
@@ -81,25 +108,28 @@ class MergedCopies:
         self.held = 0
         self.made = 0  # merges computed
         self.reused = 0  # runs that found their merged copy kept
-        self._copies: dict[tuple[int, str], tuple[tuple[Any, ...], torch.Tensor]] = {}  # slot -> (key, copy)
+        # Layers (by id) whose merge a change of adapters or scales made stale, until their
+        # next run makes it again; and how often each was made again so.
+        self.stale: set[int] = set()
+        self.rebuilt: dict[int, int] = {}
+        self._copies: dict[tuple[int, str], Kept] = {}  # by slot
 
-    def get(self, slot: tuple[int, str], key: tuple[Any, ...]) -> torch.Tensor | None:
+    def get(self, slot: tuple[int, str], key: tuple[Any, ...]) -> Kept | None:
         found = self._copies.get(slot)
-        return found[1] if found is not None and found[0] == key else None
+        return found if found is not None and found.key == key else None
 
-    def put(self, slot: tuple[int, str], key: tuple[Any, ...], copy: torch.Tensor) -> bool:
+    def put(self, slot: tuple[int, str], kept: Kept) -> bool:
         self.drop(slot)
-        nbytes = copy.numel() * copy.element_size()
-        if self.held + nbytes > self.limit or _core.available_ram() - nbytes < self.min_free:
+        if self.held + kept.nbytes > self.limit or _core.available_ram() - kept.nbytes < self.min_free:
             return False
-        self._copies[slot] = (key, copy)
-        self.held += nbytes
+        self._copies[slot] = kept
+        self.held += kept.nbytes
         return True
 
     def drop(self, slot: tuple[int, str]) -> None:
         found = self._copies.pop(slot, None)
         if found is not None:
-            self.held -= found[1].numel() * found[1].element_size()
+            self.held -= found.nbytes
 
     @property
     def kept(self) -> int:
@@ -114,6 +144,7 @@ def merged_layers(module: nn.Module) -> list[Merge]:
 
 
 def set_merges(module: nn.Module, merges: list[Merge]) -> None:
+    had = bool(merged_layers(module))
     if merges:
         module.__dict__[_MERGES_ATTR] = merges
     else:
@@ -121,6 +152,8 @@ def set_merges(module: nn.Module, merges: list[Merge]) -> None:
     found = owner(module, outside=True)
     if found is not None:
         copies = merged_copies(found[1])
+        if had:
+            copies.stale.add(id(module))
         for slot in _slots(found[1], module):
             copies.drop(slot.key)
         _hook(found[0], found[1], module)
@@ -138,6 +171,30 @@ def merged_copies(state: ModelState) -> MergedCopies:
         state.merged = MergedCopies(spare, min_free)
     copies: MergedCopies = state.merged
     return copies
+
+
+def kept_size(state: ModelState, module: nn.Module) -> int:
+    """Bytes a merge of ``module`` takes once kept: its tensors in the compute dtype, or as
+    codes and scales for those stored in fp8."""
+    import math
+
+    import torch
+
+    total = 0
+    for slot in _slots(state, module):
+        param = slot.held()
+        spec = slot.spec
+        shape = spec.shape if spec is not None else tuple(param.shape) if param is not None else ()
+        itemsize = spec.target.itemsize if spec is not None else param.element_size() if param is not None else 0
+        numel = math.prod(shape)
+        layout = fp8_layout(spec)
+        if layout is None:
+            total += numel * itemsize
+            continue
+        rows, cols = _core.rows_cols(list(shape))
+        scales = {"none": 0, "tensor": 1, "row": rows, "block": -(-rows // 128) * -(-cols // 128)}[layout]
+        total += numel * torch.float8_e4m3fn.itemsize + scales * 4
+    return total
 
 
 def attach_merges(model: nn.Module) -> None:
@@ -229,11 +286,11 @@ def _merge_in(
     copies = merged_copies(state)
     key = tuple(m.key for m in merges)
     found = [copies.get(slot.key, key) for slot, _ in brought]
-    kept = [copy for copy in found if copy is not None]
+    kept = [k for k in found if k is not None]
     final = FINAL_PASS in hooks
     if len(kept) == len(brought):
-        for (slot, _), copy in zip(brought, kept, strict=True):
-            slot.put(nn.Parameter(copy, requires_grad=False))
+        for (slot, param), k in zip(brought, kept, strict=True):
+            slot.put(nn.Parameter(k.weight(param.dtype), requires_grad=False))
             if final:
                 copies.drop(slot.key)
         copies.reused += 1
@@ -249,11 +306,22 @@ def _merge_in(
         finally:
             layer.merged_adapters, layer.scaling = merged, scaling
     copies.made += 1
-    if not final:
-        for slot, _ in brought:
-            now = slot.held()
-            if now is not None:
-                copies.put(slot.key, key, now.detach())
+    if id(module) in copies.stale:
+        copies.stale.discard(id(module))
+        copies.rebuilt[id(module)] = copies.rebuilt.get(id(module), 0) + 1
+    for slot, param in brought:
+        now = slot.held()
+        if now is None:
+            continue
+        made = Kept(key, now.detach())
+        layout = fp8_layout(slot.spec)
+        if layout is not None:
+            # Stored in fp8: the merge too, and the layer runs on its expansion.
+            q, scale = requantize(made.tensor, layout)
+            made = Kept(key, q, scale, layout)
+            slot.put(nn.Parameter(made.weight(param.dtype), requires_grad=False))
+        if not final:
+            copies.put(slot.key, made)
 
 
 def _give_back(held: list[tuple[_Slot, torch.Tensor]]) -> None:

@@ -7,7 +7,7 @@
 //! - [`cast`]: between f64, f32, f16 and bf16 (and from fp8), rounding once to nearest even.
 //! - [`expand`]: fp8 (or any float) times an optional f32 scale, to bf16, f16 or f32, the way
 //!   `(w.to(torch.float32) * scale).to(dst)` does.
-//! - [`quantize_fp8`]: a float tensor to e4m3fn with a per-tensor or per-row scale.
+//! - [`quantize_fp8`]: a float tensor to e4m3fn with per-tensor, per-row or block-wise scales.
 //! - Scalar reference codecs ([`fp8_e4m3fn_to_f32`], [`f32_to_bf16_bits`], ...) written from the
 //!   format definitions; the fast kernels are tested against them bit for bit.
 //!

@@ -1,4 +1,4 @@
-//! Quantization of float tensors to fp8 e4m3fn with per-tensor or per-row scales.
+//! Quantization of float tensors to fp8 e4m3fn with per-tensor, per-row or block-wise scales.
 
 use super::convert::{decode, Stores, CHUNK};
 use super::fp8::{f32_bits_to_e4m3, FP8_E4M3FN_MAX};
@@ -12,12 +12,19 @@ pub enum QuantGranularity {
     PerTensor,
     /// One scale per row (output channel) of a `[rows, cols]` weight (`scales` holds `rows`).
     PerRow,
+    /// One scale per `block x block` tile (`scales` holds `ceil(rows / block) * ceil(cols /
+    /// block)`, row-major over the tile grid: the `weight_scale_inv` layout that
+    /// [`super::Scale::Block`] expands). Edge tiles may be partial.
+    Block {
+        /// The tile's side, in elements; at least 1.
+        block: usize,
+    },
 }
 
 /// Quantizes `src` (`shape` = `(rows, cols)` of the float `src_dtype`) to e4m3fn in `dst`,
 /// writing the dequantization scales (multiply to get the values back) to `scales`.
 ///
-/// For each group (the tensor, or a row), in f32 (an f64 source is first rounded to f32):
+/// For each group (the tensor, a row, or a tile), in f32 (an f64 source is first rounded to f32):
 /// - `amax` = the largest `|x|` over the non-NaN elements (0 for an empty or all-NaN group);
 /// - `scale = amax / 448`, replaced by `1.0` when it is not a positive finite number (a zero or
 ///   all-NaN group, an infinite amax, or an amax so small that the division underflows), so no
@@ -26,7 +33,8 @@ pub enum QuantGranularity {
 ///   NaN stays NaN (`0x7F | sign`), an infinity becomes ±448.
 ///
 /// The torch reference, for `w` of shape `(rows, cols)` (use `amax()` over everything, with a
-/// shape-`(1,)` result, for [`QuantGranularity::PerTensor`]):
+/// shape-`(1,)` result, for [`QuantGranularity::PerTensor`]; the amax over each tile, repeated
+/// over the tile's elements for the division, for [`QuantGranularity::Block`]):
 ///
 /// ```text
 /// x = w.float()
@@ -62,6 +70,11 @@ pub fn quantize_fp8(
     let (kind, expected) = match granularity {
         QuantGranularity::PerTensor => ("per-tensor", 1),
         QuantGranularity::PerRow => ("per-row", rows),
+        QuantGranularity::Block { block: 0 } => return Err(DtypeError::ZeroBlock),
+        QuantGranularity::Block { block } => {
+            let tiles = rows.div_ceil(block).checked_mul(cols.div_ceil(block));
+            ("block", tiles.unwrap_or(usize::MAX))
+        }
     };
     if scales.len() != expected {
         return Err(DtypeError::ScaleLength {
@@ -95,6 +108,34 @@ pub fn quantize_fp8(
                 quantize_rows(s, src_dtype, d, sc, cols, stores);
                 stores.fence();
             });
+        }
+        QuantGranularity::Block { block } => {
+            // One job per band of `block` rows (a band's tiles share no element or scale with
+            // another band's); a last, shorter band runs after the whole ones.
+            let (whole, tiles, band) = (
+                rows / block,
+                cols.div_ceil(block),
+                block.saturating_mul(cols),
+            );
+            let (dst, dst_tail) = dst.split_at_mut(whole * band);
+            let (scales, scales_tail) = scales.split_at_mut(whole * tiles);
+            parallel::split_run(
+                whole,
+                1,
+                threads,
+                (dst, band),
+                (scales, tiles),
+                |r, d, sc| {
+                    let s = &src[r.start * band * ss..r.end * band * ss];
+                    quantize_bands(s, src_dtype, d, sc, (block, cols), stores);
+                    stores.fence();
+                },
+            );
+            if !dst_tail.is_empty() {
+                let s = &src[whole * band * ss..];
+                quantize_bands(s, src_dtype, dst_tail, scales_tail, (block, cols), stores);
+                stores.fence();
+            }
         }
     }
     Ok(())
@@ -273,6 +314,49 @@ multiversion! {
             let k = scale_for(best);
             *out = k;
             encode_scaled_inline(s, src_t, d, k, stores);
+        }
+    }
+}
+
+/// Block-wise quantization of whole bands of `block` rows (the last band may be shorter): for
+/// each tile, the amax over its rows' slices, then each slice encoded with the tile's scale.
+fn quantize_bands(
+    src: &[u8],
+    src_t: DType,
+    dst: &mut [u8],
+    scales: &mut [f32],
+    (block, cols): (usize, usize),
+    stores: Stores,
+) {
+    let ss = src_t.size();
+    if cols == 0 {
+        scales.fill(1.0);
+        return;
+    }
+    let tiles = cols.div_ceil(block);
+    let band = block.saturating_mul(cols);
+    for ((s, d), sc) in src
+        .chunks(band.saturating_mul(ss))
+        .zip(dst.chunks_mut(band))
+        .zip(scales.chunks_mut(tiles))
+    {
+        let rows = d.len() / cols;
+        for (t, out) in sc.iter_mut().enumerate() {
+            let (c0, c1) = (t * block, ((t + 1) * block).min(cols));
+            let slice = |r: usize| (r * cols + c0)..(r * cols + c1);
+            let amax = (0..rows)
+                .map(|r| {
+                    let e = slice(r);
+                    amax_bits(&s[e.start * ss..e.end * ss], src_t)
+                })
+                .max()
+                .unwrap_or(0);
+            let k = scale_for(amax);
+            *out = k;
+            for r in 0..rows {
+                let e = slice(r);
+                encode_scaled(&s[e.start * ss..e.end * ss], src_t, &mut d[e], k, stores);
+            }
         }
     }
 }
