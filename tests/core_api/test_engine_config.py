@@ -69,6 +69,61 @@ def test_private_memory_stays_within_the_plan(big: Path, lookahead: int, compute
     )
 
 
+@pytest.mark.slow
+def test_private_memory_with_adapters_stays_within_the_plan(big: Path, tmp_path: Path) -> None:
+    """With a LoRA on every block's layers, merged into the streamed ones and the merges kept:
+    the private memory rises by no more than the plan's figures, the adapters' bytes (as the
+    planner counts them) and the kept merges, which stay within the RAM the plan leaves free."""
+    pytest.importorskip("peft")
+    from safetensors.torch import save_file
+
+    from trash_panda.adapter_names import adapter_bytes
+    from trash_panda.offload.merges import merged_copies
+    from trash_panda.offload.state import get_state
+
+    g = torch.Generator().manual_seed(1)
+    lora: dict[str, torch.Tensor] = {}
+    for i in range(8):
+        for layer, (rows, cols) in (("up", (8192, 2048)), ("down", (2048, 8192))):
+            stem = f"lora_unet_blocks_{i}_{layer}"
+            lora[f"{stem}.lora_down.weight"] = (torch.randn(16, cols, generator=g) * 0.01).to(torch.bfloat16)
+            lora[f"{stem}.lora_up.weight"] = (torch.randn(rows, 16, generator=g) * 0.01).to(torch.bfloat16)
+            lora[f"{stem}.alpha"] = torch.tensor(16.0)
+    file = tmp_path / "lora.safetensors"
+    save_file(lora, str(file))
+    del lora
+    model = on_meta(dim=2048, layers=8, vocab=64)
+    gc.collect()
+    _core.trim_heap()
+    before = _core.private_memory()
+    plan = tp.plan(model, big, vram=None, ram="64GB", min_free_ram=0, compute_dtype="bf16", resident_blocks=2)
+    plan.assign(Tier.RAM, indices=[2, 3, 4]).assign(Tier.DISK, indices=[5, 6, 7])
+    tp.stream_load(model, big, plan=plan, device="cpu")
+    handle = tp.install_offload(model)
+    adapter = tp.load_adapter(model, file, name="a")
+    x = torch.randint(0, 64, (1, 4))
+    with torch.no_grad():
+        for _ in range(2):
+            model(x)
+    rise = _core.private_memory() - before
+    b = plan.budgets
+    state = get_state(model)
+    assert b is not None and state is not None
+    copies = merged_copies(state)
+    merged = [n for n, why in adapter.modes.items() if why.startswith("merged")]
+    assert len(merged) == 12  # the six streamed blocks' two layers
+    assert copies.held >= 6 * 64 * MiB and copies.held <= copies.limit == b.ram_budget - b.ram_used
+    adapters = adapter_bytes(model)
+    assert adapters == adapter.nbytes > 0
+    counted = b.device_used + b.outside + b.held_on_device + adapters + copies.held
+    tp.release(model, handle)
+    assert rise <= counted + 48 * MiB, (
+        f"private memory rose {rise / MiB:.0f} MiB; counted {counted / MiB:.0f} MiB (resident "
+        f"{b.device_used / MiB:.0f}, outside {b.outside / MiB:.0f}, staging {b.host_staging / MiB:.0f}, "
+        f"expansion {b.expansion / MiB:.0f}, adapters {adapters / MiB:.0f}, kept merges {copies.held / MiB:.0f})"
+    )
+
+
 def test_in_place_write_to_a_streamed_weight_is_an_error(tmp_path: Path) -> None:
     torch.manual_seed(0)
     with torch.device("cpu"):

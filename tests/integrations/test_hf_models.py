@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from safetensors.torch import save_file, save_model
 from torch import nn
 
 import trash_panda
+from support.diffusion_models import flux, unet
 from support.hf_folders import llama_config, randomize
 from trash_panda import Plan, Tier
 
@@ -167,69 +168,6 @@ def test_llama_every_tier_logits_and_generate(tmp_path: Path, dtype: str, tied: 
 # --- 2. diffusers models: a Flux transformer and a UNet ---------------------------------------------
 
 
-def _flux() -> tuple[Callable[[], nn.Module], Callable[[torch.dtype], dict[str, torch.Tensor]]]:
-    from diffusers import FluxTransformer2DModel
-
-    def build() -> nn.Module:
-        return FluxTransformer2DModel(
-            patch_size=1,
-            in_channels=16,
-            num_layers=2,
-            num_single_layers=3,
-            attention_head_dim=16,
-            num_attention_heads=2,
-            joint_attention_dim=32,
-            pooled_projection_dim=32,
-            guidance_embeds=False,
-            axes_dims_rope=(4, 6, 6),
-        )
-
-    def inputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(3)
-        h, w, txt = 4, 4, 5
-        img_ids = torch.zeros(h, w, 3)
-        img_ids[..., 1] = torch.arange(h)[:, None]
-        img_ids[..., 2] = torch.arange(w)[None, :]
-        return {
-            "hidden_states": torch.randn(1, h * w, 16, generator=g).to(dtype),
-            "encoder_hidden_states": torch.randn(1, txt, 32, generator=g).to(dtype),
-            "pooled_projections": torch.randn(1, 32, generator=g).to(dtype),
-            "timestep": torch.tensor([0.5], dtype=dtype),
-            "img_ids": img_ids.reshape(h * w, 3),
-            "txt_ids": torch.zeros(txt, 3),
-        }
-
-    return build, inputs
-
-
-def _unet() -> tuple[Callable[[], nn.Module], Callable[[torch.dtype], dict[str, torch.Tensor]]]:
-    from diffusers import UNet2DConditionModel
-
-    def build() -> nn.Module:
-        return UNet2DConditionModel(
-            block_out_channels=(32, 64),
-            layers_per_block=1,
-            sample_size=16,
-            in_channels=4,
-            out_channels=4,
-            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-            cross_attention_dim=32,
-            norm_num_groups=8,
-            attention_head_dim=8,
-        )
-
-    def inputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(3)
-        return {
-            "sample": torch.randn(1, 4, 16, 16, generator=g).to(dtype),
-            "timestep": torch.tensor([10]),
-            "encoder_hidden_states": torch.randn(1, 7, 32, generator=g).to(dtype),
-        }
-
-    return build, inputs
-
-
 def _output(out: object) -> torch.Tensor:
     sample = out.sample if hasattr(out, "sample") else out[0]  # type: ignore[index]
     assert isinstance(sample, torch.Tensor)
@@ -258,7 +196,7 @@ _RUN_ORDER = {
 @pytest.mark.parametrize("device", DEVICES)
 def test_diffusers_every_tier_forward(tmp_path: Path, which: str, dtype: str, device: str) -> None:
     torch_dtype = DTYPES[dtype]
-    build, inputs = {"flux": _flux, "unet": _unet}[which]()
+    build, inputs = {"flux": flux, "unet": unet}[which]()
     ref = build().to(torch_dtype).eval()
     randomize(ref)
     path = tmp_path / "diffusion_pytorch_model.safetensors"
@@ -305,7 +243,7 @@ def test_diffusers_every_tier_forward(tmp_path: Path, which: str, dtype: str, de
 def test_unet_defined_order_warns_naming_the_expected_block(tmp_path: Path) -> None:
     """Without order=, the UNet runs its blocks against their defined order: one warning, naming
     the block that ran and the one the order expected."""
-    build, inputs = _unet()
+    build, inputs = unet()
     ref = build().eval()
     path = tmp_path / "unet.safetensors"
     save_model(ref, str(path))
