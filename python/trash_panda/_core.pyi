@@ -69,6 +69,8 @@ __all__ = [
     "AdapterMap",
     "LayerAdapter",
     "map_adapter",
+    "WayChoice",
+    "choose_adapter_way",
     "PagePool",
     "Priority",
     "HeldPlace",
@@ -794,6 +796,40 @@ def map_adapter(
     `component`: the pipeline component the model is (other components' tensors are skipped);
     `lora_alpha` and `use_rslora`: PEFT's adapter_config.json. A file that does not fit raises
     CheckpointError naming the tensor (and, for a key that matches no layer, the nearest ones).
+    """
+
+@final
+class WayChoice:
+    """The way a streamed layer runs its adapter (`merged_kept`, `merged_each_run` or `unmerged`),
+    why, and the per-run costs the core compared (multiply-adds).
+    """
+    @property
+    def way(self) -> str:
+        """`merged_kept`, `merged_each_run` or `unmerged`."""
+    @property
+    def why(self) -> str:
+        """Why, in words for a report."""
+    @property
+    def merge_cost(self) -> int:
+        """What merging costs on a run (once, when kept)."""
+    @property
+    def unmerged_cost(self) -> int:
+        """What running the adapter unmerged costs on a run."""
+
+def choose_adapter_way(
+    kind: str,
+    rank: int,
+    in_features: int,
+    out_features: int,
+    tokens: int,
+    *,
+    calls: int = 1,
+    can_keep: bool = False,
+    runs_left: int | None = None,
+) -> WayChoice:
+    """Chooses how a streamed layer runs its adapter (the core's cost model): kept merged where
+    `can_keep` and more than one run is left (`runs_left` None: not known), else the cheaper per
+    run of merging on each run and running it unmerged, for `tokens` a call and `calls` a run.
     """
 
 @final

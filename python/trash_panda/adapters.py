@@ -299,10 +299,11 @@ def load_adapter(
     ``mode`` says how each layer runs it: ``"unmerged"`` (``W x + s·B(A x)`` on each call),
     ``"merged"`` (merged into every layer's weight), or ``"auto"``: merged into each streamed
     layer whose merged weight fits in the RAM the plan leaves free (made on its first run, then
-    kept: later steps cost what they cost without the adapter), unmerged elsewhere (a weight
-    held in memory would be changed in place, and a streamed layer with no room would be merged
-    again on every run, which costs more than running the adapter beside it).
-    ``handle.modes`` says which, and why, per layer.
+    kept: later steps cost what they cost without the adapter); on a streamed layer with no
+    room, chosen at its first call by the core's cost model (merging again on each run touches
+    the whole weight, running the adapter beside it costs per token: many tokens a call make
+    merging the cheaper); unmerged on a weight held in memory (a merge would change it in
+    place). ``handle.modes`` says which, and why, per layer.
     Nothing of the model's weights is read again. Needs PEFT."""
     from torch import nn
 
@@ -410,8 +411,10 @@ def _merge_active(layer: Any) -> None:
 
 def _merge_where_kept(model: nn.Module, handle: AdapterHandle) -> None:
     """``mode="auto"``: merges the adapter into the streamed layers whose merged weights fit in
-    the room the model's kept merges have left, in the model's order; the others run it
-    unmerged."""
+    the room the model's kept merges have left, in the model's order; on the other streamed
+    layers the core's cost model chooses at their first call between merging on each run and
+    running the adapter unmerged; layers held in memory run it unmerged."""
+    from .offload.adapter_ways import choose_at_first_call
     from .offload.merges import kept_size, merged_copies
     from .offload.state import get_state
     from .offload.tuner_layers import streams
@@ -428,7 +431,12 @@ def _merge_where_kept(model: nn.Module, handle: AdapterHandle) -> None:
             continue
         nbytes = kept_size(state, base) if state is not None else 0
         if state is None or nbytes > room:
-            handle._why[name] = "unmerged (no room left to keep its merge: merging on each run costs more)"
+            handle._why[name] = "unmerged (no room to keep its merge: chosen at its first call)"
+
+            def decided(why: str, name: str = name) -> None:
+                handle._why[name] = why
+
+            choose_at_first_call(layer, handle.kind, _merge_active, decided)
             continue
         room -= nbytes
         _merge_active(layer)

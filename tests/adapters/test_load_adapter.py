@@ -529,6 +529,52 @@ def test_the_report_says_how_each_layer_runs_and_what_a_change_made_again(tmp_pa
         tp.release(model)
 
 
+@pytest.mark.parametrize("tokens", [33, 4096])
+def test_with_no_room_the_first_call_s_tokens_choose_the_way(tmp_path: Path, tokens: int) -> None:
+    """``mode="auto"`` on streamed layers with no RAM to keep a merge: at each layer's first
+    call the core's cost model chooses from the call's tokens, unmerged for a few (33), merged
+    again on each run for many (4096); either way the outputs are the plain model's with PEFT's
+    merges on the same layers, on every call."""
+    path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
+    files, _, _, _ = _plain(tmp_path / "plain", "lora", torch.float32)
+    want_way = "merged_each_run" if tokens > 1000 else "unmerged"
+    for shape in ((64, 256), (256, 64)):  # the blocks' up and down projections, rank 4
+        assert _core_way(shape, tokens) == want_way
+    model = on_meta(Tiny)
+    # No RAM for the RAM tier, none left free: blocks 2 to 5 on disk.
+    planned = tp.plan(model, path, vram="1TB", ram="1KB", resident_blocks=2, headroom_vram=0, device="cpu")
+    tp.stream_load(model, path, plan=planned, device="cpu")
+    tp.install_offload(model)
+    x = torch.randint(0, 100, (1, tokens), generator=torch.Generator().manual_seed(6))
+    try:
+        with torch.no_grad():
+            adapter = tp.load_adapter(model, files["peft"], name="a")
+            streamed = {n for n in adapter.layers if n.startswith(tuple(f"blocks.{i}." for i in range(2, 6)))}
+            assert {n for n, why in adapter.modes.items() if "chosen at its first call" in why} == streamed
+            _, _, plain, _ = _plain(tmp_path / "plain-ref", "lora", torch.float32)
+            for layer in (m for m in plain.modules() if isinstance(m, BaseTunerLayer)):
+                layer.set_adapter(["a"])
+            by_name = dict(plain.named_modules())
+            if want_way == "merged_each_run":
+                for n in streamed:
+                    by_name[n].merge(adapter_names=["a"])
+            want = plain(x)
+            assert torch.equal(model(x), want)
+            way = "merged on each run (no room" if want_way == "merged_each_run" else "unmerged (no room"
+            assert {n for n, why in adapter.modes.items() if why.startswith(way)} == streamed, adapter.modes
+            assert all("held in memory" in adapter.modes[n] for n in set(adapter.layers) - streamed)
+            assert torch.equal(model(x), want)
+    finally:
+        tp.release(model)
+
+
+def _core_way(shape: tuple[int, int], tokens: int) -> str:
+    from trash_panda import _core
+
+    way: str = _core.choose_adapter_way("lora", 4, shape[0], shape[1], tokens).way
+    return way
+
+
 def test_a_bad_mode_is_refused(tmp_path: Path) -> None:
     path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
     files, _, _, _ = _plain(tmp_path / "plain", "lora", torch.float32)

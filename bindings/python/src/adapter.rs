@@ -4,9 +4,9 @@ use std::collections::HashMap;
 
 use pyo3::prelude::*;
 
-use trash_panda::adapter::{self, LayerShape, MapOptions};
+use trash_panda::adapter::{self, AdapterKind, LayerShape, LayerWork, MapOptions};
 
-use crate::errors::ToPyErr;
+use crate::errors::{raise, Kind, ToPyErr};
 
 /// One layer's patch, checked: its layer, kind (`lora`, `lokr`, `loha`), rank, scale and the
 /// file's tensors that make it, by part (`down`, `up`, `alpha`, `lokr_w1`, ...).
@@ -91,9 +91,77 @@ fn map_adapter(
     })
 }
 
+/// The way a streamed layer runs its adapter (`merged_kept`, `merged_each_run` or `unmerged`),
+/// why, and the per-run costs the core compared (multiply-adds).
+#[pyclass(name = "WayChoice", module = "trash_panda._core", frozen, get_all)]
+#[derive(Debug, Clone)]
+pub(crate) struct PyWayChoice {
+    /// `merged_kept`, `merged_each_run` or `unmerged`.
+    way: &'static str,
+    /// Why, in words for a report.
+    why: String,
+    /// What merging costs on a run (once, when kept).
+    merge_cost: u64,
+    /// What running the adapter unmerged costs on a run.
+    unmerged_cost: u64,
+}
+
+#[pymethods]
+impl PyWayChoice {
+    fn __repr__(&self) -> String {
+        format!("WayChoice({}, {:?})", self.way, self.why)
+    }
+}
+
+/// Chooses how a streamed layer runs its adapter (the core's cost model): kept merged where
+/// `can_keep` and more than one run is left (`runs_left` None: not known), else the cheaper per
+/// run of merging on each run and running it unmerged, for `tokens` a call and `calls` a run.
+#[pyfunction]
+#[pyo3(signature = (kind, rank, in_features, out_features, tokens, *, calls=1, can_keep=false, runs_left=None))]
+#[allow(clippy::too_many_arguments)]
+fn choose_adapter_way(
+    kind: &str,
+    rank: u64,
+    in_features: u64,
+    out_features: u64,
+    tokens: u64,
+    calls: u64,
+    can_keep: bool,
+    runs_left: Option<u64>,
+) -> PyResult<PyWayChoice> {
+    let kind = match kind {
+        "lora" => AdapterKind::Lora,
+        "loha" => AdapterKind::Loha,
+        "lokr" => AdapterKind::Lokr,
+        other => {
+            return Err(raise(
+                Kind::Argument,
+                format!("kind: expected one of lora, loha, lokr, got {other:?}"),
+            ))
+        }
+    };
+    let work = LayerWork {
+        kind,
+        rank,
+        in_features,
+        out_features,
+        tokens,
+        calls,
+    };
+    let c = adapter::choose_way(&work, can_keep, runs_left);
+    Ok(PyWayChoice {
+        way: c.way.name(),
+        why: c.why,
+        merge_cost: c.merge_cost,
+        unmerged_cost: c.unmerged_cost,
+    })
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyLayerAdapter>()?;
     m.add_class::<PyAdapterMap>()?;
+    m.add_class::<PyWayChoice>()?;
     m.add_function(wrap_pyfunction!(map_adapter, m)?)?;
+    m.add_function(wrap_pyfunction!(choose_adapter_way, m)?)?;
     Ok(())
 }

@@ -198,6 +198,7 @@ class _ModuleHooks:
         self.starts: list[_Entry] = []
         self.ends: list[_Entry] = []
         self._pre: _Walk = _EMPTY  # ascending keys
+        self.args: tuple[Any, ...] | None = None  # the call's inputs, while its start hooks run
         self._post: _Walk = _EMPTY  # the entries in descending keys, each key negated (ascending)
         self.handles = (
             module.register_forward_pre_hook(self._call_pre, prepend=True),
@@ -215,18 +216,22 @@ class _ModuleHooks:
     def empty(self) -> bool:
         return not self.starts and not self.ends
 
-    def _call_pre(self, _module: Any, _args: Any) -> None:
+    def _call_pre(self, _module: Any, args: Any) -> None:
         entries, keys = self._pre
         i = 0
-        while i < len(entries):
-            entry = entries[i]
-            entry.fn()
-            walk = self._pre
-            if walk[0] is entries:
-                i += 1
-            else:  # changed by that hook (or another thread): go on after it in the new list
-                entries, keys = walk
-                i = bisect.bisect_right(keys, entry.key)
+        self.args = args
+        try:
+            while i < len(entries):
+                entry = entries[i]
+                entry.fn()
+                walk = self._pre
+                if walk[0] is entries:
+                    i += 1
+                else:  # changed by that hook (or another thread): go on after it in the new list
+                    entries, keys = walk
+                    i = bisect.bisect_right(keys, entry.key)
+        finally:
+            self.args = None  # not kept past the call: they are activations
 
     def _call_post(self, _module: Any, _args: Any, _out: Any) -> None:
         entries, keys = self._post
@@ -381,6 +386,12 @@ class HookRegistry:
         with self._lock:
             name, key = self._module_key(owner, rank)
             self._owned.setdefault(name, []).append(self._put(module, key, fn, end=False))
+
+    def call_inputs(self, module: nn.Module) -> tuple[Any, ...] | None:
+        """The positional inputs of the call of ``module`` whose start hooks are running (for a
+        start hook that needs them); None outside them."""
+        hooks = self._per_module.get(module)
+        return hooks.args if hooks is not None else None
 
     def on_module_end(
         self, owner: BlockHook | str, module: nn.Module, fn: Callable[[], None], *, rank: int | None = None

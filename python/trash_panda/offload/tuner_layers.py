@@ -250,15 +250,17 @@ def _placement(module: nn.Module) -> tuple[torch.device, torch.dtype] | None:
 
 
 def _streamed_weight(module: nn.Module) -> tuple[ModelState, TensorSpec] | None:
-    """The streamed model and tensor whose placeholder ``module`` holds as its weight, if any."""
+    """The streamed model and tensor ``module`` holds as its weight, if any: a placeholder
+    between runs, the weight brought for the run while it runs (a merge asked then is recorded
+    as well, not written into the brought weight)."""
     weight = module._parameters.get("weight") if hasattr(module, "_parameters") else None
-    if weight is None or not weight.is_meta:
+    if weight is None:
         return None
     found = owner(module)
     if found is None:
         return None
     state = found[1]
     for spec in state.specs_of(module):
-        if spec.placeholder is weight:
+        if spec.placeholder is not None and (spec.placeholder is weight or spec.held() is weight):
             return state, spec
     return None

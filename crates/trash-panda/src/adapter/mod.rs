@@ -7,11 +7,16 @@
 //! LyCORIS (`lokr_w1`, `hada_w1_a`, ... under kohya's names). [`map_adapter`] reads every name,
 //! finds each layer among the model's, checks every shape against its part and the layer, and
 //! works out each layer's scale (alpha / rank, or alpha / sqrt(rank) with rsLoRA) before anything
-//! is applied: a file that does not fit is refused whole, naming the tensor.
+//! is applied: a file that does not fit is refused whole, naming the tensor. [`choose_way`] says
+//! whether a streamed layer runs its patch merged or beside its weight.
 
+mod cost;
 mod error;
 mod names;
 
+pub use cost::{
+    choose_way, merge_cost, unmerged_cost, AdapterWay, LayerWork, WayChoice, TOUCH_COST,
+};
 pub use error::AdapterError;
 pub use names::{read_name, AdapterName, Part, Read, Target};
 
