@@ -131,7 +131,7 @@ def one(way: str, tokens: int, steps: int) -> dict[str, Any]:
 
         state = get_state(model)
         assert state is not None
-        merged_copies(state).limit = 0  # nothing kept: each bring merges again
+        merged_copies(state).spare = 0  # nothing kept: each bring merges again
     if kind == "group":
         from diffusers.hooks import apply_group_offloading
 

@@ -236,6 +236,9 @@ class AdapterHandle:
         if self.name in loaded:
             loaded.remove(self.name)
         self.removed = True
+        from .offload.merges import adapters_changed
+
+        adapters_changed(self.model)  # the memory it took is free for kept merges again
 
 
 def _peft_config(
@@ -392,6 +395,7 @@ def _load_adapter(
     for layer_name in handle.layers:
         layer = modules[layer_name]
         layer.set_adapter([n for n in loaded if n in held_adapters(layer)], inference_mode=True)
+    _check_room(model)
     if scale != 1.0:
         handle.scale = scale
     if mode == "merged":
@@ -399,6 +403,33 @@ def _load_adapter(
     elif mode == "auto":
         _merge_where_kept(model, handle)
     return handle
+
+
+def _check_room(model: nn.Module) -> None:
+    """After adapters were put on a streamed model: warns where those its plan did not count
+    take more than the plan left free (on a GPU its unassigned device memory, where they live;
+    on the CPU its free RAM, which kept merges then no longer get)."""
+    import warnings
+
+    from .offload.merges import adapters_changed, merged_copies, unplanned_adapters
+    from .offload.state import get_state
+
+    state = get_state(model)
+    budgets = state.plan.budgets if state is not None else None
+    if state is None or budgets is None:
+        return
+    adapters_changed(model)
+    merged_copies(state, model)
+    extra = unplanned_adapters(model, state)
+    free = budgets.device_budget - budgets.device_used if budgets.gpu else max(0, budgets.ram_budget - budgets.ram_used)
+    if extra > free:
+        where = "device memory" if budgets.gpu else "RAM"
+        warnings.warn(
+            f"{type(model).__name__}: its adapters take {extra / 1e6:.1f} MB of {where} its plan did not count, "
+            f"more than the {free / 1e6:.1f} MB it left free: plan the model with the adapters on it "
+            "(a chained pipeline's components are), or with fewer resident blocks (resident_blocks=)",
+            stacklevel=4,
+        )
 
 
 def _merge_active(layer: Any) -> None:
@@ -422,7 +453,7 @@ def _merge_where_kept(model: nn.Module, handle: AdapterHandle) -> None:
     state = get_state(model)
     room = 0
     if state is not None:
-        copies = merged_copies(state)
+        copies = merged_copies(state, model)
         room = copies.limit - copies.held
     for name, layer in zip(handle.layers, handle._tuner_layers(), strict=True):
         base = layer.get_base_layer()
@@ -484,12 +515,17 @@ def adapter_report(model: nn.Module) -> str:
     lines.append(f"  with an adapter unmerged (W x + s·B(A x) on each call): {unmerged} layers")
     lines.append(f"  merged in place by PEFT (weights held in memory): {in_place} layers")
     if state is not None:
-        copies = merged_copies(state)
+        copies = merged_copies(state, model)
         lines.append(
             f"  merged into streamed layers: {streamed} layers; {copies.kept} merged tensors kept "
             f"({copies.held / 1e9:.3f} GB of {copies.limit / 1e9:.2f} GB the plan leaves free), "
             f"{copies.made} merges made, {copies.reused} runs on kept ones"
         )
+        if copies.unplanned:
+            lines.append(
+                f"  adapters its plan did not count (loaded after it was planned): {copies.unplanned / 1e6:.1f} MB, "
+                "taken from the memory the plan left free"
+            )
         if streamed and copies.limit == 0:
             lines.append("  (no RAM left free by the plan: each streamed layer is merged again on each run)")
         modules = {id(m): (n.removesuffix(".base_layer"), m) for n, m in model.named_modules()}

@@ -232,7 +232,9 @@ def test_merged_weights_are_kept_within_the_plan_s_spare_ram(tmp_path: Path) -> 
             copies = merged_copies(state)
             budgets = planned.budgets
             assert budgets is not None
-            assert copies.limit == max(0, budgets.ram_budget - budgets.ram_used)
+            # The plan's free RAM, less the adapter it did not count (loaded after it planned).
+            assert copies.unplanned == adapter.nbytes > 0
+            assert copies.limit == max(0, budgets.ram_budget - budgets.ram_used - adapter.nbytes)
             with torch.no_grad():
                 for _ in range(3):
                     assert torch.equal(model(x), want)
@@ -573,6 +575,34 @@ def _core_way(shape: tuple[int, int], tokens: int) -> str:
 
     way: str = _core.choose_adapter_way("lora", 4, shape[0], shape[1], tokens).way
     return way
+
+
+def test_adapters_the_plan_did_not_count_are_named(tmp_path: Path) -> None:
+    """An adapter loaded after the model was planned takes the memory the plan left free: where
+    it left too little, load_adapter warns with the figures, and the report names the bytes."""
+    from trash_panda.offload.merges import merged_copies
+    from trash_panda.offload.state import get_state
+
+    path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
+    files, _, _, _ = _plain(tmp_path / "plain", "lora", torch.float32)
+    model = on_meta(Tiny)
+    planned = tp.plan(model, path, vram=None, ram="1KB", resident_blocks=2, device="cpu")
+    budgets = planned.budgets
+    assert budgets is not None and budgets.ram_budget - budgets.ram_used <= 0
+    tp.stream_load(model, path, plan=planned, device="cpu")
+    tp.install_offload(model)
+    try:
+        taken = r"Tiny: its adapters take 0\.1 MB of RAM its plan did not count, more than the 0\.0 MB"
+        with pytest.warns(UserWarning, match=taken):
+            adapter = tp.load_adapter(model, files["peft"], name="a")
+        assert f"adapters its plan did not count (loaded after it was planned): {adapter.nbytes / 1e6:.1f} MB" in (
+            tp.adapter_report(model)
+        )
+        adapter.remove()
+        state = get_state(model)
+        assert state is not None and merged_copies(state, model).unplanned == 0
+    finally:
+        tp.release(model)
 
 
 def test_a_bad_mode_is_refused(tmp_path: Path) -> None:

@@ -43,6 +43,8 @@ __all__ = [
     "merged_layers",
     "owner",
     "set_merges",
+    "unplanned_adapters",
+    "adapters_changed",
 ]
 
 # The module hooks that merge recorded adapters into a layer's weights as it runs (each
@@ -101,7 +103,11 @@ class MergedCopies:
     with no room is merged again on each run."""
 
     def __init__(self, limit: int, min_free: int = 0) -> None:
-        self.limit = limit
+        self.spare = limit  # the plan's free RAM for them
+        # Adapters the model took after it was planned, which use that free RAM first (on a
+        # GPU, its unassigned device memory): counted again when they change.
+        self.unplanned = 0
+        self.dirty = True
         # What the machine must keep available: a copy that would go below it is not kept
         # (other models planned from the same free RAM may have taken some since).
         self.min_free = min_free
@@ -113,6 +119,11 @@ class MergedCopies:
         self.stale: set[int] = set()
         self.rebuilt: dict[int, int] = {}
         self._copies: dict[tuple[int, str], Kept] = {}  # by slot
+
+    @property
+    def limit(self) -> int:
+        """What kept merges may take: the plan's free RAM less the adapters it did not count."""
+        return max(0, self.spare - self.unplanned)
 
     def get(self, slot: tuple[int, str], key: tuple[Any, ...]) -> Kept | None:
         found = self._copies.get(slot)
@@ -151,7 +162,7 @@ def set_merges(module: nn.Module, merges: list[Merge]) -> None:
         module.__dict__.pop(_MERGES_ATTR, None)
     found = owner(module, outside=True)
     if found is not None:
-        copies = merged_copies(found[1])
+        copies = merged_copies(found[1], found[0])
         if had:
             copies.stale.add(id(module))
         for slot in _slots(found[1], module):
@@ -159,8 +170,9 @@ def set_merges(module: nn.Module, merges: list[Merge]) -> None:
         _hook(found[0], found[1], module)
 
 
-def merged_copies(state: ModelState) -> MergedCopies:
-    """The model's kept merged weights (made on first use, with the plan's spare RAM)."""
+def merged_copies(state: ModelState, model: nn.Module | None = None) -> MergedCopies:
+    """The model's kept merged weights (made on first use, with the plan's spare RAM); given
+    the ``model``, the adapters its plan did not count are counted again if they changed."""
     if state.merged is None:
         budgets = state.plan.budgets
         spare = min_free = 0
@@ -170,7 +182,27 @@ def merged_copies(state: ModelState) -> MergedCopies:
             spare, min_free = max(0, budgets.ram_budget - budgets.ram_used), budgets.min_free_ram
         state.merged = MergedCopies(spare, min_free)
     copies: MergedCopies = state.merged
+    if copies.dirty and model is not None:
+        copies.dirty = False
+        copies.unplanned = unplanned_adapters(model, state)
     return copies
+
+
+def unplanned_adapters(model: nn.Module, state: ModelState) -> int:
+    """Bytes of the adapters on ``model`` beyond those its plan counted (loaded after it was
+    planned)."""
+    from ..adapter_names import adapter_bytes
+
+    budgets = state.plan.budgets
+    return max(0, adapter_bytes(model) - (budgets.adapters if budgets is not None else 0))
+
+
+def adapters_changed(module: nn.Module) -> None:
+    """PEFT put adapters on ``module`` or took them off: its streamed model counts them again
+    (on the next merge kept, or report)."""
+    found = owner(module, outside=True)
+    if found is not None and found[1].merged is not None:
+        found[1].merged.dirty = True
 
 
 def kept_size(state: ModelState, module: nn.Module) -> int:

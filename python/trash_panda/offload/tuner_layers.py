@@ -38,7 +38,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..adapter_names import adapter_tensors
-from .merges import Merge, merged_layers, owner, set_merges
+from .merges import Merge, adapters_changed, merged_layers, owner, set_merges
 from .state import get_state
 
 if TYPE_CHECKING:
@@ -168,6 +168,7 @@ def _replacing(replace: Callable[..., None]) -> Callable[..., None]:
         import torch
         from torch import nn
 
+        adapters_changed(base)
         # It reads the device off the weight: an empty one on the model's device stands in for
         # the placeholder while it runs.
         placeholder = base._parameters["weight"]
