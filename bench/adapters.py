@@ -23,6 +23,13 @@ a process of its own, the order rotated from round to round:
                     the RAM the plan leaves free, so later steps run on kept merged weights
   per_copy_<n>x<r>  trash_panda merged with nothing kept: W + ΔW made again on each bring, as
                     ComfyUI's low-VRAM mode patches each copy (the reference the issue names)
+  chosen_<n>x<r>    trash_panda with mode="auto" and no RAM to keep merges: the core's cost
+                    model chooses at each layer's first call between per_copy and unmerged
+                    (run it at a few and at many tokens: --tokens)
+  fp8               trash_panda, no LoRA, the blocks stored in fp8 (storage_dtype="fp8", one
+                    scale per row) and expanded to bf16 as they run
+  fp8_merged_<n>x<r> the same with the LoRAs merged: each merge quantized again to fp8 in the
+                    block's layout and kept as codes and scales, expanded on each run
 
 Each way: the load (and the adapters' load) timed, one first step, then ``--steps`` steps
 timed; the median step against ``streamed``'s (and ``plain``'s) in the same round. The
@@ -48,11 +55,20 @@ from _common import DATA, RESULTS, build_meta, machine, md_table, write_checkpoi
 
 BLOCKS, D, F = 16, 1024, 4096
 CONFIGS = [(1, 16), (4, 16), (1, 64), (4, 64)]
-KINDS = ("peft", "group", "unmerged", "merged", "per_copy")
+KINDS = ("peft", "group", "unmerged", "merged", "per_copy", "chosen")
 
 
 def ways() -> list[str]:
-    return ["plain", "streamed", "streamed_private", *[f"{k}_{n}x{r}" for n, r in CONFIGS for k in KINDS]]
+    every = [f"{k}_{n}x{r}" for n, r in CONFIGS for k in KINDS]
+    return ["plain", "streamed", "streamed_private", "fp8", *every, *[f"fp8_merged_{n}x{r}" for n, r in CONFIGS]]
+
+
+def _kind(way: str) -> tuple[str, str]:
+    """A way's kind and its LoRAs (``<n>x<r>``, or empty)."""
+    for kind in ("per_copy", "fp8_merged", "streamed_private", *KINDS, "plain", "streamed", "fp8"):
+        if way == kind or way.startswith(kind + "_"):
+            return kind, way.removeprefix(kind).removeprefix("_")
+    raise SystemExit(f"unknown way {way!r}")
 
 
 def _model_file() -> Path:
@@ -100,11 +116,7 @@ def one(way: str, tokens: int, steps: int) -> dict[str, Any]:
     import trash_panda as tp
 
     path = _model_file()
-    kind, _, cfg = way.partition("_")
-    if kind == "per":  # per_copy_<cfg>
-        kind, cfg = "per_copy", cfg.removeprefix("copy_")
-    if cfg == "private":
-        cfg = ""
+    kind, cfg = _kind(way)
     n, rank = (int(v) for v in cfg.split("x")) if cfg else (0, 0)
     files = _loras(n, rank) if n else []
     t0 = time.perf_counter()
@@ -115,23 +127,28 @@ def one(way: str, tokens: int, steps: int) -> dict[str, Any]:
         model.load_state_dict(load_file(str(path)))
     else:
         model = build_meta(BLOCKS, D, F, torch.bfloat16)
-        plan = tp.plan(model, path, vram="1TB", ram="64GB", resident_blocks=0, headroom_vram=0, device="cpu")
+        storage = "fp8" if kind.startswith("fp8") else None
+        plan = tp.plan(
+            model, path, vram="1TB", ram="64GB", resident_blocks=0, headroom_vram=0, device="cpu",
+            storage_dtype=storage, compute_dtype="bf16",
+        )  # fmt: skip
         tp.stream_load(model, path, plan=plan, device="cpu")
         tp.install_offload(model)
     load_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    handles = [tp.load_adapter(model, f, name=f"l{i}", mode="unmerged") for i, f in enumerate(files)]
-    adapters_s = time.perf_counter() - t0
-    if kind in ("merged", "per_copy"):
-        for h in handles:
-            h.merge()
-    if kind == "per_copy":
+    if kind in ("per_copy", "chosen"):
         from trash_panda.offload.merges import merged_copies
         from trash_panda.offload.state import get_state
 
         state = get_state(model)
         assert state is not None
         merged_copies(state).spare = 0  # nothing kept: each bring merges again
+    t0 = time.perf_counter()
+    mode = "auto" if kind == "chosen" else "unmerged"
+    handles = [tp.load_adapter(model, f, name=f"l{i}", mode=mode) for i, f in enumerate(files)]
+    adapters_s = time.perf_counter() - t0
+    if kind in ("merged", "per_copy", "fp8_merged"):
+        for h in handles:
+            h.merge()
     if kind == "group":
         from diffusers.hooks import apply_group_offloading
 
@@ -146,7 +163,11 @@ def one(way: str, tokens: int, steps: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             out = model(x)
             times.append(time.perf_counter() - t0)
+    chose = ""
+    if kind == "chosen":
+        chose = ", ".join(sorted({why.split(" (")[0] for h in handles for why in h.modes.values()}))
     return {
+        "chose": chose,
         "way": way,
         "load_s": load_s,
         "adapters_s": adapters_s,
@@ -163,6 +184,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--ways", nargs="*", default=None)
+    ap.add_argument("--out", default="adapters.md", help="file name under bench/results/")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -202,6 +224,7 @@ def main() -> None:
                 f"{statistics.median(x['first_s'] for x in v):.3f}",
                 f"{statistics.median(x['adapters_s'] for x in v):.2f}",
                 f"{max(x['rss_peak'] for x in v) / 2**30:.2f}",
+                v[0]["chose"],
             ]
         )
     table = md_table(
@@ -214,6 +237,7 @@ def main() -> None:
             "first step (s)",
             "adapters' load (s)",
             "peak RSS (GiB)",
+            "auto chose",
         ],
         rows,
     )
@@ -226,7 +250,7 @@ def main() -> None:
         f"Machine: {info['cpu']}, {info['nproc']} CPUs, {info['ram']}, torch {info['torch']}, {info['date']}.\n\n"
         f"{table}\n"
     )
-    out = RESULTS / "adapters.md"
+    out = RESULTS / args.out
     out.write_text(text)
     print(text)
 

@@ -118,6 +118,15 @@ def _unmerged(
         return unmerged, again(ids())
 
 
+def _planned(path: Path, ram: str) -> Tiny:
+    """The model planned for the CPU with two resident blocks and ``ram`` for the rest, streamed."""
+    model = on_meta(Tiny)
+    planned = tp.plan(model, path, vram="1TB", ram=ram, resident_blocks=2, headroom_vram=0, device="cpu")
+    tp.stream_load(model, path, plan=planned, device="cpu")
+    tp.install_offload(model)
+    return model
+
+
 def _streamed(path: Path) -> Tiny:
     model = on_meta(Tiny)
     tp.stream_load(model, path, plan=every_tier(), device="cpu")  # computes in the file's dtype
@@ -439,10 +448,7 @@ def test_each_mode_equals_the_plain_model_merged_where_it_merged(tmp_path: Path,
     for bit, and so does a new scale (the merges made again, reading nothing)."""
     path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
     files, _, _, _ = _plain(tmp_path / "plain", "lora", torch.float32)
-    model = on_meta(Tiny)
-    planned = tp.plan(model, path, vram="1TB", ram="1TB", resident_blocks=2, headroom_vram=0, device="cpu")
-    tp.stream_load(model, path, plan=planned, device="cpu")
-    tp.install_offload(model)
+    model = _planned(path, ram="1TB")
     x = ids()
     try:
         with torch.no_grad():
@@ -485,10 +491,7 @@ def test_the_report_says_how_each_layer_runs_and_what_a_change_made_again(tmp_pa
     are the plain model's with PEFT's merges on the same layers."""
     path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
     first, second, _, _ = _plain(tmp_path / "plain", "lora", torch.float32)
-    model = on_meta(Tiny)
-    planned = tp.plan(model, path, vram="1TB", ram="1TB", resident_blocks=2, headroom_vram=0, device="cpu")
-    tp.stream_load(model, path, plan=planned, device="cpu")
-    tp.install_offload(model)
+    model = _planned(path, ram="1TB")
     x = ids()
 
     def plain_with(active: list[str], scale_a: float, merged: list[str]) -> torch.Tensor:
@@ -542,11 +545,7 @@ def test_with_no_room_the_first_call_s_tokens_choose_the_way(tmp_path: Path, tok
     want_way = "merged_each_run" if tokens > 1000 else "unmerged"
     for shape in ((64, 256), (256, 64)):  # the blocks' up and down projections, rank 4
         assert _core_way(shape, tokens) == want_way
-    model = on_meta(Tiny)
-    # No RAM for the RAM tier, none left free: blocks 2 to 5 on disk.
-    planned = tp.plan(model, path, vram="1TB", ram="1KB", resident_blocks=2, headroom_vram=0, device="cpu")
-    tp.stream_load(model, path, plan=planned, device="cpu")
-    tp.install_offload(model)
+    model = _planned(path, ram="1KB")  # no RAM for the RAM tier, none left free: blocks 2 to 5 on disk
     x = torch.randint(0, 100, (1, tokens), generator=torch.Generator().manual_seed(6))
     try:
         with torch.no_grad():

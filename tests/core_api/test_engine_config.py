@@ -36,6 +36,20 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def _two_passes(model: Tiny, big: Path, plan: Plan, before_runs: Any = None) -> Any:
+    """Blocks 2-4 in RAM, 5-7 on disk; loaded, hooked, ``before_runs()``, then two passes."""
+    plan.assign(Tier.RAM, indices=[2, 3, 4]).assign(Tier.DISK, indices=[5, 6, 7])
+    tp.stream_load(model, big, plan=plan, device="cpu")
+    handle = tp.install_offload(model)
+    if before_runs is not None:
+        before_runs()
+    x = torch.randint(0, 64, (1, 4))
+    with torch.no_grad():
+        for _ in range(2):
+            model(x)
+    return handle
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lookahead", [1, 2, 4])
 @pytest.mark.parametrize("compute", ["bf16", "f32"])
@@ -49,13 +63,7 @@ def test_private_memory_stays_within_the_plan(big: Path, lookahead: int, compute
     plan = tp.plan(
         model, big, vram=None, ram="64GB", min_free_ram=0, lookahead=lookahead, compute_dtype=compute, resident_blocks=2
     )
-    plan.assign(Tier.RAM, indices=[2, 3, 4]).assign(Tier.DISK, indices=[5, 6, 7])
-    tp.stream_load(model, big, plan=plan, device="cpu")
-    handle = tp.install_offload(model)
-    x = torch.randint(0, 64, (1, 4))
-    with torch.no_grad():
-        for _ in range(2):
-            model(x)
+    handle = _two_passes(model, big, plan)
     rise = _core.private_memory() - before
     b = plan.budgets
     assert b is not None
@@ -97,14 +105,9 @@ def test_private_memory_with_adapters_stays_within_the_plan(big: Path, tmp_path:
     _core.trim_heap()
     before = _core.private_memory()
     plan = tp.plan(model, big, vram=None, ram="64GB", min_free_ram=0, compute_dtype="bf16", resident_blocks=2)
-    plan.assign(Tier.RAM, indices=[2, 3, 4]).assign(Tier.DISK, indices=[5, 6, 7])
-    tp.stream_load(model, big, plan=plan, device="cpu")
-    handle = tp.install_offload(model)
-    adapter = tp.load_adapter(model, file, name="a")
-    x = torch.randint(0, 64, (1, 4))
-    with torch.no_grad():
-        for _ in range(2):
-            model(x)
+    adapters: list[Any] = []
+    handle = _two_passes(model, big, plan, lambda: adapters.append(tp.load_adapter(model, file, name="a")))
+    adapter = adapters[0]
     rise = _core.private_memory() - before
     b = plan.budgets
     state = get_state(model)
