@@ -474,23 +474,53 @@ def _merge_where_kept(model: nn.Module, handle: AdapterHandle) -> None:
         handle._why[name] = "merged (kept in the RAM the plan leaves free after its first run)"
 
 
+def _layer_way(model: nn.Module, layer: Any) -> str:
+    """How the tuner layer ``layer`` runs its active adapters, and why."""
+    from .offload.merges import merged_copies, merged_layers
+    from .offload.state import get_state
+    from .offload.tuner_layers import streams
+
+    base = layer.get_base_layer()
+    active = ", ".join(layer.active_adapters)
+    if merged_layers(base):
+        state = get_state(model)
+        merged = ", ".join(a for m in merged_layers(base) for a in m.adapters)
+        if state is not None and merged_copies(state, model).holds(base):
+            return f"{merged} merged into the streamed weight, kept (later runs cost nothing more)"
+        return f"{merged} merged into the streamed weight as it runs (not kept: no room, or not run yet)"
+    if layer.merged_adapters:
+        return f"{', '.join(layer.merged_adapters)} merged in place by PEFT (its weight is held in memory)"
+    if not layer.active_adapters:
+        return "no adapter active"
+    if streams(base):
+        return f"{active} unmerged beside the streamed weight (W x + s·B(A x) on each call)"
+    return f"{active} unmerged (its weight is held in memory: a merge would change it in place)"
+
+
 def _listed(names: list[str], most: int = 6) -> str:
     shown = ", ".join(names[:most]) + (f", ... ({len(names) - most} more)" if len(names) > most else "")
     return f"({shown})" if names else ""
 
 
-def adapter_report(model: nn.Module) -> str:
+def adapter_report(model: nn.Module, per_layer: bool = False) -> str:
     """What the adapters on ``model`` are and how each layer runs them: unmerged (beside the
     weight, on each call), merged into a streamed layer (kept merged in the RAM the plan leaves
     free, or merged again on each run where there is none), or merged in place by PEFT (a
-    weight held in memory). Every PEFT layer counts, whoever put it there."""
+    weight held in memory). Every PEFT layer counts, whoever put it there; ``per_layer`` adds
+    a line for each, with its adapters, its way and why."""
     from torch import nn
-
-    from .offload.merges import merged_copies, merged_layers
-    from .offload.state import get_state
 
     if not isinstance(model, nn.Module):
         raise ArgumentError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(per_layer, bool):
+        raise ArgumentError(f"per_layer: expected True or False, got {per_layer!r}")
+    return _adapter_report(model, per_layer)
+
+
+def _adapter_report(model: nn.Module, per_layer: bool) -> str:
+    from .offload.merges import merged_copies, merged_layers
+    from .offload.state import get_state
+
     state = get_state(model)
     layers: list[Any] = [m for m in model.modules() if is_tuner_layer(m)]
     if not layers:
@@ -539,4 +569,9 @@ def adapter_report(model: nn.Module) -> str:
             )
         if waiting:
             lines.append(f"  to be made again on their next run: {len(waiting)} layers {_listed(waiting)}")
+    if per_layer:
+        lines.append("  per layer:")
+        for name, module in model.named_modules():
+            if is_tuner_layer(module):
+                lines.append(f"    {name} [{', '.join(held_adapters(module))}]: {_layer_way(model, module)}")
     return "\n".join(lines)

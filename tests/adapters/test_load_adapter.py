@@ -517,6 +517,13 @@ def test_the_report_says_how_each_layer_runs_and_what_a_change_made_again(tmp_pa
             assert unmerged in report
             assert f"merged into streamed layers: {len(merged)} layers" in report
             assert "made again" not in report
+            by_layer = tp.adapter_report(model, per_layer=True)
+            assert by_layer.startswith(report) and "  per layer:" in by_layer
+            assert f"    {merged[0]} [a]: a merged into the streamed weight, kept" in by_layer
+            assert "    blocks.0.up [a]: a unmerged (its weight is held in memory" in by_layer
+            assert by_layer.count("\n    ") == len(a.layers)
+            with pytest.raises(tp.ArgumentError, match="per_layer: expected True or False, got 'yes'"):
+                tp.adapter_report(model, per_layer="yes")  # type: ignore[arg-type]
             b = tp.load_adapter(model, second["kohya"], name="b")
             assert sorted(n for n, why in b.modes.items() if why.startswith("merged")) == merged
             assert sorted(n for n, why in a.modes.items() if why.startswith("merged")) == merged

@@ -96,8 +96,12 @@ def test_diffusers_lora_calls_equal_plain(
                 assert layer.lora_A["a"].weight.dtype == torch.float32
                 assert get_state(pipe.unet) is not None and layer.base_layer.weight.is_meta  # streamed
             if name == "fuse_lora":
-                conv = pipe.unet.up_blocks[-1].resnets[-1].conv1.base_layer
+                tuner = pipe.unet.up_blocks[-1].resnets[-1].conv1
+                conv = tuner.base_layer
                 assert [m.adapters for m in merged_layers(conv)] == [["a"]]
+                where = next(n for n, m in pipe.unet.named_modules() if m is tuner)
+                report = trash_panda.adapter_report(pipe.unet, per_layer=True)
+                assert f"    {where} [a]: a merged into the streamed weight" in report, report
             if name == "unload":
                 assert torch.equal(image, plain_images["none"])
     finally:

@@ -142,6 +142,10 @@ class MergedCopies:
         if found is not None:
             self.held -= found.nbytes
 
+    def holds(self, module: nn.Module) -> bool:
+        """Whether a merge of ``module`` is kept."""
+        return any(slot[0] == id(module) for slot in self._copies)
+
     @property
     def kept(self) -> int:
         """How many merged tensors are kept (a layer's weight and bias each count)."""

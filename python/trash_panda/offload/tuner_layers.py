@@ -262,6 +262,6 @@ def _streamed_weight(module: nn.Module) -> tuple[ModelState, TensorSpec] | None:
         return None
     state = found[1]
     for spec in state.specs_of(module):
-        if spec.placeholder is not None and (spec.placeholder is weight or spec.held() is weight):
+        if spec.placeholder is not None and any(m is module and a == "weight" for m, a in spec.owners):
             return state, spec
     return None
