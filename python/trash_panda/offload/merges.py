@@ -104,8 +104,8 @@ class MergedCopies:
 
     def __init__(self, limit: int, min_free: int = 0) -> None:
         self.spare = limit  # the plan's free RAM for them
-        # Adapters the model took after it was planned, which use that free RAM first (on a
-        # GPU, its unassigned device memory): counted again when they change.
+        # Adapters the model took after it was planned, which take that free RAM first:
+        # counted again when they change.
         self.unplanned = 0
         self.dirty = True
         # What the machine must keep available: a copy that would go below it is not kept
