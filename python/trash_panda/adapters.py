@@ -1,7 +1,8 @@
-"""Adapter files (LoRA, LoKr, LoHa) read and mapped onto a model's layers by the core's rules
-(``_core.map_adapter``): which layer each tensor patches, every shape checked, each layer's
-scale. The file is read as a checkpoint is (its header validated); nothing of the model is
-touched."""
+"""Adapters (LoRA, LoKr, LoHa) on any model, streamed or not. A file is read as a checkpoint is
+(its header validated) and mapped onto the model's layers by the core's rules
+(``_core.map_adapter``: which layer each tensor patches, every shape checked, each layer's
+scale) before the model is touched; :func:`load_adapter` then puts it on as PEFT's layers and
+returns a handle, and :func:`adapter_report` says how each layer runs its adapters."""
 
 from __future__ import annotations
 
@@ -411,7 +412,7 @@ def _check_room(model: nn.Module) -> None:
     on the CPU its free RAM, which kept merges then no longer get)."""
     import warnings
 
-    from .offload.merges import adapters_changed, merged_copies, unplanned_adapters
+    from .offload.merges import adapters_changed, merged_copies
     from .offload.state import get_state
 
     state = get_state(model)
@@ -419,8 +420,7 @@ def _check_room(model: nn.Module) -> None:
     if state is None or budgets is None:
         return
     adapters_changed(model)
-    merged_copies(state, model)
-    extra = unplanned_adapters(model, state)
+    extra = merged_copies(state, model).unplanned
     free = budgets.device_budget - budgets.device_used if budgets.gpu else max(0, budgets.ram_budget - budgets.ram_used)
     if extra > free:
         where = "device memory" if budgets.gpu else "RAM"
@@ -462,16 +462,31 @@ def _merge_where_kept(model: nn.Module, handle: AdapterHandle) -> None:
             continue
         nbytes = kept_size(state, base) if state is not None else 0
         if state is None or nbytes > room:
-            handle._why[name] = "unmerged (no room to keep its merge: chosen at its first call)"
 
             def decided(why: str, name: str = name) -> None:
                 handle._why[name] = why
 
-            choose_at_first_call(layer, handle.kind, _merge_active, decided)
+            if choose_at_first_call(layer, handle.kind, _merge_active, decided):
+                handle._why[name] = "unmerged (no room to keep its merge: chosen at its first call)"
+            else:
+                handle._why[name] = "unmerged (its model is not loaded yet: merge() it to merge)"
             continue
         room -= nbytes
         _merge_active(layer)
         handle._why[name] = "merged (kept in the RAM the plan leaves free after its first run)"
+
+
+def _layer_kind(layer: Any) -> str:
+    """How the tuner layer ``layer`` runs its adapters: "streamed" (merged into a streamed
+    weight), "in_place" (merged by PEFT into a weight held in memory), "unmerged" or "none"
+    (no adapter active). A merged PEFT layer runs none of its adapters unmerged."""
+    from .offload.merges import merged_layers
+
+    if merged_layers(layer.get_base_layer()):
+        return "streamed"
+    if layer.merged_adapters:
+        return "in_place"
+    return "unmerged" if layer.active_adapters else "none"
 
 
 def _layer_way(model: nn.Module, layer: Any) -> str:
@@ -481,17 +496,18 @@ def _layer_way(model: nn.Module, layer: Any) -> str:
     from .offload.tuner_layers import streams
 
     base = layer.get_base_layer()
-    active = ", ".join(layer.active_adapters)
-    if merged_layers(base):
+    kind = _layer_kind(layer)
+    if kind == "streamed":
         state = get_state(model)
         merged = ", ".join(a for m in merged_layers(base) for a in m.adapters)
         if state is not None and merged_copies(state, model).holds(base):
             return f"{merged} merged into the streamed weight, kept (later runs cost nothing more)"
         return f"{merged} merged into the streamed weight as it runs (not kept: no room, or not run yet)"
-    if layer.merged_adapters:
+    if kind == "in_place":
         return f"{', '.join(layer.merged_adapters)} merged in place by PEFT (its weight is held in memory)"
-    if not layer.active_adapters:
+    if kind == "none":
         return "no adapter active"
+    active = ", ".join(layer.active_adapters)
     if streams(base):
         return f"{active} unmerged beside the streamed weight (W x + s·B(A x) on each call)"
     return f"{active} unmerged (its weight is held in memory: a merge would change it in place)"
@@ -526,18 +542,14 @@ def _adapter_report(model: nn.Module, per_layer: bool) -> str:
     if not layers:
         return f"{type(model).__name__}: no adapters"
     adapters: dict[str, list[int]] = {}  # name -> [layers, bytes]
-    streamed = unmerged = in_place = 0
+    kinds = {"streamed": 0, "in_place": 0, "unmerged": 0, "none": 0}
     for layer in layers:
         for adapter in held_adapters(layer):
             entry = adapters.setdefault(adapter, [0, 0])
             entry[0] += 1
             entry[1] += _nbytes(adapter_tensors(layer, adapter))
-        if merged_layers(layer.get_base_layer()):
-            streamed += 1
-        elif layer.merged_adapters:
-            in_place += 1
-        if any(a not in layer.merged_adapters for a in layer.active_adapters):
-            unmerged += 1
+        kinds[_layer_kind(layer)] += 1
+    streamed, unmerged, in_place = kinds["streamed"], kinds["unmerged"], kinds["in_place"]
     where = f"streamed on {state.device}" if state is not None else "not streamed"
     lines = [f"{type(model).__name__} ({where}): {len(adapters)} adapter(s) on {len(layers)} layers"]
     for adapter, (count, nbytes) in adapters.items():

@@ -14,7 +14,7 @@ from .errors import ArgumentError, DtypeError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["cast", "expand", "quantize_fp8", "rows_cols"]
+__all__ = ["cast", "expand", "quantize_fp8", "rows_cols", "scale_shape"]
 
 _FLOATS = ("float32", "float16", "bfloat16")
 
@@ -115,6 +115,20 @@ def cast(
     return result
 
 
+# The scale layouts quantize_fp8 writes.
+_LAYOUTS = ("row", "tensor", "block")
+
+
+def scale_shape(layout: str, rows: int, cols: int, block_size: int = 128) -> tuple[int, ...]:
+    """The shape of the scales of a ``[rows, cols]`` tensor quantized in ``layout`` ("row",
+    "tensor" or "block"), as :func:`quantize_fp8` returns them and :func:`expand` takes them."""
+    if layout == "row":
+        return (rows, 1)
+    if layout == "tensor":
+        return ()
+    return (-(-rows // block_size), -(-cols // block_size))
+
+
 def quantize_fp8(
     tensor: torch.Tensor,
     *,
@@ -134,12 +148,11 @@ def quantize_fp8(
 
     t = _check_cpu(tensor, "tensor")
     rows, cols = rows_cols(tuple(t.shape))
-    shapes = {"row": (rows, 1), "tensor": (), "block": (-(-rows // max(block_size, 1)), -(-cols // max(block_size, 1)))}
-    if layout not in shapes:
-        raise ArgumentError(f"layout: expected one of {', '.join(map(repr, shapes))}, got {layout!r}")
+    if layout not in _LAYOUTS:
+        raise ArgumentError(f"layout: expected one of {', '.join(map(repr, _LAYOUTS))}, got {layout!r}")
     if block_size < 1:
         raise ArgumentError(f"block_size: expected at least 1, got {block_size}")
-    shape = shapes[layout]
+    shape = scale_shape(layout, rows, cols, block_size)
     q = torch.empty(t.shape, dtype=torch.float8_e4m3fn)
     scales = torch.empty(shape, dtype=torch.float32)
     _core.quantize_fp8(

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from .registry import HookRegistry, model_hooks
-from .requant import expand_back, fp8_layout, requantize
+from .requant import expand_back, fp8_layout, kept_bytes, requantize
 from .state import get_state, live_models
 
 if TYPE_CHECKING:
@@ -43,7 +43,6 @@ __all__ = [
     "merged_layers",
     "owner",
     "set_merges",
-    "unplanned_adapters",
     "adapters_changed",
 ]
 
@@ -188,11 +187,11 @@ def merged_copies(state: ModelState, model: nn.Module | None = None) -> MergedCo
     copies: MergedCopies = state.merged
     if copies.dirty and model is not None:
         copies.dirty = False
-        copies.unplanned = unplanned_adapters(model, state)
+        copies.unplanned = _unplanned_adapters(model, state)
     return copies
 
 
-def unplanned_adapters(model: nn.Module, state: ModelState) -> int:
+def _unplanned_adapters(model: nn.Module, state: ModelState) -> int:
     """Bytes of the adapters on ``model`` beyond those its plan counted (loaded after it was
     planned)."""
     from ..adapter_names import adapter_bytes
@@ -210,26 +209,15 @@ def adapters_changed(module: nn.Module) -> None:
 
 
 def kept_size(state: ModelState, module: nn.Module) -> int:
-    """Bytes a merge of ``module`` takes once kept: its tensors in the compute dtype, or as
-    codes and scales for those stored in fp8."""
-    import math
-
-    import torch
-
+    """Bytes a merge of ``module`` takes once kept (:func:`.requant.kept_bytes` for a streamed
+    tensor; a weight of the layer's own as it is)."""
     total = 0
     for slot in _slots(state, module):
         param = slot.held()
-        spec = slot.spec
-        shape = spec.shape if spec is not None else tuple(param.shape) if param is not None else ()
-        itemsize = spec.target.itemsize if spec is not None else param.element_size() if param is not None else 0
-        numel = math.prod(shape)
-        layout = fp8_layout(spec)
-        if layout is None:
-            total += numel * itemsize
-            continue
-        rows, cols = _core.rows_cols(list(shape))
-        scales = {"none": 0, "tensor": 1, "row": rows, "block": -(-rows // 128) * -(-cols // 128)}[layout]
-        total += numel * torch.float8_e4m3fn.itemsize + scales * 4
+        if slot.spec is not None:
+            total += kept_bytes(slot.spec)
+        elif param is not None:
+            total += param.numel() * param.element_size()
     return total
 
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from .state import TensorSpec
 
-__all__ = ["expand_back", "fp8_layout", "requantize"]
+__all__ = ["expand_back", "fp8_layout", "kept_bytes", "requantize"]
 
 # The stored dtype the quantizer writes (e5m2 weights keep their merge in the compute dtype).
 _E4M3 = "F8_E4M3"
@@ -34,6 +34,23 @@ def fp8_layout(spec: TensorSpec | None) -> str | None:
     if spec.scale is not None or spec.scale_kind == "row":  # a scale in the file, or fp8 storage
         return spec.scale_kind
     return "none" if spec.info.dtype == _E4M3 else None
+
+
+def kept_bytes(spec: TensorSpec) -> int:
+    """Bytes a merge into ``spec`` takes kept: its codes and scales where it is stored in fp8
+    (one scale per group, none for e4m3 with no scale), else the weight in the compute dtype."""
+    import math
+
+    import torch
+
+    from .. import dtype as kernels
+
+    numel = math.prod(spec.shape)
+    layout = fp8_layout(spec)
+    if layout is None:
+        return numel * spec.target.itemsize
+    scales = 0 if layout == "none" else math.prod(kernels.scale_shape(layout, *spec.rows_cols, _BLOCK))
+    return numel * torch.float8_e4m3fn.itemsize + scales * torch.float32.itemsize
 
 
 def requantize(weight: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor | None]:
