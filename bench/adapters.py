@@ -19,10 +19,13 @@ a process of its own, the order rotated from round to round:
   group_<n>x<r>     diffusers' apply_group_offloading (block level, CPU to CPU) on the plain
                     model with the same PEFT LoRAs: the peer's hooks, with nothing to move
   unmerged_<n>x<r>  trash_panda with the LoRAs unmerged: W x + s·B(A x) beside the weight
-  merged_<n>x<r>    trash_panda with the LoRAs merged: computed on the first pass and kept in
-                    the RAM the plan leaves free, so later steps run on kept merged weights
-  per_copy_<n>x<r>  trash_panda merged with nothing kept: W + ΔW made again on each bring, as
-                    ComfyUI's low-VRAM mode patches each copy (the reference the issue names)
+  merged_<n>x<r>    trash_panda with the LoRAs merged: computed on the first pass and kept where
+                    each block lives (the plan is a GPU's, so the RAM tier is staged: a memory
+                    image in place of the block's pages), so later steps stream merged blocks
+  merged_private_<n>x<r> the same with the RAM tier in private memory: each block's merge kept
+                    in a memory image it is staged from (against streamed_private)
+  per_copy_<n>x<r>  trash_panda merged with nothing kept (no image, no room beside the model):
+                    W + ΔW made again on each bring, as ComfyUI's low-VRAM mode patches each copy
   chosen_<n>x<r>    trash_panda with mode="auto" and no RAM to keep merges: the core's cost
                     model chooses at each layer's first call between per_copy and unmerged
                     (run it at a few and at many tokens: --tokens)
@@ -55,7 +58,9 @@ from _common import DATA, RESULTS, build_meta, machine, md_table, write_checkpoi
 
 BLOCKS, D, F = 16, 1024, 4096
 CONFIGS = [(1, 16), (4, 16), (1, 64), (4, 64)]
-KINDS = ("peft", "group", "unmerged", "merged", "per_copy", "chosen")
+KINDS = ("peft", "group", "unmerged", "merged", "merged_private", "per_copy", "chosen")
+# Ways whose RAM tier is held in private memory.
+PRIVATE = ("streamed_private", "merged_private")
 
 
 def ways() -> list[str]:
@@ -65,7 +70,7 @@ def ways() -> list[str]:
 
 def _kind(way: str) -> tuple[str, str]:
     """A way's kind and its LoRAs (``<n>x<r>``, or empty)."""
-    for kind in ("per_copy", "fp8_merged", "streamed_private", *KINDS, "plain", "streamed", "fp8"):
+    for kind in ("per_copy", "fp8_merged", "streamed_private", "merged_private", *KINDS, "plain", "streamed", "fp8"):
         if way == kind or way.startswith(kind + "_"):
             return kind, way.removeprefix(kind).removeprefix("_")
     raise SystemExit(f"unknown way {way!r}")
@@ -136,17 +141,21 @@ def one(way: str, tokens: int, steps: int) -> dict[str, Any]:
         tp.install_offload(model)
     load_s = time.perf_counter() - t0
     if kind in ("per_copy", "chosen"):
+        from trash_panda.offload import patches
         from trash_panda.offload.merges import merged_copies
         from trash_panda.offload.state import get_state
 
         state = get_state(model)
         assert state is not None
-        merged_copies(state).spare = 0  # nothing kept: each bring merges again
+        # Nothing kept, neither in the blocks' images nor beside the model: each bring merges
+        # again.
+        patches.image_place = lambda *_: None
+        merged_copies(state).spare = 0
     t0 = time.perf_counter()
     mode = "auto" if kind == "chosen" else "unmerged"
     handles = [tp.load_adapter(model, f, name=f"l{i}", mode=mode) for i, f in enumerate(files)]
     adapters_s = time.perf_counter() - t0
-    if kind in ("merged", "per_copy", "fp8_merged"):
+    if kind in ("merged", "merged_private", "per_copy", "fp8_merged"):
         for h in handles:
             h.merge()
     if kind == "group":
@@ -166,7 +175,17 @@ def one(way: str, tokens: int, steps: int) -> dict[str, Any]:
     chose = ""
     if kind == "chosen":
         chose = ", ".join(sorted({why.split(" (")[0] for h in handles for why in h.modes.values()}))
+    images = ""
+    state = None
+    if kind not in ("plain", "peft", "group"):
+        from trash_panda.offload.state import get_state
+
+        state = get_state(model)
+    held = state.engine.overlay_bytes() if state is not None and state.engine is not None else None
+    if held is not None and held.blocks:
+        images = f"{held.blocks} ({held.memory / 2**30:.2f} GiB memory, {held.file / 2**30:.2f} GiB files)"
     return {
+        "images": images,
         "chose": chose,
         "way": way,
         "load_s": load_s,
@@ -200,7 +219,7 @@ def main() -> None:
         order = chosen[r % len(chosen) :] + chosen[: r % len(chosen)]
         for way in order:
             cmd = [sys.executable, __file__, "--one", way, "--tokens", str(args.tokens), "--steps", str(args.steps)]
-            extra = {"TRASH_PANDA_RAM_IN_MEMORY": "1"} if way == "streamed_private" else {}
+            extra = {"TRASH_PANDA_RAM_IN_MEMORY": "1"} if way.startswith(PRIVATE) else {}
             p = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, **extra))
             if p.returncode != 0:
                 raise SystemExit(f"{way} failed:\n{p.stderr[-3000:]}")
@@ -225,6 +244,7 @@ def main() -> None:
                 f"{statistics.median(x['adapters_s'] for x in v):.2f}",
                 f"{max(x['rss_peak'] for x in v) / 2**30:.2f}",
                 v[0]["chose"],
+                v[0].get("images", ""),
             ]
         )
     table = md_table(
@@ -238,6 +258,7 @@ def main() -> None:
             "adapters' load (s)",
             "peak RSS (GiB)",
             "auto chose",
+            "merged images",
         ],
         rows,
     )

@@ -14,6 +14,10 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineStats",
+    "OverlayBytes",
+    "default_overlay_dir",
+    "overlay_limit",
+    "patched_image_bytes",
     "Staging",
     "StreamBlock",
     "StreamTensor",
@@ -363,6 +367,14 @@ class BlockPlan:
     @property
     def tensors(self) -> int:
         """How many tensors the block holds."""
+    @property
+    def merged(self) -> bool:
+        """An adapter is merged into it (the plan's `merged_modules`): on the CPU it keeps the
+        merge in an image where it lives.
+        """
+    @property
+    def image_bytes(self) -> int:
+        """Bytes of its merged image in its tier (memory or an overlay file; 0 when resident)."""
 
 @final
 class Budgets:
@@ -433,6 +445,24 @@ class Budgets:
         """The adapters (LoRA matrices and the like) the model holds beside the outside weights,
         counted with them (the `adapter_bytes` the plan was given).
         """
+    @property
+    def merge_work(self) -> int:
+        """What making a merge takes while it is made (a merged layer's weight copied and its
+        ΔW: twice the largest merged weight), counted with the outside weights.
+        """
+    @property
+    def merged_memory(self) -> int:
+        """Private memory of the merged blocks' images (staged RAM-tier blocks with an adapter
+        merged in, on the CPU).
+        """
+    @property
+    def merged_files(self) -> int:
+        """Overlay files of the merged blocks' images (disk-tier blocks, and RAM-tier blocks used in
+        place).
+        """
+    @property
+    def merged_beyond(self) -> int:
+        """Of `ram_used`, what the merged blocks' images take beyond the blocks' own bytes."""
     @property
     def device_budget(self) -> int:
         """What resident (device-tier) blocks may take: `device_limit` less `cuda_floor`, `reserve`,
@@ -600,6 +630,11 @@ def check_block_prefixes(prefixes: Sequence[str]) -> list[str]:
 
 def asked_staging_buffers(setting: int) -> int | None:
     """The staging buffers a `pinned_buffers` setting asks for: None for 0 (the look-ahead decides)."""
+
+def patched_image_bytes(block_len: int, in_memory: bool) -> int:
+    """Bytes a patched block's image takes (its staged length `block_len`): rounded up to whole
+    pages in memory (`in_memory`), as it is in an overlay file.
+    """
 
 def staging_buffers(asked: int | None, lookahead: int) -> int:
     """The staging buffers a plan with a streamed block counts: `asked`, else `lookahead + 1`; at
@@ -1056,6 +1091,27 @@ class StagedTensor:
         """A checkpoint scale tensor, consumed by its weight's expansion."""
 
 @final
+class OverlayBytes:
+    """What an engine's patched images take."""
+    @property
+    def memory(self) -> int:
+        """Bytes of private memory (RAM-tier blocks' images)."""
+    @property
+    def file(self) -> int:
+        """Bytes of overlay files (disk-tier blocks' images)."""
+    @property
+    def blocks(self) -> int:
+        """Blocks staged from a patched image."""
+
+def overlay_limit(text: str, streamed: int) -> int:
+    """The overlay folder's limit in bytes from the `overlay_limit` setting's text: a size
+    ("20GB"), or "auto" (twice `streamed`, the bytes of the streamed blocks that may use it).
+    """
+
+def default_overlay_dir(file: str | PathLike[str]) -> Path:
+    """Where overlay files go when no folder is set: a folder beside the checkpoint's `file`."""
+
+@final
 class EngineStats:
     """The prefetch engine's counters."""
     @property
@@ -1289,6 +1345,30 @@ class Engine:
         """
     def ram_image_buffers(self) -> list[tuple[int, int]]:
         """(address, length) of every in-memory RAM-tier block, for registering them as pinned."""
+    def keep_overlays_in(self, dir: str | PathLike[str], limit: int) -> None:
+        """Keeps disk-tier blocks' patched images as overlay files in `dir` (made if missing), at
+        most `limit` bytes of them in the folder.
+        """
+    def patch(
+        self, block: int, tensor: int, data: Any, key: str, place: str, scale: Any | None = None
+    ) -> Literal["memory", "file"]:
+        """Writes `data` (a CPU tensor: the new bytes of staged tensor `tensor` of `block`, in its
+        staged form; `scale`, its staged scales where it has them) into the block's patched
+        image, made in `place` ("memory" or "file") where it has none, and staged from then on;
+        `key` names what the bytes depend on. Returns where the image is kept.
+        """
+    def unpatch(self, block: int, tensors: list[int]) -> None:
+        """Takes back the patches of `tensors` (staged indices) of `block`: the checkpoint's bytes
+        are staged again.
+        """
+    def patches(self, block: int) -> dict[int, str]:
+        """The key of each patched tensor of `block`, by staged index."""
+    def patched_image_len(self, block: int) -> int:
+        """Bytes of `block`'s patched image, made or not (its staged length; for a block used in
+        place, its tensors packed at the CPU's alignment).
+        """
+    def overlay_bytes(self) -> OverlayBytes:
+        """What the patched images of every block take."""
     def load_ram_tier(self) -> tuple[int, float]:
         """Reads the RAM tier into private memory now (only with ram_in_memory); (bytes, seconds)."""
     def staging_buffers(self) -> list[tuple[int, int]]:

@@ -12,15 +12,21 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = [
+    "MERGES_ATTR",
     "adapter_bytes",
     "adapter_params",
     "adapter_tensors",
     "base_name",
     "held_adapters",
     "is_tuner_layer",
+    "merged_module_names",
     "tensor_names",
     "unwrapped",
 ]
+
+
+# Where a streamed layer keeps the merges recorded on it (``offload.merges``).
+MERGES_ATTR = "_trash_panda_merges"
 
 
 def is_tuner_layer(module: Any) -> bool:
@@ -91,3 +97,13 @@ def tensor_names(model: nn.Module) -> set[str]:
     PEFT's adapters and with the layers they wrap under their own names."""
     adapters = adapter_params(model)
     return {base_name(n) for n, t in model.state_dict(keep_vars=True).items() if id(t) not in adapters}
+
+
+def merged_module_names(model: nn.Module) -> list[str]:
+    """The names of the modules of ``model`` with an adapter merged into them: merges recorded
+    on a streamed layer, or a PEFT layer that merged into its own weight."""
+    return [
+        name
+        for name, module in model.named_modules()
+        if module.__dict__.get(MERGES_ATTR) or (is_tuner_layer(module) and module.merged_adapters)
+    ]

@@ -447,6 +447,7 @@ def _merge_where_kept(model: nn.Module, handle: AdapterHandle) -> None:
     running the adapter unmerged; layers held in memory run it unmerged."""
     from .offload.adapter_ways import choose_at_first_call
     from .offload.merges import kept_size, merged_copies
+    from .offload.patches import images_for
     from .offload.state import get_state
     from .offload.tuner_layers import streams
 
@@ -459,6 +460,12 @@ def _merge_where_kept(model: nn.Module, handle: AdapterHandle) -> None:
         base = layer.get_base_layer()
         if not streams(base):
             handle._why[name] = "unmerged (its weight is held in memory: a merge would change it in place)"
+            continue
+        place = images_for(state, base, merged_copies(state, model)) if state is not None else None
+        if place is not None:
+            _merge_active(layer)
+            where = "an overlay file" if place == "file" else "memory"
+            handle._why[name] = f"merged (kept in its block's image in {where} after its first run: staged merged)"
             continue
         nbytes = kept_size(state, base) if state is not None else 0
         if state is None or nbytes > room:
@@ -500,8 +507,13 @@ def _layer_way(model: nn.Module, layer: Any) -> str:
     if kind == "streamed":
         state = get_state(model)
         merged = ", ".join(a for m in merged_layers(base) for a in m.adapters)
-        if state is not None and merged_copies(state, model).holds(base):
-            return f"{merged} merged into the streamed weight, kept (later runs cost nothing more)"
+        kept = merged_copies(state, model).where(base) if state is not None else None
+        if kept == "memory":
+            return f"{merged} merged into the streamed weight, kept in its block's image in memory (staged merged)"
+        if kept == "file":
+            return f"{merged} merged into the streamed weight, kept in its block's overlay file (staged merged)"
+        if kept == "beside":
+            return f"{merged} merged into the streamed weight, kept beside the model (later runs cost nothing more)"
         return f"{merged} merged into the streamed weight as it runs (not kept: no room, or not run yet)"
     if kind == "in_place":
         return f"{', '.join(layer.merged_adapters)} merged in place by PEFT (its weight is held in memory)"
@@ -558,18 +570,33 @@ def _adapter_report(model: nn.Module, per_layer: bool) -> str:
     lines.append(f"  merged in place by PEFT (weights held in memory): {in_place} layers")
     if state is not None:
         copies = merged_copies(state, model)
+        beside = copies.kept - len(copies.patched)
         lines.append(
-            f"  merged into streamed layers: {streamed} layers; {copies.kept} merged tensors kept "
-            f"({copies.held / 1e9:.3f} GB of {copies.limit / 1e9:.2f} GB the plan leaves free), "
-            f"{copies.made} merges made, {copies.reused} runs on kept ones"
+            f"  merged into streamed layers: {streamed} layers; {copies.made} merges made, "
+            f"{copies.reused} runs on kept ones"
+        )
+        if copies.patched and state.engine is not None and not state.engine.closed:
+            images = state.engine.overlay_bytes()
+            folder = f" in {copies.overlay_dir}" if images.file else ""
+            lines.append(
+                f"  kept merged where their blocks live (staged merged): {len(copies.patched)} tensors of "
+                f"{images.blocks} blocks, {images.memory / 1e9:.3f} GB of memory images and "
+                f"{images.file / 1e9:.3f} GB of overlay files{folder}"
+            )
+        lines.append(
+            f"  kept merged beside the model: {beside} tensors; of the {copies.limit / 1e9:.2f} GB the plan "
+            f"leaves free they and the memory images beyond the plan take {copies.held / 1e9:.3f} GB"
         )
         if copies.unplanned:
             lines.append(
                 f"  adapters its plan did not count (loaded after it was planned): {copies.unplanned / 1e6:.1f} MB, "
                 "taken from the memory the plan left free"
             )
-        if streamed and copies.limit == 0:
-            lines.append("  (no RAM left free by the plan: each streamed layer is merged again on each run)")
+        unkept = [m for m in layers if _layer_kind(m) == "streamed" and not copies.holds(m.get_base_layer())]
+        if unkept:
+            lines.append(
+                f"  merged again on each run (no room to keep the merge, or not run yet): {len(unkept)} layers"
+            )
         modules = {id(m): (n.removesuffix(".base_layer"), m) for n, m in model.named_modules()}
         rebuilt = sorted(modules[i][0] for i in copies.rebuilt if i in modules)
         waiting = sorted(modules[i][0] for i in copies.stale if i in modules and merged_layers(modules[i][1]))

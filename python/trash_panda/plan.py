@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING
 
 from . import _core
-from .adapter_names import adapter_bytes, tensor_names
+from .adapter_names import adapter_bytes, merged_module_names, tensor_names
 from .blocks import find_blocks
 from .checkpoint import Checkpoint
 from .checkpoint_names import KeyMap, check_prefixes, model_tensors
@@ -102,8 +102,10 @@ def plan(
     planner's (``_core.DEFAULT_HEADROOM_VRAM``, 1.5 GB). ``staging_pool`` (a pipeline's shared
     pool) is counted as the staging buffers where it holds every block (``budgets.shared_staging``).
     Adapters already on the model (PEFT's layers) are counted beside the weights outside the
-    blocks (``budgets.adapters``).
+    blocks (``budgets.adapters``), and blocks with an adapter merged in by their merged images
+    (``budgets.merged_memory``, ``merged_files``).
     """
+
     dev = resolve_device(device)
     tensors, prefixes = planning_inputs(model, checkpoint, blocks, key_map, skip_prefixes)
     free = _core.parse_size(vram, "vram") if vram is not None else free_vram(dev)
@@ -128,6 +130,9 @@ def plan(
         # Adapters already on the model (a chained pipeline's LoRAs loaded before its first
         # call): no checkpoint has them, but they take their memory beside the outside weights.
         adapter_bytes=adapter_bytes(model),
+        # Merges already made (a LoRA fused before a chained pipeline's first call): their
+        # blocks keep a merged image where they live, which the plan counts.
+        merged_modules=merged_module_names(model),
     )
     from .log import log_plan
 

@@ -7,6 +7,7 @@ and remove() do too. Bad names and files are refused."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,18 @@ def _unmerged(
         return unmerged, again(ids())
 
 
+def _merged_reference(tmp: Path, dtype: torch.dtype) -> tuple[Path, dict[str, Path], torch.Tensor]:
+    """The checkpoint (in ``dtype``), adapter ``a``'s files, and the plain model's outputs with
+    ``a`` merged by PEFT into every layer."""
+    path = save(reference(torch.float32), tmp / "tiny.safetensors", dtype)
+    files, _, plain, layers = _plain(tmp / "plain", "lora", dtype)
+    with torch.no_grad():
+        for layer in layers:
+            layer.set_adapter(["a"])
+            layer.merge(adapter_names=["a"])
+        return path, files, plain(ids())
+
+
 def _planned(path: Path, ram: str) -> Tiny:
     """The model planned for the CPU with two resident blocks and ``ram`` for the rest, streamed."""
     model = on_meta(Tiny)
@@ -157,9 +170,8 @@ def test_load_adapter_equals_peft_on_the_plain_model(tmp_path: Path, kind: str, 
         for layer in layers:
             layer.merge(adapter_names=["a", "b"])
         want["merged"] = plain(x)
-        want["unmerged"], want["removed"] = _unmerged(
-            tmp_path / "again", kind, dtype, ["a", "b"], 0.5, ("blocks.0.", "blocks.1.", "head")
-        )
+        # Every layer gets its checkpoint's bits back on the unmerge, the resident ones too.
+        want["unmerged"], want["removed"] = _unmerged(tmp_path / "again", kind, dtype, ["a", "b"], 0.5, ())
     model = _streamed(path)
     try:
         with torch.no_grad():
@@ -212,61 +224,182 @@ def test_bad_arguments_and_files_are_refused(tmp_path: Path) -> None:
         tp.release(model)
 
 
-def test_merged_weights_are_kept_within_the_plan_s_spare_ram(tmp_path: Path) -> None:
-    """A merge into streamed layers is computed on the first run and kept for the next ones, in
-    no more than the RAM the plan leaves unassigned; a final pass keeps none, an unmerge drops
-    them; with no RAM to spare (a disk tier) each run merges again. The outputs are the plain
-    model's every time."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_merges_are_kept_where_their_blocks_live(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """A merge into streamed layers is computed on the first run and written into its block's
+    image where the block lives: private memory for a staged RAM-tier block (mapped, its pages
+    given back; or held in memory, from the RAM the plan leaves free), an overlay file for the
+    disk tier and for blocks used in place (bf16 ones on the CPU), which run from its map.
+    Later runs stage the merged block and merge nothing; an unmerge stages the checkpoint's bits
+    again and drops the images and files; a final pass keeps none. Where the overlay folder has
+    no room, each run merges again. The outputs are the plain model's every time."""
     from trash_panda.offload.merges import merged_copies
     from trash_panda.offload.state import get_state
 
-    path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
-    files, _, plain, layers = _plain(tmp_path / "plain", "lora", torch.float32)
+    path, files, want = _merged_reference(tmp_path, dtype)
     x = ids()
-    with torch.no_grad():
-        for layer in layers:
-            layer.set_adapter(["a"])
-            layer.merge(adapter_names=["a"])
-        want = plain(x)
-    for ram, kept in (("1TB", True), ("1KB", False)):
+    unmerged, _ = _unmerged(tmp_path / "again", "lora", dtype, ["a"], 1.0, ())
+    folder = tmp_path / "overlays"
+    monkeypatch.setenv("TRASH_PANDA_OVERLAY_DIR", str(folder))
+    cases = [
+        ("ram mapped", "1TB", {}, "memory"),
+        ("ram in memory", "1TB", {"TRASH_PANDA_RAM_IN_MEMORY": "1"}, "memory"),
+        ("disk", "1KB", {}, "file"),
+        ("disk, no room", "1KB", {"TRASH_PANDA_OVERLAY_LIMIT": "1KB"}, None),
+    ]
+    for case, ram, env, place in cases:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
         model = on_meta(Tiny)
         planned = tp.plan(model, path, vram="1TB", ram=ram, resident_blocks=0, headroom_vram=0, device="cpu")
-        tp.stream_load(model, path, plan=planned, device="cpu")
+        tp.stream_load(model, path, plan=planned, device="cpu", compute_dtype=dtype)
         handle = tp.install_offload(model)
         try:
             adapter = tp.load_adapter(model, files["peft"], name="a", mode="unmerged")
             adapter.merge()
             state = get_state(model)
-            assert state is not None
+            assert state is not None and state.engine is not None
+            in_place = all(state.engine.in_place(b) for b in state.engine.order())
+            assert in_place == (dtype == torch.bfloat16 and "in memory" not in case), case
+            if in_place and place is not None:
+                place = "file"
             copies = merged_copies(state)
-            budgets = planned.budgets
-            assert budgets is not None
-            # The plan's free RAM, less the adapter it did not count (loaded after it planned).
-            assert copies.unplanned == adapter.nbytes > 0
-            assert copies.limit == max(0, budgets.ram_budget - budgets.ram_used - adapter.nbytes)
-            with torch.no_grad():
+            streamed = sum(1 for n in adapter.layers if n.startswith("blocks."))
+            blocks = len({n.split(".")[1] for n in adapter.layers if n.startswith("blocks.")})
+            with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 for _ in range(3):
-                    assert torch.equal(model(x), want)
-                streamed = sum(1 for n in adapter.layers if n.startswith("blocks."))
-                if kept:
-                    assert copies.kept == 2 * streamed and 0 < copies.held <= copies.limit  # weights, biases
-                    assert copies.made == streamed and copies.reused == 2 * streamed
-                    adapter.unmerge()
-                    assert copies.kept == 0 and copies.held == 0
-                    adapter.merge()
-                    assert torch.equal(model(x), want) and copies.kept == 2 * streamed
-                    with handle.final_pass():
-                        assert torch.equal(model(x), want)
-                    assert copies.kept == 0 and copies.held == 0  # the freed blocks keep nothing
-                else:
-                    assert copies.limit < 1 << 20 and copies.kept == 0
-                    assert copies.made == 3 * streamed and copies.reused == 0
-                    adapter.unmerge()
-                    unmerged, _ = _unmerged(tmp_path / "again", "lora", torch.float32, ["a"], 1.0, ("head",))
-                    assert torch.equal(model(x), unmerged)  # the streamed layers: the checkpoint's bits
-                    assert copies.kept == 0
+                    assert torch.equal(model(x), want), case
+            refused = [w for w in caught if "cannot keep a merged block where it lives" in str(w.message)]
+            # No room is known ahead (the folder's limit less this model's files): nothing refused.
+            assert not refused, case
+            held = state.engine.overlay_bytes()
+            if place is None:
+                # No image: kept beside the model where its plan leaves RAM, else merged each run.
+                assert not copies.patched and held.blocks == 0, case
+                assert copies.made == (streamed if copies.kept else 3 * streamed), case
+                assert not list(folder.glob("*.tpo")), case
+            else:
+                assert len(copies.patched) == 2 * streamed, case  # weights and biases
+                assert {p.place for p in copies.patched.values()} == {place}, case
+                assert copies.made == streamed and copies.reused == 2 * streamed, case
+                assert held.blocks == blocks and (held.memory > 0) == (place == "memory"), case
+                assert (held.file > 0) == (place == "file"), case
+                assert len(list(folder.glob("*.tpo"))) == (blocks if place == "file" else 0), case
+                # Mapped (or in place), an image takes the place of the block's pages; in memory,
+                # it comes out of the RAM the plan leaves free.
+                assert copies.held == (held.memory if "in memory" in case else 0), case
+                assert copies.held <= max(copies.limit, 0), case
+            adapter.unmerge()
+            with torch.no_grad():
+                assert torch.equal(model(x), unmerged), case  # the checkpoint's bits again
+            assert copies.kept == 0 and copies.held == 0 and state.engine.overlay_bytes().blocks == 0, case
+            assert not list(folder.glob("*.tpo")), case
+            adapter.merge()
+            with torch.no_grad():
+                assert torch.equal(model(x), want), case
+            with handle.final_pass(), torch.no_grad():
+                assert torch.equal(model(x), want), case
+            assert copies.kept == 0 and copies.held == 0 and state.engine.overlay_bytes().blocks == 0, case
         finally:
             tp.release(model)
+            for k in env:
+                monkeypatch.delenv(k)
+        assert not list(folder.glob("*.tpo")), case  # an engine's files go with it
+
+
+@pytest.mark.parametrize("ram_in_memory", [False, True], ids=["mapped", "in-memory"])
+def test_a_device_copies_the_merged_blocks_from_their_images(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sim: Any, ram_in_memory: bool
+) -> None:
+    """On a device (the simulated asynchronous one, with a GPU's plan: device slots, copies in
+    flight, a RAM tier held in memory copied straight from it), a merged block's image is where
+    its staging comes from, so the device copies the merged bytes: outputs equal the plain
+    model's after PEFT's merge on every pass, a patched block is no longer copied from the RAM
+    tier's memory, and an unmerge gives the checkpoint's bits back (a copy made ahead before it,
+    of the merged bytes, is dropped)."""
+    from trash_panda import Tier
+    from trash_panda.offload.backends.cuda import DeviceBackend
+    from trash_panda.offload.handle import _install
+    from trash_panda.offload.merges import merged_copies
+    from trash_panda.offload.state import ModelState, get_state
+
+    monkeypatch.setenv("TRASH_PANDA_OVERLAY_DIR", str(tmp_path / "overlays"))
+    if ram_in_memory:
+        monkeypatch.setenv("TRASH_PANDA_RAM_IN_MEMORY", "1")
+    path, files, want = _merged_reference(tmp_path, torch.bfloat16)
+    x = ids()
+    model = on_meta(Tiny)
+    planned = tp.plan(model, path, vram="1TB", ram="1TB", resident_blocks=1)  # a GPU's plan
+    planned.assign(Tier.DISK, indices=[4, 5])
+    tp.stream_load(model, path, plan=planned, device="cpu")
+    state = get_state(model)
+    assert state is not None and state.engine is not None
+
+    def backend(s: ModelState) -> DeviceBackend:
+        return DeviceBackend(s, sim)
+
+    handle = _install(model, state, state.blocks, None, backend)
+    try:
+        adapter = tp.load_adapter(model, files["peft"], name="a", mode="merged")
+        copies = merged_copies(state)
+        with torch.no_grad():
+            for _ in range(3):
+                assert torch.equal(model(x), want)
+        held = state.engine.overlay_bytes()
+        assert held.blocks == 5 and held.file > 0 and held.memory > 0  # blocks 1-3 in RAM, 4-5 on disk
+        assert copies.made == 10 and copies.reused == 20  # each streamed layer merged once
+        device_copies = handle.backend.copies
+        assert device_copies.direct == ram_in_memory
+        assert not set(device_copies.images) & {p.block for p in copies.patched.values()}
+        adapter.unmerge()
+        # The streamed blocks stage the checkpoint's bits again, and the resident block and the
+        # head (merged by PEFT in place) get theirs back.
+        again, _ = _unmerged(tmp_path / "again", "lora", torch.bfloat16, ["a"], 1.0, ())
+        with torch.no_grad():
+            assert torch.equal(model(x), again)
+        assert state.engine.overlay_bytes().blocks == 0 and not copies.patched
+        if ram_in_memory:
+            ram_tier = {b.engine_index for b in state.blocks if b.tier == Tier.RAM}
+            assert set(device_copies.images) == ram_tier and len(ram_tier) == 3  # copied straight again
+    finally:
+        tp.release(model, handle)
+
+
+def test_a_folder_another_model_fills_refuses_the_image_once_and_the_merge_runs_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two models share an overlay folder whose limit holds one model's merged blocks: the
+    second's images are refused (the first's files are held), which is said once, and its
+    layers are merged as they run, the outputs still the plain model's."""
+    from trash_panda.offload.merges import merged_copies
+    from trash_panda.offload.state import get_state
+
+    path, files, want = _merged_reference(tmp_path, torch.float32)
+    x = ids()
+    monkeypatch.setenv("TRASH_PANDA_OVERLAY_DIR", str(tmp_path / "overlays"))
+    first, second = _planned(path, ram="1KB"), _planned(path, ram="1KB")
+    try:
+        one = get_state(first)
+        assert one is not None and one.engine is not None
+        images = sum(one.engine.patched_image_len(b) for b in one.engine.order() if not one.engine.in_place(b))
+        monkeypatch.setenv("TRASH_PANDA_OVERLAY_LIMIT", str(images))
+        for model in (first, second):
+            tp.load_adapter(model, files["peft"], name="a", mode="merged")
+        with torch.no_grad():
+            assert torch.equal(first(x), want)
+            with pytest.warns(UserWarning, match="cannot keep a merged block where it lives") as said:
+                assert torch.equal(second(x), want)
+            assert torch.equal(second(x), want)
+        assert len([w for w in said if "cannot keep a merged block" in str(w.message)]) == 1
+        copies = [merged_copies(s) for s in (one, get_state(second)) if s is not None]
+        assert copies[0].patched and not copies[1].patched
+        assert len(list((tmp_path / "overlays").glob("*.tpo"))) == 4  # the first model's disk tier
+    finally:
+        tp.release(first)
+        tp.release(second)
 
 
 def test_adapters_on_fp8_blocks_equal_the_reference_expansion(tmp_path: Path) -> None:
@@ -276,6 +409,7 @@ def test_adapters_on_fp8_blocks_equal_the_reference_expansion(tmp_path: Path) ->
     quantized again by the core's quantizer in the layer's own scale layout, and the layer runs
     on the reference expansion of that, on every run; the kept merge is those codes and scales."""
     from support.checkpoints import fp8_checkpoint
+    from trash_panda.offload.requant import kept_bytes
     from trash_panda.offload.state import get_state
 
     path = tmp_path / "fp8.safetensors"
@@ -320,8 +454,14 @@ def test_adapters_on_fp8_blocks_equal_the_reference_expansion(tmp_path: Path) ->
             assert torch.equal(model(x), merged)  # on the kept codes and scales
             state = get_state(model)
             assert state is not None and state.merged is not None
-            assert state.merged.reused > 0
-            assert state.merged.held == codes
+            copies = state.merged
+            assert copies.reused > 0
+            # Kept in their blocks' images where the blocks stream (RAM tier: memory; disk tier:
+            # an overlay file), beside the model for the resident blocks: those codes and scales.
+            specs = {(id(m), a): spec for b in state.blocks for spec in b.tensors for m, a in spec.owners}
+            written = sum(kept_bytes(specs[slot]) for slot in copies.patched)
+            assert {p.place for p in copies.patched.values()} == {"memory", "file"}
+            assert copies.held + written == codes
     finally:
         tp.release(model)
 
@@ -344,11 +484,14 @@ def test_the_requantization_on_a_gpu_computes_the_core_s_bits() -> None:
 
 def test_changing_adapters_reads_nothing_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A new scale, a second adapter, a merge, an unmerge and a removal read nothing of the
-    model's checkpoint: no read into memory (the resident and outside weights are not read
-    again), and each pass reads from the disk no more than the disk tier's blocks, once."""
+    model's checkpoint but what an unmerge gives back: the weights of the layers held in memory
+    that PEFT merged in place, their checkpoint's bytes, once (the resident and outside weights
+    are not read again otherwise); and each pass reads from the disk no more than the disk
+    tier's blocks, once."""
     from trash_panda import _core
     from trash_panda.checkpoint import Checkpoint
     from trash_panda.offload.state import get_state
+    from trash_panda.offload.tuner_layers import streams
 
     path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
     first, second, _, _ = _plain(tmp_path / "plain", "lora", torch.float32)
@@ -400,15 +543,25 @@ def test_changing_adapters_reads_nothing_again(tmp_path: Path, monkeypatch: pyte
                 a.remove,
             ]
             read = 0
+            modules = dict(model.named_modules())
+            held = [n for n in a.layers if not streams(modules[n].get_base_layer())]  # merged in place
             for change in changes:
+                in_place = held if change == a.unmerge else []
                 change()
                 now = disk_bytes()
                 model(x)
                 per_pass = disk_bytes() - now
                 assert 0 <= per_pass <= disk_tier
                 read += per_pass
+                if change == a.unmerge:
+                    # The layers merged in place get their bytes back, read once; nothing else.
+                    given_back = {f"{n}.{p}" for n in in_place for p in ("weight", "bias")}
+                    assert in_place and {f"{n}.weight" for n in in_place} <= set(reads) <= given_back
+                    assert len(reads) == len(set(reads))
+                else:
+                    assert reads == [], change
+                reads.clear()
             assert read > 0  # the disk tier was read, not held
-            assert reads == []
     finally:
         tp.release(model)
 
@@ -542,11 +695,14 @@ def test_the_report_says_how_each_layer_runs_and_what_a_change_made_again(tmp_pa
 
 
 @pytest.mark.parametrize("tokens", [33, 4096])
-def test_with_no_room_the_first_call_s_tokens_choose_the_way(tmp_path: Path, tokens: int) -> None:
-    """``mode="auto"`` on streamed layers with no RAM to keep a merge: at each layer's first
-    call the core's cost model chooses from the call's tokens, unmerged for a few (33), merged
-    again on each run for many (4096); either way the outputs are the plain model's with PEFT's
-    merges on the same layers, on every call."""
+def test_with_no_room_the_first_call_s_tokens_choose_the_way(
+    tmp_path: Path, tokens: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``mode="auto"`` on streamed layers with no room to keep a merge (no RAM, an overlay
+    folder with no room): at each layer's first call the core's cost model chooses from the
+    call's tokens, unmerged for a few (33), merged again on each run for many (4096); either way
+    the outputs are the plain model's with PEFT's merges on the same layers, on every call."""
+    monkeypatch.setenv("TRASH_PANDA_OVERLAY_LIMIT", "1KB")
     path = save(reference(torch.float32), tmp_path / "tiny.safetensors")
     files, _, _, _ = _plain(tmp_path / "plain", "lora", torch.float32)
     want_way = "merged_each_run" if tokens > 1000 else "unmerged"

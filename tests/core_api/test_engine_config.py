@@ -78,10 +78,16 @@ def test_private_memory_stays_within_the_plan(big: Path, lookahead: int, compute
 
 
 @pytest.mark.slow
-def test_private_memory_with_adapters_stays_within_the_plan(big: Path, tmp_path: Path) -> None:
-    """With a LoRA on every block's layers, merged into the streamed ones and the merges kept:
-    the private memory rises by no more than the plan's figures, the adapters' bytes (as the
-    planner counts them) and the kept merges, which stay within the RAM the plan leaves free."""
+@pytest.mark.parametrize("ram_in_memory", [False, True], ids=["mapped", "in-memory"])
+def test_private_memory_with_adapters_stays_within_the_plan(
+    big: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ram_in_memory: bool
+) -> None:
+    """With a LoRA on every block's layers, merged into the streamed ones: each streamed block
+    keeps its merge in an image where it lives (mapped bf16 blocks run in place, so an overlay
+    file; a RAM tier held in memory stages from a memory image, the disk tier from a file). A
+    plan made with the merges on the model counts those images exactly as the engine holds
+    them, and the private memory rises by no more than the plan's figures, the adapters' bytes
+    and the memory images."""
     pytest.importorskip("peft")
     from safetensors.torch import save_file
 
@@ -89,6 +95,9 @@ def test_private_memory_with_adapters_stays_within_the_plan(big: Path, tmp_path:
     from trash_panda.offload.merges import merged_copies
     from trash_panda.offload.state import get_state
 
+    monkeypatch.setenv("TRASH_PANDA_OVERLAY_DIR", str(tmp_path / "overlays"))
+    if ram_in_memory:
+        monkeypatch.setenv("TRASH_PANDA_RAM_IN_MEMORY", "1")
     g = torch.Generator().manual_seed(1)
     lora: dict[str, torch.Tensor] = {}
     for i in range(8):
@@ -109,22 +118,38 @@ def test_private_memory_with_adapters_stays_within_the_plan(big: Path, tmp_path:
     handle = _two_passes(model, big, plan, lambda: adapters.append(tp.load_adapter(model, file, name="a")))
     adapter = adapters[0]
     rise = _core.private_memory() - before
-    b = plan.budgets
     state = get_state(model)
-    assert b is not None and state is not None
+    assert state is not None and state.engine is not None
     copies = merged_copies(state)
     merged = [n for n, why in adapter.modes.items() if why.startswith("merged")]
     assert len(merged) == 12  # the six streamed blocks' two layers
-    adapters = adapter_bytes(model)
-    assert adapters == adapter.nbytes > 0
-    # Planned without the adapter: it takes the plan's free RAM first, the kept merges the rest.
-    assert copies.held >= 6 * 64 * MiB and copies.held <= copies.limit == b.ram_budget - b.ram_used - adapters
-    counted = b.device_used + b.outside + b.held_on_device + adapters + copies.held
+    assert len(copies.patched) == 24 and copies.made == 12 and copies.reused == 12  # weights, biases
+    images = state.engine.overlay_bytes()
+    assert images.blocks == 6
+    # Planned again with the merges on the model, in the same tiers: the images as held.
+    again = tp.plan(model, big, vram=None, ram="64GB", min_free_ram=0, compute_dtype="bf16", resident_blocks=2)
+    again = again.assign(Tier.RAM, indices=[2, 3, 4]).assign(Tier.DISK, indices=[5, 6, 7])
+    merged_blocks = [b.name for b in again.blocks if b.merged]
+    assert merged_blocks == [f"blocks.{i}." for i in range(2, 8)], merged_blocks  # resident ones run unmerged
+    a = again.budgets
+    assert a is not None
+    assert (a.merged_memory, a.merged_files) == (images.memory, images.file)
+    assert (images.memory > 0) == ram_in_memory and images.file > 0
+    assert "merged blocks (6, an adapter merged in)" in str(again)
+    b = plan.budgets
+    assert b is not None
+    adapters_held = adapter_bytes(model)
+    assert adapters_held == adapter.nbytes > 0
+    # Beside the model: only what no image could take (nothing here).
+    assert copies.held == (images.memory if ram_in_memory else 0) and copies.kept == 24
+    counted = b.device_used + b.outside + b.held_on_device + adapters_held + images.memory
+    if ram_in_memory:
+        counted += b.ram_used  # the RAM tier's private copy
     tp.release(model, handle)
     assert rise <= counted + 48 * MiB, (
         f"private memory rose {rise / MiB:.0f} MiB; counted {counted / MiB:.0f} MiB (resident "
         f"{b.device_used / MiB:.0f}, outside {b.outside / MiB:.0f}, staging {b.host_staging / MiB:.0f}, "
-        f"expansion {b.expansion / MiB:.0f}, adapters {adapters / MiB:.0f}, kept merges {copies.held / MiB:.0f})"
+        f"expansion {b.expansion / MiB:.0f}, adapters {adapters_held / MiB:.0f}, images {images.memory / MiB:.0f})"
     )
 
 

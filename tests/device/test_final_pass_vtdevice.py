@@ -160,8 +160,8 @@ _FREE = final_pass_mod._free
 
 
 def _watch_frees(monkeypatch: pytest.MonkeyPatch, dev: HandoverDevice) -> None:
-    def freed(block: Any, engine: Any, keep_cache: bool, retire: Any) -> int:
-        n = _FREE(block, engine, keep_cache, retire)
+    def freed(state: Any, block: Any, keep_cache: bool, retire: Any) -> int:
+        n = _FREE(state, block, keep_cache, retire)
         dev.free(block.prefix, n)
         return n
 

@@ -127,11 +127,17 @@ fn options_from(kwargs: &Bound<'_, PyDict>, base: PlanOptions) -> PyResult<PlanO
                     raise(Kind::Argument, format!("adapter_bytes: expected a count of bytes, got {value}"))
                 })?
             }
+            "merged_modules" => {
+                o.merged_modules = value.extract().map_err(|_| {
+                    raise(Kind::Argument, format!("merged_modules: expected a list of module names, got {value}"))
+                })?
+            }
             other => {
                 return Err(raise(Kind::Argument, format!(
                     "unknown plan option {other:?}: expected resident_blocks, max_vram, min_free_ram, \
                      headroom_vram, activation_vram, compute_dtype, storage_dtype, lookahead, \
-                     pinned_buffers, max_lookahead, ram_in_memory, staging_pool or adapter_bytes"
+                     pinned_buffers, max_lookahead, ram_in_memory, staging_pool, adapter_bytes or \
+                     merged_modules"
                 )))
             }
         }
@@ -447,6 +453,11 @@ pub(crate) struct PyBlockPlan {
     expansion_bytes: u64,
     /// How many tensors the block holds.
     tensors: usize,
+    /// An adapter is merged into it (the plan's `merged_modules`): on the CPU it keeps the
+    /// merge in an image where it lives.
+    merged: bool,
+    /// Bytes of its merged image in its tier (memory or an overlay file; 0 when resident).
+    image_bytes: u64,
 }
 
 impl From<&BlockPlan> for PyBlockPlan {
@@ -459,6 +470,8 @@ impl From<&BlockPlan> for PyBlockPlan {
             staged_bytes: b.staging.get(b.tier),
             expansion_bytes: b.expansion.get(b.tier),
             tensors: b.tensors,
+            merged: b.merged,
+            image_bytes: b.image.get(b.tier),
         }
     }
 }

@@ -55,6 +55,13 @@ fn staging_buffers(asked: Option<usize>, lookahead: usize) -> usize {
     rules::staging_buffers(asked, lookahead)
 }
 
+/// Bytes a patched block's image takes (its staged length `block_len`): rounded up to whole
+/// pages in memory (`in_memory`), as it is in an overlay file.
+#[pyfunction]
+fn patched_image_bytes(block_len: u64, in_memory: bool) -> u64 {
+    rules::patched_image_bytes(block_len, in_memory)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_HEADROOM_VRAM", rules::DEFAULT_HEADROOM_VRAM)?;
     m.add("DEFAULT_LOOKAHEAD", rules::DEFAULT_LOOKAHEAD)?;
@@ -68,5 +75,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_block_prefixes, m)?)?;
     m.add_function(wrap_pyfunction!(asked_staging_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(staging_buffers, m)?)?;
+    m.add_function(wrap_pyfunction!(patched_image_bytes, m)?)?;
     Ok(())
 }

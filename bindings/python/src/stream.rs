@@ -13,7 +13,10 @@ use trash_panda::dtype::{DType, ALL_DTYPES};
 use trash_panda::engine_config::{staged_work, EngineConfig, ExpandTarget, Expansion, ScaleSource};
 use trash_panda::io::{ReadMode, WritableSpan};
 use trash_panda::plan::Tier;
-use trash_panda::stream::{Engine, Lease, RamImage, SourceTier, StreamBlock, StreamTensor};
+use trash_panda::stream::{
+    Engine, Lease, OverlayBytes, OverlayStore, Patch, PatchPlace, RamImage, SourceTier,
+    StreamBlock, StreamTensor,
+};
 
 use crate::checkpoint::PyTensorBytes;
 use crate::dlpack::{Borrowed, ByteOwner, Memory};
@@ -292,6 +295,81 @@ impl PyEngine {
             }
         }
         Ok(out)
+    }
+
+    /// Keeps disk-tier blocks' patched images as overlay files in `dir` (made if missing), at
+    /// most `limit` bytes of them in the folder.
+    fn keep_overlays_in(&self, dir: PathBuf, limit: u64) -> PyResult<()> {
+        let store = OverlayStore::open(dir, limit).map_err(ToPyErr::to_py)?;
+        self.engine()?.keep_overlays_in(store);
+        Ok(())
+    }
+
+    /// Writes `data` (a CPU tensor: the new bytes of staged tensor `tensor` of `block`, in its
+    /// staged form; `scale`, its staged scales where it has them) into the block's patched
+    /// image, made in `place` ("memory" or "file") where it has none, and staged from then on;
+    /// `key` names what the bytes depend on. Returns where the image is kept.
+    #[pyo3(signature = (block, tensor, data, key, place, scale=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn patch(
+        &self,
+        py: Python<'_>,
+        block: usize,
+        tensor: usize,
+        data: &Bound<'_, PyAny>,
+        key: &str,
+        place: &str,
+        scale: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<&'static str> {
+        let place = match place {
+            "memory" => PatchPlace::Memory,
+            "file" => PatchPlace::File,
+            other => {
+                return Err(raise(
+                    Kind::Argument,
+                    format!("patch: place {other:?} is not one of memory, file"),
+                ))
+            }
+        };
+        let engine = self.engine()?;
+        let data = Borrowed::new(data, "data")?;
+        let scale = scale.map(|s| Borrowed::new(s, "scale")).transpose()?;
+        let patch = [Patch {
+            tensor,
+            data: data.bytes(),
+            scale: scale.as_ref().map(Borrowed::bytes),
+        }];
+        let kept =
+            without_gil(py, || engine.patch(block, &patch, key, place)).map_err(ToPyErr::to_py)?;
+        Ok(kept.as_str())
+    }
+
+    /// Takes back the patches of `tensors` (staged indices) of `block`: the checkpoint's bytes
+    /// are staged again.
+    fn unpatch(&self, py: Python<'_>, block: usize, tensors: Vec<usize>) -> PyResult<()> {
+        let engine = self.engine()?;
+        without_gil(py, || engine.unpatch(block, &tensors)).map_err(ToPyErr::to_py)
+    }
+
+    /// The key of each patched tensor of `block`, by staged index.
+    fn patches(&self, block: usize) -> PyResult<std::collections::BTreeMap<usize, String>> {
+        let found = self.engine()?.patches(block).map_err(ToPyErr::to_py)?;
+        Ok(found.into_iter().collect())
+    }
+
+    /// Bytes of `block`'s patched image, made or not (its staged length; for a block used in
+    /// place, its tensors packed at the CPU's alignment).
+    fn patched_image_len(&self, block: usize) -> PyResult<usize> {
+        self.engine()?
+            .patched_image_len(block)
+            .map_err(ToPyErr::to_py)
+    }
+
+    /// What the patched images of every block take.
+    fn overlay_bytes(&self) -> PyResult<PyOverlayBytes> {
+        Ok(PyOverlayBytes {
+            inner: self.engine()?.overlay_bytes(),
+        })
     }
 
     /// Makes the engine's drive reads wait in `lane` (the model's), shared with the model's
@@ -643,11 +721,62 @@ impl PyLease {
     }
 }
 
+/// What an engine's patched images take.
+#[pyclass(name = "OverlayBytes", module = "trash_panda._core", frozen)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PyOverlayBytes {
+    inner: OverlayBytes,
+}
+
+#[pymethods]
+impl PyOverlayBytes {
+    /// Bytes of private memory (RAM-tier blocks' images).
+    #[getter]
+    fn memory(&self) -> u64 {
+        self.inner.memory
+    }
+
+    /// Bytes of overlay files (disk-tier blocks' images).
+    #[getter]
+    fn file(&self) -> u64 {
+        self.inner.file
+    }
+
+    /// Blocks staged from a patched image.
+    #[getter]
+    fn blocks(&self) -> u64 {
+        self.inner.blocks
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "OverlayBytes(memory={}, file={}, blocks={})",
+            self.inner.memory, self.inner.file, self.inner.blocks
+        )
+    }
+}
+
+/// The overlay folder's limit in bytes from the `overlay_limit` setting's text: a size
+/// ("20GB"), or "auto" (twice `streamed`, the bytes of the streamed blocks that may use it).
+#[pyfunction]
+fn overlay_limit(text: &str, streamed: u64) -> PyResult<u64> {
+    OverlayStore::limit_from(text, streamed).map_err(|e| raise(Kind::Argument, e))
+}
+
+/// Where overlay files go when no folder is set: a folder beside the checkpoint's `file`.
+#[pyfunction]
+fn default_overlay_dir(file: PathBuf) -> PathBuf {
+    OverlayStore::default_dir(&file)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyStreamTensor>()?;
     m.add_class::<PyStreamBlock>()?;
     m.add_class::<PyEngine>()?;
     m.add_class::<PyLease>()?;
     m.add_class::<PyStagedTensor>()?;
+    m.add_class::<PyOverlayBytes>()?;
+    m.add_function(wrap_pyfunction!(overlay_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(default_overlay_dir, m)?)?;
     Ok(())
 }

@@ -106,6 +106,7 @@ impl PlanArgs {
             staging_pool: None,
             // Adapters are put on a model in Python; a checkpoint alone has none.
             adapter_bytes: 0,
+            merged_modules: Vec::new(),
         })
     }
 

@@ -117,6 +117,21 @@ pub const SETTINGS: &[Setting] = &[
               the CPU lacks makes every conversion fail rather than run another one",
     },
     Setting {
+        name: "overlay_dir",
+        kind: Kind::Text,
+        default: "",
+        doc: "the folder where streamed blocks with an adapter merged in are kept merged when they \
+              are read from the drive or used in place, so later passes read them at the unmerged \
+              cost (empty: .trash-panda-overlays beside the checkpoint)",
+    },
+    Setting {
+        name: "overlay_limit",
+        kind: Kind::Text,
+        default: "auto",
+        doc: "the most the overlay folder's files may take (\"20GB\"); the least recently used \
+              go first (auto: twice the streamed blocks of the model that merges)",
+    },
+    Setting {
         name: "log",
         kind: Kind::Text,
         default: "",

@@ -7,8 +7,8 @@ mod common;
 
 use common::plan_model::{decoder, kinds, opts, tiers, SIDE};
 use trash_panda::plan::{
-    plan, Figures, MinFreeRam, ModelBlocks, PlanError, PlanOptions, TensorSizes, Tier, WarningKind,
-    CUDA_CONTEXT_FLOOR,
+    plan, Figures, MinFreeRam, ModelBlocks, PlanError, PlanOptions, Selector, TensorSizes, Tier,
+    WarningKind, CUDA_CONTEXT_FLOOR,
 };
 use trash_panda::rules::{maps_disk_tier, LOADER_RING_BYTES};
 use trash_panda::sys::{CgroupMemory, MemoryFigures, SysRoots};
@@ -582,4 +582,101 @@ fn adapters_take_their_memory_beside_the_outside_weights() {
     assert!(!serde_json::to_string(&bare)
         .unwrap()
         .contains("adapter_bytes"));
+}
+
+#[test]
+fn merged_blocks_are_counted_by_their_images_where_they_live() {
+    // f32 blocks (staged on the CPU, not used in place) and bf16 ones (used in place on Linux).
+    for (dtype, ram_in_memory) in [
+        (DType::F32, false),
+        (DType::F32, true),
+        (DType::BF16, false),
+    ] {
+        let m = decoder(6, dtype);
+        let merged = PlanOptions {
+            merged_modules: vec!["model.layers.1.mlp".into(), "model.layers.4.mlp".into()],
+            ram_in_memory,
+            ..opts()
+        };
+        let cpu = Figures::injected(64_000_000_000, None);
+        let placed_on = |figures: &Figures, options: &PlanOptions| {
+            let mut p = plan(&m, figures, options).unwrap();
+            p.assign(Tier::Device, &Selector::Indices(vec![0, 2, 3, 5]))
+                .unwrap();
+            p.assign(Tier::Ram, &Selector::Indices(vec![1])).unwrap();
+            p.assign(Tier::Disk, &Selector::Indices(vec![4])).unwrap();
+            p
+        };
+        let placed = |options: &PlanOptions| placed_on(&cpu, options);
+        let p = placed(&merged);
+        let flagged: Vec<&str> = p
+            .blocks
+            .iter()
+            .filter(|b| b.merged)
+            .map(|b| b.name.as_str())
+            .collect();
+        assert_eq!(flagged, ["model.layers.1.", "model.layers.4."]);
+        let (ram, disk) = (&p.blocks[1], &p.blocks[4]);
+        let b = p.budgets.as_ref().unwrap();
+        // Tensors laid one after the other are aligned: used in place on Linux, but for a RAM
+        // tier held in memory.
+        let in_place = ram.ram_in_place;
+        assert_eq!(in_place, maps_disk_tier(false) && !ram_in_memory);
+        let ram_image = trash_panda::rules::patched_image_bytes(ram.image.ram, !in_place);
+        let disk_image = trash_panda::rules::patched_image_bytes(disk.image.disk, false);
+        assert!(ram.image.ram >= ram.stored_bytes && ram_image >= ram.image.ram);
+        if in_place {
+            // Both in files: the RAM-tier one in the page cache in place of its pages.
+            assert_eq!(
+                (b.merged_memory, b.merged_files),
+                (0, ram_image + disk_image)
+            );
+        } else {
+            assert_eq!((b.merged_memory, b.merged_files), (ram_image, disk_image));
+        }
+        // Beyond the block's own bytes: all of a memory image beside a RAM tier held in memory.
+        let beyond = if ram_in_memory {
+            ram_image
+        } else {
+            ram_image - ram.stored_bytes
+        };
+        assert_eq!(b.merged_beyond, beyond);
+        let unmerged = placed(&PlanOptions {
+            ram_in_memory,
+            ..opts()
+        });
+        let u = unmerged.budgets.unwrap();
+        assert_eq!(b.ram_used, u.ram_used + beyond);
+        // Making a merge takes the layer's weight copied and its ΔW, in the compute dtype (bf16),
+        // beside the outside weights: out of the one pool on the CPU.
+        let work = 2 * (SIDE * SIDE * 2) as u64;
+        assert_eq!(
+            (p.outside.merge_work, b.merge_work, u.merge_work),
+            (work, work, 0)
+        );
+        assert_eq!(b.ram_budget + work, u.ram_budget);
+        assert_eq!(
+            (u.merged_memory, u.merged_files, u.merged_beyond),
+            (0, 0, 0)
+        );
+        assert!(p
+            .to_string()
+            .contains("merged blocks (2, an adapter merged in)"));
+        // With a GPU the images are in host memory (staged: nothing runs in place) or a file:
+        // the device copies the merged staging.
+        let gpu = placed_on(
+            &Figures::injected(64_000_000_000, Some(64_000_000_000)),
+            &merged,
+        );
+        let g = gpu.budgets.as_ref().unwrap();
+        let (gr, gd) = (&gpu.blocks[1], &gpu.blocks[4]);
+        assert!(!gr.ram_in_place);
+        assert_eq!(
+            (g.merged_memory, g.merged_files),
+            (
+                trash_panda::rules::patched_image_bytes(gr.image.ram, true),
+                trash_panda::rules::patched_image_bytes(gd.image.disk, false)
+            )
+        );
+    }
 }

@@ -113,7 +113,7 @@ class FinalPass(BlockHook):
             return  # a stage kept for its next run keeps its streamed blocks' RAM tier
         # A kept stage's blocks are read again at its next turn: called before, they say so.
         (self._given if self._wanted is not None else self._freed).add(block.index)
-        freed = _free(block, self._state.engine, self._keep_cache, self._retire)
+        freed = _free(self._state, block, self._keep_cache, self._retire)
         if freed and self._state.device.type == "cpu":
             # glibc keeps freed chunks below its (growing) mmap threshold in the heap: hand the
             # block's pages back now, not at the release.
@@ -126,7 +126,7 @@ class FinalPass(BlockHook):
         """Frees ``block`` outside a pass (its stage is idle); it refuses to run until its
         stage reads it again. Returns the bytes."""
         self._given.add(block.index)
-        return _free(block, self._state.engine, self._keep_cache, self._retire)
+        return _free(self._state, block, self._keep_cache, self._retire)
 
     @property
     def gone(self) -> set[int]:
@@ -161,15 +161,21 @@ def taken_back(handle: OffloadHandle) -> None:
         handle.hooks.remove(FinalPass.name)
 
 
-def _free(block: BlockState, engine: _core.Engine | None, keep_cache: bool, retire: Retire | None) -> int:
+def _free(state: ModelState, block: BlockState, keep_cache: bool, retire: Retire | None) -> int:
     """Drops what a block holds of its own (a mapped RAM-tier block's page cache too, unless
     ``keep_cache``), each tensor through ``retire`` first (a device backend's: the kernels
     queued that read it may not have run yet); returns the bytes."""
     import torch
     from torch import nn
 
+    from .patches import drop_image
+
+    engine = state.engine
     if block.engine_index is not None:
-        return engine.release_pages(block.engine_index, keep_cache) if engine is not None else 0
+        if engine is None:
+            return 0
+        # A merge kept in the block's image goes with it.
+        return drop_image(state, block.engine_index) + engine.release_pages(block.engine_index, keep_cache)
     freed = 0
     for spec in block.tensors:
         if spec.resident is not None:  # stored form, expanded on each run

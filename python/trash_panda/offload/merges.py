@@ -1,6 +1,9 @@
 """Merges of PEFT's adapters into streamed layers: recorded when PEFT is asked to merge (the
-layer holds a placeholder then), made by PEFT's own code each time the layer runs, on the weight
-it is brought with, and kept from one run to the next where the plan leaves RAM free.
+layer holds a placeholder then), made by PEFT's own code the first time the layer runs, on the
+weight it is brought with, and kept from one run to the next: written into the block's image
+where the block lives (:mod:`.patches`), so later runs are staged merged and merge nothing, or,
+where the block can keep no image, beside the model where the plan leaves RAM free
+(:class:`MergedCopies`); with neither, made again on each run.
 
 A layer stored in fp8 keeps its merge in the same form (:mod:`.requant`): quantized again in
 its scale layout, and expanded on each run as the stored block is.
@@ -22,6 +25,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
+from ..adapter_names import MERGES_ATTR
+from .patches import Patched, take_back
+from .patches import write as write_patch
 from .registry import HookRegistry, model_hooks
 from .requant import expand_back, fp8_layout, kept_bytes, requantize
 from .state import get_state, live_models
@@ -42,6 +48,7 @@ __all__ = [
     "merged_copies",
     "merged_layers",
     "owner",
+    "restore_checkpoint_bits",
     "set_merges",
     "adapters_changed",
 ]
@@ -51,8 +58,6 @@ __all__ = [
 MERGE_HOOK = "adapter_merge"
 # The hook of a final pass, which frees each block after its run.
 FINAL_PASS = "final_pass"
-# Where a layer keeps the merges recorded on it.
-_MERGES_ATTR = "_trash_panda_merges"
 
 
 @dataclass
@@ -95,11 +100,12 @@ class Kept:
 
 
 class MergedCopies:
-    """Merged weights of streamed layers kept from one run to the next, so a merge is computed
-    once, not on each run, within ``limit`` bytes: on the CPU the RAM the plan leaves
-    unassigned (its RAM budget less what the RAM tier takes), and only while the machine keeps
-    the plan's ``min_free_ram`` available; none on a GPU yet, nor in a pipeline's stage. A layer
-    with no room is merged again on each run."""
+    """The model's kept merges: those written into their blocks' images (``patched``, with the
+    blocks' images and what memory images take beyond the plan), and merged weights kept beside
+    the model where a block can keep no image, within ``limit`` bytes: on the CPU the RAM the plan
+    leaves unassigned (its RAM budget less what the RAM tier takes), and only while the machine
+    keeps the plan's ``min_free_ram`` available; none beside a GPU's model, nor in a pipeline's
+    stage. A layer with no room either way is merged again on each run."""
 
     def __init__(self, limit: int, min_free: int = 0) -> None:
         self.spare = limit  # the plan's free RAM for them
@@ -118,6 +124,16 @@ class MergedCopies:
         self.stale: set[int] = set()
         self.rebuilt: dict[int, int] = {}
         self._copies: dict[tuple[int, str], Kept] = {}  # by slot
+        # Merges written into their blocks' images in the engine (:mod:`.patches`), by slot;
+        # the blocks with an image, where it is kept and what it takes beyond the plan's count.
+        self.patched: dict[tuple[int, str], Patched] = {}
+        self.images: dict[int, str] = {}
+        self.image_extra: dict[int, int] = {}
+        # The overlay folder of the model's disk-tier images: None until asked, "" if unusable.
+        self.overlay_dir: str | None = None
+        self.overlay_limit = 0
+        # Whether an image was refused (said once).
+        self.refused = False
 
     @property
     def limit(self) -> int:
@@ -142,27 +158,35 @@ class MergedCopies:
             self.held -= found.nbytes
 
     def holds(self, module: nn.Module) -> bool:
-        """Whether a merge of ``module`` is kept."""
-        return any(slot[0] == id(module) for slot in self._copies)
+        """Whether a merge of ``module`` is kept (beside the model or in its block)."""
+        return any(slot[0] == id(module) for slot in (*self._copies, *self.patched))
+
+    def where(self, module: nn.Module) -> str | None:
+        """Where the merge of ``module`` is kept: "memory" or "file" (its block's image),
+        "beside" (a copy beside the model), or None."""
+        for slot, found in self.patched.items():
+            if slot[0] == id(module):
+                return found.place
+        return "beside" if any(slot[0] == id(module) for slot in self._copies) else None
 
     @property
     def kept(self) -> int:
         """How many merged tensors are kept (a layer's weight and bias each count)."""
-        return len(self._copies)
+        return len(self._copies) + len(self.patched)
 
 
 def merged_layers(module: nn.Module) -> list[Merge]:
     """The merges recorded on a streamed layer, in the order they were made."""
-    found: list[Merge] = module.__dict__.get(_MERGES_ATTR, [])
+    found: list[Merge] = module.__dict__.get(MERGES_ATTR, [])
     return found
 
 
 def set_merges(module: nn.Module, merges: list[Merge]) -> None:
     had = bool(merged_layers(module))
     if merges:
-        module.__dict__[_MERGES_ATTR] = merges
+        module.__dict__[MERGES_ATTR] = merges
     else:
-        module.__dict__.pop(_MERGES_ATTR, None)
+        module.__dict__.pop(MERGES_ATTR, None)
     found = owner(module, outside=True)
     if found is not None:
         copies = merged_copies(found[1], found[0])
@@ -170,6 +194,7 @@ def set_merges(module: nn.Module, merges: list[Merge]) -> None:
             copies.stale.add(id(module))
         for slot in _slots(found[1], module):
             copies.drop(slot.key)
+            take_back(found[1], slot.key, copies)
         _hook(found[0], found[1], module)
 
 
@@ -198,6 +223,41 @@ def _unplanned_adapters(model: nn.Module, state: ModelState) -> int:
 
     budgets = state.plan.budgets
     return max(0, adapter_bytes(model) - (budgets.adapters if budgets is not None else 0))
+
+
+def restore_checkpoint_bits(module: nn.Module) -> None:
+    """After PEFT unmerged every adapter from ``module``'s own weights (held in memory, merged in
+    place), a streamed model's layer gets its checkpoint's bytes back, where the checkpoint has
+    them as the layer holds them (a tensor the load did not rescale), in the dtype it computes
+    in. Weights being trained (``requires_grad``) are left as PEFT left them."""
+    import torch
+
+    from ..adapter_names import base_name
+    from ..errors import TrashPandaError
+
+    found = owner(module, outside=True)
+    if found is None:
+        return
+    model, state = found
+    specs = {spec.owners[0][1]: spec for spec in state.specs_of(module)}
+    name = next((n for n, m in model.named_modules() if m is module), None)
+    for attr, param in module._parameters.items():
+        if param is None or param.is_meta or param.requires_grad:
+            continue
+        spec = specs.get(attr)
+        if spec is not None and (spec.needs_work or spec.scale is not None):
+            continue  # streamed (its merge is recorded), or expanded with a scale at load
+        wanted = spec.info.name if spec is not None else base_name(f"{name}.{attr}")
+        try:
+            if wanted not in state.checkpoint:
+                continue
+            stored = state.checkpoint.read(wanted)
+        except TrashPandaError:  # the model was released: its checkpoint is closed
+            return
+        if tuple(stored.shape) != tuple(param.shape):
+            continue
+        with torch.no_grad():
+            param.copy_(stored.to(param.dtype))
 
 
 def adapters_changed(module: nn.Module) -> None:
@@ -309,9 +369,13 @@ def _merge_in(
     held.extend(brought)
     copies = merged_copies(state)
     key = tuple(m.key for m in merges)
+    final = FINAL_PASS in hooks
+    if brought and _staged_merged(brought, key, copies):
+        # Staged from its block's image, merged (a final pass drops the image with the block).
+        copies.reused += 1
+        return
     found = [copies.get(slot.key, key) for slot, _ in brought]
     kept = [k for k in found if k is not None]
-    final = FINAL_PASS in hooks
     if len(kept) == len(brought):
         for (slot, param), k in zip(brought, kept, strict=True):
             slot.put(nn.Parameter(k.weight(param.dtype), requires_grad=False))
@@ -343,9 +407,26 @@ def _merge_in(
             # Stored in fp8: the merge too, and the layer runs on its expansion.
             q, scale = requantize(made.tensor, layout)
             made = Kept(key, q, scale, layout)
-            slot.put(nn.Parameter(made.weight(param.dtype), requires_grad=False))
-        if not final:
+            ran_on = made.weight(param.dtype)
+            slot.put(nn.Parameter(ran_on, requires_grad=False))
+        else:
+            ran_on = made.tensor
+        if final:
+            continue
+        # Where its block lives, if its staged form can hold it; else beside the model.
+        if slot.spec is None or not write_patch(state, slot.spec, made, ran_on, copies, param):
             copies.put(slot.key, made)
+
+
+def _staged_merged(brought: list[tuple[_Slot, torch.Tensor]], key: tuple[Any, ...], copies: MergedCopies) -> bool:
+    """Whether every tensor the layer was brought with was staged merged with ``key``: written
+    into its block's image, and brought by a staging made after that (the run that wrote it
+    still holds the weight staged before, which it merged itself)."""
+    for slot, param in brought:
+        found = copies.patched.get(slot.key)
+        if found is None or found.key != key or found.written_over(param):
+            return False
+    return True
 
 
 def _give_back(held: list[tuple[_Slot, torch.Tensor]]) -> None:

@@ -11,14 +11,16 @@ base weight where that matters:
 - a merge (``fuse_lora()``, ``merge_adapter()``) adds ``ΔW`` to the weight in place: on a
   placeholder, nothing, and the layer then runs without its adapter. Here the merge is recorded
   on the streamed layer and made by PEFT's own code as the layer runs (:mod:`.merges`: the same
-  bits as merging the plain model, kept from run to run where the plan leaves RAM free); an
-  unmerge forgets it, which gives back the checkpoint's exact bits.
+  bits as merging the plain model, kept from run to run where the block lives); an unmerge
+  forgets it, which gives back the checkpoint's exact bits.
 
 A chained pipeline's components are built on the meta device and loaded when they first run
 (:func:`expect_device` names their device): adapters put on them before that go to that device,
 and merges into them are recorded and made each time they run once loaded, on the weights
 outside the blocks too. Layers whose weights are real when PEFT merges (resident blocks, the
-weights outside the blocks of a loaded model) are left to PEFT.
+weights outside the blocks of a loaded model) are merged by PEFT in place; once PEFT unmerged
+every adapter from one, its weights get the checkpoint's bytes back (PEFT subtracts what it added,
+which is not always the bits they had).
 
 The patch is put on PEFT's classes once, when PEFT is imported after a model was streamed or a
 model is streamed after PEFT was imported, and does nothing for a model that is not streamed.
@@ -38,7 +40,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..adapter_names import adapter_tensors
-from .merges import Merge, adapters_changed, merged_layers, owner, set_merges
+from .merges import Merge, adapters_changed, merged_layers, owner, restore_checkpoint_bits, set_merges
 from .state import get_state
 
 if TYPE_CHECKING:
@@ -206,7 +208,10 @@ def _unmerging(unmerge: Callable[..., None]) -> Callable[..., None]:
     def patched(self: Any, *args: Any, **kwargs: Any) -> None:
         base = self.get_base_layer()
         if not any(m.layer is self for m in merged_layers(base)):
-            return unmerge(self, *args, **kwargs)
+            unmerge(self, *args, **kwargs)
+            if not self.merged_adapters:
+                restore_checkpoint_bits(base)
+            return None
         set_merges(base, [m for m in merged_layers(base) if m.layer is not self])
         self.merged_adapters.clear()
         return None

@@ -103,6 +103,29 @@ impl PyBudgets {
     fn adapters(&self) -> u64 {
         self.inner.adapters
     }
+    /// What making a merge takes while it is made (a merged layer's weight copied and its
+    /// ΔW: twice the largest merged weight), counted with the outside weights.
+    #[getter]
+    fn merge_work(&self) -> u64 {
+        self.inner.merge_work
+    }
+    /// Private memory of the merged blocks' images (staged RAM-tier blocks with an adapter
+    /// merged in, on the CPU).
+    #[getter]
+    fn merged_memory(&self) -> u64 {
+        self.inner.merged_memory
+    }
+    /// Overlay files of the merged blocks' images (disk-tier blocks, and RAM-tier blocks used in
+    /// place).
+    #[getter]
+    fn merged_files(&self) -> u64 {
+        self.inner.merged_files
+    }
+    /// Of `ram_used`, what the merged blocks' images take beyond the blocks' own bytes.
+    #[getter]
+    fn merged_beyond(&self) -> u64 {
+        self.inner.merged_beyond
+    }
     /// What resident (device-tier) blocks may take: `device_limit` less `cuda_floor`, `reserve`,
     /// `device_slot_bytes`, `expansion` and `outside` (0 rather than below).
     #[getter]

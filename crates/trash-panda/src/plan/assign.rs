@@ -34,7 +34,7 @@ pub fn plan(
         .iter()
         .map(|b| budget::block_plan(&b.name, &b.tensors, options, gpu))
         .collect();
-    let outside = budget::outside_plan(&model.outside, options);
+    let outside = budget::outside_plan(model, options);
     let bounded = by_upper_bounds(
         &blocks,
         &Shape::new(figures, options, &outside),

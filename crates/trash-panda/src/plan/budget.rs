@@ -17,10 +17,10 @@
 use serde::{Deserialize, Serialize};
 
 use super::options::{ComputeDevice, Figures, PlanOptions};
-use super::{BlockPlan, OutsidePlan};
+use super::{BlockPlan, ModelBlocks, OutsidePlan};
 use crate::rules::{
-    block_figures, buffer_len, maps_disk_tier, maps_ram_tier, storage_conversion, tensor_align,
-    Conversion, Held, SharedStaging, TensorSizes, Tier,
+    block_figures, buffer_len, maps_disk_tier, maps_ram_tier, patched_image_bytes,
+    storage_conversion, tensor_align, Conversion, Held, SharedStaging, TensorSizes, Tier,
 };
 use crate::DType;
 
@@ -82,10 +82,18 @@ pub(crate) fn block_plan(
         expansion: figures.expansion,
         mapped: figures.mapped,
         tensors: tensors.len(),
+        // A module of the block (or the block itself) has a merge.
+        merged: options
+            .merged_modules
+            .iter()
+            .any(|m| format!("{m}.").starts_with(name)),
+        image: figures.image,
+        ram_in_place: figures.ram_in_place,
     }
 }
 
-pub(crate) fn outside_plan(tensors: &[TensorSizes], options: &PlanOptions) -> OutsidePlan {
+pub(crate) fn outside_plan(model: &ModelBlocks, options: &PlanOptions) -> OutsidePlan {
+    let tensors = &model.outside;
     OutsidePlan {
         tensors: tensors.len(),
         file_bytes: tensors.iter().map(|t| t.file_bytes).sum(),
@@ -94,7 +102,32 @@ pub(crate) fn outside_plan(tensors: &[TensorSizes], options: &PlanOptions) -> Ou
             .map(|t| expanded_bytes(t, options.compute()))
             .sum(),
         names: tensors.iter().take(4).map(|t| t.name.clone()).collect(),
+        merge_work: merge_work(model, options),
     }
+}
+
+/// What a merge takes while it is made (see [`OutsidePlan::merge_work`]): twice the largest
+/// weight of a merged module, in the compute dtype; 0 without merges.
+fn merge_work(model: &ModelBlocks, options: &PlanOptions) -> u64 {
+    if options.merged_modules.is_empty() {
+        return 0;
+    }
+    let merged = |name: &str| {
+        options.merged_modules.iter().any(|m| {
+            name.strip_prefix(m.as_str())
+                .is_some_and(|rest| rest.starts_with('.'))
+        })
+    };
+    let every = model
+        .blocks
+        .iter()
+        .flat_map(|b| &b.tensors)
+        .chain(&model.outside);
+    every
+        .filter(|t| !t.is_scale() && merged(&t.name))
+        .map(|t| 2 * expanded_bytes(t, options.compute()))
+        .max()
+        .unwrap_or(0)
 }
 
 /// The budgets of a plan, all in bytes.
@@ -157,6 +190,10 @@ pub struct Budgets {
     /// them (absent in older files: 0).
     #[serde(default)]
     pub adapters: u64,
+    /// What making a merge takes while it is made ([`OutsidePlan::merge_work`]), counted with
+    /// the outside weights (absent in older files: 0).
+    #[serde(default)]
+    pub merge_work: u64,
     /// What resident blocks may take on the device. Negative results clamp to 0.
     pub device_budget: u64,
     /// What the device-tier blocks take, in their stored form.
@@ -172,6 +209,19 @@ pub struct Budgets {
     pub ram_used: u64,
     /// What the disk-tier blocks take in the checkpoint.
     pub disk_bytes: u64,
+    /// Private memory of the merged blocks' images ([`BlockPlan::merged`]): staged RAM-tier
+    /// blocks keep theirs there (absent in older files: 0).
+    #[serde(default)]
+    pub merged_memory: u64,
+    /// Overlay files of the merged blocks' images: disk-tier blocks, and RAM-tier blocks used in
+    /// place (whose file stays in the page cache in place of their pages).
+    #[serde(default)]
+    pub merged_files: u64,
+    /// Of `ram_used`, what the merged blocks' images take beyond the blocks' own bytes (all of
+    /// a memory image where the RAM tier is held in memory, only its alignment where the image
+    /// takes the place of the block's pages).
+    #[serde(default)]
+    pub merged_beyond: u64,
 }
 
 impl Budgets {
@@ -218,6 +268,7 @@ pub(crate) fn compute(
     let shape = Shape::new(figures, options, outside);
     let held = held_for_blocks(blocks, options, shape.gpu);
     let device_used = used(Tier::Device);
+    let merged = merged_images(blocks, options);
     Budgets {
         gpu: shape.gpu,
         device_limit: shape.device_limit(&held),
@@ -235,14 +286,54 @@ pub(crate) fn compute(
         loader_ring: held.loader_ring_bytes,
         outside: outside.expanded_bytes,
         adapters: options.adapter_bytes,
+        merge_work: outside.merge_work,
         device_budget: shape.device_budget(&held),
         device_used,
         usable_ram: figures.memory.usable_ram(),
         min_free_ram: shape.min_free_ram,
         ram_budget: shape.ram_budget(&held, device_used),
-        ram_used: used(Tier::Ram),
+        ram_used: used(Tier::Ram) + merged.beyond,
         disk_bytes: used(Tier::Disk),
+        merged_memory: merged.memory,
+        merged_files: merged.files,
+        merged_beyond: merged.beyond,
     }
+}
+
+/// What the merged blocks' images take, by tier (see [`Budgets::merged_memory`]).
+#[derive(Debug, Default)]
+struct MergedImages {
+    memory: u64,
+    files: u64,
+    beyond: u64,
+}
+
+/// The merged blocks' images where their blocks live, as the engine keeps them (in host memory
+/// or a file with a GPU too: the device copies a block's staging, merged).
+fn merged_images(blocks: &[BlockPlan], options: &PlanOptions) -> MergedImages {
+    let mut m = MergedImages::default();
+    let ram_held = options.ram_in_memory || options.storage_dtype.is_some();
+    for b in blocks.iter().filter(|b| b.merged) {
+        match b.tier {
+            Tier::Ram if b.ram_in_place => {
+                let image = patched_image_bytes(b.image.ram, false);
+                m.files += image;
+                m.beyond += image.saturating_sub(b.stored_bytes);
+            }
+            Tier::Ram => {
+                let image = patched_image_bytes(b.image.ram, true);
+                m.memory += image;
+                m.beyond += if ram_held {
+                    image
+                } else {
+                    image.saturating_sub(b.stored_bytes)
+                };
+            }
+            Tier::Disk => m.files += patched_image_bytes(b.image.disk, false),
+            Tier::Device => {}
+        }
+    }
+    m
 }
 
 /// The fixed parts of the budgets; what the runtime holds varies with the assignment.
@@ -275,8 +366,9 @@ impl Shape {
                 ComputeDevice::Gpu => CUDA_CONTEXT_FLOOR,
                 ComputeDevice::Cpu => 0,
             },
-            // The adapters sit beside the outside weights and take the same memory.
-            outside: outside.expanded_bytes + options.adapter_bytes,
+            // The adapters, and a merge while it is made, sit beside the outside weights and
+            // take the same memory.
+            outside: outside.expanded_bytes + options.adapter_bytes + outside.merge_work,
             usable_ram: figures.memory.usable_ram(),
             min_free_ram: options.min_free_ram.resolve(figures.memory.total_ram),
         }

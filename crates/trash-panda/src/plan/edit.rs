@@ -103,6 +103,9 @@ impl Plan {
                 expansion: Default::default(),
                 mapped: 0,
                 tensors: 0,
+                merged: false,
+                image: Default::default(),
+                ram_in_place: false,
             });
         }
         Ok(Plan {
@@ -175,7 +178,7 @@ impl Plan {
                 plan
             })
             .collect();
-        let outside = budget::outside_plan(&model.outside, options);
+        let outside = budget::outside_plan(model, options);
         Ok(Plan::resolved_with(
             blocks,
             outside,

@@ -78,6 +78,16 @@ pub struct BlockPlan {
     pub mapped: u64,
     /// How many tensors the block holds.
     pub tensors: usize,
+    /// An adapter is merged into the block ([`PlanOptions::merged_modules`]): on the CPU it is
+    /// kept merged in an image where the block lives. Written only when set.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub merged: bool,
+    /// Bytes of the block's image, merged, in each tier (see [`crate::rules::BlockFigures`]).
+    #[serde(default)]
+    pub image: ByTier,
+    /// A RAM-tier block used in place: its image is a file it maps, in the page cache.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ram_in_place: bool,
 }
 
 /// The weights outside the blocks (embeddings, final norm, heads): always resident.
@@ -91,6 +101,12 @@ pub struct OutsidePlan {
     pub expanded_bytes: u64,
     /// A few of their names, for the table.
     pub names: Vec<String>,
+    /// What making a merge takes while it is made ([`PlanOptions::merged_modules`]): the merged
+    /// layer's weight copied and the adapter's `ΔW`, twice the largest merged weight in the
+    /// compute dtype, where the model computes; counted beside these weights (absent in older
+    /// files: 0).
+    #[serde(default)]
+    pub merge_work: u64,
 }
 
 /// A plan: every block's tier, the budgets, and what it was made from.

@@ -96,6 +96,12 @@ pub struct PlanOptions {
     /// take the same memory. Written only when set.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub adapter_bytes: u64,
+    /// Modules with an adapter merged into them when the model was planned (a LoRA fused before
+    /// a chained pipeline's first call, or a model planned again after a merge): the blocks
+    /// holding them keep the merge in an image where they live, which the plan counts. Written
+    /// only when set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged_modules: Vec<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -141,6 +147,7 @@ impl Default for PlanOptions {
             staging_pool: None,
             ram_in_memory: false,
             adapter_bytes: 0,
+            merged_modules: Vec::new(),
         }
     }
 }

@@ -191,11 +191,14 @@ impl Plan {
             } else {
                 String::new()
             };
-            let adapters = if b.adapters > 0 {
+            let mut adapters = if b.adapters > 0 {
                 format!(" - adapters {}", format_bytes(b.adapters))
             } else {
                 String::new()
             };
+            if b.merge_work > 0 {
+                adapters += &format!(" - merge work {}", format_bytes(b.merge_work));
+            }
             writeln!(
                 f,
                 "device budget {} = {limit} {}{floor} - {reserve} - device slots {} - expansion {} \
@@ -236,6 +239,17 @@ impl Plan {
                 },
                 format_bytes(b.ram_used)
             )?;
+            if b.merged_memory + b.merged_files > 0 {
+                let merged = self.blocks.iter().filter(|b| b.merged).count();
+                writeln!(
+                    f,
+                    "merged blocks ({merged}, an adapter merged in): images of {} in memory and {} \
+                     in overlay files, {} of RAM beyond the blocks' own (in used)",
+                    format_bytes(b.merged_memory),
+                    format_bytes(b.merged_files),
+                    format_bytes(b.merged_beyond)
+                )?;
+            }
         } else {
             writeln!(f, "no sizes yet: resolve this plan against a model")?;
         }

@@ -19,6 +19,11 @@ pub struct BlockFigures {
     /// Bytes of the checkpoint's pages the block maps while it runs in place from the disk tier
     /// (see [`super::in_place_eligible`]); 0 when it is staged.
     pub mapped: u64,
+    /// Bytes of the block's patched image (an adapter merged in, kept where the block lives;
+    /// [`StagedLayout::image_places`]) in each tier.
+    pub image: ByTier,
+    /// Whether a RAM-tier block is used in place (its image is then a file it maps).
+    pub ram_in_place: bool,
 }
 
 /// The figures of a block of `tensors` (a checkpoint's, scale tensors included) for an engine
@@ -60,12 +65,19 @@ pub fn block_figures(
         StagedLayout::build_in_place(&[block], files, storage, align, in_place, ram_in_place).ok()
     };
     let staging = |l: &Option<StagedLayout>| l.as_ref().map_or(0, |l| l.block_len(0) as u64);
-    let disk = layout(SourceTier::Disk);
+    let image = |l: &Option<StagedLayout>| l.as_ref().map_or(0, |l| l.image_places(0).1 as u64);
+    let (ram, disk) = (layout(SourceTier::Ram), layout(SourceTier::Disk));
     BlockFigures {
         mapped: disk.as_ref().map_or(0, |l| l.mapped_bytes(0)),
+        image: ByTier {
+            device: 0,
+            ram: image(&ram),
+            disk: image(&disk),
+        },
+        ram_in_place: ram.as_ref().is_some_and(|l| l.is_in_place(0)),
         staging: ByTier {
             device: 0,
-            ram: staging(&layout(SourceTier::Ram)),
+            ram: staging(&ram),
             disk: staging(&disk),
         },
         expansion: ByTier {

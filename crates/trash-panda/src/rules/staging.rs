@@ -231,6 +231,17 @@ impl Held {
     }
 }
 
+/// Bytes a patched block's image takes (a block with an adapter merged in, kept where the block
+/// lives): its staged length, rounded up to whole pages in memory (the allocation's grain), as
+/// it is in an overlay file.
+pub const fn patched_image_bytes(block_len: u64, in_memory: bool) -> u64 {
+    if in_memory {
+        block_len.next_multiple_of(crate::io::DIRECT_ALIGN as u64)
+    } else {
+        block_len
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

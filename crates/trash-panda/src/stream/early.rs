@@ -28,6 +28,7 @@ impl Engine {
         s.state = SlotState::Leased(block);
         s.used = true;
         let buf = s.buf.take();
+        let generation = s.generation;
         drop(st);
         Ok(Some(Lease {
             shared: self.shared.clone(),
@@ -39,6 +40,8 @@ impl Engine {
             waited: Duration::ZERO,
             hit: true,
             discarded: AtomicBool::new(false),
+            generation,
+            image: self.source.in_place_image(block),
         }))
     }
 

@@ -294,6 +294,57 @@ pub enum StreamError {
         #[source]
         source: std::io::Error,
     },
+
+    /// A patch (a merged form of some of a block's tensors) cannot be kept as asked.
+    ///
+    /// What to do: the message says what did not match (a tensor's length, its scales, a block
+    /// used in place); the layer is merged on each run instead.
+    #[error("block {block} ({name}): cannot patch {tensor}: {reason}")]
+    Patch {
+        /// The block's index among the engine's streamed blocks.
+        block: usize,
+        /// The block's name.
+        name: String,
+        /// The tensor's name, or what was asked for.
+        tensor: String,
+        /// What is wrong, in words.
+        reason: String,
+    },
+
+    /// An overlay file could not be made, written, read or renamed.
+    ///
+    /// What to do: check that the overlay folder (`TRASH_PANDA_OVERLAY_DIR`) is writable and its
+    /// drive has room; the layer is merged on each run meanwhile.
+    #[error("cannot {what} {}: {source}", path.display())]
+    Overlay {
+        /// The file or folder.
+        path: PathBuf,
+        /// What was being done, in words.
+        what: &'static str,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The overlay folder's limit leaves no room for one more merged block.
+    ///
+    /// What to do: raise `TRASH_PANDA_OVERLAY_LIMIT`, or remove overlay files of runs you will
+    /// not repeat; the block is merged on each run meanwhile.
+    #[error(
+        "the overlay folder {} holds {used} bytes of its limit of {limit}; a merged block needs \
+         {needs} more",
+        dir.display()
+    )]
+    OverlayFull {
+        /// The overlay folder.
+        dir: PathBuf,
+        /// Its limit, in bytes.
+        limit: u64,
+        /// Bytes of overlay files it holds that cannot go (held by this process's engines).
+        used: u64,
+        /// Bytes the new file needs.
+        needs: u64,
+    },
 }
 
 impl StreamError {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::pool::SlotState;
-use super::source::Source;
+use super::source::{InPlaceImage, Source};
 use super::{Shared, StagedTensor, StreamError};
 use crate::io::{AlignedBuf, WritableSpan};
 
@@ -52,6 +52,11 @@ pub struct Lease {
     pub(super) hit: bool,
     /// Set by [`discard`](Self::discard): the staged bytes are not to be reused.
     pub(super) discarded: AtomicBool,
+    /// The generation of the block's bytes it holds (see `State::generation`).
+    pub(super) generation: u64,
+    /// For a block used in place with a patched image: the image's map, which its tensors are
+    /// views of instead of the checkpoint's.
+    pub(super) image: Option<InPlaceImage>,
 }
 
 impl Lease {
@@ -86,6 +91,11 @@ impl Lease {
     /// process and is undone when the lease goes).
     pub fn tensor<'k>(&self, key: impl Into<TensorKey<'k>>) -> Result<&[u8], StreamError> {
         let (index, t) = self.staged(key.into())?;
+        if let Some((map, places)) = &self.image {
+            return map
+                .slice(places[index], places[index] + t.len)
+                .map_err(|e| self.image_error(e));
+        }
         if self.in_place() {
             return self.source.in_place(self.block, index);
         }
@@ -96,7 +106,13 @@ impl Lease {
     /// its views (they would fault the pages back in); does nothing for a staged block or a
     /// RAM-tier one (see [`Engine::unmaps_as_used`](super::Engine::unmaps_as_used)).
     pub fn forget_tensor<'k>(&self, key: impl Into<TensorKey<'k>>) -> Result<(), StreamError> {
-        let (index, _) = self.staged(key.into())?;
+        let (index, t) = self.staged(key.into())?;
+        if let Some((map, places)) = &self.image {
+            if self.source.unmaps_as_used(self.block) {
+                let _ = map.forget(places[index]..places[index] + t.len);
+            }
+            return Ok(());
+        }
         if self.in_place() {
             self.source.forget_tensor(self.block, index);
         }
@@ -149,18 +165,36 @@ impl Lease {
     }
 }
 
+impl Lease {
+    fn image_error(&self, source: crate::io::IoError) -> StreamError {
+        StreamError::Patch {
+            block: self.block,
+            name: self.shared.names[self.block].clone(),
+            tensor: "its image".into(),
+            reason: source.to_string(),
+        }
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         let Some(buf) = self.buf.take() else { return };
+        if let Some((map, _)) = self.image.take() {
+            // What a run wrote goes; a disk-tier block's pages go too, as the checkpoint's do.
+            if self.source.unmaps_as_used(self.block) {
+                let _ = map.forget(0..map.len());
+            }
+        }
         if self.in_place() {
             // Nothing of ours points into the pages now (the views went before the lease).
             self.source.forget(self.block);
         }
         let mut st = self.shared.lock();
         let stamp = st.tick();
+        st.slots[self.slot].buf = Some(buf);
+        let stale = st.generation[self.block] != self.generation;
         let s = &mut st.slots[self.slot];
-        s.buf = Some(buf);
-        s.state = if self.discarded.load(Ordering::Relaxed) {
+        s.state = if stale || self.discarded.load(Ordering::Relaxed) {
             SlotState::Empty
         } else {
             SlotState::Ready(self.block)
@@ -196,6 +230,11 @@ impl Lease {
         key: impl Into<TensorKey<'k>>,
     ) -> Result<WritableSpan, StreamError> {
         let (index, t) = self.staged(key.into())?;
+        if let Some((map, places)) = &self.image {
+            return map
+                .writable(places[index], places[index] + t.len)
+                .map_err(|e| self.image_error(e));
+        }
         if self.in_place() {
             return self.source.in_place_writable(self.block, index);
         }

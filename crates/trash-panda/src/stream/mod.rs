@@ -26,6 +26,8 @@ mod early;
 mod error;
 mod lease;
 mod options;
+mod overlay_store;
+mod patch;
 mod pool;
 mod ram_tier;
 mod reads;
@@ -47,6 +49,7 @@ use std::time::{Duration, Instant};
 pub use error::StreamError;
 pub use lease::{Lease, TensorKey};
 pub use options::{ColdRead, EngineOptions, RamSource};
+pub use overlay_store::{OverlayStore, OVERLAY_EXTENSION};
 pub use staging_pool::StagingPool;
 pub use stagings::{Staging, StagingSource, MAX_STAGINGS};
 pub use stats::{BlockStats, EngineStats};
@@ -59,8 +62,8 @@ pub use crate::rules::{
 };
 use pool::{SlotState, State};
 use reads::{own_depth, Reads};
-pub use source::RamImage;
 use source::{CheckpointSource, Source};
+pub use source::{OverlayBytes, Patch, PatchPlace, RamImage};
 
 /// What the engine and its workers share.
 #[derive(Debug)]
@@ -201,6 +204,7 @@ impl Engine {
             matches!(options.ram_source, RamSource::InMemory { .. }) || options.storage.is_some();
         if options.direct_ram && in_memory {
             state.direct = blocks.iter().map(|(_, t)| *t == SourceTier::Ram).collect();
+            state.direct_mode = true;
         }
         let ram_direct = state.direct.clone();
         let shared = Arc::new(Shared {
@@ -343,7 +347,7 @@ impl Engine {
                         s.state = SlotState::Leased(block);
                         s.used = true;
                         let buf = s.buf.take().expect("a ready slot holds its buffer");
-                        break Ok((slot, buf));
+                        break Ok((slot, buf, s.generation));
                     }
                     SlotState::Failed(..) => {
                         let SlotState::Failed(_, e) =
@@ -403,7 +407,7 @@ impl Engine {
         drop(st);
         // A buffer taken or a queue change may let a worker go on.
         self.shared.cv.notify_all();
-        let (slot, buf) = outcome?;
+        let (slot, buf, generation) = outcome?;
         Ok(Lease {
             shared: self.shared.clone(),
             source: self.source.clone(),
@@ -414,6 +418,8 @@ impl Engine {
             waited,
             hit,
             discarded: AtomicBool::new(false),
+            generation,
+            image: self.source.in_place_image(block),
         })
     }
 

@@ -47,6 +47,9 @@ pub(crate) struct Slot {
     pub stamp: u64,
     /// Whether the staged block has been leased since it was staged.
     pub used: bool,
+    /// The generation of its block's bytes (see [`State::generation`]) it holds or is filled
+    /// with.
+    pub generation: u64,
 }
 
 /// Everything the engine's mutex protects.
@@ -63,6 +66,10 @@ pub(crate) struct State {
     /// Blocks the device copies straight from the in-memory RAM tier: never staged ahead (an
     /// `acquire` still stages one, as it demands it).
     pub direct: Vec<bool>,
+    /// Whether the caller copies the RAM tier straight from memory now (see
+    /// [`Engine::copy_ram_tier_directly`](super::Engine::copy_ram_tier_directly)); a patched
+    /// block is staged all the same.
+    pub direct_mode: bool,
     pub order: Vec<usize>,
     /// Position of each block in `order`.
     pub pos: Vec<usize>,
@@ -84,6 +91,9 @@ pub(crate) struct State {
     /// The queued block a worker found no buffer for, and since when (one count per block).
     buffer_wait: Option<(usize, Instant)>,
     clock: u64,
+    /// Per block: how often its bytes changed (a patch, or one taken back). A staging filled or
+    /// leased under an older generation goes back empty, not staged.
+    pub generation: Vec<u64>,
 }
 
 impl State {
@@ -102,6 +112,7 @@ impl State {
                 state: SlotState::Empty,
                 stamp: 0,
                 used: false,
+                generation: 0,
             })
             .collect();
         State {
@@ -110,6 +121,7 @@ impl State {
             window: Vec::new(),
             demanded: Vec::new(),
             direct: vec![false; blocks],
+            direct_mode: false,
             order: (0..blocks).collect(),
             pos: (0..blocks).collect(),
             last: None,
@@ -124,6 +136,7 @@ impl State {
             workers_alive: 0,
             buffer_wait: None,
             clock: 0,
+            generation: vec![0; blocks],
         }
     }
 

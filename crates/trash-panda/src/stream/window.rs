@@ -57,6 +57,7 @@ impl Engine {
             return false;
         }
         st.direct.fill(false);
+        st.direct_mode = false;
         self.replan(st);
         true
     }
@@ -68,11 +69,13 @@ impl Engine {
     /// none is staged ahead from now on. Returns whether anything changed (nothing for an engine
     /// made without `direct_ram`, or with no RAM tier held in memory).
     pub fn copy_ram_tier_directly(&self) -> bool {
+        let direct = self.direct_blocks();
         let mut st = self.shared.lock();
-        if st.direct == self.ram_direct {
+        st.direct_mode = true;
+        if st.direct == direct {
             return false;
         }
-        st.direct.clone_from(&self.ram_direct);
+        st.direct = direct;
         self.replan(st);
         true
     }

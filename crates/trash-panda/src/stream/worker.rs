@@ -102,6 +102,8 @@ fn run(shared: &Shared, source: &dyn Source, worker: usize) {
             .take()
             .expect("an unleased, unfilled slot holds its buffer");
         s.state = SlotState::Filling(block);
+        let generation = st.generation[block];
+        st.slots[slot].generation = generation;
         st.stats.reclaimed_unused += u64::from(reclaimed_unused);
         drop(st);
 
@@ -127,7 +129,12 @@ fn run(shared: &Shared, source: &dyn Source, worker: usize) {
                     bytes: filled.bytes,
                     source: StagingSource::of(tier, filled.cold_bytes),
                 });
-                SlotState::Ready(block)
+                if st.generation[block] == generation {
+                    SlotState::Ready(block)
+                } else {
+                    // Its bytes changed while it was read: staged again when it is wanted.
+                    SlotState::Empty
+                }
             }
             Ok(Err(e)) => {
                 st.stats.failures += 1;

@@ -285,6 +285,7 @@ class SlotCopies:
         self.engine = engine
         self.buffers = buffers  # the engine's staging buffers
         # With `direct`, blocks of the in-memory RAM tier are copied from it, not staged.
+        self.direct = direct
         self.images: dict[int, torch.Tensor] = {}
         if direct:
             from torch.utils.dlpack import from_dlpack
@@ -364,11 +365,32 @@ class SlotCopies:
         if self._prefetch_after_kernels():
             self._copy_next(block)
 
+    def refresh_image(self, block: int) -> None:
+        """``block``'s bytes changed (a merge written into its image, or taken back): a copy of
+        it made ahead holds the bytes before, so it goes (its turn copies it again); and it is
+        copied from the RAM tier's memory only while the engine still offers that (a patched
+        block is staged from its image)."""
+        from torch.utils.dlpack import from_dlpack
+
+        stale = self.queued.pop(block, None)
+        if stale is not None:
+            # Its lease goes back once its copy completed, as every lease does.
+            self.holder[stale.slot] = None
+            self.ahead.pop(block, None)
+        if not self.direct:
+            return
+        image = self.engine.ram_image(block)
+        if image is None:
+            self.images.pop(block, None)
+        elif block not in self.images:
+            self.images[block] = from_dlpack(image)
+
     def copy_from_images(self) -> None:
         """The in-memory RAM tier arrived and is pinned: its blocks are copied from it from the
         next one on (those copied ahead already stay where they are)."""
         from torch.utils.dlpack import from_dlpack
 
+        self.direct = True
         for b in self.order:
             if b not in self.images:
                 image = self.engine.ram_image(b)

@@ -252,6 +252,27 @@ impl StagedLayout {
         self.blocks[block].read_area.clone()
     }
 
+    /// Where each tensor of `block` lies in its patched image (a merged form of the block, kept
+    /// where it lives), and the image's length: as staged, or for a block used in place (which
+    /// stages nothing) its tensors packed at the CPU's alignment.
+    pub fn image_places(&self, block: usize) -> (Vec<usize>, usize) {
+        let b = &self.blocks[block];
+        if !b.in_place {
+            return (b.tensors.iter().map(|t| t.offset).collect(), b.len);
+        }
+        let mut at = 0;
+        let places = b
+            .tensors
+            .iter()
+            .map(|t| {
+                let here = at;
+                at = (at + t.len).next_multiple_of(TENSOR_ALIGN);
+                here
+            })
+            .collect();
+        (places, at.max(TENSOR_ALIGN))
+    }
+
     /// Whether `block` is used in place from the map of its files (see [`in_place_eligible`]).
     pub fn is_in_place(&self, block: usize) -> bool {
         self.blocks[block].in_place

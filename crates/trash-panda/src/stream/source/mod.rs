@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use super::convert::{failed_at, ConvertStats, Load};
 use super::copy::{copy_pairs, copy_threads};
@@ -21,10 +21,14 @@ use crate::rules::MAP_GRAIN;
 mod check;
 mod disk_fill;
 mod in_place;
+mod overlay;
 mod ram_fill;
 mod ram_image;
 
+use super::overlay_store::OverlayStore;
 pub(crate) use in_place::InPlaceFile;
+use overlay::BlockOverlay;
+pub use overlay::{OverlayBytes, Patch, PatchPlace};
 pub use ram_image::RamImage;
 use ram_image::RamImages;
 
@@ -128,7 +132,57 @@ pub(crate) trait Source: Send + Sync {
     fn unmaps_as_used(&self, _block: usize) -> bool {
         false
     }
+
+    /// Writes `patches` into `block`'s patched image (made in `place` where it has none), from
+    /// which it is staged from now on; returns where the image is kept.
+    fn patch(
+        &self,
+        block: usize,
+        patches: &[Patch<'_>],
+        key: &str,
+        place: PatchPlace,
+    ) -> Result<PatchPlace, StreamError> {
+        let _ = (patches, key, place);
+        Err(StreamError::Patch {
+            block,
+            name: String::new(),
+            tensor: "the block".into(),
+            reason: "this source keeps no patched images".into(),
+        })
+    }
+
+    /// Takes back the patches of `tensors` of `block`.
+    fn unpatch(&self, _block: usize, _tensors: &[usize]) -> Result<(), StreamError> {
+        Ok(())
+    }
+
+    /// The staged index and key of each patched tensor of `block`.
+    fn patches(&self, _block: usize) -> Vec<(usize, String)> {
+        Vec::new()
+    }
+
+    /// What the patched images take.
+    fn overlay_bytes(&self) -> OverlayBytes {
+        OverlayBytes::default()
+    }
+
+    /// Sets the folder that disk-tier blocks' patched images go to.
+    fn set_overlay_store(&self, _store: OverlayStore) {}
+
+    /// For a block used in place with a patched image: the image's map, which its leases point
+    /// into instead of the checkpoint's, and each tensor's place in it.
+    fn in_place_image(&self, _block: usize) -> Option<InPlaceImage> {
+        None
+    }
+
+    /// Bytes of `block`'s patched image, made or not.
+    fn image_len(&self, _block: usize) -> usize {
+        0
+    }
 }
+
+/// A patched image used in place: its map, and where each tensor of the block lies in it.
+pub(crate) type InPlaceImage = (Arc<MappedFile>, Vec<usize>);
 
 // What the engine knows of a mapped RAM-tier block's pages when the system cannot say (no
 // `mincore` on Windows): cold until read once.
@@ -182,6 +236,10 @@ pub(crate) struct CheckpointSource {
     convert_stats: OnceLock<ConvertStats>,
     /// The queue every drive read waits in, ranked by its block's need.
     reads: Arc<Reads>,
+    /// Per block: its patched image, if it has one (read-locked while a fill copies from it).
+    overlays: Vec<RwLock<BlockOverlay>>,
+    /// Where disk-tier blocks' patched images go; `None` until the caller sets a folder.
+    store: Mutex<Option<Arc<OverlayStore>>>,
 }
 
 impl CheckpointSource {
@@ -280,7 +338,10 @@ impl CheckpointSource {
             });
         }
         let pages = blocks.iter().map(|_| AtomicU8::new(PAGES_UNREAD)).collect();
+        let overlays = blocks.iter().map(|_| RwLock::default()).collect();
         Ok(CheckpointSource {
+            overlays,
+            store: Mutex::new(None),
             blocks,
             files,
             stamps,
@@ -482,17 +543,14 @@ impl CheckpointSource {
             .set(stats.unwrap_or(ReadStats::new(0, 0.0, self.disk_mode)));
         Ok(images)
     }
-}
-
-impl Source for CheckpointSource {
-    fn check_in_place(&self, block: usize) -> Result<(), StreamError> {
-        if !self.layout.is_in_place(block) {
-            return Ok(());
-        }
-        self.check_files(block, |f| &self.in_place_file(f).file)
-    }
-
-    fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<Filled, StreamError> {
+    /// Writes `block` into `dst` from the checkpoint (the RAM tier's map or image, or the
+    /// drive), whatever patches it has.
+    fn fill_checkpoint(
+        &self,
+        block: usize,
+        dst: &mut [u8],
+        stop: &AtomicBool,
+    ) -> Result<Filled, StreamError> {
         // Staged again: its pages are held once more (see `cache_span`).
         let _ = self.pages[block].compare_exchange(
             PAGES_GIVEN_BACK,
@@ -524,7 +582,7 @@ impl Source for CheckpointSource {
         })
     }
 
-    fn image(&self, block: usize) -> Option<RamImage> {
+    fn image_unpatched(&self, block: usize) -> Option<RamImage> {
         if self.blocks[block].tier != SourceTier::Ram {
             return None;
         }
@@ -539,6 +597,64 @@ impl Source for CheckpointSource {
             block,
             len: self.layout.block_len(block),
         })
+    }
+}
+
+impl Source for CheckpointSource {
+    fn check_in_place(&self, block: usize) -> Result<(), StreamError> {
+        if !self.layout.is_in_place(block) {
+            return Ok(());
+        }
+        self.check_files(block, |f| &self.in_place_file(f).file)
+    }
+
+    fn fill(&self, block: usize, dst: &mut [u8], stop: &AtomicBool) -> Result<Filled, StreamError> {
+        if let Some(filled) = self.fill_overlay(block, dst, stop)? {
+            return Ok(filled);
+        }
+        self.fill_checkpoint(block, dst, stop)
+    }
+
+    fn patch(
+        &self,
+        block: usize,
+        patches: &[Patch<'_>],
+        key: &str,
+        place: PatchPlace,
+    ) -> Result<PatchPlace, StreamError> {
+        self.patch_block(block, patches, key, place)
+    }
+
+    fn unpatch(&self, block: usize, tensors: &[usize]) -> Result<(), StreamError> {
+        self.unpatch_block(block, tensors)
+    }
+
+    fn patches(&self, block: usize) -> Vec<(usize, String)> {
+        self.block_patches(block)
+    }
+
+    fn overlay_bytes(&self) -> OverlayBytes {
+        self.overlay_figures()
+    }
+
+    fn set_overlay_store(&self, store: OverlayStore) {
+        self.set_store(store);
+    }
+
+    fn in_place_image(&self, block: usize) -> Option<InPlaceImage> {
+        self.mapped_image(block)
+    }
+
+    fn image_len(&self, block: usize) -> usize {
+        self.places(block).1
+    }
+
+    fn image(&self, block: usize) -> Option<RamImage> {
+        if !self.block_patches(block).is_empty() {
+            // A patched block is staged from its patched image, never copied from this one.
+            return None;
+        }
+        self.image_unpatched(block)
     }
 
     fn release(&self, block: usize, keep_cache: bool) -> u64 {
