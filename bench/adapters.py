@@ -24,6 +24,10 @@ a process of its own, the order rotated from round to round:
                     image in place of the block's pages), so later steps stream merged blocks
   merged_private_<n>x<r> the same with the RAM tier in private memory: each block's merge kept
                     in a memory image it is staged from (against streamed_private)
+  streamed_disk     trash_panda, no LoRA, every block on the disk tier (read with O_DIRECT on
+                    each pass)
+  merged_disk_<n>x<r> the same with the LoRAs merged: each block's merge kept in an overlay file
+                    (beside the checkpoint), read in its place (against streamed_disk)
   per_copy_<n>x<r>  trash_panda merged with nothing kept (no image, no room beside the model):
                     W + ΔW made again on each bring, as ComfyUI's low-VRAM mode patches each copy
   chosen_<n>x<r>    trash_panda with mode="auto" and no RAM to keep merges: the core's cost
@@ -58,19 +62,23 @@ from _common import DATA, RESULTS, build_meta, machine, md_table, write_checkpoi
 
 BLOCKS, D, F = 16, 1024, 4096
 CONFIGS = [(1, 16), (4, 16), (1, 64), (4, 64)]
-KINDS = ("peft", "group", "unmerged", "merged", "merged_private", "per_copy", "chosen")
+KINDS = ("peft", "group", "unmerged", "merged", "merged_private", "merged_disk", "per_copy", "chosen")
 # Ways whose RAM tier is held in private memory.
 PRIVATE = ("streamed_private", "merged_private")
 
 
 def ways() -> list[str]:
     every = [f"{k}_{n}x{r}" for n, r in CONFIGS for k in KINDS]
-    return ["plain", "streamed", "streamed_private", "fp8", *every, *[f"fp8_merged_{n}x{r}" for n, r in CONFIGS]]
+    fixed = ["plain", "streamed", "streamed_private", "streamed_disk", "fp8"]
+    return [*fixed, *every, *[f"fp8_merged_{n}x{r}" for n, r in CONFIGS]]
 
 
 def _kind(way: str) -> tuple[str, str]:
     """A way's kind and its LoRAs (``<n>x<r>``, or empty)."""
-    for kind in ("per_copy", "fp8_merged", "streamed_private", "merged_private", *KINDS, "plain", "streamed", "fp8"):
+    for kind in (
+        "per_copy", "fp8_merged", "streamed_private", "streamed_disk", "merged_private", "merged_disk", *KINDS,
+        "plain", "streamed", "fp8",
+    ):  # fmt: skip
         if way == kind or way.startswith(kind + "_"):
             return kind, way.removeprefix(kind).removeprefix("_")
     raise SystemExit(f"unknown way {way!r}")
@@ -133,8 +141,9 @@ def one(way: str, tokens: int, steps: int) -> dict[str, Any]:
     else:
         model = build_meta(BLOCKS, D, F, torch.bfloat16)
         storage = "fp8" if kind.startswith("fp8") else None
+        ram = "1KB" if kind.endswith("_disk") else "64GB"  # every block on the disk tier, or in RAM
         plan = tp.plan(
-            model, path, vram="1TB", ram="64GB", resident_blocks=0, headroom_vram=0, device="cpu",
+            model, path, vram="1TB", ram=ram, resident_blocks=0, headroom_vram=0, device="cpu",
             storage_dtype=storage, compute_dtype="bf16",
         )  # fmt: skip
         tp.stream_load(model, path, plan=plan, device="cpu")
@@ -155,7 +164,7 @@ def one(way: str, tokens: int, steps: int) -> dict[str, Any]:
     mode = "auto" if kind == "chosen" else "unmerged"
     handles = [tp.load_adapter(model, f, name=f"l{i}", mode=mode) for i, f in enumerate(files)]
     adapters_s = time.perf_counter() - t0
-    if kind in ("merged", "merged_private", "per_copy", "fp8_merged"):
+    if kind in ("merged", "merged_private", "merged_disk", "per_copy", "fp8_merged"):
         for h in handles:
             h.merge()
     if kind == "group":
@@ -229,6 +238,7 @@ def main() -> None:
     med = {w: statistics.median(x["step_s"] for x in v) for w, v in results.items()}
     base = med.get("streamed")
     private = med.get("streamed_private")
+    disk = med.get("streamed_disk")
     plain = med.get("plain")
     rows = []
     for w in chosen:
@@ -239,6 +249,7 @@ def main() -> None:
                 f"{med[w]:.3f}",
                 f"{med[w] / base:.2f}x" if base else "",
                 f"{med[w] / private:.2f}x" if private else "",
+                f"{med[w] / disk:.2f}x" if disk and "disk" in w else "",
                 f"{med[w] / plain:.2f}x" if plain else "",
                 f"{statistics.median(x['first_s'] for x in v):.3f}",
                 f"{statistics.median(x['adapters_s'] for x in v):.2f}",
@@ -253,6 +264,7 @@ def main() -> None:
             "step (s)",
             "vs streamed",
             "vs streamed_private",
+            "vs streamed_disk",
             "vs plain",
             "first step (s)",
             "adapters' load (s)",
