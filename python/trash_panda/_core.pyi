@@ -1361,6 +1361,11 @@ class Engine:
         """Takes back the patches of `tensors` (staged indices) of `block`: the checkpoint's bytes
         are staged again.
         """
+    def adopt(self, block: int, keys: dict[int, str]) -> bool:
+        """Takes the overlay file of the merges `keys` (staged index to key, as `patch` named them)
+        for `block`'s image, where the overlay folder has one: staged from it from now on, merged.
+        False where there is none.
+        """
     def patches(self, block: int) -> dict[int, str]:
         """The key of each patched tensor of `block`, by staged index."""
     def patched_image_len(self, block: int) -> int:

@@ -296,10 +296,14 @@ def test_merges_are_kept_where_their_blocks_live(
             with torch.no_grad():
                 assert torch.equal(model(x), unmerged), case  # the checkpoint's bits again
             assert copies.kept == 0 and copies.held == 0 and state.engine.overlay_bytes().blocks == 0, case
-            assert not list(folder.glob("*.tpo")), case
-            adapter.merge()
+            # An overlay file is the image of its merges: it stays, for them to be found again.
+            files_kept = blocks if place == "file" else 0
+            assert len(list(folder.glob("*.tpo"))) == files_kept, case
+            made = copies.made
+            adapter.merge()  # the same merges: their images are found (files), or made again
             with torch.no_grad():
                 assert torch.equal(model(x), want), case
+            assert copies.made == made + (0 if place == "file" else streamed), case
             with handle.final_pass(), torch.no_grad():
                 assert torch.equal(model(x), want), case
             assert copies.kept == 0 and copies.held == 0 and state.engine.overlay_bytes().blocks == 0, case
@@ -307,7 +311,41 @@ def test_merges_are_kept_where_their_blocks_live(
             tp.release(model)
             for k in env:
                 monkeypatch.delenv(k)
-        assert not list(folder.glob("*.tpo")), case  # an engine's files go with it
+        assert len(list(folder.glob("*.tpo"))) == files_kept, case  # they outlive the engine
+        if place != "file":
+            continue
+        # A later load with the same adapter finds them: its first run merges nothing.
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        model = on_meta(Tiny)
+        planned = tp.plan(model, path, vram="1TB", ram=ram, resident_blocks=0, headroom_vram=0, device="cpu")
+        tp.stream_load(model, path, plan=planned, device="cpu", compute_dtype=dtype)
+        tp.install_offload(model)
+        try:
+            tp.load_adapter(model, files["peft"], name="a", mode="merged")
+            state = get_state(model)
+            assert state is not None
+            with torch.no_grad():
+                assert torch.equal(model(x), want), case
+            assert merged_copies(state).made == 0 and len(merged_copies(state).patched) == 2 * streamed, case
+            # Another scale is other merges: made, and an image of their own.
+            tp.release(model)
+            model = on_meta(Tiny)
+            tp.stream_load(model, path, plan=planned, device="cpu", compute_dtype=dtype)
+            tp.install_offload(model)
+            tp.load_adapter(model, files["peft"], name="a", mode="merged", scale=0.5)
+            state = get_state(model)
+            assert state is not None
+            with torch.no_grad():
+                model(x)
+            assert merged_copies(state).made == streamed, case
+        finally:
+            tp.release(model)
+            for k in env:
+                monkeypatch.delenv(k)
+        assert len(list(folder.glob("*.tpo"))) == 2 * blocks, case
+        for f in folder.glob("*.tpo"):
+            f.unlink()
 
 
 @pytest.mark.parametrize("ram_in_memory", [False, True], ids=["mapped", "in-memory"])

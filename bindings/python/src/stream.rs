@@ -351,6 +351,19 @@ impl PyEngine {
         without_gil(py, || engine.unpatch(block, &tensors)).map_err(ToPyErr::to_py)
     }
 
+    /// Takes the overlay file of the merges `keys` (staged index to key, as `patch` named them)
+    /// for `block`'s image, where the overlay folder has one: staged from it from now on, merged.
+    /// False where there is none.
+    fn adopt(
+        &self,
+        py: Python<'_>,
+        block: usize,
+        keys: std::collections::BTreeMap<usize, String>,
+    ) -> PyResult<bool> {
+        let engine = self.engine()?;
+        without_gil(py, || engine.adopt(block, &keys)).map_err(ToPyErr::to_py)
+    }
+
     /// The key of each patched tensor of `block`, by staged index.
     fn patches(&self, block: usize) -> PyResult<std::collections::BTreeMap<usize, String>> {
         let found = self.engine()?.patches(block).map_err(ToPyErr::to_py)?;

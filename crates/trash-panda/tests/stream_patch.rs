@@ -6,6 +6,7 @@
 mod common;
 
 use common::{Dir, Rng};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use trash_panda::io::ReadMode;
@@ -204,11 +205,28 @@ fn a_patch_is_staged_from_the_next_staging_on_and_taken_back_exactly() {
         let named = overlays();
         e.unpatch(1, &[1]).unwrap();
         if place == PatchPlace::File {
-            // Its merges changed, so did its name: one file, renamed.
-            assert_eq!(e.overlay_bytes().file, len, "{name}");
+            // An overlay file is the image of one set of merges: it stays as it is, for a later
+            // adoption, and the block goes back to the checkpoint's bytes whole.
             assert_eq!(named.len(), 1);
-            assert_eq!(overlays().len(), 1);
-            assert_ne!(named, overlays());
+            assert_eq!(overlays(), named, "{name}");
+            assert!(e.patches(1).unwrap().is_empty() && e.overlay_bytes().blocks == 0);
+            pass(&e);
+            check(&e, 1, |t| original(&blocks, &data, 1, t));
+            // Adopted again by its merges' keys: staged merged, nothing merged.
+            let both: BTreeMap<usize, String> =
+                [(1, "lora a 1.0".to_owned()), (2, "lora b 0.5".to_owned())].into();
+            let other: BTreeMap<usize, String> = [(1, "lora a 0.9".to_owned())].into();
+            assert!(!e.adopt(1, &other).unwrap());
+            assert!(e.adopt(1, &both).unwrap(), "{name}");
+            pass(&e);
+            check(&e, 1, |t| match t {
+                1 => w1.clone(),
+                2 => w2.clone(),
+                _ => original(&blocks, &data, 1, t),
+            });
+            e.unpatch(1, &[2]).unwrap();
+            assert_eq!(overlays(), named, "{name}");
+            continue;
         }
         pass(&e);
         check(&e, 1, |t| {
@@ -226,6 +244,50 @@ fn a_patch_is_staged_from_the_next_staging_on_and_taken_back_exactly() {
         assert!(e.patches(1).unwrap().is_empty());
         assert!(overlays().is_empty(), "{name}: {:?}", overlays());
     }
+}
+
+#[test]
+fn an_overlay_file_outlives_its_engine_and_a_later_one_adopts_it() {
+    let dir = Dir::new("patch-adopt");
+    let (files, blocks, data) = checkpoint(&dir, SourceTier::Disk);
+    let store = || OverlayStore::open(dir.0.join("overlays"), 1 << 30).unwrap();
+    let w = new_bytes(&blocks, 2, 0, 9);
+    let keys: BTreeMap<usize, String> = [(0, "lora a 1.0".to_owned())].into();
+    {
+        let e = engine(&files, &blocks, RamSource::Mapped);
+        e.keep_overlays_in(store());
+        let patch = [Patch {
+            tensor: 0,
+            data: &w,
+            scale: None,
+        }];
+        e.patch(2, &patch, "lora a 1.0", PatchPlace::File).unwrap();
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.0.join("overlays")).unwrap().count(),
+        1
+    );
+    let e = engine(&files, &blocks, RamSource::Mapped);
+    // No folder: nothing to adopt.
+    assert!(!e.adopt(2, &keys).unwrap());
+    e.keep_overlays_in(store());
+    // Another block, or other merges, name other files.
+    assert!(!e.adopt(1, &keys).unwrap());
+    assert!(e.adopt(2, &keys).unwrap());
+    assert_eq!(e.patches(2).unwrap(), vec![(0, "lora a 1.0".to_owned())]);
+    check(&e, 2, |t| {
+        if t == 0 {
+            w.clone()
+        } else {
+            original(&blocks, &data, 2, t)
+        }
+    });
+    // A checkpoint rewritten since names other files too.
+    drop(e);
+    std::fs::write(&files[0], &data).unwrap();
+    let e = engine(&files, &blocks, RamSource::Mapped);
+    e.keep_overlays_in(store());
+    assert!(!e.adopt(2, &keys).unwrap());
 }
 
 #[test]

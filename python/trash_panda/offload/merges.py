@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from ..adapter_names import MERGES_ATTR
-from .patches import Patched, take_back
+from .patches import Patched, adopt, block_of, take_back
 from .patches import write as write_patch
 from .registry import HookRegistry, model_hooks
 from .requant import expand_back, fp8_layout, kept_bytes, requantize
@@ -134,6 +134,8 @@ class MergedCopies:
         self.overlay_limit = 0
         # Whether an image was refused (said once).
         self.refused = False
+        # The text that names a layer's merges in overlay files, by their keys (made once).
+        self.content_keys: dict[tuple[Any, ...], str] = {}
 
     @property
     def limit(self) -> int:
@@ -196,6 +198,9 @@ def set_merges(module: nn.Module, merges: list[Merge]) -> None:
             copies.drop(slot.key)
             take_back(found[1], slot.key, copies)
         _hook(found[0], found[1], module)
+        # With every merge of its block recorded, an image of them may be in the overlay folder.
+        for block in {b for spec in found[1].specs_of(module) if (b := block_of(found[1], spec)) is not None}:
+            adopt(found[1], block, copies)
 
 
 def merged_copies(state: ModelState, model: nn.Module | None = None) -> MergedCopies:
@@ -286,9 +291,13 @@ def attach_merges(model: nn.Module) -> None:
     load) take effect."""
     state = get_state(model)
     if state is not None:
+        blocks: set[int] = set()
         for module in model.modules():
             if merged_layers(module):
                 _hook(model, state, module)
+                blocks.update(b for spec in state.specs_of(module) if (b := block_of(state, spec)) is not None)
+        for block in blocks:
+            adopt(state, block, merged_copies(state, model))
 
 
 def owner(module: nn.Module, outside: bool = False) -> tuple[nn.Module, ModelState] | None:
@@ -414,7 +423,7 @@ def _merge_in(
         if final:
             continue
         # Where its block lives, if its staged form can hold it; else beside the model.
-        if slot.spec is None or not write_patch(state, slot.spec, made, ran_on, copies, param):
+        if slot.spec is None or not write_patch(state, slot.spec, merges, made, ran_on, copies, param):
             copies.put(slot.key, made)
 
 

@@ -8,6 +8,11 @@ tier held in private memory it comes on top, from the RAM the plan leaves free. 
 block's image is an overlay file (``overlay_dir``, ``overlay_limit``), read as the block is.
 Taking a merge back stages the checkpoint's exact bytes again.
 
+An overlay file is named by what its bytes depend on (the checkpoint's files, the block, and
+each layer's merges: adapter weights, scales, compute dtype, device kind, the versions of PEFT
+and torch) and outlives its run: once every merge of a block is recorded, an image of exactly
+those merges found in the folder is adopted (:func:`adopt`), and the block merges nothing.
+
 The merged tensor is written in the block's staged form: the stored dtype where converting to
 it and back gives the merged weight's exact bits, or the fp8 codes and scales of its
 requantization. Where neither holds (a scale tensor that is not float32, a stored dtype that
@@ -25,16 +30,17 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from .._dtypes import torch_dtype
+from ..adapter_names import MERGES_ATTR
 from ..errors import StreamError
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from .merges import Kept, MergedCopies
+    from .merges import Kept, Merge, MergedCopies
     from .state import ModelState, TensorSpec
 
-__all__ = ["Patched", "block_of", "drop_image", "image_place", "images_for", "take_back", "write"]
+__all__ = ["Patched", "adopt", "block_of", "drop_image", "image_place", "images_for", "take_back", "write"]
 
 # The folder of overlay files could not be used: merges of disk-tier blocks are kept beside the
 # model (or made on each run) instead, said once per folder.
@@ -109,11 +115,18 @@ def images_for(state: ModelState, module: nn.Module, copies: MergedCopies) -> st
 
 
 def write(
-    state: ModelState, spec: TensorSpec, made: Kept, merged: torch.Tensor, copies: MergedCopies, before: Any
+    state: ModelState,
+    spec: TensorSpec,
+    merges: list[Merge],
+    made: Kept,
+    merged: torch.Tensor,
+    copies: MergedCopies,
+    before: Any,
 ) -> bool:
-    """Writes the merge of ``spec`` (``made``, as it is kept; ``merged``, the weight the layer
-    ran on; ``before``, the weight it was staged with) into its block's image; False where it
-    cannot be written exactly (the caller keeps it beside the model)."""
+    """Writes the merge of ``spec`` (``merges``, as recorded; ``made``, as it is kept;
+    ``merged``, the weight the layer ran on; ``before``, the weight it was staged with) into its
+    block's image; False where it cannot be written exactly (the caller keeps it beside the
+    model)."""
     slot = (id(spec.owners[0][0]), spec.owners[0][1])
     found = copies.patched.get(slot)
     if found is not None and found.key == made.key:
@@ -129,7 +142,7 @@ def write(
         return False
     engine = state.engine
     written: list[int] = []
-    key = _key_text(made.key)
+    key = _content_key(state, merges, copies)
     try:
         for index, data, scale in parts:
             kept = engine.patch(block, index, data, key, place[0], scale=scale)
@@ -197,6 +210,56 @@ def drop_image(state: ModelState, block: int) -> int:
     copies.images.pop(block, None)
     copies.held -= copies.image_extra.pop(block, 0)
     return freed
+
+
+def adopt(state: ModelState, block: int, copies: MergedCopies) -> None:
+    """Where every merge recorded on ``block``'s streamed layers is known, and the overlay folder
+    holds an image of exactly those merges (an earlier run's with the same adapters and scales,
+    or this one's before they were taken back), the block is staged from it from now on: its
+    layers then merge nothing, their first run included when the block was not staged yet."""
+    engine = state.engine
+    found = next((b for b in state.blocks if b.engine_index == block), None)
+    if engine is None or engine.closed or found is None:
+        return
+    if not (found.tier == _core.Tier.DISK or engine.in_place(block)) or not _overlays(state, copies):
+        return  # a memory image is made by its run, never found
+    keys: dict[int, str] = {}
+    slots: list[tuple[TensorSpec, tuple[Any, ...], list[int]]] = []
+    for spec in found.tensors:
+        merges: list[Merge] = spec.owners[0][0].__dict__.get(MERGES_ATTR, [])  # as merges.py records them
+        if not merges or spec.staged_index is None:
+            continue
+        indices = _write_indices(state, block, spec)
+        if indices is None:
+            return
+        keys.update(dict.fromkeys(indices, _content_key(state, merges, copies)))
+        slots.append((spec, tuple(m.key for m in merges), indices))
+    if not keys or engine.patches(block) == keys or not engine.adopt(block, keys):
+        return
+    copies.images[block] = "file"
+    for spec, key, indices in slots:
+        held = spec.held()
+        before = weakref.ref(held) if held is not None else None
+        copies.patched[(id(spec.owners[0][0]), spec.owners[0][1])] = Patched(key, block, indices, "file", before)
+    _bytes_changed(state, block)
+
+
+def _write_indices(state: ModelState, block: int, spec: TensorSpec) -> list[int] | None:
+    """The staged tensors a merge into ``spec`` rewrites (:func:`_staged_parts`): the tensor,
+    and a scale tensor of its own where it is stored in fp8 with one; None where none can be."""
+    from .requant import fp8_layout
+
+    assert state.engine is not None and spec.staged_index is not None
+    layout = state.engine.layout(block)
+    staged = layout[spec.staged_index]
+    fp8 = fp8_layout(spec)
+    if fp8 is None:
+        return None if staged.own_scale is not None or staged.scale_index is not None else [spec.staged_index]
+    if fp8 == "none" or staged.own_scale is not None:
+        return [spec.staged_index]
+    if staged.scale_index is not None and layout[staged.scale_index].dtype == "F32":
+        return [spec.staged_index, staged.scale_index]
+    return None
 
 
 def _staged_parts(
@@ -287,7 +350,32 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
 
-def _key_text(key: tuple[Any, ...]) -> str:
-    """The merges' key as text for the overlay file's name: each merge's adapters and scales
-    (the layer's id is left out: it means nothing to another run)."""
-    return ";".join(f"{','.join(adapters)}@{sorted(scaling)}" for _layer, adapters, scaling in key)
+def _content_key(state: ModelState, merges: list[Merge], copies: MergedCopies) -> str:
+    """The ``merges`` of a layer as text that names their merged bytes in another run too: per
+    merge, the tuner layer's class, the adapters with their scales and a digest of their weights;
+    and what else the bits depend on: the dtype and the kind of device the merge is computed in,
+    and the versions of the code that computes it. Computed once per set of merges."""
+    key = tuple(m.key for m in merges)
+    found = copies.content_keys.get(key)
+    if found is not None:
+        return found
+    import hashlib
+
+    import peft
+    import torch
+
+    from ..adapter_names import adapter_tensors
+
+    parts = [f"peft {peft.__version__}", f"torch {torch.__version__}", f"{state.compute_dtype} on {state.device.type}"]
+    for merge in merges:
+        digest = hashlib.blake2b(digest_size=16)
+        for adapter in merge.adapters:
+            for t in adapter_tensors(merge.layer, adapter):
+                flat = t.detach().cpu().contiguous().reshape(-1)
+                digest.update(str((adapter, t.dtype, tuple(t.shape))).encode())
+                digest.update(flat.view(torch.uint8).numpy().tobytes())
+        scales = sorted((a, float(v)) for a, v in merge.scaling.items() if a in merge.adapters)
+        parts.append(f"{type(merge.layer).__name__} {merge.adapters} {scales} {merge.kwargs} {digest.hexdigest()}")
+    text = "; ".join(parts)
+    copies.content_keys[key] = text
+    return text

@@ -1,9 +1,9 @@
 //! The folder where merged disk-tier blocks are kept: one file per block, named by what its bytes
 //! depend on (the checkpoint's files as they are, the block, and the merges in it), so engines
 //! of several processes share a folder without taking each other's files, within a size limit
-//! kept by removing the files used least recently that no engine of this process holds (a
-//! crashed run's, another process's that it no longer reads). An engine removes its files when
-//! it goes.
+//! kept by removing the files used least recently that no engine of this process holds. A file
+//! outlives its engine: a later run (or this one, after the merges were taken back and made
+//! again) with the same merges of the same checkpoint adopts it instead of merging.
 //!
 //! A file holds the block's staged image (every tensor, merged or not, at its staging offset),
 //! so the block is read from it with one request, as many bytes as from the checkpoint.
@@ -125,6 +125,21 @@ impl OverlayStore {
             forget_cache(&path);
         }
         Ok(path)
+    }
+
+    /// The file `name` in the folder, if it is there with `len` bytes: held from now on, and
+    /// marked as just used (the limit evicts the least recently used first).
+    pub fn find(&self, name: &str, len: u64) -> Option<PathBuf> {
+        let path = self.dir.join(name);
+        let meta = std::fs::metadata(&path).ok()?;
+        if !meta.is_file() || meta.len() != len {
+            return None;
+        }
+        if let Ok(file) = std::fs::OpenOptions::new().write(true).open(&path) {
+            let _ = file.set_modified(SystemTime::now());
+        }
+        held().insert(path.clone());
+        Some(path)
     }
 
     /// Writes `bytes` at `offset` of the held file `path` (its pages kept in the page cache if

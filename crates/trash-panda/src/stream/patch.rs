@@ -42,6 +42,23 @@ impl Engine {
         Ok(())
     }
 
+    /// Takes the overlay file of the merges `keys` (staged index to key, as [`patch`](Self::patch)
+    /// named them) for `block`'s image, where the overlay folder has one (an earlier run's with
+    /// the same merges of the same checkpoint, or this run's before they were taken back): the
+    /// block is staged from it from now on, merged, without merging. False where there is none.
+    pub fn adopt(
+        &self,
+        block: usize,
+        keys: &std::collections::BTreeMap<usize, String>,
+    ) -> Result<bool, StreamError> {
+        self.check(block)?;
+        let adopted = self.source.adopt(block, keys)?;
+        if adopted {
+            self.changed(block);
+        }
+        Ok(adopted)
+    }
+
     /// The staged index and key of every patched tensor of `block`.
     pub fn patches(&self, block: usize) -> Result<Vec<(usize, String)>, StreamError> {
         self.check(block)?;

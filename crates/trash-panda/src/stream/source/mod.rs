@@ -156,6 +156,16 @@ pub(crate) trait Source: Send + Sync {
         Ok(())
     }
 
+    /// Takes an existing overlay file of the merges `keys` for `block`'s image; false where
+    /// there is none.
+    fn adopt(
+        &self,
+        _block: usize,
+        _keys: &std::collections::BTreeMap<usize, String>,
+    ) -> Result<bool, StreamError> {
+        Ok(false)
+    }
+
     /// The staged index and key of each patched tensor of `block`.
     fn patches(&self, _block: usize) -> Vec<(usize, String)> {
         Vec::new()
@@ -627,6 +637,14 @@ impl Source for CheckpointSource {
 
     fn unpatch(&self, block: usize, tensors: &[usize]) -> Result<(), StreamError> {
         self.unpatch_block(block, tensors)
+    }
+
+    fn adopt(
+        &self,
+        block: usize,
+        keys: &std::collections::BTreeMap<usize, String>,
+    ) -> Result<bool, StreamError> {
+        self.adopt_block(block, keys)
     }
 
     fn patches(&self, block: usize) -> Vec<(usize, String)> {

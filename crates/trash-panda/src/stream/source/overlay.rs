@@ -2,10 +2,13 @@
 //! tensors (an adapter folded in), kept where the block lives, so every later staging brings the
 //! merged bytes at the cost of an unmerged one.
 //!
-//! A RAM-tier block keeps its patched image in private memory (the map's pages it replaces are
-//! given back); a disk-tier block keeps it in an overlay file ([`OverlayStore`]) and is read from
-//! there with one request. Taking a patch back writes the checkpoint's bytes of those tensors
-//! again; the last one taken back drops the image.
+//! A staged RAM-tier block keeps its patched image in private memory (the map's pages it
+//! replaces are given back); a disk-tier block, and a block used in place, keep it in an overlay
+//! file ([`OverlayStore`]), read with one request or mapped as the checkpoint is. Taking a patch
+//! back from a memory image writes the checkpoint's bytes of those tensors again, and the last
+//! one drops the image; a file is the image of one set of merges, named by them, so it is left
+//! as it is for a later adoption ([`CheckpointSource::adopt_block`]) and the block goes back to
+//! the checkpoint's bytes whole.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -82,9 +85,9 @@ pub(crate) struct BlockOverlay {
 }
 
 impl Image {
-    /// Gives the image up: its memory, or its file (closed first: an open file cannot be
-    /// removed everywhere).
-    fn discard(self) {
+    /// Gives the image up: its memory, or its file, removed if `remove` (closed first: an open
+    /// file cannot be removed everywhere), else left to be adopted again.
+    fn discard(self, remove: bool) {
         if let Image::File {
             path,
             store,
@@ -93,7 +96,7 @@ impl Image {
         } = self
         {
             drop((reader, map));
-            store.release(&path, true);
+            store.release(&path, remove);
         }
     }
 }
@@ -111,9 +114,10 @@ impl BlockOverlay {
 
 impl Drop for BlockOverlay {
     fn drop(&mut self) {
-        // Its engine is gone, and no later run adopts another's file: its room goes back.
+        // Its engine is gone; the file stays for a later run with the same merges (within
+        // the folder's limit).
         if let Some(image) = self.image.take() {
-            image.discard();
+            image.discard(false);
         }
     }
 }
@@ -237,9 +241,13 @@ impl CheckpointSource {
         for t in &undone {
             keys.remove(t);
         }
-        if keys.is_empty() {
+        // An overlay file is the image of one set of merges, which a later run may adopt: it
+        // stays as it is, and the block goes back to the checkpoint's bytes whole (the merges
+        // left are made again, into an image of their own).
+        let file = matches!(overlay.image, Some(Image::File { .. }));
+        if keys.is_empty() || file {
             if let Some(image) = overlay.image.take() {
-                image.discard();
+                image.discard(false);
             }
             overlay.patched.clear();
             return Ok(());
@@ -287,12 +295,44 @@ impl CheckpointSource {
             }
             Err(e) => {
                 if let Some(image) = overlay.image.take() {
-                    image.discard();
+                    image.discard(true);
                 }
                 overlay.patched.clear();
                 Err(e)
             }
         }
+    }
+
+    /// Takes the overlay file of the merges `keys` (staged index, key) for `block`'s image, if
+    /// the folder has one (an earlier run's, or this one's before its merges were taken back):
+    /// the block is staged from it from now on. False where there is none, or no folder.
+    pub(super) fn adopt_block(
+        &self,
+        block: usize,
+        keys: &BTreeMap<usize, String>,
+    ) -> Result<bool, StreamError> {
+        let Some(store) = self.store.lock().unwrap_or_else(|p| p.into_inner()).clone() else {
+            return Ok(false);
+        };
+        if keys.is_empty() || keys.keys().any(|&t| t >= self.layout.layout(block).len()) {
+            return Ok(false);
+        }
+        let mut overlay = self.overlays[block]
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        if overlay.image.is_some() && overlay.patched == *keys {
+            return Ok(true);
+        }
+        let len = self.places(block).1 as u64;
+        let Some(path) = store.find(&self.overlay_name(block, keys), len) else {
+            return Ok(false);
+        };
+        let image = self.open_file_image(block, path, store)?;
+        if let Some(old) = overlay.image.replace(image) {
+            old.discard(false);
+        }
+        overlay.patched = keys.clone();
+        Ok(true)
     }
 
     /// The staged index and key of each patched tensor of `block`.
@@ -511,6 +551,35 @@ impl CheckpointSource {
                 let len = self.places(block).1;
                 let cached = self.keeps_cache(block);
                 let path = store.create(&self.overlay_name(block, keys), &buf[..len], cached)?;
+                self.open_file_image(block, path, store)
+            }
+            (PatchPlace::File, None) => Err(StreamError::Patch {
+                block,
+                name: self.blocks[block].name.clone(),
+                tensor: "the block".into(),
+                reason: "no overlay folder is set for its engine".into(),
+            }),
+            (PatchPlace::Memory, _) => {
+                if self.blocks[block].tier == SourceTier::Ram {
+                    // The image stands for the block now: the map's pages of it can go.
+                    self.release(block, false);
+                }
+                Ok(Image::Memory(buf))
+            }
+        }
+    }
+
+    /// The image of `block` in the overlay file at `path` (held by `store`): read as the disk
+    /// tier is, or mapped for a block used in place; a RAM-tier block's pages of the checkpoint
+    /// are given back.
+    fn open_file_image(
+        &self,
+        block: usize,
+        path: PathBuf,
+        store: Arc<OverlayStore>,
+    ) -> Result<Image, StreamError> {
+        {
+            {
                 let reader = match FileReader::open(&path, self.disk_mode) {
                     Ok(r) => r,
                     Err(e) => {
@@ -547,19 +616,6 @@ impl CheckpointSource {
                     store,
                     map,
                 })
-            }
-            (PatchPlace::File, None) => Err(StreamError::Patch {
-                block,
-                name: self.blocks[block].name.clone(),
-                tensor: "the block".into(),
-                reason: "no overlay folder is set for its engine".into(),
-            }),
-            (PatchPlace::Memory, _) => {
-                if self.blocks[block].tier == SourceTier::Ram {
-                    // The image stands for the block now: the map's pages of it can go.
-                    self.release(block, false);
-                }
-                Ok(Image::Memory(buf))
             }
         }
     }
