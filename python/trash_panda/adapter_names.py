@@ -19,6 +19,7 @@ __all__ = [
     "base_name",
     "held_adapters",
     "is_tuner_layer",
+    "merged_layers",
     "merged_module_names",
     "tensor_names",
     "unwrapped",
@@ -99,11 +100,18 @@ def tensor_names(model: nn.Module) -> set[str]:
     return {base_name(n) for n, t in model.state_dict(keep_vars=True).items() if id(t) not in adapters}
 
 
+def merged_layers(module: nn.Module) -> list[Any]:
+    """The merges recorded on a streamed layer (``offload.merges.Merge``), in the order they
+    were made."""
+    found: list[Any] = module.__dict__.get(MERGES_ATTR, [])
+    return found
+
+
 def merged_module_names(model: nn.Module) -> list[str]:
     """The names of the modules of ``model`` with an adapter merged into them: merges recorded
     on a streamed layer, or a PEFT layer that merged into its own weight."""
     return [
         name
         for name, module in model.named_modules()
-        if module.__dict__.get(MERGES_ATTR) or (is_tuner_layer(module) and module.merged_adapters)
+        if merged_layers(module) or (is_tuner_layer(module) and module.merged_adapters)
     ]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
-from ..adapter_names import MERGES_ATTR
+from ..adapter_names import MERGES_ATTR, merged_layers
 from .patches import Patched, adopt, block_of, take_back
 from .patches import write as write_patch
 from .registry import HookRegistry, model_hooks
@@ -175,12 +175,6 @@ class MergedCopies:
     def kept(self) -> int:
         """How many merged tensors are kept (a layer's weight and bias each count)."""
         return len(self._copies) + len(self.patched)
-
-
-def merged_layers(module: nn.Module) -> list[Merge]:
-    """The merges recorded on a streamed layer, in the order they were made."""
-    found: list[Merge] = module.__dict__.get(MERGES_ATTR, [])
-    return found
 
 
 def set_merges(module: nn.Module, merges: list[Merge]) -> None:

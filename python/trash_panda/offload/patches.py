@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from .._dtypes import torch_dtype
-from ..adapter_names import MERGES_ATTR
+from ..adapter_names import merged_layers
 from ..errors import StreamError
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ def adopt(state: ModelState, block: int, copies: MergedCopies) -> None:
     keys: dict[int, str] = {}
     slots: list[tuple[TensorSpec, tuple[Any, ...], list[int]]] = []
     for spec in found.tensors:
-        merges: list[Merge] = spec.owners[0][0].__dict__.get(MERGES_ATTR, [])  # as merges.py records them
+        merges: list[Merge] = merged_layers(spec.owners[0][0])
         if not merges or spec.staged_index is None:
             continue
         indices = _write_indices(state, block, spec)
@@ -265,33 +265,29 @@ def _write_indices(state: ModelState, block: int, spec: TensorSpec) -> list[int]
 def _staged_parts(
     state: ModelState, block: int, spec: TensorSpec, made: Kept, merged: torch.Tensor
 ) -> list[tuple[int, torch.Tensor, torch.Tensor | None]] | None:
-    """(staged index, bytes, staged scale bytes) of each staged tensor the merge rewrites;
-    None where the staged form cannot give back the merged weight's exact bits."""
+    """(staged index, bytes, staged scale bytes) of each staged tensor the merge rewrites
+    (:func:`_write_indices`); None where the staged form cannot give back the merged weight's
+    exact bits."""
     import torch
 
+    indices = _write_indices(state, block, spec)
+    if indices is None:
+        return None
     assert state.engine is not None and spec.staged_index is not None
-    layout = state.engine.layout(block)
-    staged = layout[spec.staged_index]
+    staged = state.engine.layout(block)[spec.staged_index]
     if made.layout is None:
         # Stored as a float: the merged weight in the stored dtype, if that loses nothing.
-        if staged.own_scale is not None or staged.scale_index is not None:
-            return None
-        stored = torch_dtype(staged.dtype)
-        data = merged.detach().to("cpu", stored).contiguous()
-        if not torch.equal(
-            data.to(merged.dtype).view(torch.uint8), merged.detach().cpu().contiguous().view(torch.uint8)
-        ):
+        weight = merged.detach().cpu().contiguous()
+        data = weight.to(torch_dtype(staged.dtype))
+        if not torch.equal(data.to(weight.dtype).view(torch.uint8), weight.view(torch.uint8)):
             return None
         return [(spec.staged_index, _raw(data), None)]
-    codes = _raw(made.tensor.contiguous())
-    if made.scale is None:
-        return [(spec.staged_index, codes, None)]
-    scale = made.scale.to(torch.float32).contiguous()
-    if staged.own_scale is not None:
-        return [(spec.staged_index, codes, _raw(scale))]
-    if staged.scale_index is not None and layout[staged.scale_index].dtype == "F32":
-        return [(spec.staged_index, codes, None), (staged.scale_index, _raw(scale), None)]
-    return None
+    codes = _raw(made.tensor)
+    scale = None if made.scale is None else _raw(made.scale.to(torch.float32))
+    if len(indices) == 2:  # the checkpoint's scale tensor
+        assert scale is not None  # a layout with a scale tensor has scales
+        return [(indices[0], codes, None), (indices[1], scale, None)]
+    return [(spec.staged_index, codes, scale if staged.own_scale is not None else None)]
 
 
 def _overlays(state: ModelState, copies: MergedCopies) -> bool:

@@ -106,13 +106,7 @@ impl Lease {
     /// its views (they would fault the pages back in); does nothing for a staged block or a
     /// RAM-tier one (see [`Engine::unmaps_as_used`](super::Engine::unmaps_as_used)).
     pub fn forget_tensor<'k>(&self, key: impl Into<TensorKey<'k>>) -> Result<(), StreamError> {
-        let (index, t) = self.staged(key.into())?;
-        if let Some((map, places)) = &self.image {
-            if self.source.unmaps_as_used(self.block) {
-                let _ = map.forget(places[index]..places[index] + t.len);
-            }
-            return Ok(());
-        }
+        let (index, _) = self.staged(key.into())?;
         if self.in_place() {
             self.source.forget_tensor(self.block, index);
         }
@@ -179,12 +173,6 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         let Some(buf) = self.buf.take() else { return };
-        if let Some((map, _)) = self.image.take() {
-            // What a run wrote goes; a disk-tier block's pages go too, as the checkpoint's do.
-            if self.source.unmaps_as_used(self.block) {
-                let _ = map.forget(0..map.len());
-            }
-        }
         if self.in_place() {
             // Nothing of ours points into the pages now (the views went before the lease).
             self.source.forget(self.block);

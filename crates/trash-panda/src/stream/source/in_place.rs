@@ -194,6 +194,14 @@ impl CheckpointSource {
         if tensor.is_some() && !self.unmaps_as_used(block) {
             return;
         }
+        if !self.forget_image(block, tensor) {
+            self.forget_checkpoint_pages(block, tensor);
+        }
+    }
+
+    /// [`forget_in_place`](Self::forget_in_place) for the checkpoint's map: the pages a run of
+    /// `block` mapped from it (`tensor`'s alone, or all).
+    pub(super) fn forget_checkpoint_pages(&self, block: usize, tensor: Option<usize>) {
         let b = &self.blocks[block];
         let ranges: Vec<(usize, u64, u64, u64, u64)> = match tensor {
             Some(i) => b

@@ -462,7 +462,8 @@ impl CheckpointSource {
                 let bytes = self.in_place_tensor(block, t)?;
                 buf[at..at + bytes.len()].copy_from_slice(bytes);
             }
-            self.forget_in_place(block, None);
+            // (The caller holds the block's overlay lock: the checkpoint's pages, directly.)
+            self.forget_checkpoint_pages(block, None);
             return Ok(buf);
         }
         let never = AtomicBool::new(false);
@@ -474,6 +475,41 @@ impl CheckpointSource {
     /// rule, which the planner counts with).
     pub(super) fn places(&self, block: usize) -> (Vec<usize>, usize) {
         self.layout.image_places(block)
+    }
+
+    /// As [`forget_in_place`](CheckpointSource::forget_in_place) for a block used in place from
+    /// its overlay file's map: the pages a disk-tier block's run mapped go, from the page cache
+    /// too when the disk tier is read with O_DIRECT (so the pass does not evict the RAM tier's
+    /// cache), and a RAM-tier block's only where the run wrote to them. False where the block
+    /// has no such image (its pages are the checkpoint's).
+    pub(super) fn forget_image(&self, block: usize, tensor: Option<usize>) -> bool {
+        let overlay = self.overlays[block]
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        let Some(Image::File {
+            map: Some(map),
+            reader,
+            ..
+        }) = &overlay.image
+        else {
+            return false;
+        };
+        let range = match tensor {
+            Some(t) => {
+                let at = self.places(block).0[t];
+                at..at + self.layout.layout(block)[t].len
+            }
+            None => 0..map.len(),
+        };
+        if self.blocks[block].tier == SourceTier::Disk {
+            if self.disk_mode == crate::io::ReadMode::Direct {
+                let _ = map.release(range.clone(), reader.file());
+            }
+            let _ = map.forget(range);
+        } else if !matches!(map.written(range.clone()), Ok(false)) {
+            let _ = map.forget(range);
+        }
+        true
     }
 
     /// Whether `block`'s overlay file keeps its page cache: a RAM-tier block used in place
