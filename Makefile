@@ -13,7 +13,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 export PYTHONPATH := $(CURDIR)/python
 EXT := python/trash_panda/_core.abi3.so
 
-.PHONY: demo test venv docs-venv ext build docs rust-test lint py-test stubs cross fmt bench-read bench-convert bench-neon-model bench-avx2-model bench-stage bench-fill bench-stream bench-peers bench-pipeline clean
+.PHONY: demo test venv docs-venv ext build docs rust-test lint py-test stubs cross fmt bench-read bench-convert bench-dequant bench-neon-model bench-avx2-model bench-stage bench-fill bench-stream bench-peers bench-pipeline clean
 
 venv:
 	@bash scripts/venv.sh
@@ -84,6 +84,9 @@ bench-read:
 
 bench-convert:
 	$(CARGO) run --release -p trash-panda-bench --bin bench-convert
+
+bench-dequant:
+	$(CARGO) run --release -p trash-panda-bench --bin bench-dequant
 
 # The NEON and AVX2 kernels' inner loops through llvm-mca's models of Arm cores and of x86
 # cores without AVX-512, for want of those machines (bench/loop_model.py; ARGS="--against REV"

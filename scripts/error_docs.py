@@ -59,6 +59,7 @@ INTERNAL = {
 # how (None: not listed, because another enum repeats each of its errors).
 ELSEWHERE: dict[str, tuple[str | None, str]] = {
     "HeaderError": ("CheckpointError", "inside the checkpoint's error, after the file's name"),
+    "GgufError": ("CheckpointError", "inside the checkpoint's error, after the file's name"),
     "UnitsError": ("ArgumentError", "after the argument's name (bindings/python/src/plan.rs)"),
     "ScaleReadError": ("DtypeError", "from a fp8 block's scale (bindings/python/src/stream.rs)"),
     "RuleError": (None, "the stream engine reports each as its own variant of the same name and message"),

@@ -47,6 +47,8 @@ __all__ = [
     "expand",
     "infer_compute_dtype",
     "is_float_dtype",
+    "is_block_dtype",
+    "dtype_nbytes",
     "is_scale_name",
     "weight_of_scale",
     "needs_expansion",
@@ -67,6 +69,8 @@ __all__ = [
     "parse_size",
     "profile_report",
     "quantize_fp8",
+    "quantize_q8_0",
+    "quantize_int8",
     "read_tensors",
     "read_block",
     "ReadLane",
@@ -198,6 +202,22 @@ def quantize_fp8(
 ) -> None:
     """Quantizes `src` to fp8 e4m3fn into `dst`, writing the float32 scales into `scales`: one
     per tensor, per row or per `block` x `block` tile (`layout` "tensor", "row" or "block").
+    """
+
+def quantize_q8_0(src: Any, src_dtype: str, dst: Any, threads: int | None = None) -> None:
+    """Quantizes `src` (a multiple of 32 floats) to GGML Q8_0 blocks in `dst` (34 bytes a block)."""
+
+def quantize_int8(
+    src: Any,
+    src_dtype: str,
+    dst: Any,
+    scales: Any,
+    rows: int,
+    cols: int,
+    threads: int | None = None,
+) -> None:
+    """Quantizes `src` (`rows` x `cols` floats) to int8 codes in `dst`, one float32 scale per row in
+    `scales`.
     """
 
 def drop_cache(path: str | PathLike[str]) -> None:
@@ -591,7 +611,9 @@ def parse_size(value: int | str, what: str = "size") -> int:
     """Parses a size as users write it ("9GB", "1.5GiB", 123) into bytes."""
 
 def storage_conversion(name: str, dtype: str, shape: list[int], storage: str) -> str:
-    """What `storage_dtype` does to a tensor on load: "keep", "bf16" or "fp8" (the core's one rule)."""
+    """What `storage_dtype` does to a tensor on load: "keep", "bf16", "fp8", "int8" or "q8_0" (the
+    core's one rule).
+    """
 
 def infer_compute_dtype(tensors: Sequence[TensorInfo]) -> Literal["BF16", "F16", "F32"]:
     """The dtype a model computes in when nothing says (the core's one rule): "BF16", "F16" or
@@ -607,6 +629,14 @@ def paired_scale(name: str, names: Container[str]) -> str | None:
 def is_float_dtype(name: str) -> bool:
     """Whether a dtype (a header name such as "F8_E4M3", or a name such as "bf16") is a float:
     f64, f32, f16, bf16 and the two fp8 kinds (the core's one rule).
+    """
+
+def is_block_dtype(name: str) -> bool:
+    """Whether a dtype is one of GGML's block-quantized types ("Q4_K", "q8_0", ...)."""
+
+def dtype_nbytes(name: str, elements: int) -> int:
+    """Bytes that `elements` elements of a dtype take, a block type's whole blocks included; a
+    DtypeError when they are not whole blocks.
     """
 
 def is_scale_name(name: str) -> bool:

@@ -1,10 +1,12 @@
-"""Conversion kernels of the core on torch CPU tensors: fp8 expansion, casts, fp8 quantization.
+"""Conversion kernels of the core on torch CPU tensors: fp8 expansion, casts, fp8 quantization,
+GGML dequantization, and 8-bit quantization (Q8_0 blocks, int8 with a scale per row).
 
 Each call releases the GIL and runs on several threads for large tensors.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from . import _core
@@ -14,7 +16,16 @@ from .errors import ArgumentError, DtypeError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["cast", "expand", "quantize_fp8", "rows_cols", "scale_shape"]
+__all__ = [
+    "cast",
+    "dequantize",
+    "expand",
+    "quantize_fp8",
+    "quantize_int8",
+    "quantize_q8_0",
+    "rows_cols",
+    "scale_shape",
+]
 
 _FLOATS = ("float32", "float16", "bfloat16")
 
@@ -41,14 +52,14 @@ def rows_cols(shape: tuple[int, ...] | list[int]) -> tuple[int, int]:
     return _core.rows_cols([int(d) for d in shape])
 
 
-def _out(t: torch.Tensor, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+def _out(shape: tuple[int, ...], dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
     import torch
 
     if out is None:
-        return torch.empty(t.shape, dtype=dtype)
-    if out.dtype != dtype or out.shape != t.shape or not out.is_contiguous() or out.device.type != "cpu":
+        return torch.empty(shape, dtype=dtype)
+    if out.dtype != dtype or tuple(out.shape) != shape or not out.is_contiguous() or out.device.type != "cpu":
         raise ArgumentError(
-            f"out: expected a contiguous CPU tensor of {dtype} and shape {tuple(t.shape)}, "
+            f"out: expected a contiguous CPU tensor of {dtype} and shape {shape}, "
             f"got {out.dtype} {tuple(out.shape)} on {out.device}"
         )
     return out
@@ -84,7 +95,7 @@ def expand(
         except DtypeError as e:
             raise ArgumentError(str(e)) from None
         values = s.reshape(-1)
-    result = _out(w, target, out)
+    result = _out(tuple(w.shape), target, out)
     _core.expand(
         _bytes(w),
         core_name(w.dtype),
@@ -110,7 +121,7 @@ def cast(
     """``tensor.to(dtype)`` between float32, float16 and bfloat16, rounding to nearest even."""
     t = _check_cpu(tensor, "tensor")
     target = resolve(dtype)
-    result = _out(t, target, out)
+    result = _out(tuple(t.shape), target, out)
     _core.cast(_bytes(t), core_name(t.dtype), _bytes(result), core_name(target), threads=threads)
     return result
 
@@ -158,4 +169,68 @@ def quantize_fp8(
     _core.quantize_fp8(
         _bytes(t), core_name(t.dtype), _bytes(q), scales.reshape(-1), rows, cols, layout, block_size, threads=threads
     )
+    return q, scales
+
+
+def _block_type(qtype: str) -> str:
+    name = _core.dtype_header_name(qtype)
+    if not _core.is_block_dtype(name):
+        raise ArgumentError(f"qtype: expected a GGML block type (q4_0 ... q6_k), got {qtype!r}")
+    return name
+
+
+def dequantize(
+    blocks: torch.Tensor,
+    qtype: str,
+    shape: tuple[int, ...] | list[int],
+    dtype: torch.dtype | str = "bf16",
+    *,
+    out: torch.Tensor | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
+    """GGML blocks to ``dtype``: ``blocks`` holds the whole blocks of ``qtype`` ("q8_0",
+    "q4_k", ...) of a tensor of ``shape`` (outermost first, as torch shapes it), as bytes of any
+    dtype. Each weight is computed in float32 as the ``gguf`` package's ``dequantize`` computes
+    it, then rounded once to ``dtype`` (bfloat16, float16 or float32)."""
+    b = _check_cpu(blocks, "blocks")
+    name = _block_type(qtype)
+    target = resolve(dtype)
+    if str(target).removeprefix("torch.") not in _FLOATS:
+        raise ArgumentError(f"dtype: expected float32, float16 or bfloat16, got {target}")
+    dims = tuple(int(d) for d in shape)
+    raw = _bytes(b)
+    want = _core.dtype_nbytes(name, math.prod(dims))
+    if raw.numel() != want:
+        raise ArgumentError(f"blocks: {name} of shape {dims} take {want} bytes, got {raw.numel()}")
+    result = _out(dims, target, out)
+    rows, cols = rows_cols(dims)
+    _core.expand(raw, name, _bytes(result), core_name(target), rows, cols, threads=threads)
+    return result
+
+
+def quantize_q8_0(tensor: torch.Tensor, *, threads: int | None = None) -> torch.Tensor:
+    """GGML Q8_0 blocks (uint8, 34 bytes per 32 weights) of a float tensor whose last dimension
+    is a multiple of 32, as the ``gguf`` package's ``quants.quantize(x, Q8_0)`` makes them."""
+    import torch
+
+    t = _check_cpu(tensor, "tensor")
+    cols = t.shape[-1] if t.dim() else 1
+    if cols % 32:
+        raise ArgumentError(f"tensor: its last dimension ({cols}) is not a multiple of 32, Q8_0's block")
+    q = torch.empty(t.numel() // 32 * 34, dtype=torch.uint8)
+    _core.quantize_q8_0(_bytes(t), core_name(t.dtype), q, threads=threads)
+    return q
+
+
+def quantize_int8(tensor: torch.Tensor, *, threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 codes with one float32 scale per row (output channel), symmetric: ``scale = amax /
+    127`` (1 for an all-zero row), ``q = round(w / scale)`` to nearest even, clamped to ±127.
+    Returns ``(q, scale)`` with ``scale`` of shape ``[rows, 1]``, which :func:`expand` takes."""
+    import torch
+
+    t = _check_cpu(tensor, "tensor")
+    rows, cols = rows_cols(tuple(t.shape))
+    q = torch.empty(t.shape, dtype=torch.int8)
+    scales = torch.empty((rows, 1), dtype=torch.float32)
+    _core.quantize_int8(_bytes(t), core_name(t.dtype), _bytes(q), scales.reshape(-1), rows, cols, threads=threads)
     return q, scales

@@ -59,7 +59,7 @@ impl PyTensorInfo {
 
     /// What the planner needs of this tensor, under the model's name `name`.
     pub(crate) fn sizes(&self, name: String) -> PyResult<trash_panda::plan::TensorSizes> {
-        let dtype = DType::from_safetensors_name(&self.dtype).ok_or_else(|| {
+        let dtype = DType::from_name(&self.dtype).ok_or_else(|| {
             raise(
                 Kind::Dtype,
                 format!("tensor {name:?}: unknown dtype {:?}", self.dtype),

@@ -41,6 +41,28 @@ fn is_float_dtype(name: &str) -> PyResult<bool> {
     Ok(parse_dtype(name)?.is_float())
 }
 
+/// Whether a dtype is one of GGML's block-quantized types ("Q4_K", "q8_0", ...).
+#[pyfunction]
+fn is_block_dtype(name: &str) -> PyResult<bool> {
+    Ok(parse_dtype(name)?.is_block())
+}
+
+/// Bytes that `elements` elements of a dtype take, a block type's whole blocks included; a
+/// DtypeError when they are not whole blocks.
+#[pyfunction]
+fn dtype_nbytes(name: &str, elements: u64) -> PyResult<u64> {
+    let d = parse_dtype(name)?;
+    d.bytes_for(elements).ok_or_else(|| {
+        raise(
+            Kind::Dtype,
+            format!(
+                "{elements} elements are not a whole number of {d} blocks of {}",
+                d.block_elems()
+            ),
+        )
+    })
+}
+
 /// The core's scale from its kind ("none", "tensor", "row", "block") and values. Pure, so it
 /// can run without the GIL; the error is the message.
 pub(crate) fn scale_of<'v>(
@@ -175,6 +197,70 @@ fn quantize_fp8(
     Ok(())
 }
 
+/// Quantizes `src` (a multiple of 32 floats) to GGML Q8_0 blocks in `dst` (34 bytes a block).
+#[pyfunction]
+#[pyo3(signature = (src, src_dtype, dst, threads=None))]
+fn quantize_q8_0(
+    py: Python<'_>,
+    src: &Bound<'_, PyAny>,
+    src_dtype: &str,
+    dst: &Bound<'_, PyAny>,
+    threads: Option<usize>,
+) -> PyResult<()> {
+    let sd = parse_dtype(src_dtype)?;
+    let (s, d) = (Borrowed::new(src, "src")?, Borrowed::new(dst, "dst")?);
+    disjoint(&s, &d, "quantize_q8_0")?;
+    let n = worker_threads(threads);
+    // SAFETY: `disjoint` checked that `s` and `d` do not overlap, and nothing else is borrowed.
+    let (sb, db) = (s.bytes(), unsafe { d.bytes_mut() });
+    without_gil(py, || dtype::quantize_q8_0(sb, sd, db, n)).map_err(ToPyErr::to_py)
+}
+
+/// Quantizes `src` (`rows` x `cols` floats) to int8 codes in `dst`, one float32 scale per row in
+/// `scales`.
+#[pyfunction]
+#[pyo3(signature = (src, src_dtype, dst, scales, rows, cols, threads=None))]
+#[allow(clippy::too_many_arguments)]
+fn quantize_int8(
+    py: Python<'_>,
+    src: &Bound<'_, PyAny>,
+    src_dtype: &str,
+    dst: &Bound<'_, PyAny>,
+    scales: &Bound<'_, PyAny>,
+    rows: usize,
+    cols: usize,
+    threads: Option<usize>,
+) -> PyResult<()> {
+    let sd = parse_dtype(src_dtype)?;
+    let (s, d, sc) = (
+        Borrowed::new(src, "src")?,
+        Borrowed::new(dst, "dst")?,
+        Borrowed::new(scales, "scales")?,
+    );
+    disjoint(&s, &d, "quantize_int8")?;
+    disjoint(&s, &sc, "quantize_int8")?;
+    disjoint(&d, &sc, "quantize_int8")?;
+    if sc.len() != rows * 4 {
+        return Err(raise(
+            Kind::Argument,
+            format!("quantize_int8: scales must be {rows} float32 values, one per row"),
+        ));
+    }
+    let n = worker_threads(threads);
+    let mut out = vec![0f32; rows];
+    // SAFETY: the three tensors were checked pairwise disjoint above.
+    let (sb, db) = (s.bytes(), unsafe { d.bytes_mut() });
+    without_gil(py, || {
+        dtype::quantize_int8(sb, sd, (rows, cols), db, &mut out, n)
+    })
+    .map_err(ToPyErr::to_py)?;
+    // SAFETY: `sb` and `db` are no longer used, and `sc` overlaps neither tensor.
+    for (chunk, v) in unsafe { sc.bytes_mut() }.chunks_exact_mut(4).zip(out) {
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+    Ok(())
+}
+
 /// How scale tensor `name` of shape `scale` applies to a weight of shape `weight`: "tensor",
 /// "row" or "block" (the core's one classification).
 #[pyfunction]
@@ -201,8 +287,12 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rows_cols, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_header_name, m)?)?;
     m.add_function(wrap_pyfunction!(is_float_dtype, m)?)?;
+    m.add_function(wrap_pyfunction!(is_block_dtype, m)?)?;
+    m.add_function(wrap_pyfunction!(dtype_nbytes, m)?)?;
     m.add_function(wrap_pyfunction!(expand, m)?)?;
     m.add_function(wrap_pyfunction!(cast, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_fp8, m)?)?;
+    m.add_function(wrap_pyfunction!(quantize_q8_0, m)?)?;
+    m.add_function(wrap_pyfunction!(quantize_int8, m)?)?;
     Ok(())
 }

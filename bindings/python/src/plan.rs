@@ -501,7 +501,8 @@ fn make_plan(
     })
 }
 
-/// What `storage_dtype` does to a tensor on load: "keep", "bf16" or "fp8" (the core's one rule).
+/// What `storage_dtype` does to a tensor on load: "keep", "bf16", "fp8", "int8" or "q8_0" (the
+/// core's one rule).
 #[pyfunction]
 fn storage_conversion(
     name: &str,
@@ -509,7 +510,7 @@ fn storage_conversion(
     shape: Vec<usize>,
     storage: &str,
 ) -> PyResult<&'static str> {
-    let d = DType::from_safetensors_name(dtype).ok_or_else(|| {
+    let d = DType::from_name(dtype).ok_or_else(|| {
         raise(
             Kind::Dtype,
             format!("tensor {name:?}: unknown dtype {dtype:?}"),
@@ -521,6 +522,8 @@ fn storage_conversion(
             plan::Conversion::Keep => "keep",
             plan::Conversion::ToBf16 => "bf16",
             plan::Conversion::ToFp8 { .. } => "fp8",
+            plan::Conversion::ToInt8 { .. } => "int8",
+            plan::Conversion::ToQ8_0 => "q8_0",
         },
     )
 }

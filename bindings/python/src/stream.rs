@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 
-use trash_panda::dtype::{DType, ALL_DTYPES};
+use trash_panda::dtype::{DType, ALL_DTYPES, BLOCK_DTYPES};
 use trash_panda::engine_config::{staged_work, EngineConfig, ExpandTarget, Expansion, ScaleSource};
 use trash_panda::io::{ReadMode, WritableSpan};
 use trash_panda::plan::Tier;
@@ -49,12 +49,16 @@ impl PyStreamTensor {
         dtype: &str,
         shape: Vec<usize>,
     ) -> PyResult<Self> {
-        let dtype = DType::from_safetensors_name(dtype).ok_or_else(|| {
-            let names: Vec<&str> = ALL_DTYPES.iter().map(|d| d.safetensors_name()).collect();
+        let dtype = DType::from_name(dtype).ok_or_else(|| {
+            let names: Vec<&str> = ALL_DTYPES
+                .iter()
+                .chain(&BLOCK_DTYPES)
+                .map(|d| d.safetensors_name())
+                .collect();
             raise(
                 Kind::Dtype,
                 format!(
-                    "tensor {name:?}: unknown dtype {dtype:?}: expected a safetensors header name, one of {}",
+                    "tensor {name:?}: unknown dtype {dtype:?}: expected a safetensors header name or a GGML block type, one of {}",
                     names.join(", ")
                 ),
             )

@@ -1,5 +1,5 @@
-//! trash-panda core: reads safetensors checkpoints, moves their bytes between disk, RAM and
-//! staging buffers, converts dtypes, and plans which block of a model lives in which tier.
+//! trash-panda core: reads safetensors and GGUF checkpoints, moves their bytes between disk, RAM
+//! and staging buffers, converts dtypes, and plans which block of a model lives in which tier.
 //!
 //! This crate knows nothing of Python or torch; the binding and the CLI sit on top of it.
 //! Every module has one job and one error enum.

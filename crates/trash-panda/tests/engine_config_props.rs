@@ -120,6 +120,8 @@ fn expansion_needed(
                 Conversion::Keep => (t.dtype, false),
                 Conversion::ToBf16 => (DType::BF16, false),
                 Conversion::ToFp8 { .. } => (DType::F8E4M3, true),
+                Conversion::ToInt8 { .. } => (DType::I8, true),
+                Conversion::ToQ8_0 => (DType::Q8_0, false),
             };
             ExpansionInput {
                 held,

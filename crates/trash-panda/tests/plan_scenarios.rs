@@ -173,6 +173,26 @@ fn storage_dtype_bf16_and_fp8() {
     .unwrap();
     // The 2-D weight is 1 byte per element plus a f32 scale per row; the norm stays f32.
     assert_eq!(p.blocks[0].storage_bytes, 100_000_000 + 40_000 + 40_000);
+    // int8 stores the same: a byte per element and an f32 scale per row.
+    let int8 = PlanOptions {
+        storage_dtype: Some(DType::I8),
+        ..opts()
+    };
+    let p = plan(&m, &Figures::injected(10_000_000_000, None), &int8).unwrap();
+    assert_eq!(p.blocks[0].storage_bytes, 100_000_000 + 40_000 + 40_000);
+    // q8_0: 34 bytes per 32 weights, for rows of whole blocks only.
+    let q8 = PlanOptions {
+        storage_dtype: Some(DType::Q8_0),
+        ..opts()
+    };
+    let p = plan(&m, &Figures::injected(10_000_000_000, None), &q8).unwrap();
+    assert_eq!(p.blocks[0].storage_bytes, p.blocks[0].file_bytes, "10000 is not 32s");
+    let wide = ModelBlocks::discover(vec![
+        TensorSizes::new("b.0.w", DType::F32, &[1024, 2048]),
+        TensorSizes::new("b.1.w", DType::F32, &[1024, 2048]),
+    ]);
+    let p = plan(&wide, &Figures::injected(10_000_000_000, None), &q8).unwrap();
+    assert_eq!(p.blocks[0].storage_bytes, 1024 * 2048 / 32 * 34);
     // Small 2-D weights are left alone.
     let small = ModelBlocks::discover(vec![
         TensorSizes::new("b.0.w", DType::F32, &[100, 100]),
@@ -184,7 +204,7 @@ fn storage_dtype_bf16_and_fp8() {
         &m,
         &Figures::injected(1, None),
         &PlanOptions {
-            storage_dtype: Some(DType::I8),
+            storage_dtype: Some(DType::U8),
             ..opts()
         },
     )

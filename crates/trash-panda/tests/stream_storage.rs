@@ -1,5 +1,5 @@
 //! The storage dtype of the prefetch engine: RAM-tier blocks converted on load (bf16 casts, fp8
-//! per-row quantization), checked tensor by tensor against the scalar reference conversions, and
+//! and int8 per-row quantization, GGML Q8_0 blocks), checked tensor by tensor against the scalar reference conversions, and
 //! against the planner's count of the same blocks.
 
 mod common;
@@ -8,8 +8,8 @@ use common::{Dir, Rng};
 use std::path::{Path, PathBuf};
 
 use trash_panda::dtype::{
-    bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_fp8_e4m3fn, quantize_fp8,
-    QuantGranularity, FP8_E4M3FN_MAX,
+    bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, f32_to_fp8_e4m3fn,
+    quantize_fp8, QuantGranularity, FP8_E4M3FN_MAX,
 };
 use trash_panda::io::ReadMode;
 use trash_panda::plan::{plan, Figures, ModelBlocks, PlanOptions, TensorSizes};
@@ -107,7 +107,9 @@ fn reference(t: &StreamTensor, src: &[u8], storage: DType) -> (DType, Vec<u8>, O
     let numel: usize = t.shape.iter().product();
     let is_scale = t.name.ends_with("_scale");
     let keep = (t.dtype, src.to_vec(), None);
-    if !t.dtype.is_float() || is_scale || t.dtype.size() <= storage.size() {
+    let eight_bit = matches!(storage, DType::F8E4M3 | DType::I8 | DType::Q8_0);
+    let narrow = if eight_bit { 1 } else { storage.size() };
+    if !t.dtype.is_float() || is_scale || t.dtype.size() <= narrow {
         return keep;
     }
     let ds = t.dtype.size();
@@ -121,8 +123,38 @@ fn reference(t: &StreamTensor, src: &[u8], storage: DType) -> (DType, Vec<u8>, O
     let [rows, cols] = t.shape[..] else {
         return keep;
     };
-    if numel < 1 << 20 {
+    if numel < 1 << 20 || (storage == DType::Q8_0 && !cols.is_multiple_of(32)) {
         return keep;
+    }
+    let values: Vec<f32> = src.chunks_exact(ds).map(|b| decode(t.dtype, b)).collect();
+    if storage == DType::Q8_0 {
+        // Per run of 32: d = amax / 127, codes rounded half away from zero, d stored as f16.
+        let mut out = Vec::with_capacity(numel / 32 * 34);
+        for b in values.chunks_exact(32) {
+            let d = b.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+            let id = if d == 0.0 { 0.0 } else { 1.0 / d };
+            out.extend(f32_to_f16_bits(d).to_le_bytes());
+            out.extend(b.iter().map(|x| (x * id).round() as i8 as u8));
+        }
+        return (DType::Q8_0, out, None);
+    }
+    if storage == DType::I8 {
+        // Per row: scale = amax / 127 (1 for a zero row), codes rounded half to even.
+        let (mut q, mut scales) = (Vec::with_capacity(numel), Vec::with_capacity(rows * 4));
+        for row in values.chunks_exact(cols) {
+            let amax = row
+                .iter()
+                .filter(|x| !x.is_nan())
+                .fold(0f32, |m, x| m.max(x.abs()));
+            let s = amax / 127.0;
+            let s = if s > 0.0 && s.is_finite() { s } else { 1.0 };
+            q.extend(
+                row.iter()
+                    .map(|x| (x / s).round_ties_even().clamp(-127.0, 127.0) as i8 as u8),
+            );
+            scales.extend(s.to_le_bytes());
+        }
+        return (DType::I8, q, Some(scales));
     }
     // The documented formula, element by element.
     let mut q = vec![0u8; numel];
@@ -176,7 +208,7 @@ fn storage_conversion_matches_the_reference_and_the_planner() {
         .collect();
     let model = ModelBlocks::discover(sizes);
     let stored = StagedLayout::new(&blocks, 1).unwrap();
-    for storage in [DType::BF16, DType::F8E4M3] {
+    for storage in [DType::BF16, DType::F8E4M3, DType::I8, DType::Q8_0] {
         let mut refs = Vec::new();
         for b in &blocks {
             refs.push(
@@ -200,9 +232,14 @@ fn storage_conversion_matches_the_reference_and_the_planner() {
                 .filter(|(t, r)| r.0 != t.dtype)
         };
         let expect_converted = (0..2).flat_map(converted).count() as u64;
-        // bf16: the f32 and f64 tensors but the scale tensor; fp8: the three large 2-D weights
-        // (one of them exactly at the threshold).
-        let want = if storage == DType::BF16 { 5 } else { 3 };
+        // bf16: the f32 and f64 tensors but the scale tensor; fp8 and int8: the three large 2-D
+        // weights (one of them exactly at the threshold); q8_0: the two whose rows are whole
+        // blocks of 32.
+        let want = match storage {
+            DType::BF16 => 5,
+            DType::Q8_0 => 2,
+            _ => 3,
+        };
         assert_eq!(expect_converted, want, "{storage}");
         let saved: u64 = (0..2)
             .flat_map(converted)
@@ -300,7 +337,7 @@ fn storage_conversion_matches_the_reference_and_the_planner() {
 fn unsupported_storage_dtypes_are_refused() {
     let dir = Dir::new("stream_storage_bad");
     let (path, blocks, _) = checkpoint(&dir.0);
-    for bad in [DType::F16, DType::F32, DType::F8E5M2, DType::I8] {
+    for bad in [DType::F16, DType::F32, DType::F8E5M2, DType::U8] {
         let opts = options(bad, RamSource::Mapped, 1);
         let err = Engine::new(blocks.clone(), vec![path.clone()], opts).unwrap_err();
         let msg = err.to_string();

@@ -1,9 +1,11 @@
-//! What can be wrong with a checkpoint: one header's problems ([`HeaderError`], file-free so the
-//! parser stays pure) and the whole checkpoint's ([`CheckpointError`], always naming the file).
+//! What can be wrong with a checkpoint: one header's problems ([`HeaderError`] for safetensors,
+//! [`GgufError`] for GGUF, file-free so the parsers stay pure) and the whole checkpoint's
+//! ([`CheckpointError`], always naming the file).
 
 use std::io;
 use std::path::PathBuf;
 
+use super::gguf::GgufError;
 use crate::dtype::DType;
 
 /// A problem with one safetensors file's length field or JSON header.
@@ -291,17 +293,47 @@ pub enum CheckpointError {
         kind: HeaderError,
     },
 
-    /// The folder given holds neither a `*.safetensors` file nor a `*.safetensors.index.json`.
+    /// The GGUF file's header (metadata or tensor infos) is wrong; `kind` says how (it is part
+    /// of the message, not a source, so error chains do not print it twice).
+    ///
+    /// What to do: the `GgufError` entries say what is wrong; the file is damaged, is not a GGUF
+    /// file, or holds a tensor type this crate does not read yet: download or convert it again.
+    #[error("{}: {kind}", path.display())]
+    Gguf {
+        /// The GGUF file whose header is wrong.
+        path: PathBuf,
+        /// What is wrong with it.
+        kind: GgufError,
+    },
+
+    /// The folder given holds neither a `*.safetensors` file nor a `*.safetensors.index.json`,
+    /// nor a `*.gguf` file.
     ///
     /// What to do: give the folder that holds the weights (for a hub download, the snapshot folder
     /// with the `.safetensors` files), or the file itself.
     #[error(
-        "{}: folder holds no *.safetensors file and no *.safetensors.index.json",
+        "{}: folder holds no *.safetensors file, no *.safetensors.index.json and no *.gguf file",
         path.display()
     )]
     EmptyFolder {
         /// The folder.
         path: PathBuf,
+    },
+
+    /// The folder given holds no safetensors checkpoint but several `*.gguf` files: each is a
+    /// checkpoint of its own (often one model at several quantizations), and which one to open
+    /// is the caller's choice. Split GGUF checkpoints (`*-00001-of-00003.gguf`) are not read.
+    ///
+    /// What to do: give the `.gguf` file to open.
+    #[error(
+        "{}: folder holds {count} *.gguf files and no safetensors checkpoint; give the one to open",
+        path.display()
+    )]
+    SeveralGguf {
+        /// The folder.
+        path: PathBuf,
+        /// How many `*.gguf` files it holds.
+        count: usize,
     },
 
     /// The index file (`*.safetensors.index.json`) does not parse as JSON.
@@ -509,7 +541,9 @@ impl CheckpointError {
         match self {
             CheckpointError::Io { path, .. }
             | CheckpointError::Header { path, .. }
+            | CheckpointError::Gguf { path, .. }
             | CheckpointError::EmptyFolder { path }
+            | CheckpointError::SeveralGguf { path, .. }
             | CheckpointError::IndexNotJson { path, .. }
             | CheckpointError::IndexNotObject { path, .. }
             | CheckpointError::IndexNoWeightMap { path }

@@ -1,10 +1,12 @@
-//! Safetensors checkpoints: header parsing and validation, sharded checkpoints, the tensor index.
+//! Checkpoints: safetensors files (header parsing and validation, sharded checkpoints) and GGUF
+//! files ([`gguf`]), with one tensor index over either.
 //!
-//! Opening a checkpoint reads only headers (the 8-byte length field and the JSON after it),
-//! never tensor data, and validates them strictly so that later readers can trust every byte
-//! range they are given.
+//! Opening a checkpoint reads only headers (for safetensors the 8-byte length field and the JSON
+//! after it, for GGUF the metadata and tensor infos), never tensor data, and validates them
+//! strictly so that later readers can trust every byte range they are given.
 
 mod error;
+pub mod gguf;
 mod header;
 mod index;
 mod json;
@@ -21,6 +23,7 @@ mod stamp_tests;
 
 pub use crate::io::{Change, FileChange};
 pub use error::{CheckpointError, HeaderError};
+pub use gguf::{read_gguf, GgufError, GgufFile};
 pub use header::{parse_header, Header, HeaderEntry, MAX_HEADER_LEN};
 pub use read::{read_header, FileHeader, HeaderSource, LEN_FIELD};
 pub use tensor::TensorInfo;
@@ -28,7 +31,8 @@ pub use tensor::TensorInfo;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-/// An opened checkpoint: one file, or the shards of a sharded checkpoint, with one tensor index.
+/// An opened checkpoint: one safetensors or GGUF file, or the shards of a sharded safetensors
+/// checkpoint, with one tensor index.
 #[derive(Debug)]
 pub struct Checkpoint {
     files: Vec<PathBuf>,
@@ -40,6 +44,8 @@ pub struct Checkpoint {
     tensors: Vec<TensorInfo>,
     /// Tensor name -> position in `tensors`.
     by_name: HashMap<String, usize>,
+    /// The header of a GGUF checkpoint (its one file's), with its typed metadata.
+    gguf: Option<GgufFile>,
 }
 
 /// Returned by [`Checkpoint::metadata`] for a file index that does not exist.
@@ -47,9 +53,13 @@ static NO_METADATA: BTreeMap<String, String> = BTreeMap::new();
 
 impl Checkpoint {
     /// Opens a `.safetensors` file, a sharded checkpoint's `*.safetensors.index.json` (any
-    /// `.json` file is taken for an index), or a folder: the folder's one
+    /// `.json` file is taken for an index), a `.gguf` file, or a folder: the folder's one
     /// `*.safetensors.index.json` if it has exactly one, else every `*.safetensors` in it, sorted
-    /// by name.
+    /// by name, else its one `*.gguf` file.
+    ///
+    /// A GGUF file is a checkpoint of one file whose tensors have the dtypes of their GGML types
+    /// (the block-quantized ones included) and the shapes torch gives them: GGUF's dimensions
+    /// reversed, outermost first. Its metadata is [`Checkpoint::gguf`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self, CheckpointError> {
         open::open(path.as_ref())
     }
@@ -123,9 +133,16 @@ impl Checkpoint {
     }
 
     /// The `__metadata__` map of a file (empty if the file has none, or the index is out of
-    /// range).
+    /// range). Always empty for a GGUF file: its metadata is typed and may hold megabytes of
+    /// arrays, and is read through [`Checkpoint::gguf`] instead.
     pub fn metadata(&self, file_idx: usize) -> &BTreeMap<String, String> {
         self.metadata.get(file_idx).unwrap_or(&NO_METADATA)
+    }
+
+    /// The header of a GGUF checkpoint: its version, alignment, typed metadata and tensor infos
+    /// (in file order, with GGML's type ids and dimensions). `None` for a safetensors checkpoint.
+    pub fn gguf(&self) -> Option<&GgufFile> {
+        self.gguf.as_ref()
     }
 
     /// Bytes of tensor data over all files (headers and gaps not counted).

@@ -7,6 +7,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::error::{CheckpointError, HeaderError};
+use super::gguf::read_gguf_stamped;
 use super::index::parse_index;
 use super::read::{read_header, FileHeader};
 use super::{Checkpoint, TensorInfo};
@@ -14,6 +15,7 @@ use crate::io::FileStamp;
 
 const INDEX_SUFFIX: &str = ".safetensors.index.json";
 const SHARD_SUFFIX: &str = ".safetensors";
+const GGUF_SUFFIX: &str = ".gguf";
 
 pub(crate) fn open(path: &Path) -> Result<Checkpoint, CheckpointError> {
     let meta = fs::metadata(path).map_err(io_err(path, "open"))?;
@@ -22,6 +24,8 @@ pub(crate) fn open(path: &Path) -> Result<Checkpoint, CheckpointError> {
     } else if has_suffix(path, ".json") {
         // No safetensors file is JSON, so any .json is taken for an index, whatever its name.
         open_index(path)
+    } else if has_suffix(path, GGUF_SUFFIX) {
+        open_gguf(path)
     } else {
         let mut b = Builder::default();
         b.add_file(path.to_path_buf())?;
@@ -32,6 +36,7 @@ pub(crate) fn open(path: &Path) -> Result<Checkpoint, CheckpointError> {
 fn open_folder(dir: &Path) -> Result<Checkpoint, CheckpointError> {
     let mut indexes = Vec::new();
     let mut shards = Vec::new();
+    let mut ggufs = Vec::new();
     for entry in fs::read_dir(dir).map_err(io_err(dir, "list the folder"))? {
         let entry = entry.map_err(io_err(dir, "list the folder"))?;
         let path = entry.path();
@@ -44,15 +49,26 @@ fn open_folder(dir: &Path) -> Result<Checkpoint, CheckpointError> {
             indexes.push(path);
         } else if has_suffix(&path, SHARD_SUFFIX) {
             shards.push(path);
+        } else if has_suffix(&path, GGUF_SUFFIX) {
+            ggufs.push(path);
         }
     }
     if let [index] = indexes.as_slice() {
         return open_index(index);
     }
+    // A GGUF file beside a safetensors checkpoint is left alone (often a conversion of it, kept
+    // next to the original): such a folder opens as it did before GGUF was read.
     if shards.is_empty() {
-        return Err(CheckpointError::EmptyFolder {
-            path: dir.to_path_buf(),
-        });
+        return match ggufs.as_slice() {
+            [] => Err(CheckpointError::EmptyFolder {
+                path: dir.to_path_buf(),
+            }),
+            [one] => open_gguf(one),
+            many => Err(CheckpointError::SeveralGguf {
+                path: dir.to_path_buf(),
+                count: many.len(),
+            }),
+        };
     }
     shards.sort();
     let mut b = Builder::default();
@@ -126,6 +142,38 @@ fn open_index(index: &Path) -> Result<Checkpoint, CheckpointError> {
     Ok(b.finish())
 }
 
+/// A GGUF checkpoint: one file, its tensors ordered by start offset.
+fn open_gguf(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    let (gguf, stamp) = read_gguf_stamped(path)?;
+    let mut tensors: Vec<TensorInfo> = gguf
+        .tensors
+        .iter()
+        .map(|t| TensorInfo {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape(),
+            file: 0,
+            start: t.start,
+            end: t.end(),
+        })
+        .collect();
+    tensors.sort_by(|a, b| (a.start, a.end, &a.name).cmp(&(b.start, b.end, &b.name)));
+    // The parser refuses duplicate names, so every name gets its own position.
+    let by_name = tensors
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.clone(), i))
+        .collect();
+    Ok(Checkpoint {
+        files: vec![path.to_path_buf()],
+        metadata: vec![BTreeMap::new()],
+        stamps: vec![stamp],
+        tensors,
+        by_name,
+        gguf: Some(gguf),
+    })
+}
+
 /// Accumulates files and their tensors; the order of `add_file` calls is the order of files.
 #[derive(Default)]
 struct Builder {
@@ -196,6 +244,7 @@ impl Builder {
             stamps: self.stamps,
             tensors: self.tensors,
             by_name: self.by_name,
+            gguf: None,
         }
     }
 }

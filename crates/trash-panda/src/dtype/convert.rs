@@ -239,6 +239,11 @@ pub(crate) fn decode(src: &[u8], src_t: DType, odd: bool, out: &mut [f32]) {
                 *o = f32::from_bits(e5m2_to_f32_bits(*s));
             }
         }
+        DType::I8 => {
+            for (s, o) in src.iter().zip(out.iter_mut()) {
+                *o = f32::from(*s as i8);
+            }
+        }
         DType::BF16 => {
             for (s, o) in src.chunks_exact(2).zip(out.iter_mut()) {
                 *o = f32::from_bits(u32::from(le_u16(s)) << 16);

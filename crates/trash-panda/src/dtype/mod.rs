@@ -8,6 +8,8 @@
 //! - [`expand`]: fp8 (or any float) times an optional f32 scale, to bf16, f16 or f32, the way
 //!   `(w.to(torch.float32) * scale).to(dst)` does.
 //! - [`quantize_fp8`]: a float tensor to e4m3fn with per-tensor, per-row or block-wise scales.
+//! - [`ggml`]: GGML's block types ([`dequantize`] to the compute dtype, [`quantize_q8_0`]), and
+//!   [`quantize_int8`]: int8 codes with one scale per row, expanded back by [`expand`].
 //! - Scalar reference codecs ([`fp8_e4m3fn_to_f32`], [`f32_to_bf16_bits`], ...) written from the
 //!   format definitions; the fast kernels are tested against them bit for bit.
 //!
@@ -19,7 +21,9 @@ mod avx2;
 mod cast;
 mod convert;
 mod fp8;
+pub mod ggml;
 mod half;
+mod int8;
 #[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
 mod kernel_tests;
 mod kind;
@@ -34,8 +38,10 @@ mod stores;
 pub use cast::cast;
 pub use convert::kernel_path;
 pub use fp8::{f32_to_fp8_e4m3fn, fp8_e4m3fn_to_f32, fp8_e5m2_to_f32, FP8_E4M3FN_MAX};
+pub use ggml::{dequantize, quantize_q8_0};
 pub use half::{bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits};
-pub use kind::{DType, ACCEPTED_DTYPE_NAMES, ALL_DTYPES};
+pub use int8::{quantize_int8, INT8_MAX};
+pub use kind::{DType, ACCEPTED_DTYPE_NAMES, ALL_DTYPES, BLOCK_DTYPES};
 pub use level::{
     best_simd_level, simd_level, supported_simd_levels, with_simd_level, SimdLevel, SIMD_CHOICES,
 };
@@ -91,6 +97,22 @@ pub enum DtypeError {
         expected_bytes: usize,
         /// Bytes it holds.
         actual_bytes: usize,
+    },
+    /// A tensor of a GGML block type has an element count that is not a whole number of its
+    /// blocks (ggml stores whole blocks along each row).
+    ///
+    /// What to do: the tensor's shape does not fit its type: its rows must be a multiple of the
+    /// block (32 or 256 elements). Check the shape the file gives, or report the file.
+    #[error("{what}: {elems} elements are not a whole number of {dtype} blocks of {block}")]
+    PartialBlock {
+        /// Which buffer, e.g. "expand source".
+        what: &'static str,
+        /// The block type.
+        dtype: DType,
+        /// Elements asked for.
+        elems: usize,
+        /// Elements per block.
+        block: usize,
     },
     /// A buffer whose element count is taken from its length holds a partial element.
     ///
@@ -184,22 +206,33 @@ pub enum DtypeError {
     },
 }
 
-/// Checks that `actual_bytes` holds exactly `elems` elements of `dtype`.
+/// Checks that `actual_bytes` holds exactly `elems` elements of `dtype`, a block type's whole
+/// blocks included.
 pub(crate) fn check_bytes(
     what: &'static str,
     dtype: DType,
     elems: usize,
     actual_bytes: usize,
 ) -> Result<(), DtypeError> {
-    let expected_bytes = elems.checked_mul(dtype.size());
-    if expected_bytes == Some(actual_bytes) {
+    if !elems.is_multiple_of(dtype.block_elems()) {
+        return Err(DtypeError::PartialBlock {
+            what,
+            dtype,
+            elems,
+            block: dtype.block_elems(),
+        });
+    }
+    let expected = dtype
+        .bytes_for(elems as u64)
+        .and_then(|b| usize::try_from(b).ok());
+    if expected == Some(actual_bytes) {
         Ok(())
     } else {
         Err(DtypeError::LengthMismatch {
             what,
             dtype,
             expected_elems: elems,
-            expected_bytes: expected_bytes.unwrap_or(usize::MAX),
+            expected_bytes: expected.unwrap_or(usize::MAX),
             actual_bytes,
         })
     }

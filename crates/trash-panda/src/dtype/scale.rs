@@ -138,7 +138,9 @@ impl Scale<'_> {
 /// and rounded once to the destination (nearest even). With [`Scale::None`] it is the direct
 /// conversion, as [`super::cast()`] (which rounds f64 sources once, not through f32).
 ///
-/// `src_dtype` is any float type (fp8 e4m3fn and e5m2 being the usual ones). Slices may be
+/// `src_dtype` is any float type (fp8 e4m3fn and e5m2 being the usual ones), int8 codes with a
+/// scale (from [`super::quantize_int8`]), or a GGML block type with no scale (its blocks hold
+/// theirs: [`super::dequantize`]). Slices may be
 /// unaligned. `threads` = 0 uses every core; jobs under a million elements run inline; row
 /// scales split on row boundaries.
 pub fn expand(
@@ -158,7 +160,31 @@ pub fn expand(
             expected: "a float source and a bf16, f16 or f32 destination",
         });
     }
-    check_cast_dtypes("expand", src_dtype, dst_dtype)?;
+    if src_dtype.is_block() {
+        if !matches!(scale, Scale::None) {
+            return Err(DtypeError::Unsupported {
+                op: "expand with a scale",
+                src: src_dtype,
+                dst: dst_dtype,
+                expected: "no scale tensor: a GGML block holds its own scales",
+            });
+        }
+        let n = elements(shape)?;
+        check_bytes("expand source", src_dtype, n, src.len())?;
+        return super::ggml::dequantize(src, src_dtype, dst, dst_dtype, threads);
+    }
+    if src_dtype == DType::I8 {
+        if matches!(scale, Scale::None) {
+            return Err(DtypeError::Unsupported {
+                op: "expand without a scale",
+                src: src_dtype,
+                dst: dst_dtype,
+                expected: "int8 codes with their scale (per tensor, per row or per block)",
+            });
+        }
+    } else {
+        check_cast_dtypes("expand", src_dtype, dst_dtype)?;
+    }
     simd_level()?;
     let (rows, cols) = shape;
     let n = elements(shape)?;

@@ -38,7 +38,10 @@ pub const CUDA_CONTEXT_FLOOR: u64 = 1_000_000_000;
 pub(crate) fn storage_bytes(t: &TensorSizes, storage: Option<DType>) -> u64 {
     match storage.map(|target| (target, storage_conversion(t, target))) {
         None | Some((_, Conversion::Keep)) => t.file_bytes,
-        Some((_, Conversion::ToFp8 { rows, .. })) => t.numel() + rows as u64 * 4,
+        Some((_, Conversion::ToFp8 { rows, .. } | Conversion::ToInt8 { rows, .. })) => {
+            t.numel() + rows as u64 * 4
+        }
+        Some((_, Conversion::ToQ8_0)) => t.numel() / 32 * 34,
         Some((target, Conversion::ToBf16)) => t.numel() * target.size() as u64,
     }
 }
@@ -46,7 +49,7 @@ pub(crate) fn storage_bytes(t: &TensorSizes, storage: Option<DType>) -> u64 {
 pub(crate) fn expanded_bytes(t: &TensorSizes, compute: DType) -> u64 {
     if t.is_scale() {
         0
-    } else if t.dtype.is_float() {
+    } else if t.dtype.is_float() || t.dtype.is_block() {
         t.numel() * compute.size() as u64
     } else {
         t.file_bytes

@@ -230,11 +230,11 @@ pub enum PlanError {
         /// The dtype asked for.
         dtype: crate::DType,
     },
-    /// The storage dtype asked for is not bf16 or fp8 (e4m3fn).
+    /// The storage dtype asked for is not one the engine converts to.
     ///
-    /// What to do: pass `storage_dtype=` as `"bf16"` or `"fp8"`, or leave it out to keep the
-    /// weights as stored.
-    #[error("storage dtype {dtype} is not supported: expected bf16 or fp8 (e4m3fn), or none to keep weights as stored")]
+    /// What to do: pass `storage_dtype=` as `"bf16"`, `"fp8"`, `"int8"` or `"q8_0"`, or leave it
+    /// out to keep the weights as stored.
+    #[error("storage dtype {dtype} is not supported: expected bf16, fp8 (e4m3fn), int8 or q8_0, or none to keep weights as stored")]
     StorageDtype {
         /// The dtype asked for.
         dtype: crate::DType,

@@ -241,7 +241,7 @@ pub(crate) fn resolve_options(
         return Err(PlanError::ComputeDtype { dtype: compute });
     }
     if let Some(dtype) = options.storage_dtype {
-        if !matches!(dtype, DType::BF16 | DType::F8E4M3) {
+        if !crate::rules::conversion::is_storage_dtype(dtype) {
             return Err(PlanError::StorageDtype { dtype });
         }
     }

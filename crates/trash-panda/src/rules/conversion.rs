@@ -8,10 +8,11 @@ use super::tensor::TensorSizes;
 use crate::DType;
 
 /// The storage dtypes the engine converts to, for error messages.
-pub const STORAGE_DTYPES: &str = "none (as stored), bf16, fp8 (e4m3fn)";
+pub const STORAGE_DTYPES: &str =
+    "none (as stored), bf16, fp8 (e4m3fn), int8 (one scale per row), q8_0 (GGML blocks)";
 
-/// The smallest 2-D weight `storage_dtype="fp8"` quantizes (1 Mi elements, e.g. 1024 x 1024):
-/// below that the per-row scales and the precision loss buy little.
+/// The smallest 2-D weight the 8-bit storage dtypes (`fp8`, `int8`, `q8_0`) quantize (1 Mi
+/// elements, e.g. 1024 x 1024): below that the scales and the precision loss buy little.
 pub const FP8_MIN_ELEMENTS: u64 = 1 << 20;
 
 /// What `storage_dtype` does to one tensor on load. The planner counts by it, the engine and the
@@ -29,21 +30,40 @@ pub enum Conversion {
         /// The weight's second dimension (elements per row).
         cols: usize,
     },
+    /// Quantized to int8 codes with one f32 scale per row (symmetric, amax / 127).
+    ToInt8 {
+        /// The weight's first dimension: one scale per row.
+        rows: usize,
+        /// The weight's second dimension (elements per row).
+        cols: usize,
+    },
+    /// Quantized to GGML Q8_0 blocks (32 weights, an f16 scale each, along the rows).
+    ToQ8_0,
 }
 
 /// Float tensors wider than the storage dtype are converted, never a checkpoint's scale tensors;
-/// for fp8, only 2-D weights of at least [`FP8_MIN_ELEMENTS`].
+/// for the 8-bit dtypes, only 2-D weights of at least [`FP8_MIN_ELEMENTS`] (for q8_0, with rows
+/// of whole blocks of 32).
 pub fn storage_conversion(t: &TensorSizes, storage: DType) -> Conversion {
-    if !t.dtype.is_float() || t.is_scale() || t.dtype.size() <= storage.size() {
+    let eight_bit = storage.is_fp8() || matches!(storage, DType::I8 | DType::Q8_0);
+    if !t.dtype.is_float()
+        || t.is_scale()
+        || t.dtype.size() <= if eight_bit { 1 } else { storage.size() }
+    {
         return Conversion::Keep;
     }
-    if storage.is_fp8() {
-        return match t.shape[..] {
-            [rows, cols] if t.numel() >= FP8_MIN_ELEMENTS => Conversion::ToFp8 { rows, cols },
-            _ => Conversion::Keep,
-        };
+    if !eight_bit {
+        return Conversion::ToBf16;
     }
-    Conversion::ToBf16
+    match t.shape[..] {
+        [rows, cols] if t.numel() >= FP8_MIN_ELEMENTS => match storage {
+            DType::I8 => Conversion::ToInt8 { rows, cols },
+            DType::Q8_0 if cols.is_multiple_of(32) => Conversion::ToQ8_0,
+            DType::Q8_0 => Conversion::Keep,
+            _ => Conversion::ToFp8 { rows, cols },
+        },
+        _ => Conversion::Keep,
+    }
 }
 
 /// The dtype a tensor is held in on the device and in RAM after `storage_dtype`, and whether the
@@ -53,15 +73,19 @@ pub fn stored_form(t: &TensorSizes, storage: Option<DType>) -> (DType, bool) {
         None | Some(Conversion::Keep) => (t.dtype, false),
         Some(Conversion::ToBf16) => (DType::BF16, false),
         Some(Conversion::ToFp8 { .. }) => (DType::F8E4M3, true),
+        Some(Conversion::ToInt8 { .. }) => (DType::I8, true),
+        Some(Conversion::ToQ8_0) => (DType::Q8_0, false),
     }
 }
 
 /// Whether a weight held as `held` (its dtype in the tier) is expanded into the expansion buffer
 /// before its block runs, rather than used in place: a float tensor in another dtype than the
-/// compute dtype, or one with a scale to apply. The CPU and CUDA backends follow this rule and
-/// the planner counts by it.
+/// compute dtype, or one with a scale to apply; GGML blocks always; int8 codes with their
+/// scale. The CPU and CUDA backends follow this rule and the planner counts by it.
 pub fn needs_expansion(held: DType, compute: DType, scaled: bool) -> bool {
-    held.is_float() && (held != compute || scaled)
+    held.is_block()
+        || (held == DType::I8 && scaled)
+        || (held.is_float() && (held != compute || scaled))
 }
 
 /// One tensor as the expansion layout sees it.
@@ -106,10 +130,16 @@ pub(crate) fn tensor_conversion(t: &StreamTensor, storage: DType) -> Conversion 
     )
 }
 
+/// The storage dtypes the engine converts to ([`STORAGE_DTYPES`]).
+pub fn is_storage_dtype(d: DType) -> bool {
+    matches!(d, DType::BF16 | DType::F8E4M3 | DType::I8 | DType::Q8_0)
+}
+
 /// Refuses storage dtypes the engine has no conversion for.
 pub(crate) fn check_storage(storage: Option<DType>) -> Result<(), RuleError> {
     match storage {
-        None | Some(DType::BF16 | DType::F8E4M3) => Ok(()),
+        None => Ok(()),
+        Some(d) if is_storage_dtype(d) => Ok(()),
         Some(other) => Err(RuleError::InvalidOptions {
             option: "storage",
             value: other.to_string(),

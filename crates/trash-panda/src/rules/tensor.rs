@@ -45,15 +45,16 @@ pub struct TensorSizes {
 }
 
 impl TensorSizes {
-    /// Sizes made by hand (tests, tools): `file_bytes` is the shape's elements times the dtype's
-    /// size, and there is no location.
+    /// Sizes made by hand (tests, tools): `file_bytes` is what the shape's elements take in the
+    /// dtype (whole blocks for a block type, rounded up), and there is no location.
     pub fn new(name: impl Into<String>, dtype: DType, shape: &[usize]) -> Self {
-        let numel: usize = shape.iter().product();
+        let numel = shape.iter().product::<usize>() as u64;
+        let blocks = numel.div_ceil(dtype.block_elems() as u64);
         TensorSizes {
             name: name.into(),
             dtype,
             shape: shape.to_vec(),
-            file_bytes: (numel * dtype.size()) as u64,
+            file_bytes: blocks * dtype.size() as u64,
             location: None,
         }
     }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::{StreamBlock, StreamError};
-use crate::dtype::{cast, quantize_fp8, QuantGranularity};
+use crate::dtype::{cast, quantize_fp8, quantize_int8, quantize_q8_0, QuantGranularity};
 use crate::io::{
     read_ranges_queued, AlignedBuf, FileReader, IoError, Lane, Need, ReadMode, ReadOptions,
     ReadRequest, ReadStats, DIRECT_ALIGN,
@@ -153,11 +153,16 @@ impl Load<'_> {
             let threads = self.opts.threads;
             let done = match tensor_conversion(t, self.storage) {
                 Conversion::ToBf16 => cast(src, t.dtype, dst, DType::BF16, threads),
-                Conversion::ToFp8 { rows, cols } => {
+                Conversion::ToQ8_0 => quantize_q8_0(src, t.dtype, dst, threads),
+                Conversion::ToFp8 { rows, cols } | Conversion::ToInt8 { rows, cols } => {
                     scales.clear();
                     scales.resize(rows, 0.0);
-                    let q = QuantGranularity::PerRow;
-                    let r = quantize_fp8(src, t.dtype, (rows, cols), q, dst, &mut scales, threads);
+                    let r = if s.dtype == DType::I8 {
+                        quantize_int8(src, t.dtype, (rows, cols), dst, &mut scales, threads)
+                    } else {
+                        let q = QuantGranularity::PerRow;
+                        quantize_fp8(src, t.dtype, (rows, cols), q, dst, &mut scales, threads)
+                    };
                     let sc = s.scale.expect("a quantized tensor has scales");
                     let out = image[sc.offset..sc.offset + sc.len].chunks_exact_mut(4);
                     for (o, v) in out.zip(&scales) {

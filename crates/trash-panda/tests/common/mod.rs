@@ -1,9 +1,10 @@
 //! Helpers shared by the integration tests: scratch folders on the real disk, a small
-//! deterministic generator, the synthetic stage the profile tests read, a wait for reads
-//! queued at the drive, a run of a test on every kernel level the CPU has, and a write over a
-//! file as another program would make it.
+//! deterministic generator, a GGUF writer, the synthetic stage the profile tests read, a wait for
+//! reads queued at the drive, a run of a test on every kernel level the CPU has, and a write over
+//! a file as another program would make it.
 #![allow(dead_code)]
 
+pub mod gguf_writer;
 pub mod plan_model;
 pub mod profile_stage;
 

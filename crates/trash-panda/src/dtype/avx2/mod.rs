@@ -61,6 +61,7 @@ use super::DType;
 
 pub(crate) mod cast;
 pub(crate) mod fp8;
+pub(crate) mod ggml;
 mod primitives;
 pub(crate) mod quant;
 mod table;

@@ -326,7 +326,7 @@ fn check_tensors(index: usize, block: &StreamBlock, file_count: usize) -> Result
             .shape
             .iter()
             .try_fold(1u64, |n, &d| n.checked_mul(d as u64));
-        let want = elements.and_then(|n| n.checked_mul(t.dtype.size() as u64));
+        let want = elements.and_then(|n| t.dtype.bytes_for(n));
         if want != Some(t.end - t.start) {
             return Err(invalid(format!(
                 "tensor {} has {} bytes ({}..{}) but shape {:?} of {} needs {}",
@@ -357,10 +357,12 @@ fn pack(block: &StreamBlock, storage: DType, align: usize) -> BlockLayout {
             Conversion::Keep => (t.dtype, None),
             Conversion::ToBf16 => (DType::BF16, None),
             Conversion::ToFp8 { rows, .. } => (DType::F8E4M3, Some(rows)),
+            Conversion::ToInt8 { rows, .. } => (DType::I8, Some(rows)),
+            Conversion::ToQ8_0 => (DType::Q8_0, None),
         };
         let elements: usize = t.shape.iter().product();
         let offset = at.next_multiple_of(align);
-        let len = elements * dtype.size();
+        let len = elements / dtype.block_elems() * dtype.size();
         at = offset + len;
         let scale = rows.map(|rows| {
             let s = StagedScale {
