@@ -116,8 +116,18 @@ class TensorInfo:
     def end(self) -> int:
         """Offset one past its last byte in `file`."""
     @property
+    def rows(self) -> list[int] | None:
+        """The order the model takes its rows in, when not the file's: row `r` of the weight is row
+        `rows[r]` of the stored tensor (set by `reordered`).
+        """
+    @property
     def nbytes(self) -> int:
         """Bytes of its data in the file: `end - start`."""
+    def reordered(self, rows: list[int]) -> TensorInfo:
+        """The same tensor taken by the model with its rows in another order: row `r` of the weight
+        is row `rows[r]` of the stored tensor, which has at least two dimensions and as many rows
+        as `rows` gives.
+        """
 
 @final
 class TensorBytes:
@@ -147,6 +157,10 @@ class Checkpoint:
         """The files of the checkpoint (one, or the shards)."""
     def __len__(self) -> int: ...
     def __contains__(self, name: str, /) -> bool: ...
+    def gguf_metadata(self) -> dict[str, str | int | float | bool] | None:
+        """The metadata of a GGUF file as a dict of its scalar values (strings, numbers, bools;
+        arrays such as the vocabulary are left out); None for a safetensors checkpoint.
+        """
     def tensors(self) -> list[TensorInfo]:
         """Every tensor, by file and then by offset."""
     def info_of(self, name: str) -> TensorInfo:
@@ -183,8 +197,11 @@ def expand(
     scale: Any | None = None,
     block: int = 128,
     threads: int | None = None,
+    order: list[int] | None = None,
 ) -> None:
-    """Expands (fp8 times a scale, or a plain cast) `src` into `dst`."""
+    """Expands (fp8 or int8 times a scale, GGML blocks, or a plain cast) `src` into `dst`; with
+    `order`, row `r` of `dst` is row `order[r]` of `src`.
+    """
 
 def cast(src: Any, src_dtype: str, dst: Any, dst_dtype: str, threads: int | None = None) -> None:
     """Casts between f32, f16 and bf16 with round-to-nearest-even."""
@@ -583,10 +600,13 @@ class EngineConfig:
         """Whether `info`, a tensor the model only reads by rows (an embedding table), is left in a
         private map of its file rather than read into memory.
         """
-    def expansion(self, dtypes: list[str], elements: list[int], scaled: list[bool]) -> list[int | None]:
+    def expansion(
+        self, dtypes: list[str], elements: list[int], scaled: list[bool], reordered: list[bool] | None = None
+    ) -> list[int | None]:
         """Where each tensor of a resident block goes in the expansion buffer (None: used as it is
         held), by the rule the plan counts with: tensors held in `dtypes` (header names), of
-        `elements` elements, `scaled` when a scale applies.
+        `elements` elements, `scaled` when a scale applies, `reordered` (all false when not
+        given) when the model takes their rows in another order than the stored one.
         """
 
 def scale_layout(name: str, weight: list[int], scale: list[int], block: int = 128) -> str:
@@ -1268,8 +1288,20 @@ class StreamTensor:
     file `file` (an index into its `files`), holding `shape` elements of `dtype`.
     """
     def __new__(
-        cls, name: str, *, file: int, start: int, end: int, dtype: str, shape: Sequence[int]
-    ) -> StreamTensor: ...
+        cls,
+        name: str,
+        *,
+        file: int,
+        start: int,
+        end: int,
+        dtype: str,
+        shape: Sequence[int],
+        rows: Sequence[int] | None = None,
+    ) -> StreamTensor:
+        """`dtype` is the safetensors header name ("BF16", "F8_E4M3", ...) or a GGML block type
+        ("Q4_K"), checked here; `rows`, when given, the order the model takes the rows in (row
+        `r` of the weight is stored row `rows[r]`), checked when the engine is made.
+        """
     @property
     def name(self) -> str:
         """The tensor's name in the checkpoint."""

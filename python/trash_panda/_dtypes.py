@@ -30,14 +30,29 @@ _HEADER_TO_TORCH = {
 
 
 def torch_dtype(header_name: str) -> torch.dtype:
-    """The torch dtype of a safetensors header dtype name."""
+    """The torch dtype of a safetensors header dtype name; uint8 for a GGML block type ("Q4_K"),
+    whose blocks torch holds as bytes."""
     import torch
 
     attr = _HEADER_TO_TORCH.get(header_name)
+    if attr is None and header_name[:1] == "Q":
+        from . import _core
+
+        if _core.is_block_dtype(header_name):
+            return torch.uint8
     if attr is None or not hasattr(torch, attr):
         raise DtypeError(f"dtype {header_name!r} has no torch equivalent in torch {torch.__version__}")
     dtype: torch.dtype = getattr(torch, attr)
     return dtype
+
+
+def stored_shape(header_name: str, shape: tuple[int, ...] | list[int], nbytes: int) -> tuple[int, ...]:
+    """The shape torch gives a stored tensor: its own, or its bytes for a GGML block type."""
+    from . import _core
+
+    if header_name[:1] == "Q" and _core.is_block_dtype(header_name):
+        return (nbytes,)
+    return tuple(shape)
 
 
 def core_name(dtype: torch.dtype) -> str:

@@ -1,4 +1,5 @@
-"""Reading safetensors checkpoints (one file, shards, or a folder of shards) into torch tensors."""
+"""Reading checkpoints (a safetensors file, shards, a folder of shards, or a GGUF file) into torch
+tensors."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 from . import _core
-from ._dtypes import torch_dtype
+from ._dtypes import stored_shape, torch_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +26,9 @@ class Checkpoint:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._core = _core.Checkpoint(os.fspath(path))
         self._lane: _core.ReadLane | None = None  # made on the first read()
+        # Tensors whose rows the model takes in another order (a GGUF file's attention
+        # projections), by name: their entries carry the order.
+        self._orders: dict[str, list[int]] = {}
 
     @property
     def files(self) -> list[str]:
@@ -42,7 +46,15 @@ class Checkpoint:
 
     def tensors(self) -> list[TensorInfo]:
         """Every tensor's entry (name, dtype, shape, file, byte range), by file and offset."""
-        return self._core.tensors()
+        infos = self._core.tensors()
+        if not self._orders:
+            return infos
+        return [t.reordered(self._orders[t.name]) if t.name in self._orders else t for t in infos]
+
+    def gguf_metadata(self) -> dict[str, str | int | float | bool] | None:
+        """A GGUF file's metadata (its scalar values; arrays such as the vocabulary are left
+        out), or None for a safetensors checkpoint."""
+        return self._core.gguf_metadata()
 
     def names(self) -> list[str]:
         """Every tensor's name, by file and offset."""
@@ -74,7 +86,7 @@ class Checkpoint:
 
         info = self._core.info_of(name)
         raw = from_dlpack(self._core.view(name, lane))
-        return raw.view(torch_dtype(info.dtype)).reshape(info.shape)
+        return raw.view(torch_dtype(info.dtype)).reshape(stored_shape(info.dtype, info.shape, info.nbytes))
 
     def check_holds(self, name: str) -> None:
         """Raises :class:`CheckpointError` when the file holding tensor ``name`` no longer reaches

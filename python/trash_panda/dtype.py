@@ -201,7 +201,7 @@ def dequantize(
     raw = _bytes(b)
     want = _core.dtype_nbytes(name, math.prod(dims))
     if raw.numel() != want:
-        raise ArgumentError(f"blocks: {name} of shape {dims} take {want} bytes, got {raw.numel()}")
+        raise ArgumentError(f"blocks: expected {want} bytes ({name} of shape {dims}), got {raw.numel()}")
     result = _out(dims, target, out)
     rows, cols = rows_cols(dims)
     _core.expand(raw, name, _bytes(result), core_name(target), rows, cols, threads=threads)
@@ -216,7 +216,7 @@ def quantize_q8_0(tensor: torch.Tensor, *, threads: int | None = None) -> torch.
     t = _check_cpu(tensor, "tensor")
     cols = t.shape[-1] if t.dim() else 1
     if cols % 32:
-        raise ArgumentError(f"tensor: its last dimension ({cols}) is not a multiple of 32, Q8_0's block")
+        raise ArgumentError(f"tensor: expected a last dimension that is a multiple of 32 (Q8_0's block), got {cols}")
     q = torch.empty(t.numel() // 32 * 34, dtype=torch.uint8)
     _core.quantize_q8_0(_bytes(t), core_name(t.dtype), q, threads=threads)
     return q
@@ -234,3 +234,4 @@ def quantize_int8(tensor: torch.Tensor, *, threads: int | None = None) -> tuple[
     scales = torch.empty((rows, 1), dtype=torch.float32)
     _core.quantize_int8(_bytes(t), core_name(t.dtype), _bytes(q), scales.reshape(-1), rows, cols, threads=threads)
     return q, scales
+

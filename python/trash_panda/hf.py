@@ -52,6 +52,7 @@ def from_pretrained(
     order: list[str] | None = None,
     plan: Plan | None = None,
     overlap: bool = False,
+    gguf_file: str | os.PathLike[str] | None = None,
     **plan_kwargs: Any,
 ) -> nn.Module:
     """Builds ``cls`` (a transformers model class or an Auto class such as
@@ -72,11 +73,20 @@ def from_pretrained(
     to write one at (a ``stage()`` of the same checkpoint writes it). With ``order``, or without
     a usable file, every outside weight is read before the call returns. Free the model with
     ``trash_panda.release(model)``.
+
+    ``gguf_file`` (a file in ``folder``, or a path) loads a GGUF file as transformers'
+    ``from_pretrained(..., gguf_file=...)`` does: the config from its metadata and its tensors
+    under the model's names, by transformers' tables (the ``gguf`` package is needed, as there).
+    Its blocks stay in their GGML form (Q4_K, Q8_0, ...) in every tier and are expanded one block
+    at a time; a weight equals transformers' dequantized one, rounded once to the compute dtype
+    (bf16 unless ``dtype`` says otherwise).
     """
     if not isinstance(cls, type) or not (hasattr(cls, "_from_config") or hasattr(cls, "from_config")):
         raise ArgumentError(
             f"cls: expected a transformers model class or Auto class (e.g. AutoModelForCausalLM), got {cls!r}"
         )
+    if gguf_file is not None:
+        return _from_gguf(cls, Path(folder), gguf_file, dtype, device, order, plan, plan_kwargs, overlap)
     ckpt_path = checkpoint_of(folder)
     if not (Path(folder) / "config.json").is_file():
         raise ArgumentError(f"folder: {folder} has no config.json (expected a transformers model folder)")
@@ -90,6 +100,53 @@ def from_pretrained(
     check_order(order)
     check_flag("overlap", overlap)
     return _from_pretrained(cls, Path(folder), Checkpoint(ckpt_path), dtype, device, order, plan, plan_kwargs, overlap)
+
+
+def _from_gguf(
+    cls: Any,
+    folder: Path,
+    gguf_file: str | os.PathLike[str],
+    dtype: str | torch.dtype | None,
+    device: str | torch.device | None,
+    order: list[str] | None,
+    given: Plan | None,
+    plan_kwargs: dict[str, Any],
+    overlap: bool,
+) -> nn.Module:
+    from transformers import AutoConfig
+
+    from ._dtypes import resolve
+    from .gguf_names import gguf_tensor_names
+
+    if not isinstance(cls, type) or not (hasattr(cls, "_from_config") or hasattr(cls, "from_config")):
+        raise ArgumentError(
+            f"cls: expected a transformers model class or Auto class (e.g. AutoModelForCausalLM), got {cls!r}"
+        )
+    if not isinstance(gguf_file, (str, os.PathLike)):
+        raise ArgumentError(f"gguf_file: expected a file name or path, got {type(gguf_file).__name__}")
+    path = Path(gguf_file) if Path(gguf_file).is_absolute() else folder / gguf_file
+    if not path.is_file():
+        raise ArgumentError(f"gguf_file: expected a file, and {path} is not one")
+    if "key_map" in plan_kwargs:
+        raise ArgumentError("key_map: expected none with gguf_file (transformers' tables map a GGUF file's names)")
+    if given is not None and not isinstance(given, Plan):
+        raise ArgumentError(f"plan: expected a trash_panda.Plan, got {type(given).__name__}")
+    check_order(order)
+    check_flag("overlap", overlap)
+    ckpt = Checkpoint(path)
+    # The folder gives the config's name for transformers' cache; the file gives the config.
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    concrete = _concrete_class(cls, config)
+    compute = resolve(dtype) if dtype is not None else checkpoint_dtype(ckpt)
+    with empty_weights():
+        model = concrete._from_config(config, dtype=compute).eval()
+    names, orders = gguf_tensor_names(model, ckpt)
+    ckpt._orders = orders
+    plan_kwargs = {**plan_kwargs, "key_map": names.get}
+    plan_kwargs.setdefault("compute_dtype", compute)
+    load_built(model, ckpt, device, order, given, plan_kwargs, overlap, path)
+    built: nn.Module = model
+    return built
 
 
 def _from_pretrained(

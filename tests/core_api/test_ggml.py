@@ -99,7 +99,7 @@ def test_int8_matches_the_torch_reference(src: torch.dtype) -> None:
 
 def test_bad_arguments() -> None:
     blocks = torch.zeros(34, dtype=torch.uint8)
-    with pytest.raises(ArgumentError, match="take 68 bytes"):
+    with pytest.raises(ArgumentError, match="expected 68 bytes"):
         dequantize(blocks, "q8_0", (2, 32))
     with pytest.raises(ArgumentError, match="GGML block type"):
         dequantize(blocks, "bf16", (17,))

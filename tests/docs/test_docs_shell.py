@@ -41,6 +41,13 @@ def _checkpoint(folder: Path) -> Path:
     return save(Tiny(layers=4), folder / "tiny.safetensors", torch.bfloat16)
 
 
+def _gguf(folder: Path) -> Path:
+    pytest.importorskip("gguf")
+    from support.gguf_models import write_llama
+
+    return write_llama(folder / "model.Q4_K_M.gguf", "Q4_K")
+
+
 def _llama(folder: Path) -> Path:
     pytest.importorskip("transformers")
     from support.hf_folders import make_llama
@@ -52,6 +59,7 @@ def _llama(folder: Path) -> Path:
 STAND_INS: dict[str, Callable[[Path], Path]] = {
     "target/big.safetensors": _checkpoint,
     "model.safetensors": _checkpoint,
+    "model.Q4_K_M.gguf": _gguf,
     "FOLDER": _llama,
 }
 

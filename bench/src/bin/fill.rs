@@ -59,6 +59,7 @@ fn blocks(size: usize) -> Vec<StreamBlock> {
                         end: start + quarter as u64,
                         dtype: DType::U8,
                         shape: vec![quarter],
+                        rows: None,
                     }
                 })
                 .collect(),

@@ -93,6 +93,7 @@ fn blocks(size: u64, tier: SourceTier) -> Vec<StreamBlock> {
                 end: at + len as u64,
                 dtype: DType::BF16,
                 shape: vec![len / 2],
+                rows: None,
             });
             at += len as u64;
         }

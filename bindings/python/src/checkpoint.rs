@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use trash_panda::checkpoint::{Checkpoint, TensorInfo};
 use trash_panda::io::{MappedFile, Need, WritableSpan};
@@ -39,6 +40,10 @@ pub(crate) struct PyTensorInfo {
     /// Offset one past its last byte in `file`.
     #[pyo3(get)]
     end: u64,
+    /// The order the model takes its rows in, when not the file's: row `r` of the weight is row
+    /// `rows[r]` of the stored tensor (set by `reordered`).
+    #[pyo3(get)]
+    rows: Option<Vec<u32>>,
 }
 
 impl PyTensorInfo {
@@ -65,10 +70,13 @@ impl PyTensorInfo {
                 format!("tensor {name:?}: unknown dtype {:?}", self.dtype),
             )
         })?;
-        Ok(
-            trash_panda::plan::TensorSizes::new(name, dtype, &self.shape)
-                .at(self.file_index, self.start),
-        )
+        let sizes = trash_panda::plan::TensorSizes::new(name, dtype, &self.shape)
+            .at(self.file_index, self.start);
+        Ok(if self.rows.is_some() {
+            sizes.reordered()
+        } else {
+            sizes
+        })
     }
 }
 
@@ -78,6 +86,32 @@ impl PyTensorInfo {
     #[getter]
     fn nbytes(&self) -> u64 {
         self.end - self.start
+    }
+
+    /// The same tensor taken by the model with its rows in another order: row `r` of the weight
+    /// is row `rows[r]` of the stored tensor, which has at least two dimensions and as many rows
+    /// as `rows` gives.
+    fn reordered(&self, rows: Vec<u32>) -> PyResult<Self> {
+        let stored = self.shape.first().copied().unwrap_or(1);
+        if self.shape.len() < 2
+            || rows.len() != stored
+            || rows.iter().any(|&r| r as usize >= stored)
+        {
+            return Err(raise(
+                Kind::Argument,
+                format!(
+                    "tensor {:?} of shape {:?}: rows must give one stored row (below {stored}) for \
+                     each of its {stored} rows, got {} rows",
+                    self.name,
+                    self.shape,
+                    rows.len()
+                ),
+            ));
+        }
+        Ok(PyTensorInfo {
+            rows: Some(rows),
+            ..self.clone()
+        })
     }
 
     fn __repr__(&self) -> String {
@@ -191,6 +225,7 @@ impl PyCheckpoint {
             file_index: t.file,
             start: t.start,
             end: t.end,
+            rows: None,
         }
     }
 
@@ -230,6 +265,29 @@ impl PyCheckpoint {
 
     fn __contains__(&self, name: &str) -> bool {
         self.inner.get(name).is_some()
+    }
+
+    /// The metadata of a GGUF file as a dict of its scalar values (strings, numbers, bools;
+    /// arrays such as the vocabulary are left out); None for a safetensors checkpoint.
+    fn gguf_metadata<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(file) = self.inner.gguf() else {
+            return Ok(None);
+        };
+        let out = PyDict::new(py);
+        for (key, value) in &file.metadata {
+            if let Some(s) = value.as_str() {
+                out.set_item(key, s)?;
+            } else if let Some(b) = value.as_bool() {
+                out.set_item(key, b)?;
+            } else if let Some(i) = value.as_i64() {
+                out.set_item(key, i)?;
+            } else if let Some(u) = value.as_u64() {
+                out.set_item(key, u)?;
+            } else if let Some(f) = value.as_f64() {
+                out.set_item(key, f)?;
+            }
+        }
+        Ok(Some(out))
     }
 
     /// Every tensor, by file and then by offset.

@@ -84,9 +84,10 @@ pub(crate) fn scale_of<'v>(
     })
 }
 
-/// Expands (fp8 times a scale, or a plain cast) `src` into `dst`.
+/// Expands (fp8 or int8 times a scale, GGML blocks, or a plain cast) `src` into `dst`; with
+/// `order`, row `r` of `dst` is row `order[r]` of `src`.
 #[pyfunction]
-#[pyo3(signature = (src, src_dtype, dst, dst_dtype, rows, cols, scale_kind="none", scale=None, block=128, threads=None))]
+#[pyo3(signature = (src, src_dtype, dst, dst_dtype, rows, cols, scale_kind="none", scale=None, block=128, threads=None, order=None))]
 #[allow(clippy::too_many_arguments)]
 fn expand(
     py: Python<'_>,
@@ -100,6 +101,7 @@ fn expand(
     scale: Option<&Bound<'_, PyAny>>,
     block: usize,
     threads: Option<usize>,
+    order: Option<Vec<u32>>,
 ) -> PyResult<()> {
     let (sd, dd) = (parse_dtype(src_dtype)?, parse_dtype(dst_dtype)?);
     let (s, d) = (Borrowed::new(src, "src")?, Borrowed::new(dst, "dst")?);
@@ -113,8 +115,9 @@ fn expand(
     let n = worker_threads(threads);
     // SAFETY: `disjoint` checked that `s` and `d` do not overlap, and nothing else is borrowed.
     let (sb, db) = (s.bytes(), unsafe { d.bytes_mut() });
-    without_gil(py, || {
-        dtype::expand(sb, sd, db, dd, (rows, cols), &scale, n)
+    without_gil(py, || match &order {
+        None => dtype::expand(sb, sd, db, dd, (rows, cols), &scale, n),
+        Some(o) => dtype::expand_reordered(sb, sd, db, dd, (rows, cols), &scale, o, n),
     })
     .map_err(ToPyErr::to_py)
 }

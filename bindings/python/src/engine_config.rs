@@ -144,28 +144,37 @@ impl PyEngineConfig {
 
     /// Where each tensor of a resident block goes in the expansion buffer (None: used as it is
     /// held), by the rule the plan counts with: tensors held in `dtypes` (header names), of
-    /// `elements` elements, `scaled` when a scale applies.
+    /// `elements` elements, `scaled` when a scale applies, `reordered` (all false when not
+    /// given) when the model takes their rows in another order than the stored one.
+    #[pyo3(signature = (dtypes, elements, scaled, reordered=None))]
     fn expansion(
         &self,
         dtypes: Vec<String>,
         elements: Vec<u64>,
         scaled: Vec<bool>,
+        reordered: Option<Vec<bool>>,
     ) -> PyResult<Vec<Option<u64>>> {
-        if dtypes.len() != elements.len() || dtypes.len() != scaled.len() {
+        let reordered = reordered.unwrap_or_else(|| vec![false; dtypes.len()]);
+        if dtypes.len() != elements.len()
+            || dtypes.len() != scaled.len()
+            || dtypes.len() != reordered.len()
+        {
             return Err(raise(
                 Kind::Argument,
-                "expansion: dtypes, elements and scaled must have the same length",
+                "expansion: dtypes, elements, scaled and reordered must have the same length",
             ));
         }
         let inputs = dtypes
             .iter()
             .zip(elements)
             .zip(scaled)
-            .map(|((d, elements), scaled)| {
+            .zip(reordered)
+            .map(|(((d, elements), scaled), reordered)| {
                 Ok(ExpansionInput {
                     held: parse_dtype(d)?,
                     elements,
                     scaled,
+                    reordered,
                 })
             })
             .collect::<PyResult<Vec<_>>>()?;

@@ -38,9 +38,12 @@ pub(crate) struct PyStreamTensor {
 
 #[pymethods]
 impl PyStreamTensor {
-    /// `dtype` is the safetensors header name ("BF16", "F8_E4M3", ...), checked here.
+    /// `dtype` is the safetensors header name ("BF16", "F8_E4M3", ...) or a GGML block type
+    /// ("Q4_K"), checked here; `rows`, when given, the order the model takes the rows in (row
+    /// `r` of the weight is stored row `rows[r]`), checked when the engine is made.
     #[new]
-    #[pyo3(signature = (name, *, file, start, end, dtype, shape))]
+    #[pyo3(signature = (name, *, file, start, end, dtype, shape, rows=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
         file: usize,
@@ -48,6 +51,7 @@ impl PyStreamTensor {
         end: u64,
         dtype: &str,
         shape: Vec<usize>,
+        rows: Option<Vec<u32>>,
     ) -> PyResult<Self> {
         let dtype = DType::from_name(dtype).ok_or_else(|| {
             let names: Vec<&str> = ALL_DTYPES
@@ -71,6 +75,7 @@ impl PyStreamTensor {
                 end,
                 dtype,
                 shape,
+                rows,
             },
         })
     }

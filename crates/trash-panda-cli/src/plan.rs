@@ -23,7 +23,7 @@ fn dtype(s: &str) -> Result<DType, String> {
 
 #[derive(clap::Args, Debug)]
 pub struct PlanArgs {
-    /// A .safetensors file, a *.safetensors.index.json, or a folder of shards.
+    /// A .safetensors file, a *.safetensors.index.json, a folder of shards, or a .gguf file.
     pub checkpoint: PathBuf,
     /// Cap on the GPU memory the plan uses, e.g. "9GB".
     #[arg(long, value_parser = bytes)]

@@ -127,6 +127,7 @@ fn expansion_needed(
                 held,
                 elements: t.numel(),
                 scaled: own || paired_scale(&t.name, names()).is_some(),
+                reordered: t.reordered,
             }
         })
         .collect();
@@ -213,6 +214,7 @@ proptest! {
                             end: at + t.file_bytes,
                             dtype: t.dtype,
                             shape: t.shape.clone(),
+                            rows: None,
                         }
                     })
                     .collect(),

@@ -186,7 +186,10 @@ fn storage_dtype_bf16_and_fp8() {
         ..opts()
     };
     let p = plan(&m, &Figures::injected(10_000_000_000, None), &q8).unwrap();
-    assert_eq!(p.blocks[0].storage_bytes, p.blocks[0].file_bytes, "10000 is not 32s");
+    assert_eq!(
+        p.blocks[0].storage_bytes, p.blocks[0].file_bytes,
+        "10000 is not 32s"
+    );
     let wide = ModelBlocks::discover(vec![
         TensorSizes::new("b.0.w", DType::F32, &[1024, 2048]),
         TensorSizes::new("b.1.w", DType::F32, &[1024, 2048]),

@@ -37,6 +37,7 @@ fn checkpoint(dir: &Dir) -> (PathBuf, Vec<StreamBlock>) {
                 end: (b + 1) * BLOCK_BYTES,
                 dtype: DType::U8,
                 shape: vec![BLOCK_BYTES as usize],
+                rows: None,
             }],
         })
         .collect();

@@ -24,6 +24,7 @@ fn bytes(name: String, file: usize, start: u64, end: u64) -> StreamTensor {
         end,
         dtype: DType::U8,
         shape: vec![(end - start) as usize],
+        rows: None,
     }
 }
 

@@ -36,6 +36,7 @@ fn checkpoint(dir: &Dir, specs: &[(DType, u64)], len: usize) -> (Vec<PathBuf>, V
                 end: first + (t + 1) * nbytes,
                 dtype,
                 shape: vec![len],
+                rows: None,
             })
             .collect();
         blocks.push(StreamBlock {

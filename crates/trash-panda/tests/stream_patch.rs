@@ -49,6 +49,7 @@ fn checkpoint_of(
                 end: at + len,
                 dtype,
                 shape: vec![(len / size) as usize],
+                rows: None,
             });
             at += len + rng.below(200);
         }

@@ -94,6 +94,7 @@ fn checkpoint(dir: &Path) -> (PathBuf, Vec<StreamBlock>, Vec<u8>) {
             end,
             dtype,
             shape,
+            rows: None,
         });
     }
     let path = dir.join("model.safetensors");

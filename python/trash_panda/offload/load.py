@@ -442,4 +442,5 @@ def _entry(info: _core.TensorInfo, file_index: dict[str, int]) -> _core.StreamTe
         end=info.end,
         dtype=info.dtype,
         shape=list(info.shape),
+        rows=info.rows,
     )

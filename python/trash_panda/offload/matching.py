@@ -81,7 +81,8 @@ def match(
                 f"{where}: tensor {info.name!r} has shape "
                 f"{list(info.shape)} but the model's {found} has shape {list(shape)}"
             )
-        if _core.is_float_dtype(info.dtype) != p.dtype.is_floating_point:
+        # GGML blocks hold float weights.
+        if (_core.is_float_dtype(info.dtype) or _core.is_block_dtype(info.dtype)) != p.dtype.is_floating_point:
             raise CheckpointError(f"{where}: tensor {info.name!r} is {info.dtype} but the model's {found} is {p.dtype}")
         scale, kind = None, "none"
         scale_name = _core.paired_scale(found, named)  # input_scale is never applied to a weight

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
-from .._dtypes import needs_expansion, torch_dtype
+from .._dtypes import needs_expansion, stored_shape, torch_dtype
 from ..adapter_names import adapter_params
 from ..errors import CheckpointError
 from .registry import HOOKS_ATTR
@@ -50,7 +50,7 @@ def read_many(
     pages = lane.pages if lane is not None else None
     out = []
     for info in infos:
-        shape, dtype = tuple(info.shape), torch_dtype(info.dtype)
+        shape, dtype = stored_shape(info.dtype, info.shape, info.nbytes), torch_dtype(info.dtype)
         t = place(shape, dtype, info.nbytes, info.start) if place is not None else None
         out.append(t if t is not None else _fresh(shape, dtype, info.nbytes, info.start, pages))
     requests = [
@@ -179,18 +179,24 @@ def settle(
 ) -> None:
     """Puts a parameter read as stored (and its scale) in the model as :func:`materialize` does:
     converted to the storage dtype, expanded, or kept stored for the hooks."""
+    import torch
     from torch import nn
 
-    from .. import dtype as kernels
+    from .stored import expand_stored
 
     target = spec.target
+    if _core.is_block_dtype(spec.info.dtype):
+        spec.held_block = spec.info.dtype
     if not expand and storage is not None and scale is None and stored.dtype.is_floating_point:
         stored, scale = _convert_storage(stored, storage, spec)
+    held = spec.held_name(stored)
     final: torch.Tensor | None = None
-    if not needs_expansion(stored.dtype, target, scale is not None):
+    if not spec.reordered and not needs_expansion(held, target, scale is not None):
         final = stored
     elif expand:
-        final = kernels.expand(stored, target, None if scale is None else _scale_arg(scale, spec))
+        final = torch.empty(spec.shape, dtype=target)
+        kind = spec.scale_kind if scale is not None else "none"
+        expand_stored(stored, held, final, scale, kind, spec.info.rows)
     if final is not None:
         spec.put(nn.Parameter(final.to(device), requires_grad=False))
         return
@@ -202,7 +208,7 @@ def _final_as_read(spec: TensorSpec, storage: str | None, expand: bool) -> bool:
     no expansion): such tensors are read straight into their final memory, many at once."""
     if not expand and storage is not None and _core.is_float_dtype(spec.info.dtype):
         return False  # the storage dtype may convert it
-    return not needs_expansion(spec.info.dtype, spec.target, spec.scale is not None)
+    return not spec.reordered and not needs_expansion(spec.info.dtype, spec.target, spec.scale is not None)
 
 
 def materialize_all(
@@ -334,6 +340,13 @@ def _convert_storage(stored: torch.Tensor, storage: str, spec: TensorSpec) -> tu
         q, s = kernels.quantize_fp8(stored, layout="row")
         spec.scale_by_rows()
         return q, s
+    if how == "int8":
+        q, s = kernels.quantize_int8(stored)
+        spec.scale_by_rows()
+        return q, s
+    if how == "q8_0":
+        spec.held_block = "Q8_0"
+        return kernels.quantize_q8_0(stored), None
     return stored, None
 
 

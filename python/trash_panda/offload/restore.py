@@ -104,27 +104,28 @@ def _gone(spec: TensorSpec) -> bool:
 def _weight(state: ModelState, spec: TensorSpec, *, from_file: bool) -> torch.Tensor:
     import torch
 
-    from .. import dtype as kernels
     from .._dtypes import needs_expansion
+    from .stored import expand_stored
 
     if from_file:
         stored = state.checkpoint.read(spec.info.name)
         scale = state.checkpoint.read(spec.scale.name) if spec.scale is not None else None
+        held = spec.info.dtype
     else:
         assert spec.resident is not None
         stored, scale = spec.resident, spec.resident_scale
-    if not needs_expansion(stored.dtype, spec.target, scale is not None):
+        held = spec.held_name(stored)
+    kind = spec.scale_kind if scale is not None else "none"
+    if not spec.reordered and not needs_expansion(held, spec.target, scale is not None):
         out = stored.reshape(spec.shape)
     elif stored.device.type == "cuda":
         from .backends.cuda import expand_into
 
         out = torch.empty(spec.shape, dtype=spec.target, device=stored.device)
-        expand_into(out, stored, scale, spec.scale_kind)
+        block = held if held.startswith("Q") else None
+        expand_into(out, stored, scale, kind, block, spec.info.rows)
     else:
-        if scale is not None:
-            scale = scale.to(dtype=torch.float32)
-            if spec.scale_kind == "row":
-                scale = scale.reshape(-1, 1)
-        out = kernels.expand(stored, spec.target, scale)
+        out = torch.empty(spec.shape, dtype=spec.target)
+        expand_stored(stored, held, out, scale, kind, spec.info.rows)
     # On CUDA the plain model needs its weights on the device: a copy.
     return out.to(state.device) if out.device != state.device else out

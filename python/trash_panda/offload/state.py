@@ -42,6 +42,9 @@ class TensorSpec:
     resident: torch.Tensor | None = None  # stored form on the device, for resident blocks
     resident_scale: torch.Tensor | None = None
     placeholder: Any = None  # the meta parameter the module holds between runs
+    # The core's name of what its stored form holds where torch cannot say (GGML blocks held as
+    # bytes): the file's dtype, or the storage dtype's.
+    held_block: str | None = None
     owners: list[tuple[nn.Module, str]] = field(default_factory=list)  # every (module, attr) it is under
 
     def put(self, param: Any) -> None:
@@ -64,6 +67,17 @@ class TensorSpec:
         """Its place in the engine's layout of its block (and its scale's): the engine stages
         it, and the module holds ``placeholder`` between runs."""
         self.staged_index, self.scale_index, self.placeholder = staged_index, scale_index, placeholder
+
+    def held_name(self, stored: torch.Tensor) -> str:
+        """The core's name of the dtype ``stored`` (this tensor's stored form) holds."""
+        from .._dtypes import core_name
+
+        return self.held_block if self.held_block is not None else core_name(stored.dtype)
+
+    @property
+    def reordered(self) -> bool:
+        """The model takes its rows in another order than the stored one."""
+        return self.info.rows is not None
 
     def scale_by_rows(self) -> None:
         """Its stored form was quantized with one scale per row (the storage dtype's rule)."""

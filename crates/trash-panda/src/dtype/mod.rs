@@ -46,7 +46,9 @@ pub use level::{
     best_simd_level, simd_level, supported_simd_levels, with_simd_level, SimdLevel, SIMD_CHOICES,
 };
 pub use quant::{quantize_fp8, QuantGranularity};
-pub use scale::{classify_scale, expand, rows_cols, Scale, ScaleLayout, SCALE_BLOCK};
+pub use scale::{
+    classify_scale, expand, expand_reordered, rows_cols, Scale, ScaleLayout, SCALE_BLOCK,
+};
 
 /// Errors of the dtype module.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -97,6 +99,16 @@ pub enum DtypeError {
         expected_bytes: usize,
         /// Bytes it holds.
         actual_bytes: usize,
+    },
+    /// A row order names a row past the end of the tensor it reorders.
+    ///
+    /// What to do: the row order was made for another shape: make it from the tensor's own rows.
+    #[error("a row order names row {row} of a tensor of {rows} rows")]
+    RowOutOfRange {
+        /// The row named.
+        row: usize,
+        /// Rows the tensor has.
+        rows: usize,
     },
     /// A tensor of a GGML block type has an element count that is not a whole number of its
     /// blocks (ggml stores whole blocks along each row).

@@ -221,6 +221,82 @@ pub fn expand(
     Ok(())
 }
 
+/// [`expand`] with the rows taken in another order: row `r` of `dst` is row `rows[r]` of `src`
+/// (`src_rows` rows of `cols` elements), expanded with that source row's scale. How a checkpoint
+/// whose rows are stored permuted (GGUF's attention projections) or a slice of rows of a fused
+/// tensor reaches the model; every row must name a source row. Block scales are refused: a tile
+/// would span rows from anywhere.
+#[allow(clippy::too_many_arguments)]
+pub fn expand_reordered(
+    src: &[u8],
+    src_dtype: DType,
+    dst: &mut [u8],
+    dst_dtype: DType,
+    (src_rows, cols): (usize, usize),
+    scale: &Scale,
+    rows: &[u32],
+    threads: usize,
+) -> Result<(), DtypeError> {
+    if matches!(scale, Scale::Block { .. }) {
+        return Err(DtypeError::Unsupported {
+            op: "expand with rows reordered",
+            src: src_dtype,
+            dst: dst_dtype,
+            expected: "no scale, one per tensor or one per row (block scales tile across rows)",
+        });
+    }
+    scale.validate(src_rows, cols)?;
+    let n = elements((src_rows, cols))?;
+    check_bytes("expand source", src_dtype, n, src.len())?;
+    check_bytes(
+        "expand destination",
+        dst_dtype,
+        elements((rows.len(), cols))?,
+        dst.len(),
+    )?;
+    if let Some(&bad) = rows.iter().find(|&&r| r as usize >= src_rows) {
+        return Err(DtypeError::RowOutOfRange {
+            row: bad as usize,
+            rows: src_rows,
+        });
+    }
+    if cols == 0 || rows.is_empty() {
+        return Ok(());
+    }
+    let (src_row, dst_row) = (src.len() / src_rows, dst.len() / rows.len());
+    let threads = parallel::effective_threads(threads, rows.len() * cols);
+    let none: &mut [u8] = &mut [];
+    let mut failed = None;
+    let failure = std::sync::Mutex::new(&mut failed);
+    parallel::split_run(
+        rows.len(),
+        1,
+        threads,
+        (dst, dst_row),
+        (none, 0),
+        |r, d, _| {
+            for (i, out) in r.zip(d.chunks_exact_mut(dst_row)) {
+                let s = rows[i] as usize;
+                let k = match *scale {
+                    Scale::PerRow(k) => Scale::PerTensor(k[s]),
+                    other => other,
+                };
+                let one = &src[s * src_row..(s + 1) * src_row];
+                if let Err(e) = expand(one, src_dtype, out, dst_dtype, (1, cols), &k, 1) {
+                    if let Ok(mut f) = failure.lock() {
+                        f.get_or_insert(e);
+                    }
+                    return;
+                }
+            }
+        },
+    );
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 multiversion! {
     /// Rows `first_row..` (`rows_at` = `(first_row, cols)`) of a row- or block-scaled
     /// expansion (`src` and `dst` hold whole rows).

@@ -71,6 +71,7 @@ pub fn staged_work(
             },
             elements: t.shape.iter().product::<usize>() as u64,
             scaled: scale.is_some(),
+            reordered: t.rows.is_some(),
         })
         .collect();
     let (offsets, _) = expansion_layout(&inputs, compute, align);

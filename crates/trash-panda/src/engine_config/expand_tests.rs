@@ -10,6 +10,7 @@ fn t(name: &str, offset: usize, dtype: DType, shape: &[usize]) -> StagedTensor {
         dtype,
         shape: shape.to_vec(),
         scale: None,
+        rows: None,
     }
 }
 

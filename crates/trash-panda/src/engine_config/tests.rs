@@ -108,6 +108,7 @@ fn expansion_skips_what_is_used_in_place() {
         held,
         elements,
         scaled,
+        reordered: false,
     };
     let (offsets, total) = expansion_layout(
         &[

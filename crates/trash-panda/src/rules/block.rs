@@ -32,6 +32,10 @@ pub struct StreamTensor {
     pub dtype: DType,
     /// Elements along each dimension, outermost first; empty for a scalar.
     pub shape: Vec<usize>,
+    /// The order the model takes the rows in, when it is not the file's: row `r` of the weight is
+    /// row `rows[r]` of the stored tensor (GGUF stores the attention projections of Llama-family
+    /// models with their rows permuted). Such a tensor is always expanded.
+    pub rows: Option<Vec<u32>>,
 }
 
 /// A block whose weights are staged before it runs.

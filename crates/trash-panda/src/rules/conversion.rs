@@ -98,6 +98,9 @@ pub struct ExpansionInput {
     /// Whether a scale applies (a checkpoint scale tensor, or per-row scales from a storage
     /// conversion to fp8).
     pub scaled: bool,
+    /// Whether the model takes its rows in another order than the stored one: it is then
+    /// expanded whatever its dtype.
+    pub reordered: bool,
 }
 
 /// Where each expanded tensor of a block goes in the expansion buffer (`None`: used in place),
@@ -112,7 +115,7 @@ pub fn expansion_layout(
     let offsets = tensors
         .iter()
         .map(|t| {
-            needs_expansion(t.held, compute, t.scaled).then(|| {
+            (t.reordered || needs_expansion(t.held, compute, t.scaled)).then(|| {
                 let at = end;
                 end += (t.elements * compute.size() as u64).next_multiple_of(align as u64);
                 at
@@ -161,6 +164,7 @@ mod tests {
             end: (n * dtype.size()) as u64,
             dtype,
             shape: shape.to_vec(),
+            rows: None,
         }
     }
 

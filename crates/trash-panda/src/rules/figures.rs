@@ -51,6 +51,7 @@ pub fn block_figures(
                     held,
                     elements: t.numel(),
                     scaled: own_scale || paired_scale(&t.name, names()).is_some(),
+                    reordered: t.reordered,
                 }
             })
             .collect();
@@ -103,6 +104,10 @@ fn stream_block(name: &str, tier: SourceTier, tensors: &[TensorSizes]) -> Stream
                 end: start + t.file_bytes,
                 dtype: t.dtype,
                 shape: t.shape.clone(),
+                // The planner needs only that the rows are reordered, not how.
+                rows: t
+                    .reordered
+                    .then(|| (0..t.shape.first().copied().unwrap_or(1) as u32).collect()),
             }
         })
         .collect();

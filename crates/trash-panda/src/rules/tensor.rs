@@ -42,6 +42,10 @@ pub struct TensorSizes {
     /// the other.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub location: Option<TensorLocation>,
+    /// The model takes its rows in another order than the file's (see
+    /// [`StreamTensor::rows`](super::StreamTensor::rows)): it is expanded whatever its dtype.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reordered: bool,
 }
 
 impl TensorSizes {
@@ -56,7 +60,14 @@ impl TensorSizes {
             shape: shape.to_vec(),
             file_bytes: blocks * dtype.size() as u64,
             location: None,
+            reordered: false,
         }
+    }
+
+    /// The same tensor, its rows taken in another order than the file's.
+    pub fn reordered(mut self) -> Self {
+        self.reordered = true;
+        self
     }
 
     /// The same tensor at `start` of file `file`.
@@ -87,6 +98,7 @@ impl From<&TensorInfo> for TensorSizes {
                 file: t.file,
                 start: t.start,
             }),
+            reordered: false,
         }
     }
 }
@@ -144,7 +156,9 @@ pub fn infer_compute_dtype<'a>(tensors: impl IntoIterator<Item = &'a TensorSizes
         }
         let dtype = match t.dtype {
             DType::F64 => DType::F32,
+            // Compact weights vote for the dtype they are usually expanded to.
             DType::F8E4M3 | DType::F8E5M2 => DType::BF16,
+            d if d.is_block() => DType::BF16,
             d => d,
         };
         if let Some(e) = elements.iter_mut().find(|(d, _)| *d == dtype) {
@@ -193,5 +207,19 @@ mod tests {
             let name = format!("x{s}");
             assert_eq!(is_scale_name(&name), weight_of_scale(&name).is_some());
         }
+    }
+}
+
+#[cfg(test)]
+mod compute_tests {
+    use super::*;
+
+    #[test]
+    fn block_types_vote_for_bf16() {
+        let q4 = TensorSizes::new("blk.0.ffn_up.weight", DType::Q4K, &[512, 256]);
+        let norm = TensorSizes::new("blk.0.attn_norm.weight", DType::F32, &[256]);
+        assert_eq!(infer_compute_dtype([&q4, &norm]), DType::BF16);
+        let f16 = TensorSizes::new("blk.0.ffn_down.weight", DType::F16, &[512, 512]);
+        assert_eq!(infer_compute_dtype([&q4, &norm, &f16]), DType::F16);
     }
 }

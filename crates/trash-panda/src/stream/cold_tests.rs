@@ -35,6 +35,7 @@ fn checkpoint(blocks: usize) -> (tempfile::NamedTempFile, Vec<StreamBlock>, Vec<
                         end: at + len as u64,
                         dtype: crate::DType::U8,
                         shape: vec![len],
+                        rows: None,
                     };
                     at += len as u64;
                     t

@@ -56,6 +56,7 @@ fn engine(opts: EngineOptions) -> (Engine, Arc<Gated>) {
                 end: 4096,
                 dtype: crate::DType::U8,
                 shape: vec![4096],
+                rows: None,
             }],
         })
         .collect();

@@ -41,6 +41,7 @@ fn blocks(n: usize, bytes: u64) -> Vec<StreamBlock> {
                 end: bytes,
                 dtype: crate::DType::U8,
                 shape: vec![bytes as usize],
+                rows: None,
             }],
         })
         .collect()

@@ -54,6 +54,7 @@ fn engine_of(
                 end: 10_000,
                 dtype: crate::DType::U8,
                 shape: vec![10_000],
+                rows: None,
             }],
         })
         .collect();

@@ -88,14 +88,13 @@ class CpuBackend:
                 swap(spec, out)
 
     def _expand_resident(self, block: BlockState) -> None:
-        from ... import dtype as kernels
+        from ..stored import expand_stored
 
         for spec, out in self.expansion.resident(block):
             assert spec.resident is not None
-            scale = spec.resident_scale
-            if scale is not None and spec.scale_kind == "row":
-                scale = scale.reshape(-1, 1)
-            kernels.expand(spec.resident, spec.target, scale, out=out)
+            held = spec.held_name(spec.resident)
+            kind = spec.scale_kind if spec.resident_scale is not None else "none"
+            expand_stored(spec.resident, held, out, spec.resident_scale, kind, spec.info.rows)
             swap(spec, out)
 
     def forget_used(self, block: BlockState, indices: list[int]) -> None:

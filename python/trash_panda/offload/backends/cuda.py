@@ -13,7 +13,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..._dtypes import torch_dtype
+from ..._dtypes import stored_shape, torch_dtype
+from ...errors import StreamError
 from ..timing import Timing
 from .copies import CudaDevice, Device, SlotCopies
 from .expansion import ExpansionBuffer
@@ -41,12 +42,31 @@ def register_pinned(cudart: Any, owner: _core.Engine | _core.StagingPool) -> Pin
     return register_ranges(cudart, owner, ranges, STAGING_FALLBACK)
 
 
-def expand_into(out: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, kind: str) -> None:
+def expand_into(
+    out: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor | None,
+    kind: str,
+    block: str | None = None,
+    order: list[int] | None = None,
+) -> None:
     """``out = (w.float() * scale).to(out.dtype)``, computed in ``out`` with no other memory: the
     scale, broadcast through a view, multiplies in float32 and the result is rounded once into
-    ``out``, as the reference."""
+    ``out``, as the reference. ``block``: ``w`` holds GGML blocks of that type, expanded by
+    :mod:`.ggml` in passes. ``order``: row ``r`` of ``out`` is row ``order[r]`` of the weight."""
     import torch
 
+    if block is not None:
+        from .ggml import dequantize_into
+
+        dequantize_into(out, w, block, order)
+        return
+    if order is not None:
+        if scale is not None:
+            raise StreamError("a weight with a scale cannot have its rows reordered on the device yet")
+        index = torch.tensor(order, dtype=torch.long, device=out.device)
+        torch.index_select(w.reshape(out.shape), 0, index, out=out)
+        return
     if scale is None:
         out.copy_(w.reshape(out.shape))
         return
@@ -99,7 +119,7 @@ def _mul_blocks(out: torch.Tensor, s: torch.Tensor, src: torch.Tensor, block: in
 
 
 def _typed(dev: torch.Tensor, offset: int, length: int, header: str, shape: tuple[int, ...]) -> torch.Tensor:
-    return dev[offset : offset + length].view(torch_dtype(header)).reshape(shape)
+    return dev[offset : offset + length].view(torch_dtype(header)).reshape(stored_shape(header, shape, length))
 
 
 class DeviceBackend:
@@ -213,7 +233,7 @@ class DeviceBackend:
                 self._expansion_ready()
             for spec, out in expansions:
                 assert spec.resident is not None
-                expand_into(out, spec.resident, spec.resident_scale, spec.scale_kind)
+                expand_into(out, spec.resident, spec.resident_scale, spec.scale_kind, spec.held_block, spec.info.rows)
                 swap(spec, out)
             return timing
         assert self.state.engine is not None and self.copies is not None
@@ -263,7 +283,8 @@ class DeviceBackend:
             if not expanding:
                 self._expansion_ready()
                 expanding = True
-            expand_into(out, w, scale, st.scale_layout or "none")
+            held = st.dtype if spec.held_block is not None or st.dtype.startswith("Q") else None
+            expand_into(out, w, scale, st.scale_layout or "none", held, spec.info.rows)
             swap(spec, out)
 
     def done(self, block: BlockState) -> None:

@@ -54,15 +54,14 @@ class ExpansionBuffer:
     def resident(self, block: BlockState) -> list[tuple[TensorSpec, torch.Tensor]]:
         """Each tensor a resident block expands, with its place in the buffer; the places are
         the core's (by the rule the plan counted with), asked for once per block."""
-        from ..._dtypes import core_name
-
         offsets = self.offsets.get(block.index)
         if offsets is None:
             work = block.work
             offsets = self.offsets[block.index] = self.config.expansion(
-                [core_name(s.resident.dtype) if s.resident is not None else "U8" for s in work],
+                [s.held_name(s.resident) if s.resident is not None else "U8" for s in work],
                 [math.prod(s.shape) for s in work],
                 [s.resident_scale is not None for s in work],
+                [s.reordered for s in work],
             )
         out = []
         for spec, at in zip(block.work, offsets, strict=True):

@@ -121,10 +121,28 @@ def _decode(b: torch.Tensor, name: str) -> torch.Tensor:
     raise ValueError(f"not a GGML block type: {name}")
 
 
-def dequantize_into(out: torch.Tensor, blocks: torch.Tensor, name: str) -> None:
+def dequantize_into(out: torch.Tensor, blocks: torch.Tensor, name: str, order: list[int] | None = None) -> None:
     """Writes the weights of ``blocks`` (uint8, whole blocks of ``name``, e.g. "Q4_K") into
-    ``out`` (bf16, f16 or f32, as many elements, contiguous), on their device."""
+    ``out`` (bf16, f16 or f32, as many elements, contiguous), on their device. ``order``: row
+    ``r`` of ``out`` is stored row ``order[r]`` (a permutation of the rows; ``out`` is 2-D or
+    more), each pass then writes its rows where they go."""
+    import torch
+
     size, per = _LAYOUT[name]
+    if order is not None:
+        rows = out.shape[0]
+        cols = out.numel() // rows
+        where = torch.empty(rows, dtype=torch.long)
+        where[torch.tensor(order, dtype=torch.long)] = torch.arange(rows)
+        where = where.to(out.device)
+        b = blocks.reshape(rows, -1)
+        step = max(1, WEIGHTS_PER_PASS // cols)
+        flat = out.reshape(rows, cols)
+        for first in range(0, rows, step):
+            part = b[first : first + step]
+            values = _decode(part.reshape(-1, size), name).reshape(part.shape[0], cols)
+            flat.index_copy_(0, where[first : first + part.shape[0]], values.to(out.dtype))
+        return
     b = blocks.reshape(-1, size)
     flat = out.reshape(-1)
     step = max(1, WEIGHTS_PER_PASS // per)

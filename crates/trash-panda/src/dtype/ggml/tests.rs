@@ -272,3 +272,65 @@ fn non_finite_scales_agree_across_levels() {
         }
     }
 }
+
+#[test]
+fn reordered_rows_are_the_plain_expansions_rows() {
+    use crate::dtype::{expand, expand_reordered, Scale};
+    let (rows, cols) = (12usize, 512usize);
+    let order: Vec<u32> = [3u32, 0, 11, 4, 4, 7].to_vec();
+    let cases: Vec<(DType, Vec<u8>, Vec<f32>)> = vec![
+        (DType::Q4K, random_blocks(DType::Q4K, rows * 2, 5), vec![]),
+        (
+            DType::Q8_0,
+            random_blocks(DType::Q8_0, rows * 16, 6),
+            vec![],
+        ),
+        (
+            DType::F8E4M3,
+            (0..rows * cols).map(|i| (i * 37 % 119) as u8).collect(),
+            (0..rows).map(|i| 0.5 + i as f32).collect(),
+        ),
+    ];
+    for (t, src, k) in cases {
+        let scale = if k.is_empty() {
+            Scale::None
+        } else {
+            Scale::PerRow(&k)
+        };
+        let mut plain = vec![0u8; rows * cols * 2];
+        expand(&src, t, &mut plain, DType::BF16, (rows, cols), &scale, 1).unwrap();
+        let mut got = vec![0u8; order.len() * cols * 2];
+        expand_reordered(
+            &src,
+            t,
+            &mut got,
+            DType::BF16,
+            (rows, cols),
+            &scale,
+            &order,
+            2,
+        )
+        .unwrap();
+        for (r, &s) in order.iter().enumerate() {
+            let want = &plain[s as usize * cols * 2..][..cols * 2];
+            assert!(&got[r * cols * 2..][..cols * 2] == want, "{t} row {r}");
+        }
+    }
+    let mut out = vec![0u8; cols * 2];
+    let src = random_blocks(DType::Q8_0, rows * 16, 6);
+    let e = expand_reordered(
+        &src,
+        DType::Q8_0,
+        &mut out,
+        DType::BF16,
+        (rows, cols),
+        &Scale::None,
+        &[12],
+        1,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("row 12 of a tensor of 12 rows"),
+        "{e}"
+    );
+}

@@ -51,6 +51,9 @@ pub struct StagedTensor {
     /// Where the per-row dequantization scales of a tensor the engine quantized to fp8 lie;
     /// `None` for every other tensor (a checkpoint's own scale tensors are tensors of their own).
     pub scale: Option<StagedScale>,
+    /// The order the model takes the rows in, when it is not the stored one (see
+    /// [`StreamTensor::rows`](super::StreamTensor::rows)).
+    pub rows: Option<Vec<u32>>,
 }
 
 /// Per-row scales of a quantized tensor in the staging buffer: `len / 4` little-endian f32, one
@@ -327,6 +330,21 @@ fn check_tensors(index: usize, block: &StreamBlock, file_count: usize) -> Result
             .iter()
             .try_fold(1u64, |n, &d| n.checked_mul(d as u64));
         let want = elements.and_then(|n| t.dtype.bytes_for(n));
+        if let Some(rows) = &t.rows {
+            let stored = t.shape.first().copied().unwrap_or(1);
+            if t.shape.len() < 2
+                || rows.len() != stored
+                || rows.iter().any(|&r| r as usize >= stored)
+            {
+                return Err(invalid(format!(
+                    "tensor {} of shape {:?} has a row order of {} rows that is not an order of its \
+                     {stored} rows",
+                    t.name,
+                    t.shape,
+                    rows.len()
+                )));
+            }
+        }
         if want != Some(t.end - t.start) {
             return Err(invalid(format!(
                 "tensor {} has {} bytes ({}..{}) but shape {:?} of {} needs {}",
@@ -380,6 +398,7 @@ fn pack(block: &StreamBlock, storage: DType, align: usize) -> BlockLayout {
             dtype,
             shape: t.shape.clone(),
             scale,
+            rows: t.rows.clone(),
         });
     }
     BlockLayout {
@@ -447,6 +466,7 @@ fn as_stored(block: &StreamBlock) -> Vec<StagedTensor> {
             dtype: t.dtype,
             shape: t.shape.clone(),
             scale: None,
+            rows: t.rows.clone(),
         })
         .collect()
 }

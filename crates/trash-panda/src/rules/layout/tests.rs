@@ -10,6 +10,7 @@ fn t(name: &str, file: usize, start: u64, end: u64) -> StreamTensor {
         end,
         dtype: DType::U8,
         shape: vec![(end.max(start) - start) as usize],
+        rows: None,
     }
 }
 
@@ -129,6 +130,7 @@ fn converted_blocks_are_packed_with_scales_after_their_tensor() {
             end: start + (n * dtype.size()) as u64,
             dtype,
             shape,
+            rows: None,
         }
     };
     let tensors = vec![
