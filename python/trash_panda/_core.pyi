@@ -49,6 +49,7 @@ __all__ = [
     "is_float_dtype",
     "is_block_dtype",
     "dtype_nbytes",
+    "dtype_block_elems",
     "is_scale_name",
     "weight_of_scale",
     "needs_expansion",
@@ -653,6 +654,9 @@ def is_float_dtype(name: str) -> bool:
 
 def is_block_dtype(name: str) -> bool:
     """Whether a dtype is one of GGML's block-quantized types ("Q4_K", "q8_0", ...)."""
+
+def dtype_block_elems(name: str) -> int:
+    """Elements per storage unit of a dtype: 32 or 256 for a GGML block type, 1 for the others."""
 
 def dtype_nbytes(name: str, elements: int) -> int:
     """Bytes that `elements` elements of a dtype take, a block type's whole blocks included; a

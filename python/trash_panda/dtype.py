@@ -234,4 +234,3 @@ def quantize_int8(tensor: torch.Tensor, *, threads: int | None = None) -> tuple[
     scales = torch.empty((rows, 1), dtype=torch.float32)
     _core.quantize_int8(_bytes(t), core_name(t.dtype), _bytes(q), scales.reshape(-1), rows, cols, threads=threads)
     return q, scales
-

@@ -81,10 +81,7 @@ def from_pretrained(
     at a time; a weight equals transformers' dequantized one, rounded once to the compute dtype
     (bf16 unless ``dtype`` says otherwise).
     """
-    if not isinstance(cls, type) or not (hasattr(cls, "_from_config") or hasattr(cls, "from_config")):
-        raise ArgumentError(
-            f"cls: expected a transformers model class or Auto class (e.g. AutoModelForCausalLM), got {cls!r}"
-        )
+    _check_cls(cls)
     if gguf_file is not None:
         return _from_gguf(cls, Path(folder), gguf_file, dtype, device, order, plan, plan_kwargs, overlap)
     ckpt_path = checkpoint_of(folder)
@@ -100,6 +97,13 @@ def from_pretrained(
     check_order(order)
     check_flag("overlap", overlap)
     return _from_pretrained(cls, Path(folder), Checkpoint(ckpt_path), dtype, device, order, plan, plan_kwargs, overlap)
+
+
+def _check_cls(cls: Any) -> None:
+    if not isinstance(cls, type) or not (hasattr(cls, "_from_config") or hasattr(cls, "from_config")):
+        raise ArgumentError(
+            f"cls: expected a transformers model class or Auto class (e.g. AutoModelForCausalLM), got {cls!r}"
+        )
 
 
 def _from_gguf(
@@ -118,10 +122,6 @@ def _from_gguf(
     from ._dtypes import resolve
     from .gguf_names import gguf_tensor_names
 
-    if not isinstance(cls, type) or not (hasattr(cls, "_from_config") or hasattr(cls, "from_config")):
-        raise ArgumentError(
-            f"cls: expected a transformers model class or Auto class (e.g. AutoModelForCausalLM), got {cls!r}"
-        )
     if not isinstance(gguf_file, (str, os.PathLike)):
         raise ArgumentError(f"gguf_file: expected a file name or path, got {type(gguf_file).__name__}")
     path = Path(gguf_file) if Path(gguf_file).is_absolute() else folder / gguf_file

@@ -47,6 +47,12 @@ fn is_block_dtype(name: &str) -> PyResult<bool> {
     Ok(parse_dtype(name)?.is_block())
 }
 
+/// Elements per storage unit of a dtype: 32 or 256 for a GGML block type, 1 for the others.
+#[pyfunction]
+fn dtype_block_elems(name: &str) -> PyResult<usize> {
+    Ok(parse_dtype(name)?.block_elems())
+}
+
 /// Bytes that `elements` elements of a dtype take, a block type's whole blocks included; a
 /// DtypeError when they are not whole blocks.
 #[pyfunction]
@@ -292,6 +298,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(is_float_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(is_block_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_nbytes, m)?)?;
+    m.add_function(wrap_pyfunction!(dtype_block_elems, m)?)?;
     m.add_function(wrap_pyfunction!(expand, m)?)?;
     m.add_function(wrap_pyfunction!(cast, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_fp8, m)?)?;

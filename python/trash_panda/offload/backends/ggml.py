@@ -12,22 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ... import _core
+
 if TYPE_CHECKING:
     import torch
-
-# Bytes and weights per block, by the core's names.
-_LAYOUT = {
-    "Q4_0": (18, 32),
-    "Q4_1": (20, 32),
-    "Q5_0": (22, 32),
-    "Q5_1": (24, 32),
-    "Q8_0": (34, 32),
-    "Q2_K": (84, 256),
-    "Q3_K": (110, 256),
-    "Q4_K": (144, 256),
-    "Q5_K": (176, 256),
-    "Q6_K": (210, 256),
-}
 
 # Weights expanded per pass: their float32 values and the integer codes beside them stay a few
 # tens of MiB whatever the tensor.
@@ -128,7 +116,8 @@ def dequantize_into(out: torch.Tensor, blocks: torch.Tensor, name: str, order: l
     more), each pass then writes its rows where they go."""
     import torch
 
-    size, per = _LAYOUT[name]
+    per = _core.dtype_block_elems(name)
+    size = _core.dtype_nbytes(name, per)
     if order is not None:
         rows = out.shape[0]
         cols = out.numel() // rows

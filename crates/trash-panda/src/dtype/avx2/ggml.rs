@@ -12,6 +12,7 @@ use core::arch::x86_64::*;
 
 use super::primitives::{pack_16, prefetch_l2, round_bf16};
 use super::{store, Stores};
+use crate::dtype::ggml::scale_fields;
 use crate::dtype::half::f16_to_f32_bits_bf;
 use crate::dtype::DType;
 
@@ -21,18 +22,6 @@ enum Out {
     Bf16,
     F16,
     F32,
-}
-
-/// Where a block type keeps its f16 scale (and minimum) fields.
-pub(crate) fn scale_fields(t: DType) -> &'static [usize] {
-    match t {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
-        DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
-        DType::Q2K => &[80, 82],
-        DType::Q3K => &[108],
-        DType::Q6K => &[208],
-        _ => &[],
-    }
 }
 
 fn f16_at(b: &[u8], at: usize) -> f32 {

@@ -20,25 +20,13 @@ const SCALES: [u16; 8] = [
     0x0000, 0x0001, 0x03FF, 0x7BFF, 0x8000, 0x3C00, 0xB555, 0x2E66,
 ];
 
-/// Where a block type keeps its f16 scale fields.
-fn scale_offsets(t: DType) -> &'static [usize] {
-    match t {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
-        DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
-        DType::Q2K => &[80, 82],
-        DType::Q3K => &[108],
-        DType::Q6K => &[208],
-        _ => &[],
-    }
-}
-
 /// `blocks` random blocks of `t`, with their f16 scales drawn from [`SCALES`] or at random
 /// (finite).
 fn random_blocks(t: DType, blocks: usize, seed: u64) -> Vec<u8> {
     let mut rng = Rng(seed | 1);
     let mut out: Vec<u8> = (0..blocks * t.size()).map(|_| rng.next() as u8).collect();
     for b in out.chunks_exact_mut(t.size()) {
-        for &at in scale_offsets(t) {
+        for &at in scale_fields(t) {
             let r = rng.next();
             let mut h = if r.is_multiple_of(3) {
                 SCALES[(r >> 8) as usize % SCALES.len()]
@@ -258,7 +246,7 @@ fn non_finite_scales_agree_across_levels() {
     for t in BLOCK_DTYPES {
         let mut src = random_blocks(t, 9, 3);
         for (i, b) in src.chunks_exact_mut(t.size()).enumerate() {
-            let at = scale_offsets(t)[i % scale_offsets(t).len()];
+            let at = scale_fields(t)[i % scale_fields(t).len()];
             let h: u16 = [0x7C00, 0xFC00, 0x7E01, 0xFD00][i % 4];
             b[at..at + 2].copy_from_slice(&h.to_le_bytes());
         }
