@@ -124,6 +124,17 @@ class TensorInfo:
     @property
     def nbytes(self) -> int:
         """Bytes of its data in the file: `end - start`."""
+    @property
+    def source(self) -> str | None:
+        """The checkpoint's name of the tensor this entry is a part of (set by `sliced`); None when
+        the entry is a whole tensor of the checkpoint.
+        """
+    def sliced(self, first: int, count: int, name: str) -> TensorInfo:
+        """Rows `first..first + count` of the tensor (outermost dimension), as an entry of their
+        own named `name`: their bytes are one run of the file's, whatever the dtype (a GGML
+        type's blocks lie along the rows). How one tensor of a file holds several of a model's
+        (a fused projection split in three).
+        """
     def reordered(self, rows: list[int]) -> TensorInfo:
         """The same tensor taken by the model with its rows in another order: row `r` of the weight
         is row `rows[r]` of the stored tensor, which has at least two dimensions and as many rows

@@ -26,9 +26,6 @@ class Checkpoint:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._core = _core.Checkpoint(os.fspath(path))
         self._lane: _core.ReadLane | None = None  # made on the first read()
-        # Tensors whose rows the model takes in another order (a GGUF file's attention
-        # projections), by name: their entries carry the order.
-        self._orders: dict[str, list[int]] = {}
 
     @property
     def files(self) -> list[str]:
@@ -46,10 +43,7 @@ class Checkpoint:
 
     def tensors(self) -> list[TensorInfo]:
         """Every tensor's entry (name, dtype, shape, file, byte range), by file and offset."""
-        infos = self._core.tensors()
-        if not self._orders:
-            return infos
-        return [t.reordered(self._orders[t.name]) if t.name in self._orders else t for t in infos]
+        return self._core.tensors()
 
     def gguf_metadata(self) -> dict[str, str | int | float | bool] | None:
         """A GGUF file's metadata (its scalar values; arrays such as the vocabulary are left

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .checkpoint_names import TensorMap, TensorView
 from .errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -48,9 +49,9 @@ def _row_order(processor: Any, name: str, rows: int, key_map: dict[str, str]) ->
     return [int(r) for r in order]
 
 
-def gguf_tensor_names(model: nn.Module, ckpt: Checkpoint) -> tuple[dict[str, str], dict[str, list[int]]]:
+def gguf_tensor_map(model: nn.Module, ckpt: Checkpoint) -> TensorMap:
     """For a model built from a GGUF file's config: each of the file's tensors under the model's
-    name, and the row order of those the model takes reordered."""
+    name, with the row order of those the model takes reordered."""
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
     meta = ckpt.gguf_metadata() or {}
@@ -58,11 +59,12 @@ def gguf_tensor_names(model: nn.Module, ckpt: Checkpoint) -> tuple[dict[str, str
     config: dict[str, Any] = model.config.to_dict()  # type: ignore[union-attr,operator]
     processor = _processor(architecture, config)
     names: dict[str, str] = get_gguf_hf_weights_map(model, processor)
-    orders: dict[str, list[int]] = {}
+    views: dict[str, list[TensorView]] = {}
     for info in ckpt.tensors():
-        if info.name not in names or len(info.shape) < 2:
+        if info.name not in names:
             continue
-        order = _row_order(processor, info.name, int(info.shape[0]), names)
-        if order is not None:
-            orders[info.name] = order
-    return names, orders
+        order = None
+        if len(info.shape) >= 2:
+            order = _row_order(processor, info.name, int(info.shape[0]), names)
+        views[info.name] = [TensorView(names[info.name], order=None if order is None else tuple(order))]
+    return TensorMap(views)

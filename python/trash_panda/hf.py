@@ -120,7 +120,7 @@ def _from_gguf(
     from transformers import AutoConfig
 
     from ._dtypes import resolve
-    from .gguf_names import gguf_tensor_names
+    from .gguf_names import gguf_tensor_map
 
     if not isinstance(gguf_file, (str, os.PathLike)):
         raise ArgumentError(f"gguf_file: expected a file name or path, got {type(gguf_file).__name__}")
@@ -140,9 +140,7 @@ def _from_gguf(
     compute = resolve(dtype) if dtype is not None else checkpoint_dtype(ckpt)
     with empty_weights():
         model = concrete._from_config(config, dtype=compute).eval()
-    names, orders = gguf_tensor_names(model, ckpt)
-    ckpt._orders = orders
-    plan_kwargs = {**plan_kwargs, "key_map": names.get}
+    plan_kwargs = {**plan_kwargs, "key_map": gguf_tensor_map(model, ckpt)}
     plan_kwargs.setdefault("compute_dtype", compute)
     load_built(model, ckpt, device, order, given, plan_kwargs, overlap, path)
     built: nn.Module = model

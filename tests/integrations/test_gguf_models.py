@@ -56,7 +56,7 @@ def test_the_device_path_expands_gguf_blocks_as_the_cpu(tmp_path: Path, sim: Sim
     from transformers import AutoConfig
 
     from trash_panda.checkpoint import Checkpoint
-    from trash_panda.gguf_names import gguf_tensor_names
+    from trash_panda.gguf_names import gguf_tensor_map
     from trash_panda.offload import empty_weights
     from trash_panda.offload.backends.cuda import DeviceBackend
     from trash_panda.offload.handle import _install
@@ -68,12 +68,12 @@ def test_the_device_path_expands_gguf_blocks_as_the_cpu(tmp_path: Path, sim: Sim
     config = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name)
     with empty_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-    names, orders = gguf_tensor_names(model, ckpt)
-    assert set(orders) == {f"blk.{i}.attn_{p}.weight" for i in range(LLAMA["layers"]) for p in "qk"}
-    ckpt._orders = orders
-    p = trash_panda.plan(model, ckpt, vram="1TB", ram="1TB", resident_blocks=1, key_map=names.get)
+    names = gguf_tensor_map(model, ckpt)
+    reordered = {k for k, v in names.views.items() if v[0].order is not None}
+    assert reordered == {f"blk.{i}.attn_{p}.weight" for i in range(LLAMA["layers"]) for p in "qk"}
+    p = trash_panda.plan(model, ckpt, vram="1TB", ram="1TB", resident_blocks=1, key_map=names)
     p.assign(Tier.DISK, indices=[2, 3])
-    trash_panda.stream_load(model, ckpt, plan=p, device="cpu", key_map=names.get)
+    trash_panda.stream_load(model, ckpt, plan=p, device="cpu", key_map=names)
     state = get_state(model)
     assert state is not None
     handle = _install(model, state, state.blocks, None, lambda s: DeviceBackend(s, sim))

@@ -44,6 +44,10 @@ pub(crate) struct PyTensorInfo {
     /// `rows[r]` of the stored tensor (set by `reordered`).
     #[pyo3(get)]
     rows: Option<Vec<u32>>,
+    /// The checkpoint's name of the tensor this entry is a part of (set by `sliced`); None when
+    /// the entry is a whole tensor of the checkpoint.
+    #[pyo3(get)]
+    source: Option<String>,
 }
 
 impl PyTensorInfo {
@@ -110,6 +114,38 @@ impl PyTensorInfo {
         }
         Ok(PyTensorInfo {
             rows: Some(rows),
+            ..self.clone()
+        })
+    }
+
+    /// Rows `first..first + count` of the tensor (outermost dimension), as an entry of their
+    /// own named `name`: their bytes are one run of the file's, whatever the dtype (a GGML
+    /// type's blocks lie along the rows). How one tensor of a file holds several of a model's
+    /// (a fused projection split in three).
+    fn sliced(&self, first: usize, count: usize, name: String) -> PyResult<Self> {
+        let rows = self.shape.first().copied().unwrap_or(1);
+        let nbytes = self.end - self.start;
+        if self.shape.is_empty() || first + count > rows || self.rows.is_some() {
+            return Err(raise(
+                Kind::Argument,
+                format!(
+                    "tensor {:?} of shape {:?}: rows {first}..{} are not rows of it (or its rows \
+                     are reordered already)",
+                    self.name,
+                    self.shape,
+                    first + count
+                ),
+            ));
+        }
+        let row_bytes = if rows == 0 { 0 } else { nbytes / rows as u64 };
+        let mut shape = self.shape.clone();
+        shape[0] = count;
+        Ok(PyTensorInfo {
+            name,
+            shape,
+            start: self.start + first as u64 * row_bytes,
+            end: self.start + (first + count) as u64 * row_bytes,
+            source: Some(self.source.clone().unwrap_or_else(|| self.name.clone())),
             ..self.clone()
         })
     }
@@ -226,6 +262,7 @@ impl PyCheckpoint {
             start: t.start,
             end: t.end,
             rows: None,
+            source: None,
         }
     }
 

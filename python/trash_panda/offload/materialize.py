@@ -283,6 +283,7 @@ def map_lookup_tables(
             and spec.info.nbytes
             and _final_as_read(spec, storage, expand)
             and _read_by_rows(spec)
+            and spec.info.source is None  # a part of a file's tensor has no map of its own
             and config.maps_lookup_table(spec.info)
         ):
             rest.append(spec)

@@ -105,11 +105,13 @@ def _weight(state: ModelState, spec: TensorSpec, *, from_file: bool) -> torch.Te
     import torch
 
     from .._dtypes import needs_expansion
+    from .materialize import read_many
     from .stored import expand_stored
 
     if from_file:
-        stored = state.checkpoint.read(spec.info.name)
-        scale = state.checkpoint.read(spec.scale.name) if spec.scale is not None else None
+        # By the entry's bytes, not its name: an entry may be a part of a file's tensor.
+        read = read_many([spec.info] + ([spec.scale] if spec.scale is not None else []), threads=2)
+        stored, scale = read[0], read[1] if spec.scale is not None else None
         held = spec.info.dtype
     else:
         assert spec.resident is not None

@@ -12,7 +12,7 @@ use core::arch::x86_64::*;
 
 use super::primitives::{pack_16, prefetch_l2, round_bf16};
 use super::{store, Stores};
-use crate::dtype::ggml::scale_fields;
+use crate::dtype::ggml::reference::scale_fields;
 use crate::dtype::half::f16_to_f32_bits_bf;
 use crate::dtype::DType;
 

@@ -22,18 +22,6 @@ use super::convert::{encode, Stores, CHUNK};
 use super::level::{level, multiversion, simd_level, SimdLevel};
 use super::{check_bytes, parallel, DType, DtypeError};
 
-/// Where a block type keeps its f16 scale (and minimum) fields, in bytes from the block's start.
-pub(crate) fn scale_fields(t: DType) -> &'static [usize] {
-    match t {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
-        DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
-        DType::Q2K => &[80, 82],
-        DType::Q3K => &[108],
-        DType::Q6K => &[208],
-        _ => &[],
-    }
-}
-
 /// Dequantizes `src`, whole blocks of the GGML type `src_dtype`, to `dst_dtype` (bf16, f16 or
 /// f32) in `dst`, which holds exactly their elements. Each weight is computed in f32 as the
 /// `gguf` package's `dequantize` computes it and rounded once to `dst_dtype` (nearest even).

@@ -10,6 +10,18 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
     f16_bits_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
+/// Where a block type keeps its f16 scale (and minimum) fields, in bytes from the block's start.
+pub(crate) fn scale_fields(t: DType) -> &'static [usize] {
+    match t {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
+        DType::Q2K => &[80, 82],
+        DType::Q3K => &[108],
+        DType::Q6K => &[208],
+        _ => &[],
+    }
+}
+
 /// The 6-bit scale and minimum of group `g` (0..8) of a Q4_K or Q5_K super-block, from its 12
 /// packed bytes.
 pub(crate) fn k_scale_min(scales: &[u8], g: usize) -> (u8, u8) {

@@ -1,4 +1,4 @@
-use super::reference::dequantize_reference;
+use super::reference::{dequantize_reference, scale_fields};
 use super::*;
 use crate::dtype::half::{f32_to_bf16_bits, f32_to_f16_bits};
 use crate::dtype::level::{supported_simd_levels, with_simd_level};
