@@ -1064,7 +1064,7 @@ class RssSampler:
 
 def profile_report(
     blocks: Sequence[tuple[str, Tier | str]],
-    runs: Sequence[tuple[int, float, float, float, float, int, Tier | str]],
+    runs: Sequence[tuple[int, float, float, float, float, int, Tier | str, int]],
     load: str | None = None,
     engine: EngineStats | None = None,
     memory: str | None = None,

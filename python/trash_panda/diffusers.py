@@ -16,7 +16,7 @@ import functools
 import importlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +50,7 @@ class _Component:
     model: nn.Module
     path: Path  # its checkpoint, opened again for each load (release() closes it)
     stage: contextlib.AbstractContextManager[Any] | None = None  # the stage() it is loaded in
+    key_map: Any = None  # a single file's tensors under the model's names (files=)
 
 
 @dataclass
@@ -112,6 +113,7 @@ def load_pipeline(
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
     overlap: bool = False,
+    files: Mapping[str, str | os.PathLike[str]] | None = None,
     **plan_kwargs: Any,
 ) -> Any:
     """Builds ``pipeline_cls`` (a diffusers pipeline class) from ``folder`` with the components
@@ -129,6 +131,13 @@ def load_pipeline(
     ``maybe_free_model_hooks`` there). The other components are loaded by diffusers and moved
     to ``device``. :func:`pipeline_report` prints what a chain did; free everything with
     :func:`release_pipeline`.
+
+    ``files`` gives a streamed component its weights from one file instead of its folder's, as
+    diffusers' ``from_single_file`` does: a GGUF file (``{"transformer":
+    "flux1-dev-Q4_K_M.gguf"}``, relative to ``folder`` or a path) or a single safetensors file,
+    its names converted by diffusers' own converter for the component's class (transformers'
+    tables for a transformers component). The folder still gives the configs. A GGUF file's
+    blocks stay in their GGML form in every tier and are expanded one block at a time.
     """
     if not isinstance(pipeline_cls, type) or not hasattr(pipeline_cls, "from_pretrained"):
         raise ArgumentError(f"pipeline_cls: expected a diffusers pipeline class, got {pipeline_cls!r}")
@@ -152,7 +161,26 @@ def load_pipeline(
         raise ArgumentError("plan: each component is planned on its own; pass plan options (max_vram=, ...)")
     if not isinstance(overlap, bool):
         raise ArgumentError(f"overlap: expected True or False, got {overlap!r}")
-    return _load_pipeline(pipeline_cls, root, index, names, chain, dtype, device, overlap, plan_kwargs)
+    singles = _single_files(root, files, names)
+    return _load_pipeline(pipeline_cls, root, index, names, chain, dtype, device, overlap, plan_kwargs, singles)
+
+
+def _single_files(root: Path, files: object, names: list[str]) -> dict[str, Path]:
+    if files is None:
+        return {}
+    if not isinstance(files, Mapping):
+        raise ArgumentError(f"files: expected a dict of component names to files, got {type(files).__name__}")
+    out = {}
+    for name, file in files.items():
+        if name not in names:
+            raise ArgumentError(f"files: expected streamed components ({', '.join(names)}), got {name!r}")
+        if not isinstance(file, (str, os.PathLike)):
+            raise ArgumentError(f"files: expected a file name or path for {name!r}, got {type(file).__name__}")
+        path = Path(file) if Path(file).is_absolute() else root / file
+        if not path.is_file():
+            raise ArgumentError(f"files: expected a file for {name!r}, and {path} is not one")
+        out[name] = path
+    return out
 
 
 def _load_pipeline(
@@ -165,6 +193,7 @@ def _load_pipeline(
     device: str | torch.device | None,
     overlap: bool,
     plan_kwargs: dict[str, Any],
+    singles: dict[str, Path],
 ) -> Any:
     from torch import nn
 
@@ -176,8 +205,8 @@ def _load_pipeline(
         for name in names:
             library, class_name = index[name]
             cls = getattr(importlib.import_module(library), class_name)
-            model, path = _build(cls, library, root / name, dtype)
-            streamed.components.append(_Component(name, model, path))
+            model, path, key_map = _build(cls, library, root / name, dtype, singles.get(name))
+            streamed.components.append(_Component(name, model, path, key_map=key_map))
             if not chain:
                 _begin_stage(streamed, streamed.components[-1])
         pipe = pipeline_cls.from_pretrained(root, **{c.name: c.model for c in streamed.components})
@@ -211,22 +240,38 @@ def _load_pipeline(
     return pipe
 
 
-def _build(cls: Any, library: str, folder: Path, dtype: str | torch.dtype | None) -> tuple[nn.Module, Path]:
-    """A component built from its config on meta (buffers real), and its checkpoint's path."""
+def _build(
+    cls: Any, library: str, folder: Path, dtype: str | torch.dtype | None, single: Path | None = None
+) -> tuple[nn.Module, Path, Any]:
+    """A component built from its config on meta (buffers real), its checkpoint's path, and the
+    map of a single file's names to its own (None for its folder's checkpoint)."""
     from ._dtypes import resolve
 
     if library == "transformers":
-        path = checkpoint_of(folder)
+        path = single if single is not None else checkpoint_of(folder)
         model, compute = build_empty(cls, folder, Checkpoint(path), dtype)
     else:
-        path = checkpoint_of(folder, "diffusion_pytorch_model")
+        path = single if single is not None else checkpoint_of(folder, "diffusion_pytorch_model")
         compute = resolve(dtype) if dtype is not None else checkpoint_dtype(Checkpoint(path))
         with empty_weights():
             model = cls.from_config(cls.load_config(folder)).eval()
         if model.dtype != compute:
             model.to(compute)
     model._trash_panda_compute = compute
-    return model, path
+    key_map = None
+    if single is not None:
+        ckpt = Checkpoint(path)
+        if library == "transformers":
+            if ckpt.gguf_metadata() is not None:
+                from .gguf_names import gguf_tensor_map
+
+                key_map = gguf_tensor_map(model, ckpt)
+        else:
+            from .diffusers_names import diffusers_tensor_map
+
+            key_map = diffusers_tensor_map(model, ckpt)
+        ckpt.close()
+    return model, path, key_map
 
 
 def _runner(streamed: _Streamed) -> Pipeline:
@@ -240,7 +285,10 @@ def _runner(streamed: _Streamed) -> Pipeline:
     def stage(c: _Component) -> Stage:
         # The component itself, on meta again after each release: the pipeline object holds it.
         model = c.model
-        return Stage(c.name, lambda: model, c.path, options={"compute_dtype": model._trash_panda_compute, **options})
+        own = {"compute_dtype": model._trash_panda_compute, **options}
+        if c.key_map is not None:
+            own["key_map"] = c.key_map
+        return Stage(c.name, lambda: model, c.path, options=own)
 
     return Pipeline(
         [stage(c) for c in streamed.components], device=streamed.device, ram=kw.get("ram"), vram=kw.get("vram")
@@ -253,6 +301,8 @@ def _begin_stage(streamed: _Streamed, c: _Component) -> None:
     from .stage import stage
 
     kwargs = {"compute_dtype": c.model._trash_panda_compute, "device": streamed.device, **streamed.plan_kwargs}
+    if c.key_map is not None:
+        kwargs["key_map"] = c.key_map
     cm = stage(lambda: c.model, c.path, overlap=streamed.overlap, **kwargs)
     cm.__enter__()  # entered here and left in _end_stage: the pipeline, not a with block, says when
     c.stage = cm

@@ -537,3 +537,57 @@ def test_a_block_read_ahead_computes_after_its_copies(tmp_path: Path) -> None:
         want = ref.cuda()(x)
     with tp.stage(Tiny, path, device="cuda", resident_blocks=6, overlap=True) as (model, _p, _h), torch.no_grad():
         assert torch.equal(model(x), want)
+
+
+@pytest.mark.parametrize("reordered", [False, True])
+def test_ggml_blocks_expand_on_the_gpu_as_the_core_does_on_the_cpu(reordered: bool) -> None:
+    # The device path's torch code (ggml.py) against the core's CPU kernel, bit for bit, for
+    # every GGML type and compute dtype, with rows reordered as a GGUF Llama's projections are.
+    from support.ggml_blocks import TYPES, random_blocks
+    from trash_panda.dtype import dequantize
+    from trash_panda.offload.backends.ggml import dequantize_into
+
+    rows, cols = 64, 512
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(0)).tolist() if reordered else None
+    for i, name in enumerate(TYPES):
+        blocks = torch.from_numpy(random_blocks(name, rows, cols, seed=i))
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            want = dequantize(blocks, name, (rows, cols), dtype)
+            if order is not None:
+                want = want[torch.tensor(order)]
+            out = torch.empty(rows, cols, dtype=dtype, device="cuda")
+            dequantize_into(out, blocks.cuda(), name, order)
+            assert torch.equal(
+                out.cpu().view(torch.int16 if dtype.itemsize == 2 else torch.int32),
+                want.view(torch.int16 if dtype.itemsize == 2 else torch.int32),
+            ), (name, dtype)
+
+
+@pytest.mark.parametrize("storage", ["int8", "q8_0"])
+def test_8bit_storage_on_gpu(tmp_path: Path, storage: str) -> None:
+    # Blocks quantized on load by the core, copied compact to the device and expanded there:
+    # the plain model holding the core's quantization expanded on the CPU gives the same outputs.
+    from trash_panda.dtype import dequantize, expand, quantize_int8, quantize_q8_0
+
+    torch.manual_seed(0)
+    ref = Tiny(dim=512, layers=4).to(torch.bfloat16).eval()
+    path = save(ref, tmp_path / "m.safetensors", torch.bfloat16)
+    names = [f"blocks.{i}." for i in range(4)]
+    plan = tp.Plan.manual(resident=names[:1], streamed=names[1:]).assign(tp.Tier.DISK, prefixes=["blocks.3."])
+    with torch.no_grad():
+        for i in range(3):  # resident and RAM tier; the disk tier keeps the checkpoint's bytes
+            for lin in (ref.blocks[i].up, ref.blocks[i].down):
+                w = lin.weight
+                if storage == "int8":
+                    q, k = quantize_int8(w)
+                    lin.weight.copy_(expand(q, torch.bfloat16, k))
+                else:
+                    lin.weight.copy_(dequantize(quantize_q8_0(w), "q8_0", tuple(w.shape), torch.bfloat16))
+    model = on_meta(Tiny, dim=512, layers=4)
+    tp.stream_load(model, path, plan=plan, device="cuda", storage_dtype=storage, compute_dtype="bf16")
+    handle = tp.install_offload(model)
+    ref = ref.cuda()
+    x = ids().cuda()
+    with torch.no_grad():
+        assert torch.equal(model(x), ref(x))
+    tp.release(model, handle)

@@ -84,3 +84,33 @@ def test_the_device_path_expands_gguf_blocks_as_the_cpu(tmp_path: Path, sim: Sim
     finally:
         handle.remove()
         trash_panda.release(model)
+
+
+def test_a_lora_on_a_q4_k_model_equals_the_plain_model_with_it(tmp_path: Path) -> None:
+    # The adapter runs unmerged on the expanded Q4_K weights, then merged (PEFT's merge_adapter):
+    # both as on transformers' dequantized model.
+    peft = pytest.importorskip("peft")
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    path = write_llama(tmp_path / "tiny.gguf", "Q4_K")
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.bfloat16).eval()
+    torch.manual_seed(5)
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    get_peft_model(plain, cfg).save_pretrained(tmp_path / "lora")
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.bfloat16).eval()
+    ref = PeftModel.from_pretrained(plain, tmp_path / "lora")
+    model = trash_panda.from_pretrained(
+        AutoModelForCausalLM, tmp_path, gguf_file=path.name, plan=_every_tier_plan(LLAMA["layers"])
+    )
+    try:
+        ours = PeftModel.from_pretrained(model, tmp_path / "lora")
+        ids = torch.randint(0, LLAMA["vocab"], (2, 9), generator=torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            assert torch.equal(ours(ids).logits, ref(ids).logits)
+            ref.merge_adapter()
+            ours.merge_adapter()
+            assert torch.equal(ours(ids).logits, ref(ids).logits)
+            assert torch.equal(ours(ids).logits, ref(ids).logits)  # a second pass, merges kept
+        assert peft is not None
+    finally:
+        trash_panda.release(model)

@@ -13,7 +13,7 @@ use crate::io::PyDriveRate;
 use crate::plan::TierArg;
 
 /// A block run: (block, start, end, staged wait, gpu wait, bytes, tier).
-type RunArg = (usize, f64, f64, f64, f64, u64, TierArg);
+type RunArg = (usize, f64, f64, f64, f64, u64, TierArg, u64);
 
 /// Seconds on the clock the engine's workers time their stagings with; block runs timed with it
 /// line up with the stagings in the trace.
@@ -48,7 +48,7 @@ fn profile_report(
     let tiers: Vec<Tier> = blocks.iter().map(|(_, t)| t.0).collect();
     let names = blocks.into_iter().map(|(n, _)| n).collect();
     let mut profile = Profile::new(names, tiers).map_err(ToPyErr::to_py)?;
-    for (block, start, end, staged_wait, gpu_wait, bytes, t) in runs {
+    for (block, start, end, staged_wait, gpu_wait, bytes, t, expanded) in runs {
         profile
             .record(BlockRun {
                 block,
@@ -58,6 +58,7 @@ fn profile_report(
                 gpu_wait,
                 bytes,
                 tier: t.0,
+                expanded,
             })
             .map_err(ToPyErr::to_py)?;
     }

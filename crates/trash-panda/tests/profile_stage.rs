@@ -247,6 +247,7 @@ fn a_repeated_block_starts_a_pass() {
             gpu_wait: 0.0,
             bytes: 0,
             tier: Tier::Device,
+            expanded: 0,
         })
         .unwrap();
     }
@@ -267,6 +268,7 @@ fn end_pass_closes_a_partial_pass_and_never_an_empty_one() {
         gpu_wait: 0.0,
         bytes: 0,
         tier: Tier::Device,
+        expanded: 0,
     };
     p.end_pass();
     p.record(at(0, 0.0)).unwrap();
@@ -292,6 +294,7 @@ fn errors_name_the_block_and_change_nothing() {
         gpu_wait: 0.0,
         bytes: 0,
         tier: Tier::Ram,
+        expanded: 0,
     };
     let err = p.record(BlockRun { block: 8, ..good }).unwrap_err();
     assert_eq!(

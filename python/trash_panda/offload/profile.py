@@ -25,7 +25,7 @@ class Snapshot:
     """What the profile is made from, taken while the engine is still open."""
 
     blocks: list[tuple[str, _core.Tier]]
-    runs: list[tuple[int, float, float, float, float, int, _core.Tier]]
+    runs: list[tuple[int, float, float, float, float, int, _core.Tier, int]]
     load: str | None
     engine: _core.EngineStats | None
     memory: list[dict[str, object]] = field(default_factory=list)
@@ -125,7 +125,8 @@ def snapshot(handle: OffloadHandle) -> Snapshot:
     blocks = [(b.prefix.rstrip("."), b.tier) for b in state.blocks]
     handle.backend.settle()
     runs = [
-        (i, start, end, t.staged_wait, t.gpu_wait, t.bytes, state.blocks[i].tier) for i, start, end, t in handle.runs
+        (i, start, end, t.staged_wait, t.gpu_wait, t.bytes, state.blocks[i].tier, t.expanded)
+        for i, start, end, t in handle.runs
     ]
     copies = [(start, t.bytes, t.copy_seconds) for _i, start, _end, t in handle.runs if t.copy_seconds > 0]
     r = state.report

@@ -151,7 +151,7 @@ fn open_gguf(path: &Path) -> Result<Checkpoint, CheckpointError> {
         .map(|t| TensorInfo {
             name: t.name.clone(),
             dtype: t.dtype,
-            shape: t.shape(),
+            shape: original_shape(&gguf, &t.name, t.numel()).unwrap_or_else(|| t.shape()),
             file: 0,
             start: t.start,
             end: t.end(),
@@ -172,6 +172,26 @@ fn open_gguf(path: &Path) -> Result<Checkpoint, CheckpointError> {
         by_name,
         gguf: Some(gguf),
     })
+}
+
+/// The metadata key under which ComfyUI-GGUF's converter (which wrote most published diffusion
+/// GGUF files) records the shape of a tensor of more dimensions than GGUF holds (a video model's
+/// 3-D convolution), the tensor itself being stored flattened to fewer.
+pub const ORIGINAL_SHAPE_PREFIX: &str = "comfy.gguf.orig_shape.";
+
+/// The shape the file records for tensor `name` under [`ORIGINAL_SHAPE_PREFIX`], when it is an
+/// array of positive integers holding as many elements as the stored tensor.
+fn original_shape(gguf: &super::gguf::GgufFile, name: &str, numel: u64) -> Option<Vec<usize>> {
+    let array = gguf
+        .get(&format!("{ORIGINAL_SHAPE_PREFIX}{name}"))?
+        .as_array()?;
+    let dims: Vec<usize> = (0..array.len())
+        .map(|i| array.get(i)?.as_u64().and_then(|d| usize::try_from(d).ok()))
+        .collect::<Option<_>>()?;
+    let count = dims
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d as u64))?;
+    (count == numel && !dims.is_empty()).then_some(dims)
 }
 
 /// Accumulates files and their tensors; the order of `add_file` calls is the order of files.

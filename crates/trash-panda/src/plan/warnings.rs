@@ -58,6 +58,16 @@ pub enum WarningKind {
         /// What the device has left for it.
         available: u64,
     },
+    /// An 8-bit storage dtype quantizes weights on load: the model no longer computes with the
+    /// checkpoint's values.
+    LossyStorage {
+        /// The storage dtype (`fp8_e4m3fn`, `i8` or `q8_0`).
+        storage: crate::DType,
+        /// Blocks whose weights it quantizes (those held in memory: resident and RAM tier).
+        blocks: usize,
+        /// Bytes it saves over the checkpoint's, in those blocks.
+        saved: u64,
+    },
     /// The activation reserve is the default guess, not a measurement.
     HeadroomNotMeasured {
         /// The reserve used (`headroom_vram`).
@@ -160,6 +170,15 @@ fn message(kind: &WarningKind, gpu: bool) -> String {
              fails loudly",
             b(free),
             b(headroom)
+        ),
+        LossyStorage {
+            storage,
+            blocks,
+            saved,
+        } => format!(
+            "storage_dtype={storage} quantizes the large weights of {blocks} block(s) on load \
+             ({} smaller): lossy, the outputs are close to the checkpoint's but not equal",
+            b(saved)
         ),
         HeadroomNotMeasured { headroom } => format!(
             "activation memory not measured: keeping the default headroom_vram of {}; measure \
@@ -279,6 +298,28 @@ pub(crate) fn collect(plan: &Plan, budgets: &Budgets, figures: &Figures) -> Vec<
             },
             budgets.gpu,
         ));
+    }
+    if let Some(storage) = plan
+        .options
+        .storage_dtype
+        .filter(|d| d.is_fp8() || matches!(d, crate::DType::I8 | crate::DType::Q8_0))
+    {
+        let held = || {
+            blocks
+                .iter()
+                .filter(|b| b.tier != Tier::Disk && b.storage_bytes < b.file_bytes)
+        };
+        let quantized = held().count();
+        if quantized > 0 {
+            out.push(Warning::new(
+                WarningKind::LossyStorage {
+                    storage,
+                    blocks: quantized,
+                    saved: held().map(|b| b.file_bytes - b.storage_bytes).sum(),
+                },
+                budgets.gpu,
+            ));
+        }
     }
     if budgets.gpu && !budgets.reserve_measured {
         out.push(Warning::new(

@@ -23,6 +23,10 @@ pub struct BlockRun {
     pub bytes: u64,
     /// The tier the block's bytes came from (see `bytes`).
     pub tier: Tier,
+    /// Bytes its expansions wrote in the compute dtype (fp8, int8 and GGML weights expanded,
+    /// rows reordered), against `bytes` read: what streaming a compact form saves.
+    #[serde(default)]
+    pub expanded: u64,
 }
 
 impl BlockRun {

@@ -31,6 +31,9 @@ pub struct PassStats {
     pub disk_gbps: f64,
     /// Block runs in the pass.
     pub blocks: usize,
+    /// Bytes the pass's expansions wrote in the compute dtype (see [`BlockRun::expanded`]).
+    #[serde(default)]
+    pub expanded_bytes: u64,
 }
 
 impl PassStats {
@@ -59,6 +62,7 @@ impl PassStats {
             disk_bytes,
             disk_gbps: gbps(disk_bytes, seconds),
             blocks: runs.len(),
+            expanded_bytes: runs.iter().map(|r| r.expanded).sum(),
         }
     }
 

@@ -51,6 +51,23 @@ impl Profile {
                 gb(p.disk_bytes),
                 p.disk_gbps,
             );
+            if p.expanded_bytes > 0 {
+                let read = p.ram_bytes + p.disk_bytes;
+                let ratio = if read > 0 {
+                    format!(
+                        " ({:.2}x the {} GB read from the tiers)",
+                        p.expanded_bytes as f64 / read as f64,
+                        gb(read)
+                    )
+                } else {
+                    String::new()
+                };
+                let _ = writeln!(
+                    out,
+                    "  expanded {} GB to the compute dtype{ratio}",
+                    gb(p.expanded_bytes)
+                );
+            }
             if let (0, Some(d)) = (p.index, drive) {
                 let shares: Vec<String> = [
                     ("ram", p.ram_bytes, p.ram_gbps),

@@ -13,6 +13,7 @@ fn run(block: usize, start: f64, end: f64) -> BlockRun {
         gpu_wait: 0.0,
         bytes: 0,
         tier: Tier::Device,
+        expanded: 0,
     }
 }
 
@@ -83,4 +84,21 @@ fn copy_tracks_give_each_worker_a_lane_and_the_rest_after() {
     );
     assert_eq!(tracks, vec![2, 3, 0, 1, 2]);
     assert_eq!(super::trace::copy_tracks(&[]), (vec![], vec![]));
+}
+
+#[test]
+fn a_pass_reports_what_its_expansions_wrote_against_what_it_read() {
+    let mut p = Profile::new(vec!["a".into(), "b".into()], vec![Tier::Disk, Tier::Ram]).unwrap();
+    for (block, tier) in [(0, Tier::Disk), (1, Tier::Ram)] {
+        let mut r = run(block, block as f64, block as f64 + 1.0);
+        (r.tier, r.bytes, r.expanded) = (tier, 250_000_000, 1_000_000_000);
+        p.record(r).unwrap();
+    }
+    let passes = p.passes();
+    assert_eq!(passes[0].expanded_bytes, 2_000_000_000);
+    let text = p.report();
+    assert!(
+        text.contains("expanded 2.00 GB to the compute dtype (4.00x the 0.50 GB read"),
+        "{text}"
+    );
 }

@@ -49,6 +49,7 @@ pub fn pass(
             gpu_wait: gpu[block],
             bytes: bytes(tier),
             tier,
+            expanded: 0,
         })
         .unwrap();
         t += seconds[block];

@@ -41,7 +41,7 @@ class CpuBackend:
 
         timing = Timing()
         if block.engine_index is None:
-            self._expand_resident(block)
+            timing.expanded = self._expand_resident(block)
             return timing
         assert self.state.engine is not None
         layout = self._layout(block.engine_index)
@@ -55,6 +55,7 @@ class CpuBackend:
                 self._hand_views(block, lease, layout, items)
             if items:
                 lease.expand_into(items, core_name(self.state.compute_dtype))
+                timing.expanded = sum(out.numel() * out.element_size() for _i, out in items)
         except BaseException:
             self.shared.modified(block)
             for spec in block.work:
@@ -87,15 +88,18 @@ class CpuBackend:
                 items.append((spec.staged_index, out.reshape(-1)))
                 swap(spec, out)
 
-    def _expand_resident(self, block: BlockState) -> None:
+    def _expand_resident(self, block: BlockState) -> int:
         from ..stored import expand_stored
 
+        written = 0
         for spec, out in self.expansion.resident(block):
             assert spec.resident is not None
             held = spec.held_name(spec.resident)
             kind = spec.scale_kind if spec.resident_scale is not None else "none"
             expand_stored(spec.resident, held, out, spec.resident_scale, kind, spec.info.rows)
             swap(spec, out)
+            written += out.numel() * out.element_size()
+        return written
 
     def forget_used(self, block: BlockState, indices: list[int]) -> None:
         """Unmaps tensors of a block used in place whose module has run (see hooks.py)."""

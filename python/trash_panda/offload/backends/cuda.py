@@ -235,6 +235,7 @@ class DeviceBackend:
                 assert spec.resident is not None
                 expand_into(out, spec.resident, spec.resident_scale, spec.scale_kind, spec.held_block, spec.info.rows)
                 swap(spec, out)
+                timing.expanded += out.numel() * out.element_size()
             return timing
         assert self.state.engine is not None and self.copies is not None
         layout = self.layouts.get(block.engine_index)
@@ -286,6 +287,7 @@ class DeviceBackend:
             held = st.dtype if spec.held_block is not None or st.dtype.startswith("Q") else None
             expand_into(out, w, scale, st.scale_layout or "none", held, spec.info.rows)
             swap(spec, out)
+            timing.expanded += out.numel() * out.element_size()
 
     def done(self, block: BlockState) -> None:
         for spec in block.work:
