@@ -74,8 +74,10 @@ def _view(target: str, value: Any, infos: list[Any], ckpt: Checkpoint) -> tuple[
         f"{ckpt.files[0]}: diffusers' converter makes {target!r} from the file's tensors by more than "
         "taking rows of one of them, which streaming does not follow yet"
     )
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.float64 or value.numel() != (
-        value.shape[0] if value.dim() else 1
+    if (
+        not isinstance(value, torch.Tensor)
+        or value.dtype != torch.float64
+        or value.numel() != (value.shape[0] if value.dim() else 1)
     ):
         raise refuse
     flat = value.reshape(-1)

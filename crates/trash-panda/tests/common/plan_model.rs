@@ -82,6 +82,7 @@ pub fn kinds(p: &Plan) -> Vec<&'static str> {
             WarningKind::BlockLargerThanDevice { .. } => "block_too_large",
             WarningKind::HeadroomNotMeasured { .. } => "headroom",
             WarningKind::SharedGpuMemory { .. } => "shared_gpu_memory",
+            WarningKind::LossyStorage { .. } => "lossy_storage",
         })
         .collect()
 }
