@@ -61,38 +61,40 @@ def diffusers_tensor_map(model: nn.Module, ckpt: Checkpoint) -> TensorMap:
         ) from None
     views: dict[str, list[TensorView]] = {}
     for target, value in converted.items():
-        source, view = _view(target, value, infos, ckpt)
-        views.setdefault(source, []).append(view)
+        found = _view(target, value, infos)
+        if found is None:
+            raise CheckpointError(
+                f"{ckpt.files[0]}: diffusers' converter makes {target!r} from the file's tensors by more than "
+                "taking rows of one of them, which streaming does not follow yet"
+            )
+        views.setdefault(found[0], []).append(found[1])
     return TensorMap(views)
 
 
-def _view(target: str, value: Any, infos: list[Any], ckpt: Checkpoint) -> tuple[str, TensorView]:
-    """Which file tensor and rows the converter put under ``target``."""
+def _view(target: str, value: Any, infos: list[Any]) -> tuple[str, TensorView] | None:
+    """Which file tensor and rows the converter put under ``target``; None when it is not rows
+    of one tensor."""
     import torch
 
-    refuse = CheckpointError(
-        f"{ckpt.files[0]}: diffusers' converter makes {target!r} from the file's tensors by more than "
-        "taking rows of one of them, which streaming does not follow yet"
-    )
     if (
         not isinstance(value, torch.Tensor)
         or value.dtype != torch.float64
         or value.numel() != (value.shape[0] if value.dim() else 1)
     ):
-        raise refuse
+        return None
     flat = value.reshape(-1)
     which = torch.div(flat, _ROWS, rounding_mode="floor")
     if flat.numel() == 0 or not bool((which == which[0]).all()):
-        raise refuse
+        return None
     index = int(which[0])
     rows = flat - index * _ROWS
     if not bool((rows == rows.round()).all()) or not 0 <= index < len(infos):
-        raise refuse
+        return None
     info = infos[index]
     order = [int(r) for r in rows]
     first, count = min(order), len(order)
     if sorted(order) != list(range(first, first + count)):
-        raise refuse
+        return None
     local = tuple(r - first for r in order)
     whole = first == 0 and count == (int(info.shape[0]) if info.shape else 1)
     view = TensorView(

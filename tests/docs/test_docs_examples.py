@@ -16,6 +16,10 @@ PAGES = sorted(p for p in DOCS.rglob("*.md") if any(b.skip is None for b in page
 # Blocks left out of the tests, each with the reason its page gives: a block added here has to say
 # in its page why it cannot run (it needs CUDA, say), and this list shows them all.
 LEFT_OUT: dict[str, str] = {
+    "docs/guides/transformers-diffusers.md:124": (
+        "a Flux pipeline's text encoders and VAE are more than a test builds;\n"
+        "`tests/integrations/test_gguf_diffusers.py` makes the same call on a Flux-shaped transformer."
+    ),
     "docs/guides/platforms.md:50": (
         "they run on the CPU; the GPU path is checked by `scripts/gpu-check.sh` on a\nGPU machine."
     ),
@@ -42,6 +46,15 @@ def _sd_lora(folder: Path) -> Path:
     return sd_loras(make_sd(folder / "sd"), folder)["a"]
 
 
+def _llama_gguf(folder: Path) -> Path:
+    pytest.importorskip("gguf")
+    from support.gguf_models import write_llama
+
+    folder.mkdir()
+    write_llama(folder / "model-Q4_K_M.gguf", "Q4_K")
+    return folder
+
+
 def _llama_lora(folder: Path) -> Path:
     from support.adapters import llama_lora
     from support.hf_folders import make_llama
@@ -56,6 +69,7 @@ FOLDERS: dict[str, Callable[[Path], Path]] = {
     '"path/to/stable-diffusion"': _sd,
     '"path/to/raccoon-lora"': _sd_lora,
     '"path/to/llama-lora"': _llama_lora,
+    '"path/to/llama-gguf"': _llama_gguf,
 }
 
 

@@ -108,10 +108,14 @@ def _weight(state: ModelState, spec: TensorSpec, *, from_file: bool) -> torch.Te
     from .materialize import read_many
     from .stored import expand_stored
 
-    if from_file:
-        # By the entry's bytes, not its name: an entry may be a part of a file's tensor.
-        read = read_many([spec.info] + ([spec.scale] if spec.scale is not None else []), threads=2)
-        stored, scale = read[0], read[1] if spec.scale is not None else None
+    if from_file and spec.info.source is not None:
+        # A part of a file's tensor (rows of a fused one) has no name in the file: read its bytes.
+        stored = read_many([spec.info], threads=2, lane=state.lane)[0]
+        scale = state.checkpoint.read(spec.scale.name) if spec.scale is not None else None
+        held = spec.info.dtype
+    elif from_file:
+        stored = state.checkpoint.read(spec.info.name)
+        scale = state.checkpoint.read(spec.scale.name) if spec.scale is not None else None
         held = spec.info.dtype
     else:
         assert spec.resident is not None
