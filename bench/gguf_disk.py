@@ -16,7 +16,8 @@ Per round and format, alternated: the file dropped from the page cache; trash-pa
 second, each with the drive's bytes read from /proc/diskstats; the same with every block in RAM
 (second pass: the compute alone); a dd iflag=direct read of the file, cold; diffusers'
 ``from_single_file`` (GGUFQuantizationConfig, bf16 compute) with ``enable_group_offload`` to a
-disk folder, block level, a first and a second pass. Writes bench/results/gguf-disk.md.
+disk folder, block level, a first and a second pass. Writes bench/results/gguf-disk.md (with
+``--tokens 16``, the default) or gguf-disk-<tokens>.md.
 """
 
 from __future__ import annotations
@@ -199,7 +200,8 @@ def main() -> None:
             results[fmt]["disk"].append(ours(files, fmt, x, on_disk=True))
             results[fmt]["ram"].append(ours(files, fmt, x, on_disk=False))
             cold(files[fmt])
-            results[fmt]["dd"].append(dd_direct(files[fmt]))
+            # O_DIRECT reads whole pages: the file cut to them.
+            results[fmt]["dd"].append(dd_direct(files[fmt], 0, files[fmt].stat().st_size // 4096 * 4096))
             results[fmt]["peer"].append(diffusers_group_offload(files, fmt, x))
     rows = []
     med = statistics.median
@@ -251,7 +253,8 @@ def main() -> None:
         + "\n```\n"
     )
     print(text)
-    (RESULTS / "gguf-disk.md").write_text(text)
+    name = "gguf-disk.md" if args.tokens == 16 else f"gguf-disk-{args.tokens}.md"
+    (RESULTS / name).write_text(text)
 
 
 if __name__ == "__main__":
