@@ -31,6 +31,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Generate text with a transformers causal LM whose weights are streamed from FOLDER.",
     )
     p.add_argument("folder", type=Path, help="a model folder: config.json, tokenizer, safetensors (sharded or not)")
+    p.add_argument(
+        "--gguf-file",
+        help="a GGUF file in the folder (or a path) to load the weights and config from, as transformers' gguf_file=",
+    )
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default 32)")
     p.add_argument("--max-vram", help='cap on the device memory the plan uses, e.g. "2GB"')
@@ -93,15 +97,28 @@ def _plan_options(args: argparse.Namespace) -> dict[str, Any]:
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
+def _tokenizer(folder: Path, gguf_file: str | None) -> Any:
+    """The folder's tokenizer, or with a GGUF file and no tokenizer in the folder, the file's."""
+    from transformers import AutoTokenizer
+
+    own = any((folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    if gguf_file is None or own:
+        return AutoTokenizer.from_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+
+
 def _generate(args: argparse.Namespace) -> int:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
+    from transformers import AutoModelForCausalLM, TextStreamer
 
     from . import from_pretrained, release
     from .offload.state import get_state
 
-    tok = AutoTokenizer.from_pretrained(args.folder)
-    model: Any = from_pretrained(AutoModelForCausalLM, args.folder, device=args.device, **_plan_options(args))
+    options = _plan_options(args)
+    if args.gguf_file is not None:
+        options["gguf_file"] = args.gguf_file
+    tok = _tokenizer(args.folder, args.gguf_file)
+    model: Any = from_pretrained(AutoModelForCausalLM, args.folder, device=args.device, **options)
     clock = _Clock()
 
     class Streamer(TextStreamer):

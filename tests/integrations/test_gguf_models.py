@@ -114,3 +114,30 @@ def test_a_lora_on_a_q4_k_model_equals_the_plain_model_with_it(tmp_path: Path) -
         assert peft is not None
     finally:
         trash_panda.release(model)
+
+
+def test_the_generate_command_on_a_gguf_file(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from support.hf_folders import TEXT, train_tokenizer
+
+    train_tokenizer(tmp_path, 300, TEXT)
+    path = write_llama(tmp_path / "tiny.gguf", "Q4_K", vocab=320)
+    ids_file = tmp_path / "ids.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(trash_panda.__file__).parent.parent)}
+    cmd = [sys.executable, "-m", "trash_panda.cli", "generate", str(tmp_path), "--gguf-file", path.name]
+    opts = ["--prompt", "the raccoon", "--max-new-tokens", "5", "--device", "cpu", "--save-ids", str(ids_file)]
+    r = subprocess.run([*cmd, *opts], capture_output=True, text=True, timeout=180, env=env)
+    assert r.returncode == 0, r.stderr
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.bfloat16).eval()
+    inputs = tok("the raccoon", return_tensors="pt")
+    want = plain.generate(**inputs, max_new_tokens=5, min_new_tokens=5, do_sample=False)[
+        0, inputs["input_ids"].shape[1] :
+    ]
+    assert json.loads(ids_file.read_text())["generated"] == want.tolist()

@@ -25,12 +25,12 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_llama(path: Path, qtype: str, seed: int = 0) -> Path:
+def write_llama(path: Path, qtype: str, seed: int = 0, vocab: int | None = None) -> Path:
     """A ``LLAMA``-shaped model in GGUF: its 2-D weights in ``qtype`` ("Q8_0", "Q4_0", "Q4_K",
     ...), norms in F32, the head in Q6_K when ``qtype`` is a K-quant (as llama.cpp makes them)."""
     import gguf
 
-    c = LLAMA
+    c = {**LLAMA, "vocab": vocab or LLAMA["vocab"]}
     rng = np.random.default_rng(seed)
     head_dim = c["hidden"] // c["heads"]
     w = gguf.GGUFWriter(str(path), "llama")
