@@ -63,6 +63,8 @@ __all__ = [
     "LOAD_GROUP_BYTES",
     "LOADER_RING_SLACK",
     "LOADER_RING_BYTES",
+    "GGML_DEVICE_PASS_WEIGHTS",
+    "GGML_DEVICE_SCRATCH_BYTES",
     "LoadReport",
     "TierLoad",
     "make_plan",
@@ -727,6 +729,8 @@ LOAD_GROUP_BYTES: int
 LOADER_RING_SLACK: int
 # A loader's pinned ring on a GPU as the plan counts it: two halves and a page to align it on.
 LOADER_RING_BYTES: int
+GGML_DEVICE_PASS_WEIGHTS: int
+GGML_DEVICE_SCRATCH_BYTES: int
 
 @final
 class TierLoad:

@@ -591,3 +591,22 @@ def test_8bit_storage_on_gpu(tmp_path: Path, storage: str) -> None:
     with torch.no_grad():
         assert torch.equal(model(x), ref(x))
     tp.release(model, handle)
+
+
+def test_ggml_expansion_temporaries_stay_within_the_planned_scratch() -> None:
+    # The device path's temporaries for a tensor of many passes, against what a GPU's plan
+    # counts for them (the core's GGML_DEVICE_SCRATCH_BYTES).
+    from support.ggml_blocks import random_blocks
+    from trash_panda import _core
+    from trash_panda.offload.backends.ggml import dequantize_into
+
+    for name in ("Q4_K", "Q8_0", "Q6_K"):
+        blocks = torch.from_numpy(random_blocks(name, 4096, 4096, seed=1, scale=1e-3)).cuda()
+        out = torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda")
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        dequantize_into(out, blocks, name)
+        torch.cuda.synchronize()
+        scratch = torch.cuda.max_memory_allocated() - base
+        assert 0 < scratch <= _core.GGML_DEVICE_SCRATCH_BYTES, (name, scratch)

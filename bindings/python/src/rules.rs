@@ -69,6 +69,11 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("LOAD_GROUP_BYTES", rules::LOAD_GROUP_BYTES)?;
     m.add("LOADER_RING_SLACK", rules::LOADER_RING_SLACK)?;
     m.add("LOADER_RING_BYTES", rules::LOADER_RING_BYTES)?;
+    m.add("GGML_DEVICE_PASS_WEIGHTS", rules::GGML_DEVICE_PASS_WEIGHTS)?;
+    m.add(
+        "GGML_DEVICE_SCRATCH_BYTES",
+        rules::GGML_DEVICE_SCRATCH_BYTES,
+    )?;
     m.add_function(wrap_pyfunction!(is_scale_name, m)?)?;
     m.add_function(wrap_pyfunction!(weight_of_scale, m)?)?;
     m.add_function(wrap_pyfunction!(needs_expansion, m)?)?;

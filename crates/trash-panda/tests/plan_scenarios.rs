@@ -196,6 +196,21 @@ fn storage_dtype_bf16_and_fp8() {
     ]);
     let p = plan(&wide, &Figures::injected(10_000_000_000, None), &q8).unwrap();
     assert_eq!(p.blocks[0].storage_bytes, 1024 * 2048 / 32 * 34);
+    // A GPU counts the GGML expansions' scratch for blocks holding GGML blocks; the CPU does not.
+    for (gpu, want) in [
+        (true, trash_panda::rules::GGML_DEVICE_SCRATCH_BYTES),
+        (false, 0),
+    ] {
+        let p = plan(
+            &wide,
+            &Figures::injected(10_000_000_000, gpu.then_some(20_000_000_000)),
+            &q8,
+        )
+        .unwrap();
+        let b = p.budgets.as_ref().unwrap();
+        assert_eq!(b.device_scratch, want, "gpu {gpu}");
+        assert!(p.blocks.iter().all(|b| b.ggml));
+    }
     // Small 2-D weights are left alone.
     let small = ModelBlocks::discover(vec![
         TensorSizes::new("b.0.w", DType::F32, &[100, 100]),

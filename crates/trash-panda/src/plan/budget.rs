@@ -92,6 +92,12 @@ pub(crate) fn block_plan(
             .any(|m| format!("{m}.").starts_with(name)),
         image: figures.image,
         ram_in_place: figures.ram_in_place,
+        ggml: tensors.iter().any(|t| {
+            t.dtype.is_block()
+                || options
+                    .storage_dtype
+                    .is_some_and(|s| storage_conversion(t, s) == Conversion::ToQ8_0)
+        }),
     }
 }
 
@@ -175,6 +181,9 @@ pub struct Budgets {
     pub device_slot_bytes: u64,
     /// The expansion buffer: the largest expansion a hooked block needs.
     pub expansion: u64,
+    /// The GGML expansions' device temporaries on a GPU (see `Held::device_scratch_bytes`).
+    #[serde(default)]
+    pub device_scratch: u64,
     /// The checkpoint pages a disk-tier block used in place maps while it runs (see
     /// [`Held::mapped_window_bytes`]).
     #[serde(default)]
@@ -238,15 +247,16 @@ impl Budgets {
             mapped_window_bytes: self.mapped_window,
             shared_staging: self.shared_staging,
             loader_ring_bytes: self.loader_ring,
+            device_scratch_bytes: self.device_scratch,
         }
     }
 
     /// Everything the runtime holds beside the weights in the memory the blocks compute in:
-    /// with a GPU, the device slots and the expansion buffer; on the CPU, the host staging pool,
-    /// the mapped window and the expansion buffer.
+    /// with a GPU, the device slots, the expansion buffer and the GGML expansions' scratch; on
+    /// the CPU, the host staging pool, the mapped window and the expansion buffer.
     pub fn held_on_device(&self) -> u64 {
         let slots = if self.gpu {
-            self.device_slot_bytes
+            self.device_slot_bytes + self.device_scratch
         } else {
             self.host_staging + self.mapped_window
         };
@@ -284,6 +294,7 @@ pub(crate) fn compute(
         device_slots: held.device_slots,
         device_slot_bytes: held.device_slot_bytes(),
         expansion: held.expansion_bytes,
+        device_scratch: held.device_scratch_bytes,
         mapped_window: held.mapped_window_bytes,
         shared_staging: held.shared_staging,
         loader_ring: held.loader_ring_bytes,
@@ -399,6 +410,7 @@ impl Shape {
             .saturating_sub(self.reserve)
             .saturating_sub(held.device_slot_bytes())
             .saturating_sub(held.expansion_bytes)
+            .saturating_sub(held.device_scratch_bytes)
             .saturating_sub(self.outside)
     }
 
@@ -436,8 +448,10 @@ pub(crate) fn held_for_blocks(blocks: &[BlockPlan], options: &PlanOptions, gpu: 
         .map(|b| b.mapped)
         .max()
         .unwrap_or(0);
+    let ggml = blocks.iter().any(|b| b.ggml);
     let held = Held::new(largest, expansion, options.buffers(), gpu)
-        .with_mapped_window(mapped, options.max_depth());
+        .with_mapped_window(mapped, options.max_depth())
+        .with_ggml_scratch(ggml, gpu);
     match options.staging_pool {
         Some(pool) if pool.buffer_bytes >= shared_staging(blocks, options).buffer_bytes => {
             held.in_shared_pool(pool, gpu)

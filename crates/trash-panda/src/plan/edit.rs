@@ -106,6 +106,7 @@ impl Plan {
                 merged: false,
                 image: Default::default(),
                 ram_in_place: false,
+                ggml: false,
             });
         }
         Ok(Plan {

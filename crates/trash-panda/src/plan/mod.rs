@@ -88,6 +88,10 @@ pub struct BlockPlan {
     /// A RAM-tier block used in place: its image is a file it maps, in the page cache.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ram_in_place: bool,
+    /// It holds GGML blocks (a GGUF file's, or `storage_dtype="q8_0"`'s), which a GPU expands
+    /// with temporaries of its own (`Held::device_scratch_bytes`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ggml: bool,
 }
 
 /// The weights outside the blocks (embeddings, final norm, heads): always resident.

@@ -199,6 +199,9 @@ impl Plan {
             if b.merge_work > 0 {
                 adapters += &format!(" - merge work {}", format_bytes(b.merge_work));
             }
+            if b.device_scratch > 0 {
+                adapters += &format!(" - ggml scratch {}", format_bytes(b.device_scratch));
+            }
             writeln!(
                 f,
                 "device budget {} = {limit} {}{floor} - {reserve} - device slots {} - expansion {} \

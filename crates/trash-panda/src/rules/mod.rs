@@ -52,8 +52,8 @@ pub use staging::{
     asked_max_depth, asked_staging_buffers, buffer_len, depth_cap, maps_disk_tier,
     maps_lookup_table, maps_ram_tier, max_depth, patched_image_bytes, staging_buffers,
     tensor_align, tensor_in_place_eligible, Held, SharedStaging, DEFAULT_HEADROOM_VRAM,
-    DEFAULT_LOOKAHEAD, DEVICE_TENSOR_ALIGN, LOADER_RING_BYTES, LOADER_RING_SLACK, LOAD_GROUP_BYTES,
-    MAP_GRAIN, TENSOR_ALIGN,
+    DEFAULT_LOOKAHEAD, DEVICE_TENSOR_ALIGN, GGML_DEVICE_PASS_WEIGHTS, GGML_DEVICE_SCRATCH_BYTES,
+    LOADER_RING_BYTES, LOADER_RING_SLACK, LOAD_GROUP_BYTES, MAP_GRAIN, TENSOR_ALIGN,
 };
 pub use tensor::{
     infer_compute_dtype, is_scale_name, paired_scale, paired_scale_where, weight_of_scale,

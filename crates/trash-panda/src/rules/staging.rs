@@ -32,6 +32,16 @@ pub const LOADER_RING_SLACK: u64 = 1 << 20;
 /// align it on (registration takes whole pages).
 pub const LOADER_RING_BYTES: u64 = 2 * (LOAD_GROUP_BYTES + LOADER_RING_SLACK) + DIRECT_ALIGN as u64;
 
+/// Weights the device path expands per pass from GGML blocks (torch operations on a GPU, which
+/// compute each weight through float32 temporaries): a million, so a pass's temporaries stay
+/// within [`GGML_DEVICE_SCRATCH_BYTES`] whatever the tensor.
+pub const GGML_DEVICE_PASS_WEIGHTS: u64 = 1 << 20;
+
+/// Device memory a GGML expansion pass holds beyond its output: at most 16 bytes a weight (its
+/// float32 values, its codes widened, the bytes shifted out of its blocks and their scales).
+/// Counted on a GPU when a hooked block holds GGML blocks; `scripts/gpu-check.sh` measures it.
+pub const GGML_DEVICE_SCRATCH_BYTES: u64 = GGML_DEVICE_PASS_WEIGHTS * 16;
+
 /// Streamed blocks staged ahead of the one that runs, unless a plan says otherwise.
 pub const DEFAULT_LOOKAHEAD: usize = 2;
 
@@ -166,6 +176,10 @@ pub struct Held {
     /// 0 on the CPU, which reads them where they stay.
     #[serde(default)]
     pub loader_ring_bytes: u64,
+    /// Device memory the GGML expansions' temporaries take on a GPU
+    /// ([`GGML_DEVICE_SCRATCH_BYTES`] when a hooked block holds GGML blocks, else 0).
+    #[serde(default)]
+    pub device_scratch_bytes: u64,
 }
 
 impl Held {
@@ -182,6 +196,20 @@ impl Held {
             mapped_window_bytes: 0,
             shared_staging: false,
             loader_ring_bytes: if gpu { LOADER_RING_BYTES } else { 0 },
+            device_scratch_bytes: 0,
+        }
+    }
+
+    /// The same figures with the device scratch of GGML expansions, when a hooked block holds
+    /// GGML blocks and a GPU expands them.
+    pub fn with_ggml_scratch(self, ggml: bool, gpu: bool) -> Held {
+        Held {
+            device_scratch_bytes: if ggml && gpu {
+                GGML_DEVICE_SCRATCH_BYTES
+            } else {
+                0
+            },
+            ..self
         }
     }
 

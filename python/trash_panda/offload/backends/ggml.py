@@ -4,8 +4,9 @@ the core's kernels (which run on the CPU) cannot reach.
 Each weight is computed with the float32 operations of the reference, in its order and each
 rounded on its own (a product, then a separate sum or difference, every one its own kernel, so
 no multiply-add is fused), then rounded once into ``out``: the core's CPU kernels' bits. The
-work goes :data:`ROWS_PER_PASS` block rows at a time, so its temporaries stay within
-:func:`scratch_bytes`, which the plan counts beside the expansion buffer.
+work goes :data:`WEIGHTS_PER_PASS` weights at a time (the core's rule), so its temporaries stay
+within the core's ``GGML_DEVICE_SCRATCH_BYTES``, which a GPU's plan counts beside the expansion
+buffer.
 """
 
 from __future__ import annotations
@@ -17,15 +18,8 @@ from ... import _core
 if TYPE_CHECKING:
     import torch
 
-# Weights expanded per pass: their float32 values and the integer codes beside them stay a few
-# tens of MiB whatever the tensor.
-WEIGHTS_PER_PASS = 1 << 22
-
-
-def scratch_bytes() -> int:
-    """The device memory one expansion pass holds beyond its output: the float32 values, the
-    codes as int32 and the bytes shifted out of the blocks (at most 12 bytes a weight)."""
-    return WEIGHTS_PER_PASS * 12
+# Weights expanded per pass: the core's, which sizes the scratch the plan counts.
+WEIGHTS_PER_PASS = _core.GGML_DEVICE_PASS_WEIGHTS
 
 
 def _f16(b: torch.Tensor, at: int) -> torch.Tensor:
