@@ -424,6 +424,11 @@ class BlockPlan:
         merge in an image where it lives.
         """
     @property
+    def ggml(self) -> bool:
+        """It holds GGML blocks (a GGUF file's, or `storage_dtype="q8_0"`'s): a GPU expands them with
+        temporaries the plan counts (`Budgets.device_scratch`).
+        """
+    @property
     def image_bytes(self) -> int:
         """Bytes of its merged image in its tier (memory or an overlay file; 0 when resident)."""
 
@@ -480,6 +485,11 @@ class Budgets:
     def mapped_window(self) -> int:
         """The checkpoint pages a disk-tier block used in place maps while it runs (the CPU on
         Linux), 0 when none is.
+        """
+    @property
+    def device_scratch(self) -> int:
+        """The device temporaries of GGML expansions on a GPU (when a hooked block holds GGML
+        blocks), else 0.
         """
     @property
     def loader_ring(self) -> int:

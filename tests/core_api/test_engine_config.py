@@ -267,3 +267,52 @@ def test_the_engine_takes_typed_blocks_and_refuses_a_bad_option_naming_it(tmp_pa
     with pytest.raises(TypeError):  # a block is a StreamBlock, not a tuple
         _core.Engine([("blocks.1.", "disk", [])], files, state.config)  # type: ignore[list-item]
     tp.release(model)
+
+
+@pytest.fixture(scope="module")
+def big_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same eight blocks in a GGUF file under the model's names, every 2-D weight in Q4_K
+    (random blocks with weight-sized scales), the rest in F32: about 19 MB a block stored, 67 MB
+    expanded to bf16."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    from support.ggml_blocks import gguf_type, random_blocks
+
+    path = tmp_path_factory.mktemp("gguf") / "big.gguf"
+    w = gguf.GGUFWriter(str(path), "tiny")
+    for i, (name, t) in enumerate(on_meta(dim=2048, layers=8, vocab=64).state_dict().items()):
+        if t.dim() == 2 and t.shape[1] % 256 == 0:
+            data = random_blocks("Q4_K", t.shape[0], t.shape[1], seed=i, scale=1e-4)
+            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=gguf_type("Q4_K"))
+        else:
+            w.add_tensor(name, np.full(tuple(t.shape), 0.5, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.slow
+def test_private_memory_with_gguf_blocks_stays_within_the_plan(big_gguf: Path) -> None:
+    """GGUF blocks held compact (resident and RAM tier) and expanded one block at a time: the
+    private memory stays within the plan's compact figures and its expansion buffer."""
+    model = on_meta(dim=2048, layers=8, vocab=64)
+    gc.collect()
+    _core.trim_heap()
+    before = _core.private_memory()
+    plan = tp.plan(model, big_gguf, vram=None, ram="64GB", min_free_ram=0, compute_dtype="bf16", resident_blocks=2)
+    b = plan.budgets
+    assert b is not None
+    blocks = plan.blocks
+    assert all(blk.ggml for blk in blocks) and blocks[0].stored_bytes * 3 < blocks[0].expanded_bytes
+    handle = _two_passes(model, big_gguf, plan)
+    rise = _core.private_memory() - before
+    counted = b.device_used + b.outside + b.held_on_device
+    tp.release(model, handle)
+    assert rise <= counted + 48 * MiB, (
+        f"private memory rose {rise / MiB:.0f} MiB; the plan counts {counted / MiB:.0f} MiB "
+        f"(resident {b.device_used / MiB:.0f}, outside {b.outside / MiB:.0f}, staging "
+        f"{b.host_staging / MiB:.0f}, expansion {b.expansion / MiB:.0f})"
+    )

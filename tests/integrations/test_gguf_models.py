@@ -141,3 +141,17 @@ def test_the_generate_command_on_a_gguf_file(tmp_path: Path) -> None:
         0, inputs["input_ids"].shape[1] :
     ]
     assert json.loads(ids_file.read_text())["generated"] == want.tolist()
+
+
+def test_a_bad_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
+    # Cut in its data, or with a tensor of a type not supported yet: the file and the tensor
+    # are named, and nothing is left half-loaded.
+    path = write_llama(tmp_path / "tiny.gguf", "Q8_0")
+    data = path.read_bytes()
+    cut = tmp_path / "cut" / "tiny.gguf"
+    cut.parent.mkdir()
+    cut.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(trash_panda.CheckpointError, match=r"tiny\.gguf.*reach past its end"):
+        trash_panda.from_pretrained(AutoModelForCausalLM, cut.parent, gguf_file=cut.name)
+    with pytest.raises(trash_panda.ArgumentError, match="is not one"):
+        trash_panda.from_pretrained(AutoModelForCausalLM, tmp_path, gguf_file="missing.gguf")

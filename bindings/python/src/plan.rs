@@ -458,6 +458,9 @@ pub(crate) struct PyBlockPlan {
     merged: bool,
     /// Bytes of its merged image in its tier (memory or an overlay file; 0 when resident).
     image_bytes: u64,
+    /// It holds GGML blocks (a GGUF file's, or `storage_dtype="q8_0"`'s): a GPU expands them with
+    /// temporaries the plan counts (`Budgets.device_scratch`).
+    ggml: bool,
 }
 
 impl From<&BlockPlan> for PyBlockPlan {
@@ -472,6 +475,7 @@ impl From<&BlockPlan> for PyBlockPlan {
             tensors: b.tensors,
             merged: b.merged,
             image_bytes: b.image.get(b.tier),
+            ggml: b.ggml,
         }
     }
 }

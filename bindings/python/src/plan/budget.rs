@@ -79,6 +79,12 @@ impl PyBudgets {
     fn expansion(&self) -> u64 {
         self.inner.expansion
     }
+    /// The device temporaries of GGML expansions on a GPU (when a hooked block holds GGML
+    /// blocks), else 0.
+    #[getter]
+    fn device_scratch(&self) -> u64 {
+        self.inner.device_scratch
+    }
     /// The checkpoint pages a disk-tier block used in place maps while it runs (the CPU on
     /// Linux), 0 when none is.
     #[getter]
