@@ -95,3 +95,44 @@ def test_every_tensor_a_block_runs_with_is_64_byte_aligned(
     assert check.seen > 0
     assert check.unaligned == [] and outside == []
     assert torch.equal(got, want)
+
+
+def _gguf_at(ref: Tiny, path: Path) -> Path:
+    """``ref``'s weights, F32, in a GGUF file (its tensors 32-byte aligned, GGUF's default) whose
+    data starts at 32 modulo 64, so every tensor does."""
+    gguf = pytest.importorskip("gguf")
+    from trash_panda import Checkpoint
+
+    tensors = {k: v.contiguous().numpy() for k, v in ref.state_dict().items()}
+    for pad in range(ALIGN):
+        w = gguf.GGUFWriter(str(path), "tiny")
+        w.add_string("pad", "x" * pad)
+        for k, v in tensors.items():
+            w.add_tensor(k, v)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        if {t.start % ALIGN for t in Checkpoint(path).tensors()} == {32}:
+            return path
+    raise AssertionError("no padding gives that residue")
+
+
+def test_a_gguf_files_32_byte_aligned_tensors_run_64_byte_aligned(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    ref = Tiny(dim=512, layers=6).eval()
+    path = _gguf_at(ref, tmp_path / "m.gguf")
+    with torch.no_grad():
+        want = ref(IDS)
+    with tp.stage(lambda: on_meta(Tiny, dim=512, layers=6), path, device="cpu", resident_blocks=2) as (model, p, _h):
+        check = AlignmentCheck()
+        model_hooks(model).add(check)
+        try:
+            with torch.no_grad():
+                got = model(IDS)
+        finally:
+            model_hooks(model).remove(check.name)
+        outside = [n for n, t in model.named_parameters() if not n.startswith("blocks.") and t.data_ptr() % ALIGN]
+    assert check.seen > 0
+    assert check.unaligned == [] and outside == []
+    assert torch.equal(got, want)
