@@ -125,6 +125,7 @@ def test_a_gguf_files_32_byte_aligned_tensors_run_64_byte_aligned(tmp_path: Path
     with torch.no_grad():
         want = ref(IDS)
     with tp.stage(lambda: on_meta(Tiny, dim=512, layers=6), path, device="cpu", resident_blocks=2) as (model, p, _h):
+        assert {b.tier for b in p.blocks} >= {tp.Tier.DEVICE, tp.Tier.RAM}
         check = AlignmentCheck()
         model_hooks(model).add(check)
         try:
