@@ -52,6 +52,22 @@ class AlignmentCheck(BlockHook):
                 self.unaligned.append(f"{block.prefix}{name} at {p.data_ptr() % ALIGN} mod {ALIGN}")
 
 
+def _checked_run(model: torch.nn.Module) -> torch.Tensor:
+    """The model's output, checking as it runs that every weight of every block and every weight
+    outside them is 64-byte aligned."""
+    check = AlignmentCheck()
+    model_hooks(model).add(check)
+    try:
+        with torch.no_grad():
+            got: torch.Tensor = model(IDS)
+    finally:
+        model_hooks(model).remove(check.name)
+    outside = [n for n, t in model.named_parameters() if not n.startswith("blocks.") and t.data_ptr() % ALIGN]
+    assert check.seen > 0
+    assert check.unaligned == [] and outside == []
+    return got
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Tensor]:
     torch.manual_seed(0)
@@ -84,16 +100,7 @@ def test_every_tensor_a_block_runs_with_is_64_byte_aligned(
     ):
         tiers = {b.tier for b in p.blocks}
         assert tiers == {tp.Tier.DEVICE, tp.Tier.RAM} or tiers == {tp.Tier.DEVICE, tp.Tier.RAM, tp.Tier.DISK}
-        check = AlignmentCheck()
-        model_hooks(model).add(check)
-        try:
-            with torch.no_grad():
-                got = model(IDS)
-        finally:
-            model_hooks(model).remove(check.name)
-        outside = [n for n, t in model.named_parameters() if not n.startswith("blocks.") and t.data_ptr() % ALIGN]
-    assert check.seen > 0
-    assert check.unaligned == [] and outside == []
+        got = _checked_run(model)
     assert torch.equal(got, want)
 
 
@@ -126,14 +133,5 @@ def test_a_gguf_files_32_byte_aligned_tensors_run_64_byte_aligned(tmp_path: Path
         want = ref(IDS)
     with tp.stage(lambda: on_meta(Tiny, dim=512, layers=6), path, device="cpu", resident_blocks=2) as (model, p, _h):
         assert {b.tier for b in p.blocks} >= {tp.Tier.DEVICE, tp.Tier.RAM}
-        check = AlignmentCheck()
-        model_hooks(model).add(check)
-        try:
-            with torch.no_grad():
-                got = model(IDS)
-        finally:
-            model_hooks(model).remove(check.name)
-        outside = [n for n, t in model.named_parameters() if not n.startswith("blocks.") and t.data_ptr() % ALIGN]
-    assert check.seen > 0
-    assert check.unaligned == [] and outside == []
+        got = _checked_run(model)
     assert torch.equal(got, want)
