@@ -4,6 +4,8 @@ raw: random codes with bounded scales, which is what a K-quant file holds."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 # Bytes per block and weights per block, by the core's names.
@@ -40,7 +42,7 @@ SCALE_FIELDS = {
 EXTREME = np.array([0x0000, 0x0001, 0x03FF, 0x7BFF, 0x8000, 0x3C00, 0xB555, 0xA2E6], dtype=np.uint16)
 
 
-def gguf_type(name: str) -> object:
+def gguf_type(name: str) -> Any:
     """The gguf package's type for a core name ("Q4_K")."""
     from gguf import GGMLQuantizationType
 
