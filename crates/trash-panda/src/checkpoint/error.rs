@@ -302,8 +302,9 @@ pub enum CheckpointError {
     Gguf {
         /// The GGUF file whose header is wrong.
         path: PathBuf,
-        /// What is wrong with it.
-        kind: GgufError,
+        /// What is wrong with it (boxed: its places and names would make every checkpoint error
+        /// as large).
+        kind: Box<GgufError>,
     },
 
     /// The folder given holds neither a `*.safetensors` file nor a `*.safetensors.index.json`,

@@ -155,7 +155,7 @@ pub(crate) fn read_gguf_stamped(path: &Path) -> Result<(GgufFile, FileStamp), Ch
     let reader = BufReader::with_capacity(1 << 16, file);
     let gguf = parse_gguf(reader, meta.len()).map_err(|kind| CheckpointError::Gguf {
         path: path.to_path_buf(),
-        kind,
+        kind: Box::new(kind),
     })?;
     Ok((gguf, FileStamp::of(&meta)))
 }
