@@ -19,7 +19,9 @@ pub use quantize::quantize_q8_0;
 pub(crate) use quantize::{lane_amax, round_even};
 
 use super::convert::{encode, Stores, CHUNK};
-use super::level::{level, multiversion, simd_level, SimdLevel};
+#[cfg(target_arch = "x86_64")]
+use super::level::{level, SimdLevel};
+use super::level::{multiversion, simd_level};
 use super::{check_bytes, parallel, DType, DtypeError};
 
 /// Dequantizes `src`, whole blocks of the GGML type `src_dtype`, to `dst_dtype` (bf16, f16 or
