@@ -42,27 +42,27 @@ from _common import DATA, RESULTS, cold, dd_direct, device_read_bytes, machine, 
 import trash_panda
 
 HERE = DATA / "gguf-flux"
-CONFIG: dict[str, Any] = {
-    "patch_size": 1,
+# The transformer's shape: 6 double and 12 single blocks of width 1536 (12 heads of 128).
+SHAPE: dict[str, Any] = {
     "in_channels": 64,
-    "num_layers": 6,
-    "num_single_layers": 12,
-    "attention_head_dim": 128,
-    "num_attention_heads": 12,
-    "joint_attention_dim": 4096,
-    "pooled_projection_dim": 768,
-    "guidance_embeds": False,
-    "axes_dims_rope": (16, 56, 56),
+    "double": 6,
+    "single": 12,
+    "head_dim": 128,
+    "heads": 12,
+    "text_dim": 4096,
+    "pooled_dim": 768,
+    "axes": (16, 56, 56),
+    "text": 32,
 }
 
 
 def _model() -> torch.nn.Module:
-    from diffusers import FluxTransformer2DModel
-
+    from support.diffusion_models import flux
     from trash_panda.offload import empty_weights
 
+    build, _inputs = flux(**SHAPE)
     with empty_weights():
-        return FluxTransformer2DModel(**CONFIG)
+        return build()
 
 
 def _files() -> dict[str, Path]:
@@ -103,19 +103,9 @@ def _files() -> dict[str, Path]:
 
 
 def _inputs(tokens: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(3)
-    side, txt = tokens, 32
-    img_ids = torch.zeros(side, side, 3)
-    img_ids[..., 1] = torch.arange(side)[:, None]
-    img_ids[..., 2] = torch.arange(side)[None, :]
-    return {
-        "hidden_states": torch.randn(1, side * side, 64, generator=g).to(torch.bfloat16),
-        "encoder_hidden_states": torch.randn(1, txt, 4096, generator=g).to(torch.bfloat16),
-        "pooled_projections": torch.randn(1, 768, generator=g).to(torch.bfloat16),
-        "timestep": torch.tensor([0.5], dtype=torch.bfloat16),
-        "img_ids": img_ids.reshape(side * side, 3),
-        "txt_ids": torch.zeros(txt, 3),
-    }
+    from support.diffusion_models import flux
+
+    return flux(**SHAPE, side=tokens)[1](torch.bfloat16)
 
 
 def _timed(model: torch.nn.Module, x: dict[str, torch.Tensor], path: Path) -> tuple[float, int]:

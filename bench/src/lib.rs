@@ -51,3 +51,63 @@ pub fn cpu_model() -> String {
         })
         .unwrap_or_else(|| "unknown CPU".into())
 }
+
+/// Fills `buf` with xorshift bytes: data that only needs to look like weights, not be random.
+pub fn fill_random(buf: &mut [u8], seed: u64) {
+    let mut x = seed | 1;
+    for chunk in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+}
+
+/// The best of `reps` timed runs of `f`, after one untimed run (page faults, caches, thread
+/// start-up paths).
+pub fn best_of(reps: usize, mut f: impl FnMut()) -> std::time::Duration {
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
+}
+
+/// `dst.copy_from_slice(src)` on `threads` threads, each on its share: the memcpy reference.
+pub fn parallel_copy(dst: &mut [u8], src: &[u8], threads: usize) {
+    if threads <= 1 {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let per = dst.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        for (d, c) in dst.chunks_mut(per).zip(src.chunks(per)) {
+            s.spawn(move || d.copy_from_slice(c));
+        }
+    });
+}
+
+/// GB (1e9 bytes) per second of `bytes` in `t`.
+pub fn gbps(bytes: usize, t: std::time::Duration) -> f64 {
+    bytes as f64 / t.as_secs_f64() / 1e9
+}
+
+/// The text after `name` on the command line, if given.
+pub fn arg_str(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
+/// The number after `name` on the command line, else `default`.
+pub fn arg(name: &str, default: usize) -> usize {
+    arg_str(name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from .errors import DtypeError
@@ -29,17 +30,27 @@ _HEADER_TO_TORCH = {
 }
 
 
+@functools.cache
+def is_block(name: str) -> bool:
+    """Whether a dtype name is one of GGML's block types, which torch holds as bytes (the core's
+    rule, asked once per name: the backends ask it for every expansion); False for a name the core
+    does not know."""
+    from . import _core
+
+    try:
+        return _core.is_block_dtype(name)
+    except DtypeError:
+        return False
+
+
 def torch_dtype(header_name: str) -> torch.dtype:
     """The torch dtype of a safetensors header dtype name; uint8 for a GGML block type ("Q4_K"),
     whose blocks torch holds as bytes."""
     import torch
 
     attr = _HEADER_TO_TORCH.get(header_name)
-    if attr is None and header_name[:1] == "Q":
-        from . import _core
-
-        if _core.is_block_dtype(header_name):
-            return torch.uint8
+    if attr is None and is_block(header_name):
+        return torch.uint8
     if attr is None or not hasattr(torch, attr):
         raise DtypeError(f"dtype {header_name!r} has no torch equivalent in torch {torch.__version__}")
     dtype: torch.dtype = getattr(torch, attr)
@@ -48,9 +59,7 @@ def torch_dtype(header_name: str) -> torch.dtype:
 
 def stored_shape(header_name: str, shape: tuple[int, ...] | list[int], nbytes: int) -> tuple[int, ...]:
     """The shape torch gives a stored tensor: its own, or its bytes for a GGML block type."""
-    from . import _core
-
-    if header_name[:1] == "Q" and _core.is_block_dtype(header_name):
+    if is_block(header_name):
         return (nbytes,)
     return tuple(shape)
 

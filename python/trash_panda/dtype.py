@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING
 
 from . import _core
-from ._dtypes import core_name, resolve
+from ._dtypes import core_name, is_block, resolve
 from .errors import ArgumentError, DtypeError
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ def quantize_fp8(
 
 def _block_type(qtype: str) -> str:
     name = _core.dtype_header_name(qtype)
-    if not _core.is_block_dtype(name):
+    if not is_block(name):
         raise ArgumentError(f"qtype: expected a GGML block type (q4_0 ... q6_k), got {qtype!r}")
     return name
 

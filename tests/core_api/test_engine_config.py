@@ -50,6 +50,17 @@ def _two_passes(model: Tiny, big: Path, plan: Plan, before_runs: Any = None) -> 
     return handle
 
 
+def _within_plan(rise: int, b: Any) -> None:
+    """``rise`` of private memory is within what the plan's budgets ``b`` count (resident,
+    outside and held figures), plus 48 MiB of slack."""
+    counted = b.device_used + b.outside + b.held_on_device
+    assert rise <= counted + 48 * MiB, (
+        f"private memory rose {rise / MiB:.0f} MiB; the plan counts {counted / MiB:.0f} MiB "
+        f"(resident {b.device_used / MiB:.0f}, outside {b.outside / MiB:.0f}, staging "
+        f"{b.host_staging / MiB:.0f}, expansion {b.expansion / MiB:.0f})"
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lookahead", [1, 2, 4])
 @pytest.mark.parametrize("compute", ["bf16", "f32"])
@@ -68,13 +79,8 @@ def test_private_memory_stays_within_the_plan(big: Path, lookahead: int, compute
     b = plan.budgets
     assert b is not None
     assert b.staging_buffers == lookahead + 1
-    counted = b.device_used + b.outside + b.held_on_device
     tp.release(model, handle)
-    assert rise <= counted + 48 * MiB, (
-        f"private memory rose {rise / MiB:.0f} MiB; the plan counts {counted / MiB:.0f} MiB "
-        f"(resident {b.device_used / MiB:.0f}, outside {b.outside / MiB:.0f}, staging "
-        f"{b.host_staging / MiB:.0f}, expansion {b.expansion / MiB:.0f})"
-    )
+    _within_plan(rise, b)
 
 
 @pytest.mark.slow
@@ -309,10 +315,5 @@ def test_private_memory_with_gguf_blocks_stays_within_the_plan(big_gguf: Path) -
     assert all(blk.ggml for blk in blocks) and blocks[0].stored_bytes * 3 < blocks[0].expanded_bytes
     handle = _two_passes(model, big_gguf, plan)
     rise = _core.private_memory() - before
-    counted = b.device_used + b.outside + b.held_on_device
     tp.release(model, handle)
-    assert rise <= counted + 48 * MiB, (
-        f"private memory rose {rise / MiB:.0f} MiB; the plan counts {counted / MiB:.0f} MiB "
-        f"(resident {b.device_used / MiB:.0f}, outside {b.outside / MiB:.0f}, staging "
-        f"{b.host_staging / MiB:.0f}, expansion {b.expansion / MiB:.0f})"
-    )
+    _within_plan(rise, b)

@@ -10,34 +10,47 @@ from torch import nn
 __all__ = ["flux", "unet"]
 
 
-def flux() -> tuple[Callable[[], nn.Module], Callable[[torch.dtype], dict[str, torch.Tensor]]]:
-    """A tiny Flux transformer (2 double blocks, 3 single blocks): its builder and its inputs."""
+def flux(
+    *,
+    in_channels: int = 16,
+    double: int = 2,
+    single: int = 3,
+    head_dim: int = 16,
+    heads: int = 2,
+    text_dim: int = 32,
+    pooled_dim: int = 32,
+    axes: tuple[int, int, int] = (4, 6, 6),
+    side: int = 4,
+    text: int = 5,
+) -> tuple[Callable[[], nn.Module], Callable[[torch.dtype], dict[str, torch.Tensor]]]:
+    """A Flux transformer (by default a tiny one: 2 double blocks, 3 single blocks) and inputs for
+    it: a ``side`` x ``side`` latent and ``text`` text tokens."""
     from diffusers import FluxTransformer2DModel
 
     def build() -> nn.Module:
         return FluxTransformer2DModel(
             patch_size=1,
-            in_channels=16,
-            num_layers=2,
-            num_single_layers=3,
-            attention_head_dim=16,
-            num_attention_heads=2,
-            joint_attention_dim=32,
-            pooled_projection_dim=32,
+            in_channels=in_channels,
+            num_layers=double,
+            num_single_layers=single,
+            attention_head_dim=head_dim,
+            num_attention_heads=heads,
+            joint_attention_dim=text_dim,
+            pooled_projection_dim=pooled_dim,
             guidance_embeds=False,
-            axes_dims_rope=(4, 6, 6),
+            axes_dims_rope=axes,
         )
 
     def inputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
         g = torch.Generator().manual_seed(3)
-        h, w, txt = 4, 4, 5
+        h, w, txt = side, side, text
         img_ids = torch.zeros(h, w, 3)
         img_ids[..., 1] = torch.arange(h)[:, None]
         img_ids[..., 2] = torch.arange(w)[None, :]
         return {
-            "hidden_states": torch.randn(1, h * w, 16, generator=g).to(dtype),
-            "encoder_hidden_states": torch.randn(1, txt, 32, generator=g).to(dtype),
-            "pooled_projections": torch.randn(1, 32, generator=g).to(dtype),
+            "hidden_states": torch.randn(1, h * w, in_channels, generator=g).to(dtype),
+            "encoder_hidden_states": torch.randn(1, txt, text_dim, generator=g).to(dtype),
+            "pooled_projections": torch.randn(1, pooled_dim, generator=g).to(dtype),
             "timestep": torch.tensor([0.5], dtype=dtype),
             "img_ids": img_ids.reshape(h * w, 3),
             "txt_ids": torch.zeros(txt, 3),

@@ -13,40 +13,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from support.diffusion_models import flux
 from support.ggml_blocks import gguf_type, random_blocks
 
-
-def tiny_flux() -> nn.Module:
-    from diffusers import FluxTransformer2DModel
-
-    return FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=64,
-        num_layers=2,
-        num_single_layers=2,
-        attention_head_dim=128,
-        num_attention_heads=2,
-        joint_attention_dim=256,
-        pooled_projection_dim=256,
-        guidance_embeds=False,
-        axes_dims_rope=(32, 48, 48),
-    )
-
-
-def flux_inputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(3)
-    h, w, txt = 4, 4, 5
-    img_ids = torch.zeros(h, w, 3)
-    img_ids[..., 1] = torch.arange(h)[:, None]
-    img_ids[..., 2] = torch.arange(w)[None, :]
-    return {
-        "hidden_states": torch.randn(1, h * w, 64, generator=g).to(dtype),
-        "encoder_hidden_states": torch.randn(1, txt, 256, generator=g).to(dtype),
-        "pooled_projections": torch.randn(1, 256, generator=g).to(dtype),
-        "timestep": torch.tensor([0.5], dtype=dtype),
-        "img_ids": img_ids.reshape(h * w, 3),
-        "txt_ids": torch.zeros(txt, 3),
-    }
+# A Flux-shaped transformer whose 2-D weights' rows are whole K-quant blocks (of 256).
+tiny_flux, flux_inputs = flux(in_channels=64, single=2, head_dim=128, text_dim=256, pooled_dim=256, axes=(32, 48, 48))
 
 
 def tiny_wan() -> nn.Module:

@@ -14,12 +14,12 @@
 //! cases whose name holds the text.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use trash_panda::dtype::{
     best_simd_level, cast, expand, kernel_path, quantize_fp8, simd_level, DType, QuantGranularity,
     Scale,
 };
+use trash_panda_bench::{arg, arg_str, best_of, fill_random, gbps, parallel_copy};
 
 struct Case {
     name: &'static str,
@@ -115,18 +115,6 @@ const CASES: [Case; 17] = [
     },
 ];
 
-/// A small xorshift generator: the data only needs to look like weights, not be random.
-fn fill_random(buf: &mut [u8], seed: u64) {
-    let mut x = seed | 1;
-    for chunk in buf.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let b = x.to_le_bytes();
-        chunk.copy_from_slice(&b[..chunk.len()]);
-    }
-}
-
 /// Fills `buf` with bf16 values drawn about as a layer's weights are (near normal, sd 0.02: a
 /// row's amax over 448 makes a scale under which almost no value falls into e4m3's subnormal
 /// codes), where `fill_values` spreads them over every binade of e4m3.
@@ -184,53 +172,6 @@ fn fill_values(buf: &mut [u8], dtype: DType, threads: usize) {
     ) {
         panic!("fill {dtype}: {e}");
     }
-}
-
-fn best_of(reps: usize, mut f: impl FnMut()) -> Duration {
-    f(); // warm-up: page faults, caches, thread start-up paths
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .min()
-        .unwrap_or_default()
-}
-
-fn parallel_copy(dst: &mut [u8], src: &[u8], threads: usize) {
-    if threads <= 1 {
-        dst.copy_from_slice(src);
-        return;
-    }
-    let per = dst.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        for (d, c) in dst.chunks_mut(per).zip(src.chunks(per)) {
-            s.spawn(move || d.copy_from_slice(c));
-        }
-    });
-}
-
-fn gbps(bytes: usize, t: Duration) -> f64 {
-    bytes as f64 / t.as_secs_f64() / 1e9
-}
-
-/// The text after `name` on the command line, if given.
-fn arg_str(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-}
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 fn main() {

@@ -10,82 +10,23 @@
 //! bench/results/dequant-<level>.md.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
+use trash_panda::dtype::ggml::reference::scale_fields;
 use trash_panda::dtype::{
     best_simd_level, dequantize, quantize_int8, quantize_q8_0, simd_level, DType, BLOCK_DTYPES,
 };
-
-fn fill_random(buf: &mut [u8], seed: u64) {
-    let mut x = seed | 1;
-    for chunk in buf.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-    }
-}
+use trash_panda_bench::{arg, arg_str, best_of, fill_random, gbps, parallel_copy};
 
 /// Random blocks of `t` whose f16 scale fields all hold about 0.001 (as a layer's weights'
 /// scales do), so no case runs on infinities or NaNs.
 fn fill_blocks(buf: &mut [u8], t: DType) {
     fill_random(buf, 9);
-    let fields: &[usize] = match t {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
-        DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
-        DType::Q2K => &[80, 82],
-        DType::Q3K => &[108],
-        _ => &[208],
-    };
     for (i, b) in buf.chunks_exact_mut(t.size()).enumerate() {
-        for &at in fields {
+        for &at in scale_fields(t) {
             let h = 0x1419u16 + (i % 64) as u16; // about 0.001
             b[at..at + 2].copy_from_slice(&h.to_le_bytes());
         }
     }
-}
-
-fn best_of(reps: usize, mut f: impl FnMut()) -> Duration {
-    f();
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .min()
-        .unwrap_or_default()
-}
-
-fn parallel_copy(dst: &mut [u8], src: &[u8], threads: usize) {
-    if threads <= 1 {
-        dst.copy_from_slice(src);
-        return;
-    }
-    let per = dst.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        for (d, c) in dst.chunks_mut(per).zip(src.chunks(per)) {
-            s.spawn(move || d.copy_from_slice(c));
-        }
-    });
-}
-
-fn gbps(bytes: usize, t: Duration) -> f64 {
-    bytes as f64 / t.as_secs_f64() / 1e9
-}
-
-fn arg_str(name: &str) -> Option<String> {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-}
-
-fn arg(name: &str, default: usize) -> usize {
-    arg_str(name)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 enum Job {

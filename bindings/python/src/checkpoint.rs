@@ -96,11 +96,8 @@ impl PyTensorInfo {
     /// is row `rows[r]` of the stored tensor, which has at least two dimensions and as many rows
     /// as `rows` gives.
     fn reordered(&self, rows: Vec<u32>) -> PyResult<Self> {
-        let stored = self.shape.first().copied().unwrap_or(1);
-        if self.shape.len() < 2
-            || rows.len() != stored
-            || rows.iter().any(|&r| r as usize >= stored)
-        {
+        if !trash_panda::rules::is_row_order(&self.shape, &rows) {
+            let stored = self.shape.first().copied().unwrap_or(1);
             return Err(raise(
                 Kind::Argument,
                 format!(

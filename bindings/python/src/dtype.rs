@@ -121,9 +121,8 @@ fn expand(
     let n = worker_threads(threads);
     // SAFETY: `disjoint` checked that `s` and `d` do not overlap, and nothing else is borrowed.
     let (sb, db) = (s.bytes(), unsafe { d.bytes_mut() });
-    without_gil(py, || match &order {
-        None => dtype::expand(sb, sd, db, dd, (rows, cols), &scale, n),
-        Some(o) => dtype::expand_reordered(sb, sd, db, dd, (rows, cols), &scale, o, n),
+    without_gil(py, || {
+        dtype::expand_reordered(sb, sd, db, dd, (rows, cols), &scale, order.as_deref(), n)
     })
     .map_err(ToPyErr::to_py)
 }
@@ -146,6 +145,42 @@ fn cast(
     // SAFETY: `disjoint` checked that `s` and `d` do not overlap, and nothing else is borrowed.
     let (sb, db) = (s.bytes(), unsafe { d.bytes_mut() });
     without_gil(py, || dtype::cast(sb, sd, db, dd, n)).map_err(ToPyErr::to_py)
+}
+
+/// Runs a quantizer `run(src, dst, scales, threads)` without the GIL on the bytes of `src` and
+/// `dst` and a buffer of as many f32 values as the float32 tensor `scales` holds, then writes the
+/// scales it made into that tensor. `op` names the call in errors.
+fn with_scales(
+    py: Python<'_>,
+    op: &'static str,
+    (src, dst, scales): (&Bound<'_, PyAny>, &Bound<'_, PyAny>, &Bound<'_, PyAny>),
+    threads: Option<usize>,
+    run: impl FnOnce(&[u8], &mut [u8], &mut [f32], usize) -> Result<(), dtype::DtypeError> + Send,
+) -> PyResult<()> {
+    let (s, d, sc) = (
+        Borrowed::new(src, "src")?,
+        Borrowed::new(dst, "dst")?,
+        Borrowed::new(scales, "scales")?,
+    );
+    disjoint(&s, &d, op)?;
+    disjoint(&s, &sc, op)?;
+    disjoint(&d, &sc, op)?;
+    if sc.len() % 4 != 0 {
+        return Err(raise(
+            Kind::Argument,
+            format!("{op}: scales must be a float32 tensor"),
+        ));
+    }
+    let n = worker_threads(threads);
+    let mut out = vec![0f32; sc.len() / 4];
+    // SAFETY: the three tensors were checked pairwise disjoint above.
+    let (sb, db) = (s.bytes(), unsafe { d.bytes_mut() });
+    without_gil(py, || run(sb, db, &mut out, n)).map_err(ToPyErr::to_py)?;
+    // SAFETY: `sb` and `db` are no longer used, and `sc` overlaps neither tensor.
+    for (chunk, v) in unsafe { sc.bytes_mut() }.chunks_exact_mut(4).zip(out) {
+        chunk.copy_from_slice(&v.to_le_bytes());
+    }
+    Ok(())
 }
 
 /// Quantizes `src` to fp8 e4m3fn into `dst`, writing the float32 scales into `scales`: one
@@ -177,33 +212,13 @@ fn quantize_fp8(
             ))
         }
     };
-    let (s, d, sc) = (
-        Borrowed::new(src, "src")?,
-        Borrowed::new(dst, "dst")?,
-        Borrowed::new(scales, "scales")?,
-    );
-    disjoint(&s, &d, "quantize_fp8")?;
-    disjoint(&s, &sc, "quantize_fp8")?;
-    disjoint(&d, &sc, "quantize_fp8")?;
-    if sc.len() % 4 != 0 {
-        return Err(raise(
-            Kind::Argument,
-            "quantize_fp8: scales must be a float32 tensor",
-        ));
-    }
-    let n = worker_threads(threads);
-    let mut out = vec![0f32; sc.len() / 4];
-    // SAFETY: the three tensors were checked pairwise disjoint above.
-    let (sb, db) = (s.bytes(), unsafe { d.bytes_mut() });
-    without_gil(py, || {
-        dtype::quantize_fp8(sb, sd, (rows, cols), granularity, db, &mut out, n)
-    })
-    .map_err(ToPyErr::to_py)?;
-    // SAFETY: `sb` and `db` are no longer used, and `sc` overlaps neither tensor.
-    for (chunk, v) in unsafe { sc.bytes_mut() }.chunks_exact_mut(4).zip(out) {
-        chunk.copy_from_slice(&v.to_le_bytes());
-    }
-    Ok(())
+    with_scales(
+        py,
+        "quantize_fp8",
+        (src, dst, scales),
+        threads,
+        |sb, db, out, n| dtype::quantize_fp8(sb, sd, (rows, cols), granularity, db, out, n),
+    )
 }
 
 /// Quantizes `src` (a multiple of 32 floats) to GGML Q8_0 blocks in `dst` (34 bytes a block).
@@ -241,33 +256,13 @@ fn quantize_int8(
     threads: Option<usize>,
 ) -> PyResult<()> {
     let sd = parse_dtype(src_dtype)?;
-    let (s, d, sc) = (
-        Borrowed::new(src, "src")?,
-        Borrowed::new(dst, "dst")?,
-        Borrowed::new(scales, "scales")?,
-    );
-    disjoint(&s, &d, "quantize_int8")?;
-    disjoint(&s, &sc, "quantize_int8")?;
-    disjoint(&d, &sc, "quantize_int8")?;
-    if sc.len() != rows * 4 {
-        return Err(raise(
-            Kind::Argument,
-            format!("quantize_int8: scales must be {rows} float32 values, one per row"),
-        ));
-    }
-    let n = worker_threads(threads);
-    let mut out = vec![0f32; rows];
-    // SAFETY: the three tensors were checked pairwise disjoint above.
-    let (sb, db) = (s.bytes(), unsafe { d.bytes_mut() });
-    without_gil(py, || {
-        dtype::quantize_int8(sb, sd, (rows, cols), db, &mut out, n)
-    })
-    .map_err(ToPyErr::to_py)?;
-    // SAFETY: `sb` and `db` are no longer used, and `sc` overlaps neither tensor.
-    for (chunk, v) in unsafe { sc.bytes_mut() }.chunks_exact_mut(4).zip(out) {
-        chunk.copy_from_slice(&v.to_le_bytes());
-    }
-    Ok(())
+    with_scales(
+        py,
+        "quantize_int8",
+        (src, dst, scales),
+        threads,
+        |sb, db, out, n| dtype::quantize_int8(sb, sd, (rows, cols), db, out, n),
+    )
 }
 
 /// How scale tensor `name` of shape `scale` applies to a weight of shape `weight`: "tensor",

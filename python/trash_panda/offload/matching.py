@@ -6,7 +6,7 @@ import difflib
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
-from .._dtypes import torch_dtype
+from .._dtypes import is_block, torch_dtype
 from ..adapter_names import adapter_params, base_name, unwrapped
 from ..errors import ArgumentError, CheckpointError, DtypeError
 from ..plan import Plan
@@ -82,7 +82,7 @@ def match(
                 f"{list(info.shape)} but the model's {found} has shape {list(shape)}"
             )
         # GGML blocks hold float weights.
-        if (_core.is_float_dtype(info.dtype) or _core.is_block_dtype(info.dtype)) != p.dtype.is_floating_point:
+        if (_core.is_float_dtype(info.dtype) or is_block(info.dtype)) != p.dtype.is_floating_point:
             raise CheckpointError(f"{where}: tensor {info.name!r} is {info.dtype} but the model's {found} is {p.dtype}")
         scale, kind = None, "none"
         scale_name = _core.paired_scale(found, named)  # input_scale is never applied to a weight

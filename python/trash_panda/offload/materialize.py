@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _core
-from .._dtypes import needs_expansion, stored_shape, torch_dtype
+from .._dtypes import is_block, needs_expansion, stored_shape, torch_dtype
 from ..adapter_names import adapter_params
 from ..errors import CheckpointError
 from .registry import HOOKS_ATTR
@@ -185,7 +185,7 @@ def settle(
     from .stored import expand_stored
 
     target = spec.target
-    if _core.is_block_dtype(spec.info.dtype):
+    if is_block(spec.info.dtype):
         spec.held_block = spec.info.dtype
     if not expand and storage is not None and scale is None and stored.dtype.is_floating_point:
         stored, scale = _convert_storage(stored, storage, spec)

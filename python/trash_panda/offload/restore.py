@@ -104,7 +104,7 @@ def _gone(spec: TensorSpec) -> bool:
 def _weight(state: ModelState, spec: TensorSpec, *, from_file: bool) -> torch.Tensor:
     import torch
 
-    from .._dtypes import needs_expansion
+    from .._dtypes import is_block, needs_expansion
     from .materialize import read_many
     from .stored import expand_stored
 
@@ -128,7 +128,7 @@ def _weight(state: ModelState, spec: TensorSpec, *, from_file: bool) -> torch.Te
         from .backends.cuda import expand_into
 
         out = torch.empty(spec.shape, dtype=spec.target, device=stored.device)
-        block = held if held.startswith("Q") else None
+        block = held if is_block(held) else None
         expand_into(out, stored, scale, kind, block, spec.info.rows)
     else:
         out = torch.empty(spec.shape, dtype=spec.target)

@@ -3,9 +3,9 @@
 //! scales, as for an fp8 weight.
 
 use super::convert::{decode, CHUNK};
-use super::ggml::{lane_amax, round_even};
-use super::level::{multiversion, simd_level};
-use super::{check_bytes, elements, parallel, DType, DtypeError};
+use super::level::multiversion;
+use super::rounding::{lane_amax, round_even};
+use super::{check_bytes, check_quantizer_source, elements, parallel, DType, DtypeError};
 
 /// The largest code: the range is symmetric, so -128 is never used.
 pub const INT8_MAX: f32 = 127.0;
@@ -36,15 +36,7 @@ pub fn quantize_int8(
     scales: &mut [f32],
     threads: usize,
 ) -> Result<(), DtypeError> {
-    if !src_dtype.is_float() {
-        return Err(DtypeError::Unsupported {
-            op: "quantize_int8",
-            src: src_dtype,
-            dst: DType::I8,
-            expected: "a float source (f64, f32, f16, bf16 or fp8)",
-        });
-    }
-    simd_level()?;
+    check_quantizer_source("quantize_int8", src_dtype, DType::I8)?;
     let (rows, cols) = shape;
     let n = elements(shape)?;
     check_bytes("quantize_int8 source", src_dtype, n, src.len())?;

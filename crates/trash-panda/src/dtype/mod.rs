@@ -32,6 +32,7 @@ mod level;
 mod neon;
 mod parallel;
 mod quant;
+mod rounding;
 mod scale;
 mod stores;
 
@@ -248,6 +249,24 @@ pub(crate) fn check_bytes(
             actual_bytes,
         })
     }
+}
+
+/// Checks that a quantizer (`op`, making `dst`) is given a float source, and that this thread's
+/// kernel level is usable.
+pub(crate) fn check_quantizer_source(
+    op: &'static str,
+    src: DType,
+    dst: DType,
+) -> Result<(), DtypeError> {
+    if !src.is_float() {
+        return Err(DtypeError::Unsupported {
+            op,
+            src,
+            dst,
+            expected: "a float source (f64, f32, f16, bf16 or fp8)",
+        });
+    }
+    simd_level().map(|_| ())
 }
 
 /// The element count of a `(rows, cols)` shape, checked.

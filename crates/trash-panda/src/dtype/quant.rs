@@ -2,8 +2,8 @@
 
 use super::convert::{decode, Stores, CHUNK};
 use super::fp8::{f32_bits_to_e4m3, FP8_E4M3FN_MAX};
-use super::level::{multiversion, simd_level};
-use super::{check_bytes, elements, parallel, DType, DtypeError};
+use super::level::multiversion;
+use super::{check_bytes, check_quantizer_source, elements, parallel, DType, DtypeError};
 
 /// Which values share one quantization scale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -54,15 +54,7 @@ pub fn quantize_fp8(
     scales: &mut [f32],
     threads: usize,
 ) -> Result<(), DtypeError> {
-    if !src_dtype.is_float() {
-        return Err(DtypeError::Unsupported {
-            op: "quantize_fp8",
-            src: src_dtype,
-            dst: DType::F8E4M3,
-            expected: "a float source (f64, f32, f16, bf16, fp8)",
-        });
-    }
-    simd_level()?;
+    check_quantizer_source("quantize_fp8", src_dtype, DType::F8E4M3)?;
     let (rows, cols) = shape;
     let n = elements(shape)?;
     check_bytes("quantize_fp8 source", src_dtype, n, src.len())?;

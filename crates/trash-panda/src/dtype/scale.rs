@@ -221,11 +221,11 @@ pub fn expand(
     Ok(())
 }
 
-/// [`expand`] with the rows taken in another order: row `r` of `dst` is row `rows[r]` of `src`
-/// (`src_rows` rows of `cols` elements), expanded with that source row's scale. How a checkpoint
-/// whose rows are stored permuted (GGUF's attention projections) or a slice of rows of a fused
-/// tensor reaches the model; every row must name a source row. Block scales are refused: a tile
-/// would span rows from anywhere.
+/// [`expand`] with the rows taken in `order` when given: row `r` of `dst` is row `order[r]` of
+/// `src` (`src_rows` rows of `cols` elements), expanded with that source row's scale. How a
+/// checkpoint whose rows are stored permuted (GGUF's attention projections) reaches the model;
+/// every row must name a source row. Block scales are refused with an order: a tile would span
+/// rows from anywhere. `None` is [`expand`] itself.
 #[allow(clippy::too_many_arguments)]
 pub fn expand_reordered(
     src: &[u8],
@@ -234,9 +234,20 @@ pub fn expand_reordered(
     dst_dtype: DType,
     (src_rows, cols): (usize, usize),
     scale: &Scale,
-    rows: &[u32],
+    order: Option<&[u32]>,
     threads: usize,
 ) -> Result<(), DtypeError> {
+    let Some(rows) = order else {
+        return expand(
+            src,
+            src_dtype,
+            dst,
+            dst_dtype,
+            (src_rows, cols),
+            scale,
+            threads,
+        );
+    };
     if matches!(scale, Scale::Block { .. }) {
         return Err(DtypeError::Unsupported {
             op: "expand with rows reordered",

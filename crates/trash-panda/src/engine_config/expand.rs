@@ -200,27 +200,16 @@ impl Expansion {
             let t = &layout[step.tensor];
             let scale = leased_scale(lease, &self.work, step.tensor)?;
             let src = lease.tensor(step.tensor)?;
-            match &t.rows {
-                None => dtype::expand(
-                    src,
-                    t.dtype,
-                    dst,
-                    self.to,
-                    rows_cols(&t.shape),
-                    &scale.scale(),
-                    threads,
-                ),
-                Some(rows) => dtype::expand_reordered(
-                    src,
-                    t.dtype,
-                    dst,
-                    self.to,
-                    rows_cols(&t.shape),
-                    &scale.scale(),
-                    rows,
-                    threads,
-                ),
-            }
+            dtype::expand_reordered(
+                src,
+                t.dtype,
+                dst,
+                self.to,
+                rows_cols(&t.shape),
+                &scale.scale(),
+                t.rows.as_deref(),
+                threads,
+            )
             .map_err(|source| ExpandError::Convert {
                 tensor: t.name.clone(),
                 source,

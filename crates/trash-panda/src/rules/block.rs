@@ -38,6 +38,13 @@ pub struct StreamTensor {
     pub rows: Option<Vec<u32>>,
 }
 
+/// Whether `rows` can be the row order of a tensor of `shape` ([`StreamTensor::rows`]): the
+/// tensor has rows (two dimensions or more) and `rows` names a stored row for each of them.
+pub fn is_row_order(shape: &[usize], rows: &[u32]) -> bool {
+    let stored = shape.first().copied().unwrap_or(1);
+    shape.len() >= 2 && rows.len() == stored && rows.iter().all(|&r| (r as usize) < stored)
+}
+
 /// A block whose weights are staged before it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamBlock {

@@ -40,7 +40,7 @@ pub mod staging;
 pub mod tensor;
 pub mod tier;
 
-pub use block::{SourceTier, StreamBlock, StreamTensor};
+pub use block::{is_row_order, SourceTier, StreamBlock, StreamTensor};
 pub use conversion::{
     expansion_layout, needs_expansion, storage_conversion, stored_form, Conversion, ExpansionInput,
     FP8_MIN_ELEMENTS, STORAGE_DTYPES,

@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ..._dtypes import stored_shape, torch_dtype
+from ..._dtypes import is_block, stored_shape, torch_dtype
 from ...errors import StreamError
 from ..timing import Timing
 from .copies import CudaDevice, Device, SlotCopies
@@ -284,8 +284,8 @@ class DeviceBackend:
             if not expanding:
                 self._expansion_ready()
                 expanding = True
-            held = st.dtype if spec.held_block is not None or st.dtype.startswith("Q") else None
-            expand_into(out, w, scale, st.scale_layout or "none", held, spec.info.rows)
+            ggml = st.dtype if is_block(st.dtype) else None
+            expand_into(out, w, scale, st.scale_layout or "none", ggml, spec.info.rows)
             swap(spec, out)
             timing.expanded += out.numel() * out.element_size()
 

@@ -16,7 +16,6 @@ mod quantize;
 pub mod reference;
 
 pub use quantize::quantize_q8_0;
-pub(crate) use quantize::{lane_amax, round_even};
 
 use super::convert::{encode, Stores, CHUNK};
 #[cfg(target_arch = "x86_64")]

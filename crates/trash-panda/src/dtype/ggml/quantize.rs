@@ -3,8 +3,9 @@
 
 use super::super::convert::decode;
 use super::super::half::f32_bits_to_f16_bf;
-use super::super::level::{multiversion, simd_level};
-use super::super::{check_bytes, parallel, DType, DtypeError};
+use super::super::level::multiversion;
+use super::super::rounding::{lane_amax, round_even};
+use super::super::{check_bytes, check_quantizer_source, parallel, DType, DtypeError};
 
 /// Quantizes `src` (floats of `src_dtype`, a multiple of 32 of them, in row-major order so each
 /// run of 32 lies in one row when rows are a multiple of 32 long) to Q8_0 blocks in `dst`.
@@ -21,15 +22,7 @@ pub fn quantize_q8_0(
     dst: &mut [u8],
     threads: usize,
 ) -> Result<(), DtypeError> {
-    if !src_dtype.is_float() {
-        return Err(DtypeError::Unsupported {
-            op: "quantize_q8_0",
-            src: src_dtype,
-            dst: DType::Q8_0,
-            expected: "a float source (f64, f32, f16, bf16 or fp8)",
-        });
-    }
-    simd_level()?;
+    check_quantizer_source("quantize_q8_0", src_dtype, DType::Q8_0)?;
     let ss = src_dtype.size();
     if !src.len().is_multiple_of(ss * 32) {
         return Err(DtypeError::RaggedBytes {
@@ -72,44 +65,6 @@ multiversion! {
             }
         }
     }
-}
-
-/// The largest `|x|` over the non-NaN values (0 for none). Compared as bit patterns: for
-/// magnitudes the integer order is the float order, and an integer maximum vectorizes where
-/// `f32::max`, which must skip NaNs, does not.
-#[inline(always)]
-pub(crate) fn lane_amax(x: &[f32]) -> f32 {
-    let mut acc = [0u32; 8];
-    let chunks = x.chunks_exact(8);
-    let tail = chunks.remainder();
-    let mag = |v: &f32| {
-        let a = v.to_bits() & 0x7FFF_FFFF;
-        if a > 0x7F80_0000 {
-            0
-        } else {
-            a
-        }
-    };
-    for c in chunks {
-        for (a, v) in acc.iter_mut().zip(c) {
-            *a = (*a).max(mag(v));
-        }
-    }
-    let m = tail.iter().map(mag).fold(0, u32::max);
-    f32::from_bits(acc.into_iter().fold(m, u32::max))
-}
-
-/// 1.5 * 2^23: adding it rounds a value of magnitude under 2^22 to an integer (nearest even, the
-/// current mode), which then sits in the low bits of the sum's mantissa, offset by 2^22.
-const MAGIC: f32 = 12_582_912.0;
-
-/// `x` (a magnitude under 2^22, not NaN) rounded to the nearest integer, halves to even: as a
-/// float and as an integer. Float operations that vectorize, where `round_ties_even` and the
-/// saturating `as` are library calls or scalar code on the baseline target.
-#[inline(always)]
-pub(crate) fn round_even(x: f32) -> (f32, i32) {
-    let sum = x + MAGIC;
-    (sum - MAGIC, (sum.to_bits() & 0x7F_FFFF) as i32 - 0x40_0000)
 }
 
 /// `x` rounded to the nearest integer, halves away from zero (C's `roundf`, as ggml rounds) and

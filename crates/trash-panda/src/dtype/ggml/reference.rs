@@ -10,10 +10,9 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
     f16_bits_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
-/// Where a block type keeps its f16 scale (and minimum) fields, in bytes from the block's start.
-// The x86-64 kernels and the tests read it; elsewhere nothing does.
-#[cfg_attr(not(any(test, target_arch = "x86_64")), allow(dead_code))]
-pub(crate) fn scale_fields(t: DType) -> &'static [usize] {
+/// Where a block type keeps its f16 scale (and minimum) fields, in bytes from the block's start
+/// (none for a type that is not a block type).
+pub fn scale_fields(t: DType) -> &'static [usize] {
     match t {
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
         DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],

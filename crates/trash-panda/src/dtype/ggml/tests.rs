@@ -295,7 +295,7 @@ fn reordered_rows_are_the_plain_expansions_rows() {
             DType::BF16,
             (rows, cols),
             &scale,
-            &order,
+            Some(&order),
             2,
         )
         .unwrap();
@@ -313,7 +313,7 @@ fn reordered_rows_are_the_plain_expansions_rows() {
         DType::BF16,
         (rows, cols),
         &Scale::None,
-        &[12],
+        Some(&[12]),
         1,
     )
     .unwrap_err();

@@ -24,7 +24,7 @@
 
 use std::ops::Range;
 
-use super::block::{SourceTier, StreamBlock};
+use super::block::{is_row_order, SourceTier, StreamBlock};
 use super::conversion::{check_storage, tensor_conversion, Conversion};
 use super::error::RuleError;
 use super::staging::{buffer_len, tensor_in_place_eligible, MAP_GRAIN, TENSOR_ALIGN};
@@ -330,20 +330,13 @@ fn check_tensors(index: usize, block: &StreamBlock, file_count: usize) -> Result
             .iter()
             .try_fold(1u64, |n, &d| n.checked_mul(d as u64));
         let want = elements.and_then(|n| t.dtype.bytes_for(n));
-        if let Some(rows) = &t.rows {
-            let stored = t.shape.first().copied().unwrap_or(1);
-            if t.shape.len() < 2
-                || rows.len() != stored
-                || rows.iter().any(|&r| r as usize >= stored)
-            {
-                return Err(invalid(format!(
-                    "tensor {} of shape {:?} has a row order of {} rows that is not an order of its \
-                     {stored} rows",
-                    t.name,
-                    t.shape,
-                    rows.len()
-                )));
-            }
+        if let Some(rows) = t.rows.as_deref().filter(|r| !is_row_order(&t.shape, r)) {
+            return Err(invalid(format!(
+                "tensor {} of shape {:?} has a row order of {} rows that is not an order of its rows",
+                t.name,
+                t.shape,
+                rows.len()
+            )));
         }
         if want != Some(t.end - t.start) {
             return Err(invalid(format!(
