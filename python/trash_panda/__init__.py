@@ -29,7 +29,7 @@ from .offload import (
     release,
     stream_load,
 )
-from .pipeline import Pipeline, PipelineRun, Stage
+from .pipeline import Group, Pipeline, PipelineRun, Stage
 from .plan import Plan, Tier, plan
 from .stage import stage
 from .trace import trace_order
@@ -40,6 +40,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "DtypeError",
+    "Group",
     "LoadReport",
     "OffloadHandle",
     "OrderError",

@@ -1596,6 +1596,7 @@ __all__ += [
     "Departure",
     "Free",
     "Giving",
+    "GroupRecord",
     "Holder",
     "Holds",
     "Leaving",
@@ -1605,6 +1606,9 @@ __all__ += [
     "PaceVerdict",
     "ReadCosts",
     "Replan",
+    "Schedule",
+    "Share",
+    "Sharing",
     "Shed",
     "StageRecord",
     "depart",
@@ -2052,6 +2056,7 @@ class StageRecord:
         file_changed: str | None = None,
         beside: PaceVerdict | None = None,
         plan_warnings: list[str] = ...,
+        share: Share | None = None,
     ) -> StageRecord: ...
     @property
     def run(self) -> int:
@@ -2118,5 +2123,101 @@ class StageRecord:
         loaded.
         """
 
-def pipeline_report(records: list[StageRecord]) -> str:
-    """The report of the stages of a pipeline's runs, in the order they ran."""
+    @property
+    def share(self) -> Share | None:
+        """Its group and why it got its share of the group's memory; None outside a group."""
+
+def pipeline_report(records: list[StageRecord], groups: list[GroupRecord] = ...) -> str:
+    """The report of the stages of a pipeline's runs, in the order they ran; each group's run
+    before its first member's record.
+    """
+
+@final
+class Sharing:
+    """How the members of a group share the memory over a run (the core's `Sharing`)."""
+
+    TURNS: Sharing
+    """How the members of a group share the memory over a run (the core's `Sharing`)."""
+    TOGETHER: Sharing
+    """How the members of a group share the memory over a run (the core's `Sharing`)."""
+    def __int__(self) -> int: ...
+    def __eq__(self, value: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class Schedule:
+    """The calls of a group's members over one run, as stretches of one member each."""
+    def __new__(cls, group: str, members: list[str], runs: list[tuple[str, int]]) -> Schedule: ...
+    @staticmethod
+    def learned(group: str, members: list[str], calls: list[str]) -> Schedule:
+        """The schedule of the calls seen in one run: each member's name, call by call."""
+    @property
+    def runs(self) -> list[tuple[str, int]]:
+        """Its stretches, (member, calls) in order."""
+    @property
+    def sharing(self) -> Sharing:
+        """Turns when each member runs in one stretch, else together."""
+    def calls(self, member: str) -> int:
+        """How many times ``member`` is called over the run."""
+    def order(self) -> list[str]:
+        """The members called, in the order of their first call."""
+    def planning_order(self, members: list[str]) -> list[str]:
+        """The order members loaded together are planned in: the one called most first."""
+    def is_last_call(self, member: str, n: int) -> bool:
+        """Whether the ``n``-th call (from 1) of ``member`` is its last of the run."""
+    def __eq__(self, value: object, /) -> bool: ...
+
+@final
+class Share:
+    """A member's place in its group and why it got its share of the memory, for its record."""
+    @staticmethod
+    def turn(group: str) -> Share:
+        """Members take turns: planned at its turn for the budget less what the others held then."""
+    @staticmethod
+    def first(group: str, calls: int | None = None) -> Share:
+        """Loaded together and planned first (``calls`` in the run, the most; None: no schedule
+        yet, planned in pipeline order).
+        """
+    @staticmethod
+    def after(group: str, before: list[str], calls: int | None = None) -> Share:
+        """Loaded together, planned for what the members ``before`` it left (``calls``: its calls
+        in the run; None: no schedule yet).
+        """
+    @staticmethod
+    def kept(group: str) -> Share:
+        """Kept loaded from an earlier run, as it was planned then."""
+    @property
+    def group(self) -> str:
+        """The group's name."""
+
+@final
+class GroupRecord:
+    """One run of a group, for the pipeline's report."""
+    def __new__(
+        cls,
+        run: int,
+        group: str,
+        sharing: Sharing,
+        *,
+        schedule: Schedule | None = None,
+        learned_in: int | None = None,
+        ran: Schedule | None = None,
+    ) -> GroupRecord: ...
+    @property
+    def run(self) -> int:
+        """The run's number."""
+    @property
+    def group(self) -> str:
+        """The group's name."""
+    @property
+    def sharing(self) -> Sharing:
+        """How the members shared the memory."""
+    @property
+    def schedule(self) -> Schedule | None:
+        """The schedule the run's memory followed (None: none yet)."""
+    @property
+    def learned_in(self) -> int | None:
+        """The run it was learned in; None when it was given or there was none."""
+    @property
+    def ran(self) -> Schedule | None:
+        """The calls the run made (None: no member was called)."""

@@ -99,10 +99,11 @@ def test_every_built_in_hook_name_is_in_the_table() -> None:
     from trash_panda.offload.materialize import LOOKUP_GUARDS
     from trash_panda.offload.overlap import OverlapWait
     from trash_panda.offload.state import RELEASED
+    from trash_panda.pipeline.group import GROUP_HOOK
     from trash_panda.pipeline.pace import Pacer
 
     hooks = [ReleaseGuard, FinalPass, GpuReleased, OverlapWait, RunTiming, Staging, Pacer, RunOrder]
-    names = {h.name for h in hooks} | {CHAIN, RELEASED, LOOKUP_GUARDS}
+    names = {h.name for h in hooks} | {CHAIN, GROUP_HOOK, RELEASED, LOOKUP_GUARDS}
     assert names == set(RANKS)
     # Every built-in gate comes before timing but staging, the last: a gate that raised leaves
     # the block unstarted, so nothing after a bring may be one.

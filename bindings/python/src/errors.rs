@@ -192,7 +192,11 @@ impl ToPyErr for PipelineError {
             PipelineError::Unresolved { .. } => raise(Kind::Plan, self.to_string()),
             PipelineError::NoSuchStage { .. }
             | PipelineError::GivesToItself { .. }
-            | PipelineError::HolderTwice { .. } => raise(Kind::Argument, self.to_string()),
+            | PipelineError::HolderTwice { .. }
+            | PipelineError::EmptySchedule { .. }
+            | PipelineError::UnknownMember { .. }
+            | PipelineError::NoCalls { .. }
+            | PipelineError::TooManyCalls { .. } => raise(Kind::Argument, self.to_string()),
         }
     }
 }

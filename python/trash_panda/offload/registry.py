@@ -13,17 +13,20 @@ The order (:data:`RANKS`, lowest first; module hooks and block hooks share it):
 1. ``pipeline_chain`` (module): a chained pipeline's hook starts the component's stage: it loads
    the component, lifts its ``released`` refusal and adds the hooks below, which wait for weights
    only its start lets in.
-2. ``released`` (module): a released model refuses to run.
-3. ``release_guard``: refuses a block once the offload hooks were removed.
-4. ``final_pass``: refuses a block a final pass freed or gave back; after the run, frees it.
-5. ``lookup_table_guards`` (module): refuses a lookup in a mapped table its file no longer holds.
-6. ``gpu_released``: restores a model released from the GPU (the first hook that does work).
-7. ``overlap_wait``: waits for ``stage(overlap=True)``'s loader to read the block.
-8. ``timing``: times each run (from here the block runs: what staging waits for is in it).
-9. ``staging``: brings the block's weights, and gives them back after the run.
-10. ``pace``: a pipeline's running stage times each block's compute, with and without the next
+2. ``pipeline_group`` (module): a pipeline group's hook counts a member's calls; when members
+   take turns it starts the member's stage (as the chain's does) and opens its last call's
+   final pass.
+3. ``released`` (module): a released model refuses to run.
+4. ``release_guard``: refuses a block once the offload hooks were removed.
+5. ``final_pass``: refuses a block a final pass freed or gave back; after the run, frees it.
+6. ``lookup_table_guards`` (module): refuses a lookup in a mapped table its file no longer holds.
+7. ``gpu_released``: restores a model released from the GPU (the first hook that does work).
+8. ``overlap_wait``: waits for ``stage(overlap=True)``'s loader to read the block.
+9. ``timing``: times each run (from here the block runs: what staging waits for is in it).
+10. ``staging``: brings the block's weights, and gives them back after the run.
+11. ``pace``: a pipeline's running stage times each block's compute, with and without the next
     stage's reads beside it (from here the weights are there: its time is the compute's).
-11. ``order``: records each block's first run, once it has its weights.
+12. ``order``: records each block's first run, once it has its weights.
 
 Why this order: refusals come first (they cost nothing, hold nothing and raise before any hook
 does work for a call that cannot happen: a freed block does not restore a model, nor wait for a
@@ -104,6 +107,9 @@ RANKS: dict[str, int] = {
     # Module hook of a chained pipeline: starts the component's stage, which loads it, lifts its
     # refusal and adds every hook below; they wait for weights only that start lets in.
     "pipeline_chain": 0,
+    # Module hook of a pipeline's group: counts a member's calls, starts its turn when members
+    # take turns (which loads it, as the chain's does) and opens its last call's final pass.
+    "pipeline_group": 5,
     # Refusals: no work done, nothing held, raised before any hook works for a call that cannot
     # happen (a freed block must not restore a model, nor wait for a loader that waits for memory).
     "released": 10,  # module hook: a released model refuses to run

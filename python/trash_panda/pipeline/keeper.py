@@ -28,7 +28,7 @@ from ..options import (
 from ..plan import plan as make_plan
 from .ahead import Pending
 from .pace import Pacer, Rates
-from .spec import Stage
+from .spec import Group, Stage
 from .staging import SharedStaging
 from .turn import Turn
 
@@ -69,8 +69,18 @@ class StageKeeper:
         keep: bool,
         ram: int | None,
         vram: int | None,
+        groups: Sequence[Group] = (),
     ) -> None:
         self.stages = list(stages)
+        self.groups = {g.name: g for g in groups}
+        # Each group's schedule learned from its last run's calls, and that run's number.
+        self.learned: dict[str, tuple[_core.Schedule, int]] = {}
+        self.group_records: list[_core.GroupRecord] = []
+        self._sharing: dict[str, _core.Sharing] = {}  # how each group's last run shared
+        self._underway: dict[str, _core.Sharing] = {}  # how the group whose turn runs shares
+        # The members of a group loaded together while its turn runs: each is running (a room
+        # made for another stage takes from them only at their end).
+        self.running_members: list[LoadedStage] = []
         self.device = device
         self.prefetch = prefetch
         self.keep = keep
@@ -102,7 +112,7 @@ class StageKeeper:
         return [s.name for s in self.stages if s.name in self.loaded]
 
     def report(self) -> str:
-        text = _core.pipeline_report(self.records)
+        text = _core.pipeline_report(self.records, self.group_records)
         if self.pages is not None and self.pages.reused + self.pages.fresh:
             reused, fresh = self.pages.reused / 1e9, self.pages.fresh / 1e9
             text = f"pages: {reused:.2f} GB read into pages given back, {fresh:.2f} GB into new ones\n{text}"
@@ -195,17 +205,24 @@ class StageKeeper:
             held = held.plus(s.committed())
         return held
 
-    def _plan(self, spec: Stage, model: nn.Module, ckpt: Checkpoint, free: _core.Free) -> Plan:
-        """The stage's plan for ``free``, with its remembered activation memory."""
+    def _plan(self, spec: Stage, model: nn.Module, ckpt: Checkpoint, free: _core.Free, pool: bool = True) -> Plan:
+        """The stage's plan for ``free``, with its remembered activation memory; ``pool``: it
+        may stage into the shared pool (members of a group loaded together do not)."""
         # The pipeline keeps the stages' floor of free RAM itself (``_floor``, in ``_free``).
         options = with_remembered_activation({**spec.options, "min_free_ram": 0}, spec.memo_key)
         sizes: dict[str, Any] = {"ram": free.ram}
         if free.vram is not None:
             sizes["vram"] = free.vram
         sizes.update({k: options.pop(k) for k in ("ram", "vram") if options.get(k) is not None})
-        return self.staging.planned(
-            lambda **kw: make_plan(model, ckpt, device=self.device, **{**sizes, **options, **kw}), sizes["ram"]
-        )
+
+        def make(**kw: Any) -> Plan:
+            return make_plan(model, ckpt, device=self.device, **{**sizes, **options, **kw})
+
+        if pool:
+            return self.staging.planned(make, sizes["ram"])
+        # Buffers of its own: the pipeline's free memory has the pool back only for the plans
+        # that count it (see SharedStaging.planned).
+        return make() if self.staging.pool is None else make(ram=max(0, sizes["ram"] - self.staging.bytes))
 
     def _room(
         self, spec: Stage, model: nn.Module, ckpt: Checkpoint, running: LoadedStage | None
@@ -244,13 +261,14 @@ class StageKeeper:
         short = need.beyond(free)
         for giving in _core.make_room(self.index(spec.name), len(self.stages), short, holders, keep=self.keep):
             s = by_name[giving.stage]
+            runs_now = s is running or s in self.running_members
             if giving.whole:
                 took = whole[s.name]
-                if s is running:
+                if runs_now:
                     s.release_at_end()
                 else:
                     self._release(s.name)
-            elif s is running:
+            elif runs_now:
                 s.give_at_end(giving.blocks)
                 took = s.holds_in(giving.blocks)
             else:
@@ -306,6 +324,10 @@ class StageKeeper:
             turn.actual = turn.actual or found
         loaded.begin_turn(self._ticks, self.keep)
         self.loaded[spec.name] = loaded
+        group = self.group_of(spec.name)
+        if group is not None:  # members that take turns: each at its own
+            kept = turn.arrival == _core.Arrival.KEPT
+            turn.share = _core.Share.kept(group.name) if kept else _core.Share.turn(group.name)
         self._want_pages()
         if self.prefetch and self.device.type == "cpu":
             # Times its blocks beside the read-ahead, and pauses that where it costs more than
@@ -332,6 +354,133 @@ class StageKeeper:
         fresh = self._plan(spec, loaded.model, Checkpoint(spec.path), actual)
         return _core.still_fits(spec.name, loaded.plan, fresh, actual)
 
+    # -- groups ------------------------------------------------------------------------------
+
+    def group_of(self, name: str) -> Group | None:
+        """The group the stage ``name`` is a member of (None: none)."""
+        for g in self.groups.values():
+            if name in g.members:
+                return g
+        return None
+
+    def schedule_for(self, group: Group) -> tuple[_core.Schedule | None, int | None]:
+        """The schedule a run of ``group`` follows when the run gives none: the group's own,
+        else the one learned from its last run (and that run's number), else none."""
+        from .spec import schedule_of
+
+        if group.schedule is not None:
+            return schedule_of(group.name, group.members, group.schedule), None
+        learned = self.learned.get(group.name)
+        return (learned[0], learned[1]) if learned is not None else (None, None)
+
+    def new_sharing(self, group: Group, sharing: _core.Sharing) -> None:
+        """A run of ``group`` shares the memory as ``sharing``: when its last run shared it
+        the other way, its members kept from that run are released, to be planned for the new
+        way (members planned together hold a part of the budget each; one planned for its
+        turn, all of it)."""
+        before = self._sharing.get(group.name)
+        self._sharing[group.name] = sharing
+        self._underway[group.name] = sharing
+        if before is None or before == sharing:
+            return
+        self.settle()
+        for name in group.members:
+            if name in self.loaded:
+                self._release(name)
+
+    def group_ended(self, group: Group) -> None:
+        """The turn of ``group`` ended: its next run's sharing is predicted from its schedule."""
+        self._underway.pop(group.name, None)
+
+    def loads_together(self, name: str) -> bool:
+        """Whether the stage ``name`` is a member its group's next run loads with the others
+        (so nothing reads it ahead for a plan of its own): as the group's turn under way shares,
+        else as its schedule says; a group with no schedule yet loads together."""
+        group = self.group_of(name)
+        if group is None:
+            return False
+        underway = self._underway.get(group.name)
+        if underway is not None:
+            return underway == _core.Sharing.TOGETHER
+        schedule, _ = self.schedule_for(group)
+        return schedule is None or schedule.sharing == _core.Sharing.TOGETHER
+
+    def start_together(
+        self, group: Group, order: list[str], schedule: _core.Schedule | None
+    ) -> list[tuple[LoadedStage, Turn]]:
+        """The members of ``group`` start at once, planned one after the other in ``order``:
+        each for the memory free (the other stages given back as needed) less what the members
+        before it hold and the least the members after it need. Each has staging buffers of its
+        own, sized for its blocks (their engines stage at once; the shared pool serves one
+        engine at a time). Returns them in ``order``, each with its turn; then the stage after
+        the group starts being read ahead."""
+        from .loaded import load_stage
+
+        self.settle()
+        members = [self.stages[self.index(n)] for n in order]
+        # The least each member needs (every block streamed): what the ones planned before it
+        # leave for it at least.
+        least = {}
+        for spec in members:
+            kept = self.loaded.get(spec.name)
+            if kept is None or kept.runs == 0:
+                empty = _core.Free(0, None if self.device.type == "cpu" else 0)
+                plan = self._plan(spec, self._model(spec), Checkpoint(spec.path), empty, pool=False)
+                least[spec.name] = plan.holds(spec.name)
+        started: list[tuple[LoadedStage, Turn]] = []
+        for at, spec in enumerate(members):
+            self._ticks += 1
+            self._drop_changed(spec.name)
+            turn = Turn(file_changed=self._changes.pop(spec.name, None))
+            loaded = self.loaded.get(spec.name)
+            if loaded is not None and loaded.runs == 0:
+                # Read ahead for a plan of its own (the schedule changed): planned again here.
+                self._release(spec.name)
+                loaded = None
+            calls = schedule.calls(spec.name) if schedule is not None else None
+            if loaded is not None:
+                turn.arrival, turn.share = _core.Arrival.KEPT, _core.Share.kept(group.name)
+                if loaded.given:
+                    outside = [s for s in self._others(spec) if s.name not in group.members]
+                    self._make_room(spec, loaded.holds_in(loaded.given_back), self._free(), outside, None)
+                    loaded.refill(None)
+                turn.read_again = loaded.take_read_again()
+            else:
+                model = self._model(spec)
+                ckpt = Checkpoint(spec.path)
+                free = self._free()
+                outside = [s for s in self._others(spec) if s.name not in group.members]
+                everything = free
+                for s in outside:
+                    everything = everything.after_release(s.committed())
+                after = _core.Holds()
+                for later in members[at + 1 :]:
+                    if later.name in least:
+                        after = after.plus(least[later.name])
+                p = self._plan(spec, model, ckpt, everything.less(after), pool=False)
+                gained = self._make_room(spec, p.needs(spec.name), free, outside, None)
+                predicted = free.after_release(gained)
+                found = self._free()
+                loaded = load_stage(
+                    spec.name, model, ckpt, p, predicted, **self._load_args(spec, pool=False), ahead=False
+                )
+                before = [m.name for m in members[:at]]
+                turn.share = (
+                    _core.Share.after(group.name, before, calls) if before else _core.Share.first(group.name, calls)
+                )
+                turn.arrival, turn.predicted, turn.actual = _core.Arrival.READ_AT_START, predicted, found
+            if loaded.state.lane is not None:
+                loaded.state.lane.priority = _core.Priority.RUN
+            loaded.begin_turn(self._ticks, self.keep)
+            self.loaded[spec.name] = loaded
+            started.append((loaded, turn))
+        self.running_members = [loaded for loaded, _ in started]
+        self._want_pages()
+        last = max(self.index(n) for n in group.members)
+        if self.prefetch and last + 1 < len(self.stages):
+            self._read_ahead_later(self.stages[last + 1], started[0][0])
+        return started
+
     # -- the stage read ahead ---------------------------------------------------------------
 
     def _read_ahead_later(self, spec: Stage, running: LoadedStage) -> None:
@@ -345,6 +494,8 @@ class StageKeeper:
         kept = self.loaded.get(spec.name)
         if (kept is None and self.index(spec.name) == 0) or (kept is not None and not kept.given):
             return
+        if self.loads_together(spec.name):
+            return  # planned with the other members at the group's start, for what they hold
         self.pending = Pending(spec.name, functools.partial(self._read_ahead, spec, running))
 
     def settle(self) -> None:
@@ -517,6 +668,7 @@ class StageKeeper:
                 file_changed=turn.file_changed,
                 beside=beside,
                 plan_warnings=[] if kept else list(loaded.plan.warnings),
+                share=turn.share,
             )
         )
         if departure == _core.Departure.KEPT:
@@ -579,7 +731,11 @@ class StageKeeper:
             self.models[spec.name] = model
         return model
 
-    def _load_args(self, spec: Stage) -> dict[str, Any]:
+    def model_of(self, name: str) -> nn.Module:
+        """The model of the stage ``name``, built once (see :meth:`_model`)."""
+        return self._model(self.stages[self.index(name)])
+
+    def _load_args(self, spec: Stage, pool: bool = True) -> dict[str, Any]:
         if self._reads is None:
             # Decided once, at the first load, for the budget with nothing held.
             files = sum(os.path.getsize(f) for s in self.stages for f in Checkpoint(s.path).files)
@@ -591,7 +747,7 @@ class StageKeeper:
             "destination": spec.order_file_destination,
             "shared": {k: spec.options[k] for k in LOAD_OPTIONS if k in spec.options},
             "key": checkpoint_key(spec.memo_key),
-            "staging_pool": self.staging.pool,
+            "staging_pool": self.staging.pool if pool else None,
             "direct": self._reads.direct,
             "pages": self.pages,
         }

@@ -19,7 +19,7 @@ from .. import _core
 from ..errors import ArgumentError
 from .keeper import StageKeeper
 from .run import PipelineRun
-from .spec import Stage
+from .spec import Group, Stage
 
 if TYPE_CHECKING:
     import torch
@@ -36,6 +36,10 @@ class Pipeline:
                     with run.stage("text") as encoder:
                         emb = encoder(ids)
                     ...
+
+    ``groups`` are stages that run together under the pipeline's budget (see
+    :class:`~trash_panda.Group` and :meth:`PipelineRun.group`): two experts of a denoiser,
+    a ControlNet beside its denoiser, a draft model beside its target.
 
     ``prefetch=False`` loads each stage only at its turn; ``keep=False`` releases each stage
     at its end. ``ram`` and ``vram`` (bytes, or sizes such as ``"8GB"``) cap what the
@@ -65,6 +69,7 @@ class Pipeline:
         keep: bool = True,
         ram: int | str | None = None,
         vram: int | str | None = None,
+        groups: Sequence[Group] = (),
     ) -> None:
         from ..device import resolve_device
 
@@ -78,6 +83,7 @@ class Pipeline:
         for flag, value in (("prefetch", prefetch), ("keep", keep)):
             if not isinstance(value, bool):
                 raise ArgumentError(f"{flag}: expected True or False, got {value!r}")
+        groups = _check_groups(groups, names)
         self._keeper = StageKeeper(
             stages,
             resolve_device(device),
@@ -85,6 +91,7 @@ class Pipeline:
             keep=keep,
             ram=None if ram is None else _core.parse_size(ram, "ram"),
             vram=None if vram is None else _core.parse_size(vram, "vram"),
+            groups=groups,
         )
         self._runs = 0
         self._running: PipelineRun | None = None
@@ -169,3 +176,31 @@ class Pipeline:
         finally:
             if self.records and setting("profile"):
                 print(self.report(), file=sys.stderr)
+
+
+def _check_groups(groups: Sequence[Group], names: list[str]) -> list[Group]:
+    """``groups`` checked against the stages ``names``: each member a stage, in one group at
+    most, the members of a group consecutive in the pipeline."""
+    if isinstance(groups, Group) or not all(isinstance(g, Group) for g in groups):
+        raise ArgumentError("groups: expected a list of trash_panda.Group")
+    groups = list(groups)
+    seen: dict[str, str] = {}
+    for g in groups:
+        if g.name in {h.name for h in groups if h is not g}:
+            raise ArgumentError(f"groups: {g.name} named twice; expected a name of its own for each group")
+        for m in g.members:
+            if m not in names:
+                raise ArgumentError(f"group {g.name}: {m!r} is not a stage; expected some of {', '.join(names)}")
+            if m in seen:
+                raise ArgumentError(
+                    f"group {g.name}: stage {m!r} is a member of group {seen[m]} already; "
+                    "expected each stage in one group at most"
+                )
+            seen[m] = g.name
+        places = sorted(names.index(m) for m in g.members)
+        if places != list(range(places[0], places[0] + len(places))):
+            raise ArgumentError(
+                f"group {g.name}: members {', '.join(g.members)} are not next to one another in the pipeline "
+                f"({', '.join(names)}); expected consecutive stages"
+            )
+    return groups

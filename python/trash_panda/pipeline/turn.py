@@ -25,3 +25,4 @@ class Turn:
     peak: int = 0
     overlapped: bool = False  # another stage's set-up paused the meter meanwhile
     seconds: float = 0.0
+    share: _core.Share | None = None  # a group's member: why it got its share of the memory

@@ -2,13 +2,15 @@
 //! what a loaded stage holds, the free memory predicted once it is released, when to plan again,
 //! the allowance the next stage's early reads take from, which stages give memory to one
 //! that needs more and which of its blocks a stage gives, what its loader's reads cost, and how
-//! a stage leaves at its end. One file per module of the core.
+//! a stage leaves at its end, and the schedule of a group of stages run together. One file per
+//! module of the core.
 
 use pyo3::prelude::*;
 
 mod allowance;
 mod blocks;
 mod departure;
+mod group;
 mod holds;
 mod pace;
 mod reads;
@@ -35,6 +37,10 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(blocks::py_give_back, m)?)?;
     m.add_function(wrap_pyfunction!(blocks::py_resident_among, m)?)?;
     m.add_function(wrap_pyfunction!(blocks::py_read_costs, m)?)?;
+    m.add_class::<group::PySharing>()?;
+    m.add_class::<group::PySchedule>()?;
+    m.add_class::<group::PyShare>()?;
+    m.add_class::<group::PyGroupRecord>()?;
     m.add_class::<report::PyArrival>()?;
     m.add_class::<report::PyDeparture>()?;
     m.add_class::<report::PyStageRecord>()?;

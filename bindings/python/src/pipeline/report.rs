@@ -3,10 +3,11 @@
 
 use pyo3::prelude::*;
 
-use trash_panda::pipeline::{report, Arrival, Departure, StageRecord};
+use trash_panda::pipeline::{report, Arrival, Departure, GroupRecord, StageRecord};
 
 use crate::mirror::mirror_enum;
 
+use super::group::{PyGroupRecord, PyShare};
 use super::holds::{PyFree, PyReplan};
 use super::pace::PyPaceVerdict;
 
@@ -96,7 +97,7 @@ pub(crate) struct PyStageRecord {
 impl PyStageRecord {
     #[new]
     #[pyo3(signature = (run, stage, arrival, departure, *, predicted=None, actual=None, replan=None,
-        read_before_start=0, holds=0, file_bytes=0, cached_at_load=0, waited=0.0, seconds=0.0, peak=0, read_again=0, given_back=0, file_changed=None, beside=None, plan_warnings=Vec::new()))]
+        read_before_start=0, holds=0, file_bytes=0, cached_at_load=0, waited=0.0, seconds=0.0, peak=0, read_again=0, given_back=0, file_changed=None, beside=None, plan_warnings=Vec::new(), share=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         run: u32,
@@ -118,6 +119,7 @@ impl PyStageRecord {
         file_changed: Option<String>,
         beside: Option<PyPaceVerdict>,
         plan_warnings: Vec<String>,
+        share: Option<PyShare>,
     ) -> Self {
         PyStageRecord {
             inner: StageRecord {
@@ -140,6 +142,7 @@ impl PyStageRecord {
                 file_changed,
                 beside: beside.map(|v| v.inner),
                 plan_warnings,
+                share: share.map(|s| s.inner),
             },
         }
     }
@@ -242,14 +245,25 @@ impl PyStageRecord {
     fn actual(&self) -> Option<PyFree> {
         self.inner.actual.map(|inner| PyFree { inner })
     }
+    /// Its group and why it got its share of the group's memory; None outside a group.
+    #[getter]
+    fn share(&self) -> Option<PyShare> {
+        self.inner.share.clone().map(|inner| PyShare { inner })
+    }
     fn __str__(&self) -> String {
         self.inner.to_string()
     }
 }
 
-/// The report of the stages of a pipeline's runs, in the order they ran.
+/// The report of the stages of a pipeline's runs, in the order they ran; each group's run
+/// before its first member's record.
 #[pyfunction]
-pub(super) fn pipeline_report(records: Vec<PyRef<'_, PyStageRecord>>) -> String {
+#[pyo3(signature = (records, groups=Vec::new()))]
+pub(super) fn pipeline_report(
+    records: Vec<PyRef<'_, PyStageRecord>>,
+    groups: Vec<PyRef<'_, PyGroupRecord>>,
+) -> String {
     let records: Vec<StageRecord> = records.iter().map(|r| r.inner.clone()).collect();
-    report(&records)
+    let groups: Vec<GroupRecord> = groups.iter().map(|g| g.inner.clone()).collect();
+    report(&records, &groups)
 }

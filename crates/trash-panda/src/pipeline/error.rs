@@ -54,4 +54,50 @@ pub enum PipelineError {
         /// The second's place in the pipeline.
         index: usize,
     },
+
+    /// A group's schedule names no calls.
+    ///
+    /// What to do: give the calls of the run, for example `[("high", 20), ("low", 20)]`.
+    #[error("group {group:?}: the schedule names no calls; expected (member, calls) pairs")]
+    EmptySchedule {
+        /// The group's name.
+        group: String,
+    },
+
+    /// A group's schedule names a stage that is not one of its members.
+    ///
+    /// What to do: name the group's members (the stage names given to `Group(members=...)`).
+    #[error("group {group:?}: the schedule names {member:?}, not a member; expected one of {}", members.join(", "))]
+    UnknownMember {
+        /// The group's name.
+        group: String,
+        /// The name given.
+        member: String,
+        /// The group's members.
+        members: Vec<String>,
+    },
+
+    /// A stretch of a group's schedule has no calls.
+    ///
+    /// What to do: leave out a member that is not called, or give it one call or more.
+    #[error(
+        "group {group:?}: the schedule gives {member:?} no calls; expected at least 1 per stretch"
+    )]
+    NoCalls {
+        /// The group's name.
+        group: String,
+        /// The member.
+        member: String,
+    },
+
+    /// A member's calls in a row overflow the count.
+    ///
+    /// What to do: give the calls of one run; a schedule counts up to 4294967295 calls in a row.
+    #[error("group {group:?}: {member:?} has more calls in a row than a schedule counts (expected at most {})", u32::MAX)]
+    TooManyCalls {
+        /// The group's name.
+        group: String,
+        /// The member.
+        member: String,
+    },
 }

@@ -8,8 +8,9 @@
 //! which of its blocks a stage gives and what they hold as its plan counts them ([`give_back`],
 //! [`resident_among`], [`read_costs`]), whether the stages' loads read through the page cache
 //! ([`load_reads`]), whether reading the next stage ahead pays, measured as it happens
-//! ([`Pace`]), how a stage leaves at its turn's end ([`depart`]), and the report of each turn
-//! ([`StageRecord`]).
+//! ([`Pace`]), how a stage leaves at its turn's end ([`depart`]), the schedule of a group of
+//! stages run together ([`Schedule`]), and the report of each turn ([`StageRecord`],
+//! [`GroupRecord`]).
 //!
 //! A stage is planned once, for the memory expected to be free when it starts; its reads begin
 //! while the stage before it still computes, each taking its bytes from the allowance, which
@@ -19,6 +20,7 @@ mod allowance;
 mod blocks;
 mod departure;
 mod error;
+mod group;
 mod holds;
 mod pace;
 mod reads;
@@ -29,6 +31,7 @@ pub use allowance::{Allowance, AllowanceStats};
 pub use blocks::{give_back, read_costs, resident_among, ReadCosts, Shed};
 pub use departure::{depart, Ending, Leaving};
 pub use error::PipelineError;
+pub use group::{Calls, GroupRecord, Schedule, ScheduleSource, Share, ShareReason, Sharing};
 pub use holds::{
     ram_floor, replan, still_fits, Free, Holds, Replan, REPLAN_MARGIN_FRACTION, REPLAN_MARGIN_MIN,
 };

@@ -3,7 +3,7 @@
 
 use std::fmt::{self, Write as _};
 
-use super::{Free, PaceVerdict, Replan};
+use super::{Free, GroupRecord, PaceVerdict, Replan, Share};
 use crate::units::format_bytes;
 
 /// How a stage's weights were there when its turn came.
@@ -81,6 +81,8 @@ pub struct StageRecord {
     /// The warnings of the plan it was loaded by (forced tiers over the budget, blocks read
     /// from disk every pass, ...); empty when kept, as its plan was reported at its load.
     pub plan_warnings: Vec<String>,
+    /// Its group and why it got its share of the group's memory; `None` outside a group.
+    pub share: Option<Share>,
 }
 
 impl fmt::Display for Arrival {
@@ -166,6 +168,9 @@ impl fmt::Display for StageRecord {
                 free(a)
             )?;
         }
+        if let Some(s) = &self.share {
+            write!(f, "\n    in group {}: {}", s.group, s.reason)?;
+        }
         if let Some(r) = &self.replan {
             write!(f, "\n    planned again: {r}")?;
         }
@@ -188,12 +193,28 @@ impl fmt::Display for StageRecord {
     }
 }
 
-/// The report of every stage of every run, one entry per stage in the order they ran.
-pub fn report(records: &[StageRecord]) -> String {
+/// The report of every stage of every run, one entry per stage in the order they ran; a
+/// group's run comes before the first of its members' records in that run.
+pub fn report(records: &[StageRecord], groups: &[GroupRecord]) -> String {
     let mut out = String::from("pipeline:\n");
+    let mut shown = vec![false; groups.len()];
     for r in records {
-        // Writing to a String cannot fail.
+        if let Some(share) = &r.share {
+            for (g, done) in groups.iter().zip(shown.iter_mut()) {
+                if !*done && g.run == r.run && g.group == share.group {
+                    *done = true;
+                    // Writing to a String cannot fail.
+                    let _ = writeln!(out, "  {g}");
+                }
+            }
+        }
         let _ = writeln!(out, "  {r}");
+    }
+    // A group none of whose members ran in its run still says what it was given.
+    for (g, done) in groups.iter().zip(shown) {
+        if !done {
+            let _ = writeln!(out, "  {g}");
+        }
     }
     out
 }
@@ -229,12 +250,71 @@ mod tests {
             file_changed: None,
             beside: None,
             plan_warnings: Vec::new(),
+            share: None,
         }
     }
 
     #[test]
+    fn a_group_comes_before_its_first_member_with_each_member_s_share() {
+        use crate::pipeline::{Calls, Schedule, ScheduleSource, ShareReason};
+        let members = vec!["draft".to_string(), "target".to_string()];
+        let schedule = Schedule::new(
+            "assisted",
+            &members,
+            ["draft", "target"]
+                .iter()
+                .map(|m| Calls {
+                    member: m.to_string(),
+                    calls: 1,
+                })
+                .collect(),
+        )
+        .unwrap();
+        let group = GroupRecord {
+            run: 2,
+            group: "assisted".into(),
+            schedule: Some(schedule.clone()),
+            source: ScheduleSource::Given,
+            sharing: crate::pipeline::Sharing::Together,
+            ran: Some(schedule),
+        };
+        let mut first = record(Arrival::ReadAtStart);
+        first.stage = "draft".into();
+        first.share = Some(Share {
+            group: "assisted".into(),
+            reason: ShareReason::First { calls: Some(1) },
+        });
+        let mut second = first.clone();
+        second.stage = "target".into();
+        second.share = Some(Share {
+            group: "assisted".into(),
+            reason: ShareReason::After {
+                before: vec!["draft".into()],
+                calls: Some(1),
+            },
+        });
+        let text = report(&[record(Arrival::Kept), first, second], &[group]);
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with("run 2 group assisted: members loaded together"))
+            .unwrap_or_else(|| panic!("no group line in\n{text}"));
+        assert!(lines[at + 1].starts_with("run 2 draft:"), "{text}");
+        assert!(
+            text.contains("in group assisted: planned first (1 call in the run)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "in group assisted: planned after draft (1 call in the run): what they left"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn each_stage_says_how_it_came_and_went() {
-        let text = report(&[record(Arrival::ReadAhead)]);
+        let text = report(&[record(Arrival::ReadAhead)], &[]);
         assert!(text.starts_with("pipeline:\n"), "{text}");
         for part in [
             "run 2 dit: read ahead, 4.25 s",
@@ -284,7 +364,7 @@ mod tests {
         }
         pace.set_read(1_000_000_000);
         r.beside = Some(pace.verdict());
-        let text = report(&[r]);
+        let text = report(&[r], &[]);
         assert!(text.contains("read ahead paused after 1.00 GB"), "{text}");
     }
 
