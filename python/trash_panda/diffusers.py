@@ -16,8 +16,8 @@ import functools
 import importlib
 import json
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,7 @@ class _Component:
     path: Path  # its checkpoint, opened again for each load (release() closes it)
     stage: contextlib.AbstractContextManager[Any] | None = None  # the stage() it is loaded in
     key_map: Any = None  # a single file's tensors under the model's names (files=)
+    group: str | None = None  # a chain's group of components run together, it is a member of
 
 
 @dataclass
@@ -66,15 +67,16 @@ class _Chain:
     at: int = -1  # the component running, by its place in the chain
     busy: int = 0  # module calls of its components under way
 
-    def enter(self, index: int, name: str) -> None:
-        """Starts the component ``name``: ends the one running, and the run when ``name`` does
-        not come after it (the pipeline was called again)."""
+    def enter(self, index: int, name: str, group: str | None = None) -> None:
+        """Starts the component ``name`` (or the ``group`` it is a member of, whose members
+        share ``index``): ends the one running, and the run when ``name`` does not come after
+        it (the pipeline was called again)."""
         self.leave_stage()
         if self.run is None or index <= self.at:
             self.leave_run()
             self.run_cm = self.runner.run()
             self.run = self.run_cm.__enter__()
-        stage = self.run.stage(name)
+        stage = self.run.group(group) if group is not None else self.run.stage(name)
         stage.__enter__()  # left when the next component starts: the pipeline says when
         self.stage_cm, self.at = stage, index
 
@@ -102,6 +104,7 @@ class _Streamed:
     overlap: bool = False
     chained: _Chain | None = None
     pipeline_class: type | None = None  # a chain's pipeline's own class (see _reporting_device)
+    groups: dict[str, list[str]] = field(default_factory=dict)  # a chain's groups, by name
 
 
 def load_pipeline(
@@ -114,6 +117,7 @@ def load_pipeline(
     device: str | torch.device | None = None,
     overlap: bool = False,
     files: Mapping[str, str | os.PathLike[str]] | None = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
     **plan_kwargs: Any,
 ) -> Any:
     """Builds ``pipeline_cls`` (a diffusers pipeline class) from ``folder`` with the components
@@ -138,6 +142,15 @@ def load_pipeline(
     its names converted by diffusers' own converter for the component's class (transformers'
     tables for a transformers component). The folder still gives the configs. A GGUF file's
     blocks stay in their GGML form in every tier and are expanded one block at a time.
+
+    ``groups`` (with ``chain=True``) names streamed components that run together, as
+    :class:`trash_panda.Group` does for a :class:`trash_panda.Pipeline`: ``{"experts":
+    ["transformer", "transformer_2"]}``, each group's members next to one another in
+    ``stream``. By default Wan 2.2's two experts (``transformer`` and ``transformer_2``) are a
+    group, and so is a ``controlnet`` with the denoiser it guides (``unet`` or
+    ``transformer``); ``groups={}`` makes none. The schedule of a group's calls is learned from
+    the first call of the pipeline: members that take turns are then loaded one at a time,
+    the next read while the one before it runs; members that alternate are loaded together.
     """
     if not isinstance(pipeline_cls, type) or not hasattr(pipeline_cls, "from_pretrained"):
         raise ArgumentError(f"pipeline_cls: expected a diffusers pipeline class, got {pipeline_cls!r}")
@@ -162,7 +175,54 @@ def load_pipeline(
     if not isinstance(overlap, bool):
         raise ArgumentError(f"overlap: expected True or False, got {overlap!r}")
     singles = _single_files(root, files, names)
-    return _load_pipeline(pipeline_cls, root, index, names, chain, dtype, device, overlap, plan_kwargs, singles)
+    if groups is not None and not chain:
+        raise ArgumentError("groups: expected chain=True (the components of a chain are what runs in groups)")
+    chained = _chain_groups(names, groups) if chain else {}
+    return _load_pipeline(
+        pipeline_cls, root, index, names, chain, dtype, device, overlap, plan_kwargs, singles, chained
+    )
+
+
+# The components a chain groups unless told otherwise: Wan 2.2's experts, which take turns
+# (one for the high-noise steps, one for the rest), and a ControlNet with the denoiser it
+# guides at every step.
+_EXPERTS = ("transformer", "transformer_2")
+_DENOISERS = ("unet", "transformer")
+
+
+def _chain_groups(names: list[str], groups: Mapping[str, Sequence[str]] | None) -> dict[str, list[str]]:
+    """The groups of a chain's components ``names``: ``groups`` checked, or the default ones
+    the streamed components make."""
+    if groups is None:
+        found: dict[str, list[str]] = {}
+        if all(n in names for n in _EXPERTS):
+            found["experts"] = list(_EXPERTS)
+        denoiser = next(
+            (d for d in _DENOISERS if d in names and d not in _EXPERTS[1:] and "experts" not in found), None
+        )
+        if "controlnet" in names and denoiser is not None:
+            found["controlnet"] = ["controlnet", denoiser]
+        groups = found
+    if not isinstance(groups, Mapping):
+        raise ArgumentError(f"groups: expected a dict of group names to component names, got {type(groups).__name__}")
+    out: dict[str, list[str]] = {}
+    for name, members in groups.items():
+        if isinstance(members, str) or not all(isinstance(m, str) for m in members):
+            raise ArgumentError(f"groups: {name}: expected a list of component names, got {members!r}")
+        members = sorted(members, key=lambda m: names.index(m) if m in names else -1)
+        unknown = [m for m in members if m not in names]
+        if unknown:
+            raise ArgumentError(
+                f"groups: {name}: {', '.join(unknown)} not streamed; expected some of {', '.join(names)}"
+            )
+        places = [names.index(m) for m in members]
+        if places != list(range(places[0], places[0] + len(places))):
+            raise ArgumentError(
+                f"groups: {name}: {', '.join(members)} run together, so they are loaded as one; expected "
+                f"them next to one another in stream= (given {', '.join(names)})"
+            )
+        out[name] = members
+    return out
 
 
 def _single_files(root: Path, files: object, names: list[str]) -> dict[str, Path]:
@@ -194,19 +254,21 @@ def _load_pipeline(
     overlap: bool,
     plan_kwargs: dict[str, Any],
     singles: dict[str, Path],
+    groups: dict[str, list[str]],
 ) -> Any:
     from torch import nn
 
     from .device import resolve_device
 
     dev = resolve_device(device)
-    streamed = _Streamed([], dev, plan_kwargs, chain, overlap)
+    streamed = _Streamed([], dev, plan_kwargs, chain, overlap, groups=groups)
     try:
         for name in names:
             library, class_name = index[name]
             cls = getattr(importlib.import_module(library), class_name)
             model, path, key_map = _build(cls, library, root / name, dtype, singles.get(name))
-            streamed.components.append(_Component(name, model, path, key_map=key_map))
+            group = next((g for g, members in groups.items() if name in members), None)
+            streamed.components.append(_Component(name, model, path, key_map=key_map, group=group))
             if not chain:
                 _begin_stage(streamed, streamed.components[-1])
         pipe = pipeline_cls.from_pretrained(root, **{c.name: c.model for c in streamed.components})
@@ -221,6 +283,11 @@ def _load_pipeline(
         for c in streamed.components:
             _chain_hooks(streamed, c)
             expect_device(c.model, dev)  # adapters loaded before its first call go there
+            if isinstance(getattr(type(c.model), "device", None), property):
+                # Until its first call it is on meta, and a pipeline sends its inputs where the
+                # component says it is: the chain's device, as its load will place it.
+                object.__setattr__(c.model, _CHAIN_DEVICE, dev)
+                c.model.__class__ = _reporting_device(type(c.model))
             # diffusers' LoRA loading moves a text encoder "to" its own device: for a component
             # still on meta that would send its buffers there too.
             guard_to(c.model)
@@ -276,7 +343,7 @@ def _build(
 
 def _runner(streamed: _Streamed) -> Pipeline:
     """The pipeline runner of a chain: one stage per streamed component, in the order given."""
-    from .pipeline import Pipeline, Stage
+    from .pipeline import Group, Pipeline, Stage
 
     # The budgets are the chain's: its components together hold no more than ram= and vram=.
     kw = streamed.plan_kwargs
@@ -291,7 +358,11 @@ def _runner(streamed: _Streamed) -> Pipeline:
         return Stage(c.name, lambda: model, c.path, options=own)
 
     return Pipeline(
-        [stage(c) for c in streamed.components], device=streamed.device, ram=kw.get("ram"), vram=kw.get("vram")
+        [stage(c) for c in streamed.components],
+        device=streamed.device,
+        ram=kw.get("ram"),
+        vram=kw.get("vram"),
+        groups=[Group(name, members) for name, members in streamed.groups.items()],
     )
 
 
@@ -334,7 +405,8 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
     once the next one's read-ahead is set up (:meth:`~trash_panda.Pipeline.settle`)."""
     chain = streamed.chained
     assert chain is not None
-    index = streamed.components.index(c)
+    # A group's members start as one: the group's own hooks start each member's turn.
+    index = next(i for i, other in enumerate(streamed.components) if other is c or (c.group and other.group == c.group))
 
     calls = [0]  # the component's module calls under way (a child's inside its forward)
 
@@ -343,7 +415,7 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
         chain.busy += 1
         if chain.at == index:
             return
-        chain.enter(index, c.name)
+        chain.enter(index, c.name, c.group)
         guard_to(c.model)
 
     def after() -> None:
@@ -361,15 +433,18 @@ def _chain_hooks(streamed: _Streamed, c: _Component) -> None:
         hooks.on_module_end(CHAIN, m, after)
 
 
-_REPORTING: dict[type, type] = {}  # each pipeline class, its chained subclass
+_REPORTING: dict[type, type] = {}  # each pipeline or component class, its chained subclass
+# A chained component's attribute: the chain's device, which its ``device`` reports.
+_CHAIN_DEVICE = "_trash_panda_chain_device"
 
 
 def _reporting_device(cls: type[Any]) -> type:
-    """A chained pipeline's class: ``cls`` whose ``device`` (a public property of diffusers'
-    pipelines, what ``_execution_device`` returns for components no accelerate hook offloads)
-    is the chain's device while the pipeline is chained, whatever device the components are on
-    (meta until each is loaded). One subclass per class, of the same name: the pipeline's
-    config and saving see ``cls``."""
+    """A chained pipeline's class, or a chained component's: ``cls`` whose ``device`` (a
+    public property of diffusers' pipelines, what ``_execution_device`` returns for components
+    no accelerate hook offloads; of a component, where diffusers'
+    ``get_module_execution_device`` sends its inputs) is the chain's device while it is
+    chained, whatever device the components are on (meta until each is loaded). One subclass
+    per class, of the same name: the config and saving see ``cls``."""
     found = _REPORTING.get(cls)
     if found is not None:
         return found
@@ -378,6 +453,9 @@ def _reporting_device(cls: type[Any]) -> type:
         streamed = self.__dict__.get(_ATTR)
         if isinstance(streamed, _Streamed) and streamed.chained is not None:
             return streamed.device
+        chained: torch.device | None = self.__dict__.get(_CHAIN_DEVICE)
+        if chained is not None:
+            return chained
         plain: torch.device = cls.device.__get__(self, cls)  # the class's own
         return plain
 
@@ -419,6 +497,9 @@ def release_pipeline(pipe: Any) -> None:
     pipe.__dict__.pop(_END_OF_CALL, None)  # the class's own again
     if streamed.pipeline_class is not None:
         pipe.__class__ = streamed.pipeline_class
+    for c in streamed.components:
+        if c.model.__dict__.pop(_CHAIN_DEVICE, None) is not None:
+            c.model.__class__ = type(c.model).__mro__[1]  # the class's own again
 
 
 def _release_all(streamed: _Streamed) -> None:

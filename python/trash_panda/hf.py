@@ -8,6 +8,7 @@ generate(), pipeline() and the model's device/dtype/config behave as on the plai
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ def from_pretrained(
     plan: Plan | None = None,
     overlap: bool = False,
     gguf_file: str | os.PathLike[str] | None = None,
+    beside: Sequence[nn.Module] = (),
     **plan_kwargs: Any,
 ) -> nn.Module:
     """Builds ``cls`` (a transformers model class or an Auto class such as
@@ -80,8 +82,15 @@ def from_pretrained(
     Its blocks stay in their GGML form (Q4_K, Q8_0, ...) in every tier and are expanded one block
     at a time; a weight equals transformers' dequantized one, rounded once to the compute dtype
     (bf16 unless ``dtype`` says otherwise).
+
+    ``beside`` are models loaded by trash_panda that stay loaded while this one runs (a draft
+    for assisted generation, ``generate(..., assistant_model=draft)``): ``ram=`` and ``vram=``
+    are then the budget of them all, and what they hold comes off it before this model is
+    planned. Load the model called most often first (the draft: its every byte resident saves a
+    read per drafted token), then the others beside it.
     """
     _check_cls(cls)
+    plan_kwargs = _beside_budget(beside, plan_kwargs)
     if gguf_file is not None:
         return _from_gguf(cls, Path(folder), gguf_file, dtype, device, order, plan, plan_kwargs, overlap)
     ckpt_path = checkpoint_of(folder)
@@ -97,6 +106,35 @@ def from_pretrained(
     check_order(order)
     check_flag("overlap", overlap)
     return _from_pretrained(cls, Path(folder), Checkpoint(ckpt_path), dtype, device, order, plan, plan_kwargs, overlap)
+
+
+def _beside_budget(beside: Sequence[nn.Module], plan_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``plan_kwargs`` with ``ram`` and ``vram`` less what the models ``beside`` hold (their
+    plans' figures, as a pipeline counts a loaded stage); unchanged without a budget given, as
+    the memory measured free already lacks what they hold."""
+    from torch import nn
+
+    from . import _core
+    from .offload.state import get_state
+
+    if isinstance(beside, nn.Module) or not all(isinstance(m, nn.Module) for m in beside):
+        raise ArgumentError("beside: expected a list of models loaded by trash_panda")
+    held = _core.Holds()
+    for m in beside:
+        state = get_state(m)
+        if state is None:
+            raise ArgumentError(
+                f"beside: expected models loaded by trash_panda (from_pretrained, stage, stream_load); "
+                f"{type(m).__name__} is not loaded by it"
+            )
+        held = held.plus(state.plan.holds(type(m).__name__))
+    out = dict(plan_kwargs)
+    for key in ("ram", "vram"):
+        if out.get(key) is not None and beside:
+            given = _core.parse_size(out[key], key)
+            taken = held.ram if key == "ram" else held.vram
+            out[key] = max(0, given - taken)
+    return out
 
 
 def _check_cls(cls: Any) -> None:

@@ -94,7 +94,15 @@ def test_a_chained_pipeline_plants_no_hf_hook_and_reports_its_device(folder: Pat
     try:
         assert isinstance(pipe, StableDiffusionPipeline) and type(pipe).__name__ == "StableDiffusionPipeline"
         assert _hf_hooked(pipe) == []
-        assert all(getattr(pipe, n).device.type == "meta" for n in STREAM)  # nothing loaded yet
+        # Nothing loaded yet, and each component says where its load will put it: a pipeline
+        # sends a component's inputs to its device (diffusers' get_module_execution_device).
+        assert all(next(getattr(pipe, n).parameters()).is_meta for n in STREAM)
+        assert all(getattr(pipe, n).device == torch.device("cpu") for n in STREAM)
+        assert [type(getattr(pipe, n)).__name__ for n in STREAM] == [
+            "CLIPTextModel",
+            "UNet2DConditionModel",
+            "AutoencoderKL",
+        ]
         assert pipe.device == torch.device("cpu") and pipe._execution_device == torch.device("cpu")
         image = sd_image(pipe)
         assert torch.isfinite(image).all()
@@ -102,3 +110,6 @@ def test_a_chained_pipeline_plants_no_hf_hook_and_reports_its_device(folder: Pat
     finally:
         trash_panda.diffusers.release_pipeline(pipe)
     assert type(pipe) is StableDiffusionPipeline
+    from diffusers import UNet2DConditionModel
+
+    assert type(pipe.unet) is UNet2DConditionModel
