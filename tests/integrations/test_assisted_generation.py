@@ -18,7 +18,7 @@ from trash_panda.errors import ArgumentError
 
 pytest.importorskip("transformers")
 
-from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM
 
 NEW_TOKENS = 12
 

@@ -18,7 +18,7 @@ from trash_panda.errors import ArgumentError
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from diffusers import StableDiffusionControlNetPipeline, WanPipeline  # noqa: E402
+from diffusers import StableDiffusionControlNetPipeline, WanPipeline
 
 WAN_STREAM = ["text_encoder", "transformer", "transformer_2", "vae"]
 CN_STREAM = ["text_encoder", "controlnet", "unet", "vae"]
