@@ -77,6 +77,7 @@ __all__ = [
     "read_tensors",
     "read_block",
     "ReadLane",
+    "join_lanes",
     "AdapterMap",
     "LayerAdapter",
     "map_adapter",
@@ -1030,6 +1031,13 @@ class ReadLane:
         """The lane's id in its queue (a dropped lane's id is reused)."""
     def advance(self, position: int) -> None:
         """The block at `position` of the run order runs now: waiting reads rank from it."""
+    @property
+    def joint_places(self) -> list[int] | None:
+        """The place of each position of its order in the run order it shares with other lanes
+        (see `join_lanes`); None when it shares none.
+        """
+    def leave_joint(self) -> None:
+        """Leaves the run order it shared: its reads rank in its own order again."""
     def stats(self) -> tuple[int, int, float]:
         """This lane's (grants, grants that waited, seconds waited in all)."""
     def queue_stats(self) -> tuple[int, int, float]:
@@ -1046,6 +1054,13 @@ class ReadLane:
         """Takes a place at the drive as a read needed now and holds it until `release_place`, as a
         slow read would (tests observe the order served behind it).
         """
+
+def join_lanes(lanes: list[tuple[ReadLane, list[int]]], length: int) -> bool:
+    """Makes `lanes` of one drive's queue, each with the place of each position of its run order in
+    one shared order of `length` blocks, rank their reads in that order (models that run
+    together, their blocks alternating). False, changing nothing, when the lanes are not all of
+    one queue or a place is past `length`.
+    """
 
 @final
 class HeldPlace:
@@ -2202,6 +2217,8 @@ class GroupRecord:
         schedule: Schedule | None = None,
         learned_in: int | None = None,
         ran: Schedule | None = None,
+        run_order: list[tuple[str, int]] = ...,
+        reads_in_order: bool = False,
     ) -> GroupRecord: ...
     @property
     def run(self) -> int:
@@ -2221,3 +2238,9 @@ class GroupRecord:
     @property
     def ran(self) -> Schedule | None:
         """The calls the run made (None: no member was called)."""
+    @property
+    def run_order(self) -> list[tuple[str, int]]:
+        """The members' blocks, (member, block index), in the order they first ran across members."""
+    @property
+    def reads_in_order(self) -> bool:
+        """Whether the run's reads followed a run order across members learned before."""

@@ -190,3 +190,33 @@ def test_groups_and_schedules_are_checked(folder: Path) -> None:
             run.group("g", schedule={"low": 1, "high": 1}),
         ):
             pass
+
+
+def test_members_loaded_together_share_one_run_order_in_the_read_queue(folder: Path) -> None:
+    """The guide's blocks run before the denoiser's at each step: the first run records that
+    order across both, and from the second run on their lanes of the drive's read queue share
+    it (each position of a member's order placed in it), as the report says."""
+    with tp.Pipeline(gs.stages(folder, GUIDED), groups=[tp.Group("g", GUIDED)], ram=None) as pipe:
+        places: dict[str, list[int] | None] = {}
+        for _ in range(2):
+            with pipe.run() as run, run.group("g") as members:
+                gs.guided(members)
+                for name in GUIDED:
+                    lane = pipe._keeper.loaded[name].state.lane
+                    assert lane is not None
+                    places[name] = lane.joint_places
+        first, second = pipe._keeper.group_records
+        guide_blocks = len(gs.build("controlnet").controlnet_blocks)  # type: ignore[arg-type]
+        unet_blocks = len(gs.build("unet").transformer_blocks)  # type: ignore[arg-type]
+        assert first.run_order == [("controlnet", i) for i in range(guide_blocks)] + [
+            ("unet", i) for i in range(unet_blocks)
+        ]
+        assert not first.reads_in_order and second.reads_in_order
+        assert places == {
+            "controlnet": list(range(guide_blocks)),
+            "unet": list(range(guide_blocks, guide_blocks + unet_blocks)),
+        }
+        report = pipe.report()
+        assert "one run order across members (blocks): controlnet 0-2, unet 0-5; the reads followed it" in report
+        # Once the group's turn ends, each lane ranks in its own order again.
+        assert all(pipe._keeper.loaded[n].state.lane.joint_places is None for n in GUIDED)  # type: ignore[union-attr]

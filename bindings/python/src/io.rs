@@ -225,6 +225,18 @@ impl PyReadLane {
         self.inner.advance(position);
     }
 
+    /// The place of each position of its order in the run order it shares with other lanes
+    /// (see `join_lanes`); None when it shares none.
+    #[getter]
+    fn joint_places(&self) -> Option<Vec<usize>> {
+        self.inner.joint_places()
+    }
+
+    /// Leaves the run order it shared: its reads rank in its own order again.
+    fn leave_joint(&self) {
+        self.inner.leave_joint();
+    }
+
     /// This lane's (grants, grants that waited, seconds waited in all).
     fn stats(&self) -> (u64, u64, f64) {
         stats_tuple(self.inner.stats())
@@ -564,12 +576,28 @@ impl PyPagePool {
     }
 }
 
+/// Makes `lanes` of one drive's queue, each with the place of each position of its run order in
+/// one shared order of `length` blocks, rank their reads in that order (models that run
+/// together, their blocks alternating). False, changing nothing, when the lanes are not all of
+/// one queue or a place is past `length`.
+#[pyfunction]
+fn join_lanes(lanes: Vec<(PyRef<'_, PyReadLane>, Vec<usize>)>, length: usize) -> bool {
+    let Some((first, _)) = lanes.first() else {
+        return true;
+    };
+    let queue = first.inner.queue().clone();
+    let pairs: Vec<(&Lane, Vec<usize>)> =
+        lanes.iter().map(|(l, p)| (&l.inner, p.clone())).collect();
+    queue.join(&pairs, length)
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPagePool>()?;
     m.add("DIRECT_ALIGN", DIRECT_ALIGN)?;
     m.add_function(wrap_pyfunction!(read_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(read_block, m)?)?;
     m.add_class::<PyReadLane>()?;
+    m.add_function(wrap_pyfunction!(join_lanes, m)?)?;
     m.add_class::<PyPriority>()?;
     m.add_class::<PyHeldPlace>()?;
     m.add_function(wrap_pyfunction!(drop_cache, m)?)?;

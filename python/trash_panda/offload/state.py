@@ -150,6 +150,8 @@ class ModelState:
     # The model's lane of its drive's read queue: every read of the model (the engine's, the
     # loader's, the resident and outside weights', buffers') waits there, ranked by its run order.
     lane: _core.ReadLane | None = None
+    # The model's run order as its lane counts positions in it (block indices), once given.
+    run_order: list[int] | None = None
     # The pipeline's shared staging pool the engine stages into (None: buffers of its own),
     # registered as pinned once by the pipeline, not by the model's backend.
     staging_pool: _core.StagingPool | None = None
@@ -165,6 +167,7 @@ class ModelState:
         it, and the engine's reads rank by their blocks' places in it."""
         if self.lane is None:
             return
+        self.run_order = list(run_order)
         self.lane.blocks = len(run_order)
         if self.engine is not None and not self.engine.closed:
             at = {index: pos for pos, index in enumerate(run_order)}

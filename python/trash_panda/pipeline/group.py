@@ -10,7 +10,9 @@ one it was learned from): the member's memory then goes at the next member's fir
 
 Members that alternate (``TOGETHER``, and any group with no schedule yet) are loaded at the
 group's start, planned together (see :meth:`~.keeper.StageKeeper.start_together`), and end
-with it.
+with it. Their blocks' first runs across members are recorded, one run order for them all;
+from the next run on, their lanes of the drive's read queue share that order (the core's
+``join_lanes``), so the queue reads the members' blocks in the order they run.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core
 from ..errors import ArgumentError
-from ..offload.registry import model_hooks
+from ..offload.registry import BlockHook, model_hooks
 
 if TYPE_CHECKING:
     from torch import nn
 
     from ..offload.final_pass import FinalPass
+    from ..offload.state import BlockState
     from .keeper import StageKeeper
     from .loaded import LoadedStage
     from .run import PipelineRun
@@ -38,6 +41,21 @@ __all__ = ["GROUP_HOOK", "GroupTurn"]
 
 # The name, in each member's hook registry, of the module hooks that count its calls.
 GROUP_HOOK = "pipeline_group"
+
+
+class RunAcross(BlockHook):
+    """Notes each block's first run, across the members loaded together: one run order."""
+
+    name = "group_order"
+
+    def __init__(self, member: str, order: list[tuple[str, int]], seen: set[tuple[str, int]]) -> None:
+        self._member, self._order, self._seen = member, order, seen
+
+    def pre_forward(self, block: BlockState) -> None:
+        key = (self._member, block.index)
+        if key not in self._seen:
+            self._seen.add(key)
+            self._order.append(key)
 
 
 class GroupTurn(Mapping[str, "nn.Module"]):
@@ -70,8 +88,12 @@ class GroupTurn(Mapping[str, "nn.Module"]):
         self._stage: contextlib.AbstractContextManager[Any] | None = None
         self._final: contextlib.AbstractContextManager[FinalPass] | None = None
         self._final_of: str | None = None
-        # Together: the members loaded, each with its turn.
+        # Together: the members loaded, each with its turn; their blocks' first runs across
+        # members, and whether the reads followed the order learned before.
         self._together: list[tuple[LoadedStage, Turn]] = []
+        self.run_order: list[tuple[str, int]] = []
+        self._seen: set[tuple[str, int]] = set()
+        self.reads_in_order = False
 
     # -- the mapping --------------------------------------------------------------------------
 
@@ -100,6 +122,11 @@ class GroupTurn(Mapping[str, "nn.Module"]):
         members = list(self.group.members)
         order = self.schedule.planning_order(members) if self.schedule is not None else members
         self._together = self._keeper.start_together(self.group, order, self.schedule)
+        for loaded, _turn in self._together:
+            loaded.handle.hooks.add(RunAcross(loaded.name, self.run_order, self._seen))
+        learned = self._keeper.run_orders.get(self.group.name)
+        if learned:
+            self.reads_in_order = _join_reads([loaded for loaded, _ in self._together], learned)
 
     def end(self, failure: BaseException | None, peak: int, overlapped: bool, seconds: float) -> None:
         """Ends the members still running, removes the hooks, learns the run's schedule (when
@@ -115,6 +142,12 @@ class GroupTurn(Mapping[str, "nn.Module"]):
             steps.run(self._leave, failure)
         else:
             keeper = self._keeper
+            for loaded, _turn in self._together:
+                steps.run(loaded.handle.hooks.remove, RunAcross.name)
+                if loaded.state.lane is not None:
+                    steps.run(loaded.state.lane.leave_joint)
+            if failure is None and self.run_order:
+                keeper.run_orders[self.group.name] = list(self.run_order)
             # In pipeline order: what the last member frees goes to the stage read after it.
             ending = sorted(self._together, key=lambda pair: keeper.index(pair[0].name))
             keeper.running_members = []
@@ -132,6 +165,8 @@ class GroupTurn(Mapping[str, "nn.Module"]):
                 schedule=self.schedule,
                 learned_in=self.learned_in,
                 ran=ran,
+                run_order=self.run_order,
+                reads_in_order=self.reads_in_order,
             )
         )
         steps.done()
@@ -204,6 +239,28 @@ class GroupTurn(Mapping[str, "nn.Module"]):
                 final.__exit__(None, None, None)
             else:
                 final.__exit__(type(failure), failure, failure.__traceback__)
+
+
+def _join_reads(members: list[LoadedStage], order: list[tuple[str, int]]) -> bool:
+    """Gives the members' lanes of the read queue one run order, ``order`` ((member, block
+    index) as they first ran), each block not in it after all of it; returns whether they share
+    it (not when their checkpoints lie on different drives, whose queues are apart)."""
+    lanes = [(m, m.state.lane) for m in members if m.state.lane is not None]
+    if len(lanes) < 2 or len({lane.queue_id for _, lane in lanes}) != 1:
+        return False
+    place = {key: at for at, key in enumerate(order)}
+    length = len(order)
+    joined: list[tuple[_core.ReadLane, list[int]]] = []
+    for m, lane in lanes:
+        run = m.state.run_order or list(range(len(m.state.blocks)))
+        places = []
+        for index in run:
+            at = place.get((m.name, index))
+            if at is None:  # it did not run in the run the order was learned in: after it
+                at, length = length, length + 1
+            places.append(at)
+        joined.append((lane, places))
+    return _core.join_lanes(joined, length)
 
 
 def _bound(fn: Any, name: str) -> Any:

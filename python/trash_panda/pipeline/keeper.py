@@ -76,6 +76,8 @@ class StageKeeper:
         # Each group's schedule learned from its last run's calls, and that run's number.
         self.learned: dict[str, tuple[_core.Schedule, int]] = {}
         self.group_records: list[_core.GroupRecord] = []
+        # Each group's blocks, across members loaded together, in the order they first ran.
+        self.run_orders: dict[str, list[tuple[str, int]]] = {}
         self._sharing: dict[str, _core.Sharing] = {}  # how each group's last run shared
         self._underway: dict[str, _core.Sharing] = {}  # how the group whose turn runs shares
         # The members of a group loaded together while its turn runs: each is running (a room

@@ -180,9 +180,12 @@ pub(crate) struct PyGroupRecord {
 #[pymethods]
 impl PyGroupRecord {
     /// ``schedule``: what the run's memory followed (None: none yet); ``learned_in``: the run
-    /// it was learned in (None: given); ``ran``: the calls the run made.
+    /// it was learned in (None: given); ``ran``: the calls the run made; ``run_order``: the
+    /// members' blocks in the order they first ran; ``reads_in_order``: the reads followed it.
     #[new]
-    #[pyo3(signature = (run, group, sharing, *, schedule=None, learned_in=None, ran=None))]
+    #[pyo3(signature = (run, group, sharing, *, schedule=None, learned_in=None, ran=None,
+        run_order=Vec::new(), reads_in_order=false))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         run: u32,
         group: String,
@@ -190,6 +193,8 @@ impl PyGroupRecord {
         schedule: Option<PySchedule>,
         learned_in: Option<u32>,
         ran: Option<PySchedule>,
+        run_order: Vec<(String, usize)>,
+        reads_in_order: bool,
     ) -> Self {
         let source = match (&schedule, learned_in) {
             (None, _) => ScheduleSource::Unknown,
@@ -204,6 +209,8 @@ impl PyGroupRecord {
                 source,
                 sharing: sharing.into(),
                 ran: ran.map(|s| s.inner),
+                run_order,
+                reads_in_order,
             },
         }
     }
@@ -243,6 +250,16 @@ impl PyGroupRecord {
     #[getter]
     fn ran(&self) -> Option<PySchedule> {
         self.inner.ran.clone().map(|inner| PySchedule { inner })
+    }
+    /// The members' blocks, (member, block index), in the order they first ran across members.
+    #[getter]
+    fn run_order(&self) -> Vec<(String, usize)> {
+        self.inner.run_order.clone()
+    }
+    /// Whether the run's reads followed a run order across members learned before.
+    #[getter]
+    fn reads_in_order(&self) -> bool {
+        self.inner.reads_in_order
     }
     fn __str__(&self) -> String {
         self.inner.to_string()

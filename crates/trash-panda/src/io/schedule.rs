@@ -11,6 +11,11 @@
 //! one (the next pass's) last. A read holds its place across its chunks, but gives it up between
 //! two chunks to a read that ranks sooner (in any lane), so a block needed now waits for one
 //! chunk at most, even behind a read for a model that runs later.
+//!
+//! Models that run together, their blocks alternating (a ControlNet's blocks before its
+//! denoiser's in each step), share one run order: [`ReadQueue::join`] gives each of their lanes
+//! the place of each of its positions in that order, and a need then ranks by its distance in
+//! it from the block of any of them that runs now.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
@@ -101,6 +106,8 @@ struct LaneState {
     current: usize,
     priority: Priority,
     stats: QueueStats,
+    /// The run order it shares with other lanes, and the place of each of its positions in it.
+    joint: Option<(usize, Arc<Vec<usize>>)>,
 }
 
 impl LaneState {
@@ -108,13 +115,25 @@ impl LaneState {
     fn rank(&self, need: Need) -> usize {
         match need {
             Need::Now => 0,
-            Need::Block(pos) if self.blocks == 0 => pos.saturating_sub(self.current) + 1,
-            Need::Block(pos) => {
-                let n = self.blocks;
-                (pos % n + n - self.current % n) % n + 1
-            }
+            Need::Block(pos) => distance(pos, self.current, self.blocks),
         }
     }
+}
+
+/// How far `pos` comes after `current` in an order of `n` (0: no wrap), counting from 1.
+fn distance(pos: usize, current: usize, n: usize) -> usize {
+    if n == 0 {
+        pos.saturating_sub(current) + 1
+    } else {
+        (pos % n + n - current % n) % n + 1
+    }
+}
+
+/// A run order several lanes share: its length, and the place of the block that runs now.
+#[derive(Debug)]
+struct JointState {
+    length: usize,
+    current: usize,
 }
 
 #[derive(Debug)]
@@ -128,6 +147,8 @@ struct State {
     /// The reads served, in the order their places were granted, while recording (tests and
     /// traces ask for it; a run does not keep it).
     served: Option<Vec<Served>>,
+    /// Run orders shared by lanes ([`ReadQueue::join`]), by id.
+    joints: Vec<JointState>,
 }
 
 impl State {
@@ -143,10 +164,22 @@ impl State {
             .expect("a lane with a handle is live")
     }
 
-    /// The order reads are served in: lane priority, then need within the lane.
+    /// The order reads are served in: lane priority, then need within the lane (within the run
+    /// order it shares, for a joined lane).
     fn key(&self, lane: usize, need: Need) -> (Priority, usize) {
         let l = self.lane(lane);
-        (l.priority, l.rank(need))
+        let rank = match (need, &l.joint) {
+            (Need::Block(pos), Some((joint, places))) => {
+                let j = &self.joints[*joint];
+                match places.get(pos) {
+                    Some(&place) => distance(place, j.current, j.length),
+                    // A position the shared order has no place for comes after all of it.
+                    None => j.length + pos + 1,
+                }
+            }
+            _ => l.rank(need),
+        };
+        (l.priority, rank)
     }
 
     /// Whether `ticket` is the waiter to go next: the smallest key, the earliest ticket on a tie.
@@ -185,6 +218,7 @@ impl ReadQueue {
                 next_ticket: 0,
                 stats: QueueStats::default(),
                 served: None,
+                joints: Vec::new(),
             }),
             cv: Condvar::new(),
         }
@@ -199,6 +233,7 @@ impl ReadQueue {
             current: 0,
             priority,
             stats: QueueStats::default(),
+            joint: None,
         };
         let id = match st.lanes.iter().position(Option::is_none) {
             Some(free) => {
@@ -226,6 +261,37 @@ impl ReadQueue {
     /// Reads at the drive at once.
     pub fn depth(&self) -> usize {
         self.depth
+    }
+
+    /// Makes `lanes` (each with the place in one shared run order of `length` blocks of each
+    /// position of its own order) rank their needs in that order, from the block of any of them
+    /// that runs now. `false`, changing nothing, when a lane is not this queue's or a place is
+    /// past `length`. A lane joined before leaves its earlier order.
+    pub fn join(&self, lanes: &[(&Lane, Vec<usize>)], length: usize) -> bool {
+        let ours = lanes
+            .iter()
+            .all(|(l, _)| std::ptr::eq(l.queue().as_ref(), self));
+        if !ours
+            || lanes
+                .iter()
+                .any(|(_, places)| places.iter().any(|&p| p >= length))
+        {
+            return false;
+        }
+        let mut st = self.lock();
+        // The first lane's block runs now, as far as the shared order knows yet.
+        let current = lanes
+            .first()
+            .and_then(|(l, places)| places.get(st.lane(l.id()).current).copied())
+            .unwrap_or(0);
+        st.joints.push(JointState { length, current });
+        let joint = st.joints.len() - 1;
+        for (lane, places) in lanes {
+            st.lane_mut(lane.id()).joint = Some((joint, Arc::new(places.clone())));
+        }
+        drop(st);
+        self.cv.notify_all();
+        true
     }
 
     /// Lanes live now (with at least one handle).
@@ -349,12 +415,39 @@ impl Lane {
         self.changed();
     }
 
-    /// The block at `position` of the run order runs now: the lane's waiting reads rank from it.
+    /// The block at `position` of the run order runs now: the lane's waiting reads rank from it
+    /// (and those of the lanes it shares a run order with, from its place in that order).
     pub fn advance(&self, position: usize) {
-        let moved = self.with(|l| std::mem::replace(&mut l.current, position) != position);
+        let moved = {
+            let mut st = self.queue().lock();
+            let lane = st.lane_mut(self.handle.id);
+            let moved = std::mem::replace(&mut lane.current, position) != position;
+            let joint = lane
+                .joint
+                .as_ref()
+                .and_then(|(j, places)| places.get(position).map(|&p| (*j, p)));
+            match joint {
+                Some((j, place)) => {
+                    std::mem::replace(&mut st.joints[j].current, place) != place || moved
+                }
+                None => moved,
+            }
+        };
         if moved {
             self.changed();
         }
+    }
+
+    /// The place of each position of its order in the run order it shares with other lanes
+    /// ([`ReadQueue::join`]); `None` when it shares none.
+    pub fn joint_places(&self) -> Option<Vec<usize>> {
+        self.with(|l| l.joint.as_ref().map(|(_, places)| places.as_ref().clone()))
+    }
+
+    /// Leaves the run order it shared: its needs rank in its own order again.
+    pub fn leave_joint(&self) {
+        self.with(|l| l.joint = None);
+        self.changed();
     }
 
     /// The position of the block being run.
@@ -461,6 +554,40 @@ mod tests {
     /// A queue of `depth` places with one running lane over `blocks` blocks.
     fn one_lane(depth: usize, blocks: usize) -> Lane {
         Arc::new(ReadQueue::new(depth)).lane(blocks, Priority::Run)
+    }
+
+    #[test]
+    fn lanes_that_share_a_run_order_rank_their_needs_in_it() {
+        let q = Arc::new(ReadQueue::new(1));
+        let guide = q.lane(3, Priority::Run);
+        let denoiser = q.lane(6, Priority::Run);
+        let key = |l: &Lane, pos: usize| q.lock().key(l.id(), Need::Block(pos)).1;
+        // Alone, each ranks from its own current block: the denoiser's first block ties with
+        // the guide's second.
+        guide.advance(0);
+        denoiser.advance(5);
+        assert_eq!(key(&guide, 1), key(&denoiser, 0));
+        // One order: the guide's three blocks, then the denoiser's six.
+        assert!(q.join(
+            &[(&guide, vec![0, 1, 2]), (&denoiser, vec![3, 4, 5, 6, 7, 8])],
+            9
+        ));
+        assert_eq!(denoiser.joint_places(), Some(vec![3, 4, 5, 6, 7, 8]));
+        guide.advance(0);
+        assert_eq!(
+            (key(&guide, 1), key(&guide, 2), key(&denoiser, 0)),
+            (2, 3, 4)
+        );
+        // The denoiser runs: the guide's blocks are next step's, needed after its own.
+        denoiser.advance(2);
+        assert_eq!((key(&denoiser, 3), key(&guide, 0)), (2, 5));
+        // A place past the order, or a lane of another queue, is refused.
+        assert!(!q.join(&[(&guide, vec![0, 1, 9])], 9));
+        let other = Arc::new(ReadQueue::new(1)).lane(3, Priority::Run);
+        assert!(!q.join(&[(&other, vec![0, 1, 2])], 3));
+        guide.leave_joint();
+        assert_eq!(guide.joint_places(), None);
+        assert_eq!(key(&guide, 1), 2);
     }
 
     #[test]

@@ -297,6 +297,33 @@ pub struct GroupRecord {
     pub sharing: Sharing,
     /// The calls the run made (None: no member was called).
     pub ran: Option<Schedule>,
+    /// The members' blocks in the order they first ran, across members (members loaded
+    /// together); empty when none was recorded.
+    pub run_order: Vec<(String, usize)>,
+    /// Whether the run's reads followed `run_order` (learned in an earlier run), the read queue
+    /// staging the members' blocks in it.
+    pub reads_in_order: bool,
+}
+
+/// `run_order` as stretches of consecutive blocks of one member: "controlnet 0-2, unet 0-5".
+fn stretches_of_blocks(order: &[(String, usize)]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < order.len() {
+        let (member, first) = (&order[i].0, order[i].1);
+        let mut last = first;
+        while i + 1 < order.len() && order[i + 1].0 == *member && order[i + 1].1 == last + 1 {
+            i += 1;
+            last = order[i].1;
+        }
+        parts.push(if last == first {
+            format!("{member} {first}")
+        } else {
+            format!("{member} {first}-{last}")
+        });
+        i += 1;
+    }
+    parts.join(", ")
 }
 
 impl fmt::Display for GroupRecord {
@@ -307,10 +334,23 @@ impl fmt::Display for GroupRecord {
             None => write!(f, " (no schedule yet: this run's calls are learned)")?,
         }
         match &self.ran {
-            Some(r) if Some(r) != self.schedule.as_ref() => write!(f, "; called {r}"),
-            Some(_) => Ok(()),
-            None => write!(f, "; no member was called"),
+            Some(r) if Some(r) != self.schedule.as_ref() => write!(f, "; called {r}")?,
+            Some(_) => {}
+            None => write!(f, "; no member was called")?,
         }
+        if !self.run_order.is_empty() {
+            write!(
+                f,
+                "\n    one run order across members (blocks): {}; {}",
+                stretches_of_blocks(&self.run_order),
+                if self.reads_in_order {
+                    "the reads followed it"
+                } else {
+                    "the next run's reads follow it"
+                }
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -406,12 +446,25 @@ mod tests {
             source: ScheduleSource::Learned(1),
             sharing: s.sharing(),
             ran: Some(s),
+            run_order: vec![
+                ("d".into(), 0),
+                ("d".into(), 1),
+                ("t".into(), 0),
+                ("t".into(), 2),
+            ],
+            reads_in_order: true,
         };
         assert!(record
             .to_string()
             .starts_with("run 2 group g: members loaded together by the schedule"));
         assert!(
-            record.to_string().ends_with("(learned in run 1)"),
+            record.to_string().contains("(learned in run 1)"),
+            "{record}"
+        );
+        assert!(
+            record.to_string().ends_with(
+                "one run order across members (blocks): d 0-1, t 0, t 2; the reads followed it"
+            ),
             "{record}"
         );
     }

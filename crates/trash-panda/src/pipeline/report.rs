@@ -277,6 +277,8 @@ mod tests {
             source: ScheduleSource::Given,
             sharing: crate::pipeline::Sharing::Together,
             ran: Some(schedule),
+            run_order: Vec::new(),
+            reads_in_order: false,
         };
         let mut first = record(Arrival::ReadAtStart);
         first.stage = "draft".into();
