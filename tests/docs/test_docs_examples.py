@@ -16,7 +16,7 @@ PAGES = sorted(p for p in DOCS.rglob("*.md") if any(b.skip is None for b in page
 # Blocks left out of the tests, each with the reason its page gives: a block added here has to say
 # in its page why it cannot run (it needs CUDA, say), and this list shows them all.
 LEFT_OUT: dict[str, str] = {
-    "docs/guides/transformers-diffusers.md:124": (
+    "docs/guides/transformers-diffusers.md:170": (
         "a Flux pipeline's text encoders and VAE are more than a test builds;\n"
         "`tests/integrations/test_gguf_diffusers.py` makes the same call on a Flux-shaped transformer."
     ),
@@ -63,6 +63,25 @@ def _llama_lora(folder: Path) -> Path:
     return llama_lora(make_llama(folder / "llama", 4), folder / "llama-lora")
 
 
+def _llama_draft(folder: Path) -> Path:
+    from support.hf_folders import make_llama
+
+    return make_llama(folder, 3)  # the same tokenizer as the stand-in target's
+
+
+def _wan22(folder: Path) -> Path:
+    from support.two_models import make_wan22
+
+    return make_wan22(folder)
+
+
+def _wan_lora(folder: Path) -> Path:
+    from support.two_models import make_wan22, wan_lora
+
+    folder.mkdir()
+    return wan_lora(make_wan22(folder / "wan"), folder / "lora")
+
+
 # The large models the pages name, and the tiny ones made in their place.
 FOLDERS: dict[str, Callable[[Path], Path]] = {
     '"target/demo-llama-6gb"': _llama,
@@ -70,6 +89,9 @@ FOLDERS: dict[str, Callable[[Path], Path]] = {
     '"path/to/raccoon-lora"': _sd_lora,
     '"path/to/llama-lora"': _llama_lora,
     '"path/to/llama-gguf"': _llama_gguf,
+    '"path/to/llama-draft"': _llama_draft,
+    '"path/to/wan2.2"': _wan22,
+    '"path/to/wan-lora"': _wan_lora,
 }
 
 

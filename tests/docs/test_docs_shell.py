@@ -25,8 +25,8 @@ CLI = [sys.executable, "-m", "trash_panda.cli"]
 
 # Shell blocks left out of the tests, with the reason each page gives for its readers.
 LEFT_OUT = {
-    "README.md:27": "they install the package and the binary, which the tests use from the\ncheckout instead.",
-    "README.md:39": "`make test` is what runs the tests, and `make demo` builds a 6 GB model\nfirst, minutes of work.",
+    "README.md:29": "they install the package and the binary, which the tests use from the\ncheckout instead.",
+    "README.md:41": "`make test` is what runs the tests, and `make demo` builds a 6 GB model\nfirst, minutes of work.",
     "docs/guides/getting-started.md:10": (
         "they install the package and the binary, which the tests use from the\ncheckout instead."
     ),

@@ -169,7 +169,13 @@ impl fmt::Display for StageRecord {
             )?;
         }
         if let Some(s) = &self.share {
-            write!(f, "\n    in group {}: {}", s.group, s.reason)?;
+            write!(
+                f,
+                "\n    in group {}: holds {}; {}",
+                s.group,
+                format_bytes(self.holds),
+                s.reason
+            )?;
         }
         if let Some(r) = &self.replan {
             write!(f, "\n    planned again: {r}")?;
@@ -303,12 +309,12 @@ mod tests {
             .unwrap_or_else(|| panic!("no group line in\n{text}"));
         assert!(lines[at + 1].starts_with("run 2 draft:"), "{text}");
         assert!(
-            text.contains("in group assisted: planned first (1 call in the run)"),
+            text.contains("in group assisted: holds 5.00 GB; planned first (1 call in the run)"),
             "{text}"
         );
         assert!(
             text.contains(
-                "in group assisted: planned after draft (1 call in the run): what they left"
+                "in group assisted: holds 5.00 GB; planned after draft (1 call in the run): what they left"
             ),
             "{text}"
         );
