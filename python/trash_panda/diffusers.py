@@ -197,10 +197,9 @@ def _chain_groups(names: list[str], groups: Mapping[str, Sequence[str]] | None) 
         found: dict[str, list[str]] = {}
         if all(n in names for n in _EXPERTS):
             found["experts"] = list(_EXPERTS)
-        denoiser = next(
-            (d for d in _DENOISERS if d in names and d not in _EXPERTS[1:] and "experts" not in found), None
-        )
-        if "controlnet" in names and denoiser is not None:
+        denoiser = next((d for d in _DENOISERS if d in names), None)
+        # A stage is in one group at most: experts guided by a ControlNet need groups= given.
+        if "controlnet" in names and denoiser is not None and "experts" not in found:
             found["controlnet"] = ["controlnet", denoiser]
         groups = found
     if not isinstance(groups, Mapping):

@@ -129,11 +129,16 @@ def _beside_budget(beside: Sequence[nn.Module], plan_kwargs: dict[str, Any]) -> 
             )
         held = held.plus(state.plan.holds(type(m).__name__))
     out = dict(plan_kwargs)
-    for key in ("ram", "vram"):
-        if out.get(key) is not None and beside:
-            given = _core.parse_size(out[key], key)
-            taken = held.ram if key == "ram" else held.vram
-            out[key] = max(0, given - taken)
+    ram, vram = (out.get(k) for k in ("ram", "vram"))
+    if beside and (ram is not None or vram is not None):
+        # The budget less what they hold, as a pipeline's free memory counts a loaded stage.
+        left = _core.Free(
+            0 if ram is None else _core.parse_size(ram, "ram"), None if vram is None else _core.parse_size(vram, "vram")
+        ).less(held)
+        if ram is not None:
+            out["ram"] = left.ram
+        if vram is not None:
+            out["vram"] = left.vram
     return out
 
 

@@ -134,41 +134,31 @@ class GroupTurn(Mapping[str, "nn.Module"]):
         from ..offload.cleanup import Cleanup
 
         steps = Cleanup()
-        self._keeper.group_ended(self.group)
         for model in self._models.values():
             steps.run(model_hooks(model).remove, GROUP_HOOK)
         if self.sharing == _core.Sharing.TURNS:
             steps.run(self._close_final, failure)
             steps.run(self._leave, failure)
         else:
-            keeper = self._keeper
-            for loaded, _turn in self._together:
+            for loaded, turn in self._together:
                 steps.run(loaded.handle.hooks.remove, RunAcross.name)
                 if loaded.state.lane is not None:
                     steps.run(loaded.state.lane.leave_joint)
-            if failure is None and self.run_order:
-                keeper.run_orders[self.group.name] = list(self.run_order)
-            # In pipeline order: what the last member frees goes to the stage read after it.
-            ending = sorted(self._together, key=lambda pair: keeper.index(pair[0].name))
-            keeper.running_members = []
-            for loaded, turn in ending:
                 turn.peak, turn.overlapped, turn.seconds = peak, overlapped, seconds
-                steps.run(keeper.end, self._run.number, keeper.index(loaded.name), loaded, turn, failure)
+            steps.run(self._keeper.end_together, self._run.number, self._together, failure)
         ran = _core.Schedule.learned(self.group.name, list(self.group.members), self.calls) if self.calls else None
-        if failure is None and ran is not None:
-            self._keeper.learned[self.group.name] = (ran, self._run.number)
-        self._keeper.group_records.append(
-            _core.GroupRecord(
-                self._run.number,
-                self.group.name,
-                self.sharing,
-                schedule=self.schedule,
-                learned_in=self.learned_in,
-                ran=ran,
-                run_order=self.run_order,
-                reads_in_order=self.reads_in_order,
-            )
+        record = _core.GroupRecord(
+            self._run.number,
+            self.group.name,
+            self.sharing,
+            schedule=self.schedule,
+            learned_in=self.learned_in,
+            ran=ran,
+            run_order=self.run_order,
+            reads_in_order=self.reads_in_order,
         )
+        ok = failure is None
+        steps.run(self._keeper.group_ended, self.group, record, ran if ok else None, self.run_order if ok else [])
         steps.done()
 
     # -- the call hooks ---------------------------------------------------------------------

@@ -368,10 +368,8 @@ class StageKeeper:
     def schedule_for(self, group: Group) -> tuple[_core.Schedule | None, int | None]:
         """The schedule a run of ``group`` follows when the run gives none: the group's own,
         else the one learned from its last run (and that run's number), else none."""
-        from .spec import schedule_of
-
-        if group.schedule is not None:
-            return schedule_of(group.name, group.members, group.schedule), None
+        if isinstance(group.schedule, _core.Schedule):  # Group made it so
+            return group.schedule, None
         learned = self.learned.get(group.name)
         return (learned[0], learned[1]) if learned is not None else (None, None)
 
@@ -390,9 +388,33 @@ class StageKeeper:
             if name in self.loaded:
                 self._release(name)
 
-    def group_ended(self, group: Group) -> None:
-        """The turn of ``group`` ended: its next run's sharing is predicted from its schedule."""
+    def end_together(self, run: int, members: list[tuple[LoadedStage, Turn]], failure: BaseException | None) -> None:
+        """Members loaded together end, in pipeline order: what the last one frees goes to the
+        stage read after the group (each step runs; the first error is raised after)."""
+        from ..offload.cleanup import Cleanup
+
+        self.running_members = []
+        steps = Cleanup()
+        for loaded, turn in sorted(members, key=lambda pair: self.index(pair[0].name)):
+            steps.run(self.end, run, self.index(loaded.name), loaded, turn, failure)
+        steps.done()
+
+    def group_ended(
+        self,
+        group: Group,
+        record: _core.GroupRecord,
+        learned: _core.Schedule | None,
+        run_order: list[tuple[str, int]],
+    ) -> None:
+        """The turn of ``group`` ended as ``record`` says: its next run's sharing is predicted
+        from its schedule, and what it learned (its calls, its blocks' run order across
+        members; None and empty after a failure) is kept for the runs after it."""
         self._underway.pop(group.name, None)
+        self.group_records.append(record)
+        if learned is not None:
+            self.learned[group.name] = (learned, record.run)
+        if run_order:
+            self.run_orders[group.name] = list(run_order)
 
     def loads_together(self, name: str) -> bool:
         """Whether the stage ``name`` is a member its group's next run loads with the others

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from .. import _core
 from ..errors import ArgumentError
+from .spec import schedule_of
 
 if TYPE_CHECKING:
     from torch import nn
@@ -98,7 +99,6 @@ class PipelineRun:
         run, for the next member. Members that alternate are loaded at once, planned together:
         the one called most often first, for the budget less the least the others need."""
         from .group import group_turn
-        from .spec import schedule_of
 
         keeper = self._keeper
         group = keeper.groups.get(name) if isinstance(name, str) else None

@@ -79,7 +79,7 @@ class Group:
 
     name: str
     members: Sequence[str]
-    schedule: Calls | None = None
+    schedule: Calls | _core.Schedule | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -93,8 +93,8 @@ class Group:
                 f"group {self.name}: members: expected two or more different stage names, got {members!r}"
             )
         object.__setattr__(self, "members", members)
-        if self.schedule is not None:
-            schedule_of(self.name, members, self.schedule)  # checked now, made again per run
+        if self.schedule is not None:  # checked, and kept as the core's schedule
+            object.__setattr__(self, "schedule", schedule_of(self.name, members, self.schedule))
 
 
 def schedule_of(group: str, members: Sequence[str], calls: Calls | _core.Schedule) -> _core.Schedule:
